@@ -1,0 +1,1 @@
+"""inferpath.analysis"""

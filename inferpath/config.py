@@ -1,0 +1,93 @@
+"""One settings object for every inferpath process, read from ``INFERPATH_*`` variables.
+
+Every environment variable inferpath reads is named here and nowhere else. Invalid values
+raise :class:`pydantic.ValidationError` at start-up, naming the variable's field; telemetry
+errors at run time are logged and counted instead (see ``docs/telemetry-contract.md``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Mapping
+
+from pydantic import BaseModel, Field, field_validator
+
+ENV_STORE = "INFERPATH_STORE"
+ENV_HOST = "INFERPATH_HOST"
+ENV_PORT = "INFERPATH_PORT"
+ENV_TOKEN = "INFERPATH_TOKEN"
+ENV_DASHBOARD_PORT = "INFERPATH_DASHBOARD_PORT"
+ENV_OTLP_ENDPOINT = "INFERPATH_OTLP_ENDPOINT"
+ENV_SCRAPE_TARGETS = "INFERPATH_SCRAPE_TARGETS"
+ENV_SCRAPE_INTERVAL_SECONDS = "INFERPATH_SCRAPE_INTERVAL_SECONDS"
+ENV_ASSEMBLY_SETTLE_SECONDS = "INFERPATH_ASSEMBLY_SETTLE_SECONDS"
+ENV_MAX_BODY_BYTES = "INFERPATH_MAX_BODY_BYTES"
+ENV_SERVER_URL = "INFERPATH_SERVER_URL"
+
+_ENV_BY_FIELD = {
+    "store_url": ENV_STORE,
+    "host": ENV_HOST,
+    "port": ENV_PORT,
+    "token": ENV_TOKEN,
+    "dashboard_port": ENV_DASHBOARD_PORT,
+    "otlp_endpoint": ENV_OTLP_ENDPOINT,
+    "scrape_targets": ENV_SCRAPE_TARGETS,
+    "scrape_interval_seconds": ENV_SCRAPE_INTERVAL_SECONDS,
+    "assembly_settle_seconds": ENV_ASSEMBLY_SETTLE_SECONDS,
+    "max_body_bytes": ENV_MAX_BODY_BYTES,
+    "server_url": ENV_SERVER_URL,
+}
+
+
+class ScrapeTarget(BaseModel):
+    """A Prometheus-text endpoint to scrape: ``source`` names the signal-catalog entry."""
+
+    url: str
+    source: Literal["vllm", "sglang", "tgi", "triton", "trtllm", "dcgm"] = "vllm"
+
+
+class Settings(BaseModel):
+    """Settings of the server, the CLI and the instrumentation.
+
+    ``store_url``: ``chdb:///path`` (embedded, default: a per-user data folder) or
+    ``http(s)://user@host:port/database`` for a ClickHouse server. ``None`` means the default.
+    """
+
+    store_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(4318, ge=1, le=65535)
+    token: str | None = None
+    dashboard_port: int = Field(8501, ge=1, le=65535)
+    otlp_endpoint: str = "http://127.0.0.1:4318"
+    server_url: str = "http://127.0.0.1:4318"
+    scrape_targets: list[ScrapeTarget] = Field(default_factory=list)
+    scrape_interval_seconds: float = Field(1.0, gt=0, le=3600)
+    assembly_settle_seconds: float = Field(2.0, ge=0, le=3600)
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+    @field_validator("scrape_targets", mode="before")
+    @classmethod
+    def _parse_targets(cls, value: object) -> object:
+        # "vllm=http://h:8000/metrics,dcgm=http://h:9400/metrics" or bare URLs (vLLM).
+        if isinstance(value, str):
+            targets = []
+            for item in filter(None, (part.strip() for part in value.split(","))):
+                source, sep, url = item.partition("=")
+                targets.append({"source": source, "url": url} if sep and "://" not in source
+                               else {"url": item})
+            return targets
+        return value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
+        """Build settings from ``INFERPATH_*`` variables; ``overrides`` (e.g. CLI flags) win.
+
+        Raises ``pydantic.ValidationError`` naming the field of any invalid value.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for field, var in _ENV_BY_FIELD.items():
+            if env.get(var) not in (None, ""):
+                values[field] = env[var]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)
