@@ -1,0 +1,71 @@
+"""Start and stop the demo's child processes (model server, gateway) on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ChildService:
+    """A child process serving HTTP on ``url``; ``stop()`` ends it gracefully (SIGTERM, then SIGKILL)."""
+
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: str | None = None
+    _stopped: bool = field(default=False, repr=False)
+
+    def wait_ready(self, path: str, timeout_seconds: float = 60.0) -> None:
+        """Poll ``GET {url}{path}`` until 200. Raises ``RuntimeError`` if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.process.returncode}"
+                                   + (f"; see {self.log_path}" if self.log_path else ""))
+            try:
+                if httpx.get(f"{self.url}{path}", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready at {self.url}{path} after {timeout_seconds:.0f} s")
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_seconds)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def start_module(name: str, module: str, args: list[str], *, port: int, host: str = "127.0.0.1",
+                 log_path: str | None = None, extra_env: dict[str, str] | None = None) -> ChildService:
+    """Run ``python -m module args`` as a child process serving on ``host:port``."""
+    env = dict(os.environ)
+    # Export spans every 0.5 s: the demo's table should not wait on the SDK's 5 s default.
+    env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "500")
+    env.update(extra_env or {})
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    process = subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdout=out,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return ChildService(name, f"http://{host}:{port}", process, log_path)

@@ -1,0 +1,212 @@
+"""``inferpath demo``: the whole pipeline on real input, on the embedded store.
+
+1. the inferpath server (OTLP receiver, assembler, read API) on embedded chDB, scraping the
+   engine's vLLM-compatible ``/metrics`` and dcgm-exporter-compatible ``/gpu/metrics``;
+2. the emulated GPU engine (its own process) and the instrumented gateway (its own process);
+3. the Azure LLM inference trace 2023 replayed with its arrival times (``speed`` compresses);
+4. a per-stage latency table read back through the read API, and the dashboard URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from inferpath.config import ScrapeTarget, Settings
+from inferpath.demo.processes import ChildService, free_port, start_module
+from inferpath.demo.replay import ReplayResult, replay
+from inferpath.demo.trace import load_azure_trace
+
+STAGE_LABELS = {
+    "client_ttft": "TTFT (client)",
+    "client_e2e": "E2E (client)",
+    "ttft": "TTFT (gateway)",
+    "e2e": "E2E (gateway)",
+    "itl": "ITL",
+    "gateway": "gateway (self)",
+    "tokenize": "tokenize",
+    "retrieval": "retrieval",
+    "queue": "queue",
+    "prefill": "prefill",
+    "decode": "decode",
+    "model": "model call",
+    "network": "network hops",
+    "postprocess": "postprocess",
+}
+
+
+@dataclass
+class DemoOptions:
+    """Options of one demo run (see ``inferpath demo --help``)."""
+
+    requests: int = 300
+    speed: float = 10.0
+    exit_when_done: bool = False
+    store_url: str | None = None
+    port: int = 4318
+    dashboard: bool = True
+    dashboard_port: int = 8501
+    results_path: Path | None = None
+    engine_args: list[str] = field(default_factory=list)
+    gateway_args: list[str] = field(default_factory=list)
+    log_dir: Path | None = None
+    settle_timeout_seconds: float = 60.0
+
+
+@dataclass
+class DemoOutcome:
+    server_url: str
+    window_start: datetime
+    window_end: datetime
+    results: list[ReplayResult]
+    summary: list[dict[str, Any]]
+    stored_requests: int
+    timings_seconds: dict[str, float]
+    dashboard_url: str | None = None
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1000:.1f}"
+
+
+def summary_table(summary: list[dict[str, Any]], title: str) -> Table:
+    """A rich table of count, avg, p50, p95, p99 (ms) per measure; measures with no data are left out."""
+    table = Table(title=title)
+    table.add_column("stage / measure")
+    for name in ("count", "avg ms", "p50 ms", "p95 ms", "p99 ms"):
+        table.add_column(name, justify="right")
+    for row in summary:
+        if not row.get("count"):
+            continue
+        table.add_row(STAGE_LABELS.get(row["measure"], row["measure"]), str(row["count"]),
+                      _fmt_ms(row["avg_seconds"]), _fmt_ms(row["p50_seconds"]),
+                      _fmt_ms(row["p95_seconds"]), _fmt_ms(row["p99_seconds"]))
+    return table
+
+
+def _wait_for_rows(server_url: str, token: str | None, start: datetime, end: datetime, expected: int,
+                   timeout_seconds: float) -> int:
+    """Flush the server until ``expected`` request rows exist in [start, end) or time runs out."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    params = {"start": start.isoformat(), "end": end.isoformat()}
+    deadline = time.monotonic() + timeout_seconds
+    count = 0
+    with httpx.Client(base_url=server_url, headers=headers, timeout=60.0) as client:
+        while True:
+            client.post("/api/v1/flush").raise_for_status()
+            count = int(client.get("/api/v1/requests/count", params=params).json()["count"])
+            if count >= expected or time.monotonic() > deadline:
+                return count
+            time.sleep(0.5)
+
+
+def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcome:
+    """Run the demo end to end; returns what it measured. Raises ``RuntimeError`` if a part fails to start."""
+    from inferpath.instrumentation.provider import configure
+    from inferpath.instrumentation.provider import shutdown as shutdown_tracing
+    from inferpath.server.runtime import serve_in_thread
+
+    console = console or Console()
+    timings: dict[str, float] = {}
+    log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="inferpath-demo-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    engine_port, gateway_port = free_port(), free_port()
+    engine_url = f"http://127.0.0.1:{engine_port}"
+
+    t0 = time.perf_counter()
+    settings = Settings.from_env(
+        store_url=options.store_url, port=options.port,
+        scrape_targets=[ScrapeTarget(url=f"{engine_url}/metrics", source="vllm"),
+                        ScrapeTarget(url=f"{engine_url}/gpu/metrics", source="dcgm")])
+    server = serve_in_thread(settings)
+    server_url = server.url
+    timings["server start"] = time.perf_counter() - t0
+    children: list[ChildService] = []
+    try:
+        t1 = time.perf_counter()
+        engine = start_module("engine", "inferpath.demo.engine",
+                              ["--port", str(engine_port), "--otlp-endpoint", server_url, *options.engine_args],
+                              port=engine_port, log_path=str(log_dir / "engine.log"))
+        children.append(engine)
+        gateway = start_module("gateway", "inferpath.demo.gateway",
+                               ["--port", str(gateway_port), "--engine-url", engine_url,
+                                "--otlp-endpoint", server_url, *options.gateway_args],
+                               port=gateway_port, log_path=str(log_dir / "gateway.log"))
+        children.append(gateway)
+        engine.wait_ready("/health")
+        gateway.wait_ready("/health")
+        timings["engine + gateway start"] = time.perf_counter() - t1
+        console.print(f"[bold]inferpath[/] server {server_url} (store {server.runtime.store.url}), "
+                      f"engine {engine_url}, gateway {gateway.url}; logs in {log_dir}")
+
+        trace = load_azure_trace(limit=options.requests)
+        configure("demo-client", endpoint_class="interactive", otlp_endpoint=server_url)
+        window_start = datetime.now(timezone.utc) - timedelta(seconds=1)
+        t2 = time.perf_counter()
+        with Progress(TextColumn("replaying Azure LLM trace 2023"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=False) as progress:
+            task = progress.add_task("replay", total=len(trace))
+            results = asyncio.run(replay(gateway.url, trace, speed=options.speed,
+                                         results_path=options.results_path,
+                                         on_done=lambda _r: progress.advance(task)))
+        timings["replay"] = time.perf_counter() - t2
+        failed = [r for r in results if r.error or r.e2e_seconds is None]
+        if failed:
+            console.print(f"[yellow]{len(failed)} of {len(results)} requests failed; first: {failed[0].error}")
+
+        t3 = time.perf_counter()
+        shutdown_tracing()
+        if options.exit_when_done:
+            for child in reversed(children):  # graceful stop flushes their span exporters
+                child.stop()
+        window_end = datetime.now(timezone.utc) + timedelta(seconds=1)
+        expected = sum(1 for r in results if r.trace_id)
+        stored = _wait_for_rows(server_url, settings.token, window_start, window_end, expected,
+                                options.settle_timeout_seconds)
+        # A last forced assembly so late engine spans are folded into the rows we print.
+        time.sleep(1.0)
+        stored = _wait_for_rows(server_url, settings.token, window_start, window_end, expected, 0)
+        timings["export + assembly"] = time.perf_counter() - t3
+        with httpx.Client(base_url=server_url, timeout=60.0,
+                          headers={"Authorization": f"Bearer {settings.token}"} if settings.token else {}) as c:
+            summary = c.get("/api/v1/summary", params={"start": window_start.isoformat(),
+                                                       "end": window_end.isoformat()}).json()
+        summary_rows = summary["measures"] if isinstance(summary, dict) else summary
+        console.print(summary_table(summary_rows, f"{stored} requests stored of {len(results)} replayed"))
+        console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+        outcome = DemoOutcome(server_url, window_start, window_end, results, summary_rows, stored, timings)
+
+        if not options.exit_when_done:
+            if options.dashboard:
+                from inferpath.dashboard.launch import launch_dashboard
+
+                dash = launch_dashboard(server_url, port=options.dashboard_port, token=settings.token)
+                outcome.dashboard_url = f"http://127.0.0.1:{options.dashboard_port}"
+                console.print(f"dashboard: [bold]{outcome.dashboard_url}[/]  (Ctrl-C to stop)")
+            else:
+                dash = None
+            try:
+                while True:
+                    time.sleep(1.0)
+            except KeyboardInterrupt:
+                console.print("stopping")
+            finally:
+                if dash is not None:
+                    dash.terminate()
+        else:
+            console.print(f"dashboard: run `inferpath up` and open http://127.0.0.1:{options.dashboard_port}")
+        return outcome
+    finally:
+        for child in reversed(children):
+            child.stop()
+        server.stop()

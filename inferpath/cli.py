@@ -1,0 +1,129 @@
+"""The ``inferpath`` command line (Typer).
+
+Exit codes: 0 success, 1 the job ran and found a problem (e.g. requests failed), 2 bad usage
+or configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Trace the inference request path and name the bottleneck.")
+console = Console()
+
+
+def _settings(**overrides: object):  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+
+    from inferpath.config import Settings
+
+    try:
+        return Settings.from_env(**overrides)
+    except ValidationError as exc:
+        console.print(f"[red]invalid configuration:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def demo(
+    requests: int = typer.Option(300, min=1, max=19366, help="How many trace requests to replay."),
+    speed: float = typer.Option(10.0, min=0.01, help="Replay speed-up of the trace's arrival times."),
+    exit_: bool = typer.Option(False, "--exit", help="Exit after printing the table instead of serving."),
+    store: Optional[str] = typer.Option(None, help="Store URL (default: embedded chDB in the user data folder)."),
+    port: int = typer.Option(4318, min=0, max=65535, help="inferpath server port (OTLP/HTTP and read API)."),
+    dashboard_port: int = typer.Option(8501, min=1, max=65535),
+    results: Optional[Path] = typer.Option(None, help="Write the replay client's own measurements here (JSONL)."),
+) -> None:
+    """Run the reference inference path on the Azure LLM trace 2023 and print the per-stage latency table."""
+    from inferpath.demo.run import DemoOptions, run_demo
+
+    settings = _settings(store_url=store)
+    try:
+        outcome = run_demo(DemoOptions(requests=requests, speed=speed, exit_when_done=exit_,
+                                       store_url=settings.store_url, port=port,
+                                       dashboard_port=dashboard_port, results_path=results), console)
+    except (RuntimeError, OSError) as exc:
+        console.print(f"[red]demo failed:[/] {exc}")
+        raise typer.Exit(1) from exc
+    failed = sum(1 for r in outcome.results if r.error)
+    if failed or outcome.stored_requests < len(outcome.results):
+        raise typer.Exit(1)
+
+
+@app.command()
+def up(
+    store: Optional[str] = typer.Option(None, help="Store URL: chdb:///path or http(s)://host:port/db."),
+    host: Optional[str] = typer.Option(None, help="Listen address (default 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, min=0, max=65535, help="Listen port (default 4318)."),
+    scrape: Optional[list[str]] = typer.Option(None, help="Scrape target, e.g. vllm=http://h:8000/metrics (repeatable)."),
+    dashboard: bool = typer.Option(True, help="Also serve the dashboard."),
+) -> None:
+    """Run the inferpath server: OTLP/HTTP receiver, assembler, read API, collectors and the dashboard."""
+    from inferpath.server.runtime import serve_in_thread
+
+    overrides: dict[str, object] = {"store_url": store, "host": host, "port": port}
+    if scrape:
+        overrides["scrape_targets"] = ",".join(scrape)
+    settings = _settings(**overrides)
+    server = serve_in_thread(settings)
+    console.print(f"inferpath server on {server.url} (store {server.runtime.store.url})")
+    dash = None
+    if dashboard:
+        from inferpath.dashboard.launch import launch_dashboard
+
+        dash = launch_dashboard(server.url, port=settings.dashboard_port, host=settings.host, token=settings.token)
+        console.print(f"dashboard on http://{settings.host}:{settings.dashboard_port}")
+    try:
+        import time
+
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        if dash is not None:
+            dash.terminate()
+        server.stop()
+
+
+@app.command("replay")
+def replay_cmd(
+    gateway: str = typer.Option(..., help="Base URL of an OpenAI-compatible gateway."),
+    requests: int = typer.Option(100, min=1),
+    speed: float = typer.Option(1.0, min=0.01),
+    trace: Optional[Path] = typer.Option(None, help="Azure 2023-schema trace CSV (default: the shipped code trace)."),
+    results: Optional[Path] = typer.Option(None, help="Write per-request measurements here (JSONL)."),
+    model: str = typer.Option("llama2-70b"),
+) -> None:
+    """Replay a real request trace against a gateway, as the instrumented root client."""
+    import asyncio
+
+    from inferpath.demo.replay import replay
+    from inferpath.demo.trace import load_azure_trace
+    from inferpath.instrumentation.provider import configure, shutdown
+
+    settings = _settings()
+    try:
+        trace_requests = load_azure_trace(trace, limit=requests)
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]cannot read trace:[/] {exc}")
+        raise typer.Exit(2) from exc
+    configure("replay-client", otlp_endpoint=settings.otlp_endpoint)
+    done = asyncio.run(replay(gateway, trace_requests, speed=speed, model=model, results_path=results))
+    shutdown()
+    failed = sum(1 for r in done if r.error)
+    console.print(f"{len(done) - failed} of {len(done)} requests completed")
+    raise typer.Exit(1 if failed else 0)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
