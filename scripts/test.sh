@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up a fresh virtual environment from the project's own files and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The browser tests drive Debian's Chromium (nothing is downloaded by Playwright).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: could not install chromium; browser tests will be skipped" >&2
+fi
+
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q '.[test]'
+# The tests import the installed package (not the source folders), as a user would.
+pytest "$@"
