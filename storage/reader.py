@@ -1,0 +1,295 @@
+"""Read queries over inferpath's tables: parameterized SQL only, bounded ranges and limits.
+
+Every query binds its values server-side (``{name:Type}`` placeholders); the only text put
+into SQL is chosen from constants in this module. Time arguments must be timezone-aware;
+ranges are half-open ``[start, end)`` on the row's timestamp and at most
+:data:`MAX_RANGE` long. Durations come back in seconds (stored as nanoseconds).
+
+Percentiles are exact: ClickHouse ``quantilesExactInclusive``, i.e. linear interpolation
+between closest ranks over ``n - 1`` (R type 7, Excel ``PERCENTILE.INC``, NumPy's default
+``method="linear"``), so the numbers match ``numpy.percentile`` on the same values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
+from inferpath.storage.store import Store, ensure_aware
+
+MAX_RANGE = timedelta(days=31)
+MAX_LIMIT = 10_000
+MAX_BUCKETS = 10_000
+MAX_STEP_SECONDS = 86_400
+
+MEASURES: tuple[str, ...] = (
+    "client_ttft",
+    "client_e2e",
+    "ttft",
+    "e2e",
+    "itl",
+    "gateway",
+    "tokenize",
+    "retrieval",
+    "queue",
+    "prefill",
+    "decode",
+    "model",
+    "network",
+    "postprocess",
+)
+
+_NS_PER_SECOND = 1e9
+_TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+_REQUESTS_FROM = "FROM inferpath_requests FINAL"
+_REQUESTS_RANGE = (
+    "timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
+)
+
+
+def _seconds(value_ns: Any) -> float | None:
+    if value_ns is None:
+        return None
+    value = float(value_ns)
+    return None if math.isnan(value) else value / _NS_PER_SECOND
+
+
+class Reader:
+    """Queries for the read API, the CLI and the analysis code.
+
+    ``store``: an open :class:`~inferpath.storage.store.Store`. Methods raise
+    ``ValueError`` naming the argument for naive times, empty or too long ranges
+    (> 31 days), bad limits, steps, ids or orders; driver errors propagate.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _range(start: datetime, end: datetime) -> dict[str, datetime]:
+        start_utc = ensure_aware(start, "start")
+        end_utc = ensure_aware(end, "end")
+        if end_utc <= start_utc:
+            raise ValueError(f"end must be after start, got start={start_utc} end={end_utc}")
+        if end_utc - start_utc > MAX_RANGE:
+            raise ValueError(f"time range must be at most {MAX_RANGE.days} days, got {end_utc - start_utc}")
+        return {"start": start_utc, "end": end_utc}
+
+    @staticmethod
+    def _filters(params: dict[str, Any], endpoint: str | None, endpoint_class: str | None) -> str:
+        clauses = [_REQUESTS_RANGE]
+        if endpoint is not None:
+            if not isinstance(endpoint, str):
+                raise ValueError("endpoint must be a string")
+            params["endpoint"] = endpoint
+            clauses.append("endpoint = {endpoint:String}")
+        if endpoint_class is not None:
+            if not isinstance(endpoint_class, str):
+                raise ValueError("endpoint_class must be a string")
+            params["endpoint_class"] = endpoint_class
+            clauses.append("endpoint_class = {endpoint_class:String}")
+        return " AND ".join(clauses)
+
+    @staticmethod
+    def _step(start: datetime, end: datetime, step_seconds: int) -> int:
+        if isinstance(step_seconds, bool) or not isinstance(step_seconds, int) or not (
+            1 <= step_seconds <= MAX_STEP_SECONDS
+        ):
+            raise ValueError(f"step_seconds must be an integer in 1..{MAX_STEP_SECONDS}, got {step_seconds!r}")
+        buckets = (end - start).total_seconds() / step_seconds
+        if buckets > MAX_BUCKETS:
+            raise ValueError(
+                f"step_seconds={step_seconds} gives {buckets:.0f} buckets over the range; at most {MAX_BUCKETS}"
+            )
+        return step_seconds
+
+    # ------------------------------------------------------------------ requests
+    def latency_summary(
+        self,
+        start: datetime,
+        end: datetime,
+        *,
+        endpoint: str | None = None,
+        endpoint_class: str | None = None,
+    ) -> list[dict]:
+        """Per-measure latency statistics of requests with ``timestamp`` in ``[start, end)``.
+
+        Returns one dict per measure of :data:`MEASURES`, in that order, with keys
+        ``measure``, ``count`` (rows where the measure is not NULL), ``avg_seconds``,
+        ``p50_seconds``, ``p95_seconds``, ``p99_seconds`` (exact, see module docstring;
+        ``None`` when ``count`` is 0).
+        """
+        params: dict[str, Any] = self._range(start, end)
+        where = self._filters(params, endpoint, endpoint_class)
+        selects = []
+        for measure in MEASURES:
+            column = f"{measure}_ns"
+            selects.append(
+                f"count({column}), avg({column}), quantilesExactInclusive(0.5, 0.95, 0.99)({column})"
+            )
+        rows = self.store.query(f"SELECT {', '.join(selects)} {_REQUESTS_FROM} WHERE {where}", params)
+        values = rows[0] if rows else tuple([0, None, []] * len(MEASURES))
+        out = []
+        for index, measure in enumerate(MEASURES):
+            count, avg_ns, quantiles_ns = values[3 * index: 3 * index + 3]
+            count = int(count)
+            if count == 0:
+                out.append({"measure": measure, "count": 0, "avg_seconds": None,
+                            "p50_seconds": None, "p95_seconds": None, "p99_seconds": None})
+                continue
+            p50, p95, p99 = (_seconds(q) for q in quantiles_ns)
+            out.append({"measure": measure, "count": count, "avg_seconds": _seconds(avg_ns),
+                        "p50_seconds": p50, "p95_seconds": p95, "p99_seconds": p99})
+        return out
+
+    def request_count(
+        self,
+        start: datetime,
+        end: datetime,
+        *,
+        endpoint: str | None = None,
+        endpoint_class: str | None = None,
+    ) -> int:
+        """Number of requests (distinct traces) with ``timestamp`` in ``[start, end)``."""
+        params: dict[str, Any] = self._range(start, end)
+        where = self._filters(params, endpoint, endpoint_class)
+        rows = self.store.query(f"SELECT count() {_REQUESTS_FROM} WHERE {where}", params)
+        return int(rows[0][0]) if rows else 0
+
+    def requests(
+        self,
+        start: datetime,
+        end: datetime,
+        *,
+        endpoint: str | None = None,
+        endpoint_class: str | None = None,
+        limit: int = 1000,
+        order: Literal["timestamp", "slowest"] = "timestamp",
+    ) -> list[dict]:
+        """Request rows with ``timestamp`` in ``[start, end)``, as dicts keyed by column.
+
+        Keys are :data:`~inferpath.storage.rows.REQUEST_COLUMNS` (durations stay in ns).
+        ``order="timestamp"``: newest first. ``order="slowest"``: by end-to-end latency
+        (client-side ``client_e2e_ns`` if measured, else ``e2e_ns``) descending, rows with
+        neither last. ``limit``: 1..10000.
+        """
+        params: dict[str, Any] = self._range(start, end)
+        where = self._filters(params, endpoint, endpoint_class)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise ValueError(f"limit must be an integer in 1..{MAX_LIMIT}, got {limit!r}")
+        order_by = {
+            "timestamp": "timestamp DESC, trace_id",
+            "slowest": "coalesce(client_e2e_ns, e2e_ns) DESC NULLS LAST, timestamp DESC",
+        }.get(order)
+        if order_by is None:
+            raise ValueError(f"order must be 'timestamp' or 'slowest', got {order!r}")
+        params["limit"] = limit
+        return self.store.query_dicts(
+            f"SELECT {', '.join(REQUEST_COLUMNS)} {_REQUESTS_FROM} WHERE {where}"
+            f" ORDER BY {order_by} LIMIT {{limit:UInt32}}",
+            params,
+        )
+
+    # ------------------------------------------------------------------ traces
+    def trace_spans(self, trace_id: str) -> list[SpanRow]:
+        """All spans of one trace, ordered by start time.
+
+        Finds the trace's time bounds in ``otel_traces_trace_id_ts`` first, as the
+        exporter's documented Grafana query does, so only the trace's days are scanned.
+        ``trace_id``: 32 hex characters (any case). Returns ``[]`` for an unknown trace.
+        """
+        if not isinstance(trace_id, str) or not _TRACE_ID.match(trace_id):
+            raise ValueError(f"trace_id must be 32 hex characters, got {trace_id!r}")
+        columns = ", ".join(SPAN_COLUMNS)
+        sql = (
+            "WITH"
+            " (SELECT min(Start) FROM otel_traces_trace_id_ts WHERE TraceId = {trace_id:String}) AS trace_start,"
+            # Start/End are whole seconds (DateTime): +1 covers the last span's fraction.
+            " (SELECT max(End) + 1 FROM otel_traces_trace_id_ts WHERE TraceId = {trace_id:String}) AS trace_end"
+            f" SELECT {columns} FROM otel_traces"
+            " WHERE TraceId = {trace_id:String}"
+            " AND Timestamp >= trace_start AND Timestamp <= trace_end"
+            " ORDER BY Timestamp, SpanId"
+        )
+        rows = self.store.query(sql, {"trace_id": trace_id.lower()})
+        return [SpanRow.from_db_row(row) for row in rows]
+
+    # ------------------------------------------------------------------ time series
+    def ttft_timeseries(
+        self,
+        start: datetime,
+        end: datetime,
+        *,
+        step_seconds: int,
+        endpoint_class: str | None = None,
+    ) -> list[dict]:
+        """Time to first token per time bucket and endpoint class.
+
+        TTFT of a request: the client-side ``client_ttft_ns`` if measured, else the
+        gateway's ``ttft_ns``; requests with neither are left out. Buckets are
+        ``step_seconds`` wide, aligned to the Unix epoch, labelled by their start.
+        Returns dicts ordered by bucket, endpoint class with keys ``bucket`` (aware UTC
+        datetime), ``endpoint_class``, ``count``, ``avg_seconds``, ``p50_seconds``,
+        ``p99_seconds``.
+        """
+        params: dict[str, Any] = self._range(start, end)
+        params["step"] = self._step(params["start"], params["end"], step_seconds)
+        where = self._filters(params, None, endpoint_class)
+        sql = (
+            "SELECT toDateTime64(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 0, 'UTC') AS bucket,"
+            " endpoint_class, count() AS n, avg(ttft) AS avg_ns,"
+            " quantilesExactInclusive(0.5, 0.99)(ttft) AS q"
+            " FROM (SELECT timestamp, endpoint_class, coalesce(client_ttft_ns, ttft_ns) AS ttft"
+            f" {_REQUESTS_FROM} WHERE {where})"
+            " WHERE ttft IS NOT NULL"
+            " GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class"
+        )
+        out = []
+        for bucket, klass, count, avg_ns, quantiles in self.store.query(sql, params):
+            out.append({
+                "bucket": bucket,
+                "endpoint_class": klass,
+                "count": int(count),
+                "avg_seconds": _seconds(avg_ns),
+                "p50_seconds": _seconds(quantiles[0]),
+                "p99_seconds": _seconds(quantiles[1]),
+            })
+        return out
+
+    def gauge_timeseries(
+        self,
+        metric_name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        step_seconds: int,
+    ) -> list[dict]:
+        """Average of one gauge metric per time bucket, service and attribute set.
+
+        Reads ``otel_metrics_gauge`` rows named ``metric_name`` with ``TimeUnix`` in
+        ``[start, end)``. Buckets as in :meth:`ttft_timeseries`. Returns dicts ordered by
+        bucket with keys ``bucket`` (aware UTC datetime), ``service_name``, ``attributes``
+        (dict), ``value`` (mean of the points in the bucket, in the metric's unit).
+        """
+        if not isinstance(metric_name, str) or not metric_name or len(metric_name) > 512:
+            raise ValueError(f"metric_name must be a non-empty string of at most 512 characters, got {metric_name!r}")
+        params: dict[str, Any] = self._range(start, end)
+        params["step"] = self._step(params["start"], params["end"], step_seconds)
+        params["metric"] = metric_name
+        sql = (
+            "SELECT toDateTime64(intDiv(toUnixTimestamp(TimeUnix), {step:UInt32}) * {step:UInt32}, 0, 'UTC') AS bucket,"
+            " ServiceName, Attributes, avg(Value)"
+            " FROM otel_metrics_gauge"
+            " WHERE MetricName = {metric:String}"
+            " AND TimeUnix >= {start:DateTime64(9, 'UTC')} AND TimeUnix < {end:DateTime64(9, 'UTC')}"
+            " GROUP BY bucket, ServiceName, Attributes"
+            " ORDER BY bucket, ServiceName, toString(Attributes)"
+        )
+        return [
+            {"bucket": bucket, "service_name": service, "attributes": dict(attributes), "value": float(value)}
+            for bucket, service, attributes, value in self.store.query(sql, params)
+        ]

@@ -1,0 +1,422 @@
+"""Row shapes of inferpath's tables and their column orders.
+
+The ``otel_*`` column lists are the OpenTelemetry Collector contrib ClickHouse exporter's
+insert column orders (its Map-typed schema), so rows built here and rows written by that
+exporter are interchangeable.
+
+Strings the exporter writes (pdata ``SpanKind.String()`` / ``StatusCode.String()``, used by
+its current versions; releases before the ``ScopeName`` column wrote ``SPAN_KIND_*`` /
+``STATUS_CODE_*`` instead):
+
+- ``SpanKind``: ``Unspecified``, ``Internal``, ``Server``, ``Client``, ``Producer``, ``Consumer``
+- ``StatusCode``: ``Unset``, ``Ok``, ``Error``
+
+Clocks and precision: ``timestamp`` values are wall-clock, timezone-aware UTC datetimes,
+which hold microseconds; OTLP nanoseconds below a microsecond are truncated when building a
+row (durations keep full nanoseconds in ``duration_ns``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+SPAN_KINDS = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
+STATUS_CODES = ("Unset", "Ok", "Error")
+
+# Older exporter spellings, mapped to the current ones for readers that meet old data.
+LEGACY_SPAN_KINDS = {f"SPAN_KIND_{k.upper()}": k for k in SPAN_KINDS}
+LEGACY_STATUS_CODES = {f"STATUS_CODE_{c.upper()}": c for c in STATUS_CODES}
+
+_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+
+SPAN_COLUMNS: tuple[str, ...] = (
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ResourceAttributes",
+    "ScopeName",
+    "ScopeVersion",
+    "SpanAttributes",
+    "Duration",
+    "StatusCode",
+    "StatusMessage",
+    "Events.Timestamp",
+    "Events.Name",
+    "Events.Attributes",
+    "Links.TraceId",
+    "Links.SpanId",
+    "Links.TraceState",
+    "Links.Attributes",
+)
+
+_METRIC_HEAD: tuple[str, ...] = (
+    "ResourceAttributes",
+    "ResourceSchemaUrl",
+    "ScopeName",
+    "ScopeVersion",
+    "ScopeAttributes",
+    "ScopeDroppedAttrCount",
+    "ScopeSchemaUrl",
+    "ServiceName",
+    "MetricName",
+    "MetricDescription",
+    "MetricUnit",
+    "Attributes",
+    "StartTimeUnix",
+    "TimeUnix",
+)
+_EXEMPLARS: tuple[str, ...] = (
+    "Exemplars.FilteredAttributes",
+    "Exemplars.TimeUnix",
+    "Exemplars.Value",
+    "Exemplars.SpanId",
+    "Exemplars.TraceId",
+)
+GAUGE_COLUMNS: tuple[str, ...] = _METRIC_HEAD + ("Value", "Flags") + _EXEMPLARS
+SUM_COLUMNS: tuple[str, ...] = GAUGE_COLUMNS + ("AggregationTemporality", "IsMonotonic")
+HISTOGRAM_COLUMNS: tuple[str, ...] = (
+    _METRIC_HEAD
+    + ("Count", "Sum", "BucketCounts", "ExplicitBounds")
+    + _EXEMPLARS
+    + ("Flags", "Min", "Max", "AggregationTemporality")
+)
+
+REQUEST_DURATION_COLUMNS: tuple[str, ...] = (
+    "client_ttft_ns",
+    "client_e2e_ns",
+    "ttft_ns",
+    "e2e_ns",
+    "itl_ns",
+    "gateway_ns",
+    "tokenize_ns",
+    "retrieval_ns",
+    "queue_ns",
+    "prefill_ns",
+    "decode_ns",
+    "model_ns",
+    "network_ns",
+    "postprocess_ns",
+)
+
+
+def span_kind_name(kind: int) -> str:
+    """The exporter's ``SpanKind`` string for an OTLP ``Span.SpanKind`` enum value (0..5).
+
+    Unknown values map to ``"Unspecified"``.
+    """
+    return SPAN_KINDS[kind] if 0 <= kind < len(SPAN_KINDS) else SPAN_KINDS[0]
+
+
+def status_code_name(code: int) -> str:
+    """The exporter's ``StatusCode`` string for an OTLP ``Status.StatusCode`` (0..2).
+
+    Unknown values map to ``"Unset"``.
+    """
+    return STATUS_CODES[code] if 0 <= code < len(STATUS_CODES) else STATUS_CODES[0]
+
+
+def unix_ns_from_datetime(value: datetime) -> int:
+    """Nanoseconds since the Unix epoch of an aware datetime (exact, integer arithmetic)."""
+    _require_aware(value, "datetime")
+    return (value - UNIX_EPOCH) // timedelta(microseconds=1) * 1000
+
+
+def datetime_from_unix_ns(unix_ns: int) -> datetime:
+    """Aware UTC datetime of ``unix_ns`` nanoseconds since the epoch (truncated to µs)."""
+    return UNIX_EPOCH + timedelta(microseconds=int(unix_ns) // 1000)
+
+
+def _require_aware(value: Any, name: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise ValueError(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, got naive {value!r}")
+    return value.astimezone(timezone.utc)
+
+
+@dataclass(slots=True)
+class SpanRow:
+    """One span as stored in ``otel_traces``.
+
+    ``timestamp``: span start (aware; stored as UTC). ``trace_id``: 32 lowercase hex,
+    ``span_id``: 16 lowercase hex, ``parent_span_id``: 16 hex or ``""`` for a root.
+    ``span_kind`` / ``status_code``: the exporter's strings (module docstring).
+    ``duration_ns``: end − start in nanoseconds (≥ 0). ``events``: list of
+    ``(timestamp, name, attributes)``; ``links``: list of
+    ``(trace_id, span_id, trace_state, attributes)``. Attribute values are strings, as the
+    exporter's Map(String, String) columns hold them.
+    Raises ``ValueError`` naming the field on a malformed id, naive time or negative duration.
+    """
+
+    timestamp: datetime
+    trace_id: str
+    span_id: str
+    parent_span_id: str = ""
+    trace_state: str = ""
+    span_name: str = ""
+    span_kind: str = "Internal"
+    service_name: str = ""
+    resource_attributes: dict[str, str] = field(default_factory=dict)
+    scope_name: str = ""
+    scope_version: str = ""
+    span_attributes: dict[str, str] = field(default_factory=dict)
+    duration_ns: int = 0
+    status_code: str = "Unset"
+    status_message: str = ""
+    events: list[tuple[datetime, str, dict[str, str]]] = field(default_factory=list)
+    links: list[tuple[str, str, str, dict[str, str]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.timestamp = _require_aware(self.timestamp, "timestamp")
+        if not isinstance(self.trace_id, str) or not _TRACE_ID.match(self.trace_id):
+            raise ValueError(f"trace_id must be 32 lowercase hex characters, got {self.trace_id!r}")
+        if not isinstance(self.span_id, str) or not _SPAN_ID.match(self.span_id):
+            raise ValueError(f"span_id must be 16 lowercase hex characters, got {self.span_id!r}")
+        if self.parent_span_id and not _SPAN_ID.match(self.parent_span_id):
+            raise ValueError(
+                f"parent_span_id must be 16 lowercase hex characters or empty, got {self.parent_span_id!r}"
+            )
+        if isinstance(self.duration_ns, bool) or not isinstance(self.duration_ns, int) or self.duration_ns < 0:
+            raise ValueError(f"duration_ns must be a non-negative int, got {self.duration_ns!r}")
+
+    @property
+    def start_ns(self) -> int:
+        """Span start, Unix nanoseconds (µs resolution, see module docstring)."""
+        return unix_ns_from_datetime(self.timestamp)
+
+    @property
+    def end_ns(self) -> int:
+        """Span end, Unix nanoseconds: ``start_ns + duration_ns``."""
+        return self.start_ns + self.duration_ns
+
+    @property
+    def is_root(self) -> bool:
+        """True when the span has no parent span id."""
+        return not self.parent_span_id
+
+    def to_insert_row(self) -> tuple:
+        """Values in :data:`SPAN_COLUMNS` order, ready for ``Store.insert``."""
+        return (
+            self.timestamp,
+            self.trace_id,
+            self.span_id,
+            self.parent_span_id,
+            self.trace_state,
+            self.span_name,
+            self.span_kind,
+            self.service_name,
+            self.resource_attributes,
+            self.scope_name,
+            self.scope_version,
+            self.span_attributes,
+            self.duration_ns,
+            self.status_code,
+            self.status_message,
+            [e[0] for e in self.events],
+            [e[1] for e in self.events],
+            [e[2] for e in self.events],
+            [link[0] for link in self.links],
+            [link[1] for link in self.links],
+            [link[2] for link in self.links],
+            [link[3] for link in self.links],
+        )
+
+    @classmethod
+    def from_db_row(cls, row: Sequence[Any]) -> "SpanRow":
+        """Build from a row selected in :data:`SPAN_COLUMNS` order.
+
+        Legacy ``SPAN_KIND_*`` / ``STATUS_CODE_*`` strings are mapped to the current ones.
+        """
+        if len(row) != len(SPAN_COLUMNS):
+            raise ValueError(f"span row must have {len(SPAN_COLUMNS)} values, got {len(row)}")
+        (ts, trace_id, span_id, parent, state, name, kind, service, res_attrs, scope_name,
+         scope_version, span_attrs, duration, status, status_message, ev_ts, ev_names,
+         ev_attrs, l_trace, l_span, l_state, l_attrs) = row
+        return cls(
+            timestamp=ts,
+            trace_id=trace_id,
+            span_id=span_id,
+            parent_span_id=parent,
+            trace_state=state,
+            span_name=name,
+            span_kind=LEGACY_SPAN_KINDS.get(kind, kind),
+            service_name=service,
+            resource_attributes=dict(res_attrs or {}),
+            scope_name=scope_name,
+            scope_version=scope_version,
+            span_attributes=dict(span_attrs or {}),
+            duration_ns=int(duration),
+            status_code=LEGACY_STATUS_CODES.get(status, status),
+            status_message=status_message,
+            events=[(t, n, dict(a or {})) for t, n, a in zip(ev_ts, ev_names, ev_attrs)],
+            links=[(t, s, st, dict(a or {})) for t, s, st, a in zip(l_trace, l_span, l_state, l_attrs)],
+        )
+
+
+def _now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class RequestRow:
+    """One request (trace) as stored in ``inferpath_requests``; see docs/telemetry-contract.md.
+
+    ``timestamp``: earliest span start (aware). Every ``*_ns`` field is a duration in
+    nanoseconds or ``None`` when the trace did not measure it. ``status``: ``ok``,
+    ``error`` or ``incomplete``. ``updated_at``: version for ReplacingMergeTree (newest
+    wins under ``FINAL``); defaults to now.
+    """
+
+    timestamp: datetime
+    trace_id: str
+    service_name: str = ""
+    endpoint: str = ""
+    endpoint_class: str = ""
+    model: str = ""
+    model_version: str = ""
+    replica: str = ""
+    status: str = ""
+    http_status_code: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    client_ttft_ns: int | None = None
+    client_e2e_ns: int | None = None
+    ttft_ns: int | None = None
+    e2e_ns: int | None = None
+    itl_ns: int | None = None
+    gateway_ns: int | None = None
+    tokenize_ns: int | None = None
+    retrieval_ns: int | None = None
+    queue_ns: int | None = None
+    prefill_ns: int | None = None
+    decode_ns: int | None = None
+    model_ns: int | None = None
+    network_ns: int | None = None
+    postprocess_ns: int | None = None
+    span_count: int = 0
+    updated_at: datetime = field(default_factory=_now_utc)
+
+    def __post_init__(self) -> None:
+        self.timestamp = _require_aware(self.timestamp, "timestamp")
+        self.updated_at = _require_aware(self.updated_at, "updated_at")
+        if not isinstance(self.trace_id, str) or not _TRACE_ID.match(self.trace_id):
+            raise ValueError(f"trace_id must be 32 lowercase hex characters, got {self.trace_id!r}")
+
+    def to_insert_row(self) -> tuple:
+        """Values in :data:`REQUEST_COLUMNS` order."""
+        return tuple(getattr(self, name) for name in REQUEST_COLUMNS)
+
+    @classmethod
+    def from_db_row(cls, row: Sequence[Any]) -> "RequestRow":
+        """Build from a row selected in :data:`REQUEST_COLUMNS` order."""
+        if len(row) != len(REQUEST_COLUMNS):
+            raise ValueError(f"request row must have {len(REQUEST_COLUMNS)} values, got {len(row)}")
+        return cls(*row)
+
+
+REQUEST_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRow))
+
+
+@dataclass(slots=True)
+class _MetricPoint:
+    resource_attributes: dict[str, str]
+    service_name: str
+    metric_name: str
+    description: str
+    unit: str
+    attributes: dict[str, str]
+    start_time: datetime | None
+    time: datetime
+
+    def _head(self) -> tuple:
+        start = UNIX_EPOCH if self.start_time is None else _require_aware(self.start_time, "start_time")
+        return (
+            self.resource_attributes, "", getattr(self, "scope_name", ""),
+            getattr(self, "scope_version", ""), {}, 0, "", self.service_name, self.metric_name,
+            self.description, self.unit, self.attributes, start,
+            _require_aware(self.time, "time"),
+        )
+
+
+_NO_EXEMPLARS = ([], [], [], [], [])
+
+
+@dataclass(slots=True)
+class GaugeRow(_MetricPoint):
+    """A gauge data point for ``otel_metrics_gauge``.
+
+    ``time``: observation time (aware). ``start_time``: ``None`` is stored as the epoch, as
+    the exporter stores an unset OTLP start time. ``value``: float in the metric's ``unit``.
+    """
+
+    value: float = 0.0
+    scope_name: str = ""
+    scope_version: str = ""
+
+    def to_insert_row(self) -> tuple:
+        """Values in :data:`GAUGE_COLUMNS` order (no exemplars, flags 0)."""
+        return self._head() + (float(self.value), 0) + _NO_EXEMPLARS
+
+
+@dataclass(slots=True)
+class SumRow(_MetricPoint):
+    """A sum (counter) data point for ``otel_metrics_sum``.
+
+    ``aggregation_temporality``: OTLP enum (1 delta, 2 cumulative). ``is_monotonic``: counter.
+    """
+
+    value: float = 0.0
+    aggregation_temporality: int = 2
+    is_monotonic: bool = True
+    scope_name: str = ""
+    scope_version: str = ""
+
+    def to_insert_row(self) -> tuple:
+        """Values in :data:`SUM_COLUMNS` order."""
+        return (self._head() + (float(self.value), 0) + _NO_EXEMPLARS
+                + (int(self.aggregation_temporality), bool(self.is_monotonic)))
+
+
+@dataclass(slots=True)
+class HistogramRow(_MetricPoint):
+    """An explicit-bucket histogram data point for ``otel_metrics_histogram``.
+
+    ``bucket_counts`` has ``len(explicit_bounds) + 1`` entries (OTLP). ``min``/``max``:
+    ``None`` stored as 0, as the exporter stores unset values.
+    """
+
+    count: int = 0
+    sum: float = 0.0
+    bucket_counts: list[int] = field(default_factory=list)
+    explicit_bounds: list[float] = field(default_factory=list)
+    min: float | None = None
+    max: float | None = None
+    aggregation_temporality: int = 2
+    scope_name: str = ""
+    scope_version: str = ""
+
+    def to_insert_row(self) -> tuple:
+        """Values in :data:`HISTOGRAM_COLUMNS` order."""
+        if self.bucket_counts and len(self.bucket_counts) != len(self.explicit_bounds) + 1:
+            raise ValueError(
+                f"bucket_counts must have len(explicit_bounds) + 1 = {len(self.explicit_bounds) + 1} "
+                f"entries, got {len(self.bucket_counts)}"
+            )
+        return (
+            self._head()
+            + (int(self.count), float(self.sum), [int(c) for c in self.bucket_counts],
+               [float(b) for b in self.explicit_bounds])
+            + _NO_EXEMPLARS
+            + (0, float(self.min or 0.0), float(self.max or 0.0), int(self.aggregation_temporality))
+        )

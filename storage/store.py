@@ -1,0 +1,294 @@
+"""The one handle to ClickHouse (embedded chDB or a server) used by every inferpath part.
+
+Both backends go through clickhouse-connect with the same SQL. Differences are settled here:
+
+- Time: the session runs with ``session_timezone='UTC'`` and the client formats and decodes
+  datetimes as UTC, so ``toDate``/``toStartOfInterval`` and every returned datetime are UTC
+  whatever the host's ``TZ`` is. Results come back timezone-aware (UTC). Naive datetimes
+  passed in, as insert values or query parameters, raise ``ValueError`` instead of being
+  read in some implicit zone.
+- Concurrency: every call holds one lock; embedded chDB is one engine per process, and
+  serializing also keeps a server connection's session state simple.
+- chDB allows one data path per process: opening a second path while a store on another
+  path is open raises ``RuntimeError``; closing and reopening the same path is fine.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+
+from inferpath.storage.migrations import apply_migrations, validate_ttl_days
+from inferpath.storage.url import StoreURL, default_store_url, parse_store_url
+
+logger = logging.getLogger(__name__)
+
+_TABLE_NAME = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
+_COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?$")
+_SESSION_SETTINGS = {"session_timezone": "UTC"}
+
+# chDB: data path -> number of open Store objects on it (one path per process).
+_open_chdb_paths: dict[str, int] = {}
+_open_chdb_lock = threading.Lock()
+
+
+def validate_table_name(table: str) -> str:
+    """Return ``table`` if it is ``name`` or ``database.name`` made of plain identifiers.
+
+    Raises ``ValueError`` naming the table otherwise (table names are placed into SQL).
+    """
+    if not isinstance(table, str) or not _TABLE_NAME.match(table):
+        raise ValueError(f"table name must be an identifier (optionally database.table), got {table!r}")
+    return table
+
+
+def _check_value(value: Any, where: str) -> None:
+    """Raise ``ValueError`` for a naive datetime at any depth of lists/tuples/dicts."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"{where} is a naive datetime {value!r}; pass a timezone-aware datetime")
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_value(item, where)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_value(item, where)
+
+
+def _to_utc(value: Any) -> Any:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            # Only reachable if a driver ever decodes a zone-less column without our UTC
+            # setting; the session is UTC, so the wall time is UTC.
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+    if isinstance(value, list):
+        return [_to_utc(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_to_utc(v) for v in value)
+    return value
+
+
+class Store:
+    """A connection to inferpath's ClickHouse database with migrations applied.
+
+    Use :meth:`open`. Attributes: ``url`` (:class:`StoreURL`, ``str()`` is safe to log),
+    ``database`` (str), ``ttl_days`` (int). Thread-safe; usable as a context manager.
+    """
+
+    def __init__(self, url: StoreURL, client: Any, ttl_days: int) -> None:
+        self.url = url
+        self.database = url.database
+        self.ttl_days = ttl_days
+        self._client = client
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(cls, url: str | None = None, *, ttl_days: int = 30) -> "Store":
+        """Connect to the store at ``url`` (default :func:`default_store_url`) and migrate it.
+
+        For chDB the data folder is created if missing. ``ttl_days`` (1..3650) sets the TTL
+        of tables created by this call; existing tables keep theirs.
+        Raises ``ValueError`` for a bad URL or TTL, ``RuntimeError`` when another chDB path
+        is already open in this process, and the driver's errors when ClickHouse refuses.
+        """
+        validate_ttl_days(ttl_days)
+        parsed = parse_store_url(url if url else default_store_url())
+        if parsed.kind == "chdb":
+            client = cls._connect_chdb(parsed)
+        else:
+            client = cls._connect_http(parsed)
+        store = cls(parsed, client, ttl_days)
+        try:
+            applied = apply_migrations(store, ttl_days)
+            # Queries from every part use unqualified table names.
+            with store._lock:
+                client.database = parsed.database
+        except BaseException:
+            store.close()
+            raise
+        if applied:
+            logger.info("store %s: applied schema versions %s", parsed, applied)
+        return store
+
+    @staticmethod
+    def _connect_chdb(parsed: StoreURL) -> Any:
+        import clickhouse_connect
+
+        assert parsed.path is not None
+        if parsed.path.exists() and not parsed.path.is_dir():
+            raise ValueError(f"chdb store path exists and is not a folder: {parsed.path}")
+        parsed.path.mkdir(parents=True, exist_ok=True)
+        key = str(parsed.path.resolve())
+        with _open_chdb_lock:
+            others = [p for p, n in _open_chdb_paths.items() if n > 0 and p != key]
+            if others:
+                raise RuntimeError(
+                    f"chDB allows one data folder per process and {others[0]} is open; "
+                    f"close that store before opening {key}"
+                )
+            client = clickhouse_connect.get_client(
+                dsn=f"chdb://{key}", settings=dict(_SESSION_SETTINGS), tz_mode="aware"
+            )
+            _open_chdb_paths[key] = _open_chdb_paths.get(key, 0) + 1
+        # chDB reports the host process's zone as the server zone, but the session zone
+        # above is UTC: make the client format parameters and decode values as UTC too.
+        client.server_tz = timezone.utc
+        return client
+
+    @staticmethod
+    def _connect_http(parsed: StoreURL) -> Any:
+        import clickhouse_connect
+
+        client = clickhouse_connect.get_client(
+            host=parsed.host,
+            port=parsed.port,
+            username=parsed.username,
+            password=parsed.password or "",
+            secure=parsed.secure,
+            settings=dict(_SESSION_SETTINGS),
+            tz_mode="aware",
+        )
+        client.server_tz = timezone.utc
+        return client
+
+    def close(self) -> None:
+        """Close the connection; idempotent. A chDB path can be reopened afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._client.close()
+            finally:
+                if self.url.kind == "chdb" and self.url.path is not None:
+                    key = str(self.url.path.resolve())
+                    with _open_chdb_lock:
+                        left = _open_chdb_paths.get(key, 0) - 1
+                        if left > 0:
+                            _open_chdb_paths[key] = left
+                        else:
+                            _open_chdb_paths.pop(key, None)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.url)!r}, closed={self._closed})"
+
+    # ------------------------------------------------------------------ calls
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"store {self.url} is closed")
+
+    @staticmethod
+    def _check_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if parameters is None:
+            return None
+        if not isinstance(parameters, Mapping):
+            raise ValueError("parameters must be a dict of name -> value")
+        for name, value in parameters.items():
+            _check_value(value, f"parameter {name!r}")
+        return dict(parameters)
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> int:
+        """Insert ``rows`` (each a sequence in ``column_names`` order) into ``table``.
+
+        Returns the number of rows inserted. Raises ``ValueError`` for a bad table or column
+        name, a row of the wrong length, or a naive datetime anywhere in a row (the message
+        names the row index and column); driver errors propagate.
+        """
+        validate_table_name(table)
+        names = list(column_names)
+        for name in names:
+            if not isinstance(name, str) or not _COLUMN_NAME.match(name):
+                raise ValueError(f"column name must be an identifier (or Nested.field), got {name!r}")
+        if not rows:
+            return 0
+        width = len(names)
+        for index, row in enumerate(rows):
+            if len(row) != width:
+                raise ValueError(f"row {index} has {len(row)} values for {width} columns")
+            for name, value in zip(names, row):
+                if isinstance(value, (datetime, list, tuple)):
+                    _check_value(value, f"row {index} column {name!r}")
+        with self._lock:
+            self._ensure_open()
+            self._client.insert(table, rows, column_names=names)
+        return len(rows)
+
+    def query(self, sql: str, parameters: dict | None = None) -> list[tuple]:
+        """Run a SELECT with server-side bound ``parameters`` (``{name:Type}`` placeholders).
+
+        Returns rows as tuples; datetimes (also inside arrays) are timezone-aware UTC.
+        Raises ``ValueError`` for naive datetime parameters; driver errors propagate.
+        """
+        return self._query(sql, parameters)[1]
+
+    def query_dicts(self, sql: str, parameters: dict | None = None) -> list[dict]:
+        """Like :meth:`query`, each row as a dict keyed by column name."""
+        names, rows = self._query(sql, parameters)
+        return [dict(zip(names, row)) for row in rows]
+
+    def _query(self, sql: str, parameters: dict | None) -> tuple[tuple[str, ...], list[tuple]]:
+        params = self._check_parameters(parameters)
+        with self._lock:
+            self._ensure_open()
+            result = self._client.query(sql, parameters=params)
+            names = tuple(result.column_names)
+            types = [t.name for t in result.column_types]
+            rows = result.result_rows
+        time_columns = [i for i, t in enumerate(types) if "DateTime" in t]
+        if not time_columns:
+            return names, [tuple(r) for r in rows]
+        out = []
+        for row in rows:
+            values = list(row)
+            for i in time_columns:
+                values[i] = _to_utc(values[i])
+            out.append(tuple(values))
+        return names, out
+
+    def command(self, sql: str, parameters: dict | None = None) -> Any:
+        """Run DDL or another statement that returns no rows; returns the driver's summary."""
+        params = self._check_parameters(parameters)
+        with self._lock:
+            self._ensure_open()
+            return self._client.command(sql, parameters=params)
+
+    def table_columns(self, table: str) -> list[tuple[str, str]]:
+        """``(name, type)`` of each column of ``table`` in this database, in table order."""
+        validate_table_name(table)
+        return [
+            (name, type_)
+            for name, type_ in self.query(
+                "SELECT name, type FROM system.columns"
+                " WHERE database = {db:String} AND table = {table:String} ORDER BY position",
+                {"db": self.database, "table": table},
+            )
+        ]
+
+
+def ensure_aware(value: datetime, name: str) -> datetime:
+    """Return ``value`` converted to UTC; raise ``ValueError`` naming ``name`` if naive."""
+    if not isinstance(value, datetime):
+        raise ValueError(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, got naive {value!r}")
+    return value.astimezone(timezone.utc)
+
+
+__all__ = ["Store", "ensure_aware", "validate_table_name"]

@@ -1,0 +1,152 @@
+"""Store URLs: which ClickHouse to use, parsed and validated once.
+
+Two kinds, one client library (clickhouse-connect) behind both:
+
+- ``chdb:///absolute/path[?database=name]`` — embedded chDB keeping its files under the path.
+- ``http(s)://[user[:password]@]host[:port][/database]`` — a ClickHouse server or cluster.
+  Credentials missing from the URL are taken from ``CLICKHOUSE_USER`` and
+  ``CLICKHOUSE_PASSWORD``. The password never appears in ``repr``/``str`` or in logs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Mapping
+from urllib.parse import parse_qs, unquote, urlsplit
+
+ENV_CLICKHOUSE_USER = "CLICKHOUSE_USER"
+ENV_CLICKHOUSE_PASSWORD = "CLICKHOUSE_PASSWORD"
+ENV_XDG_DATA_HOME = "XDG_DATA_HOME"
+
+DEFAULT_DATABASE = "inferpath"
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DEFAULT_PORTS = {"http": 8123, "https": 8443}
+
+
+def validate_identifier(value: str, what: str = "database") -> str:
+    """Return ``value`` if it is a plain ClickHouse identifier (``^[A-Za-z_][A-Za-z0-9_]*$``).
+
+    Raises ``ValueError`` naming ``what`` otherwise; identifiers are substituted into SQL,
+    so nothing else may pass.
+    """
+    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+        raise ValueError(f"{what} must match ^[A-Za-z_][A-Za-z0-9_]*$, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    """A parsed store URL.
+
+    ``kind``: ``"chdb"`` or ``"http"`` (``https`` is ``kind="http"`` with ``secure=True``).
+    ``dsn``: for chdb the DSN handed to ``clickhouse_connect.get_client(dsn=...)``; for http
+    the URL without password (for display). ``path``: chDB data folder (``None`` for http).
+    ``database``: validated identifier. ``password`` is excluded from ``repr``.
+    """
+
+    kind: Literal["chdb", "http"]
+    dsn: str
+    path: Path | None
+    database: str
+    host: str | None = None
+    port: int | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False, compare=False)
+    secure: bool = False
+
+    def __str__(self) -> str:
+        return self.dsn
+
+
+def default_store_url(environ: Mapping[str, str] | None = None) -> str:
+    """The embedded default: ``chdb:///<XDG_DATA_HOME or ~/.local/share>/inferpath/store``.
+
+    A relative ``XDG_DATA_HOME`` is ignored, as the XDG base-directory spec requires.
+    """
+    env = os.environ if environ is None else environ
+    base = env.get(ENV_XDG_DATA_HOME) or ""
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "share")
+    return "chdb://" + str(Path(base) / "inferpath" / "store")
+
+
+def parse_store_url(url: str, environ: Mapping[str, str] | None = None) -> StoreURL:
+    """Parse and validate a store URL (see the module docstring for the accepted forms).
+
+    Raises ``ValueError`` naming the part that is wrong (scheme, path, host, port,
+    database, query parameter). The message never contains the password.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("store url must be a non-empty string")
+    env = os.environ if environ is None else environ
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:  # e.g. an unbalanced IPv6 bracket
+        raise ValueError(f"store url is malformed: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme == "chdb":
+        return _parse_chdb(parts)
+    if scheme in _DEFAULT_PORTS:
+        return _parse_http(parts, scheme, env)
+    raise ValueError(
+        f"store url scheme must be chdb, http or https, got {parts.scheme or '(none)'!r}"
+    )
+
+
+def _parse_chdb(parts) -> StoreURL:
+    if parts.netloc:
+        raise ValueError(
+            "chdb store url must be chdb:///absolute/path (three slashes); "
+            f"got host part {parts.netloc!r}"
+        )
+    if not parts.path or not parts.path.startswith("/"):
+        raise ValueError("chdb store url path must be absolute, e.g. chdb:///var/lib/inferpath")
+    path = Path(unquote(parts.path))
+    if ".." in path.parts:
+        raise ValueError(f"chdb store url path must not contain '..': {str(path)!r}")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"database"})
+    if unknown:
+        raise ValueError(f"chdb store url has unknown query parameter(s): {', '.join(unknown)}")
+    database = validate_identifier(query.get("database", [DEFAULT_DATABASE])[-1])
+    return StoreURL(kind="chdb", dsn=f"chdb://{path}", path=path, database=database)
+
+
+def _parse_http(parts, scheme: str, env: Mapping[str, str]) -> StoreURL:
+    host = parts.hostname
+    if not host:
+        raise ValueError(f"{scheme} store url needs a host, e.g. {scheme}://localhost:8123/inferpath")
+    try:
+        port = parts.port or _DEFAULT_PORTS[scheme]
+    except ValueError:
+        raise ValueError(f"{scheme} store url port must be a number in 1-65535") from None
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{scheme} store url port must be in 1-65535, got {port}")
+    segments = [s for s in parts.path.split("/") if s]
+    if len(segments) > 1:
+        raise ValueError(f"{scheme} store url path must be at most one segment (the database)")
+    database = validate_identifier(unquote(segments[0]) if segments else DEFAULT_DATABASE)
+    if parts.query:
+        raise ValueError(f"{scheme} store url takes no query parameters")
+    username = unquote(parts.username) if parts.username else env.get(ENV_CLICKHOUSE_USER) or None
+    if parts.password is not None:
+        password: str | None = unquote(parts.password)
+    else:
+        password = env.get(ENV_CLICKHOUSE_PASSWORD) or None
+    shown_host = f"[{host}]" if ":" in host else host
+    user_part = f"{username}@" if username else ""
+    dsn = f"{scheme}://{user_part}{shown_host}:{port}/{database}"
+    return StoreURL(
+        kind="http",
+        dsn=dsn,
+        path=None,
+        database=database,
+        host=host,
+        port=port,
+        username=username,
+        password=password,
+        secure=scheme == "https",
+    )

@@ -1,0 +1,103 @@
+"""Schema migrations: applied once, in order, and shaped like the OTel ClickHouse exporter's tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferpath.storage.migrations import apply_migrations, load_migrations
+from inferpath.storage.rows import (
+    GAUGE_COLUMNS,
+    HISTOGRAM_COLUMNS,
+    REQUEST_COLUMNS,
+    SPAN_COLUMNS,
+    SUM_COLUMNS,
+)
+from inferpath.storage.store import Store
+
+# The exporter's insert column list for spans (exporter/clickhouseexporter/internal/
+# sqltemplates/traces_insert.sql), written out here independently of rows.SPAN_COLUMNS.
+EXPORTER_TRACE_INSERT_COLUMNS = [
+    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
+    "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes",
+    "Duration", "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name",
+    "Events.Attributes", "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
+]
+
+
+def test_migration_files_are_numbered_in_order() -> None:
+    versions = [m.version for m in load_migrations()]
+    assert versions == sorted(versions) == list(range(1, len(versions) + 1))
+    assert len(versions) >= 3
+
+
+def test_migrations_are_idempotent(store: Store, store_url: str, ttl_days: int) -> None:
+    recorded = store.query("SELECT version, name FROM inferpath_schema_migrations ORDER BY version")
+    assert [v for v, _ in recorded] == [m.version for m in load_migrations()]
+    assert apply_migrations(store, ttl_days) == []
+    store.close()
+    with Store.open(store_url, ttl_days=ttl_days) as again:
+        count = again.query("SELECT count() FROM inferpath_schema_migrations")[0][0]
+        assert count == len(recorded)
+
+
+def test_otel_traces_columns_match_exporter_insert_list(store: Store) -> None:
+    names = [name for name, _ in store.table_columns("otel_traces")]
+    assert names == EXPORTER_TRACE_INSERT_COLUMNS == list(SPAN_COLUMNS)
+    types = dict(store.table_columns("otel_traces"))
+    assert types["Timestamp"] == "DateTime64(9)"
+    assert types["Duration"] == "UInt64"
+    assert types["SpanAttributes"] == "Map(LowCardinality(String), String)"
+    assert types["Events.Timestamp"] == "Array(DateTime64(9))"
+
+
+def test_lookup_table_and_view_exist(store: Store) -> None:
+    assert [n for n, _ in store.table_columns("otel_traces_trace_id_ts")] == ["TraceId", "Start", "End"]
+    engines = dict(store.query(
+        "SELECT name, engine FROM system.tables WHERE database = {db:String}", {"db": store.database}
+    ))
+    assert engines["otel_traces_trace_id_ts_mv"] == "MaterializedView"
+    assert engines["inferpath_requests"] == "ReplacingMergeTree"
+
+
+@pytest.mark.parametrize(
+    ("table", "columns"),
+    [
+        ("otel_metrics_gauge", GAUGE_COLUMNS),
+        ("otel_metrics_sum", SUM_COLUMNS),
+        ("otel_metrics_histogram", HISTOGRAM_COLUMNS),
+        ("inferpath_requests", REQUEST_COLUMNS),
+    ],
+)
+def test_table_columns_match_row_column_lists(store: Store, table: str, columns: tuple) -> None:
+    assert [n for n, _ in store.table_columns(table)] == list(columns)
+
+
+def test_requests_table_types(store: Store) -> None:
+    types = dict(store.table_columns("inferpath_requests"))
+    assert types["timestamp"] == "DateTime64(9, 'UTC')"
+    assert types["ttft_ns"] == "Nullable(Int64)"
+    assert types["input_tokens"] == "Nullable(UInt32)"
+    assert types["endpoint_class"] == "LowCardinality(String)"
+
+
+def test_ttl_days_is_applied_to_tables(tmp_path) -> None:
+    with Store.open(f"chdb://{tmp_path}/ttl7", ttl_days=7) as store:
+        ddl = store.query(
+            "SELECT create_table_query FROM system.tables WHERE database = {db:String} AND name = 'otel_traces'",
+            {"db": store.database},
+        )[0][0]
+    assert "toIntervalDay(7)" in ddl
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 3651, 1.5, "30", True])
+def test_bad_ttl_days_rejected(tmp_path, ttl) -> None:
+    with pytest.raises(ValueError, match="ttl_days"):
+        Store.open(f"chdb://{tmp_path}/bad", ttl_days=ttl)
+
+
+def test_statements_reject_bad_database() -> None:
+    migration = load_migrations()[0]
+    with pytest.raises(ValueError, match="database"):
+        migration.statements("x`; DROP TABLE y; --", 30)
+    statements = migration.statements("telemetry", 30)
+    assert statements and all("{database}" not in s and "{ttl_days}" not in s for s in statements)
