@@ -55,7 +55,7 @@ class Settings(BaseModel):
 
     store_url: str | None = None
     host: str = "127.0.0.1"
-    port: int = Field(4318, ge=1, le=65535)
+    port: int = Field(4318, ge=0, le=65535)  # 0: any free port
     token: str | None = None
     dashboard_port: int = Field(8501, ge=1, le=65535)
     otlp_endpoint: str = "http://127.0.0.1:4318"

@@ -1,0 +1,171 @@
+"""The HTTP face of the server: OTLP/HTTP receiver, read API, health and self-metrics.
+
+Endpoints (OpenAPI document at ``/openapi.json``, browsable at ``/docs``):
+
+- ``POST /v1/traces``, ``POST /v1/metrics``: OTLP/HTTP, protobuf or JSON, optional gzip.
+  200 with an ``Export*ServiceResponse`` in the request's encoding (``partial_success`` when
+  items were rejected); 400 for a malformed body, 413 over ``settings.max_body_bytes``, 415
+  for another media type or encoding, 503 with ``Retry-After`` when the insert queue is full.
+  Error bodies are ``google.rpc.Status`` in the request's encoding (JSON when unknown), as
+  the OTLP specification asks, with a message naming the problem.
+- ``GET /api/v1/...``: the read API (:mod:`inferpath.server.read_api`).
+- ``GET /healthz`` (never guarded), ``GET /metrics`` (Prometheus text).
+
+With ``settings.token`` set, every endpoint except ``/healthz`` and the OpenAPI pages needs
+``Authorization: Bearer <token>`` (401 otherwise).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import inferpath
+from inferpath.server.otlp import (
+    OTLPDecodeError,
+    UnsupportedMediaTypeError,
+    decode_metrics_request,
+    decode_trace_request,
+)
+from inferpath.server.otlp_body import BodyFormat, body_format, encode_message
+from inferpath.server.read_api import router as read_router
+from inferpath.server.runtime import ServerRuntime
+from inferpath.server.selfmetrics import make_registry
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger(__name__)
+
+_MEDIA_TYPES = {"protobuf": "application/x-protobuf", "json": "application/json"}
+# google.rpc.Code values used in error bodies.
+_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAVAILABLE = 3, 8, 14
+_RETRY_AFTER_SECONDS = "1"
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _status_response(http_status: int, code: int, message: str, fmt: BodyFormat | None,
+                     headers: dict[str, str] | None = None) -> Response:
+    fmt = fmt or "json"
+    return Response(encode_message(status_pb2.Status(code=code, message=message), fmt),
+                    status_code=http_status, media_type=_MEDIA_TYPES[fmt], headers=headers)
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _auth_dependency(token: str | None):
+    expected = f"Bearer {token}".encode() if token else None
+
+    async def require_token(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    return require_token
+
+
+def create_app(runtime: ServerRuntime) -> FastAPI:
+    """Build the FastAPI application serving ``runtime`` (see the module docstring).
+
+    The app only decodes and answers; storage, queues and loops belong to ``runtime``,
+    whose lifecycle the caller manages.
+    """
+    settings = runtime.settings
+    guard = Depends(_auth_dependency(settings.token))
+    app = FastAPI(title="inferpath", version=inferpath.__version__,
+                  description="OTLP/HTTP receiver and read API of inferpath.")
+    app.state.runtime = runtime
+    registry = make_registry(runtime)
+
+    async def _ingest(request: Request, signal: str) -> Response:
+        content_type = request.headers.get("content-type")
+        try:
+            fmt: BodyFormat | None = body_format(content_type)
+        except UnsupportedMediaTypeError as exc:
+            runtime.count_bad_request()
+            return _status_response(415, _INVALID_ARGUMENT, str(exc), None)
+        try:
+            body = await _read_body(request, settings.max_body_bytes)
+        except _BodyTooLarge:
+            runtime.count_bad_request()
+            return _status_response(413, _RESOURCE_EXHAUSTED,
+                                    f"body exceeds max_body_bytes={settings.max_body_bytes}", fmt)
+        decode = decode_trace_request if signal == "traces" else decode_metrics_request
+        try:
+            decoded = await run_in_threadpool(decode, body, content_type=content_type,
+                                              content_encoding=request.headers.get("content-encoding"))
+        except UnsupportedMediaTypeError as exc:
+            runtime.count_bad_request()
+            return _status_response(415, _INVALID_ARGUMENT, str(exc), fmt)
+        except OTLPDecodeError as exc:
+            runtime.count_bad_request()
+            return _status_response(400, _INVALID_ARGUMENT, str(exc), fmt)
+        except Exception as exc:  # noqa: BLE001 - a body must never take the server down
+            runtime.count_bad_request()
+            logger.exception("unexpected error decoding an OTLP %s body", signal)
+            return _status_response(400, _INVALID_ARGUMENT, f"could not decode body: {exc}", fmt)
+        if signal == "traces":
+            accepted = runtime.ingest_spans(decoded)
+            response = ExportTraceServiceResponse()
+            if decoded.rejected_spans:
+                response.partial_success.rejected_spans = decoded.rejected_spans
+                response.partial_success.error_message = decoded.error_message
+        else:
+            accepted = runtime.ingest_metrics(decoded)
+            response = ExportMetricsServiceResponse()
+            if decoded.rejected_data_points:
+                response.partial_success.rejected_data_points = decoded.rejected_data_points
+                response.partial_success.error_message = decoded.error_message
+        if not accepted:
+            return _status_response(503, _UNAVAILABLE, "insert queue is full; retry later", fmt,
+                                    headers={"Retry-After": _RETRY_AFTER_SECONDS})
+        return Response(encode_message(response, fmt), media_type=_MEDIA_TYPES[fmt])
+
+    @app.post("/v1/traces", dependencies=[guard], tags=["otlp"])
+    async def otlp_traces(request: Request) -> Response:
+        """OTLP/HTTP trace export (``ExportTraceServiceRequest``)."""
+        return await _ingest(request, "traces")
+
+    @app.post("/v1/metrics", dependencies=[guard], tags=["otlp"])
+    async def otlp_metrics(request: Request) -> Response:
+        """OTLP/HTTP metrics export (``ExportMetricsServiceRequest``)."""
+        return await _ingest(request, "metrics")
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict:
+        """Liveness: 200 with ``{"status": "ok"}`` while the store is open."""
+        if runtime.closed:
+            raise HTTPException(status_code=503, detail="shutting down")
+        return {"status": "ok", "version": inferpath.__version__}
+
+    @app.get("/metrics", dependencies=[guard], tags=["ops"])
+    async def metrics() -> Response:
+        """The server's own metrics in Prometheus text format."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(read_router, dependencies=[guard])
+
+    return app

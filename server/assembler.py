@@ -1,0 +1,203 @@
+"""The request assembler: turns landed spans into ``inferpath_requests`` rows.
+
+Spans of one request arrive from several processes, in any order, late or twice. The
+receiver tells the assembler which trace ids it saw (:meth:`RequestAssembler.note_trace_ids`);
+once a trace has been quiet for ``settle_seconds`` the assembler reads ALL its spans back
+from storage, derives the row with :func:`assemble_request` (a pure function, in
+:mod:`inferpath.server.derive`) and writes it with ``updated_at = now``. A late span simply
+notes the trace again and the row is re-derived; ``inferpath_requests`` is a
+ReplacingMergeTree on ``updated_at``, so the newest row wins.
+
+Times: settling uses the monotonic clock (``time.monotonic``); ``updated_at`` is wall clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Callable, Iterable
+
+from inferpath.server.derive import assemble_request, seconds_to_ns, union_ns
+from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
+from inferpath.storage.store import Store
+from inferpath.storage.writer import BatchWriter
+
+__all__ = ["RequestAssembler", "assemble_request", "seconds_to_ns", "union_ns", "read_trace_spans"]
+
+logger = logging.getLogger(__name__)
+
+REQUESTS_TABLE = "inferpath_requests"
+# Traces read back per query; bounded so one IN-list query stays small.
+_READ_BATCH_TRACES = 500
+_MAX_ATTEMPTS = 3
+
+_SPAN_SELECT = ", ".join(SPAN_COLUMNS)
+
+
+def read_trace_spans(store: Store, trace_ids: Iterable[str]) -> dict[str, list[SpanRow]]:
+    """All stored spans of ``trace_ids`` grouped by trace id (one query per 500 ids).
+
+    Trace ids absent from storage are absent from the result. Driver errors propagate.
+    """
+    ids = list(dict.fromkeys(trace_ids))
+    out: dict[str, list[SpanRow]] = {}
+    for offset in range(0, len(ids), _READ_BATCH_TRACES):
+        chunk = ids[offset:offset + _READ_BATCH_TRACES]
+        rows = store.query(
+            f"SELECT {_SPAN_SELECT} FROM otel_traces WHERE TraceId IN {{ids:Array(String)}}",
+            {"ids": chunk},
+        )
+        for row in rows:
+            span = SpanRow.from_db_row(row)
+            out.setdefault(span.trace_id, []).append(span)
+    return out
+
+
+class RequestAssembler:
+    """Derives and writes one request row per settled trace.
+
+    ``store``: an open :class:`Store`. ``settle_seconds``: quiet time after the last noted
+    span before a trace is assembled. ``writer``: a :class:`BatchWriter` for
+    ``inferpath_requests`` (created and owned here when ``None``). ``before_read``: called
+    before spans are read back (the runtime passes the span writer's flush, so that spans
+    accepted before a trace settled are in storage when it is read). ``interval_seconds``:
+    period of the background thread.
+
+    Counters: ``rows_written_total`` (rows handed to the writer), ``traces_without_row_total``
+    (settled traces with no request role, e.g. engine start-up), ``errors_total`` (failed
+    read-back passes; their traces are retried up to 3 times).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        settle_seconds: float = 2.0,
+        writer: BatchWriter | None = None,
+        before_read: Callable[[], object] | None = None,
+        interval_seconds: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if settle_seconds < 0:
+            raise ValueError(f"settle_seconds must be >= 0, got {settle_seconds}")
+        if not interval_seconds > 0:
+            raise ValueError(f"interval_seconds must be > 0, got {interval_seconds}")
+        self.store = store
+        self.settle_seconds = float(settle_seconds)
+        self.interval_seconds = float(interval_seconds)
+        self._owns_writer = writer is None
+        self.writer = writer or BatchWriter(store, REQUESTS_TABLE, REQUEST_COLUMNS)
+        self._before_read = before_read
+        self._clock = clock
+        self._pending: dict[str, float] = {}  # trace id -> monotonic time last noted
+        self._attempts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._run_lock = threading.Lock()  # one assembly pass at a time (thread vs. flush)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rows_written_total = 0
+        self.traces_without_row_total = 0
+        self.errors_total = 0
+
+    @property
+    def pending_traces(self) -> int:
+        """Trace ids noted and not yet assembled."""
+        return len(self._pending)
+
+    def note_trace_ids(self, trace_ids: Iterable[str], now: float | None = None) -> None:
+        """Mark traces as changed at ``now`` (monotonic seconds; default the clock). Never raises."""
+        try:
+            stamp = self._clock() if now is None else now
+            with self._lock:
+                for trace_id in trace_ids:
+                    self._pending[trace_id] = stamp
+        except Exception:  # noqa: BLE001 - called on the ingest path
+            logger.exception("could not note trace ids for assembly")
+
+    def run_once(self, force: bool = False, now: float | None = None) -> int:
+        """Assemble every trace quiet for ``settle_seconds`` (all noted traces if ``force``).
+
+        Returns the number of request rows handed to the writer. Storage errors are logged
+        and counted, and the traces retried on a later pass (at most 3 attempts).
+        """
+        with self._run_lock:
+            stamp = self._clock() if now is None else now
+            with self._lock:
+                due = [t for t, noted in self._pending.items()
+                       if force or stamp - noted >= self.settle_seconds]
+                for trace_id in due:
+                    del self._pending[trace_id]
+            if not due:
+                return 0
+            try:
+                if self._before_read is not None:
+                    self._before_read()
+                spans_by_trace = read_trace_spans(self.store, due)
+            except Exception as exc:  # noqa: BLE001 - a background loop must survive the store
+                self.errors_total += 1
+                logger.warning("request assembly of %d traces failed: %s", len(due), exc)
+                self._retry_later(due, stamp)
+                return 0
+            updated_at = datetime.now(timezone.utc)
+            rows = []
+            for trace_id in due:
+                self._attempts.pop(trace_id, None)
+                try:
+                    row = assemble_request(spans_by_trace.get(trace_id, []), updated_at=updated_at)
+                except Exception:  # noqa: BLE001 - one odd trace must not stop the others
+                    self.errors_total += 1
+                    logger.exception("could not assemble trace %s", trace_id)
+                    continue
+                if row is None:
+                    self.traces_without_row_total += 1
+                else:
+                    rows.append(row.to_insert_row())
+            if rows and self.writer.submit(rows):
+                self.rows_written_total += len(rows)
+            return len(rows)
+
+    def _retry_later(self, trace_ids: list[str], stamp: float) -> None:
+        with self._lock:
+            for trace_id in trace_ids:
+                attempts = self._attempts.get(trace_id, 0) + 1
+                if attempts >= _MAX_ATTEMPTS:
+                    self._attempts.pop(trace_id, None)
+                    continue
+                self._attempts[trace_id] = attempts
+                self._pending.setdefault(trace_id, stamp)
+
+    def flush(self, timeout_seconds: float = 10.0) -> bool:
+        """Assemble every noted trace now and wait until the rows are inserted."""
+        self.run_once(force=True)
+        return self.writer.flush(timeout_seconds)
+
+    # ------------------------------------------------------------------ thread
+    def start(self) -> None:
+        """Start the background assembly thread (daemon). Idempotent."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="inferpath-assembler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_seconds):
+            try:
+                self.run_once()
+            except Exception:  # noqa: BLE001 - keep assembling whatever happens
+                logger.exception("request assembly pass failed")
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        """Stop the thread, assemble what is still pending, close an owned writer."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+            self._thread = None
+        try:
+            self.run_once(force=True)
+        except Exception:  # noqa: BLE001
+            logger.exception("final request assembly failed")
+        if self._owns_writer:
+            self.writer.close(timeout_seconds)

@@ -1,0 +1,286 @@
+"""Spans of one trace → one request row: the derivations of ``docs/telemetry-contract.md``.
+
+A pure function, :func:`assemble_request`, with no storage and no clock; the background
+part that feeds it lives in :mod:`inferpath.server.assembler`.
+
+Roles a span can play in a trace (spans are the exporter-shaped
+:class:`~inferpath.storage.rows.SpanRow`, so kinds are ``"Server"``/``"Client"``/… and every
+attribute value is a string):
+
+- root client: a ``Client`` span with no parent inside the trace (the end user's call);
+- gateway: a ``Server`` span with ``inferpath.stage=gateway`` (the outermost one);
+- engine: vLLM's ``llm_request`` span or any span with ``gen_ai.latency.*`` attributes
+  (the earliest one when a trace holds several);
+- stage spans: ``inferpath.stage`` in tokenize / retrieval / queue / prefill / decode /
+  model / postprocess;
+- network hops: a ``Server`` span whose parent is a ``Client`` span of the trace.
+
+Durations: attributes carry seconds (float text); every measure is converted once, by
+:func:`seconds_to_ns`, to integer nanoseconds rounded to nearest. Span intervals use the
+stored start (wall clock, µs resolution) and ``duration_ns`` (the emitter's clock).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Iterable, Sequence
+
+from inferpath.storage.rows import RequestRow, SpanRow
+
+__all__ = ["assemble_request", "seconds_to_ns", "union_ns", "dedup_spans"]
+
+STAGE = "inferpath.stage"
+TTFT_SECONDS = "gen_ai.response.time_to_first_chunk"
+ITL_SECONDS = "inferpath.itl_seconds"
+ENGINE_SPAN_NAME = "llm_request"
+ENGINE_TTFT = "gen_ai.latency.time_to_first_token"
+ENGINE_E2E = "gen_ai.latency.e2e"
+ENGINE_QUEUE = "gen_ai.latency.time_in_queue"
+ENGINE_PREFILL = "gen_ai.latency.time_in_model_prefill"
+ENGINE_DECODE = "gen_ai.latency.time_in_model_decode"
+INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
+OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
+HTTP_STATUS = ("http.response.status_code", "http.status_code")
+ENDPOINT_CLASS = "inferpath.endpoint_class"
+
+
+def seconds_to_ns(seconds: str | float | int | None) -> int | None:
+    """Seconds (a float or its text, as OTel attributes carry it) → integer nanoseconds,
+    rounded to nearest. ``None``, unparsable, negative, NaN or infinite input gives ``None``
+    ("not measured"), never a made-up zero."""
+    if seconds is None or seconds == "":
+        return None
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return round(value * 1_000_000_000)
+
+
+def _int_attr(span: SpanRow | None, names: Iterable[str]) -> int | None:
+    if span is None:
+        return None
+    for name in names:
+        text = span.span_attributes.get(name)
+        if text in (None, ""):
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if math.isfinite(value) and value >= 0:
+            return int(value)
+    return None
+
+
+def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    """Total length in ns covered by ``(start_ns, end_ns)`` intervals, overlaps counted once."""
+    total = 0
+    current_start = current_end = None
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None:
+        total += current_end - current_start
+    return total
+
+
+def dedup_spans(spans: Iterable[SpanRow]) -> list[SpanRow]:
+    """One span per span id (the last one seen wins: a re-sent span replaces the earlier copy)."""
+    by_id: dict[str, SpanRow] = {}
+    for span in spans:
+        by_id[span.span_id] = span
+    return list(by_id.values())
+
+
+def _is_engine(span: SpanRow) -> bool:
+    return span.span_name == ENGINE_SPAN_NAME or any(
+        key.startswith("gen_ai.latency.") for key in span.span_attributes)
+
+
+def _depth(span: SpanRow, by_id: dict[str, SpanRow]) -> int:
+    depth, seen, parent = 0, {span.span_id}, span.parent_span_id
+    while parent in by_id and parent not in seen:  # ``seen`` guards against parent cycles
+        seen.add(parent)
+        depth += 1
+        parent = by_id[parent].parent_span_id
+    return depth
+
+
+def _descendants(root: SpanRow, spans: Sequence[SpanRow]) -> list[SpanRow]:
+    children: dict[str, list[SpanRow]] = {}
+    for span in spans:
+        children.setdefault(span.parent_span_id, []).append(span)
+    out, stack, seen = [], [root.span_id], {root.span_id}
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child.span_id not in seen:
+                seen.add(child.span_id)
+                out.append(child)
+                stack.append(child.span_id)
+    return out
+
+
+def _stage_union(spans: Sequence[SpanRow], stage: str) -> int | None:
+    intervals = [(s.start_ns, s.end_ns) for s in spans if s.span_attributes.get(STAGE) == stage]
+    return union_ns(intervals) if intervals else None
+
+
+def _first(*values):
+    for value in values:
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _http_status(span: SpanRow | None) -> int | None:
+    return _int_attr(span, HTTP_STATUS)
+
+
+def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = None) -> RequestRow | None:
+    """Derive the ``inferpath_requests`` row of one trace from its spans.
+
+    ``spans``: the spans of ONE trace, in any order, possibly with duplicates (deduplicated
+    by span id). Returns ``None`` when no span plays a request role (no client GenAI call,
+    gateway, engine or ``inferpath.stage`` span), e.g. a trace of engine start-up spans.
+    ``updated_at``: the row version (default: now, UTC). Every derivation is the one in
+    ``docs/telemetry-contract.md``; measures a trace does not carry stay ``None``. TTFT and
+    ITL follow AIPerf's definitions (ITL = (E2E − TTFT) / (output tokens − 1), ≥ 2 tokens).
+    Raises ``ValueError`` if the spans belong to more than one trace.
+    """
+    unique = dedup_spans(spans)
+    if not unique:
+        return None
+    trace_ids = {s.trace_id for s in unique}
+    if len(trace_ids) != 1:
+        raise ValueError(f"spans of one trace expected, got {len(trace_ids)} trace ids")
+    by_id = {s.span_id: s for s in unique}
+    by_start = sorted(unique, key=lambda s: (s.start_ns, s.span_id))
+
+    root_clients = [s for s in by_start if s.span_kind == "Client" and s.parent_span_id not in by_id]
+    # Prefer the root client that carries a TTFT (the end user's streaming call).
+    root_client = next((s for s in root_clients if TTFT_SECONDS in s.span_attributes),
+                       root_clients[0] if root_clients else None)
+    gateways = [s for s in by_start if s.span_kind == "Server" and s.span_attributes.get(STAGE) == "gateway"]
+    gateway = min(gateways, key=lambda s: (_depth(s, by_id), s.start_ns)) if gateways else None
+    engines = [s for s in by_start if _is_engine(s)]
+    engine = engines[0] if engines else None
+    model_clients = [s for s in by_start if s.span_kind == "Client" and s.span_attributes.get(STAGE) == "model"]
+    staged = any(STAGE in s.span_attributes for s in unique)
+    genai_client = root_client is not None and any(
+        k.startswith("gen_ai.") for k in root_client.span_attributes)
+    if not (gateway or engine or staged or genai_client):
+        return None
+
+    attrs = lambda span, key: span.span_attributes.get(key) if span is not None else None  # noqa: E731
+
+    # Client-side view of the end user.
+    client_ttft_ns = seconds_to_ns(attrs(root_client, TTFT_SECONDS))
+    client_e2e_ns = root_client.duration_ns if root_client is not None else None
+
+    # Server-side TTFT/E2E: the gateway's, else the engine's own measurement.
+    if gateway is not None:
+        ttft_ns = seconds_to_ns(attrs(gateway, TTFT_SECONDS))
+        e2e_ns = gateway.duration_ns
+    else:
+        ttft_ns = seconds_to_ns(attrs(engine, ENGINE_TTFT))
+        e2e_ns = seconds_to_ns(attrs(engine, ENGINE_E2E))
+
+    engine_queue_ns = seconds_to_ns(attrs(engine, ENGINE_QUEUE))
+    engine_prefill_ns = seconds_to_ns(attrs(engine, ENGINE_PREFILL))
+    engine_decode_ns = seconds_to_ns(attrs(engine, ENGINE_DECODE))
+    queue_ns = engine_queue_ns if engine_queue_ns is not None else _stage_union(unique, "queue")
+    prefill_ns = engine_prefill_ns if engine_prefill_ns is not None else _stage_union(unique, "prefill")
+    decode_ns = engine_decode_ns if engine_decode_ns is not None else _stage_union(unique, "decode")
+
+    input_tokens = _first(*(_int_attr(s, INPUT_TOKENS) for s in
+                            (gateway, root_client, *model_clients,
+                             *(s for s in by_start if s.span_attributes.get(STAGE) == "tokenize"),
+                             engine)))
+    output_tokens = _first(*(_int_attr(s, OUTPUT_TOKENS) for s in (gateway, root_client, *model_clients, engine)))
+
+    itl_ns = seconds_to_ns(attrs(gateway, ITL_SECONDS))
+    if itl_ns is None and engine is not None:
+        engine_tokens = _int_attr(engine, OUTPUT_TOKENS)
+        if engine_decode_ns is not None and engine_tokens is not None and engine_tokens >= 2:
+            itl_ns = round(engine_decode_ns / (engine_tokens - 1))
+
+    model_ns = union_ns((s.start_ns, s.end_ns) for s in model_clients) if model_clients else None
+
+    # A hop: the caller's CLIENT span and the callee's SERVER span of the same call; the
+    # difference is time on the wire plus the callee's framework before/after its span.
+    hops = [(by_id[s.parent_span_id], s) for s in unique
+            if s.span_kind == "Server" and s.parent_span_id in by_id
+            and by_id[s.parent_span_id].span_kind == "Client"]
+    network_ns = sum(max(0, c.duration_ns - srv.duration_ns) for c, srv in hops) if hops else None
+
+    gateway_ns = None
+    if gateway is not None:
+        lo, hi = gateway.start_ns, gateway.end_ns
+        inside = [(max(lo, d.start_ns), min(hi, d.end_ns)) for d in _descendants(gateway, unique)]
+        gateway_ns = max(0, gateway.duration_ns - union_ns(inside))
+
+    top = [s for s in (gateway, root_client, engine) if s is not None]
+    http_status_code = _first(_http_status(gateway), _http_status(root_client)) or 0
+    if any(s.status_code == "Error" for s in top) or http_status_code >= 500:
+        status = "error"
+    elif any(attrs(s, "inferpath.stream.status") == "incomplete" for s in top):
+        status = "incomplete"
+    else:
+        status = "ok"
+
+    main = gateway or root_client or engine or by_start[0]
+    endpoint = _first(attrs(gateway, "inferpath.endpoint"), attrs(gateway, "http.route")) or ""
+    endpoint_class = _first(
+        attrs(gateway, ENDPOINT_CLASS),
+        gateway.resource_attributes.get(ENDPOINT_CLASS) if gateway is not None else None,
+        *(s.resource_attributes.get(ENDPOINT_CLASS) for s in by_start),
+        *(s.span_attributes.get(ENDPOINT_CLASS) for s in by_start)) or ""
+    model = _first(*(attrs(s, "gen_ai.request.model") for s in (*model_clients, root_client, gateway)),
+                   attrs(engine, "gen_ai.response.model")) or ""
+    model_version = _first(*(attrs(s, "gen_ai.response.model") for s in (engine, *model_clients, root_client))) or ""
+    replica = ""
+    if engine is not None:
+        replica = _first(engine.resource_attributes.get("inferpath.replica"),
+                         engine.resource_attributes.get("service.instance.id"),
+                         engine.resource_attributes.get("host.name")) or ""
+
+    return RequestRow(
+        timestamp=by_start[0].timestamp,
+        trace_id=main.trace_id,
+        service_name=main.service_name,
+        endpoint=endpoint,
+        endpoint_class=endpoint_class,
+        model=model,
+        model_version=model_version,
+        replica=replica,
+        status=status,
+        http_status_code=int(http_status_code),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        client_ttft_ns=client_ttft_ns,
+        client_e2e_ns=client_e2e_ns,
+        ttft_ns=ttft_ns,
+        e2e_ns=e2e_ns,
+        itl_ns=itl_ns,
+        gateway_ns=gateway_ns,
+        tokenize_ns=_stage_union(unique, "tokenize"),
+        retrieval_ns=_stage_union(unique, "retrieval"),
+        queue_ns=queue_ns,
+        prefill_ns=prefill_ns,
+        decode_ns=decode_ns,
+        model_ns=model_ns,
+        network_ns=network_ns,
+        postprocess_ns=_stage_union(unique, "postprocess"),
+        span_count=len(unique),
+        updated_at=updated_at or datetime.now(timezone.utc),
+    )

@@ -1,0 +1,278 @@
+"""Decode OTLP/HTTP export requests into storage rows.
+
+``decode_trace_request`` turns an ``ExportTraceServiceRequest`` body (protobuf or OTLP/JSON,
+optionally gzip) into :class:`~inferpath.storage.rows.SpanRow` values shaped like the
+OpenTelemetry Collector's ClickHouse exporter writes them (``SpanKind`` ``"Server"``,
+``StatusCode`` ``"Error"``, attributes flattened by :mod:`inferpath.server.attributes`).
+``decode_metrics_request`` does the same for gauges, sums and histograms.
+
+A malformed body raises :class:`OTLPDecodeError` (HTTP 400). A well-formed body with some
+invalid items keeps the valid ones and counts the rest, for OTLP's ``partial_success``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+from inferpath.server.attributes import attributes_to_map
+from inferpath.server.otlp_body import (
+    OTLPDecodeError,
+    UnsupportedMediaTypeError,
+    body_format,
+    decompress,
+    parse_message,
+)
+from inferpath.storage.rows import GaugeRow, HistogramRow, SpanRow, SumRow, datetime_from_unix_ns
+
+__all__ = [
+    "OTLPDecodeError",
+    "UnsupportedMediaTypeError",
+    "DecodedSpans",
+    "DecodedMetrics",
+    "decode_trace_request",
+    "decode_metrics_request",
+    "SPAN_KIND_NAMES",
+    "STATUS_CODE_NAMES",
+]
+
+# Collector pdata ``ptrace.SpanKind.String()`` minus its prefix, as the exporter stores it.
+SPAN_KIND_NAMES = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client",
+                   4: "Producer", 5: "Consumer"}
+STATUS_CODE_NAMES = {0: "Unset", 1: "Ok", 2: "Error"}
+# How many per-item reasons one partial_success message quotes before summarizing.
+_MAX_REASONS = 5
+
+_ZERO_TRACE_ID = bytes(16)
+_ZERO_SPAN_ID = bytes(8)
+
+
+@dataclass(frozen=True)
+class DecodedSpans:
+    """Result of decoding one trace export: ``spans`` kept, ``rejected_spans`` counted, and
+    ``error_message`` explaining the rejections (empty when none)."""
+
+    spans: list[SpanRow]
+    rejected_spans: int = 0
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class DecodedMetrics:
+    """Result of decoding one metrics export: rows per table and rejected data points."""
+
+    gauges: list[GaugeRow] = field(default_factory=list)
+    sums: list[SumRow] = field(default_factory=list)
+    histograms: list[HistogramRow] = field(default_factory=list)
+    rejected_data_points: int = 0
+    error_message: str = ""
+
+    @property
+    def data_points(self) -> int:
+        """Data points kept across all three tables."""
+        return len(self.gauges) + len(self.sums) + len(self.histograms)
+
+
+class _Rejections:
+    """Counts rejected items and keeps the first few reasons for the response message."""
+
+    def __init__(self, noun: str) -> None:
+        self.noun = noun
+        self.count = 0
+        self.reasons: list[str] = []
+
+    def add(self, path: str, reason: str) -> None:
+        self.count += 1
+        if len(self.reasons) < _MAX_REASONS:
+            self.reasons.append(f"{path}: {reason}")
+
+    def message(self) -> str:
+        if not self.count:
+            return ""
+        more = self.count - len(self.reasons)
+        tail = f"; and {more} more" if more > 0 else ""
+        return f"{self.count} {self.noun} rejected: " + "; ".join(self.reasons) + tail
+
+
+def _check_id(raw: bytes, length: int, path: str) -> None:
+    # The Collector fails the whole request on an id of the wrong size; empty means "unset".
+    if raw and len(raw) != length:
+        raise OTLPDecodeError(f"{path}: expected {length} bytes, got {len(raw)}")
+
+
+def _span_problem(span) -> str | None:
+    if not span.trace_id or span.trace_id == _ZERO_TRACE_ID:
+        return "traceId is all zeros"
+    if not span.span_id or span.span_id == _ZERO_SPAN_ID:
+        return "spanId is all zeros"
+    if span.start_time_unix_nano == 0:
+        return "startTimeUnixNano is missing"
+    if span.end_time_unix_nano < span.start_time_unix_nano:
+        return "endTimeUnixNano is before startTimeUnixNano"
+    return None
+
+
+def decode_trace_request(body: bytes, *, content_type: str, content_encoding: str | None) -> DecodedSpans:
+    """Decode an OTLP/HTTP ``/v1/traces`` body into span rows.
+
+    ``content_type``: ``application/x-protobuf`` or ``application/json``; ``content_encoding``:
+    ``gzip`` or ``None``/``identity``. Raises :class:`UnsupportedMediaTypeError` for other media
+    types or encodings, :class:`OTLPDecodeError` for a malformed body or an id of the wrong
+    length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with an
+    all-zero id, no start time, or end before start are rejected and counted.
+    """
+    fmt = body_format(content_type)
+    payload = decompress(body, content_encoding)
+    request = parse_message(payload, fmt, ExportTraceServiceRequest(), "traces")
+    rejections = _Rejections("spans")
+    spans: list[SpanRow] = []
+    for i, resource_spans in enumerate(request.resource_spans):
+        resource_attributes = attributes_to_map(resource_spans.resource.attributes)
+        service_name = resource_attributes.get("service.name", "")
+        for j, scope_spans in enumerate(resource_spans.scope_spans):
+            scope = scope_spans.scope
+            for k, span in enumerate(scope_spans.spans):
+                path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                _check_id(span.trace_id, 16, f"{path}.traceId")
+                _check_id(span.span_id, 8, f"{path}.spanId")
+                _check_id(span.parent_span_id, 8, f"{path}.parentSpanId")
+                for n, link in enumerate(span.links):
+                    _check_id(link.trace_id, 16, f"{path}.links[{n}].traceId")
+                    _check_id(link.span_id, 8, f"{path}.links[{n}].spanId")
+                problem = _span_problem(span)
+                if problem:
+                    rejections.add(path, problem)
+                    continue
+                spans.append(_span_row(span, service_name, resource_attributes,
+                                       scope.name, scope.version))
+    return DecodedSpans(spans, rejections.count, rejections.message())
+
+
+def _span_row(span, service_name: str, resource_attributes: dict[str, str],
+              scope_name: str, scope_version: str) -> SpanRow:
+    events = [(datetime_from_unix_ns(event.time_unix_nano), event.name,
+               attributes_to_map(event.attributes)) for event in span.events]
+    links = [(link.trace_id.hex(), link.span_id.hex(), link.trace_state,
+              attributes_to_map(link.attributes)) for link in span.links]
+    return SpanRow(
+        timestamp=datetime_from_unix_ns(span.start_time_unix_nano),
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        parent_span_id=span.parent_span_id.hex(),
+        trace_state=span.trace_state,
+        span_name=span.name,
+        span_kind=SPAN_KIND_NAMES.get(span.kind, "Unspecified"),
+        service_name=service_name,
+        resource_attributes=resource_attributes,
+        scope_name=scope_name,
+        scope_version=scope_version,
+        span_attributes=attributes_to_map(span.attributes),
+        duration_ns=int(span.end_time_unix_nano - span.start_time_unix_nano),
+        status_code=STATUS_CODE_NAMES.get(span.status.code, "Unset"),
+        status_message=span.status.message,
+        events=events,
+        links=links,
+    )
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+def _number_value(point) -> float | None:
+    kind = point.WhichOneof("value")
+    if kind == "as_double":
+        return float(point.as_double)
+    if kind == "as_int":
+        return float(point.as_int)
+    return None
+
+
+def decode_metrics_request(body: bytes, *, content_type: str,
+                           content_encoding: str | None) -> DecodedMetrics:
+    """Decode an OTLP/HTTP ``/v1/metrics`` body into gauge, sum and histogram rows.
+
+    Same media types, encodings and errors as :func:`decode_trace_request`. Data points without
+    a timestamp or value, and exponential-histogram / summary points (no table for them), are
+    rejected and counted. Exemplars, flags, scope attributes and schema URLs are not kept
+    (the storage rows do not carry them; their columns are written empty).
+    """
+    fmt = body_format(content_type)
+    payload = decompress(body, content_encoding)
+    request = parse_message(payload, fmt, ExportMetricsServiceRequest(), "metrics")
+    rejections = _Rejections("data points")
+    out = DecodedMetrics()
+    for i, resource_metrics in enumerate(request.resource_metrics):
+        resource_attributes = attributes_to_map(resource_metrics.resource.attributes)
+        service_name = resource_attributes.get("service.name", "")
+        for j, scope_metrics in enumerate(resource_metrics.scope_metrics):
+            scope = scope_metrics.scope
+            for k, metric in enumerate(scope_metrics.metrics):
+                path = f"resourceMetrics[{i}].scopeMetrics[{j}].metrics[{k}]"
+                common = dict(resource_attributes=resource_attributes, service_name=service_name,
+                              scope_name=scope.name, scope_version=scope.version,
+                              metric_name=metric.name, description=metric.description,
+                              unit=metric.unit)
+                _decode_metric(metric, common, path, out, rejections)
+    return DecodedMetrics(out.gauges, out.sums, out.histograms, rejections.count,
+                          rejections.message())
+
+
+def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
+                   out: DecodedMetrics, rejections: _Rejections) -> None:
+    kind = metric.WhichOneof("data")
+    if kind in ("gauge", "sum"):
+        data = getattr(metric, kind)
+        for n, point in enumerate(data.data_points):
+            ppath = f"{path}.{kind}.dataPoints[{n}]"
+            value = _number_value(point)
+            if value is None:
+                rejections.add(ppath, "no asDouble/asInt value")
+                continue
+            if point.time_unix_nano == 0:
+                rejections.add(ppath, "timeUnixNano is missing")
+                continue
+            fields = dict(common, **_point_fields(point), value=value)
+            if kind == "gauge":
+                out.gauges.append(GaugeRow(**fields))
+            else:
+                out.sums.append(SumRow(
+                    **fields, aggregation_temporality=int(data.aggregation_temporality),
+                    is_monotonic=bool(data.is_monotonic)))
+    elif kind == "histogram":
+        data = metric.histogram
+        for n, point in enumerate(data.data_points):
+            ppath = f"{path}.histogram.dataPoints[{n}]"
+            if point.time_unix_nano == 0:
+                rejections.add(ppath, "timeUnixNano is missing")
+                continue
+            if point.bucket_counts and len(point.bucket_counts) != len(point.explicit_bounds) + 1:
+                rejections.add(ppath, "bucketCounts must have one more entry than explicitBounds")
+                continue
+            out.histograms.append(HistogramRow(
+                **common, **_point_fields(point),
+                count=int(point.count), sum=float(point.sum),
+                bucket_counts=[int(c) for c in point.bucket_counts],
+                explicit_bounds=[float(b) for b in point.explicit_bounds],
+                min=float(point.min) if point.HasField("min") else None,
+                max=float(point.max) if point.HasField("max") else None,
+                aggregation_temporality=int(data.aggregation_temporality)))
+    elif kind is None:
+        rejections.add(path, "metric has no data (gauge, sum or histogram)")
+    else:
+        json_name = metric.DESCRIPTOR.fields_by_name[kind].json_name
+        for n in range(len(getattr(metric, kind).data_points)):
+            rejections.add(f"{path}.{json_name}.dataPoints[{n}]", f"{json_name} points are not stored")
+
+
+def _point_fields(point) -> dict:
+    # An unset OTLP start time (0) is stored as the epoch, as the exporter does.
+    return dict(
+        attributes=attributes_to_map(point.attributes),
+        start_time=datetime_from_unix_ns(point.start_time_unix_nano),
+        time=datetime_from_unix_ns(point.time_unix_nano),
+    )

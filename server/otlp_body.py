@@ -1,0 +1,201 @@
+"""OTLP/HTTP request bodies: content negotiation, gzip, JSON id conversion, responses.
+
+Reference: the OTLP specification, "OTLP/HTTP" (binary protobuf ``application/x-protobuf``,
+JSON ``application/json``; ``Content-Encoding: gzip``; the JSON mapping differs from proto3
+JSON in that ``traceId``/``spanId`` are hex strings, not base64).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import zlib
+from typing import Any, Literal
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+
+__all__ = [
+    "OTLPDecodeError",
+    "UnsupportedMediaTypeError",
+    "BodyFormat",
+    "body_format",
+    "decompress",
+    "parse_message",
+    "encode_message",
+    "MAX_DECOMPRESSED_BYTES",
+]
+
+# A gzip body can expand a thousandfold; cap what one request may inflate to.
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+
+BodyFormat = Literal["protobuf", "json"]
+
+
+class OTLPDecodeError(ValueError):
+    """A malformed OTLP body; the message names what is wrong and where (a JSON-like path)."""
+
+
+class UnsupportedMediaTypeError(OTLPDecodeError):
+    """A ``Content-Type`` or ``Content-Encoding`` the receiver does not speak (HTTP 415)."""
+
+
+def body_format(content_type: str | None) -> BodyFormat:
+    """Map a ``Content-Type`` header to ``"protobuf"`` or ``"json"``; parameters are ignored.
+
+    Raises :class:`UnsupportedMediaTypeError` for anything else (including a missing header).
+    """
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media in ("application/x-protobuf", "application/protobuf"):
+        return "protobuf"
+    if media == "application/json":
+        return "json"
+    raise UnsupportedMediaTypeError(
+        f"unsupported Content-Type {content_type!r}: use application/x-protobuf or application/json"
+    )
+
+
+def decompress(body: bytes, content_encoding: str | None,
+               max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """Undo ``Content-Encoding`` (``gzip``, ``deflate`` or ``identity``/none).
+
+    Raises :class:`OTLPDecodeError` for a corrupt stream or one inflating past ``max_bytes``,
+    :class:`UnsupportedMediaTypeError` for an unknown encoding.
+    """
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise UnsupportedMediaTypeError(
+            f"unsupported Content-Encoding {content_encoding!r}: use gzip or identity")
+    # wbits 47 = auto-detect zlib or gzip header; deflate bodies in the wild are zlib-wrapped.
+    inflater = zlib.decompressobj(47 if encoding != "deflate" else 15)
+    try:
+        out = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise OTLPDecodeError(f"body is not valid {encoding}: {exc}") from None
+    if len(out) > max_bytes:
+        raise OTLPDecodeError(f"{encoding} body inflates past {max_bytes} bytes")
+    if not inflater.eof:
+        raise OTLPDecodeError(f"body is not valid {encoding}: stream is truncated")
+    return out
+
+
+def _hex_to_base64(value: Any, path: str, hex_digits: int) -> str:
+    if not isinstance(value, str):
+        raise OTLPDecodeError(f"{path}: expected a hex string, got {type(value).__name__}")
+    if value == "":
+        return ""
+    if len(value) != hex_digits:
+        raise OTLPDecodeError(
+            f"{path}: expected {hex_digits} hex digits, got {len(value)} ({value[:40]!r})")
+    try:
+        raw = binascii.unhexlify(value)
+    except (binascii.Error, ValueError):
+        raise OTLPDecodeError(f"{path}: not a hex string ({value[:40]!r})") from None
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _get(obj: dict, camel: str, snake: str) -> tuple[str | None, Any]:
+    for key in (camel, snake):
+        if key in obj:
+            return key, obj[key]
+    return None, None
+
+
+def _list_at(obj: dict, camel: str, snake: str, path: str) -> list:
+    key, value = _get(obj, camel, snake)
+    if key is None or value is None:
+        return []
+    if not isinstance(value, list):
+        raise OTLPDecodeError(f"{path}.{camel}: expected an array, got {type(value).__name__}")
+    return value
+
+
+def _objects(items: list, path: str) -> list[tuple[str, dict]]:
+    out = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise OTLPDecodeError(f"{path}[{index}]: expected an object, got {type(item).__name__}")
+        out.append((f"{path}[{index}]", item))
+    return out
+
+
+def _convert_ids(obj: dict, path: str, fields: tuple[tuple[str, str, int], ...]) -> None:
+    for camel, snake, digits in fields:
+        key, value = _get(obj, camel, snake)
+        if key is not None and value is not None:
+            obj[key] = _hex_to_base64(value, f"{path}.{camel}", digits)
+
+
+_SPAN_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16),
+             ("parentSpanId", "parent_span_id", 16))
+_LINK_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16))
+_METRIC_KINDS = (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"),
+                 ("exponentialHistogram", "exponential_histogram"), ("summary", "summary"))
+
+
+def _hex_ids_to_base64(document: dict, signal: Literal["traces", "metrics"]) -> None:
+    """Rewrite OTLP/JSON hex ids in place to the base64 that proto3 JSON parsing expects."""
+    if signal == "traces":
+        for rpath, resource in _objects(
+                _list_at(document, "resourceSpans", "resource_spans", ""), "resourceSpans"):
+            for spath, scope in _objects(
+                    _list_at(resource, "scopeSpans", "scope_spans", rpath), f"{rpath}.scopeSpans"):
+                for path, span in _objects(_list_at(scope, "spans", "spans", spath), f"{spath}.spans"):
+                    _convert_ids(span, path, _SPAN_IDS)
+                    for lpath, link in _objects(_list_at(span, "links", "links", path), f"{path}.links"):
+                        _convert_ids(link, lpath, _LINK_IDS)
+        return
+    for rpath, resource in _objects(
+            _list_at(document, "resourceMetrics", "resource_metrics", ""), "resourceMetrics"):
+        for spath, scope in _objects(
+                _list_at(resource, "scopeMetrics", "scope_metrics", rpath), f"{rpath}.scopeMetrics"):
+            for mpath, metric in _objects(_list_at(scope, "metrics", "metrics", spath), f"{spath}.metrics"):
+                for camel, snake in _METRIC_KINDS:
+                    key, data = _get(metric, camel, snake)
+                    if not isinstance(data, dict):
+                        continue
+                    dpath = f"{mpath}.{camel}.dataPoints"
+                    for ppath, point in _objects(
+                            _list_at(data, "dataPoints", "data_points", f"{mpath}.{camel}"), dpath):
+                        for epath, exemplar in _objects(
+                                _list_at(point, "exemplars", "exemplars", ppath), f"{ppath}.exemplars"):
+                            _convert_ids(exemplar, epath, _LINK_IDS)
+
+
+def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
+                  signal: Literal["traces", "metrics"]) -> Message:
+    """Fill ``message`` (an ``Export*ServiceRequest``) from a decompressed body.
+
+    JSON follows the OTLP/JSON mapping: lowerCamelCase (snake_case also accepted), enums as
+    ints or names, 64-bit ints as strings or numbers, ids as hex; unknown fields are ignored
+    as the specification requires. Raises :class:`OTLPDecodeError` naming the problem.
+    """
+    name = type(message).__name__
+    if fmt == "protobuf":
+        try:
+            message.ParseFromString(payload)
+        except (DecodeError, ValueError) as exc:
+            raise OTLPDecodeError(f"body is not a valid protobuf {name}: {exc}") from None
+        return message
+    try:
+        document = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise OTLPDecodeError(f"body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise OTLPDecodeError(f"JSON body must be an object ({name}), got {type(document).__name__}")
+    _hex_ids_to_base64(document, signal)
+    try:
+        json_format.ParseDict(document, message, ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise OTLPDecodeError(f"invalid OTLP/JSON {name}: {exc}") from None
+    return message
+
+
+def encode_message(message: Message, fmt: BodyFormat) -> bytes:
+    """Serialize a response message in the request's format (OTLP/JSON uses camelCase)."""
+    if fmt == "protobuf":
+        return message.SerializeToString()
+    return json.dumps(json_format.MessageToDict(message), separators=(",", ":")).encode()

@@ -1,0 +1,290 @@
+"""The server's moving parts in one object, and ways to run it (thread or foreground).
+
+:class:`ServerRuntime` owns the :class:`Store`, one :class:`BatchWriter` per table, the
+request assembler thread and the scrape loop. The HTTP layer (:mod:`inferpath.server.app`)
+only decodes, hands rows to :meth:`ServerRuntime.ingest_spans` / ``ingest_metrics`` and
+reads through :attr:`ServerRuntime.reader`.
+
+:func:`serve_in_thread` runs uvicorn in a background thread (tests, the demo);
+:func:`serve_forever` runs it in the foreground with signal handling (the CLI). Both stop
+gracefully: stop accepting, insert what was accepted, assemble what was noted, close.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from inferpath.config import Settings
+from inferpath.server.assembler import REQUESTS_TABLE, RequestAssembler
+from inferpath.server.otlp import DecodedMetrics, DecodedSpans
+from inferpath.server.scrape import ScrapeLoop
+from inferpath.storage.reader import Reader
+from inferpath.storage.rows import (
+    GAUGE_COLUMNS,
+    HISTOGRAM_COLUMNS,
+    REQUEST_COLUMNS,
+    SPAN_COLUMNS,
+    SUM_COLUMNS,
+)
+from inferpath.storage.store import Store
+from inferpath.storage.writer import BatchWriter
+
+__all__ = ["ServerRuntime", "RunningServer", "serve_in_thread", "serve_forever"]
+
+logger = logging.getLogger(__name__)
+
+_STARTUP_TIMEOUT_SECONDS = 30.0
+
+
+class ServerRuntime:
+    """Storage, writers and background loops of one inferpath server.
+
+    ``settings``: :class:`~inferpath.config.Settings` (``store_url``,
+    ``assembly_settle_seconds``, ``scrape_targets``, ``scrape_interval_seconds``, …).
+    Opening the store applies migrations; raises what :meth:`Store.open` raises.
+    Background threads start with :meth:`start`. Counters (``*_total``) are read by
+    ``GET /metrics``.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.store = Store.open(settings.store_url)
+        self.reader = Reader(self.store)
+        self.writers: dict[str, BatchWriter] = {
+            "otel_traces": BatchWriter(self.store, "otel_traces", SPAN_COLUMNS),
+            "otel_metrics_gauge": BatchWriter(self.store, "otel_metrics_gauge", GAUGE_COLUMNS),
+            "otel_metrics_sum": BatchWriter(self.store, "otel_metrics_sum", SUM_COLUMNS),
+            "otel_metrics_histogram": BatchWriter(self.store, "otel_metrics_histogram", HISTOGRAM_COLUMNS),
+            REQUESTS_TABLE: BatchWriter(self.store, REQUESTS_TABLE, REQUEST_COLUMNS),
+        }
+        self.assembler = RequestAssembler(
+            self.store,
+            settle_seconds=settings.assembly_settle_seconds,
+            writer=self.writers[REQUESTS_TABLE],
+            # Spans accepted before a trace settled must be in storage when it is read back.
+            before_read=lambda: self.writers["otel_traces"].flush(5.0),
+        )
+        self.scrape_loop = ScrapeLoop(
+            settings.scrape_targets,
+            self.writers["otel_metrics_gauge"],
+            self.writers["otel_metrics_sum"],
+            interval_seconds=settings.scrape_interval_seconds,
+        )
+        self._lock = threading.Lock()
+        self._closed = False
+        self.spans_received_total = 0
+        self.spans_rejected_total = 0
+        self.spans_dropped_total = 0
+        self.data_points_received_total = 0
+        self.data_points_rejected_total = 0
+        self.data_points_dropped_total = 0
+        self.bad_requests_total = 0
+
+    def start(self) -> None:
+        """Start the assembler thread and the scrape loop."""
+        self.assembler.start()
+        self.scrape_loop.start()
+
+    # ------------------------------------------------------------------ ingest
+    def ingest_spans(self, decoded: DecodedSpans) -> bool:
+        """Queue decoded spans for insertion and note their traces for assembly.
+
+        Returns False when the span queue is full (nothing queued; the caller answers 503
+        with ``Retry-After``). Never raises.
+        """
+        rows = [span.to_insert_row() for span in decoded.spans]
+        accepted = self.writers["otel_traces"].submit(rows)
+        with self._lock:
+            self.spans_rejected_total += decoded.rejected_spans
+            if accepted:
+                self.spans_received_total += len(rows)
+            else:
+                self.spans_dropped_total += len(rows)
+        if accepted:
+            self.assembler.note_trace_ids({span.trace_id for span in decoded.spans})
+        return accepted
+
+    def ingest_metrics(self, decoded: DecodedMetrics) -> bool:
+        """Queue decoded gauge/sum/histogram rows; False if any table's queue was full."""
+        accepted = True
+        kept = 0
+        for table, rows in (("otel_metrics_gauge", decoded.gauges), ("otel_metrics_sum", decoded.sums),
+                            ("otel_metrics_histogram", decoded.histograms)):
+            if not rows:
+                continue
+            if self.writers[table].submit([row.to_insert_row() for row in rows]):
+                kept += len(rows)
+            else:
+                accepted = False
+        with self._lock:
+            self.data_points_rejected_total += decoded.rejected_data_points
+            self.data_points_received_total += kept
+            self.data_points_dropped_total += decoded.data_points - kept
+        return accepted
+
+    def count_bad_request(self) -> None:
+        """Count one malformed, oversized or unsupported OTLP request."""
+        with self._lock:
+            self.bad_requests_total += 1
+
+    # ------------------------------------------------------------------ flush / close
+    def flush(self, timeout_seconds: float = 30.0) -> dict:
+        """Insert everything accepted so far, assemble every noted trace, insert those rows.
+
+        Returns ``{"ok": bool, "spans_inserted_total", "data_points_inserted_total",
+        "requests_inserted_total", "pending_traces"}``; ``ok`` is False on timeout or when
+        an insert failed.
+        """
+        deadline = time.monotonic() + timeout_seconds
+        left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
+        ok = True
+        for table, writer in self.writers.items():
+            if table != REQUESTS_TABLE:
+                ok = writer.flush(left()) and ok
+        self.assembler.run_once(force=True)
+        ok = self.writers[REQUESTS_TABLE].flush(left()) and ok
+        return {
+            "ok": ok,
+            "spans_inserted_total": self.writers["otel_traces"].rows_inserted_total,
+            "data_points_inserted_total": sum(
+                self.writers[t].rows_inserted_total
+                for t in ("otel_metrics_gauge", "otel_metrics_sum", "otel_metrics_histogram")),
+            "requests_inserted_total": self.writers[REQUESTS_TABLE].rows_inserted_total,
+            "pending_traces": self.assembler.pending_traces,
+        }
+
+    def close(self, timeout_seconds: float = 30.0) -> None:
+        """Stop the loops, flush every writer, close the store. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.scrape_loop.stop()
+        try:
+            self.assembler.stop(timeout_seconds)  # final forced pass; flushes spans first
+        finally:
+            for writer in self.writers.values():
+                writer.close(timeout_seconds)
+            self.store.close()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _uvicorn_server(app, settings: Settings):
+    import uvicorn
+
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                            lifespan="off", access_log=False)
+    return uvicorn.Server(config)
+
+
+@dataclass
+class RunningServer:
+    """A server running in a background thread: ``url`` (``http://host:port``, the real port
+    when 0 was asked for), ``runtime``, ``port``. :meth:`stop` shuts it down gracefully."""
+
+    url: str
+    port: int
+    runtime: ServerRuntime
+    _server: object
+    _thread: threading.Thread
+
+    def stop(self, timeout_seconds: float = 30.0) -> None:
+        """Stop accepting HTTP, then flush and close the runtime (closing the store)."""
+        self._server.should_exit = True  # type: ignore[attr-defined]
+        self._thread.join(timeout_seconds)
+        self.runtime.close(timeout_seconds)
+
+    def __enter__(self) -> "RunningServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_thread(settings: Settings, *, port: int | None = None) -> RunningServer:
+    """Start the server (runtime + HTTP) on ``settings.host:settings.port`` in a daemon thread.
+
+    ``port`` overrides ``settings.port``; 0 picks a free port (``Settings`` itself only
+    admits 1..65535). The socket is bound here, so ``.url``/``.port`` are final on return.
+    Returns once uvicorn accepts connections; raises ``RuntimeError`` if it does not within
+    30 s, and what :class:`ServerRuntime` or binding raises (the runtime is closed then).
+    """
+    from inferpath.server.app import create_app
+
+    listen_port = settings.port if port is None else int(port)
+    if not 0 <= listen_port <= 65535:
+        raise ValueError(f"port must be in 0..65535, got {listen_port}")
+    runtime = ServerRuntime(settings)
+    try:
+        sock = _bind(settings.host, listen_port)
+    except BaseException:
+        runtime.close()
+        raise
+    runtime.start()
+    server = _uvicorn_server(create_app(runtime), settings)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name="inferpath-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + _STARTUP_TIMEOUT_SECONDS
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            thread.join(5.0)
+            runtime.close()
+            sock.close()
+            raise RuntimeError(f"inferpath server did not start on {settings.host}:{listen_port}")
+        time.sleep(0.02)
+    bound_port = sock.getsockname()[1]
+    shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return RunningServer(url=f"http://{shown_host}:{bound_port}", port=bound_port, runtime=runtime,
+                         _server=server, _thread=thread)
+
+
+class _Terminated(Exception):
+    """SIGTERM re-raised by uvicorn after its graceful shutdown."""
+
+
+def serve_forever(settings: Settings) -> None:
+    """Run the server in the foreground until SIGINT/SIGTERM, then flush and close.
+
+    uvicorn shuts HTTP down gracefully and then re-raises the signal it caught; both are
+    turned into a normal return here so the runtime is always flushed and the store closed.
+    """
+    import signal
+
+    from inferpath.server.app import create_app
+
+    def _terminated(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    runtime = ServerRuntime(settings)
+    try:
+        runtime.start()
+        server = _uvicorn_server(create_app(runtime), settings)
+        logger.info("inferpath server listening on http://%s:%d (store %s)",
+                    settings.host, settings.port, runtime.store.url)
+        server.run()
+    except (KeyboardInterrupt, _Terminated):
+        pass
+    finally:
+        runtime.close()
+        signal.signal(signal.SIGTERM, previous)
+        logger.info("inferpath server stopped; store %s closed", runtime.store.url)

@@ -1,0 +1,153 @@
+"""Background scraping of Prometheus-text endpoints (engines, dcgm-exporter) into metric rows.
+
+Each tick scrapes every ``settings.scrape_targets`` entry with the collectors' ``Scraper``,
+which already maps source metric names and units to canonical signals. Each sample becomes
+one row: ``kind="gauge"`` → ``otel_metrics_gauge``, ``kind="sum"`` → ``otel_metrics_sum``
+(cumulative, monotonic), with ``MetricName`` = the canonical signal, ``ServiceName`` = the
+source (``vllm``, ``dcgm``, …) and the sample's attributes plus
+``inferpath.source_metric`` (the metric name the source used).
+
+A failing target is logged (rate-limited) and counted per target; it never stops the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from inferpath.config import ScrapeTarget
+from inferpath.storage.rows import GaugeRow, SumRow
+from inferpath.storage.writer import BatchWriter
+
+__all__ = ["ScrapeLoop", "samples_to_rows", "SOURCE_METRIC_ATTRIBUTE"]
+
+logger = logging.getLogger(__name__)
+
+SOURCE_METRIC_ATTRIBUTE = "inferpath.source_metric"
+_OTLP_CUMULATIVE = 2
+
+
+def samples_to_rows(samples: Iterable[Any], source: str) -> tuple[list[GaugeRow], list[SumRow]]:
+    """Convert collector ``Sample`` objects (``signal``, ``value``, ``kind``, ``unit``,
+    ``attributes``, aware ``timestamp``, ``source_metric``) to gauge and sum rows.
+
+    Samples of another kind are skipped (histograms are not scraped into rows).
+    """
+    gauges: list[GaugeRow] = []
+    sums: list[SumRow] = []
+    resource = {"service.name": source}
+    for sample in samples:
+        attributes = {str(k): str(v) for k, v in dict(sample.attributes).items()}
+        attributes[SOURCE_METRIC_ATTRIBUTE] = str(sample.source_metric)
+        common = dict(resource_attributes=dict(resource), service_name=source,
+                      metric_name=str(sample.signal), description="", unit=str(sample.unit or ""),
+                      attributes=attributes, start_time=None, time=sample.timestamp,
+                      value=float(sample.value), scope_name="inferpath.collectors")
+        if sample.kind == "gauge":
+            gauges.append(GaugeRow(**common))
+        elif sample.kind == "sum":
+            sums.append(SumRow(**common, aggregation_temporality=_OTLP_CUMULATIVE, is_monotonic=True))
+    return gauges, sums
+
+
+def _default_scraper_factory(target: ScrapeTarget) -> Any:
+    from inferpath.collectors.scraper import Scraper  # lazy: collectors is optional here
+
+    return Scraper(target.url, target.source)
+
+
+class ScrapeLoop:
+    """Scrape ``targets`` every ``interval_seconds`` and submit rows to the two writers.
+
+    ``scraper_factory(target)`` returns an object with ``scrape() -> list[Sample]`` (default:
+    ``inferpath.collectors.scraper.Scraper``). Counters: ``samples_total``,
+    ``scrape_errors_total`` and ``scrape_errors_by_target`` (url → count).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[ScrapeTarget],
+        gauge_writer: BatchWriter,
+        sum_writer: BatchWriter,
+        *,
+        interval_seconds: float = 1.0,
+        scraper_factory: Callable[[ScrapeTarget], Any] = _default_scraper_factory,
+    ) -> None:
+        self.targets = list(targets)
+        self.gauge_writer = gauge_writer
+        self.sum_writer = sum_writer
+        self.interval_seconds = float(interval_seconds)
+        self._factory = scraper_factory
+        self._scrapers: dict[int, Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_log = float("-inf")
+        self.samples_total = 0
+        self.scrape_errors_total = 0
+        self.scrape_errors_by_target: dict[str, int] = {}
+
+    def scrape_once(self) -> int:
+        """Scrape every target once; return the number of samples submitted. Never raises."""
+        submitted = 0
+        for index, target in enumerate(self.targets):
+            try:
+                scraper = self._scrapers.get(index)
+                if scraper is None:
+                    scraper = self._scrapers[index] = self._factory(target)
+                # The collectors' Scraper returns [] and counts its own errors instead of raising.
+                errors_before = getattr(scraper, "errors_total", 0)
+                samples = scraper.scrape()
+                failed = getattr(scraper, "errors_total", 0) - errors_before
+                gauges, sums = samples_to_rows(samples, target.source)
+            except Exception as exc:  # noqa: BLE001 - one bad target must not stop the loop
+                failed = 1
+                gauges, sums = [], []
+                now = time.monotonic()
+                if now - self._last_log >= 10.0:
+                    self._last_log = now
+                    logger.warning("scrape of %s (%s) failed: %s", target.url, target.source, exc)
+            if failed:
+                self.scrape_errors_total += failed
+                self.scrape_errors_by_target[target.url] = (
+                    self.scrape_errors_by_target.get(target.url, 0) + failed)
+            self.gauge_writer.submit([row.to_insert_row() for row in gauges])
+            self.sum_writer.submit([row.to_insert_row() for row in sums])
+            submitted += len(gauges) + len(sums)
+        self.samples_total += submitted
+        return submitted
+
+    def start(self) -> None:
+        """Start the daemon thread (no-op without targets). Idempotent."""
+        if not self.targets or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="inferpath-scrape", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            self.scrape_once()
+            # Fixed-rate ticks (monotonic clock); a slow scrape skips ticks instead of piling up.
+            next_tick += self.interval_seconds
+            now = time.monotonic()
+            if next_tick < now:
+                next_tick = now + self.interval_seconds
+            self._stop.wait(next_tick - now)
+
+    def stop(self, timeout_seconds: float = 5.0) -> None:
+        """Stop the thread; idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+            self._thread = None
+        for scraper in self._scrapers.values():
+            close = getattr(scraper, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - shutting down anyway
+                    logger.debug("closing a scraper failed", exc_info=True)
+        self._scrapers.clear()

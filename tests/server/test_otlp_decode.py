@@ -1,0 +1,189 @@
+"""OTLP/HTTP body decoding on the recorded vLLM capture and the OTLP spec's JSON examples."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from inferpath.server.attributes import any_value_to_string, format_double
+from inferpath.server.otlp import (
+    OTLPDecodeError,
+    UnsupportedMediaTypeError,
+    decode_metrics_request,
+    decode_trace_request,
+)
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+def _capture_files(shared_data: Path, folder: str) -> list[Path]:
+    files = sorted((shared_data / "vllm_live_capture" / folder).glob("*.pb"))
+    assert files, f"no recorded OTLP bodies in {folder}"
+    return files
+
+
+def _to_otlp_json(request: ExportTraceServiceRequest) -> dict:
+    """OTLP/JSON as an SDK would send it: proto3 JSON with ids re-encoded as hex."""
+    document = json_format.MessageToDict(request)
+    for resource in document.get("resourceSpans", []):
+        for scope in resource.get("scopeSpans", []):
+            for span in scope.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex().upper()
+    return document
+
+
+def test_vllm_capture_decodes_every_llm_request_span(shared_data: Path) -> None:
+    spans = []
+    for path in _capture_files(shared_data, "otlp") + _capture_files(shared_data, "startup_otlp"):
+        decoded = decode_trace_request(path.read_bytes(), content_type=PROTOBUF, content_encoding=None)
+        assert decoded.rejected_spans == 0 and decoded.error_message == ""
+        spans.extend(decoded.spans)
+    engine = [s for s in spans if s.span_name == "llm_request"]
+    assert len(engine) >= 100
+    for span in engine:
+        assert span.span_kind == "Server"
+        assert span.status_code == "Unset"
+        assert len(span.trace_id) == 32 and len(span.span_id) == 16
+        # ints stay decimal, doubles are Go-formatted (no exponent above 1e-6)
+        assert span.span_attributes["gen_ai.usage.prompt_tokens"].isdigit()
+        assert "e" not in span.span_attributes["gen_ai.latency.time_in_queue"]
+        assert span.duration_ns > 0
+    services = {s.service_name for s in spans}
+    assert {"vllm-tiny", "unknown_service:python"} <= services
+    # The start-up requests carried a W3C traceparent: vLLM kept its trace id and parent.
+    propagated = [s for s in engine if s.trace_id == "0af7651916cd43dd8448eb211c80319c"]
+    assert len(propagated) == 3 and {s.parent_span_id for s in propagated} == {"b7ad6b7169203331"}
+
+
+def test_spec_json_example_uses_hex_ids_and_exporter_strings(shared_data: Path) -> None:
+    body = (shared_data / "otlp_traces" / "otel_proto_examples_trace.json").read_bytes()
+    decoded = decode_trace_request(body, content_type="application/json; charset=utf-8", content_encoding=None)
+    assert decoded.rejected_spans == 0
+    (span,) = decoded.spans
+    assert span.trace_id == "5b8efff798038103d269b633813fc60c"
+    assert span.span_id == "eee19b7ec3c1b174" and span.parent_span_id == "eee19b7ec3c1b173"
+    assert span.span_kind == "Server" and span.service_name == "my.service"
+    assert span.scope_name == "my.library" and span.scope_version == "1.0.0"
+    assert span.duration_ns == 1_000_000_000
+    assert span.start_ns == 1544712660000000000
+    assert span.span_attributes == {"my.span.attr": "some value"}
+
+
+def test_json_and_protobuf_of_the_same_export_give_the_same_rows(shared_data: Path) -> None:
+    raw = _capture_files(shared_data, "startup_otlp")[-1].read_bytes()
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(raw)
+    from_pb = decode_trace_request(raw, content_type=PROTOBUF, content_encoding=None).spans
+    body = json.dumps(_to_otlp_json(request)).encode()
+    from_json = decode_trace_request(body, content_type=JSON, content_encoding=None).spans
+    assert from_pb == from_json and len(from_pb) == 3
+
+
+def test_gzip_body_decodes_like_identity(shared_data: Path) -> None:
+    raw = _capture_files(shared_data, "otlp")[3].read_bytes()
+    plain = decode_trace_request(raw, content_type=PROTOBUF, content_encoding="identity")
+    zipped = decode_trace_request(gzip.compress(raw), content_type=PROTOBUF, content_encoding="gzip")
+    assert zipped == plain and plain.spans
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "encoding", "expected"),
+    [
+        (b"not gzip at all", PROTOBUF, "gzip", "not valid gzip"),
+        (b"\xff\xff\xff\xff", PROTOBUF, None, "not a valid protobuf ExportTraceServiceRequest"),
+        (b"[1, 2]", JSON, None, "JSON body must be an object"),
+        (b"{", JSON, None, "not valid JSON"),
+        (b'{"resourceSpans": {"a": 1}}', JSON, None, "resourceSpans: expected an array"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "abcd", "spanId": "0102030405060708"}]}]}]}',
+         JSON, None, "resourceSpans[0].scopeSpans[0].spans[0].traceId: expected 32 hex digits, got 4"),
+        (b'{"resourceSpans": [{"scopeSpans": [{}, {"spans": [{}, {"spanId": "zz02030405060708"}]}]}]}',
+         JSON, None, "resourceSpans[0].scopeSpans[1].spans[1].spanId: not a hex string"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "soon"}]}]}]}',
+         JSON, None, "startTimeUnixNano"),
+    ],
+)
+def test_malformed_bodies_raise_naming_the_problem(body, content_type, encoding, expected) -> None:
+    with pytest.raises(OTLPDecodeError) as info:
+        decode_trace_request(body, content_type=content_type, content_encoding=encoding)
+    assert expected in str(info.value)
+
+
+def test_wrong_protobuf_id_length_names_the_span() -> None:
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id = b"\x01" * 16, b"\x02" * 5
+    with pytest.raises(OTLPDecodeError, match=r"resourceSpans\[0\]\.scopeSpans\[0\]\.spans\[0\]\.spanId"):
+        decode_trace_request(request.SerializeToString(), content_type=PROTOBUF, content_encoding=None)
+
+
+def test_unknown_media_type_and_encoding_are_unsupported() -> None:
+    with pytest.raises(UnsupportedMediaTypeError, match="Content-Type"):
+        decode_trace_request(b"{}", content_type="text/plain", content_encoding=None)
+    with pytest.raises(UnsupportedMediaTypeError, match="Content-Encoding"):
+        decode_trace_request(b"{}", content_type=JSON, content_encoding="br")
+
+
+def test_invalid_spans_are_rejected_and_counted_while_valid_ones_are_kept() -> None:
+    good = {"traceId": "5B8EFFF798038103D269B633813FC60C", "spanId": "EEE19B7EC3C1B174",
+            "name": "good", "startTimeUnixNano": "100", "endTimeUnixNano": 200, "kind": 3,
+            "status": {"code": 2, "message": "boom"}}
+    zero_trace = dict(good, traceId="0" * 32, name="zero")
+    backwards = dict(good, spanId="EEE19B7EC3C1B175", startTimeUnixNano="300", name="backwards")
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [zero_trace, good, backwards]}]}]}).encode()
+    decoded = decode_trace_request(body, content_type=JSON, content_encoding=None)
+    assert [s.span_name for s in decoded.spans] == ["good"]
+    assert decoded.spans[0].span_kind == "Client" and decoded.spans[0].status_code == "Error"
+    assert decoded.spans[0].status_message == "boom" and decoded.spans[0].duration_ns == 100
+    assert decoded.rejected_spans == 2
+    assert "spans[0]: traceId is all zeros" in decoded.error_message
+    assert "spans[2]: endTimeUnixNano is before startTimeUnixNano" in decoded.error_message
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(1.0, "1"), (0.0, "0"), (2.5e-05, "0.000025"), (1e-07, "1e-7"), (1.5e-07, "1.5e-7"),
+     (1e21, "1e+21"), (123456789.125, "123456789.125"), (-0.5, "-0.5")],
+)
+def test_doubles_are_formatted_like_the_collector(value: float, text: str) -> None:
+    assert format_double(value) == text
+
+
+def test_compound_values_flatten_to_go_json() -> None:
+    value = json_format.ParseDict(
+        {"kvlistValue": {"values": [
+            {"key": "z", "value": {"intValue": "7"}},
+            {"key": "a", "value": {"arrayValue": {"values": [
+                {"boolValue": True}, {"doubleValue": 2.0}, {"stringValue": "<b>"}]}}}]}},
+        AnyValue())
+    assert any_value_to_string(value) == '{"a":[true,2,"\\u003cb\\u003e"],"z":7}'
+    assert any_value_to_string(AnyValue(bool_value=False)) == "false"
+    assert any_value_to_string(AnyValue(int_value=-3)) == "-3"
+    assert any_value_to_string(AnyValue(bytes_value=b"\x00\x01")) == "AAE="
+    assert any_value_to_string(AnyValue()) == ""
+
+
+def test_metrics_example_gives_gauge_sum_histogram_rows(shared_data: Path) -> None:
+    body = (shared_data / "otlp_traces" / "otel_proto_examples_metrics.json").read_bytes()
+    decoded = decode_metrics_request(body, content_type=JSON, content_encoding=None)
+    (gauge,) = decoded.gauges
+    (counter,) = decoded.sums
+    (histogram,) = decoded.histograms
+    assert (gauge.metric_name, gauge.value, gauge.unit) == ("my.gauge", 10.0, "1")
+    assert gauge.service_name == "my.service" and gauge.attributes == {"my.gauge.attr": "some value"}
+    assert (counter.metric_name, counter.value, counter.aggregation_temporality, counter.is_monotonic) == (
+        "my.counter", 5.0, 1, True)
+    assert histogram.bucket_counts == [1, 1] and histogram.explicit_bounds == [1.0]
+    assert (histogram.count, histogram.sum, histogram.min, histogram.max) == (2, 2.0, 0.0, 2.0)
+    # Exponential histograms have no table: counted as rejected, named in the message.
+    assert decoded.rejected_data_points == 1
+    assert "metrics[3].exponentialHistogram.dataPoints[0]" in decoded.error_message
