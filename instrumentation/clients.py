@@ -1,0 +1,290 @@
+"""Model-client calls over httpx: a streamed OpenAI-compatible completion as one CLIENT span.
+
+    stream = stream_chat_completion(client, "http://engine:8000/v1/chat/completions",
+                                    {"model": "m", "messages": [...], "max_tokens": 64})
+    async with stream:                      # or plain ``async for`` (see below)
+        async for chunk in stream:          # parsed JSON chunks
+            ...
+    stream.timeline.ttft_seconds, stream.timeline.itl_seconds
+
+The span ``chat {model}`` (``text_completion {model}`` for ``/completions``) carries the
+GenAI request attributes, the W3C ``traceparent`` of the span is sent with the request,
+and at the end the span gets TTFT, mean ITL, token counts and ``inferpath.stream.status``
+(definitions in ``streaming.py``). Its end is the receipt of the last chunk, so span
+duration == E2E on the monotonic clock.
+
+Early stop: leaving ``async with`` or calling :meth:`ChatCompletionStream.aclose` ends
+the span as ``incomplete`` with reason ``consumer_stopped``; a ``break`` out of a bare
+``async for`` does the same when the stream object is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any, Callable
+
+import httpx
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from inferpath.instrumentation import provider
+from inferpath.instrumentation import semconv as sc
+from inferpath.instrumentation.streaming import ChatStreamMeter, TokenTimeline
+
+__all__ = ["stream_chat_completion", "ChatCompletionStream"]
+
+_logger = logging.getLogger(__name__)
+# Closing tasks scheduled from __del__ must stay referenced until they run.
+_closing_tasks: set[asyncio.Task[Any]] = set()
+
+OnChunk = Callable[[dict[str, Any], int], Any]
+
+
+def _operation_name(url: httpx.URL) -> str:
+    path = url.path.rstrip("/")
+    if path.endswith("/completions") and not path.endswith("/chat/completions"):
+        return "text_completion"
+    return "chat"
+
+
+class ChatCompletionStream:
+    """Async iterator over the JSON chunks of one streamed completion, traced as one span.
+
+    Built by :func:`stream_chat_completion`. The request is sent on the first
+    ``__anext__``. Attributes, valid once the stream ended (and partly while it runs):
+    ``timeline`` (:class:`TokenTimeline`, monotonic clock), ``meter`` (parser state),
+    ``status`` (``complete`` / ``incomplete`` / ``None`` while running), ``reason``,
+    ``response`` (the ``httpx.Response``).
+    """
+
+    def __init__(self, client: httpx.AsyncClient, url: str, payload: dict[str, Any], *,
+                 stage: str | None, headers: dict[str, str] | None,
+                 on_chunk: OnChunk | None) -> None:
+        if not isinstance(payload, dict):
+            raise TypeError(f"payload must be a dict (the JSON request body), got {type(payload)!r}")
+        if stage is not None and stage not in sc.STAGES:
+            raise ValueError(f"stage must be None or one of {', '.join(sc.STAGES)}; got {stage!r}")
+        self._client = client
+        self._request = client.build_request(
+            "POST", url, json=payload if payload.get("stream") is True else {**payload, "stream": True},
+            headers=headers,
+        )
+        self._payload = payload
+        self._stage = stage
+        self._on_chunk = on_chunk
+        self._pending: collections.deque[dict[str, Any]] = collections.deque()
+        self._bytes: Any = None
+        self._span: Span | None = None
+        self._start_wall_ns = 0
+        self._last_read_ns: int | None = None
+        self._exhausted = False
+        self.meter: ChatStreamMeter | None = None
+        self.response: httpx.Response | None = None
+        self.status: str | None = None
+        self.reason: str | None = None
+
+    @property
+    def timeline(self) -> TokenTimeline | None:
+        """The token timeline (``None`` before the request was sent)."""
+        return None if self.meter is None else self.meter.timeline
+
+    # -- iteration ---------------------------------------------------------------------
+    def __aiter__(self) -> "ChatCompletionStream":
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._pending:
+            return self._pending.popleft()
+        if self._exhausted:
+            raise StopAsyncIteration
+        if self._span is None:
+            await self._open()
+        try:
+            while not self._pending:
+                try:
+                    data = await self._bytes.__anext__()
+                except StopAsyncIteration:
+                    self._finish_complete(self._last_read_ns)
+                    break
+                received_ns = time.perf_counter_ns()
+                self._last_read_ns = received_ns
+                chunks = self.meter.feed(data, received_ns)
+                if self._on_chunk is not None:
+                    for chunk in chunks:
+                        self._on_chunk(chunk, received_ns)
+                self._pending.extend(chunks)
+                if self.meter.done:
+                    self._finish_complete(received_ns)
+                    await self._drain()
+                    break
+        except asyncio.CancelledError as error:
+            await self._abandon(sc.REASON_CANCELLED, error)
+            raise
+        except BaseException as error:
+            await self._abandon(sc.REASON_ERROR, error)
+            raise
+        if self._pending:
+            return self._pending.popleft()
+        raise StopAsyncIteration
+
+    async def _open(self) -> None:
+        request = self._request
+        model = self._payload.get("model")
+        operation = _operation_name(request.url)
+        attributes: dict[str, Any] = {sc.GEN_AI_OPERATION_NAME: operation,
+                                      sc.SERVER_ADDRESS: request.url.host}
+        if request.url.port is not None:
+            attributes[sc.SERVER_PORT] = request.url.port
+        else:
+            attributes[sc.SERVER_PORT] = 443 if request.url.scheme == "https" else 80
+        if isinstance(model, str) and model:
+            attributes[sc.GEN_AI_REQUEST_MODEL] = model
+        max_tokens = self._payload.get("max_tokens", self._payload.get("max_completion_tokens"))
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+            attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+        if self._stage is not None:
+            attributes[sc.STAGE] = self._stage
+        name = f"{operation} {model}" if isinstance(model, str) and model else operation
+        start_perf_ns = time.perf_counter_ns()
+        self._start_wall_ns = time.time_ns()
+        try:
+            self._span = provider.get_tracer().start_span(
+                name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self._start_wall_ns)
+            carrier: dict[str, str] = {}
+            provider.PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self._span))
+            request.headers.update(carrier)
+        except Exception:
+            _logger.warning("inferpath: could not start the model-call span", exc_info=True)
+            self._span = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+        self.meter = ChatStreamMeter(start_ns=start_perf_ns)
+        try:
+            self.response = await self._client.send(request, stream=True)
+            self._record(sc.HTTP_RESPONSE_STATUS_CODE, self.response.status_code)
+            if self.response.status_code >= 400:
+                self.response.raise_for_status()
+        except asyncio.CancelledError as error:
+            await self._abandon(sc.REASON_CANCELLED, error)
+            raise
+        except BaseException as error:
+            await self._abandon(sc.REASON_ERROR, error)
+            raise
+        self._bytes = self.response.aiter_bytes()
+
+    async def _drain(self) -> None:
+        # After [DONE] only the end of the HTTP body is left; reading it lets httpx
+        # return the connection to the pool instead of closing it.
+        try:
+            async for _ in self._bytes:
+                pass
+        except Exception:
+            pass
+        await self._close_response()
+
+    # -- ending --------------------------------------------------------------------------
+    def _record(self, key: str, value: Any) -> None:
+        try:
+            if self._span is not None:
+                self._span.set_attribute(key, value)
+        except Exception:  # pragma: no cover - SDK failure
+            pass
+
+    def _end_span(self, status: str, reason: str | None, end_perf_ns: int,
+                  error: BaseException | None = None) -> None:
+        if self.status is not None:
+            return
+        self.status, self.reason = status, reason
+        self._exhausted = True
+        span, meter = self._span, self.meter
+        if span is None or meter is None:
+            return
+        try:
+            meter.timeline.finish(end_perf_ns)
+            span.set_attributes(sc.stream_result_attributes(meter, status, reason))
+            if error is not None and isinstance(error, Exception):
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
+            span.end(end_time=self._start_wall_ns + (end_perf_ns - meter.timeline.start_ns))
+        except Exception:
+            _logger.warning("inferpath: could not end the model-call span", exc_info=True)
+
+    def _finish_complete(self, last_read_ns: int | None) -> None:
+        if self.meter is not None:
+            self.meter.close(last_read_ns or time.perf_counter_ns())
+            status, reason = sc.finished_stream_status(self.meter)
+        else:
+            status, reason = sc.STATUS_INCOMPLETE, sc.REASON_ERROR
+        self._end_span(status, reason, last_read_ns or time.perf_counter_ns())
+
+    async def _abandon(self, reason: str, error: BaseException | None = None) -> None:
+        self._end_span(sc.STATUS_INCOMPLETE, reason, time.perf_counter_ns(), error)
+        self._pending.clear()
+        await self._close_response()
+
+    async def _close_response(self) -> None:
+        response = self.response
+        if response is not None:
+            try:
+                await response.aclose()
+            except Exception:
+                pass
+
+    async def aclose(self) -> None:
+        """Stop reading: the span ends ``incomplete`` / ``consumer_stopped`` unless the stream
+        already ended; the HTTP response is closed. Safe to call twice."""
+        if self._span is not None and self.status is None:
+            await self._abandon(sc.REASON_CONSUMER_STOPPED)
+        else:
+            self._exhausted = True
+            await self._close_response()
+
+    async def __aenter__(self) -> "ChatCompletionStream":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        # A ``break`` out of a bare ``async for`` never calls aclose(); end the span here
+        # (synchronously, cheap) and close the response on the loop if one is running.
+        try:
+            if self._span is None or self.status is not None:
+                return
+            self._end_span(sc.STATUS_INCOMPLETE, sc.REASON_CONSUMER_STOPPED, time.perf_counter_ns())
+            response = self.response
+            if response is not None:
+                loop = asyncio.get_running_loop()
+                task = loop.create_task(response.aclose())
+                _closing_tasks.add(task)
+                task.add_done_callback(_closing_tasks.discard)
+        except Exception:
+            pass
+
+
+def stream_chat_completion(
+    client: httpx.AsyncClient,
+    url: str,
+    payload: dict[str, Any],
+    *,
+    stage: str | None = "model",
+    headers: dict[str, str] | None = None,
+    on_chunk: OnChunk | None = None,
+) -> ChatCompletionStream:
+    """POST ``payload`` to an OpenAI-compatible ``url`` with ``stream: true`` and iterate the
+    parsed JSON chunks (``async for chunk in stream_chat_completion(...)``).
+
+    One CLIENT span per call; ``stage`` sets ``inferpath.stage`` (``"model"`` for a call
+    inside a service; ``None`` for an end-user client at the root of a trace). ``headers``
+    are sent with the request, plus ``traceparent``. ``on_chunk(chunk, received_ns)`` is
+    called for each chunk with its receipt time (``time.perf_counter_ns``). The returned
+    :class:`ChatCompletionStream` exposes ``timeline`` (TTFT, ITL, E2E, tokens) after the end.
+
+    Raises ``TypeError``/``ValueError`` for a non-dict payload or unknown stage (setup
+    errors); transport errors and HTTP statuses ≥ 400 (``httpx.HTTPStatusError``) are
+    recorded on the span and re-raised from the iteration.
+    """
+    return ChatCompletionStream(client, url, payload, stage=stage, headers=headers,
+                                on_chunk=on_chunk)

@@ -1,0 +1,358 @@
+"""Process-wide tracing setup: one SDK tracer provider, one bounded batch processor.
+
+Every span inferpath emits goes through the provider that :func:`configure` builds and
+:func:`get_tracer` hands out. Choices, and why:
+
+* **Global provider.** If the process has no global tracer provider yet, ours becomes the
+  global one, so the application's own ``opentelemetry.trace.get_tracer`` spans land in the
+  same traces and the same export. If the application already installed its own SDK
+  provider, we leave it alone (its resource, sampler and exporters are the application's
+  business) and keep a private provider for inferpath's spans; both share the W3C context,
+  so parent/child links across the two still hold.
+* **Reconfiguration.** Calling :func:`configure` again with different settings shuts the
+  previous inferpath provider down (flushing with a bound) and builds a new one. The OTel
+  API allows the global provider to be set only once, so after a reconfiguration the
+  application's own spans keep going to the first provider; inferpath's spans always use
+  the current one.
+* **Fork.** ``service.instance.id`` is one id per process: after ``fork`` the child builds
+  a fresh provider (new id, new export worker) on its first span.
+* **Drops.** The batch queue is bounded (``max_queue_size``); a span that does not fit is
+  dropped and counted in :func:`dropped_spans_total`, never blocking the request path.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_logger = logging.getLogger(__name__)
+
+INSTRUMENTATION_NAME = "inferpath"
+ENDPOINT_CLASSES = ("interactive", "bulk")
+ATTR_ENDPOINT_CLASS = "inferpath.endpoint_class"
+
+# Export and flush timeouts above this are almost surely milliseconds passed as seconds
+# (the OTel SDK's own parameters are in milliseconds, which makes the slip easy).
+_MAX_TIMEOUT_SECONDS = 120.0
+_MAX_SCHEDULE_DELAY_SECONDS = 60.0
+
+#: The W3C Trace Context propagator used for every inject/extract inferpath does.
+PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class _DropCountingMetrics:
+    """Wraps the batch processor's metrics sink to count the spans it drops.
+
+    The SDK's ``BatchProcessor`` reports each dropped item (queue full, or emitted after
+    shutdown) to its metrics object; counting there is exact and costs one integer add.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.dropped_total = 0
+
+    def register_queue_size(self, get_queue_size: Any) -> None:
+        self._inner.register_queue_size(get_queue_size)
+
+    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+        self.dropped_total += count
+        self._inner.drop_items(count, error_type)
+
+    def finish_items(self, count: int) -> None:
+        self._inner.finish_items(count)
+
+
+@dataclass
+class _Settings:
+    service_name: str
+    endpoint_class: str
+    otlp_endpoint: str | None
+    span_exporter: SpanExporter | None
+    schedule_delay_seconds: float
+    max_queue_size: int
+    export_timeout_seconds: float
+    resource_attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _State:
+    settings: _Settings
+    provider: TracerProvider
+    processor: BatchSpanProcessor
+    metrics: _DropCountingMetrics | None
+    pid: int
+    tracer: trace.Tracer
+
+
+_lock = threading.Lock()
+_state: _State | None = None
+_dropped_before_total = 0  # drops of providers that were shut down or left in a parent
+
+
+def _validate(settings: _Settings) -> None:
+    if not isinstance(settings.service_name, str) or not settings.service_name.strip():
+        raise ValueError("service_name must be a non-empty string")
+    if settings.endpoint_class not in ENDPOINT_CLASSES:
+        raise ValueError(
+            f"endpoint_class must be one of {ENDPOINT_CLASSES}, got {settings.endpoint_class!r}"
+        )
+    if not 0 < settings.export_timeout_seconds <= _MAX_TIMEOUT_SECONDS:
+        raise ValueError(
+            "export_timeout_seconds is in seconds and must be in (0, "
+            f"{_MAX_TIMEOUT_SECONDS:g}]; got {settings.export_timeout_seconds!r} "
+            "(milliseconds passed by mistake?)"
+        )
+    if not 0 < settings.schedule_delay_seconds <= _MAX_SCHEDULE_DELAY_SECONDS:
+        raise ValueError(
+            "schedule_delay_seconds is in seconds and must be in (0, "
+            f"{_MAX_SCHEDULE_DELAY_SECONDS:g}]; got {settings.schedule_delay_seconds!r} "
+            "(milliseconds passed by mistake?)"
+        )
+    if not isinstance(settings.max_queue_size, int) or settings.max_queue_size < 1:
+        raise ValueError(f"max_queue_size must be a positive int, got {settings.max_queue_size!r}")
+    if settings.otlp_endpoint is not None and not settings.otlp_endpoint.startswith(
+        ("http://", "https://")
+    ):
+        raise ValueError(
+            f"otlp_endpoint must be an http(s):// URL, got {settings.otlp_endpoint!r}"
+        )
+
+
+def _build(settings: _Settings) -> _State:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    attributes: dict[str, Any] = dict(settings.resource_attributes)
+    attributes.update({
+        "service.name": settings.service_name,
+        "service.instance.id": str(uuid.uuid4()),
+        ATTR_ENDPOINT_CLASS: settings.endpoint_class,
+    })
+    # Our own atexit hook (below) bounds the final flush; the SDK's would wait up to 30 s.
+    provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
+    exporter = settings.span_exporter
+    if exporter is None:
+        base = settings.otlp_endpoint
+        if base is None:
+            from inferpath.config import Settings
+
+            base = Settings.from_env().otlp_endpoint
+        exporter = OTLPSpanExporter(
+            endpoint=base.rstrip("/") + "/v1/traces", timeout=settings.export_timeout_seconds
+        )
+    delay_ms = settings.schedule_delay_seconds * 1000.0
+    processor = BatchSpanProcessor(
+        exporter,
+        max_queue_size=settings.max_queue_size,
+        schedule_delay_millis=delay_ms,
+        max_export_batch_size=min(512, settings.max_queue_size),
+        export_timeout_millis=settings.export_timeout_seconds * 1000.0,
+    )
+    metrics = None
+    inner = getattr(processor, "_batch_processor", None)
+    if inner is not None and hasattr(inner, "_metrics"):
+        # The SDK keeps no public drop counter; wrapping its metrics sink is the one
+        # place every drop passes through.
+        metrics = _DropCountingMetrics(inner._metrics)
+        inner._metrics = metrics
+    else:  # pragma: no cover - depends on SDK internals
+        _logger.warning("inferpath: this OTel SDK hides its batch queue; drops are not counted")
+    provider.add_span_processor(processor)
+    return _State(
+        settings=settings,
+        provider=provider,
+        processor=processor,
+        metrics=metrics,
+        pid=os.getpid(),
+        tracer=provider.get_tracer(INSTRUMENTATION_NAME),
+    )
+
+
+def _install_global(provider: TracerProvider) -> None:
+    current = trace.get_tracer_provider()
+    if isinstance(current, trace.ProxyTracerProvider):
+        trace.set_tracer_provider(provider)
+
+
+def configure(
+    service_name: str,
+    *,
+    endpoint_class: str = "interactive",
+    otlp_endpoint: str | None = None,
+    span_exporter: SpanExporter | None = None,
+    schedule_delay_seconds: float = 0.5,
+    max_queue_size: int = 8192,
+    export_timeout_seconds: float = 2.0,
+    resource_attributes: dict[str, Any] | None = None,
+) -> TracerProvider:
+    """Build (or return the already built) inferpath tracer provider.
+
+    ``otlp_endpoint`` is the base URL of an OTLP/HTTP receiver; spans are posted as
+    protobuf to ``{otlp_endpoint}/v1/traces`` (default: ``INFERPATH_OTLP_ENDPOINT``, see
+    :class:`inferpath.config.Settings`). ``span_exporter`` replaces the OTLP exporter
+    (tests pass the SDK's ``InMemorySpanExporter``). Spans are batched every
+    ``schedule_delay_seconds``; at most ``max_queue_size`` wait, the rest are dropped and
+    counted (:func:`dropped_spans_total`). The resource carries ``service.name``,
+    ``service.instance.id`` (uuid4 per process) and ``inferpath.endpoint_class``, plus
+    ``resource_attributes``.
+
+    Calling again with the same arguments returns the same provider; with different ones
+    the old provider is flushed, shut down and replaced (see the module docstring).
+
+    Raises ``ValueError`` naming the field for an empty service name, an unknown endpoint
+    class, a non-HTTP endpoint, a non-positive queue, or a timeout or delay outside its
+    range in seconds (a value such as ``2000`` is reported as likely milliseconds).
+    """
+    global _state
+    settings = _Settings(
+        service_name=service_name,
+        endpoint_class=endpoint_class,
+        otlp_endpoint=otlp_endpoint,
+        span_exporter=span_exporter,
+        schedule_delay_seconds=float(schedule_delay_seconds),
+        max_queue_size=max_queue_size,
+        export_timeout_seconds=float(export_timeout_seconds),
+        resource_attributes=dict(resource_attributes or {}),
+    )
+    _validate(settings)
+    with _lock:
+        previous = _state
+        if previous is not None and previous.settings == settings and previous.pid == os.getpid():
+            return previous.provider
+        _state = _build(settings)
+        _install_global(_state.provider)
+    if previous is not None:
+        _retire(previous, settings.export_timeout_seconds)
+    return _state.provider
+
+
+def _retire(state: _State, timeout_seconds: float) -> None:
+    """Flush and shut ``state``'s provider down, waiting at most ``timeout_seconds``.
+
+    The SDK's flush ignores its timeout argument and blocks on the exporter, so the work
+    runs on a daemon thread and we stop waiting at the bound; a hung collector cannot
+    hold the caller (or interpreter exit) hostage.
+    """
+    global _dropped_before_total
+
+    def flush_and_stop() -> None:
+        try:
+            state.provider.force_flush(int(timeout_seconds * 1000))
+            state.provider.shutdown()
+        except Exception:  # telemetry teardown must not fail the caller
+            _logger.warning("inferpath: shutting down a tracer provider failed", exc_info=True)
+
+    if state.pid == os.getpid():
+        worker = threading.Thread(target=flush_and_stop, name="inferpath-shutdown", daemon=True)
+        worker.start()
+        worker.join(timeout_seconds)
+        if worker.is_alive():
+            _logger.warning("inferpath: span flush did not finish within %.1f s; "
+                            "remaining spans may be lost", timeout_seconds)
+    if state.metrics is not None:
+        _dropped_before_total += state.metrics.dropped_total
+
+
+def _after_fork_in_child() -> None:
+    # Only mark; the rebuild (threads, exporter) happens lazily on the first span so a
+    # child that never traces pays nothing.
+    global _forked
+    _forked = True
+
+
+_forked = False
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown(2.0)
+    except Exception:  # pragma: no cover - interpreter teardown
+        pass
+
+
+atexit.register(_shutdown_at_exit)
+
+
+def get_tracer() -> trace.Tracer:
+    """The tracer every inferpath span is started from.
+
+    Before :func:`configure` it is the global API tracer (a no-op unless the application
+    configured OTel itself). In a forked child it first rebuilds the provider so the
+    child's spans carry their own ``service.instance.id``.
+    """
+    global _state, _forked
+    state = _state
+    if state is None:
+        return trace.get_tracer(INSTRUMENTATION_NAME)
+    if _forked and state.pid != os.getpid():
+        with _lock:
+            if _state is not None and _state.pid != os.getpid():
+                _state = _build(_state.settings)
+            _forked = False
+            state = _state
+    return state.tracer
+
+
+def current_provider() -> TracerProvider | None:
+    """The inferpath tracer provider, or ``None`` before :func:`configure`."""
+    return None if _state is None else _state.provider
+
+
+def current_endpoint_class() -> str | None:
+    """The configured endpoint class (``interactive`` or ``bulk``), or ``None``."""
+    return None if _state is None else _state.settings.endpoint_class
+
+
+def is_configured() -> bool:
+    """True once :func:`configure` has built a provider (and it was not shut down)."""
+    return _state is not None
+
+
+def dropped_spans_total() -> int:
+    """Spans dropped by inferpath's batch processors in this process (queue full or
+    emitted after shutdown), summed over every provider built since start."""
+    state = _state
+    current = state.metrics.dropped_total if state is not None and state.metrics else 0
+    return _dropped_before_total + current
+
+
+def force_flush(timeout_seconds: float = 2.0) -> bool:
+    """Export every queued span now; ``False`` if nothing is configured or it timed out."""
+    state = _state
+    if state is None:
+        return False
+    try:
+        return bool(state.provider.force_flush(int(timeout_seconds * 1000)))
+    except Exception:
+        _logger.warning("inferpath: flushing spans failed", exc_info=True)
+        return False
+
+
+def shutdown(timeout_seconds: float = 2.0) -> None:
+    """Flush queued spans (bounded by ``timeout_seconds``) and stop the export worker.
+
+    Safe to call twice or before :func:`configure`. Raises ``ValueError`` for a timeout
+    outside (0, 120] seconds.
+    """
+    global _state
+    if not 0 < timeout_seconds <= _MAX_TIMEOUT_SECONDS:
+        raise ValueError(
+            f"timeout_seconds is in seconds and must be in (0, {_MAX_TIMEOUT_SECONDS:g}]; "
+            f"got {timeout_seconds!r} (milliseconds passed by mistake?)"
+        )
+    with _lock:
+        state, _state = _state, None
+    if state is not None:
+        _retire(state, timeout_seconds)

@@ -1,0 +1,101 @@
+"""Span attribute names of docs/telemetry-contract.md, and the stream-result writer.
+
+OTel GenAI / HTTP semantic-convention names where one exists, ``inferpath.*`` otherwise.
+Every attribute inferpath's instrumentation writes is named here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import Span
+
+STAGES = ("gateway", "tokenize", "retrieval", "queue", "prefill", "decode", "model",
+          "network", "postprocess", "other")
+
+STAGE = "inferpath.stage"
+ENDPOINT = "inferpath.endpoint"
+ENDPOINT_CLASS = "inferpath.endpoint_class"
+ITL_SECONDS = "inferpath.itl_seconds"
+STREAM_CHUNKS = "inferpath.stream.chunks"
+STREAM_STATUS = "inferpath.stream.status"
+STREAM_INCOMPLETE_REASON = "inferpath.stream.incomplete_reason"
+RETRIEVAL_DOCUMENTS = "inferpath.retrieval.documents"
+
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+URL_PATH = "url.path"
+URL_SCHEME = "url.scheme"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+
+STATUS_COMPLETE = "complete"
+STATUS_INCOMPLETE = "incomplete"
+
+# Reasons written to inferpath.stream.incomplete_reason.
+REASON_NO_VISIBLE_TOKEN = "no_visible_token"
+REASON_CLIENT_DISCONNECT = "client_disconnect"
+REASON_CANCELLED = "cancelled"
+REASON_CONSUMER_STOPPED = "consumer_stopped"
+REASON_RESPONSE_NOT_FINISHED = "response_not_finished"
+REASON_ERROR = "error"
+
+
+def stream_result_attributes(meter: Any, status: str, reason: str | None) -> dict[str, Any]:
+    """Attributes of a finished (or abandoned) stream measured by a ``ChatStreamMeter``.
+
+    TTFT and ITL only appear when defined (a visible token; ≥ 2 output tokens), so the
+    assembler can tell "not measured" from zero. Seconds, from the monotonic clock.
+    """
+    timeline = meter.timeline
+    attributes: dict[str, Any] = {STREAM_STATUS: status, STREAM_CHUNKS: meter.data_events}
+    if meter.chat_chunks or timeline.usage_output_tokens is not None:
+        attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = timeline.output_tokens
+    if reason is not None:
+        attributes[STREAM_INCOMPLETE_REASON] = reason
+    ttft = timeline.ttft_seconds
+    if ttft is not None:
+        attributes[GEN_AI_TIME_TO_FIRST_CHUNK] = ttft
+    itl = timeline.itl_seconds
+    if itl is not None:
+        attributes[ITL_SECONDS] = itl
+    if timeline.usage_input_tokens is not None:
+        attributes[GEN_AI_USAGE_INPUT_TOKENS] = timeline.usage_input_tokens
+    if meter.response_model:
+        attributes[GEN_AI_RESPONSE_MODEL] = meter.response_model
+    if meter.finish_reasons:
+        attributes[GEN_AI_RESPONSE_FINISH_REASONS] = list(dict.fromkeys(meter.finish_reasons))
+    return attributes
+
+
+def finished_stream_status(meter: Any, *, only_if_chat: bool = False) -> tuple[str, str | None]:
+    """Status of a stream that reached its end: complete, or incomplete because not one
+    visible token came (a generation with no output is not a completed generation).
+
+    ``only_if_chat``: apply the token rule only when the stream carried OpenAI-shaped
+    chunks, so a gateway's non-LLM event streams are simply complete.
+    """
+    if only_if_chat and meter.chat_chunks == 0:
+        return STATUS_COMPLETE, None
+    if meter.timeline.first_token_ns is None:
+        return STATUS_INCOMPLETE, REASON_NO_VISIBLE_TOKEN
+    return STATUS_COMPLETE, None
+
+
+def set_attributes_safely(span: Span, attributes: dict[str, Any]) -> None:
+    """Set attributes, swallowing telemetry errors (never raise into the request path)."""
+    try:
+        span.set_attributes(attributes)
+    except Exception:  # pragma: no cover - SDK failure
+        pass
