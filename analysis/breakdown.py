@@ -1,0 +1,255 @@
+"""Where each request's time went: stage shares of TTFT and E2E, per endpoint and per band.
+
+Input rows are dicts shaped like ``inferpath_requests`` (docs/telemetry-contract.md): every
+``*_ns`` value a duration in nanoseconds or ``None`` when the trace did not measure it.
+
+Which stages count toward which measure:
+
+- E2E (request start → last token): every stage in :data:`STAGES`.
+- TTFT (request start → first content token): every stage except ``decode``, which by
+  definition happens after the first token. ``gateway`` and ``network`` are measured over
+  the whole call, so for streamed responses their TTFT part is an upper bound.
+
+``rest`` is the measure minus the sum of its stages: time no span explained (client-side
+work, unmeasured hops, scheduling gaps). It is negative when stages overlap (e.g. retrieval
+running while the request is already queued); it is reported as it is, never clipped,
+because a large negative rest says the stage spans are wrong.
+
+Aggregates use time-weighted shares (sum of a stage's time / sum of the measure), not the
+mean of per-request ratios, so the shares of a group add up to 1 and a few tiny requests
+cannot dominate them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+from inferpath.analysis.percentiles import quantiles
+
+STAGES: tuple[str, ...] = ("gateway", "tokenize", "retrieval", "queue", "prefill", "decode", "network")
+"""Stages of the request path in path order; each maps to the ``<stage>_ns`` column."""
+
+TTFT_STAGES: tuple[str, ...] = tuple(s for s in STAGES if s != "decode")
+MEASURES: tuple[str, ...] = ("ttft", "e2e")
+REST = "rest"
+
+BANDS: tuple[tuple[str, float, float], ...] = (
+    ("p0-50", 0.0, 0.5),
+    ("p50-90", 0.5, 0.9),
+    ("p90-99", 0.9, 0.99),
+    ("p99+", 0.99, 1.0),
+)
+"""Percentile bands of the measure: (name, lower quantile, upper quantile)."""
+
+
+def measure_stages(measure: str) -> tuple[str, ...]:
+    """The stages that make up ``measure`` (``"ttft"`` or ``"e2e"``); ``ValueError`` otherwise."""
+    if measure == "e2e":
+        return STAGES
+    if measure == "ttft":
+        return TTFT_STAGES
+    raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+
+
+@dataclass(frozen=True)
+class RequestBreakdown:
+    """One request's ``measure`` split into stages.
+
+    ``total_ns``: the measure (TTFT or E2E). ``stage_ns``: stage -> nanoseconds (0 for a
+    stage the trace did not measure), plus ``"rest"`` = total − sum of stages.
+    """
+
+    trace_id: str
+    endpoint: str
+    endpoint_class: str
+    measure: str
+    total_ns: int
+    stage_ns: dict[str, int]
+
+    def shares(self) -> dict[str, float]:
+        """stage -> share of ``total_ns`` (ratio; sums to 1 with ``rest``); empty for total 0."""
+        if self.total_ns <= 0:
+            return {}
+        return {stage: ns / self.total_ns for stage, ns in self.stage_ns.items()}
+
+
+def request_breakdown(row: Mapping[str, Any], measure: str = "e2e") -> RequestBreakdown | None:
+    """Split one request row into stages of ``measure``; ``None`` if the row lacks the measure.
+
+    Raises ``ValueError`` for an unknown measure or a negative duration (naming the column).
+    """
+    stages = measure_stages(measure)
+    total = row.get(f"{measure}_ns")
+    if total is None:
+        return None
+    total = _duration(total, f"{measure}_ns")
+    stage_ns = {stage: _duration(row.get(f"{stage}_ns") or 0, f"{stage}_ns") for stage in stages}
+    stage_ns[REST] = total - sum(stage_ns.values())
+    return RequestBreakdown(
+        trace_id=str(row.get("trace_id", "")),
+        endpoint=str(row.get("endpoint", "")),
+        endpoint_class=str(row.get("endpoint_class", "")),
+        measure=measure,
+        total_ns=total,
+        stage_ns=stage_ns,
+    )
+
+
+def _duration(value: Any, column: str) -> int:
+    ns = int(value)
+    if ns < 0:
+        raise ValueError(f"{column} must be a non-negative duration in ns, got {value!r}")
+    return ns
+
+
+@dataclass
+class StageSummary:
+    """Stage breakdown of a group of requests.
+
+    ``group``: the endpoint, endpoint class or band name (``""`` for all requests).
+    ``count``: requests in the group. ``total_mean_ns``: mean of the measure.
+    ``stage_mean_ns``: stage -> mean nanoseconds (``rest`` included). ``stage_share``:
+    stage -> time-weighted share of the measure (ratio). ``stage_p99_ns``: stage -> exact
+    p99 of that stage over the group (``rest`` excluded: it is a difference, not a stage).
+    ``lower_ns`` / ``upper_ns``: the measure's range for a band, else ``None``.
+    """
+
+    group: str
+    measure: str
+    count: int
+    total_mean_ns: float
+    stage_mean_ns: dict[str, float] = field(default_factory=dict)
+    stage_share: dict[str, float] = field(default_factory=dict)
+    stage_p99_ns: dict[str, float] = field(default_factory=dict)
+    lower_ns: float | None = None
+    upper_ns: float | None = None
+
+
+def summarize(breakdowns: Sequence[RequestBreakdown], group: str = "") -> StageSummary:
+    """Aggregate request breakdowns of one measure into a :class:`StageSummary`.
+
+    Raises ``ValueError`` for an empty input or mixed measures.
+    """
+    if not breakdowns:
+        raise ValueError("breakdowns is empty: nothing to summarize")
+    measure = breakdowns[0].measure
+    if any(b.measure != measure for b in breakdowns):
+        raise ValueError("breakdowns mix measures; summarize TTFT and E2E separately")
+    count = len(breakdowns)
+    total_sum = sum(b.total_ns for b in breakdowns)
+    names = [*measure_stages(measure), REST]
+    stage_sum = {name: sum(b.stage_ns[name] for b in breakdowns) for name in names}
+    return StageSummary(
+        group=group,
+        measure=measure,
+        count=count,
+        total_mean_ns=total_sum / count,
+        stage_mean_ns={name: stage_sum[name] / count for name in names},
+        stage_share={name: (stage_sum[name] / total_sum if total_sum else 0.0) for name in names},
+        stage_p99_ns={
+            name: quantiles([b.stage_ns[name] for b in breakdowns], (0.99,))[0.99]
+            for name in measure_stages(measure)
+        },
+    )
+
+
+def breakdown_by(
+    rows: Iterable[Mapping[str, Any]], *, measure: str = "e2e", group_by: str | None = "endpoint"
+) -> list[StageSummary]:
+    """Stage summaries per ``group_by`` value (``"endpoint"``, ``"endpoint_class"`` or ``None``
+    for one summary of all rows), largest group first; rows without the measure are skipped.
+
+    Raises ``ValueError`` for an unknown ``group_by`` or measure.
+    """
+    if group_by not in (None, "endpoint", "endpoint_class"):
+        raise ValueError(f"group_by must be 'endpoint', 'endpoint_class' or None, got {group_by!r}")
+    groups: dict[str, list[RequestBreakdown]] = {}
+    for row in rows:
+        breakdown = request_breakdown(row, measure)
+        if breakdown is None:
+            continue
+        key = "" if group_by is None else getattr(breakdown, group_by)
+        groups.setdefault(key, []).append(breakdown)
+    summaries = [summarize(items, group) for group, items in groups.items()]
+    return sorted(summaries, key=lambda s: (-s.count, s.group))
+
+
+def breakdown_by_band(rows: Iterable[Mapping[str, Any]], *, measure: str = "e2e") -> list[StageSummary]:
+    """Stage summaries per percentile band of ``measure`` (:data:`BANDS`, fastest first).
+
+    Band edges are exact quantiles of the measure over ``rows``; a request sits in the band
+    whose range [lower, upper) holds it (the last band includes its upper edge). Bands
+    without requests are left out. Shows whether the slow tail differs in *kind* (e.g.
+    queueing only in p99+) or only in size from the median request.
+    """
+    breakdowns = [b for b in (request_breakdown(row, measure) for row in rows) if b is not None]
+    if not breakdowns:
+        return []
+    edges = quantiles([b.total_ns for b in breakdowns], sorted({q for _, lo, hi in BANDS for q in (lo, hi)}))
+    summaries = []
+    for position, (name, low_q, high_q) in enumerate(BANDS):
+        low, high = edges[low_q], edges[high_q]
+        last = position == len(BANDS) - 1
+        members = [b for b in breakdowns if low <= b.total_ns and (b.total_ns < high or (last and b.total_ns <= high))]
+        if members:
+            summary = summarize(members, name)
+            summary.lower_ns, summary.upper_ns = low, high
+            summaries.append(summary)
+    return summaries
+
+
+REQUEST_QUERY_COLUMNS: tuple[str, ...] = (
+    "timestamp", "trace_id", "service_name", "endpoint", "endpoint_class", "model", "replica",
+    "status", "input_tokens", "output_tokens", "ttft_ns", "e2e_ns", "itl_ns",
+    *(f"{stage}_ns" for stage in STAGES), "model_ns", "postprocess_ns",
+)
+
+
+def fetch_request_rows(
+    store: Any,
+    *,
+    start: datetime,
+    end: datetime,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+    status: str | None = "ok",
+) -> list[dict[str, Any]]:
+    """Request rows with ``start ≤ timestamp < end`` from ``inferpath_requests`` (``FINAL``,
+    so a re-assembled trace counts once), oldest first, as dicts of
+    :data:`REQUEST_QUERY_COLUMNS`.
+
+    ``endpoint`` / ``endpoint_class`` / ``status`` filter when not ``None``; the default
+    keeps only ``ok`` requests, because failed ones end early and would look fast.
+    ``start``/``end`` must be timezone-aware (``ValueError`` otherwise, from the store).
+    """
+    conditions = ["timestamp >= {start:DateTime64(9)}", "timestamp < {end:DateTime64(9)}"]
+    parameters: dict[str, Any] = {"start": start, "end": end}
+    for column, value in (("endpoint", endpoint), ("endpoint_class", endpoint_class), ("status", status)):
+        if value is not None:
+            conditions.append(f"{column} = {{{column}:String}}")
+            parameters[column] = value
+    sql = (
+        f"SELECT {', '.join(REQUEST_QUERY_COLUMNS)} FROM inferpath_requests FINAL"
+        f" WHERE {' AND '.join(conditions)} ORDER BY timestamp"
+    )
+    return store.query_dicts(sql, parameters)
+
+
+__all__ = [
+    "BANDS",
+    "MEASURES",
+    "REQUEST_QUERY_COLUMNS",
+    "REST",
+    "STAGES",
+    "TTFT_STAGES",
+    "RequestBreakdown",
+    "StageSummary",
+    "breakdown_by",
+    "breakdown_by_band",
+    "fetch_request_rows",
+    "measure_stages",
+    "request_breakdown",
+    "summarize",
+]

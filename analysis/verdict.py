@@ -1,0 +1,130 @@
+"""The shape of a diagnosis: what degraded, which causes explain it, with the numbers.
+
+Plain dataclasses so the CLI can print them and the read API can serve them;
+:func:`verdict_to_dict` gives the JSON-ready form (datetimes as ISO 8601 UTC strings,
+non-finite floats as ``null``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from datetime import datetime
+from typing import Any
+
+CAUSES: tuple[str, ...] = (
+    "tokenization", "retrieval", "queueing", "batching", "network_hop",
+    "gpu_compute", "gpu_memory", "cold_start", "unexplained",
+)
+"""Cause names a :class:`Cause` may carry. ``retrieval`` is a CPU stage of its own (a slow
+retriever is not a tokenizer problem); ``unexplained`` is time that no stage span covers."""
+
+Window = tuple[datetime, datetime]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One number that supports a cause, with the windows it was measured in.
+
+    ``measure``: what was measured (e.g. ``"tokenize_ns"``, ``"kv_cache_usage_ratio"``);
+    ``statistic``: ``p99``, ``mean``, ``p90``, ``max``, ``total`` or ``count``; ``unit``:
+    ``ns``, ``ratio``, ``requests``, ``bytes`` or ``count``; ``baseline`` / ``current``: the
+    values in the baseline and current windows (``None`` when not measured there).
+    ``text``: the same in words.
+    """
+
+    measure: str
+    statistic: str
+    unit: str
+    baseline: float | None
+    current: float | None
+    baseline_window: Window | None
+    current_window: Window | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Degradation:
+    """A per-request measure (``ttft``, ``itl`` or ``e2e``) compared at p99 between windows.
+
+    ``baseline_p99_ns`` / ``current_p99_ns``: exact p99 in ns (``None`` when the window has
+    no values); ``ratio``: current / baseline; ``degraded``: the rule's decision.
+    """
+
+    measure: str
+    baseline_p99_ns: float | None
+    current_p99_ns: float | None
+    ratio: float | None
+    degraded: bool
+
+
+@dataclass
+class Cause:
+    """One cause of the latency increase.
+
+    ``cause``: one of :data:`CAUSES`. ``share``: its share (ratio) of the increase of the
+    mean ``measure`` of the slowest requests (the tail band, see the diagnosis module);
+    ``added_ns``: nanoseconds it added per tail request. A share can exceed 1 when other
+    stages got faster at the same time (the shares of all causes, kept or not, sum to 1). ``stages``: the stages whose
+    growth was attributed to it. ``would_help`` / ``would_not_help``: actions in words,
+    with the numbers that justify them.
+    """
+
+    cause: str
+    share: float
+    added_ns: float
+    stages: list[str] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    would_help: list[str] = field(default_factory=list)
+    would_not_help: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Verdict:
+    """The outcome of a diagnosis.
+
+    ``healthy``: no measure degraded. ``measure``: the measure whose increase the causes
+    share (``"e2e"`` or ``"ttft"``; ``None`` when healthy). ``degradations``: TTFT, ITL, E2E
+    comparisons. ``causes``: ordered by share, largest first. ``summary``: one line.
+    ``current_requests`` / ``baseline_requests``: requests diagnosed in each window.
+    """
+
+    healthy: bool
+    summary: str
+    measure: str | None
+    degradations: list[Degradation]
+    causes: list[Cause]
+    current_window: Window | None
+    baseline_window: Window | None
+    current_requests: int
+    baseline_requests: int
+
+    @property
+    def top_cause(self) -> str | None:
+        """Name of the largest cause, ``None`` when there is none."""
+        return self.causes[0].cause if self.causes else None
+
+
+def verdict_to_dict(verdict: Verdict) -> dict[str, Any]:
+    """JSON-ready dict of ``verdict`` (nested dataclasses as dicts, tuples as lists,
+    datetimes as ISO 8601 strings, NaN/inf as ``None``), plus ``top_cause``."""
+    out = _plain(verdict)
+    out["top_cause"] = verdict.top_cause
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+__all__ = ["CAUSES", "Cause", "Degradation", "Evidence", "Verdict", "Window", "verdict_to_dict"]
