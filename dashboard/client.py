@@ -1,0 +1,238 @@
+"""A small typed client of the inferpath server's read API (``GET /api/v1/...``).
+
+The dashboard reads only through this client: in embedded mode the server process owns the
+chDB data folder, so nothing else may open it (DESIGN.md section 1). Every query method
+returns a :class:`pandas.DataFrame` whose time columns are timezone-aware UTC timestamps and
+whose durations stay in seconds as the API sends them (``*_seconds`` columns); conversion to
+milliseconds for display happens once, in :mod:`inferpath.dashboard.figures`.
+
+Failures (server down, HTTP error, a body that is not the expected JSON) raise
+:class:`ReadApiError` with a message that names the URL and what went wrong, so the UI can
+show it as is.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal, Mapping
+
+import httpx
+import pandas as pd
+
+from inferpath.config import Settings
+
+SUMMARY_COLUMNS = ["measure", "count", "avg_seconds", "p50_seconds", "p95_seconds", "p99_seconds"]
+TTFT_SERIES_COLUMNS = ["bucket", "endpoint_class", "count", "avg_seconds", "p50_seconds",
+                       "p99_seconds"]
+GAUGE_SERIES_COLUMNS = ["bucket", "service_name", "attributes", "value"]
+
+# Keys under which a server may wrap a list of rows ({"rows": [...]}); checked in order.
+# The server answers {"measures": [...]}, {"points": [...]} or {"requests": [...]}.
+_ROW_KEYS = ("measures", "points", "requests", "rows", "data", "items")
+# Columns that hold wall-clock instants in any read-API answer.
+_TIME_COLUMNS = ("bucket", "timestamp", "start", "end", "time")
+
+TimeLike = datetime | float | int | str
+
+
+class ReadApiError(RuntimeError):
+    """The read API could not answer: unreachable, HTTP error status, or an unexpected body.
+
+    ``url`` is the request URL, ``status_code`` the HTTP status (``None`` when no answer came).
+    """
+
+    def __init__(self, message: str, *, url: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status_code = status_code
+
+
+def format_time(value: TimeLike) -> str:
+    """Render an instant as the API expects it: ISO-8601 with offset, or unix seconds.
+
+    ``datetime`` values must be timezone-aware (a naive one is ambiguous and raises
+    ``ValueError``); numbers are unix seconds; strings pass through unchanged.
+    """
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("time value must be timezone-aware, got a naive datetime")
+        return value.astimezone(timezone.utc).isoformat()
+    if isinstance(value, (int, float)):
+        return repr(float(value))
+    if isinstance(value, str) and value:
+        return value
+    raise ValueError(f"time value must be a datetime, unix seconds or ISO string, got {value!r}")
+
+
+def rows_of(body: Any, *, url: str) -> list[dict[str, Any]]:
+    """Extract the list of row objects from a read-API body.
+
+    Accepts a bare JSON list or an object wrapping one under a key of ``_ROW_KEYS``.
+    Raises :class:`ReadApiError` for any other shape.
+    """
+    if isinstance(body, list):
+        rows = body
+    elif isinstance(body, dict):
+        rows = next((body[key] for key in _ROW_KEYS if isinstance(body.get(key), list)), None)
+        if rows is None:
+            raise ReadApiError(
+                f"unexpected answer from {url}: an object without a list of rows "
+                f"(keys: {sorted(body)})", url=url)
+    else:
+        raise ReadApiError(f"unexpected answer from {url}: {type(body).__name__}", url=url)
+    if not all(isinstance(row, dict) for row in rows):
+        raise ReadApiError(f"unexpected answer from {url}: rows are not JSON objects", url=url)
+    return rows
+
+
+def to_frame(rows: list[dict[str, Any]], columns: list[str] | None = None) -> pd.DataFrame:
+    """Build a DataFrame from row objects with UTC-aware time columns.
+
+    ``columns`` lists the columns the caller relies on; any that the rows lack are added
+    (empty), so an empty answer still has the expected shape. Time columns (``bucket``,
+    ``timestamp``, ...) accept ISO strings or unix seconds and come out as
+    ``datetime64[ns, UTC]``. Numeric ``*_seconds``/``*_ns``/``count``/``value`` columns are
+    coerced to numbers, with ``NaN`` where the API sent null (never 0).
+    """
+    frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
+    for column in columns or []:
+        if column not in frame.columns:
+            frame[column] = pd.Series(dtype="object")
+    for column in frame.columns:
+        if column in _TIME_COLUMNS:
+            frame[column] = _to_utc(frame[column])
+        elif column in ("count", "value") or column.endswith(("_seconds", "_ns", "_ratio",
+                                                                "_bytes", "_total")):
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame
+
+
+def _to_utc(series: pd.Series) -> pd.Series:
+    if series.empty:
+        return pd.Series(pd.DatetimeIndex([], tz="UTC"), index=series.index)
+    if pd.api.types.is_numeric_dtype(series):
+        return pd.to_datetime(series, unit="s", utc=True)
+    return pd.to_datetime(series, utc=True, format="ISO8601")
+
+
+class ReadApiClient:
+    """Client of one inferpath server's read API.
+
+    ``server_url``: base URL such as ``http://127.0.0.1:4318`` (no ``/api/v1`` suffix);
+    ``token``: optional bearer token (``INFERPATH_TOKEN``); ``timeout_seconds``: per request.
+    Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, server_url: str, *, token: str | None = None,
+                 timeout_seconds: float = 10.0) -> None:
+        if not server_url.startswith(("http://", "https://")):
+            raise ValueError(f"server_url must start with http:// or https://, got {server_url!r}")
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.server_url = server_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.server_url, headers=headers,
+                                  timeout=timeout_seconds)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **kwargs: Any) -> "ReadApiClient":
+        """Client for ``settings.server_url`` with ``settings.token``."""
+        return cls(settings.server_url, token=settings.token, **kwargs)
+
+    def __enter__(self) -> "ReadApiClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the underlying connection pool."""
+        self._http.close()
+
+    def _get(self, path: str, params: Mapping[str, Any]) -> Any:
+        query = {key: value for key, value in params.items() if value not in (None, "")}
+        url = f"{self.server_url}{path}"
+        try:
+            response = self._http.get(path, params=query)
+        except httpx.HTTPError as error:
+            raise ReadApiError(f"inferpath server at {self.server_url} is unreachable: "
+                               f"{type(error).__name__}: {error}", url=url) from error
+        if response.status_code >= 400:
+            raise ReadApiError(
+                f"GET {path} answered HTTP {response.status_code}: {_detail(response)}",
+                url=str(response.url), status_code=response.status_code)
+        try:
+            return response.json()
+        except ValueError as error:
+            raise ReadApiError(f"GET {path} did not answer JSON: {response.text[:200]!r}",
+                               url=str(response.url),
+                               status_code=response.status_code) from error
+
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz`` as a dict; raises :class:`ReadApiError` when not healthy."""
+        body = self._get("/healthz", {})
+        return body if isinstance(body, dict) else {"status": body}
+
+    def summary(self, start: TimeLike, end: TimeLike, *, endpoint: str | None = None,
+                endpoint_class: str | None = None) -> pd.DataFrame:
+        """Per-measure latency summary over ``[start, end)``.
+
+        Returns one row per measure (``client_ttft``, ``ttft``, ``queue``, ``prefill``, ...)
+        with columns :data:`SUMMARY_COLUMNS`; durations in seconds, ``NaN`` where a measure
+        has no samples. ``frame.attrs["request_count"]`` holds the number of requests in the
+        window when the server reports it.
+        """
+        body = self._get("/api/v1/summary", {
+            "start": format_time(start), "end": format_time(end),
+            "endpoint": endpoint, "endpoint_class": endpoint_class})
+        frame = to_frame(rows_of(body, url="/api/v1/summary"), SUMMARY_COLUMNS)
+        if isinstance(body, dict) and isinstance(body.get("request_count"), int):
+            frame.attrs["request_count"] = body["request_count"]
+        return frame
+
+    def ttft_timeseries(self, start: TimeLike, end: TimeLike, *, step_seconds: float,
+                        endpoint_class: str | None = None) -> pd.DataFrame:
+        """TTFT per time bucket and endpoint class: columns :data:`TTFT_SERIES_COLUMNS`.
+
+        ``bucket`` is the bucket's start (UTC); buckets without requests are absent.
+        """
+        body = self._get("/api/v1/timeseries/ttft", {
+            "start": format_time(start), "end": format_time(end),
+            "step_seconds": step_seconds, "endpoint_class": endpoint_class})
+        return to_frame(rows_of(body, url="/api/v1/timeseries/ttft"), TTFT_SERIES_COLUMNS)
+
+    def gauge_timeseries(self, metric: str, start: TimeLike, end: TimeLike, *,
+                         step_seconds: float) -> pd.DataFrame:
+        """A canonical gauge (``queue_depth``, ``kv_cache_usage_ratio``, ...) per time bucket.
+
+        Columns :data:`GAUGE_SERIES_COLUMNS`: one row per bucket and series, where a series
+        is a ``service_name`` plus its ``attributes`` (e.g. vLLM's ``engine``).
+        """
+        body = self._get("/api/v1/timeseries/gauge", {
+            "metric": metric, "start": format_time(start), "end": format_time(end),
+            "step_seconds": step_seconds})
+        return to_frame(rows_of(body, url="/api/v1/timeseries/gauge"), GAUGE_SERIES_COLUMNS)
+
+    def requests(self, start: TimeLike, end: TimeLike, *, limit: int = 50,
+                 order: Literal["slowest", "timestamp"] = "slowest") -> pd.DataFrame:
+        """Request rows (``inferpath_requests``) in ``[start, end)``, ``limit`` at most,
+        slowest end-to-end first (``order="slowest"``) or newest first (``"timestamp"``).
+
+        Columns as the telemetry contract's request row: ``timestamp`` (UTC), ``*_ns``
+        durations, endpoint, class, model, status, ...
+        """
+        body = self._get("/api/v1/requests", {
+            "start": format_time(start), "end": format_time(end), "limit": limit,
+            "order": order})
+        return to_frame(rows_of(body, url="/api/v1/requests"))
+
+
+def _detail(response: httpx.Response) -> str:
+    # FastAPI puts the reason under "detail"; fall back to the raw text, shortened.
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])[:300]
+    return str(body)[:300]

@@ -1,0 +1,79 @@
+"""The dashboard's read-API client against a real server holding a real vLLM capture."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from inferpath.dashboard.client import (
+    GAUGE_SERIES_COLUMNS,
+    SUMMARY_COLUMNS,
+    TTFT_SERIES_COLUMNS,
+    ReadApiClient,
+    ReadApiError,
+)
+
+from capture_server import FedServer, free_port
+
+
+def test_summary_has_every_measure_and_matches_the_client_side_ttft(fed_server: FedServer) -> None:
+    with ReadApiClient(fed_server.url) as client:
+        summary = client.summary(fed_server.start, fed_server.end)
+    assert list(summary.columns[: len(SUMMARY_COLUMNS)]) == SUMMARY_COLUMNS
+    by_measure = summary.set_index("measure")
+    assert {"ttft", "e2e", "queue", "prefill", "decode"} <= set(by_measure.index)
+    # One row per llm_request span the engine exported (120 in the capture).
+    assert summary.attrs["request_count"] == fed_server.requests_total >= 100
+    ttft = by_measure.loc["ttft"]
+    assert ttft["count"] == fed_server.requests_total
+    assert 0 < ttft["p50_seconds"] <= ttft["p95_seconds"] <= ttft["p99_seconds"] < 60
+    # Measures nobody reported stay missing rather than zero.
+    assert by_measure.loc["retrieval", "count"] == 0
+    assert pd.isna(by_measure.loc["retrieval", "p50_seconds"])
+
+
+def test_ttft_and_queue_depth_series_are_utc_and_overlap_in_time(fed_server: FedServer) -> None:
+    with ReadApiClient(fed_server.url) as client:
+        summary = client.summary(fed_server.start, fed_server.end).set_index("measure")
+        ttft = client.ttft_timeseries(fed_server.start, fed_server.end, step_seconds=10)
+        queue = client.gauge_timeseries("queue_depth", fed_server.start, fed_server.end,
+                                        step_seconds=10)
+    assert set(TTFT_SERIES_COLUMNS) <= set(ttft.columns)
+    assert set(GAUGE_SERIES_COLUMNS) <= set(queue.columns)
+    assert str(ttft["bucket"].dt.tz) == "UTC" and str(queue["bucket"].dt.tz) == "UTC"
+    assert ttft["count"].sum() == fed_server.requests_total
+    # The chart and the table must tell the same story: bucket means recombine to the total.
+    weighted_mean = (ttft["avg_seconds"] * ttft["count"]).sum() / ttft["count"].sum()
+    assert weighted_mean == pytest.approx(summary.loc["ttft", "avg_seconds"], rel=1e-9)
+    # The burst near the end of the run (up to 56 waiting in the raw scrapes) shows even in
+    # 10-second means; one-second buckets hold one scrape each and give the raw peak back.
+    assert queue["value"].max() > 10
+    with ReadApiClient(fed_server.url) as client:
+        fine = client.gauge_timeseries("queue_depth", fed_server.start, fed_server.end,
+                                       step_seconds=1)
+    assert fine["value"].max() == 56
+    assert queue["service_name"].eq("vllm").all()
+    assert ttft["bucket"].min() <= queue["bucket"].max() and queue["bucket"].min() <= ttft["bucket"].max()
+
+
+def test_slowest_requests_come_first(fed_server: FedServer) -> None:
+    with ReadApiClient(fed_server.url) as client:
+        rows = client.requests(fed_server.start, fed_server.end, limit=20, order="slowest")
+    assert len(rows) == 20
+    assert str(rows["timestamp"].dt.tz) == "UTC"
+    e2e = rows["e2e_ns"].tolist()
+    assert e2e == sorted(e2e, reverse=True)
+
+
+def test_errors_name_the_url_and_the_reason(fed_server: FedServer) -> None:
+    with ReadApiClient(fed_server.url) as client:
+        with pytest.raises(ReadApiError, match="HTTP 422") as bad_range:
+            client.summary(fed_server.end, fed_server.start)
+    assert bad_range.value.status_code == 422 and "end must be after start" in str(bad_range.value)
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    with ReadApiClient(nowhere, timeout_seconds=2.0) as client:
+        with pytest.raises(ReadApiError, match="unreachable") as down:
+            client.health()
+    assert down.value.status_code is None and nowhere in str(down.value)
+    with pytest.raises(ValueError, match="server_url"):
+        ReadApiClient("127.0.0.1:4318")
