@@ -7,7 +7,8 @@ Each trace request becomes one streamed ``/v1/chat/completions`` call whose prom
 The replayer is the end user of the traced path: its call is the root CLIENT span of each
 trace (through inferpath's instrumented client). Independently of that span, it measures its
 own TTFT and E2E on the monotonic clock (``time.perf_counter_ns``) — TTFT to the first chunk
-with non-empty content, E2E to the end of the stream — and writes them to a results file, so
+with non-empty content, E2E to the last chunk of the stream (``[DONE]`` is a sentinel, not a
+chunk) — and writes them to a results file, so
 that what the store holds can be checked against a second witness.
 """
 
@@ -64,21 +65,26 @@ async def _one(client: httpx.AsyncClient, url: str, request: TraceRequest, model
     }
     chunks = 0
     ttft_ns: int | None = None
+    last_event_ns = 0
     stream = stream_chat_completion(client, url, payload, stage=None)
     start_ns = time.perf_counter_ns()
     try:
-        async for event in stream:
-            for choice in event.get("choices") or ():
-                if (choice.get("delta") or {}).get("content"):
-                    if ttft_ns is None:
-                        ttft_ns = time.perf_counter_ns() - start_ns
-                    chunks += 1
-        e2e_ns = time.perf_counter_ns() - start_ns
+        async with stream:
+            async for event in stream:
+                last_event_ns = time.perf_counter_ns()
+                for choice in event.get("choices") or ():
+                    if (choice.get("delta") or {}).get("content"):
+                        if ttft_ns is None:
+                            ttft_ns = time.perf_counter_ns() - start_ns
+                        chunks += 1
+        e2e_ns = last_event_ns - start_ns if last_event_ns else None
     except Exception as exc:  # one failed request must not stop the replay
         return ReplayResult(request.index, getattr(stream, "trace_id", None), getattr(stream, "http_status", None),
                             None if ttft_ns is None else ttft_ns / 1e9, None, chunks, f"{type(exc).__name__}: {exc}")
     return ReplayResult(request.index, getattr(stream, "trace_id", None), getattr(stream, "http_status", None),
-                        None if ttft_ns is None else ttft_ns / 1e9, e2e_ns / 1e9, chunks)
+                        None if ttft_ns is None else ttft_ns / 1e9,
+                        None if e2e_ns is None else e2e_ns / 1e9, chunks,
+                        None if e2e_ns is not None else "stream ended without a chunk")
 
 
 async def replay(gateway_url: str, requests: Sequence[TraceRequest], *, speed: float = 1.0,

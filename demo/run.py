@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from inferpath.config import ScrapeTarget, Settings
+from inferpath.config import Settings
 from inferpath.demo.processes import ChildService, free_port, start_module
 from inferpath.demo.replay import ReplayResult, replay
 from inferpath.demo.trace import load_azure_trace
@@ -114,7 +114,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     """Run the demo end to end; returns what it measured. Raises ``RuntimeError`` if a part fails to start."""
     from inferpath.instrumentation.provider import configure
     from inferpath.instrumentation.provider import shutdown as shutdown_tracing
-    from inferpath.server.runtime import serve_in_thread
+    from inferpath.storage.url import default_store_url
 
     console = console or Console()
     timings: dict[str, float] = {}
@@ -124,15 +124,22 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     engine_url = f"http://127.0.0.1:{engine_port}"
 
     t0 = time.perf_counter()
-    settings = Settings.from_env(
-        store_url=options.store_url, port=options.port,
-        scrape_targets=[ScrapeTarget(url=f"{engine_url}/metrics", source="vllm"),
-                        ScrapeTarget(url=f"{engine_url}/gpu/metrics", source="dcgm")])
-    server = serve_in_thread(settings)
-    server_url = server.url
-    timings["server start"] = time.perf_counter() - t0
+    settings = Settings.from_env(store_url=options.store_url)
+    store_url = settings.store_url or default_store_url()
+    server_port = options.port or free_port()
     children: list[ChildService] = []
     try:
+        # The server owns the embedded store in its own process, as in production; this
+        # process only replays, so its clock readings are not disturbed by ingest work.
+        server = start_module("server", "inferpath.server",
+                              ["--port", str(server_port), "--store", store_url,
+                               "--scrape", f"vllm={engine_url}/metrics",
+                               "--scrape", f"dcgm={engine_url}/gpu/metrics"],
+                              port=server_port, log_path=str(log_dir / "server.log"))
+        children.append(server)
+        server.wait_ready("/healthz")
+        server_url = server.url
+        timings["server start"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         engine = start_module("engine", "inferpath.demo.engine",
                               ["--port", str(engine_port), "--otlp-endpoint", server_url, *options.engine_args],
@@ -146,12 +153,12 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         engine.wait_ready("/health")
         gateway.wait_ready("/health")
         timings["engine + gateway start"] = time.perf_counter() - t1
-        console.print(f"[bold]inferpath[/] server {server_url} (store {server.runtime.store.url}), "
+        console.print(f"[bold]inferpath[/] server {server_url} (store {store_url}), "
                       f"engine {engine_url}, gateway {gateway.url}; logs in {log_dir}")
 
         trace = load_azure_trace(limit=options.requests)
         configure("demo-client", endpoint_class="interactive", otlp_endpoint=server_url)
-        window_start = datetime.now(timezone.utc) - timedelta(seconds=1)
+        window_start = datetime.now(timezone.utc)
         t2 = time.perf_counter()
         with Progress(TextColumn("replaying Azure LLM trace 2023"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=False) as progress:
@@ -167,7 +174,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         t3 = time.perf_counter()
         shutdown_tracing()
         if options.exit_when_done:
-            for child in reversed(children):  # graceful stop flushes their span exporters
+            for child in (gateway, engine):  # graceful stop flushes their span exporters
                 child.stop()
         window_end = datetime.now(timezone.utc) + timedelta(seconds=1)
         expected = sum(1 for r in results if r.trace_id)
@@ -209,4 +216,3 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     finally:
         for child in reversed(children):
             child.stop()
-        server.stop()

@@ -41,6 +41,9 @@ __all__ = ["InferpathASGIMiddleware"]
 
 _logger = logging.getLogger(__name__)
 _PROPAGATION_HEADERS = (b"traceparent", b"tracestate")
+# Probes and scrapes are not requests of the service: tracing them would add a "request" row
+# per health check (as OTel's own instrumentations allow via excluded URLs).
+DEFAULT_EXCLUDED_PATHS = frozenset({"/health", "/healthz", "/ready", "/readyz", "/livez", "/metrics"})
 
 
 def _route_of(scope: Scope) -> str | None:
@@ -171,17 +174,20 @@ class InferpathASGIMiddleware:
 
     ``endpoint_class`` overrides the provider's endpoint class on the span;
     ``endpoint`` fixes ``inferpath.endpoint`` (default: the matched route template).
-    ``websocket`` and ``lifespan`` scopes pass through untouched.
+    ``excluded_paths`` (exact request paths, default :data:`DEFAULT_EXCLUDED_PATHS`) are
+    served untraced. ``websocket`` and ``lifespan`` scopes pass through untouched.
     """
 
     def __init__(self, app: ASGIApp, *, endpoint_class: str | None = None,
-                 endpoint: str | None = None) -> None:
+                 endpoint: str | None = None,
+                 excluded_paths: frozenset[str] = DEFAULT_EXCLUDED_PATHS) -> None:
         self.app = app
         self.endpoint_class = endpoint_class
         self.endpoint = endpoint
+        self.excluded_paths = frozenset(excluded_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http":
+        if scope.get("type") != "http" or scope.get("path") in self.excluded_paths:
             await self.app(scope, receive, send)
             return
         try:

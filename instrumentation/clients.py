@@ -80,11 +80,28 @@ class ChatCompletionStream:
         self._span: Span | None = None
         self._start_wall_ns = 0
         self._last_read_ns: int | None = None
+        self._last_chunk_ns: int | None = None
+        self._needs_drain = False
         self._exhausted = False
         self.meter: ChatStreamMeter | None = None
         self.response: httpx.Response | None = None
         self.status: str | None = None
         self.reason: str | None = None
+
+    @property
+    def trace_id(self) -> str | None:
+        """The call's trace id as 32 lowercase hex digits (``None`` before the request was sent
+        or when tracing is off)."""
+        span = self._span
+        if span is None:
+            return None
+        context = span.get_span_context()
+        return format(context.trace_id, "032x") if context.is_valid else None
+
+    @property
+    def http_status(self) -> int | None:
+        """The HTTP status code of the response (``None`` before it arrived)."""
+        return None if self.response is None else self.response.status_code
 
     @property
     def timeline(self) -> TokenTimeline | None:
@@ -99,6 +116,11 @@ class ChatCompletionStream:
         if self._pending:
             return self._pending.popleft()
         if self._exhausted:
+            if self._needs_drain:
+                # Only now, after the caller has had every chunk: reading the end of the body
+                # must not delay the last chunk the caller sees.
+                self._needs_drain = False
+                await self._drain()
             raise StopAsyncIteration
         if self._span is None:
             await self._open()
@@ -107,18 +129,22 @@ class ChatCompletionStream:
                 try:
                     data = await self._bytes.__anext__()
                 except StopAsyncIteration:
-                    self._finish_complete(self._last_read_ns)
+                    self._finish_complete(self._last_chunk_ns or self._last_read_ns)
                     break
                 received_ns = time.perf_counter_ns()
                 self._last_read_ns = received_ns
                 chunks = self.meter.feed(data, received_ns)
+                if chunks:
+                    self._last_chunk_ns = received_ns
                 if self._on_chunk is not None:
                     for chunk in chunks:
                         self._on_chunk(chunk, received_ns)
                 self._pending.extend(chunks)
                 if self.meter.done:
-                    self._finish_complete(received_ns)
-                    await self._drain()
+                    # E2E ends at the read that delivered the last JSON chunk; ``[DONE]`` is
+                    # a sentinel, not part of the answer.
+                    self._finish_complete(self._last_chunk_ns or received_ns)
+                    self._needs_drain = True
                     break
         except asyncio.CancelledError as error:
             await self._abandon(sc.REASON_CANCELLED, error)
@@ -128,6 +154,9 @@ class ChatCompletionStream:
             raise
         if self._pending:
             return self._pending.popleft()
+        if self._needs_drain:
+            self._needs_drain = False
+            await self._drain()
         raise StopAsyncIteration
 
     async def _open(self) -> None:

@@ -187,3 +187,36 @@ def test_instrument_twice_adds_one_middleware_and_uninstrument_removes_it(spans)
         assert httpx.get(f"{base_url}/items/2", timeout=10).json() == {"id": 2}
         time.sleep(0.1)
         assert [s for s in spans.finished() if s.attributes.get("inferpath.stage") == "gateway"] == []
+
+
+def test_health_probes_are_not_traced() -> None:
+    """A readiness probe is not a request of the service: no span, so no request row."""
+    import asyncio
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inferpath.instrumentation.asgi import InferpathASGIMiddleware
+    from inferpath.instrumentation.provider import configure
+
+    exporter = InMemorySpanExporter()
+    configure("probe-test", span_exporter=exporter)
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):  # a bare ASGI app answering 200
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        sent.append(message)
+
+    middleware = InferpathASGIMiddleware(app)
+    for path in ("/health", "/v1/chat/completions"):
+        asyncio.run(middleware({"type": "http", "method": "GET", "path": path, "headers": []}, receive, send))
+    from inferpath.instrumentation.provider import force_flush
+    force_flush()
+    names = [span.name for span in exporter.get_finished_spans()]
+    assert len(sent) == 4
+    assert len(names) == 1 and "health" not in names[0]

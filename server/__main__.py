@@ -1,0 +1,38 @@
+"""``python -m inferpath.server [--host H] [--port P] [--store URL] [--scrape SOURCE=URL ...]``:
+the server alone in the foreground (what ``inferpath up`` runs, without the dashboard)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from inferpath.config import Settings
+from inferpath.server.runtime import serve_forever
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferpath.server")
+    parser.add_argument("--host", default=None)
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--store", default=None, help="chdb:///path or http(s)://host:port/db")
+    parser.add_argument("--scrape", action="append", default=None,
+                        help="scrape target SOURCE=URL, e.g. vllm=http://127.0.0.1:8000/metrics (repeatable)")
+    args = parser.parse_args(argv)
+    overrides: dict[str, object] = {"host": args.host, "port": args.port, "store_url": args.store}
+    if args.scrape:
+        overrides["scrape_targets"] = ",".join(args.scrape)
+    try:
+        settings = Settings.from_env(**overrides)
+    except ValidationError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve_forever(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
