@@ -151,6 +151,32 @@ async def trace(request: Request,
     return {"trace_id": trace_id.lower(), "spans": out}
 
 
+@router.get("/diagnosis")
+async def diagnosis(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
+                    baseline_start: str | None = Query(None, description="Baseline start (default: the "
+                                                       "window of the same length just before start)."),
+                    baseline_end: str | None = Query(None, description="Baseline end (default: start)."),
+                    endpoint: str | None = None) -> dict:
+    """The verdict for the window against its baseline: named causes, evidence, what would help.
+
+    422 when a window is reversed or holds too few requests to judge.
+    """
+    from inferpath.analysis import diagnose, verdict_to_dict
+
+    start_dt, end_dt = _window(start, end)
+    base_end = parse_time(baseline_end, "baseline_end") or start_dt
+    base_start = parse_time(baseline_start, "baseline_start") or base_end - (end_dt - start_dt)
+    if base_end <= base_start:
+        raise _invalid("baseline_end", "baseline_end must be after baseline_start")
+    store = request.app.state.runtime.store
+    try:
+        verdict = await run_in_threadpool(diagnose, store, window_start=start_dt, window_end=end_dt,
+                                          baseline_start=base_start, baseline_end=base_end, endpoint=endpoint)
+    except ValueError as exc:  # InsufficientDataError included
+        raise _invalid("start", str(exc)) from None
+    return verdict_to_dict(verdict)
+
+
 @router.post("/flush")
 async def flush(request: Request, timeout_seconds: float = Query(30.0, gt=0, le=300)) -> dict:
     """Insert every accepted span and data point, assemble every noted trace, insert those

@@ -1,0 +1,38 @@
+"""The diagnosis served by the read API and the ``inferpath diagnose`` command's exit codes."""
+
+from __future__ import annotations
+
+import httpx
+from fault_scenarios import SCENARIOS, load_scenario
+from typer.testing import CliRunner
+
+from inferpath.cli import app
+from inferpath.config import Settings
+from inferpath.server.runtime import serve_in_thread
+
+
+def test_read_api_names_the_slow_tokenizer(store_url: str) -> None:
+    server = serve_in_thread(Settings(store_url=store_url), port=0)
+    try:
+        windows = load_scenario(server.runtime.store, SCENARIOS["slow_tokenizer"])
+        params = {"start": windows["window_start"].isoformat(), "end": windows["window_end"].isoformat(),
+                  "baseline_start": windows["baseline_start"].isoformat(),
+                  "baseline_end": windows["baseline_end"].isoformat()}
+        verdict = httpx.get(f"{server.url}/api/v1/diagnosis", params=params, timeout=30).json()
+        assert verdict["healthy"] is False
+        assert verdict["top_cause"] == "tokenization"
+        assert verdict["causes"][0]["would_not_help"][0].startswith("adding GPUs will not help")
+        # A window with no requests cannot be judged: 422 naming why, not a verdict of "healthy".
+        empty = httpx.get(f"{server.url}/api/v1/diagnosis",
+                          params={"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z"}, timeout=30)
+        assert empty.status_code == 422 and "request" in empty.text
+    finally:
+        server.stop()
+
+
+def test_diagnose_command_exit_codes() -> None:
+    runner = CliRunner()
+    bad = runner.invoke(app, ["diagnose", "--since", "soon"])
+    assert bad.exit_code == 2 and "--since" in bad.output
+    unreachable = runner.invoke(app, ["diagnose", "--since", "15m", "--server", "http://127.0.0.1:9"])
+    assert unreachable.exit_code == 2 and "cannot reach" in unreachable.output
