@@ -9,3 +9,17 @@ TOKENIZER_JSON = ASSETS_DIR / "tokenizer" / "tokenizer.json"
 AZURE_CODE_TRACE_CSV = ASSETS_DIR / "traces" / "azure2023_AzureLLMInferenceTrace_code.csv"
 PERF_PROFILE_CSV = ASSETS_DIR / "profiles" / "splitwise_sim_perf_model.csv"
 CORPUS_JSONL = ASSETS_DIR / "corpus" / "docs.jsonl"
+
+
+def load_tokenizer():  # type: ignore[no-untyped-def]
+    """The shipped pretrained WordPiece tokenizer (``tokenizers.Tokenizer``), read from disk only.
+
+    The file was saved for a 128-token sentence-embedding model, with fixed padding and
+    truncation to 128 tokens; both are switched off here so a prompt keeps its real length.
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TOKENIZER_JSON))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 import inferpath
-from inferpath.demo.assets import TOKENIZER_JSON
+from inferpath.demo.assets import load_tokenizer
 
 
 class ChatMessage(BaseModel):
@@ -69,13 +69,11 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
                        endpoint_class: str = "interactive", otlp_endpoint: str | None = None,
                        span_exporter: Any = None) -> FastAPI:
     """Build the gateway app, instrumented with ``inferpath.instrument``."""
-    from tokenizers import Tokenizer
-
     from inferpath.demo.retrieval import BM25Retriever
     from inferpath.instrumentation.clients import stream_chat_completion
     from inferpath.instrumentation.tokenizers import instrument_tokenizer
 
-    tokenizer = instrument_tokenizer(Tokenizer.from_file(str(TOKENIZER_JSON)))
+    tokenizer = instrument_tokenizer(load_tokenizer())
     retriever = BM25Retriever()
     state: dict[str, httpx.AsyncClient] = {}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,9 +29,9 @@ from inferpath.demo.trace import TraceRequest
 # Filler text for prompts: plain English words that the WordPiece tokenizer keeps whole,
 # so the prompt's token count tracks the trace's ContextTokens closely.
 _FILLER_WORDS = (
-    "the request path of an inference service runs through a gateway a tokenizer a retrieval "
-    "step a queue and the model server where prefill and decode share the same device while "
-    "users wait for the first token and then for every next one"
+    "the request path of an inference service runs through a gateway a retrieval step a queue "
+    "and the model server where the prompt and the answer share the same device while users "
+    "wait for the first token and then for every next one"
 ).split()
 
 
@@ -100,6 +101,19 @@ async def replay(gateway_url: str, requests: Sequence[TraceRequest], *, speed: f
         raise ValueError(f"speed must be > 0, got {speed}")
     url = f"{gateway_url.rstrip('/')}/v1/chat/completions"
     results: list[ReplayResult] = []
+    # The replayer is a measuring witness: with the default 5 ms GIL switch interval, the span
+    # exporter's thread could sit between a chunk's arrival and the reading of the clock.
+    previous_switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous_switch_interval, 0.0002))
+    try:
+        return await _replay(url, requests, speed, model, results_path, on_done, results)
+    finally:
+        sys.setswitchinterval(previous_switch_interval)
+
+
+async def _replay(url: str, requests: Sequence[TraceRequest], speed: float, model: str,
+                  results_path: Path | str | None, on_done: Callable[[ReplayResult], None] | None,
+                  results: list[ReplayResult]) -> list[ReplayResult]:
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0),
                                  limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256)) as client:
         start = time.perf_counter()
