@@ -15,6 +15,7 @@ that what the store holds can be checked against a second witness.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 import time
@@ -103,11 +104,16 @@ async def replay(gateway_url: str, requests: Sequence[TraceRequest], *, speed: f
     results: list[ReplayResult] = []
     # The replayer is a measuring witness: with the default 5 ms GIL switch interval, the span
     # exporter's thread could sit between a chunk's arrival and the reading of the clock.
+    # For the same reason, objects that live through the replay are frozen out of the cyclic
+    # garbage collector, whose full collections could otherwise pause the clock readings.
     previous_switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(min(previous_switch_interval, 0.0002))
+    gc.collect()
+    gc.freeze()
     try:
         return await _replay(url, requests, speed, model, results_path, on_done, results)
     finally:
+        gc.unfreeze()
         sys.setswitchinterval(previous_switch_interval)
 
 

@@ -82,6 +82,7 @@ class ChatCompletionStream:
         self._last_read_ns: int | None = None
         self._last_chunk_ns: int | None = None
         self._needs_drain = False
+        self._finish_at_ns: int | None = None
         self._exhausted = False
         self.meter: ChatStreamMeter | None = None
         self.response: httpx.Response | None = None
@@ -115,6 +116,9 @@ class ChatCompletionStream:
     async def __anext__(self) -> dict[str, Any]:
         if self._pending:
             return self._pending.popleft()
+        if self._finish_at_ns is not None:
+            finish_at_ns, self._finish_at_ns = self._finish_at_ns, None
+            self._finish_complete(finish_at_ns)
         if self._exhausted:
             if self._needs_drain:
                 # Only now, after the caller has had every chunk: reading the end of the body
@@ -142,8 +146,9 @@ class ChatCompletionStream:
                 self._pending.extend(chunks)
                 if self.meter.done:
                     # E2E ends at the read that delivered the last JSON chunk; ``[DONE]`` is
-                    # a sentinel, not part of the answer.
-                    self._finish_complete(self._last_chunk_ns or received_ns)
+                    # a sentinel, not part of the answer. The span is ended (SDK work) only once
+                    # the caller has had every chunk, with that read's time as its end.
+                    self._finish_at_ns = self._last_chunk_ns or received_ns
                     self._needs_drain = True
                     break
         except asyncio.CancelledError as error:
@@ -154,6 +159,9 @@ class ChatCompletionStream:
             raise
         if self._pending:
             return self._pending.popleft()
+        if self._finish_at_ns is not None:
+            finish_at_ns, self._finish_at_ns = self._finish_at_ns, None
+            self._finish_complete(finish_at_ns)
         if self._needs_drain:
             self._needs_drain = False
             await self._drain()
@@ -264,6 +272,9 @@ class ChatCompletionStream:
     async def aclose(self) -> None:
         """Stop reading: the span ends ``incomplete`` / ``consumer_stopped`` unless the stream
         already ended; the HTTP response is closed. Safe to call twice."""
+        if self._finish_at_ns is not None:  # the stream ended; only the span was still open
+            finish_at_ns, self._finish_at_ns = self._finish_at_ns, None
+            self._finish_complete(finish_at_ns)
         if self._span is not None and self.status is None:
             await self._abandon(sc.REASON_CONSUMER_STOPPED)
         else:
@@ -282,7 +293,10 @@ class ChatCompletionStream:
         try:
             if self._span is None or self.status is not None:
                 return
-            self._end_span(sc.STATUS_INCOMPLETE, sc.REASON_CONSUMER_STOPPED, time.perf_counter_ns())
+            if self._finish_at_ns is not None:  # every chunk was read; only the span was open
+                self._finish_complete(self._finish_at_ns)
+            else:
+                self._end_span(sc.STATUS_INCOMPLETE, sc.REASON_CONSUMER_STOPPED, time.perf_counter_ns())
             response = self.response
             if response is not None:
                 loop = asyncio.get_running_loop()
