@@ -20,6 +20,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port") -> None:
+    """Raise ``RuntimeError`` naming ``what`` if ``host:port`` is already taken.
+
+    A demo that silently talked to someone else's server on its port would report that
+    server's data as its own.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"{what} {host}:{port} is already in use ({exc.strerror}); "
+                               "is `inferpath up` or another demo running? Choose another with --port") from None
+
+
 @dataclass
 class ChildService:
     """A child process serving HTTP on ``url``; ``stop()`` ends it gracefully (SIGTERM, then SIGKILL)."""
@@ -39,6 +53,10 @@ class ChildService:
                                    + (f"; see {self.log_path}" if self.log_path else ""))
             try:
                 if httpx.get(f"{self.url}{path}", timeout=1.0).status_code == 200:
+                    time.sleep(0.2)  # a child that lost a race for its port exits right after binding fails
+                    if self.process.poll() is not None:
+                        raise RuntimeError(f"{self.name} exited with code {self.process.returncode}"
+                                           + (f"; see {self.log_path}" if self.log_path else ""))
                     return
             except httpx.HTTPError:
                 pass

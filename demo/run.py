@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from inferpath.config import Settings
-from inferpath.demo.processes import ChildService, free_port, start_module
+from inferpath.demo.processes import ChildService, ensure_port_free, free_port, start_module
 from inferpath.demo.replay import ReplayResult, replay
 from inferpath.demo.trace import load_azure_trace
 
@@ -53,7 +53,7 @@ class DemoOptions:
     speed: float = 10.0
     exit_when_done: bool = False
     store_url: str | None = None
-    port: int = 4318
+    port: int | None = None  # None: INFERPATH_PORT or 4318; 0: any free port
     dashboard: bool = True
     dashboard_port: int = 8501
     results_path: Path | None = None
@@ -114,7 +114,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     """Run the demo end to end; returns what it measured. Raises ``RuntimeError`` if a part fails to start."""
     from inferpath.instrumentation.provider import configure
     from inferpath.instrumentation.provider import shutdown as shutdown_tracing
-    from inferpath.storage.url import default_store_url
+    from inferpath.storage.url import default_store_url, parse_store_url
 
     console = console or Console()
     timings: dict[str, float] = {}
@@ -126,9 +126,22 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     t0 = time.perf_counter()
     settings = Settings.from_env(store_url=options.store_url)
     store_url = settings.store_url or default_store_url()
-    server_port = options.port or free_port()
+    parse_store_url(store_url)  # a bad URL fails here, naming what is wrong, before anything starts
+    server_port = options.port if options.port is not None else settings.port
+    if server_port:
+        ensure_port_free(server_port, what="the inferpath server port")
+    else:
+        server_port = free_port()
+    server_url = f"http://127.0.0.1:{server_port}"
     children: list[ChildService] = []
     try:
+        # The engine first, so that the server's first scrape finds it; its spans are exported
+        # only once requests arrive, when the server is up.
+        engine = start_module("engine", "inferpath.demo.engine",
+                              ["--port", str(engine_port), "--otlp-endpoint", server_url, *options.engine_args],
+                              port=engine_port, log_path=str(log_dir / "engine.log"))
+        children.append(engine)
+        engine.wait_ready("/health")
         # The server owns the embedded store in its own process, as in production; this
         # process only replays, so its clock readings are not disturbed by ingest work.
         server = start_module("server", "inferpath.server",
@@ -138,21 +151,15 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
                               port=server_port, log_path=str(log_dir / "server.log"))
         children.append(server)
         server.wait_ready("/healthz")
-        server_url = server.url
-        timings["server start"] = time.perf_counter() - t0
+        timings["server + engine start"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        engine = start_module("engine", "inferpath.demo.engine",
-                              ["--port", str(engine_port), "--otlp-endpoint", server_url, *options.engine_args],
-                              port=engine_port, log_path=str(log_dir / "engine.log"))
-        children.append(engine)
         gateway = start_module("gateway", "inferpath.demo.gateway",
                                ["--port", str(gateway_port), "--engine-url", engine_url,
                                 "--otlp-endpoint", server_url, *options.gateway_args],
                                port=gateway_port, log_path=str(log_dir / "gateway.log"))
         children.append(gateway)
-        engine.wait_ready("/health")
         gateway.wait_ready("/health")
-        timings["engine + gateway start"] = time.perf_counter() - t1
+        timings["gateway start"] = time.perf_counter() - t1
         console.print(f"[bold]inferpath[/] server {server_url} (store {store_url}), "
                       f"engine {engine_url}, gateway {gateway.url}; logs in {log_dir}")
 
@@ -211,7 +218,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
                 if dash is not None:
                     dash.terminate()
         else:
-            console.print(f"dashboard: run `inferpath up` and open http://127.0.0.1:{options.dashboard_port}")
+            console.print(f"dashboard: run `inferpath up --store {store_url}` and open "
+                          f"http://127.0.0.1:{settings.dashboard_port}")
         return outcome
     finally:
         for child in reversed(children):

@@ -18,14 +18,30 @@ console = Console()
 
 
 def _settings(**overrides: object):  # type: ignore[no-untyped-def]
+    """Settings from ``INFERPATH_*`` and the command's options; exits 2 naming each bad value."""
     from pydantic import ValidationError
 
-    from inferpath.config import Settings
+    from inferpath.config import Settings, env_var_for
 
     try:
         return Settings.from_env(**overrides)
     except ValidationError as exc:
-        console.print(f"[red]invalid configuration:[/] {exc}")
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            source = f"--{field.replace('_', '-')} / {env_var_for(field)}" if env_var_for(field) else field
+            console.print(f"[red]invalid configuration:[/] {source} = {error.get('input')!r}: {error['msg']}")
+        raise typer.Exit(2) from exc
+
+
+def _check_store_url(url: str | None) -> None:
+    from inferpath.storage.url import parse_store_url
+
+    if url is None:
+        return
+    try:
+        parse_store_url(url)
+    except ValueError as exc:
+        console.print(f"[red]invalid store URL {url!r}:[/] {exc}")
         raise typer.Exit(2) from exc
 
 
@@ -35,19 +51,21 @@ def demo(
     speed: float = typer.Option(10.0, min=0.01, help="Replay speed-up of the trace's arrival times."),
     exit_: bool = typer.Option(False, "--exit", help="Exit after printing the table instead of serving."),
     store: Optional[str] = typer.Option(None, help="Store URL (default: embedded chDB in the user data folder)."),
-    port: int = typer.Option(4318, min=0, max=65535, help="inferpath server port (OTLP/HTTP and read API)."),
-    dashboard_port: int = typer.Option(8501, min=1, max=65535),
+    port: Optional[int] = typer.Option(None, min=0, max=65535,
+                                       help="inferpath server port (default INFERPATH_PORT or 4318; 0: any free port)."),
+    dashboard_port: Optional[int] = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
     results: Optional[Path] = typer.Option(None, help="Write the replay client's own measurements here (JSONL)."),
 ) -> None:
     """Run the reference inference path on the Azure LLM trace 2023 and print the per-stage latency table."""
     from inferpath.demo.run import DemoOptions, run_demo
 
-    settings = _settings(store_url=store)
+    settings = _settings(store_url=store, dashboard_port=dashboard_port)
+    _check_store_url(settings.store_url)
     try:
         outcome = run_demo(DemoOptions(requests=requests, speed=speed, exit_when_done=exit_,
                                        store_url=settings.store_url, port=port,
-                                       dashboard_port=dashboard_port, results_path=results), console)
-    except (RuntimeError, OSError) as exc:
+                                       dashboard_port=settings.dashboard_port, results_path=results), console)
+    except (RuntimeError, OSError, ValueError) as exc:
         console.print(f"[red]demo failed:[/] {exc}")
         raise typer.Exit(1) from exc
     failed = sum(1 for r in outcome.results if r.error)
@@ -62,15 +80,29 @@ def up(
     port: Optional[int] = typer.Option(None, min=0, max=65535, help="Listen port (default 4318)."),
     scrape: Optional[list[str]] = typer.Option(None, help="Scrape target, e.g. vllm=http://h:8000/metrics (repeatable)."),
     dashboard: bool = typer.Option(True, help="Also serve the dashboard."),
+    dashboard_port: Optional[int] = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
 ) -> None:
     """Run the inferpath server: OTLP/HTTP receiver, assembler, read API, collectors and the dashboard."""
     from inferpath.server.runtime import serve_in_thread
 
-    overrides: dict[str, object] = {"store_url": store, "host": host, "port": port}
+    overrides: dict[str, object] = {"store_url": store, "host": host, "port": port,
+                                    "dashboard_port": dashboard_port}
     if scrape:
         overrides["scrape_targets"] = ",".join(scrape)
     settings = _settings(**overrides)
-    server = serve_in_thread(settings)
+    _check_store_url(settings.store_url)
+    try:
+        server = serve_in_thread(settings)
+    except OSError as exc:
+        console.print(f"[red]cannot serve on {settings.host}:{settings.port}:[/] {exc.strerror or exc}"
+                      " (is another inferpath server running? choose another with --port)")
+        raise typer.Exit(2) from exc
+    except Exception as exc:  # the store could not be opened: say which and why, no traceback
+        console.print(f"[red]cannot open the store {settings.store_url or '(default)'}:[/] "
+                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                      "\n(an embedded chDB store is owned by one process: is `inferpath up` or "
+                      "`inferpath demo` already using it?)")
+        raise typer.Exit(2) from exc
     console.print(f"inferpath server on {server.url} (store {server.runtime.store.url})")
     dash = None
     if dashboard:
@@ -108,6 +140,9 @@ def replay_cmd(
     from inferpath.instrumentation.provider import configure, shutdown
 
     settings = _settings()
+    if not gateway.startswith(("http://", "https://")):
+        console.print(f"[red]--gateway must be an http(s):// URL, got {gateway!r}")
+        raise typer.Exit(2)
     try:
         trace_requests = load_azure_trace(trace, limit=requests)
     except (ValueError, OSError) as exc:
@@ -116,8 +151,10 @@ def replay_cmd(
     configure("replay-client", otlp_endpoint=settings.otlp_endpoint)
     done = asyncio.run(replay(gateway, trace_requests, speed=speed, model=model, results_path=results))
     shutdown()
-    failed = sum(1 for r in done if r.error)
-    console.print(f"{len(done) - failed} of {len(done)} requests completed")
+    failed = [r for r in done if r.error]
+    console.print(f"{len(done) - len(failed)} of {len(done)} requests completed")
+    if failed:
+        console.print(f"[red]{len(failed)} failed; first error:[/] {failed[0].error}")
     raise typer.Exit(1 if failed else 0)
 
 
@@ -170,7 +207,12 @@ def diagnose(
         console.print(f"[red]cannot reach the inferpath server at {settings.server_url}:[/] {exc}")
         raise typer.Exit(2) from exc
     if response.status_code != 200:
-        console.print(f"[red]diagnosis failed ({response.status_code}):[/] {response.text}")
+        try:
+            detail = response.json().get("detail")
+            message = "; ".join(d.get("msg", str(d)) for d in detail) if isinstance(detail, list) else str(detail)
+        except ValueError:
+            message = response.text
+        console.print(f"[red]cannot diagnose ({response.status_code}):[/] {message}")
         raise typer.Exit(2)
     verdict = response.json()
     if json_output:

@@ -39,6 +39,11 @@ _ENV_BY_FIELD = {
 }
 
 
+def env_var_for(field: str) -> str | None:
+    """The ``INFERPATH_*`` variable that sets settings field ``field`` (``None`` if none does)."""
+    return _ENV_BY_FIELD.get(field)
+
+
 class ScrapeTarget(BaseModel):
     """A Prometheus-text endpoint to scrape: ``source`` names the signal-catalog entry."""
 

@@ -1,0 +1,42 @@
+"""Bad input to the command line gets a clear message naming what was wrong, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from inferpath.cli import app
+from inferpath.demo.run import DemoOptions, run_demo
+
+runner = CliRunner()
+
+
+def test_invalid_environment_value_names_the_variable() -> None:
+    result = runner.invoke(app, ["up", "--no-dashboard"], env={"INFERPATH_PORT": "abc"})
+    assert result.exit_code == 2
+    assert "INFERPATH_PORT" in result.output and "'abc'" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [["up", "--no-dashboard"], ["demo", "--exit"]])
+def test_bad_store_url_is_named_before_anything_starts(command: list[str]) -> None:
+    result = runner.invoke(app, [*command, "--store", "bogus://x"])
+    assert result.exit_code == 2
+    assert "invalid store URL 'bogus://x'" in result.output and "scheme" in result.output
+
+
+def test_replay_rejects_a_gateway_that_is_not_a_url() -> None:
+    result = runner.invoke(app, ["replay", "--gateway", "notaurl"])
+    assert result.exit_code == 2 and "--gateway" in result.output
+
+
+def test_demo_refuses_a_port_someone_else_serves_on(tmp_path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"{port} is already in use"):
+            run_demo(DemoOptions(requests=1, exit_when_done=True, port=port, dashboard=False,
+                                 store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
