@@ -110,9 +110,15 @@ def up(
 
         dash = launch_dashboard(server.url, port=settings.dashboard_port, host=settings.host, token=settings.token)
         console.print(f"dashboard on http://{settings.host}:{settings.dashboard_port}")
-    try:
-        import time
+    import signal
+    import time
 
+    def _terminate(signum: int, frame: object) -> None:
+        # SIGTERM (Kubernetes, systemd) stops as gracefully as Ctrl-C: flush, assemble, close.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
         while True:
             time.sleep(1.0)
     except KeyboardInterrupt:
