@@ -10,7 +10,9 @@ from typing import Callable, Mapping
 import httpx
 
 from inferpath.collectors.catalog import metrics_for
-from inferpath.collectors.prometheus import Sample, scrape_samples
+from inferpath.collectors.identity import target_host
+from inferpath.collectors.pipeline import ScrapeResult, parse_scrape
+from inferpath.collectors.prometheus import HistogramSample, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -18,15 +20,18 @@ _LOG_INTERVAL_SECONDS = 60.0
 
 
 class Scraper:
-    """Fetches ``url`` and turns the scrape into :class:`Sample` rows of ``source``.
+    """Fetches ``url`` and turns the scrape into combined samples of ``source`` (:mod:`.pipeline`).
 
     ``client``: an ``httpx.Client`` to use (it stays the caller's to close); without one the
     scraper makes and owns its own. ``timeout_seconds`` bounds each request.
     ``extra_attributes`` are added to every sample. ``clock`` gives the scrape timestamp
     (wall clock, UTC) and exists for tests.
 
-    :meth:`scrape` never raises for a failed or malformed scrape: it returns ``[]``, adds one
-    to ``errors_total`` and logs at most one warning per minute (with the count suppressed).
+    A ``localhost`` host label is attributed to the URL's host. :meth:`scrape` never raises
+    for a failed or malformed scrape: it returns ``[]``, adds one to ``errors_total`` and
+    logs at most one warning per minute (with the count suppressed). Expected signals
+    absent from a scrape are counted in ``missing_total`` (signal -> scrapes) and logged
+    at most once a minute; ``last_result`` holds the latest :class:`ScrapeResult`.
     Raises ``ValueError`` at construction for an unknown source or a non-HTTP URL.
     """
 
@@ -45,22 +50,39 @@ class Scraper:
         self._owns_client = client is None
         self._client = client or httpx.Client(timeout=timeout_seconds)
         self._clock = clock
+        self.scrape_host = target_host(url)
         self.scrapes_total = 0
         self.errors_total = 0
+        self.missing_total: dict[str, int] = {}
+        self.last_result: ScrapeResult | None = None
+        self._last_missing_log_s = float("-inf")
         self._last_log_s = float("-inf")
         self._suppressed = 0
 
-    def scrape(self) -> list[Sample]:
-        """One scrape: the samples, or ``[]`` after a counted error."""
+    def scrape(self) -> list[Sample | HistogramSample]:
+        """One scrape: the combined samples then histograms, or ``[]`` after a counted error."""
         self.scrapes_total += 1
         try:
             response = self._client.get(self.url, timeout=self.timeout_seconds)
             response.raise_for_status()
-            return scrape_samples(response.text, self.source, timestamp=self._clock(),
-                                  extra_attributes=self.extra_attributes)
+            result = parse_scrape(response.text, self.source, timestamp=self._clock(),
+                                  scrape_host=self.scrape_host, extra_attributes=self.extra_attributes)
         except Exception as exc:  # HTTP, parse or anything else: a collector never stops its loop
             self._failed(exc)
-        return []
+            return []
+        self.last_result = result
+        if result.missing:
+            self._note_missing(result.missing)
+        return result.all()
+
+    def _note_missing(self, missing: tuple[str, ...]) -> None:
+        for name in missing:
+            self.missing_total[name] = self.missing_total.get(name, 0) + 1
+        now = time.monotonic()
+        if now - self._last_missing_log_s >= _LOG_INTERVAL_SECONDS:
+            self._last_missing_log_s = now
+            logger.warning("scrape of %s (%s): metric missing for %s; no value stored",
+                           self.url, self.source, ", ".join(missing))
 
     def _failed(self, exc: Exception) -> None:
         self.errors_total += 1

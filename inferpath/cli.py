@@ -239,6 +239,17 @@ def diagnose(
     raise typer.Exit(0 if verdict.get("healthy") else 1)
 
 
+def _mount_components() -> None:
+    # Component commands live with their component; each is imported here, where Typer needs
+    # its options, and imports its own heavy dependencies only when run.
+    from inferpath.collectors.cli import collect
+
+    app.command("collect")(collect)
+
+
+_mount_components()
+
+
 def main() -> None:
     app()
 

@@ -3,7 +3,8 @@
 Each tick scrapes every ``settings.scrape_targets`` entry with the collectors' ``Scraper``,
 which already maps source metric names and units to canonical signals. Each sample becomes
 one row: ``kind="gauge"`` → ``otel_metrics_gauge``, ``kind="sum"`` → ``otel_metrics_sum``
-(cumulative, monotonic), with ``MetricName`` = the canonical signal, ``ServiceName`` = the
+(cumulative, monotonic), ``kind="histogram"`` → ``otel_metrics_histogram`` (cumulative
+explicit buckets: OTLP per-bucket counts and the finite bounds), with ``MetricName`` = the canonical signal, ``ServiceName`` = the
 source (``vllm``, ``dcgm``, …) and the sample's attributes plus
 ``inferpath.source_metric`` (the metric name the source used).
 
@@ -18,7 +19,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from inferpath.config import ScrapeTarget
-from inferpath.storage.rows import GaugeRow, SumRow
+from inferpath.storage.rows import GaugeRow, HistogramRow, SumRow
 from inferpath.storage.writer import BatchWriter
 
 __all__ = ["ScrapeLoop", "samples_to_rows", "SOURCE_METRIC_ATTRIBUTE"]
@@ -29,14 +30,18 @@ SOURCE_METRIC_ATTRIBUTE = "inferpath.source_metric"
 _OTLP_CUMULATIVE = 2
 
 
-def samples_to_rows(samples: Iterable[Any], source: str) -> tuple[list[GaugeRow], list[SumRow]]:
-    """Convert collector ``Sample`` objects (``signal``, ``value``, ``kind``, ``unit``,
-    ``attributes``, aware ``timestamp``, ``source_metric``) to gauge and sum rows.
+def samples_to_rows(samples: Iterable[Any], source: str
+                    ) -> tuple[list[GaugeRow], list[SumRow], list[HistogramRow]]:
+    """Convert collector samples to gauge, sum and histogram rows.
 
-    Samples of another kind are skipped (histograms are not scraped into rows).
+    Gauge/counter samples carry ``signal``, ``value``, ``kind``, ``unit``, ``attributes``,
+    aware ``timestamp`` and ``source_metric``; histogram samples (``kind="histogram"``)
+    carry ``bounds``, ``bucket_counts()``, ``count`` and ``sum`` instead of ``value``.
+    Samples of any other kind are skipped.
     """
     gauges: list[GaugeRow] = []
     sums: list[SumRow] = []
+    histograms: list[HistogramRow] = []
     resource = {"service.name": source}
     for sample in samples:
         attributes = {str(k): str(v) for k, v in dict(sample.attributes).items()}
@@ -44,12 +49,18 @@ def samples_to_rows(samples: Iterable[Any], source: str) -> tuple[list[GaugeRow]
         common = dict(resource_attributes=dict(resource), service_name=source,
                       metric_name=str(sample.signal), description="", unit=str(sample.unit or ""),
                       attributes=attributes, start_time=None, time=sample.timestamp,
-                      value=float(sample.value), scope_name="inferpath.collectors")
+                      scope_name="inferpath.collectors")
         if sample.kind == "gauge":
-            gauges.append(GaugeRow(**common))
+            gauges.append(GaugeRow(**common, value=float(sample.value)))
         elif sample.kind == "sum":
-            sums.append(SumRow(**common, aggregation_temporality=_OTLP_CUMULATIVE, is_monotonic=True))
-    return gauges, sums
+            sums.append(SumRow(**common, value=float(sample.value), aggregation_temporality=_OTLP_CUMULATIVE,
+                               is_monotonic=True))
+        elif sample.kind == "histogram":
+            histograms.append(HistogramRow(**common, count=int(round(sample.count)), sum=float(sample.sum),
+                                           bucket_counts=list(sample.bucket_counts()),
+                                           explicit_bounds=[float(b) for b in sample.bounds],
+                                           aggregation_temporality=_OTLP_CUMULATIVE))
+    return gauges, sums, histograms
 
 
 def _default_scraper_factory(target: ScrapeTarget) -> Any:
@@ -62,7 +73,9 @@ class ScrapeLoop:
     """Scrape ``targets`` every ``interval_seconds`` and submit rows to the two writers.
 
     ``scraper_factory(target)`` returns an object with ``scrape() -> list[Sample]`` (default:
-    ``inferpath.collectors.scraper.Scraper``). Counters: ``samples_total``,
+    ``inferpath.collectors.scraper.Scraper``). ``histogram_writer``: the
+    ``otel_metrics_histogram`` writer; without one, histogram samples are counted in
+    ``histograms_skipped_total`` and not stored. Counters: ``samples_total``,
     ``scrape_errors_total`` and ``scrape_errors_by_target`` (url → count).
     """
 
@@ -74,10 +87,13 @@ class ScrapeLoop:
         *,
         interval_seconds: float = 1.0,
         scraper_factory: Callable[[ScrapeTarget], Any] = _default_scraper_factory,
+        histogram_writer: BatchWriter | None = None,
     ) -> None:
         self.targets = list(targets)
         self.gauge_writer = gauge_writer
         self.sum_writer = sum_writer
+        self.histogram_writer = histogram_writer
+        self.histograms_skipped_total = 0
         self.interval_seconds = float(interval_seconds)
         self._factory = scraper_factory
         self._scrapers: dict[int, Any] = {}
@@ -100,10 +116,10 @@ class ScrapeLoop:
                 errors_before = getattr(scraper, "errors_total", 0)
                 samples = scraper.scrape()
                 failed = getattr(scraper, "errors_total", 0) - errors_before
-                gauges, sums = samples_to_rows(samples, target.source)
+                gauges, sums, histograms = samples_to_rows(samples, target.source)
             except Exception as exc:  # noqa: BLE001 - one bad target must not stop the loop
                 failed = 1
-                gauges, sums = [], []
+                gauges, sums, histograms = [], [], []
                 now = time.monotonic()
                 if now - self._last_log >= 10.0:
                     self._last_log = now
@@ -114,6 +130,11 @@ class ScrapeLoop:
                     self.scrape_errors_by_target.get(target.url, 0) + failed)
             self.gauge_writer.submit([row.to_insert_row() for row in gauges])
             self.sum_writer.submit([row.to_insert_row() for row in sums])
+            if self.histogram_writer is not None:
+                self.histogram_writer.submit([row.to_insert_row() for row in histograms])
+                submitted += len(histograms)
+            else:
+                self.histograms_skipped_total += len(histograms)
             submitted += len(gauges) + len(sums)
         self.samples_total += submitted
         return submitted

@@ -24,14 +24,22 @@ def _read(shared_data, relative: str) -> str:
 def test_dcgm_l40s(shared_data):
     samples = scrape_samples(_read(shared_data, "dcgm_exporter_metrics/cncf_ai_conformance_upcloud_L40S.prom"), "dcgm",
                              timestamp=T0)
-    assert sorted(signals_of(samples)) == ["gpu_memory_total_bytes", "gpu_memory_used_bytes", "gpu_power_watts",
-                                           "gpu_utilization_ratio"]
+    assert sorted(signals_of(samples)) == [
+        "gpu_graphics_engine_active_ratio", "gpu_memory_clock_hertz", "gpu_memory_free_bytes", "gpu_memory_total_bytes",
+        "gpu_memory_used_bytes", "gpu_power_watts", "gpu_sm_clock_hertz", "gpu_temperature_celsius",
+        "gpu_utilization_ratio"]
+    # Values read from the file: SM 210 MHz, memory 405 MHz, 32 C, FB_FREE 45459 MiB.
+    assert _one(samples, "gpu_sm_clock_hertz").value == 210e6
+    assert _one(samples, "gpu_memory_clock_hertz").value == 405e6
+    assert _one(samples, "gpu_temperature_celsius").value == 32 and _one(samples, "gpu_temperature_celsius").unit == "Cel"
+    assert _one(samples, "gpu_memory_free_bytes").value == 45459 * MIB
     power = _one(samples, "gpu_power_watts")
     assert power.value == pytest.approx(35.686) and power.unit == "W" and power.kind == "gauge"
     assert power.source_metric == "DCGM_FI_DEV_POWER_USAGE"
     assert power.attributes["host"] == "gpu1-wl8sg" and "Hostname" not in power.attributes
     assert power.attributes["UUID"] == "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43"
     assert power.attributes["gpu"] == "0" and power.attributes["modelName"] == "NVIDIA L40S"
+    assert power.attributes["pci_bus_id"] == "00000000:00:07.0"
     assert _one(samples, "gpu_utilization_ratio").value == 0.0
     assert _one(samples, "gpu_memory_used_bytes").value == 0.0
     total = _one(samples, "gpu_memory_total_bytes")
@@ -159,3 +167,10 @@ def test_dcgm_profiling_sm_active_is_already_a_ratio():
     text = 'DCGM_FI_PROF_SM_ACTIVE{gpu="0",Hostname="n"} 0.420000\nDCGM_FI_PROF_DRAM_ACTIVE{gpu="0",Hostname="n"} 0.1\n'
     [sample] = scrape_samples(text, "dcgm", timestamp=T0)
     assert sample.signal == "gpu_sm_active_ratio" and sample.value == pytest.approx(0.42) and sample.unit == "1"
+
+
+def test_crlf_lines_and_sample_timestamps_are_accepted():
+    text = 'vllm:num_requests_waiting{engine="0"} 3 1700000000000\r\nvllm:num_requests_running{engine="0"} 2\r\n'
+    grouped = signals_of(scrape_samples(text, "vllm", timestamp=T0))
+    assert grouped["queue_depth"][0].value == 3 and grouped["running_requests"][0].value == 2
+    assert grouped["queue_depth"][0].timestamp == T0  # the scrape time, not the exposition's
