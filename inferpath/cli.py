@@ -81,16 +81,26 @@ def up(
     scrape: Optional[list[str]] = typer.Option(None, help="Scrape target, e.g. vllm=http://h:8000/metrics (repeatable)."),
     dashboard: bool = typer.Option(True, help="Also serve the dashboard."),
     dashboard_port: Optional[int] = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
+    alerts: Optional[str] = typer.Option(None, help="Alert rules to evaluate: a YAML file, 'default' or 'off' "
+                                                    "(default INFERPATH_ALERT_RULES, else off)."),
 ) -> None:
     """Run the inferpath server: OTLP/HTTP receiver, assembler, read API, collectors and the dashboard."""
     from inferpath.server.runtime import serve_in_thread
 
     overrides: dict[str, object] = {"store_url": store, "host": host, "port": port,
-                                    "dashboard_port": dashboard_port}
+                                    "dashboard_port": dashboard_port, "alert_rules": alerts}
     if scrape:
         overrides["scrape_targets"] = ",".join(scrape)
     settings = _settings(**overrides)
     _check_store_url(settings.store_url)
+    if settings.alert_rules and settings.alert_rules.strip().lower() not in {"off", "none", "false", "0"}:
+        from inferpath.alerts.rules import RuleFileError, load_rule_file
+
+        try:
+            load_rule_file(settings.alert_rules)
+        except (RuleFileError, OSError) as exc:
+            console.print(f"[red]invalid alert rules:[/] {exc}")
+            raise typer.Exit(2) from exc
     try:
         server = serve_in_thread(settings)
     except OSError as exc:
@@ -242,9 +252,11 @@ def diagnose(
 def _mount_components() -> None:
     # Component commands live with their component; each is imported here, where Typer needs
     # its options, and imports its own heavy dependencies only when run.
+    from inferpath.alerts.cli import app as alerts_app
     from inferpath.collectors.cli import collect
 
     app.command("collect")(collect)
+    app.add_typer(alerts_app, name="alerts")
 
 
 _mount_components()

@@ -23,6 +23,7 @@ ENV_SCRAPE_INTERVAL_SECONDS = "INFERPATH_SCRAPE_INTERVAL_SECONDS"
 ENV_ASSEMBLY_SETTLE_SECONDS = "INFERPATH_ASSEMBLY_SETTLE_SECONDS"
 ENV_MAX_BODY_BYTES = "INFERPATH_MAX_BODY_BYTES"
 ENV_SERVER_URL = "INFERPATH_SERVER_URL"
+ENV_ALERT_RULES = "INFERPATH_ALERT_RULES"
 
 _ENV_BY_FIELD = {
     "store_url": ENV_STORE,
@@ -36,6 +37,7 @@ _ENV_BY_FIELD = {
     "assembly_settle_seconds": ENV_ASSEMBLY_SETTLE_SECONDS,
     "max_body_bytes": ENV_MAX_BODY_BYTES,
     "server_url": ENV_SERVER_URL,
+    "alert_rules": ENV_ALERT_RULES,
 }
 
 
@@ -69,6 +71,9 @@ class Settings(BaseModel):
     scrape_interval_seconds: float = Field(1.0, gt=0, le=3600)
     assembly_settle_seconds: float = Field(2.0, ge=0, le=3600)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # Alert rules evaluated inside the server: a YAML file path, "default" (the shipped pack)
+    # or None/"off" for no evaluator.
+    alert_rules: str | None = None
 
     @field_validator("scrape_targets", mode="before")
     @classmethod
