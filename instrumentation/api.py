@@ -5,21 +5,23 @@
 
 ``instrument`` configures the tracer provider the first time it runs (later calls reuse it;
 call :func:`inferpath.instrumentation.provider.configure` to change it), adds the ASGI
-middleware to ``app``, and, when called without an app, turns on the library integrations
-of the registry (every ``FastAPI()`` built afterwards is instrumented). Integrations are
-not turned on when an app is given, so that other apps in the same process (an inferpath
-server run beside a demo gateway, say) are not traced by accident.
+middleware to ``app``, and, when called without an app, turns on every library integration
+of the registry (every ``FastAPI()`` built afterwards, httpx/openai model calls,
+tokenizers, tiktoken, qdrant, thread-pool context). With an app, only the app is traced
+unless ``integrations`` says otherwise, so that other apps and clients in the same process
+(an inferpath server run beside a demo gateway, say) are not traced by accident;
+``integrations=True`` adds every integration except FastAPI's library mode.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from inferpath.instrumentation import provider, registry
+from inferpath.instrumentation import content, provider, registry
 
 __all__ = ["instrument", "uninstrument"]
 
@@ -35,6 +37,9 @@ def instrument(
     endpoint: str | None = None,
     otlp_endpoint: str | None = None,
     span_exporter: SpanExporter | None = None,
+    integrations: bool | Iterable[str] | None = None,
+    capture_content: bool = False,
+    redact_content: Callable[[str], str | None] | None = None,
 ) -> None:
     """Trace ``app`` (a FastAPI/Starlette application) or, with ``app=None``, every FastAPI
     app created afterwards. Idempotent: a second call adds nothing.
@@ -43,14 +48,33 @@ def instrument(
     ``endpoint`` fixes the span attribute ``inferpath.endpoint`` (default: the matched route
     template); ``otlp_endpoint`` is the OTLP/HTTP base URL (default
     ``INFERPATH_OTLP_ENDPOINT``); ``span_exporter`` replaces the OTLP exporter.
+    ``integrations``: ``None`` (default: all without an app, none with one), ``True`` /
+    ``False``, or the registry names to turn on (``"httpx"``, ``"openai"``, ``"tiktoken"``,
+    ...; see ``registry.INTEGRATIONS``). Prompt and completion text is never recorded
+    unless ``capture_content=True``, and then after ``redact_content(text)`` (see
+    ``content.py``).
 
-    Raises ``ValueError`` (bad service name, endpoint class or endpoint URL) or ``TypeError``
-    (``app`` is not a Starlette app): setup errors, raised before anything is traced.
+    Raises ``ValueError`` (bad service name, endpoint class, endpoint URL or integration
+    name) or ``TypeError`` (``app`` is not a Starlette app, ``redact_content`` not
+    callable): setup errors, raised before anything is traced.
     """
     if endpoint_class not in provider.ENDPOINT_CLASSES:
         raise ValueError(
             f"endpoint_class must be one of {provider.ENDPOINT_CLASSES}, got {endpoint_class!r}"
         )
+    known = {integration.name for integration in registry.INTEGRATIONS}
+    if integrations is None:
+        names: tuple[str, ...] | None = None if app is None else ()
+    elif integrations is True:
+        names = tuple(sorted(known)) if app is None else tuple(sorted(known - {"fastapi"}))
+    elif integrations is False:
+        names = ()
+    else:
+        names = tuple(integrations)
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise ValueError(f"integrations: unknown name(s) {unknown}; known: {sorted(known)}")
+    content.configure_content_capture(capture_content, redact_content)
     with _lock:
         if not provider.is_configured():
             provider.configure(service_name, endpoint_class=endpoint_class,
@@ -61,8 +85,9 @@ def instrument(
             from inferpath.instrumentation.fastapi import instrument_app
 
             instrument_app(app, endpoint_class=endpoint_class, endpoint=endpoint)
-        else:
-            registry.instrument_integrations(endpoint_class=endpoint_class, endpoint=endpoint)
+        if names is None or names:
+            registry.instrument_integrations(only=names, endpoint_class=endpoint_class,
+                                             endpoint=endpoint)
 
 
 def uninstrument(app: Any = None) -> None:

@@ -7,6 +7,9 @@ server, so a streamed response is covered whole. When the response is
 to set the server-side TTFT, mean ITL, chunk and token counts (definitions in
 ``streaming.py``). No span is made per chunk.
 
+On the ASGI ``lifespan`` shutdown the queued spans are flushed (at most
+:data:`SHUTDOWN_FLUSH_SECONDS`) before the server is told the shutdown is complete.
+
 If the client disconnects or the request task is cancelled, the span ends with
 ``inferpath.stream.status=incomplete`` and ``inferpath.stream.incomplete_reason``.
 Exceptions of the application are recorded and re-raised unchanged; telemetry errors are
@@ -19,6 +22,7 @@ elapsed, so the span duration equals the E2E measured on the monotonic clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Any, Awaitable, Callable, MutableMapping
@@ -37,13 +41,26 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["InferpathASGIMiddleware"]
+__all__ = ["InferpathASGIMiddleware", "open_requests"]
 
 _logger = logging.getLogger(__name__)
 _PROPAGATION_HEADERS = (b"traceparent", b"tracestate")
 # Probes and scrapes are not requests of the service: tracing them would add a "request" row
 # per health check (as OTel's own instrumentations allow via excluded URLs).
+#: Bound on the span flush done when the ASGI server shuts the application down.
+SHUTDOWN_FLUSH_SECONDS = 2.0
 DEFAULT_EXCLUDED_PATHS = frozenset({"/health", "/healthz", "/ready", "/readyz", "/livez", "/metrics"})
+
+
+# Started/ended request spans; itertools counters need no lock (atomic under the GIL).
+_started = itertools.count()
+_ended = itertools.count()
+
+
+def open_requests() -> int:
+    """Request spans started by the middleware and not yet ended (0 when idle); for leak
+    checks after disconnects and cancellations."""
+    return int(repr(_started)[6:-1]) - int(repr(_ended)[6:-1])
 
 
 def _route_of(scope: Scope) -> str | None:
@@ -103,6 +120,7 @@ class _ServerRequest:
             start_time=self.start_wall_ns,
         )
         self.token = otel_context.attach(trace.set_span_in_context(self.span, parent))
+        next(_started)
 
     def on_response_start(self, message: Message) -> None:
         self.response_started = True
@@ -131,6 +149,7 @@ class _ServerRequest:
         if self.ended:
             return
         self.ended = True
+        next(_ended)
         now_ns = time.perf_counter_ns()
         try:
             span = self.span
@@ -187,6 +206,9 @@ class InferpathASGIMiddleware:
         self.excluded_paths = frozenset(excluded_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") == "lifespan":
+            await self.app(scope, receive, self._flushing_on_shutdown(send))
+            return
         if scope.get("type") != "http" or scope.get("path") in self.excluded_paths:
             await self.app(scope, receive, send)
             return
@@ -252,3 +274,21 @@ class InferpathASGIMiddleware:
                 request.end(sc.STATUS_INCOMPLETE, reason)
         finally:
             request.detach()
+
+    @staticmethod
+    def _flushing_on_shutdown(send: Send) -> Send:
+        """Wrap the lifespan ``send`` so the queued spans are exported (bounded by
+        :data:`SHUTDOWN_FLUSH_SECONDS`) before the server is told shutdown is complete:
+        servers such as uvicorn re-raise SIGTERM after a graceful shutdown, so the process
+        may end without running ``atexit`` hooks."""
+
+        async def send_lifespan(message: Message) -> None:
+            if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                try:
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(None, provider.force_flush, SHUTDOWN_FLUSH_SECONDS)
+                except Exception:
+                    _logger.warning("inferpath: span flush at shutdown failed", exc_info=True)
+            await send(message)
+
+        return send_lifespan

@@ -72,6 +72,8 @@ class ChatCompletionStream:
             "POST", url, json=payload if payload.get("stream") is True else {**payload, "stream": True},
             headers=headers,
         )
+        # This call makes its own span; the httpx integration must not make a second one.
+        self._request.extensions["inferpath.traced"] = True
         self._payload = payload
         self._stage = stage
         self._on_chunk = on_chunk

@@ -18,6 +18,11 @@ Every span inferpath emits goes through the provider that :func:`configure` buil
   a fresh provider (new id, new export worker) on its first span.
 * **Drops.** The batch queue is bounded (``max_queue_size``); a span that does not fit is
   dropped and counted in :func:`dropped_spans_total`, never blocking the request path.
+* **Export failures.** Spans whose export failed (collector down, timeout) are counted in
+  :func:`export_failed_spans_total`; the failure is logged at most once per
+  :data:`LOG_INTERVAL_SECONDS` (with the count since the last line), and the OTLP
+  exporter's own per-batch warnings are rate-limited the same way, so an outage cannot
+  flood the application's logs.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +39,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 _logger = logging.getLogger(__name__)
@@ -73,6 +79,81 @@ class _DropCountingMetrics:
         self._inner.finish_items(count)
 
 
+#: At most one log line per this many seconds for each repeated export problem.
+LOG_INTERVAL_SECONDS = 30.0
+# Loggers of the OTel exporter and batch processor that log once per failed batch.
+_RATE_LIMITED_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.sdk._shared_internal",
+    "opentelemetry.sdk.trace.export",
+)
+
+
+class RateLimitFilter(logging.Filter):
+    """Lets one record per (logger, level) through every ``interval_seconds`` (monotonic
+    clock) and counts the rest in ``suppressed_total``."""
+
+    def __init__(self, interval_seconds: float = LOG_INTERVAL_SECONDS) -> None:
+        super().__init__()
+        self.interval_seconds = interval_seconds
+        self.suppressed_total = 0
+        self._last: dict[tuple[str, int], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno)
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_seconds:
+            self.suppressed_total += 1
+            return False
+        self._last[key] = now
+        return True
+
+
+_log_filter = RateLimitFilter()
+for _name in _RATE_LIMITED_LOGGERS:
+    logging.getLogger(_name).addFilter(_log_filter)
+
+
+class _FailureCountingExporter(SpanExporter):
+    """Forwards to ``inner`` and counts the spans of every failed export (a FAILURE result
+    or an exception, which is turned into FAILURE: export must never raise into the
+    batch worker). Logs failures at most once per :data:`LOG_INTERVAL_SECONDS`."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.failed_total = 0
+        self._unreported = 0
+        self._last_log = float("-inf")
+
+    def export(self, spans: Any) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as error:
+            result = SpanExportResult.FAILURE
+            cause: str = f"{type(error).__name__}: {error}"
+        else:
+            cause = "the exporter reported failure"
+        if result is not SpanExportResult.SUCCESS:
+            self.failed_total += len(spans)
+            self._unreported += len(spans)
+            now = time.monotonic()
+            if now - self._last_log >= LOG_INTERVAL_SECONDS:
+                self._last_log = now
+                _logger.warning("inferpath: %d span(s) could not be exported (%s); %d failed in "
+                                "total; the next report comes in %.0f s at the earliest",
+                                self._unreported, cause, self.failed_total, LOG_INTERVAL_SECONDS)
+                self._unreported = 0
+        return result
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
 @dataclass
 class _Settings:
     service_name: str
@@ -90,6 +171,7 @@ class _State:
     settings: _Settings
     provider: TracerProvider
     processor: BatchSpanProcessor
+    exporter: _FailureCountingExporter
     metrics: _DropCountingMetrics | None
     pid: int
     tracer: trace.Tracer
@@ -98,6 +180,7 @@ class _State:
 _lock = threading.Lock()
 _state: _State | None = None
 _dropped_before_total = 0  # drops of providers that were shut down or left in a parent
+_failed_before_total = 0  # export failures of providers that were shut down
 
 
 def _validate(settings: _Settings) -> None:
@@ -151,6 +234,7 @@ def _build(settings: _Settings) -> _State:
             endpoint=base.rstrip("/") + "/v1/traces", timeout=settings.export_timeout_seconds
         )
     delay_ms = settings.schedule_delay_seconds * 1000.0
+    exporter = _FailureCountingExporter(exporter)
     processor = BatchSpanProcessor(
         exporter,
         max_queue_size=settings.max_queue_size,
@@ -172,6 +256,7 @@ def _build(settings: _Settings) -> _State:
         settings=settings,
         provider=provider,
         processor=processor,
+        exporter=exporter,
         metrics=metrics,
         pid=os.getpid(),
         tracer=provider.get_tracer(INSTRUMENTATION_NAME),
@@ -243,7 +328,7 @@ def _retire(state: _State, timeout_seconds: float) -> None:
     runs on a daemon thread and we stop waiting at the bound; a hung collector cannot
     hold the caller (or interpreter exit) hostage.
     """
-    global _dropped_before_total
+    global _dropped_before_total, _failed_before_total
 
     def flush_and_stop() -> None:
         try:
@@ -261,6 +346,7 @@ def _retire(state: _State, timeout_seconds: float) -> None:
                             "remaining spans may be lost", timeout_seconds)
     if state.metrics is not None:
         _dropped_before_total += state.metrics.dropped_total
+    _failed_before_total += state.exporter.failed_total
 
 
 def _after_fork_in_child() -> None:
@@ -328,16 +414,37 @@ def dropped_spans_total() -> int:
     return _dropped_before_total + current
 
 
+def export_failed_spans_total() -> int:
+    """Spans whose export failed (collector unreachable, error status, timeout) in this
+    process, summed over every provider built since start."""
+    state = _state
+    return _failed_before_total + (state.exporter.failed_total if state is not None else 0)
+
+
+def suppressed_log_records_total() -> int:
+    """Repeated exporter log lines held back by the rate limit (see the module docstring)."""
+    return _log_filter.suppressed_total
+
+
 def force_flush(timeout_seconds: float = 2.0) -> bool:
-    """Export every queued span now; ``False`` if nothing is configured or it timed out."""
+    """Export every queued span now, waiting at most ``timeout_seconds`` (the SDK's own
+    flush ignores its timeout, so it runs on a daemon thread that is waited for with a
+    bound). ``False`` if nothing is configured, the flush failed or it timed out."""
     state = _state
     if state is None:
         return False
-    try:
-        return bool(state.provider.force_flush(int(timeout_seconds * 1000)))
-    except Exception:
-        _logger.warning("inferpath: flushing spans failed", exc_info=True)
-        return False
+    outcome: list[bool] = []
+
+    def flush() -> None:
+        try:
+            outcome.append(bool(state.provider.force_flush(int(timeout_seconds * 1000))))
+        except Exception:
+            _logger.warning("inferpath: flushing spans failed", exc_info=True)
+
+    worker = threading.Thread(target=flush, name="inferpath-flush", daemon=True)
+    worker.start()
+    worker.join(timeout_seconds)
+    return bool(outcome) and outcome[0]
 
 
 def shutdown(timeout_seconds: float = 2.0) -> None:

@@ -1,23 +1,34 @@
 """Hugging Face ``tokenizers`` integration: a ``tokenize`` stage span per encode call.
 
-``tokenizers.Tokenizer`` is a Rust extension type whose methods cannot be patched on an
-instance, so :func:`instrument_tokenizer` returns a thin wrapper that traces ``encode`` /
-``encode_batch`` and forwards everything else unchanged.
+Two ways in: :func:`instrument_tokenizer` wraps one ``tokenizers.Tokenizer`` instance (its
+methods cannot be set on an instance of the Rust type), and :func:`instrument_library` (the
+registry's ``tokenizers`` integration) wraps the methods on the class, which the installed
+releases allow. Both go through :func:`run_traced`, whose re-entrancy guard makes one span
+per user call even when ``transformers`` calls the Rust tokenizer underneath. Nothing here
+loads a tokenizer, so nothing here can trigger a download.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
-from typing import Any
+from typing import Any, Callable
 
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
 
-__all__ = ["instrument_tokenizer", "InstrumentedTokenizer"]
+__all__ = ["instrument_tokenizer", "InstrumentedTokenizer", "run_traced", "instrument_library",
+           "uninstrument_library"]
 
 _logger = logging.getLogger(__name__)
+# True while a tokenize span of this task/thread is open: libraries call their own
+# encode methods from one another, and one user call must make one span.
+_in_tokenize: contextvars.ContextVar[bool] = contextvars.ContextVar("inferpath_in_tokenize",
+                                                                    default=False)
 
 
 class InstrumentedTokenizer:
@@ -44,33 +55,63 @@ class InstrumentedTokenizer:
 
     @staticmethod
     def _traced(method: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, batch: bool) -> Any:
+        if batch:
+            return run_traced(method, args, kwargs,
+                              lambda result: sum(len(encoding.ids) for encoding in result),
+                              batch_size=lambda result: len(result))
+        return run_traced(method, args, kwargs, lambda result: len(result.ids))
+
+
+def run_traced(method: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               count_tokens: Callable[[Any], int],
+               batch_size: Callable[[Any], int] | None = None,
+               attributes: dict[str, Any] | None = None, require_parent: bool = False) -> Any:
+    """Call ``method(*args, **kwargs)`` inside one INTERNAL ``tokenize`` span.
+
+    ``count_tokens(result)`` gives ``gen_ai.usage.input_tokens``; ``batch_size(result)``,
+    if given, ``inferpath.tokenize.batch_size``. A call made while another tokenize span
+    of this context is open (``encode`` calling ``__call__`` inside a library) is not
+    traced again. Errors of ``method`` are recorded and re-raised unchanged; telemetry
+    errors are logged and swallowed. Shared by every tokenizer integration.
+
+    ``require_parent``: trace only inside a trace (a request). Library-wide integrations
+    set it: tokenizing at start-up is not a stage of any request, and worker threads of a
+    library's own batch pool (tiktoken's ``encode_batch``) must not become root spans.
+    """
+    if _in_tokenize.get() or (
+            require_parent and not trace.get_current_span().get_span_context().is_valid):
+        return method(*args, **kwargs)
+    try:
+        span = provider.get_tracer().start_span(
+            "tokenize", kind=SpanKind.INTERNAL, attributes={sc.STAGE: "tokenize", **(attributes or {})})
+    except Exception:
+        _logger.warning("inferpath: could not start a tokenize span", exc_info=True)
+        return method(*args, **kwargs)
+    marker = _in_tokenize.set(True)
+    try:
+        result = method(*args, **kwargs)
+    except Exception as error:
         try:
-            span = provider.get_tracer().start_span(
-                "tokenize", kind=SpanKind.INTERNAL, attributes={sc.STAGE: "tokenize"})
-        except Exception:
-            _logger.warning("inferpath: could not start a tokenize span", exc_info=True)
-            return method(*args, **kwargs)
-        try:
-            result = method(*args, **kwargs)
-        except Exception as error:
-            try:
-                span.record_exception(error)
-                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-                span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
-                span.end()
-            except Exception:  # pragma: no cover - SDK failure
-                pass
-            raise
-        try:
-            encodings = result if batch else (result,)
-            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS,
-                               sum(len(encoding.ids) for encoding in encodings))
-            if batch:
-                span.set_attribute("inferpath.tokenize.batch_size", len(result))
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
             span.end()
-        except Exception:
-            _logger.warning("inferpath: could not end a tokenize span", exc_info=True)
-        return result
+        except Exception:  # pragma: no cover - SDK failure
+            pass
+        raise
+    finally:
+        _in_tokenize.reset(marker)
+    try:
+        span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, int(count_tokens(result)))
+        if batch_size is not None:
+            span.set_attribute("inferpath.tokenize.batch_size", int(batch_size(result)))
+    except Exception:
+        _logger.debug("inferpath: token count of a tokenizer result not readable", exc_info=True)
+    try:
+        span.end()
+    except Exception:
+        _logger.warning("inferpath: could not end a tokenize span", exc_info=True)
+    return result
 
 
 def instrument_tokenizer(tokenizer: Any) -> InstrumentedTokenizer:
@@ -84,3 +125,57 @@ def instrument_tokenizer(tokenizer: Any) -> InstrumentedTokenizer:
     if not callable(getattr(tokenizer, "encode", None)):
         raise TypeError(f"tokenizer must have an encode() method, got {type(tokenizer)!r}")
     return InstrumentedTokenizer(tokenizer)
+
+
+_PATCHED_METHODS = ("encode", "encode_batch", "encode_batch_fast")
+_ORIGINALS_ATTRIBUTE = "_inferpath_originals"
+
+
+def _patched(name: str, original: Any) -> Any:
+    batch = name != "encode"
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if batch:
+            return run_traced(original, (self, *args), kwargs,
+                              lambda result: sum(len(encoding.ids) for encoding in result),
+                              batch_size=len, require_parent=True)
+        return run_traced(original, (self, *args), kwargs, lambda result: len(result.ids),
+                          require_parent=True)
+
+    return method
+
+
+def instrument_library(**_options: Any) -> None:
+    """Trace ``tokenizers.Tokenizer.encode`` / ``encode_batch`` (/ ``encode_batch_fast``)
+    of every tokenizer, existing or future (idempotent).
+
+    Raises ``TypeError`` where the installed release makes the type immutable (the
+    registry logs it and skips; :func:`instrument_tokenizer` still works there).
+    """
+    import tokenizers
+
+    cls = tokenizers.Tokenizer
+    if _ORIGINALS_ATTRIBUTE in cls.__dict__:
+        return
+    originals = {name: getattr(cls, name) for name in _PATCHED_METHODS if hasattr(cls, name)}
+    setattr(cls, _ORIGINALS_ATTRIBUTE, originals)
+    try:
+        for name, original in originals.items():
+            setattr(cls, name, _patched(name, original))
+    except Exception:
+        uninstrument_library()
+        raise
+
+
+def uninstrument_library() -> None:
+    """Restore the original ``tokenizers.Tokenizer`` methods."""
+    import tokenizers
+
+    cls = tokenizers.Tokenizer
+    originals = cls.__dict__.get(_ORIGINALS_ATTRIBUTE)
+    if originals is None:
+        return
+    for name, original in originals.items():
+        setattr(cls, name, original)
+    delattr(cls, _ORIGINALS_ATTRIBUTE)
