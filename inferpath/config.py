@@ -24,6 +24,10 @@ ENV_ASSEMBLY_SETTLE_SECONDS = "INFERPATH_ASSEMBLY_SETTLE_SECONDS"
 ENV_MAX_BODY_BYTES = "INFERPATH_MAX_BODY_BYTES"
 ENV_SERVER_URL = "INFERPATH_SERVER_URL"
 ENV_ALERT_RULES = "INFERPATH_ALERT_RULES"
+ENV_TTL_DAYS = "INFERPATH_TTL_DAYS"
+ENV_MAX_INFLIGHT_REQUESTS = "INFERPATH_MAX_INFLIGHT_REQUESTS"
+ENV_MAX_INFLIGHT_BYTES = "INFERPATH_MAX_INFLIGHT_BYTES"
+ENV_STORE_RETRY_AFTER_SECONDS = "INFERPATH_STORE_RETRY_AFTER_SECONDS"
 
 _ENV_BY_FIELD = {
     "store_url": ENV_STORE,
@@ -38,6 +42,10 @@ _ENV_BY_FIELD = {
     "max_body_bytes": ENV_MAX_BODY_BYTES,
     "server_url": ENV_SERVER_URL,
     "alert_rules": ENV_ALERT_RULES,
+    "ttl_days": ENV_TTL_DAYS,
+    "max_inflight_requests": ENV_MAX_INFLIGHT_REQUESTS,
+    "max_inflight_bytes": ENV_MAX_INFLIGHT_BYTES,
+    "store_retry_after_seconds": ENV_STORE_RETRY_AFTER_SECONDS,
 }
 
 
@@ -74,6 +82,13 @@ class Settings(BaseModel):
     # Alert rules evaluated inside the server: a YAML file path, "default" (the shipped pack)
     # or None/"off" for no evaluator.
     alert_rules: str | None = None
+    # Retention of every table (days); rows older than this are rejected at ingest, with a reason.
+    ttl_days: int = Field(30, ge=1, le=3650)
+    ttl_days_by_table: dict[str, int] = Field(default_factory=dict)
+    # Backpressure: exports in flight before the receiver answers 503 with Retry-After.
+    max_inflight_requests: int = Field(64, ge=1)
+    max_inflight_bytes: int = Field(256 * 1024 * 1024, ge=1024)
+    store_retry_after_seconds: float = Field(1.0, gt=0, le=30)
 
     @field_validator("scrape_targets", mode="before")
     @classmethod

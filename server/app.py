@@ -4,8 +4,10 @@ Endpoints (OpenAPI document at ``/openapi.json``, browsable at ``/docs``):
 
 - ``POST /v1/traces``, ``POST /v1/metrics``: OTLP/HTTP, protobuf or JSON, optional gzip.
   200 with an ``Export*ServiceResponse`` in the request's encoding (``partial_success`` when
-  items were rejected); 400 for a malformed body, 413 over ``settings.max_body_bytes``, 415
-  for another media type or encoding, 503 with ``Retry-After`` when the insert queue is full.
+  items were rejected) only once the rows are committed to the store; 400 for a malformed
+  body (or rows the store refuses), 413 over ``settings.max_body_bytes``, 415 for another
+  media type or encoding, 503 with ``Retry-After`` when too many exports are in flight or
+  the store is unavailable (:mod:`inferpath.server.ingest`).
   Error bodies are ``google.rpc.Status`` in the request's encoding (JSON when unknown), as
   the OTLP specification asks, with a message naming the problem.
 - ``GET /api/v1/...``: the read API (:mod:`inferpath.server.read_api`).
@@ -34,6 +36,7 @@ from inferpath.server.otlp import (
     decode_metrics_request,
     decode_trace_request,
 )
+from inferpath.server.ingest import CommitResult, dedup_token
 from inferpath.server.otlp_body import BodyFormat, body_format, encode_message
 from inferpath.server.read_api import router as read_router
 from inferpath.server.runtime import ServerRuntime
@@ -46,7 +49,6 @@ logger = logging.getLogger(__name__)
 _MEDIA_TYPES = {"protobuf": "application/x-protobuf", "json": "application/json"}
 # google.rpc.Code values used in error bodies.
 _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAVAILABLE = 3, 8, 14
-_RETRY_AFTER_SECONDS = "1"
 
 
 class _BodyTooLarge(Exception):
@@ -107,16 +109,37 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         except UnsupportedMediaTypeError as exc:
             runtime.count_bad_request()
             return _status_response(415, _INVALID_ARGUMENT, str(exc), None)
-        try:
-            body = await _read_body(request, settings.max_body_bytes)
-        except _BodyTooLarge:
-            runtime.count_bad_request()
-            return _status_response(413, _RESOURCE_EXHAUSTED,
-                                    f"body exceeds max_body_bytes={settings.max_body_bytes}", fmt)
+        # Admission before the body is read: a refused export holds no memory here. A body
+        # of unknown length reserves the most it may be.
+        declared = request.headers.get("content-length", "")
+        reserved = min(int(declared), settings.max_body_bytes) if declared.isdigit() else settings.max_body_bytes
+        admission = runtime.ingest.admit(reserved)
+        if isinstance(admission, CommitResult):
+            return _unavailable(admission, fmt)
+        with admission:
+            try:
+                body = await _read_body(request, settings.max_body_bytes)
+            except _BodyTooLarge:
+                runtime.count_bad_request()
+                return _status_response(413, _RESOURCE_EXHAUSTED,
+                                        f"body exceeds max_body_bytes={settings.max_body_bytes}", fmt)
+            return await _decode_and_commit(request, signal, body, content_type, fmt)
+
+    def _unavailable(result: CommitResult, fmt: BodyFormat | None) -> Response:
+        return _status_response(503, _UNAVAILABLE, result.message, fmt,
+                                headers={"Retry-After": str(result.retry_after_seconds)})
+
+    async def _decode_and_commit(request: Request, signal: str, body: bytes, content_type: str | None,
+                                 fmt: BodyFormat | None) -> Response:
+        content_encoding = request.headers.get("content-encoding")
         decode = decode_trace_request if signal == "traces" else decode_metrics_request
+        # Items older than the table's TTL would vanish at insert: reject them with a reason.
+        oldest_unix_ns = runtime.oldest_storable_unix_ns(
+            "otel_traces" if signal == "traces" else "otel_metrics_gauge")
         try:
             decoded = await run_in_threadpool(decode, body, content_type=content_type,
-                                              content_encoding=request.headers.get("content-encoding"))
+                                              content_encoding=content_encoding,
+                                              oldest_unix_ns=oldest_unix_ns)
         except UnsupportedMediaTypeError as exc:
             runtime.count_bad_request()
             return _status_response(415, _INVALID_ARGUMENT, str(exc), fmt)
@@ -127,21 +150,24 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             runtime.count_bad_request()
             logger.exception("unexpected error decoding an OTLP %s body", signal)
             return _status_response(400, _INVALID_ARGUMENT, f"could not decode body: {exc}", fmt)
+        token = dedup_token(signal, content_type, content_encoding, body)
         if signal == "traces":
-            accepted = runtime.ingest_spans(decoded)
+            result = await run_in_threadpool(runtime.ingest_spans, decoded, token)
             response = ExportTraceServiceResponse()
             if decoded.rejected_spans:
                 response.partial_success.rejected_spans = decoded.rejected_spans
                 response.partial_success.error_message = decoded.error_message
         else:
-            accepted = runtime.ingest_metrics(decoded)
+            result = await run_in_threadpool(runtime.ingest_metrics, decoded, token)
             response = ExportMetricsServiceResponse()
             if decoded.rejected_data_points:
                 response.partial_success.rejected_data_points = decoded.rejected_data_points
                 response.partial_success.error_message = decoded.error_message
-        if not accepted:
-            return _status_response(503, _UNAVAILABLE, "insert queue is full; retry later", fmt,
-                                    headers={"Retry-After": _RETRY_AFTER_SECONDS})
+        if result.status == "invalid":
+            runtime.count_bad_request()
+            return _status_response(400, _INVALID_ARGUMENT, result.message, fmt)
+        if not result.ok:
+            return _unavailable(result, fmt)
         return Response(encode_message(response, fmt), media_type=_MEDIA_TYPES[fmt])
 
     @app.post("/v1/traces", dependencies=[guard], tags=["otlp"])
@@ -156,10 +182,12 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict:
-        """Liveness: 200 with ``{"status": "ok"}`` while the store is open."""
+        """Liveness: 200 with ``{"status": "ok"}`` while the server runs; ``store`` is
+        ``"unavailable"`` while inserts back off after a store error."""
         if runtime.closed:
             raise HTTPException(status_code=503, detail="shutting down")
-        return {"status": "ok", "version": inferpath.__version__}
+        return {"status": "ok", "version": inferpath.__version__,
+                "store": "available" if runtime.ingest.store_available else "unavailable"}
 
     @app.get("/metrics", dependencies=[guard], tags=["ops"])
     async def metrics() -> Response:

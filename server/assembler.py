@@ -31,7 +31,13 @@ logger = logging.getLogger(__name__)
 REQUESTS_TABLE = "inferpath_requests"
 # Traces read back per query; bounded so one IN-list query stays small.
 _READ_BATCH_TRACES = 500
-_MAX_ATTEMPTS = 3
+# A failed pass is retried with a doubling delay (1, 2, 4, … s, at most 30 s), so that a
+# store outage of a minute or two loses no request row.
+_MAX_ATTEMPTS = 10
+_MAX_RETRY_DELAY_SECONDS = 30.0
+# After a crash, traces with spans this recent and no request row are assembled again.
+RECOVERY_WINDOW_SECONDS = 3600
+_RECOVERY_LIMIT = 100_000
 
 _SPAN_SELECT = ", ".join(SPAN_COLUMNS)
 
@@ -67,7 +73,7 @@ class RequestAssembler:
 
     Counters: ``rows_written_total`` (rows handed to the writer), ``traces_without_row_total``
     (settled traces with no request role, e.g. engine start-up), ``errors_total`` (failed
-    read-back passes; their traces are retried up to 3 times).
+    read-back passes; their traces are retried up to 10 times with a doubling delay).
     """
 
     def __init__(
@@ -164,9 +170,31 @@ class RequestAssembler:
                 attempts = self._attempts.get(trace_id, 0) + 1
                 if attempts >= _MAX_ATTEMPTS:
                     self._attempts.pop(trace_id, None)
+                    logger.warning("giving up assembling trace %s after %d attempts", trace_id, attempts)
                     continue
                 self._attempts[trace_id] = attempts
-                self._pending.setdefault(trace_id, stamp)
+                # "Noted in the future": due once the delay and the settle time have passed.
+                delay = min(2.0 ** (attempts - 1), _MAX_RETRY_DELAY_SECONDS)
+                self._pending.setdefault(trace_id, stamp + delay)
+
+    def recover(self, window_seconds: float = RECOVERY_WINDOW_SECONDS) -> int:
+        """Note every trace with a span starting in the last ``window_seconds`` that has no
+        request row yet; returns how many. Called at start: traces noted before a crash
+        (the pending set lives in memory) are assembled again. Never raises."""
+        try:
+            rows = self.store.query(
+                "SELECT DISTINCT TraceId FROM otel_traces_trace_id_ts"
+                " WHERE End >= now() - toIntervalSecond({window:UInt32})"
+                " AND TraceId NOT IN (SELECT trace_id FROM inferpath_requests"
+                "   WHERE updated_at >= now() - toIntervalSecond({window2:UInt32}))"
+                " LIMIT {limit:UInt32}",
+                {"window": int(window_seconds), "window2": 2 * int(window_seconds), "limit": _RECOVERY_LIMIT},
+            )
+        except Exception as exc:  # noqa: BLE001 - recovery is best effort, start-up must go on
+            logger.warning("could not look for unassembled traces: %s", exc)
+            return 0
+        self.note_trace_ids(row[0] for row in rows)
+        return len(rows)
 
     def flush(self, timeout_seconds: float = 10.0) -> bool:
         """Assemble every noted trace now and wait until the rows are inserted."""

@@ -50,6 +50,8 @@ _MAX_REASONS = 5
 
 _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)
+# DateTime64(9) holds signed 64-bit nanoseconds: nothing after 2262-04-11T23:47:16Z fits.
+MAX_STORABLE_UNIX_NS = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,16 @@ def _check_id(raw: bytes, length: int, path: str) -> None:
         raise OTLPDecodeError(f"{path}: expected {length} bytes, got {len(raw)}")
 
 
-def _span_problem(span) -> str | None:
+def _time_problem(name: str, unix_ns: int, oldest_unix_ns: int) -> str | None:
+    if unix_ns > MAX_STORABLE_UNIX_NS:
+        return f"{name} {unix_ns} is after 2262-04-11, the last time DateTime64(9) can hold"
+    if unix_ns < oldest_unix_ns:
+        return (f"{name} {unix_ns} is older than the store's retention (rows older than "
+                f"{oldest_unix_ns} ns would be dropped by the table's TTL)")
+    return None
+
+
+def _span_problem(span, oldest_unix_ns: int = 0) -> str | None:
     if not span.trace_id or span.trace_id == _ZERO_TRACE_ID:
         return "traceId is all zeros"
     if not span.span_id or span.span_id == _ZERO_SPAN_ID:
@@ -114,17 +125,27 @@ def _span_problem(span) -> str | None:
         return "startTimeUnixNano is missing"
     if span.end_time_unix_nano < span.start_time_unix_nano:
         return "endTimeUnixNano is before startTimeUnixNano"
+    problem = (_time_problem("startTimeUnixNano", span.start_time_unix_nano, oldest_unix_ns)
+               or _time_problem("endTimeUnixNano", span.end_time_unix_nano, 0))
+    if problem:
+        return problem
+    for n, event in enumerate(span.events):
+        if event.time_unix_nano > MAX_STORABLE_UNIX_NS:
+            return _time_problem(f"events[{n}].timeUnixNano", event.time_unix_nano, 0)
     return None
 
 
-def decode_trace_request(body: bytes, *, content_type: str, content_encoding: str | None) -> DecodedSpans:
+def decode_trace_request(body: bytes, *, content_type: str, content_encoding: str | None,
+                         oldest_unix_ns: int = 0) -> DecodedSpans:
     """Decode an OTLP/HTTP ``/v1/traces`` body into span rows.
 
     ``content_type``: ``application/x-protobuf`` or ``application/json``; ``content_encoding``:
     ``gzip`` or ``None``/``identity``. Raises :class:`UnsupportedMediaTypeError` for other media
     types or encodings, :class:`OTLPDecodeError` for a malformed body or an id of the wrong
     length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with an
-    all-zero id, no start time, or end before start are rejected and counted.
+    all-zero id, no start time, end before start, a time after 2262 (past DateTime64(9)) or a
+    start before ``oldest_unix_ns`` (the store's retention: the TTL would drop the row
+    silently) are rejected and counted, with the reason in ``error_message``.
     """
     fmt = body_format(content_type)
     payload = decompress(body, content_encoding)
@@ -144,7 +165,7 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
                 for n, link in enumerate(span.links):
                     _check_id(link.trace_id, 16, f"{path}.links[{n}].traceId")
                     _check_id(link.span_id, 8, f"{path}.links[{n}].spanId")
-                problem = _span_problem(span)
+                problem = _span_problem(span, oldest_unix_ns)
                 if problem:
                     rejections.add(path, problem)
                     continue
@@ -193,12 +214,12 @@ def _number_value(point) -> float | None:
 
 
 def decode_metrics_request(body: bytes, *, content_type: str,
-                           content_encoding: str | None) -> DecodedMetrics:
+                           content_encoding: str | None, oldest_unix_ns: int = 0) -> DecodedMetrics:
     """Decode an OTLP/HTTP ``/v1/metrics`` body into gauge, sum and histogram rows.
 
     Same media types, encodings and errors as :func:`decode_trace_request`. Data points without
-    a timestamp or value, and exponential-histogram / summary points (no table for them), are
-    rejected and counted. Exemplars, flags, scope attributes and schema URLs are not kept
+    a timestamp or value, with a time after 2262 or before ``oldest_unix_ns``, and
+    exponential-histogram / summary points (no table for them), are rejected and counted. Exemplars, flags, scope attributes and schema URLs are not kept
     (the storage rows do not carry them; their columns are written empty).
     """
     fmt = body_format(content_type)
@@ -217,13 +238,20 @@ def decode_metrics_request(body: bytes, *, content_type: str,
                               scope_name=scope.name, scope_version=scope.version,
                               metric_name=metric.name, description=metric.description,
                               unit=metric.unit)
-                _decode_metric(metric, common, path, out, rejections)
+                _decode_metric(metric, common, path, out, rejections, oldest_unix_ns)
     return DecodedMetrics(out.gauges, out.sums, out.histograms, rejections.count,
                           rejections.message())
 
 
+def _point_time_problem(point, oldest_unix_ns: int) -> str | None:
+    if point.time_unix_nano == 0:
+        return "timeUnixNano is missing"
+    return (_time_problem("timeUnixNano", point.time_unix_nano, oldest_unix_ns)
+            or _time_problem("startTimeUnixNano", point.start_time_unix_nano, 0))
+
+
 def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
-                   out: DecodedMetrics, rejections: _Rejections) -> None:
+                   out: DecodedMetrics, rejections: _Rejections, oldest_unix_ns: int = 0) -> None:
     kind = metric.WhichOneof("data")
     if kind in ("gauge", "sum"):
         data = getattr(metric, kind)
@@ -233,8 +261,9 @@ def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
             if value is None:
                 rejections.add(ppath, "no asDouble/asInt value")
                 continue
-            if point.time_unix_nano == 0:
-                rejections.add(ppath, "timeUnixNano is missing")
+            problem = _point_time_problem(point, oldest_unix_ns)
+            if problem:
+                rejections.add(ppath, problem)
                 continue
             fields = dict(common, **_point_fields(point), value=value)
             if kind == "gauge":
@@ -247,8 +276,9 @@ def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
         data = metric.histogram
         for n, point in enumerate(data.data_points):
             ppath = f"{path}.histogram.dataPoints[{n}]"
-            if point.time_unix_nano == 0:
-                rejections.add(ppath, "timeUnixNano is missing")
+            problem = _point_time_problem(point, oldest_unix_ns)
+            if problem:
+                rejections.add(ppath, problem)
                 continue
             if point.bucket_counts and len(point.bucket_counts) != len(point.explicit_bounds) + 1:
                 rejections.add(ppath, "bucketCounts must have one more entry than explicitBounds")

@@ -1,9 +1,11 @@
 """The server's moving parts in one object, and ways to run it (thread or foreground).
 
-:class:`ServerRuntime` owns the :class:`Store`, one :class:`BatchWriter` per table, the
-request assembler thread and the scrape loop. The HTTP layer (:mod:`inferpath.server.app`)
-only decodes, hands rows to :meth:`ServerRuntime.ingest_spans` / ``ingest_metrics`` and
-reads through :attr:`ServerRuntime.reader`.
+:class:`ServerRuntime` owns the :class:`Store`, the committed OTLP ingest
+(:class:`~inferpath.server.ingest.DurableIngest`: a 200 only once rows are in the store),
+one :class:`BatchWriter` per table the server derives or scrapes itself, the request
+assembler thread and the scrape loop. The HTTP layer (:mod:`inferpath.server.app`) only
+decodes, hands rows to :meth:`ServerRuntime.ingest_spans` / ``ingest_metrics`` and reads
+through :attr:`ServerRuntime.reader`.
 
 :func:`serve_in_thread` runs uvicorn in a background thread (tests, the demo);
 :func:`serve_forever` runs it in the foreground with signal handling (the CLI). Both stop
@@ -13,6 +15,7 @@ gracefully: stop accepting, insert what was accepted, assemble what was noted, c
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import threading
 import time
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 from inferpath.config import Settings
 from inferpath.server.assembler import REQUESTS_TABLE, RequestAssembler
+from inferpath.server.ingest import CommitResult, DurableIngest, TableRows
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.storage.reader import Reader
@@ -52,29 +56,38 @@ class ServerRuntime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.store = Store.open(settings.store_url)
+        self.store = Store.open(settings.store_url, ttl_days=settings.ttl_days,
+                                ttl_days_by_table=settings.ttl_days_by_table or None)
         self.reader = Reader(self.store)
+        # OTLP exports are committed synchronously (a 200 means stored); see ingest.py.
+        self.ingest = DurableIngest(
+            self.store,
+            max_inflight_requests=settings.max_inflight_requests,
+            max_inflight_bytes=settings.max_inflight_bytes,
+            retry_after_seconds=settings.store_retry_after_seconds,
+        )
+        # Rows the server derives or scrapes itself: batched, and re-derivable after a crash.
+        # Many attempts, so that request rows survive a store outage of about 30 s.
         self.writers: dict[str, BatchWriter] = {
-            "otel_traces": BatchWriter(self.store, "otel_traces", SPAN_COLUMNS),
             "otel_metrics_gauge": BatchWriter(self.store, "otel_metrics_gauge", GAUGE_COLUMNS),
             "otel_metrics_sum": BatchWriter(self.store, "otel_metrics_sum", SUM_COLUMNS),
             "otel_metrics_histogram": BatchWriter(self.store, "otel_metrics_histogram", HISTOGRAM_COLUMNS),
-            REQUESTS_TABLE: BatchWriter(self.store, REQUESTS_TABLE, REQUEST_COLUMNS),
+            REQUESTS_TABLE: BatchWriter(self.store, REQUESTS_TABLE, REQUEST_COLUMNS, max_insert_attempts=12),
         }
         self.assembler = RequestAssembler(
             self.store,
             settle_seconds=settings.assembly_settle_seconds,
             writer=self.writers[REQUESTS_TABLE],
-            # Spans accepted before a trace settled must be in storage when it is read back.
-            before_read=lambda: self.writers["otel_traces"].flush(5.0),
         )
         self.scrape_loop = ScrapeLoop(
             settings.scrape_targets,
             self.writers["otel_metrics_gauge"],
             self.writers["otel_metrics_sum"],
             interval_seconds=settings.scrape_interval_seconds,
+            histogram_writer=self.writers["otel_metrics_histogram"],
         )
         self._lock = threading.Lock()
+        self._ttl_days_by_table: dict[str, int] = {}
         self._closed = False
         self.spans_received_total = 0
         self.spans_rejected_total = 0
@@ -84,47 +97,73 @@ class ServerRuntime:
         self.data_points_dropped_total = 0
         self.bad_requests_total = 0
 
+    def oldest_storable_unix_ns(self, table: str) -> int:
+        """Unix ns before which ``table``'s TTL drops a row at insert (0: no TTL found).
+
+        Read from the table's DDL in ``system.tables`` (what ClickHouse applies), cached per
+        table; the receiver rejects older items with a reason instead of a silent drop.
+        """
+        days = self._ttl_days_by_table.get(table)
+        if days is None:
+            days = 0
+            try:
+                rows = self.store.query("SELECT engine_full FROM system.tables"
+                                        " WHERE database = {db:String} AND name = {table:String}",
+                                        {"db": self.store.database, "table": table})
+                match = re.search(r"toIntervalDay\((\d+)\)", rows[0][0]) if rows else None
+                days = int(match.group(1)) if match else 0
+            except Exception as exc:  # noqa: BLE001 - unknown TTL: reject nothing for age
+                logger.warning("could not read the TTL of %s: %s", table, exc)
+                return 0
+            self._ttl_days_by_table[table] = days
+        if not days:
+            return 0
+        return time.time_ns() - days * 86_400 * 1_000_000_000
+
     def start(self) -> None:
-        """Start the assembler thread and the scrape loop."""
+        """Start the assembler thread and the scrape loop; re-note traces a crash left unassembled."""
+        self.assembler.recover()
         self.assembler.start()
         self.scrape_loop.start()
+        from inferpath.alerts.service import start_alerts  # alert rules: INFERPATH_ALERT_RULES
+
+        self.alerts = start_alerts(self.store, self.settings)
 
     # ------------------------------------------------------------------ ingest
-    def ingest_spans(self, decoded: DecodedSpans) -> bool:
-        """Queue decoded spans for insertion and note their traces for assembly.
+    def ingest_spans(self, decoded: DecodedSpans, dedup_token: str | None = None) -> CommitResult:
+        """Commit decoded spans to ``otel_traces`` and note their traces for assembly.
 
-        Returns False when the span queue is full (nothing queued; the caller answers 503
-        with ``Retry-After``). Never raises.
+        Blocks until the insert returned. ``dedup_token`` (see
+        :func:`~inferpath.server.ingest.dedup_token`) makes a retried export a no-op.
+        Returns the :class:`CommitResult` (not ``ok``: nothing was noted, the client
+        retries). Never raises.
         """
         rows = [span.to_insert_row() for span in decoded.spans]
-        accepted = self.writers["otel_traces"].submit(rows)
+        result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows)], dedup_token)
         with self._lock:
             self.spans_rejected_total += decoded.rejected_spans
-            if accepted:
+            if result.ok:
                 self.spans_received_total += len(rows)
             else:
                 self.spans_dropped_total += len(rows)
-        if accepted:
+        if result.ok:
             self.assembler.note_trace_ids({span.trace_id for span in decoded.spans})
-        return accepted
+        return result
 
-    def ingest_metrics(self, decoded: DecodedMetrics) -> bool:
-        """Queue decoded gauge/sum/histogram rows; False if any table's queue was full."""
-        accepted = True
-        kept = 0
-        for table, rows in (("otel_metrics_gauge", decoded.gauges), ("otel_metrics_sum", decoded.sums),
-                            ("otel_metrics_histogram", decoded.histograms)):
-            if not rows:
-                continue
-            if self.writers[table].submit([row.to_insert_row() for row in rows]):
-                kept += len(rows)
-            else:
-                accepted = False
+    def ingest_metrics(self, decoded: DecodedMetrics, dedup_token: str | None = None) -> CommitResult:
+        """Commit decoded gauge/sum/histogram rows (one insert per table); see :meth:`ingest_spans`."""
+        result = self.ingest.commit([
+            TableRows("otel_metrics_gauge", GAUGE_COLUMNS, [r.to_insert_row() for r in decoded.gauges]),
+            TableRows("otel_metrics_sum", SUM_COLUMNS, [r.to_insert_row() for r in decoded.sums]),
+            TableRows("otel_metrics_histogram", HISTOGRAM_COLUMNS,
+                      [r.to_insert_row() for r in decoded.histograms]),
+        ], dedup_token)
+        kept = decoded.data_points if result.ok else 0
         with self._lock:
             self.data_points_rejected_total += decoded.rejected_data_points
             self.data_points_received_total += kept
             self.data_points_dropped_total += decoded.data_points - kept
-        return accepted
+        return result
 
     def count_bad_request(self) -> None:
         """Count one malformed, oversized or unsupported OTLP request."""
@@ -149,10 +188,10 @@ class ServerRuntime:
         ok = self.writers[REQUESTS_TABLE].flush(left()) and ok
         return {
             "ok": ok,
-            "spans_inserted_total": self.writers["otel_traces"].rows_inserted_total,
-            "data_points_inserted_total": sum(
-                self.writers[t].rows_inserted_total
-                for t in ("otel_metrics_gauge", "otel_metrics_sum", "otel_metrics_histogram")),
+            # Exports are committed before their 200: received == inserted.
+            "spans_inserted_total": self.spans_received_total,
+            "data_points_inserted_total": self.data_points_received_total + sum(
+                self.writers[t].rows_inserted_total for t in ("otel_metrics_gauge", "otel_metrics_sum")),
             "requests_inserted_total": self.writers[REQUESTS_TABLE].rows_inserted_total,
             "pending_traces": self.assembler.pending_traces,
         }
@@ -164,6 +203,8 @@ class ServerRuntime:
                 return
             self._closed = True
         self.scrape_loop.stop()
+        if getattr(self, "alerts", None) is not None:
+            self.alerts.stop()
         try:
             self.assembler.stop(timeout_seconds)  # final forced pass; flushes spans first
         finally:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from inferpath.server.ingest import INSERT_SECONDS_BUCKETS
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferpath.server.runtime import ServerRuntime
@@ -30,13 +32,14 @@ class RuntimeCollector:
             ("inferpath_server_spans_received", "Spans accepted from OTLP exports.", rt.spans_received_total),
             ("inferpath_server_spans_rejected", "Invalid spans rejected (OTLP partial success).",
              rt.spans_rejected_total),
-            ("inferpath_server_spans_dropped", "Valid spans refused because the queue was full.",
+            ("inferpath_server_spans_dropped", "Valid spans refused with 503 (busy or store unavailable; "
+             "the client retries).",
              rt.spans_dropped_total),
             ("inferpath_server_data_points_received", "Metric data points accepted.",
              rt.data_points_received_total),
             ("inferpath_server_data_points_rejected", "Invalid or unsupported data points rejected.",
              rt.data_points_rejected_total),
-            ("inferpath_server_data_points_dropped", "Valid data points refused because a queue was full.",
+            ("inferpath_server_data_points_dropped", "Valid data points refused with 503 (the client retries).",
              rt.data_points_dropped_total),
             ("inferpath_server_otlp_bad_requests", "Malformed, oversized or unsupported OTLP requests.",
              rt.bad_requests_total),
@@ -70,6 +73,33 @@ class RuntimeCollector:
             families["errors"].add_metric([table], writer.insert_errors_total)
             families["queue"].add_metric([table], writer.queue_rows)
         yield from families.values()
+        yield from _ingest_metrics(rt.ingest)
+
+
+def _ingest_metrics(ingest) -> Iterator[Metric]:
+    for name, doc, value in (
+        ("inferpath_ingest_commits", "OTLP exports committed to the store (answered 200).", ingest.commits_total),
+        ("inferpath_ingest_store_errors", "Inserts that failed because of the store (answered 503).",
+         ingest.store_errors_total),
+        ("inferpath_ingest_data_errors", "Inserts the store refused for their data (answered 400).",
+         ingest.data_errors_total),
+        ("inferpath_ingest_refused_busy", "Exports refused with 503: in-flight limits reached.",
+         ingest.overloaded_total),
+        ("inferpath_ingest_refused_store_unavailable", "Exports refused with 503 while the store backs off.",
+         ingest.unavailable_total),
+    ):
+        yield CounterMetricFamily(name, doc, value=value)
+    yield GaugeMetricFamily("inferpath_ingest_inflight_requests", "Exports being decoded or committed.",
+                            value=ingest.inflight_requests)
+    yield GaugeMetricFamily("inferpath_ingest_inflight_bytes", "Body bytes of exports in flight.",
+                            value=ingest.inflight_bytes)
+    yield GaugeMetricFamily("inferpath_ingest_store_available", "1 when inserts are attempted, 0 while "
+                            "backing off after a store error.", value=1 if ingest.store_available else 0)
+    buckets = [(str(bound), count) for bound, count in zip(INSERT_SECONDS_BUCKETS, ingest.insert_seconds_buckets)]
+    buckets.append(("+Inf", ingest.insert_seconds_count))
+    yield HistogramMetricFamily("inferpath_ingest_insert_seconds", "Latency of committed OTLP inserts "
+                                "(one per table and export), seconds.", buckets=buckets,
+                                sum_value=ingest.insert_seconds_sum)
 
 
 def make_registry(runtime: "ServerRuntime") -> CollectorRegistry:

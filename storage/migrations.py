@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from hashlib import sha256
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from inferpath.storage.url import validate_identifier
 
@@ -41,16 +41,41 @@ class Migration:
         """sha256 of the raw file text, recorded so a changed file can be noticed."""
         return sha256(self.sql.encode()).hexdigest()
 
-    def statements(self, database: str, ttl_days: int) -> list[str]:
-        """The file's statements with placeholders filled; comments-only chunks dropped."""
+    def statements(self, database: str, ttl_days: int,
+                   ttl_days_by_table: Mapping[str, int] | None = None) -> list[str]:
+        """The file's statements with placeholders filled; comments-only chunks dropped.
+
+        ``ttl_days_by_table`` (table name → days) overrides ``ttl_days`` in the statement
+        that creates that table. Raises ``ValueError`` for a bad database name or TTL.
+        """
         validate_identifier(database)
         validate_ttl_days(ttl_days)
+        overrides = {validate_identifier(t, "table"): validate_ttl_days(d)
+                     for t, d in (ttl_days_by_table or {}).items()}
+        out = []
+        for raw in self.raw_statements():
+            created = created_table(raw)
+            days = overrides.get(created, ttl_days) if created else ttl_days
+            out.append(raw.replace("{database}", database).replace("{ttl_days}", str(days)))
+        return out
+
+    def raw_statements(self) -> list[str]:
+        """The file's statements with placeholders left in; comments-only chunks dropped."""
         # Whole-line comments go first so that a ';' ending a comment line splits nothing.
         code = "\n".join(
             line for line in self.sql.splitlines() if not line.lstrip().startswith("--")
         )
-        code = code.replace("{database}", database).replace("{ttl_days}", str(ttl_days))
         return [chunk.strip() for chunk in _STATEMENT_END.split(code) if chunk.strip()]
+
+
+_CREATE_TABLE = re.compile(r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)",
+                           re.IGNORECASE)
+
+
+def created_table(raw_statement: str) -> str | None:
+    """The table a raw ``CREATE TABLE IF NOT EXISTS `{database}`.name`` statement creates, else None."""
+    match = _CREATE_TABLE.match(raw_statement.strip())
+    return match.group(1) if match else None
 
 
 def validate_ttl_days(ttl_days: int) -> int:
@@ -83,9 +108,14 @@ def applied_versions(store: "Store") -> set[int]:
     return {int(r[0]) for r in rows}
 
 
-def apply_migrations(store: "Store", ttl_days: int, schema_dir: Path = SCHEMA_DIR) -> list[int]:
+def apply_migrations(store: "Store", ttl_days: int, schema_dir: Path = SCHEMA_DIR,
+                     ttl_days_by_table: Mapping[str, int] | None = None) -> list[int]:
     """Create the database and apply every migration not yet recorded; return their versions.
 
+    ``ttl_days_by_table`` overrides ``ttl_days`` for the tables it names (when they are
+    created). For a store URL with ``?cluster=NAME`` the cluster form of each file is applied
+    (:mod:`inferpath.storage.cluster`); the version record stays on the node migrated, and
+    re-applying on another node is harmless (every statement is idempotent).
     Idempotent: a second call applies nothing and returns ``[]``.
     """
     database = validate_identifier(store.database)
@@ -102,7 +132,14 @@ def apply_migrations(store: "Store", ttl_days: int, schema_dir: Path = SCHEMA_DI
     for migration in load_migrations(schema_dir):
         if migration.version in done:
             continue
-        for statement in migration.statements(database, ttl_days):
+        cluster = getattr(store.url, "cluster", None)
+        if cluster:
+            from inferpath.storage.cluster import migration_cluster_statements
+
+            statements = migration_cluster_statements(migration, cluster, database, ttl_days, ttl_days_by_table)
+        else:
+            statements = migration.statements(database, ttl_days, ttl_days_by_table)
+        for statement in statements:
             store.command(statement)
         store.insert(
             f"{database}.{MIGRATIONS_TABLE}",
@@ -112,3 +149,34 @@ def apply_migrations(store: "Store", ttl_days: int, schema_dir: Path = SCHEMA_DI
         )
         newly_applied.append(migration.version)
     return newly_applied
+
+
+_TTL_CLAUSE = re.compile(r"^TTL\s+(.+?)\s*\+\s*toIntervalDay\(\{ttl_days\}\)\s*$", re.MULTILINE)
+
+
+def table_ttl_expressions(schema_dir: Path = SCHEMA_DIR) -> dict[str, str]:
+    """Table → the time expression its TTL counts from (e.g. ``toDateTime(Timestamp)``),
+    read from the ``CREATE TABLE`` statements of the schema files."""
+    out: dict[str, str] = {}
+    for migration in load_migrations(schema_dir):
+        for raw in migration.raw_statements():
+            table = created_table(raw)
+            match = _TTL_CLAUSE.search(raw) if table else None
+            if table and match:
+                out[table] = match.group(1).strip()
+    return out
+
+
+def set_table_ttl(store: "Store", table: str, ttl_days: int, schema_dir: Path = SCHEMA_DIR) -> None:
+    """Change the TTL of an existing ``table`` to ``ttl_days`` (``ALTER TABLE … MODIFY TTL``).
+
+    ClickHouse re-applies the new TTL to existing parts in the background. Raises
+    ``ValueError`` for a bad TTL or a table without a TTL in the schema files.
+    """
+    validate_ttl_days(ttl_days)
+    expressions = table_ttl_expressions(schema_dir)
+    if table not in expressions:
+        raise ValueError(f"table must be one of {sorted(expressions)}, got {table!r}")
+    database = validate_identifier(store.database)
+    store.command(f"ALTER TABLE `{database}`.{table} MODIFY TTL "
+                  f"{expressions[table]} + toIntervalDay({int(ttl_days)})")

@@ -200,6 +200,7 @@ class Reader:
 
         Finds the trace's time bounds in ``otel_traces_trace_id_ts`` first, as the
         exporter's documented Grafana query does, so only the trace's days are scanned.
+        Each span id appears once (duplicates from client retries are dropped).
         ``trace_id``: 32 hex characters (any case). Returns ``[]`` for an unknown trace.
         """
         if not isinstance(trace_id, str) or not _TRACE_ID.match(trace_id):
@@ -214,6 +215,9 @@ class Reader:
             " WHERE TraceId = {trace_id:String}"
             " AND Timestamp >= trace_start AND Timestamp <= trace_end"
             " ORDER BY Timestamp, SpanId"
+            # A span re-sent inside a different export body (so not deduplicated at insert)
+            # is shown once.
+            " LIMIT 1 BY SpanId"
         )
         rows = self.store.query(sql, {"trace_id": trace_id.lower()})
         return [SpanRow.from_db_row(row) for row in rows]

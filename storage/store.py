@@ -89,15 +89,19 @@ class Store:
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def open(cls, url: str | None = None, *, ttl_days: int = 30) -> "Store":
+    def open(cls, url: str | None = None, *, ttl_days: int = 30,
+             ttl_days_by_table: Mapping[str, int] | None = None) -> "Store":
         """Connect to the store at ``url`` (default :func:`default_store_url`) and migrate it.
 
         For chDB the data folder is created if missing. ``ttl_days`` (1..3650) sets the TTL
-        of tables created by this call; existing tables keep theirs.
+        of tables created by this call, ``ttl_days_by_table`` (table → days) per table;
+        existing tables keep theirs (see :func:`~inferpath.storage.migrations.set_table_ttl`).
         Raises ``ValueError`` for a bad URL or TTL, ``RuntimeError`` when another chDB path
         is already open in this process, and the driver's errors when ClickHouse refuses.
         """
         validate_ttl_days(ttl_days)
+        for days in (ttl_days_by_table or {}).values():
+            validate_ttl_days(days)
         parsed = parse_store_url(url if url else default_store_url())
         if parsed.kind == "chdb":
             client = cls._connect_chdb(parsed)
@@ -105,7 +109,7 @@ class Store:
             client = cls._connect_http(parsed)
         store = cls(parsed, client, ttl_days)
         try:
-            applied = apply_migrations(store, ttl_days)
+            applied = apply_migrations(store, ttl_days, ttl_days_by_table=ttl_days_by_table)
             # Queries from every part use unqualified table names.
             with store._lock:
                 client.database = parsed.database
@@ -204,9 +208,14 @@ class Store:
             _check_value(value, f"parameter {name!r}")
         return dict(parameters)
 
-    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> int:
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str],
+               *, dedup_token: str | None = None) -> int:
         """Insert ``rows`` (each a sequence in ``column_names`` order) into ``table``.
 
+        ``dedup_token``: ClickHouse ``insert_deduplication_token``; a later insert with the
+        same token into the same table is skipped by ClickHouse (tables created with a
+        deduplication window, see ``schema/005_insert_dedup.sql``), so a client's retry of
+        an insert that did commit stores nothing twice.
         Returns the number of rows inserted. Raises ``ValueError`` for a bad table or column
         name, a row of the wrong length, or a naive datetime anywhere in a row (the message
         names the row index and column); driver errors propagate.
@@ -227,7 +236,11 @@ class Store:
                     _check_value(value, f"row {index} column {name!r}")
         with self._lock:
             self._ensure_open()
-            self._client.insert(table, rows, column_names=names)
+            if dedup_token is None:
+                self._client.insert(table, rows, column_names=names)
+            else:
+                self._client.insert(table, rows, column_names=names,
+                                    settings={"insert_deduplication_token": str(dedup_token)})
         return len(rows)
 
     def query(self, sql: str, parameters: dict | None = None) -> list[tuple]:

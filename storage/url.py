@@ -3,7 +3,8 @@
 Two kinds, one client library (clickhouse-connect) behind both:
 
 - ``chdb:///absolute/path[?database=name]`` — embedded chDB keeping its files under the path.
-- ``http(s)://[user[:password]@]host[:port][/database]`` — a ClickHouse server or cluster.
+- ``http(s)://[user[:password]@]host[:port][/database][?cluster=NAME]`` — a ClickHouse server,
+  or with ``cluster`` a cluster (replicated + distributed tables, ``storage/cluster.py``).
   Credentials missing from the URL are taken from ``CLICKHOUSE_USER`` and
   ``CLICKHOUSE_PASSWORD``. The password never appears in ``repr``/``str`` or in logs.
 """
@@ -45,6 +46,7 @@ class StoreURL:
     ``dsn``: for chdb the DSN handed to ``clickhouse_connect.get_client(dsn=...)``; for http
     the URL without password (for display). ``path``: chDB data folder (``None`` for http).
     ``database``: validated identifier. ``password`` is excluded from ``repr``.
+    ``cluster``: ClickHouse cluster name (http only) or ``None`` for a single node.
     """
 
     kind: Literal["chdb", "http"]
@@ -56,6 +58,7 @@ class StoreURL:
     username: str | None = None
     password: str | None = field(default=None, repr=False, compare=False)
     secure: bool = False
+    cluster: str | None = None
 
     def __str__(self) -> str:
         return self.dsn
@@ -129,8 +132,12 @@ def _parse_http(parts, scheme: str, env: Mapping[str, str]) -> StoreURL:
     if len(segments) > 1:
         raise ValueError(f"{scheme} store url path must be at most one segment (the database)")
     database = validate_identifier(unquote(segments[0]) if segments else DEFAULT_DATABASE)
-    if parts.query:
-        raise ValueError(f"{scheme} store url takes no query parameters")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"cluster"})
+    if unknown:
+        raise ValueError(f"{scheme} store url has unknown query parameter(s): {', '.join(unknown)}"
+                         " (only cluster=NAME)")
+    cluster = validate_identifier(query["cluster"][-1], "cluster") if "cluster" in query else None
     username = unquote(parts.username) if parts.username else env.get(ENV_CLICKHOUSE_USER) or None
     if parts.password is not None:
         password: str | None = unquote(parts.password)
@@ -138,7 +145,7 @@ def _parse_http(parts, scheme: str, env: Mapping[str, str]) -> StoreURL:
         password = env.get(ENV_CLICKHOUSE_PASSWORD) or None
     shown_host = f"[{host}]" if ":" in host else host
     user_part = f"{username}@" if username else ""
-    dsn = f"{scheme}://{user_part}{shown_host}:{port}/{database}"
+    dsn = f"{scheme}://{user_part}{shown_host}:{port}/{database}" + (f"?cluster={cluster}" if cluster else "")
     return StoreURL(
         kind="http",
         dsn=dsn,
@@ -149,4 +156,5 @@ def _parse_http(parts, scheme: str, env: Mapping[str, str]) -> StoreURL:
         username=username,
         password=password,
         secure=scheme == "https",
+        cluster=cluster,
     )

@@ -157,8 +157,10 @@ def test_data_survives_restart_in_fresh_process(store_url: str) -> None:
         assert store.query("SELECT endpoint FROM inferpath_requests FINAL") == [("/from-child",)]
 
 
-def test_host_timezone_does_not_shift_times(store_url: str) -> None:
-    """A process in Europe/Berlin (UTC+1 in January) stores and finds 12:00 UTC as 12:00 UTC."""
+@pytest.mark.parametrize("zone, abbreviation", [("Europe/Berlin", "CET"), ("America/Los_Angeles", "PST")])
+def test_host_timezone_does_not_shift_times(store_url: str, zone: str, abbreviation: str) -> None:
+    """A process in Berlin (UTC+1 in January) or Los Angeles (UTC-8) stores and finds 12:00 UTC
+    as 12:00 UTC."""
     result = _run_python(f"""
         import json, secrets, time
         from datetime import datetime, timedelta, timezone
@@ -181,8 +183,8 @@ def test_host_timezone_does_not_shift_times(store_url: str) -> None:
             "found_iso": found[0].timestamp.isoformat(),
             "text": text, "hour": hour, "day": day, "in_window": in_window,
         }}))
-    """, {"TZ": "Europe/Berlin"})
-    assert result["local_zone"] == "CET"  # the child really ran in Berlin time
+    """, {"TZ": zone})
+    assert result["local_zone"] == abbreviation  # the child really ran in that zone
     assert result["found_iso"] == "2025-01-01T12:00:00+00:00"
     assert result["text"] == "2025-01-01 12:00:00.000000000"
     assert result["hour"] == 12
