@@ -4,14 +4,16 @@ Run it with ``streamlit run dashboard/app.py -- --server-url http://127.0.0.1:43
 through :func:`inferpath.dashboard.launch.launch_dashboard`. The server URL and token come
 from ``--server-url``/``--token``, else ``INFERPATH_SERVER_URL``/``INFERPATH_TOKEN``.
 
-Query parameters preselect the time range, so a view can be linked or bookmarked:
+Query parameters preselect the sidebar, so a view can be linked or bookmarked:
 ``?range=15m|1h|6h`` or ``?start=<ISO or unix s>&end=<...>`` (a custom range);
-``?endpoint_class=interactive``; ``?refresh=0`` turns live refresh off.
+``?endpoint_class=interactive``; ``?refresh=0`` (off) or seconds (fractions allowed from
+the URL, for tests and benchmarks); ``?tz=Europe/Berlin`` (default: the browser's zone);
+``?points=600`` (most points per plotted series, at most 10,000); ``?trace_id=...`` on
+the Trace page.
 
 Live panels are Streamlit fragments with ``run_every``: only the panel reruns on each tick,
-never the whole script, and no loop runs inside one script run. Queries are cached for
-:data:`CACHE_TTL_SECONDS` with a bounded number of entries, so several open browser tabs
-cost the server one query per window and interval.
+never the whole script, and no loop runs inside one script run. Queries are cached with a
+TTL and a bound (:mod:`inferpath.dashboard.queries`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
-import pandas as pd
 import streamlit as st
 
 from inferpath.config import Settings
-from inferpath.dashboard import figures
-from inferpath.dashboard.client import ReadApiClient, ReadApiError
+from inferpath.dashboard import pages
 from inferpath.dashboard.timerange import (
     CUSTOM,
     RANGE_KEYS,
@@ -33,20 +34,15 @@ from inferpath.dashboard.timerange import (
     TimeWindow,
     parse_instant,
     resolve_window,
+    step_seconds_for,
 )
 
-CACHE_TTL_SECONDS = 5
-CACHE_MAX_ENTRIES = 256
 REFRESH_CHOICES_SECONDS = [0, 5, 15, 60]
+MIN_REFRESH_SECONDS = 0.25  # from the URL only: for tests and benchmarks
 ENDPOINT_CLASSES = ["all", "interactive", "bulk"]
-ENGINE_GAUGES = [
-    # metric, title, axis label, display scale
-    ("kv_cache_usage_ratio", "KV-cache usage", "% of blocks", 100.0),
-    ("running_requests", "Running requests", "requests", 1.0),
-    ("queue_depth", "Queue depth", "requests waiting", 1.0),
-    ("gpu_utilization_ratio", "GPU utilization", "%", 100.0),
-    ("gpu_memory_used_bytes", "GPU memory used", "GiB", 1.0 / 2**30),
-]
+# Most points per plotted series; the server downsamples to it (10,000 at most). (A bare
+# string here would be drawn on the page: Streamlit's "magic" writes the main script's.)
+POINTS_CHOICES = [120, 600, 2000, 5000, 10_000]
 
 
 def connection_settings(argv: list[str]) -> tuple[str, str | None]:
@@ -59,46 +55,42 @@ def connection_settings(argv: list[str]) -> tuple[str, str | None]:
     return settings.server_url, settings.token
 
 
-# ---- cached read-API queries (arguments are the cache key; errors are not cached) ----
-
-@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_summary(server_url: str, token: str | None, start: datetime, end: datetime,
-                 endpoint_class: str | None) -> pd.DataFrame:
-    """``/summary`` over the window, cached (see :meth:`ReadApiClient.summary`)."""
-    with ReadApiClient(server_url, token=token) as client:
-        return client.summary(start, end, endpoint_class=endpoint_class)
-
-
-@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_ttft(server_url: str, token: str | None, start: datetime, end: datetime,
-              step_seconds: int, endpoint_class: str | None) -> pd.DataFrame:
-    """``/timeseries/ttft`` over the window, cached."""
-    with ReadApiClient(server_url, token=token) as client:
-        return client.ttft_timeseries(start, end, step_seconds=step_seconds,
-                                      endpoint_class=endpoint_class)
+def valid_zone(name: str | None) -> str | None:
+    """``name`` if it is an IANA time zone this machine knows, else ``None``."""
+    if not name:
+        return None
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
+    return name
 
 
-@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_gauge(server_url: str, token: str | None, metric: str, start: datetime,
-               end: datetime, step_seconds: int) -> pd.DataFrame:
-    """``/timeseries/gauge`` of one canonical ``metric`` over the window, cached."""
-    with ReadApiClient(server_url, token=token) as client:
-        return client.gauge_timeseries(metric, start, end, step_seconds=step_seconds)
+def parse_refresh(text: str | None) -> float | None:
+    """Refresh interval from the URL: 0 (off) or seconds ≥ :data:`MIN_REFRESH_SECONDS`
+    and ≤ 3600; ``None`` for anything else."""
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    if value is None or not (value == 0 or MIN_REFRESH_SECONDS <= value <= 3600):
+        return None
+    return int(value) if value == int(value) else value
 
 
-@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_requests(server_url: str, token: str | None, start: datetime, end: datetime,
-                  limit: int) -> pd.DataFrame:
-    """The ``limit`` slowest requests of the window, cached."""
-    with ReadApiClient(server_url, token=token) as client:
-        return client.requests(start, end, limit=limit, order="slowest")
+def _same_minute(picked: datetime, url_value: datetime | None) -> bool:
+    return url_value is not None and picked.replace(second=0, microsecond=0) == \
+        url_value.astimezone(picked.tzinfo).replace(second=0, microsecond=0)
 
-
-# ---- sidebar: connection, time range, filters ----
 
 def sidebar_controls() -> dict:
-    """Draw the sidebar and return the chosen range key, custom bounds, class and refresh."""
+    """Draw the sidebar; return range key, custom bounds, class, refresh, zone and points."""
     params = st.query_params
+    browser_zone = valid_zone(getattr(st.context, "timezone", None)) or "UTC"
+    zones = list(dict.fromkeys([browser_zone, "UTC", *sorted(available_timezones())]))
+    requested_zone = valid_zone(params.get("tz")) or browser_zone
+    st.sidebar.header("Time")
+    tz = st.sidebar.selectbox("Time zone", zones, index=zones.index(requested_zone), key="tz")
     custom_start = custom_end = None
     default_key = params.get("range", "1h")
     try:
@@ -110,142 +102,77 @@ def sidebar_controls() -> dict:
         st.sidebar.warning(f"Ignoring the URL's time range: {error}")
     if default_key not in RANGE_KEYS:
         default_key = "1h"
-    st.sidebar.header("Time range")
     range_key = st.sidebar.radio("Window", RANGE_KEYS, index=RANGE_KEYS.index(default_key),
-                                 format_func=RANGE_LABELS.get, key="range_key",
-                                 label_visibility="collapsed")
+                                 format_func=RANGE_LABELS.get, key="range_key")
     if range_key == CUSTOM:
-        now = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
-        custom_start = st.sidebar.datetime_input(
-            "Start (UTC)", value=(custom_start or now - timedelta(hours=1)).replace(tzinfo=None),
-            step=timedelta(minutes=1), key="custom_start")
-        custom_end = st.sidebar.datetime_input(
-            "End (UTC)", value=(custom_end or now).replace(tzinfo=None),
-            step=timedelta(minutes=1), key="custom_end")
+        zone = ZoneInfo(tz)
+        now = datetime.now(timezone.utc)
+
+        def local(value: datetime) -> datetime:
+            return value.astimezone(zone).replace(tzinfo=None, microsecond=0)
+
+        url_start, url_end = custom_start, custom_end
+        picked_start = st.sidebar.datetime_input(
+            f"Start ({tz})", value=local(custom_start or now - timedelta(hours=1)),
+            step=timedelta(minutes=1), key="custom_start").replace(tzinfo=zone)
+        picked_end = st.sidebar.datetime_input(
+            f"End ({tz})", value=local(custom_end or now), step=timedelta(minutes=1),
+            key="custom_end").replace(tzinfo=zone)
+        # The inputs hold whole minutes; while they still show the URL's range, keep its
+        # seconds rather than cutting the end of a short window off.
+        custom_start = url_start if _same_minute(picked_start, url_start) else picked_start
+        custom_end = url_end if _same_minute(picked_end, url_end) else picked_end
     requested_class = params.get("endpoint_class", "all")
     endpoint_class = st.sidebar.selectbox(
         "Endpoint class", ENDPOINT_CLASSES,
         index=ENDPOINT_CLASSES.index(requested_class) if requested_class in ENDPOINT_CLASSES
         else 0, key="endpoint_class")
-    try:
-        default_refresh = int(params.get("refresh", 15))
-    except ValueError:
-        default_refresh = 15
+    url_refresh = parse_refresh(params.get("refresh"))
+    refresh_choices = sorted({*REFRESH_CHOICES_SECONDS, *([url_refresh] if url_refresh is not None else [])})
     refresh_seconds = st.sidebar.selectbox(
-        "Live refresh", REFRESH_CHOICES_SECONDS,
-        index=REFRESH_CHOICES_SECONDS.index(default_refresh)
-        if default_refresh in REFRESH_CHOICES_SECONDS else 2,
+        "Live refresh", refresh_choices,
+        index=refresh_choices.index(url_refresh if url_refresh is not None else 15),
         format_func=lambda s: "off" if s == 0 else f"every {s} s", key="refresh_seconds")
+    try:
+        url_points = int(params.get("points", 600))
+    except ValueError:
+        url_points = 600
+    points_choices = sorted({*POINTS_CHOICES, min(max(url_points, 10), POINTS_CHOICES[-1])})
+    max_points = st.sidebar.selectbox(
+        "Points per series", points_choices,
+        index=points_choices.index(min(max(url_points, 10), POINTS_CHOICES[-1])), key="points")
     return {"range_key": range_key, "custom_start": custom_start, "custom_end": custom_end,
             "endpoint_class": None if endpoint_class == "all" else endpoint_class,
-            "refresh_seconds": refresh_seconds}
+            "refresh_seconds": refresh_seconds, "tz": tz, "max_points": max_points}
 
 
 def current_window(controls: dict) -> TimeWindow | None:
-    """The window to query now, or ``None`` after showing why the custom range is invalid."""
+    """The window to query now at the chosen resolution, or ``None`` after showing why the
+    custom range is invalid."""
     try:
-        return resolve_window(controls["range_key"], now=datetime.now(timezone.utc),
-                              custom_start=controls["custom_start"],
-                              custom_end=controls["custom_end"])
+        window = resolve_window(controls["range_key"], now=datetime.now(timezone.utc),
+                                custom_start=controls["custom_start"],
+                                custom_end=controls["custom_end"])
     except ValueError as error:
         st.warning(f"Invalid time range: {error}")
         return None
-
-
-def window_caption(window: TimeWindow) -> None:
-    """One line saying which window is shown, at what resolution, and when it was drawn."""
-    st.caption(f"{window.start:%Y-%m-%d %H:%M:%S} → {window.end:%Y-%m-%d %H:%M:%S} UTC · "
-               f"buckets of {window.step_seconds} s · "
-               f"updated {datetime.now(timezone.utc):%H:%M:%S} UTC")
-
-
-# ---- pages ----
-
-def overview_panels(server_url: str, token: str | None, controls: dict) -> None:
-    """TTFT vs queue depth and the per-stage latency table for the current window."""
-    window = current_window(controls)
-    if window is None:
-        return
-    window_caption(window)
-    endpoint_class = controls["endpoint_class"]
-    try:
-        ttft = load_ttft(server_url, token, window.start, window.end, window.step_seconds,
-                         endpoint_class)
-        queue = load_gauge(server_url, token, "queue_depth", window.start, window.end,
-                           window.step_seconds)
-        summary = load_summary(server_url, token, window.start, window.end, endpoint_class)
-    except ReadApiError as error:
-        st.error(str(error))
-        return
-    table = figures.stage_latency_table(summary)
-    headline = table.set_index("stage") if not table.empty else None
-    columns = st.columns(4)
-    request_count = summary.attrs.get("request_count")
-    columns[0].metric("requests", "–" if request_count is None else f"{request_count}")
-    for column, (label, stage, stat) in zip(columns[1:], [
-            ("TTFT p50", "TTFT (server)", "p50_ms"), ("TTFT p99", "TTFT (server)", "p99_ms"),
-            ("queue p95", "queue", "p95_ms")]):
-        value = headline.at[stage, stat] if headline is not None and stage in headline.index \
-            else None
-        column.metric(label, "–" if value is None or pd.isna(value) else f"{value:.0f} ms")
-    st.subheader("TTFT and engine queue depth")
-    st.plotly_chart(figures.ttft_with_queue_depth(ttft, queue, step_seconds=window.step_seconds),
-                    width="stretch", key="ttft_queue")
-    st.subheader("Latency per stage")
-    if table.empty:
-        st.info("No requests in this window.")
-    # Tall enough for every measure: a scrolling 14-row table hides the stages at the end.
-    st.dataframe(table, hide_index=True, width="stretch", height=36 * (len(table) + 1) + 4,
-                 column_config={
-                     "stage": st.column_config.TextColumn("stage"),
-                     "count": st.column_config.NumberColumn("count", format="%d"),
-                     **{f"{s}_ms": st.column_config.NumberColumn(f"{s} (ms)", format="%.1f")
-                        for s in ("avg", "p50", "p95", "p99")}})
-
-
-def engine_panels(server_url: str, token: str | None, controls: dict) -> None:
-    """Engine and GPU gauges over the current window, one chart each."""
-    window = current_window(controls)
-    if window is None:
-        return
-    window_caption(window)
-    for metric, title, y_title, scale in ENGINE_GAUGES:
-        try:
-            gauge = load_gauge(server_url, token, metric, window.start, window.end,
-                               window.step_seconds)
-        except ReadApiError as error:
-            st.error(f"{title}: {error}")
-            continue
-        st.plotly_chart(figures.gauge_over_time(gauge, title=title, y_title=y_title,
-                                                scale=scale, step_seconds=window.step_seconds),
-                        width="stretch", key=f"gauge_{metric}")
-
-
-def requests_panels(server_url: str, token: str | None, controls: dict) -> None:
-    """The slowest requests of the current window, durations in ms."""
-    window = current_window(controls)
-    if window is None:
-        return
-    window_caption(window)
-    try:
-        rows = load_requests(server_url, token, window.start, window.end, 100)
-    except ReadApiError as error:
-        st.error(str(error))
-        return
-    if rows.empty:
-        st.info("No requests in this window.")
-    table = figures.requests_table(rows)
-    # Tall enough for every measure: a scrolling 14-row table hides the stages at the end.
-    st.dataframe(table, hide_index=True, width="stretch", height=36 * (len(table) + 1) + 4,
-                 column_config={
-        column: st.column_config.NumberColumn(column.replace("_ms", " (ms)"), format="%.1f")
-        for column in table.columns if column.endswith("_ms")})
+    step = step_seconds_for(window.duration_seconds, target_buckets=controls["max_points"])
+    return TimeWindow(window.start, window.end, step)
 
 
 def run_live(panel, server_url: str, token: str | None, controls: dict) -> None:
-    """Run ``panel`` as a fragment that reruns alone every ``refresh_seconds`` (0 = once)."""
-    refresh = controls["refresh_seconds"] or None
-    st.fragment(panel, run_every=refresh)(server_url, token, controls)
+    """Run ``panel`` as a fragment that reruns alone every ``refresh_seconds`` (0 = once).
+
+    The window is resolved inside the fragment, so a relative range moves with the clock.
+    """
+    def body() -> None:
+        window = current_window(controls)
+        if window is None:
+            return
+        panel(pages.Context(server_url, token, window, controls["tz"],
+                            controls["endpoint_class"], controls["max_points"]))
+
+    st.fragment(body, run_every=controls["refresh_seconds"] or None)()
 
 
 def main() -> None:
@@ -253,22 +180,31 @@ def main() -> None:
     st.set_page_config(page_title="inferpath", layout="wide")
     server_url, token = connection_settings(sys.argv[1:])
 
-    def overview() -> None:
-        st.title("Overview")
-        run_live(overview_panels, server_url, token, sidebar_controls())
+    def live_page(title: str, panel):
+        def page() -> None:
+            st.title(title)
+            run_live(panel, server_url, token, sidebar_controls())
+        return page
 
-    def requests_page() -> None:
-        st.title("Slowest requests")
-        run_live(requests_panels, server_url, token, sidebar_controls())
-
-    def engine_page() -> None:
-        st.title("Engine and GPU")
-        run_live(engine_panels, server_url, token, sidebar_controls())
+    def trace_page() -> None:
+        st.title("Trace")
+        controls = sidebar_controls()
+        pages.trace_page(server_url, token, controls["tz"])
 
     page = st.navigation([
-        st.Page(overview, title="Overview", default=True),
-        st.Page(requests_page, title="Slowest requests", url_path="requests"),
-        st.Page(engine_page, title="Engine and GPU", url_path="engine"),
+        st.Page(live_page("Overview", pages.overview_panels), title="Overview", default=True),
+        st.Page(live_page("Correlate", pages.correlate_panels), title="Correlate",
+                url_path="correlate"),
+        st.Page(live_page("Breakdown", pages.breakdown_panels), title="Breakdown",
+                url_path="breakdown"),
+        st.Page(live_page("Slowest requests", pages.requests_panels), title="Slowest requests",
+                url_path="requests"),
+        st.Page(trace_page, title="Trace", url_path="trace"),
+        st.Page(live_page("GPUs and engines", pages.fleet_panels), title="GPUs and engines",
+                url_path="gpus"),
+        st.Page(live_page("Diagnosis", pages.diagnosis_panels), title="Diagnosis",
+                url_path="diagnosis"),
+        st.Page(live_page("Alerts", pages.alerts_panels), title="Alerts", url_path="alerts"),
     ])
     st.sidebar.caption(f"server: {server_url}")
     page.run()

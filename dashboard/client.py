@@ -30,7 +30,7 @@ GAUGE_SERIES_COLUMNS = ["bucket", "service_name", "attributes", "value"]
 # The server answers {"measures": [...]}, {"points": [...]} or {"requests": [...]}.
 _ROW_KEYS = ("measures", "points", "requests", "rows", "data", "items")
 # Columns that hold wall-clock instants in any read-API answer.
-_TIME_COLUMNS = ("bucket", "timestamp", "start", "end", "time")
+_TIME_COLUMNS = ("bucket", "timestamp", "start", "end", "time", "last_time")
 
 TimeLike = datetime | float | int | str
 
@@ -149,6 +149,13 @@ class ReadApiClient:
         """Close the underlying connection pool."""
         self._http.close()
 
+    def get_json(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        """``GET path`` with ``params`` (``None`` values dropped), the JSON body as is.
+
+        Raises :class:`ReadApiError` as every query method does.
+        """
+        return self._get(path, params or {})
+
     def _get(self, path: str, params: Mapping[str, Any]) -> Any:
         query = {key: value for key, value in params.items() if value not in (None, "")}
         url = f"{self.server_url}{path}"
@@ -225,6 +232,50 @@ class ReadApiClient:
             "start": format_time(start), "end": format_time(end), "limit": limit,
             "order": order})
         return to_frame(rows_of(body, url="/api/v1/requests"))
+
+
+    def view(self, name: Literal["latency", "correlate", "breakdown", "fleet"], start: TimeLike,
+             end: TimeLike, **params: Any) -> dict[str, Any]:
+        """One dashboard view, ``GET /api/v1/views/{name}``, as the server's JSON object.
+
+        ``params``: the view's filters (``endpoint_class``, ``step_seconds``, ``max_points``).
+        Time series come back downsampled by the server to at most ``max_points`` buckets.
+        """
+        body = self._get(f"/api/v1/views/{name}", {
+            "start": format_time(start), "end": format_time(end), **params})
+        if not isinstance(body, dict):
+            raise ReadApiError(f"unexpected answer from /api/v1/views/{name}: "
+                               f"{type(body).__name__}", url=f"/api/v1/views/{name}")
+        return body
+
+    def trace(self, trace_id: str) -> pd.DataFrame:
+        """Spans of one trace (``GET /api/v1/traces/{id}``), ordered by start.
+
+        Columns as :class:`inferpath.storage.rows.SpanRow` plus ``start_ns``/``end_ns`` (Unix
+        ns). Raises :class:`ReadApiError` with ``status_code`` 404 for an unknown trace and
+        ``ValueError`` for an id that is not 32 hex digits (checked before any request).
+        """
+        if len(trace_id) != 32 or any(c not in "0123456789abcdefABCDEF" for c in trace_id):
+            raise ValueError(f"trace_id must be 32 hex digits, got {trace_id!r}")
+        body = self._get(f"/api/v1/traces/{trace_id.lower()}", {})
+        return to_frame(rows_of(body.get("spans") if isinstance(body, dict) else body,
+                                url="/api/v1/traces"))
+
+    def diagnosis(self, start: TimeLike, end: TimeLike) -> dict[str, Any]:
+        """The verdict for ``[start, end)`` against the window just before it
+        (``GET /api/v1/diagnosis``); 422 (too few requests) raises :class:`ReadApiError`."""
+        return self._get("/api/v1/diagnosis", {"start": format_time(start),
+                                               "end": format_time(end)})
+
+    def alerts(self) -> Any | None:
+        """``GET /api/v1/alerts`` as sent, or ``None`` when the server has no alerts route
+        (404): alerting is not configured there."""
+        try:
+            return self._get("/api/v1/alerts", {})
+        except ReadApiError as error:
+            if error.status_code == 404:
+                return None
+            raise
 
 
 def _detail(response: httpx.Response) -> str:

@@ -182,3 +182,226 @@ async def flush(request: Request, timeout_seconds: float = Query(30.0, gt=0, le=
     """Insert every accepted span and data point, assemble every noted trace, insert those
     rows; returns insert counters and ``ok`` (False on timeout or failed inserts)."""
     return await run_in_threadpool(request.app.state.runtime.flush, timeout_seconds)
+
+
+# ---------------------------------------------------------------------------- dashboard views
+# Read-only views that each answer one dashboard page in one call. Every time series here is
+# downsampled on the server: the step grows until the window holds at most ``max_points``
+# buckets (≤ VIEW_MAX_POINTS), so no plotted series exceeds ~10k points whatever the window.
+
+VIEW_MAX_POINTS = 10_000
+"""Upper bound on buckets per series in a view: more than a wide screen has pixels."""
+_VIEW_QUANTILES = (0.5, 0.95, 0.99)
+_HOP_SLACK = timedelta(minutes=1)
+"""How far past the window a callee's server span may start: it starts after its caller."""
+
+MaxPointsQuery = Query(600, ge=1, le=VIEW_MAX_POINTS,
+                       description="Most buckets per series; the step grows to stay under it.")
+StepQuery = Query(None, ge=1, le=86_400, description="Smallest bucket width in seconds.")
+
+
+def view_step_seconds(start: datetime, end: datetime, step_seconds: int | None,
+                      max_points: int) -> int:
+    """Bucket width in whole seconds for ``[start, end)``: ``step_seconds`` (default 1),
+    widened to ``ceil(duration / max_points)`` so the window has at most ``max_points``
+    buckets. Raises ``ValueError`` for ``max_points`` < 1."""
+    if max_points < 1:
+        raise ValueError(f"max_points must be >= 1, got {max_points}")
+    duration_seconds = (end - start).total_seconds()
+    return max(int(step_seconds or 1), int(-(-duration_seconds // max_points)), 1)
+
+
+def _ns_seconds(value: object) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return None if number != number else number / 1e9  # NaN: missing
+
+
+def latency_view_points(store, start: datetime, end: datetime, *, step_seconds: int,
+                        endpoint_class: str | None = None) -> list[dict]:
+    """Per bucket and endpoint class: request count, error count, and TTFT, ITL and E2E
+    mean / p50 / p95 / p99 in seconds (``None`` where no request measured them).
+
+    TTFT and E2E are the client's when measured, else the gateway's (as ``/timeseries/ttft``);
+    ``errors`` counts rows with status ``error``. Percentiles are exact (R type 7) per bucket.
+    """
+    params: dict = {"start": start, "end": end, "step": step_seconds}
+    where = ("timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}")
+    if endpoint_class:
+        where += " AND endpoint_class = {endpoint_class:String}"
+        params["endpoint_class"] = endpoint_class
+    measures = ("ttft", "itl", "e2e")
+    aggregates = ", ".join(
+        f"avg({m}), quantilesExactInclusive{_VIEW_QUANTILES}({m})" for m in measures)
+    sql = (
+        "SELECT toDateTime64(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 0, 'UTC')"
+        " AS bucket, endpoint_class, count(), countIf(status = 'error'), " + aggregates +
+        " FROM (SELECT timestamp, endpoint_class, status,"
+        " coalesce(client_ttft_ns, ttft_ns) AS ttft, itl_ns AS itl,"
+        " coalesce(client_e2e_ns, e2e_ns) AS e2e"
+        f" FROM inferpath_requests FINAL WHERE {where})"
+        " GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class"
+    )
+    points = []
+    for row in store.query(sql, params):
+        bucket, klass, count, errors, *stats = row
+        point = {"bucket": bucket, "endpoint_class": klass, "requests": int(count),
+                 "errors": int(errors)}
+        for index, measure in enumerate(measures):
+            avg_ns, quantiles_ns = stats[2 * index], stats[2 * index + 1]
+            point[f"{measure}_avg_seconds"] = _ns_seconds(avg_ns)
+            for q, value in zip(("p50", "p95", "p99"), quantiles_ns or (None,) * 3):
+                # An all-null bucket gives NaN quantiles: missing, not zero.
+                point[f"{measure}_{q}_seconds"] = None if point[f"{measure}_avg_seconds"] is None \
+                    else _ns_seconds(value)
+        points.append(point)
+    return points
+
+
+@router.get("/views/latency")
+async def latency_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
+                       endpoint_class: str | None = None, step_seconds: int | None = StepQuery,
+                       max_points: int = MaxPointsQuery) -> dict:
+    """Overview: per bucket and endpoint class, requests, errors and TTFT / ITL / E2E
+    mean, p50, p95, p99 (seconds); ``step_seconds`` is the width actually used."""
+    start_dt, end_dt = _window(start, end)
+    step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
+    points = await _read(latency_view_points, request.app.state.runtime.store, start_dt, end_dt,
+                         step_seconds=step, endpoint_class=endpoint_class)
+    return {"start": start_dt, "end": end_dt, "step_seconds": step, "points": points}
+
+
+def correlate_view_body(store, start: datetime, end: datetime, *, step_seconds: int,
+                        endpoint: str | None = None) -> dict:
+    """The correlation timeline (:func:`inferpath.analysis.correlate.fetch_timeline`) as
+    JSON rows with a ``time`` per step, plus the TTFT p99 spike windows
+    (:func:`~inferpath.analysis.correlate.detect_spikes`). Signals are combined across
+    engines and GPUs as the analysis defines (queue summed, KV usage max, utilization mean)."""
+    from inferpath.analysis.correlate import SPIKE_FACTOR, detect_spikes, fetch_timeline
+
+    timeline = fetch_timeline(store, start=start, end=end, step_seconds=float(step_seconds),
+                              endpoint=endpoint)
+    points = []
+    for row in timeline.rows():
+        step_start_ns = row.pop("step_start_ns")
+        points.append({"time": datetime.fromtimestamp(step_start_ns / 1e9, tz=timezone.utc), **row})
+    spikes = detect_spikes(timeline.step_start_ns, timeline.columns["ttft_p99_seconds"],
+                           timeline.step_seconds)
+    return {
+        "columns": list(timeline.columns), "spike_factor": SPIKE_FACTOR, "points": points,
+        "spikes": [{"start": datetime.fromtimestamp(s.start_ns / 1e9, tz=timezone.utc),
+                    "end": datetime.fromtimestamp(s.end_ns / 1e9, tz=timezone.utc),
+                    "peak_seconds": s.peak, "baseline_seconds": s.baseline, "ratio": s.ratio}
+                   for s in spikes],
+    }
+
+
+@router.get("/views/correlate")
+async def correlate_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
+                         endpoint: str | None = None, step_seconds: int | None = StepQuery,
+                         max_points: int = MaxPointsQuery) -> dict:
+    """Correlate: TTFT p99 and mean per step beside queue depth, running requests, KV-cache
+    usage, preemptions per second, GPU utilization and memory; detected TTFT spikes."""
+    start_dt, end_dt = _window(start, end)
+    step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
+    body = await _read(correlate_view_body, request.app.state.runtime.store, start_dt, end_dt,
+                       step_seconds=step, endpoint=endpoint)
+    return {"start": start_dt, "end": end_dt, "step_seconds": step, **body}
+
+
+def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
+    """Overhead of each hop: caller's CLIENT span − callee's SERVER span of the same call
+    (DESIGN.md's definition), per (caller service, callee service, callee span name),
+    with count, mean, p50, p95, p99 in seconds. Calls whose client span starts in the window."""
+    sql = (
+        "SELECT c.ServiceName AS caller, s.ServiceName AS callee, s.SpanName AS callee_span,"
+        " count(), avg(c.dur - s.dur),"
+        f" quantilesExactInclusive{_VIEW_QUANTILES}(c.dur - s.dur)"
+        " FROM (SELECT TraceId, SpanId, ServiceName, toInt64(Duration) AS dur FROM otel_traces"
+        "  WHERE SpanKind = 'Client' AND Timestamp >= {start:DateTime64(9, 'UTC')}"
+        "  AND Timestamp < {end:DateTime64(9, 'UTC')}) AS c"
+        " INNER JOIN (SELECT TraceId, ParentSpanId, ServiceName, SpanName, toInt64(Duration) AS dur"
+        "  FROM otel_traces WHERE SpanKind = 'Server' AND Timestamp >= {start:DateTime64(9, 'UTC')}"
+        "  AND Timestamp < {slack_end:DateTime64(9, 'UTC')}) AS s"
+        " ON s.TraceId = c.TraceId AND s.ParentSpanId = c.SpanId"
+        " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
+    )
+    rows = store.query(sql, {"start": start, "end": end, "slack_end": end + _HOP_SLACK})
+    return [{"caller_service": caller, "callee_service": callee, "callee_span": span,
+             "count": int(count), "avg_seconds": _ns_seconds(avg_ns),
+             **{f"{q}_seconds": _ns_seconds(v) for q, v in zip(("p50", "p95", "p99"), quantiles)}}
+            for caller, callee, span, count, avg_ns, quantiles in rows]
+
+
+def breakdown_view_body(store, start: datetime, end: datetime, *,
+                        endpoint_class: str | None = None) -> dict:
+    """Stage shares of TTFT and E2E per percentile band
+    (:func:`inferpath.analysis.breakdown.breakdown_by_band`, ``*_ns`` means and ratios)
+    over the ``ok`` requests of the window, and :func:`hop_overhead_rows`."""
+    from inferpath.analysis.breakdown import breakdown_by_band, fetch_request_rows
+
+    rows = fetch_request_rows(store, start=start, end=end, endpoint_class=endpoint_class)
+    bands = {measure: [dataclasses.asdict(summary) for summary in breakdown_by_band(rows, measure=measure)]
+             for measure in ("ttft", "e2e")}
+    return {"request_count": len(rows), "bands": bands, "hops": hop_overhead_rows(store, start, end)}
+
+
+@router.get("/views/breakdown")
+async def breakdown_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
+                         endpoint_class: str | None = None) -> dict:
+    """Breakdown: stage shares of TTFT and E2E per percentile band; overhead per hop."""
+    start_dt, end_dt = _window(start, end)
+    body = await _read(breakdown_view_body, request.app.state.runtime.store, start_dt, end_dt,
+                       endpoint_class=endpoint_class)
+    return {"start": start_dt, "end": end_dt, **body}
+
+
+def fleet_series_rows(store, start: datetime, end: datetime) -> list[dict]:
+    """Every canonical signal series with samples in the window, one row per
+    (signal, service, attributes): samples, last time and value, min, mean, max. Gauges
+    from ``otel_metrics_gauge``, counters (``preemptions_total``) from ``otel_metrics_sum``
+    with ``increase`` = last − first (resets not handled: an estimate for a table)."""
+    from inferpath.collectors.catalog import SIGNALS
+
+    out = []
+    for table, kind in (("otel_metrics_gauge", "gauge"), ("otel_metrics_sum", "sum")):
+        names = [name for name, signal in SIGNALS.items() if signal.kind == kind]
+        sql = (
+            "SELECT MetricName, ServiceName, Attributes, count(), max(TimeUnix),"
+            " argMax(Value, TimeUnix), argMin(Value, TimeUnix), min(Value), avg(Value), max(Value)"
+            f" FROM {table} WHERE MetricName IN {{names:Array(String)}}"
+            " AND TimeUnix >= {start:DateTime64(9, 'UTC')} AND TimeUnix < {end:DateTime64(9, 'UTC')}"
+            " GROUP BY MetricName, ServiceName, Attributes"
+            " ORDER BY ServiceName, toString(Attributes), MetricName"
+        )
+        for name, service, attributes, count, last_time, last, first, low, mean, high in store.query(
+                sql, {"names": names, "start": start, "end": end}):
+            row = {"signal": name, "kind": kind, "service_name": service,
+                   "attributes": dict(attributes), "samples": int(count), "last_time": last_time,
+                   "last_value": float(last), "min_value": float(low), "avg_value": float(mean),
+                   "max_value": float(high)}
+            if kind == "sum":
+                row["increase"] = float(last) - float(first)
+            out.append(row)
+    return out
+
+
+@router.get("/views/fleet")
+async def fleet_view(request: Request, start: str | None = StartQuery,
+                     end: str | None = EndQuery) -> dict:
+    """GPUs and engines: per signal series, the window's samples, last value, min/mean/max;
+    plus the signal catalog (which source can report which signal), so a reader can tell
+    a signal a source does not export from one that sent nothing in this window."""
+    from inferpath.collectors.catalog import CATALOG, DERIVED, SIGNALS
+
+    start_dt, end_dt = _window(start, end)
+    series = await _read(fleet_series_rows, request.app.state.runtime.store, start_dt, end_dt)
+    sources: dict[str, dict[str, list[str]]] = {}
+    for row in (*CATALOG, *DERIVED):
+        metrics = sources.setdefault(row.source, {}).setdefault(row.signal, [])
+        metrics.append(getattr(row, "metric", None) or "+".join(row.required))
+    return {"start": start_dt, "end": end_dt, "series": series,
+            "signals": {name: {"unit": s.unit, "kind": s.kind, "description": s.description}
+                        for name, s in SIGNALS.items()},
+            "sources": sources}

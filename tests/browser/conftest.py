@@ -1,9 +1,11 @@
-"""Fixture: a real inferpath server holding the recorded vLLM capture (see ``capture_server.py``)."""
+"""Fixtures: a real inferpath server holding the recorded vLLM capture (see
+``capture_server.py``), and one holding the store of a short demo run."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import httpx
 import pytest
@@ -44,5 +46,49 @@ def fed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedServer]:
         start = first.replace(second=0, microsecond=0) - timedelta(minutes=2)
         end = last.replace(second=0, microsecond=0) + timedelta(minutes=2)
         yield FedServer(running.url, start, end, flushed["requests_inserted_total"])
+    finally:
+        running.stop()
+
+
+@dataclass(frozen=True)
+class DemoServer:
+    """A server over the store of a short demo run: ``url``, the run's window, and the
+    scenario that ran (``kv-pressure`` when the scenarios exist, else ``None``: plain demo)."""
+
+    url: str
+    start: datetime
+    end: datetime
+    scenario: str | None
+
+
+# Module scope: embedded chDB allows one open data folder per process, so this store must be
+# closed before another module's fixture opens its own.
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
+    """Run a short demo (the ``kv-pressure`` scenario: 2 × 40 requests, ~25 s; else 60
+    requests of the plain demo at 20× speed), then serve its store and yield."""
+    from inferpath.server.runtime import serve_in_thread
+
+    base = tmp_path_factory.mktemp("demo-run")
+    store_url = f"chdb://{base / 'store'}"
+    try:
+        from inferpath.demo.scenarios import SCENARIOS, ScenarioOptions, run_scenario
+    except ImportError:
+        SCENARIOS = {}
+    if "kv-pressure" in SCENARIOS:
+        outcome = run_scenario("kv-pressure", ScenarioOptions(
+            requests_per_phase=40, store_url=store_url, log_dir=base / "logs"), log=lambda _: None)
+        start, end, scenario = outcome.baseline_window[0], outcome.fault_window[1], "kv-pressure"
+    else:
+        from inferpath.demo.run import DemoOptions, run_demo
+
+        outcome = run_demo(DemoOptions(requests=60, speed=20.0, exit_when_done=True,
+                                       store_url=store_url, port=0, dashboard=False,
+                                       log_dir=base / "logs"))
+        start, end, scenario = outcome.window_start, outcome.window_end, None
+    running = serve_in_thread(Settings(store_url=store_url), port=0)
+    try:
+        yield DemoServer(running.url, start.replace(microsecond=0) - timedelta(seconds=10),
+                         end.replace(microsecond=0) + timedelta(seconds=10), scenario)
     finally:
         running.stop()

@@ -1,0 +1,81 @@
+"""Cached read-API queries of the dashboard.
+
+Every loader is ``st.cache_data`` with a TTL (:data:`CACHE_TTL_SECONDS`) and a bound on
+entries (:data:`CACHE_MAX_ENTRIES`): its arguments (server, token, window, filters) are
+the key, so several open tabs or a fast live refresh cost the server one query per window
+and interval, and memory stays bounded however long the dashboard runs. Errors raise
+:class:`~inferpath.dashboard.client.ReadApiError` and are not cached.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from inferpath.dashboard.client import ReadApiClient
+
+CACHE_TTL_SECONDS = 5
+CACHE_MAX_ENTRIES = 256
+TRACE_CACHE_TTL_SECONDS = 60
+"""A stored trace changes only while late spans arrive; a minute is fresh enough."""
+
+
+def _client(server_url: str, token: str | None) -> ReadApiClient:
+    return ReadApiClient(server_url, token=token)
+
+
+@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def load_summary(server_url: str, token: str | None, start: datetime, end: datetime,
+                 endpoint_class: str | None) -> pd.DataFrame:
+    """``/summary`` over the window (see :meth:`ReadApiClient.summary`)."""
+    with _client(server_url, token) as client:
+        return client.summary(start, end, endpoint_class=endpoint_class)
+
+
+@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def load_gauge(server_url: str, token: str | None, metric: str, start: datetime,
+               end: datetime, step_seconds: int) -> pd.DataFrame:
+    """``/timeseries/gauge`` of one canonical ``metric`` over the window."""
+    with _client(server_url, token) as client:
+        return client.gauge_timeseries(metric, start, end, step_seconds=step_seconds)
+
+
+@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def load_requests(server_url: str, token: str | None, start: datetime, end: datetime,
+                  limit: int) -> pd.DataFrame:
+    """The ``limit`` slowest requests of the window."""
+    with _client(server_url, token) as client:
+        return client.requests(start, end, limit=limit, order="slowest")
+
+
+@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def load_view(server_url: str, token: str | None, name: str, start: datetime, end: datetime,
+              params: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+    """``/views/{name}`` over the window; ``params`` as sorted pairs (hashable cache key)."""
+    with _client(server_url, token) as client:
+        return client.view(name, start, end, **dict(params))
+
+
+@st.cache_data(ttl=TRACE_CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def load_trace(server_url: str, token: str | None, trace_id: str) -> pd.DataFrame:
+    """Spans of one trace."""
+    with _client(server_url, token) as client:
+        return client.trace(trace_id)
+
+
+@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def load_diagnosis(server_url: str, token: str | None, start: datetime,
+                   end: datetime) -> dict[str, Any]:
+    """The verdict for the window against the one just before it."""
+    with _client(server_url, token) as client:
+        return client.diagnosis(start, end)
+
+
+@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def load_alerts(server_url: str, token: str | None) -> Any | None:
+    """``/alerts`` as sent, ``None`` when the server has no alerts route."""
+    with _client(server_url, token) as client:
+        return client.alerts()
