@@ -215,6 +215,7 @@ def fetch_request_rows(
     endpoint: str | None = None,
     endpoint_class: str | None = None,
     status: str | None = "ok",
+    columns: Sequence[str] = REQUEST_QUERY_COLUMNS,
 ) -> list[dict[str, Any]]:
     """Request rows with ``start ≤ timestamp < end`` from ``inferpath_requests`` (``FINAL``,
     so a re-assembled trace counts once), oldest first, as dicts of
@@ -223,7 +224,12 @@ def fetch_request_rows(
     ``endpoint`` / ``endpoint_class`` / ``status`` filter when not ``None``; the default
     keeps only ``ok`` requests, because failed ones end early and would look fast.
     ``start``/``end`` must be timezone-aware (``ValueError`` otherwise, from the store).
+    ``columns``: a subset of :data:`REQUEST_QUERY_COLUMNS` to read (``ValueError`` naming an
+    unknown one); fewer columns read an hour of traffic faster.
     """
+    unknown = [c for c in columns if c not in REQUEST_QUERY_COLUMNS]
+    if unknown:
+        raise ValueError(f"columns: unknown request column(s) {unknown}")
     conditions = ["timestamp >= {start:DateTime64(9)}", "timestamp < {end:DateTime64(9)}"]
     parameters: dict[str, Any] = {"start": start, "end": end}
     for column, value in (("endpoint", endpoint), ("endpoint_class", endpoint_class), ("status", status)):
@@ -231,7 +237,7 @@ def fetch_request_rows(
             conditions.append(f"{column} = {{{column}:String}}")
             parameters[column] = value
     sql = (
-        f"SELECT {', '.join(REQUEST_QUERY_COLUMNS)} FROM inferpath_requests FINAL"
+        f"SELECT {', '.join(columns)} FROM inferpath_requests FINAL"
         f" WHERE {' AND '.join(conditions)} ORDER BY timestamp"
     )
     return store.query_dicts(sql, parameters)

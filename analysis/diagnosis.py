@@ -9,8 +9,10 @@ The order an SRE would follow, and what each step looks at:
    growth is a share of the growth of the tail's mean; the tail is used rather than all
    requests because the p99 is what degraded.
 3. Why a stage grew, from the engine and GPU state of the same windows:
-   queue time → KV-cache pressure (``gpu_memory``), else a saturated GPU (``gpu_compute``),
-   else a batch grown larger (``batching``), else plain ``queueing``;
+   queue time → KV-cache pressure (``gpu_memory``), else a saturated GPU (``gpu_compute``:
+   utilization ≥ 90%, or a slower median decode step, :func:`decode_slower`),
+   else a batch grown larger or a hold on every request, i.e. a batching window
+   (``batching``, :func:`queue_held`), else plain ``queueing``;
    prefill → ``gpu_memory`` under KV pressure (preempted sequences are recomputed), else
    ``gpu_compute``; decode (ITL) → ``gpu_memory`` under KV pressure, else ``batching`` when
    the running batch grew, else ``gpu_compute``; tokenize → ``tokenization``; retrieval →
@@ -27,12 +29,13 @@ import math
 from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
-from inferpath.analysis.breakdown import REST, fetch_request_rows, measure_stages, request_breakdown
-from inferpath.analysis.percentiles import quantile
+from inferpath.analysis.breakdown import REST, STAGES, fetch_request_rows, measure_stages, request_breakdown
+from inferpath.analysis.percentiles import sorted_quantile
 from inferpath.analysis.signals import (
     GPU_UTILIZATION_RATIO, KV_CACHE_USAGE_RATIO, QUEUE_DEPTH, RUNNING_REQUESTS,
     SignalWindows, WindowSignals, fetch_window_signals,
 )
+from inferpath.analysis.startup import ReplicaStartup, fetch_startups
 from inferpath.analysis.verdict import Cause, Degradation, Evidence, Verdict, Window
 from inferpath.storage.rows import unix_ns_from_datetime
 
@@ -50,15 +53,30 @@ MIN_CAUSE_SHARE = 0.10
 KV_PRESSURE_RATIO = 0.90
 """KV-cache usage at which a paged-attention engine (vLLM) has no room for a burst and
 starts to queue new sequences and preempt running ones."""
+KV_HIGH_RATIO = 0.60
+"""KV-cache usage that, doubled from the baseline and with requests waiting, means the queue
+head does not fit: long prompts need many blocks at once, so a pool can refuse the next
+sequence well below 90% full (the live vLLM capture queued 52 requests at 63-70%)."""
 GPU_SATURATED_RATIO = 0.90
 """Utilization above which the GPU has no idle time left to absorb more work."""
 GPU_HEADROOM_RATIO = 0.60
 """Utilization below which more GPUs cannot be the fix: the ones there are idle 40% of the time."""
 BATCH_GROWTH_RATIO = 1.5
 """Running requests (batch size) up by half: each decode step now carries 1.5× the tokens."""
+HELD_QUEUE_RATIO = 0.5
+"""A batching window (or any fixed scheduling delay) holds *every* request: the median queue
+time rises by at least half as much as the p90 does. Queueing behind bursts lengthens the
+slow end far more than the median."""
+MIN_HELD_QUEUE_NS = 10_000_000
+"""...and the median must rise by 10 ms at least to be a hold rather than noise."""
 COLD_START_WINDOW_SECONDS = 60.0
 """Requests within a minute of a replica's first request still meet model loading, CUDA
 graph capture and cold caches."""
+
+
+DIAGNOSIS_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "ttft_ns", "e2e_ns", "itl_ns",
+                                      *(f"{stage}_ns" for stage in STAGES))
+"""The request columns the rules read."""
 
 
 class InsufficientDataError(ValueError):
@@ -68,11 +86,17 @@ class InsufficientDataError(ValueError):
 # ---------------------------------------------------------------------------- rules on signals
 
 def kv_pressure(signals: SignalWindows, current_requests: int, baseline_requests: int) -> bool:
-    """KV cache under pressure in the current window: usage p90 ≥ :data:`KV_PRESSURE_RATIO`,
-    or more preemptions per request than in the baseline (an engine preempts only when it
-    runs out of KV blocks)."""
+    """KV cache under pressure in the current window: usage p90 ≥ :data:`KV_PRESSURE_RATIO`;
+    or usage p90 ≥ :data:`KV_HIGH_RATIO`, at least double the baseline's, with a deeper queue
+    (the queue head is waiting for blocks); or more preemptions per request than in the
+    baseline (an engine preempts only when it runs out of KV blocks)."""
     usage = signals.current.stat(KV_CACHE_USAGE_RATIO, "p90")
     if usage is not None and usage >= KV_PRESSURE_RATIO:
+        return True
+    before = signals.baseline.stat(KV_CACHE_USAGE_RATIO, "p90")
+    depth, depth_before = signals.current.stat(QUEUE_DEPTH), signals.baseline.stat(QUEUE_DEPTH)
+    if (usage is not None and before is not None and depth is not None and depth_before is not None
+            and usage >= KV_HIGH_RATIO and usage >= 2 * before and depth > depth_before):
         return True
     current = (signals.current.preemptions or 0.0) / max(current_requests, 1)
     baseline = (signals.baseline.preemptions or 0.0) / max(baseline_requests, 1)
@@ -94,8 +118,34 @@ def batch_grew(signals: SignalWindows) -> bool:
     return current >= BATCH_GROWTH_RATIO * baseline
 
 
-def stage_cause(stage: str, *, kv: bool, saturated: bool, batch: bool) -> str:
-    """The cause a stage's growth is charged to, given the engine state (module docstring)."""
+def queue_held(current_rows: Sequence[Mapping[str, Any]], baseline_rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Queue time grew for the typical request, not just the tail: the p50 of ``queue_ns`` rose
+    by ≥ :data:`MIN_HELD_QUEUE_NS` and by ≥ :data:`HELD_QUEUE_RATIO` of the p90's rise — the
+    signature of a batching window that holds each request before its prefill."""
+    current, baseline = _values(current_rows, "queue_ns"), _values(baseline_rows, "queue_ns")
+    if not current or not baseline:
+        return False
+    p50_rise = sorted_quantile(current, 0.5) - sorted_quantile(baseline, 0.5)
+    p90_rise = sorted_quantile(current, 0.9) - sorted_quantile(baseline, 0.9)
+    return p50_rise >= MIN_HELD_QUEUE_NS and p50_rise >= HELD_QUEUE_RATIO * p90_rise
+
+
+def decode_slower(current_rows: Sequence[Mapping[str, Any]], baseline_rows: Sequence[Mapping[str, Any]]) -> bool:
+    """The typical decode step got slower: median ITL rose by :data:`DEGRADED_RATIO` and
+    by 1 ms at least. A decode step is one GPU pass over the
+    batch, so a slower median step means the GPU itself is slower or busier (a saturated or
+    shared GPU) — a batching window leaves it unchanged. GPU utilization alone cannot tell:
+    a continuously batching engine shows high utilization at any load."""
+    current, baseline = _values(current_rows, "itl_ns"), _values(baseline_rows, "itl_ns")
+    if not current or not baseline:
+        return False
+    now, before = sorted_quantile(current, 0.5), sorted_quantile(baseline, 0.5)
+    return before > 0 and now >= DEGRADED_RATIO * before and now - before >= 1_000_000
+
+
+def stage_cause(stage: str, *, kv: bool, saturated: bool, batch: bool, held: bool = False) -> str:
+    """The cause a stage's growth is charged to, given the engine state (module docstring);
+    ``held``: :func:`queue_held` (queue growth then goes to ``batching``)."""
     if stage == "tokenize":
         return "tokenization"
     if stage == "retrieval":
@@ -103,7 +153,8 @@ def stage_cause(stage: str, *, kv: bool, saturated: bool, batch: bool) -> str:
     if stage == "network":
         return "network_hop"
     if stage == "queue":
-        return "gpu_memory" if kv else "gpu_compute" if saturated else "batching" if batch else "queueing"
+        return ("gpu_memory" if kv else "gpu_compute" if saturated
+                else "batching" if batch or held else "queueing")
     if stage == "prefill":
         return "gpu_memory" if kv else "gpu_compute"
     if stage == "decode":
@@ -113,8 +164,24 @@ def stage_cause(stage: str, *, kv: bool, saturated: bool, batch: bool) -> str:
 
 # ---------------------------------------------------------------------------- measures
 
+class RequestRows(list):
+    """Request rows plus each column's values sorted once: a diagnosis takes many quantiles
+    of the same columns, and over an hour of traffic re-sorting each time dominates."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]] = ()) -> None:
+        super().__init__(rows)
+        self.sorted_columns: dict[str, list[float]] = {}
+
+
 def _values(rows: Sequence[Mapping[str, Any]], column: str) -> list[float]:
-    return [float(r[column]) for r in rows if r.get(column) is not None]
+    """``column``'s non-null values of ``rows``, sorted ascending (cached on :class:`RequestRows`)."""
+    cache = getattr(rows, "sorted_columns", None)
+    if cache is not None and column in cache:
+        return cache[column]
+    values = sorted(float(r[column]) for r in rows if r.get(column) is not None)
+    if cache is not None:
+        cache[column] = values
+    return values
 
 
 def degradation(measure: str, current_rows: Sequence[Mapping[str, Any]],
@@ -122,8 +189,8 @@ def degradation(measure: str, current_rows: Sequence[Mapping[str, Any]],
     """Compare ``measure``'s exact p99 between windows; degraded when it rose by both
     :data:`DEGRADED_RATIO` and :data:`MIN_DEGRADATION_NS`."""
     current, baseline = _values(current_rows, f"{measure}_ns"), _values(baseline_rows, f"{measure}_ns")
-    cur = quantile(current, 0.99) if current else None
-    base = quantile(baseline, 0.99) if baseline else None
+    cur = sorted_quantile(current, 0.99) if current else None
+    base = sorted_quantile(baseline, 0.99) if baseline else None
     if cur is None or base is None:
         return Degradation(measure, base, cur, None, False)
     ratio = cur / base if base > 0 else math.inf
@@ -137,20 +204,36 @@ def _window_of(rows: Sequence[Mapping[str, Any]]) -> Window | None:
 
 
 def cold_start_rows(current_rows: Sequence[Mapping[str, Any]],
-                    baseline_rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Per replica absent from the baseline: its requests within
-    :data:`COLD_START_WINDOW_SECONDS` of its first request in the current window."""
+                    baseline_rows: Sequence[Mapping[str, Any]],
+                    startups: Sequence[ReplicaStartup] = ()) -> dict[str, list[Mapping[str, Any]]]:
+    """Per starting replica: its requests within :data:`COLD_START_WINDOW_SECONDS` of its start.
+
+    A replica is starting when it is absent from the baseline (its start: its first request in
+    the current window) or when one of ``startups`` (start-up spans, :mod:`.startup`) names it
+    became ready at most :data:`COLD_START_WINDOW_SECONDS` before the current window's first
+    request and serves in it (its start: ``ready_at``) — the latter also
+    catches a replica restarted under the same name.
+    """
     known = {r.get("replica") for r in baseline_rows}
+    serving = {r.get("replica") for r in current_rows}
+    limit = timedelta(seconds=COLD_START_WINDOW_SECONDS)
+    times = [r["timestamp"] for r in current_rows if isinstance(r.get("timestamp"), datetime)]
+    started: dict[str, datetime] = {}
+    if times:
+        for startup in startups:
+            if (startup.replica and startup.replica in serving
+                    and min(times) - limit <= startup.ready_at <= max(times)):
+                started[startup.replica] = min(startup.ready_at, started.get(startup.replica, startup.ready_at))
     first_seen: dict[str, datetime] = {}
     for row in current_rows:
         replica, ts = row.get("replica"), row.get("timestamp")
-        if replica and replica not in known and isinstance(ts, datetime):
+        if replica and replica not in known and replica not in started and isinstance(ts, datetime):
             first_seen[replica] = min(ts, first_seen.get(replica, ts))
-    limit = timedelta(seconds=COLD_START_WINDOW_SECONDS)
+    started.update(first_seen)
     out: dict[str, list[Mapping[str, Any]]] = {}
     for row in current_rows:
         replica = row.get("replica")
-        if replica in first_seen and row["timestamp"] - first_seen[replica] <= limit:
+        if replica in started and timedelta(0) <= row["timestamp"] - started[replica] <= limit:
             out.setdefault(replica, []).append(row)
     return out
 
@@ -164,15 +247,19 @@ def diagnose_from(
     *,
     current_window: Window | None = None,
     baseline_window: Window | None = None,
+    startups: Sequence[ReplicaStartup] = (),
 ) -> Verdict:
     """Diagnose ``current_rows`` against ``baseline_rows`` (request-row dicts, see
     :mod:`inferpath.analysis.breakdown`) with the engine/GPU ``signals`` of both windows.
 
-    Windows default to the span of the rows' timestamps. Raises
+    ``startups``: engine start-ups read from start-up spans (:func:`.startup.fetch_startups`),
+    used to recognise and measure cold starts. Windows default to the span of the rows'
+    timestamps. Raises
     :class:`InsufficientDataError` when a window has fewer than :data:`MIN_REQUESTS`
     requests with an E2E latency.
     """
     signals = signals or SignalWindows()
+    current_rows, baseline_rows = RequestRows(current_rows), RequestRows(baseline_rows)
     for name, rows in (("current", current_rows), ("baseline", baseline_rows)):
         measured = sum(1 for r in rows if r.get("e2e_ns") is not None)
         if measured < MIN_REQUESTS:
@@ -190,10 +277,11 @@ def diagnose_from(
         verdict.summary = "healthy: " + "; ".join(_degradation_text(d) for d in degradations if d.ratio)
         return verdict
     verdict.healthy = False
-    latency = [d for d in degraded if d.measure in ("ttft", "e2e")]
-    # ITL alone degrading still shows up as added decode time, so it is attributed over E2E.
-    verdict.measure = max(latency, key=lambda d: d.ratio or 0).measure if latency else "e2e"
-    verdict.causes = attribute(verdict.measure, current_rows, baseline_rows, signals, windows)
+    # The troubleshooting order: TTFT first. Every stage before the first token (CPU stages,
+    # hops, queue, prefill) lives in it, and attributing over E2E would mix in decode noise.
+    # ITL or E2E degrading alone shows up as added decode time, so it is attributed over E2E.
+    verdict.measure = "ttft" if by_measure["ttft"].degraded else "e2e"
+    verdict.causes = attribute(verdict.measure, current_rows, baseline_rows, signals, windows, startups)
     worst = max(degraded, key=lambda d: d.ratio or 0)
     verdict.summary = _degradation_text(worst) + (
         f"; top cause: {verdict.causes[0].cause} ({verdict.causes[0].share:.0%} of the increase)"
@@ -205,6 +293,7 @@ def diagnose_from(
 def attribute(
     measure: str, current_rows: Sequence[Mapping[str, Any]], baseline_rows: Sequence[Mapping[str, Any]],
     signals: SignalWindows, windows: tuple[Window | None, Window | None],
+    startups: Sequence[ReplicaStartup] = (),
 ) -> list[Cause]:
     """Share the growth of the tail band's mean ``measure`` among causes (module docstring)."""
     stages = measure_stages(measure)
@@ -214,11 +303,13 @@ def attribute(
     n = len(current_tail)
     base_mean = {s: math.fsum(b.stage_ns[s] for b in baseline_tail) / len(baseline_tail) for s in (*stages, REST)}
     base_total = math.fsum(b.total_ns for b in baseline_tail) / len(baseline_tail)
-    cold = {r.get("trace_id") for rows in cold_start_rows(current_rows, baseline_rows).values() for r in rows}
+    cold = {r.get("trace_id") for rows in cold_start_rows(current_rows, baseline_rows, startups).values()
+            for r in rows}
     context = {
         "kv": kv_pressure(signals, len(current_rows), len(baseline_rows)),
-        "saturated": gpu_saturated(signals),
+        "saturated": gpu_saturated(signals) or decode_slower(current_rows, baseline_rows),
         "batch": batch_grew(signals),
+        "held": queue_held(current_rows, baseline_rows),
     }
     added: dict[str, float] = {}
     stages_of: dict[str, list[str]] = {}
@@ -241,16 +332,19 @@ def attribute(
     ]
     causes.sort(key=lambda c: -c.share)
     for cause in causes:
-        _explain(cause, measure, current_rows, baseline_rows, signals, windows)
+        _explain(cause, measure, current_rows, baseline_rows, signals, windows, startups)
     return causes
 
 
 def _tail(rows: Sequence[Mapping[str, Any]], measure: str) -> list:
-    items = [b for b in (request_breakdown(r, measure) for r in rows) if b is not None]
-    if not items:
+    # The edge comes from the raw values, so only the tail's rows (a tenth) are broken down.
+    column = f"{measure}_ns"
+    values = _values(rows, column)
+    if not values:
         return []
-    edge = quantile([b.total_ns for b in items], TAIL_QUANTILE)
-    return [b for b in items if b.total_ns >= edge]
+    edge = sorted_quantile(values, TAIL_QUANTILE)
+    return [b for b in (request_breakdown(r, measure) for r in rows
+                        if r.get(column) is not None and r[column] >= edge) if b is not None]
 
 
 def _grew(stage: str, current_tail: Sequence, baseline_tail: Sequence) -> bool:
@@ -294,7 +388,7 @@ def _percent(value: float | None) -> str:
 
 def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any]],
              baseline_rows: Sequence[Mapping[str, Any]], signals: SignalWindows,
-             windows: tuple[Window | None, Window | None]) -> None:
+             windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup] = ()) -> None:
     """Fill ``cause.evidence``, ``would_help`` and ``would_not_help`` with the numbers."""
     current_window, baseline_window = windows
 
@@ -304,8 +398,8 @@ def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any
 
     def stage_p99(column: str) -> str:
         base, cur = _values(baseline_rows, column), _values(current_rows, column)
-        b = quantile(base, 0.99) if base else None
-        c = quantile(cur, 0.99) if cur else None
+        b = sorted_quantile(base, 0.99) if base else None
+        c = sorted_quantile(cur, 0.99) if cur else None
         name = column.removesuffix("_ns")
         evidence(column, "p99", "ns", b, c, f"{name} p99 {_ms(b)} → {_ms(c)}")
         return f"{name} went from {_ms(b)} to {_ms(c)} at p99"
@@ -344,6 +438,9 @@ def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any
     elif cause.cause == "gpu_compute":
         stage_p99("queue_ns")
         stage_p99("prefill_ns")
+        base, cur = _values(baseline_rows, "itl_ns"), _values(current_rows, "itl_ns")
+        b50, c50 = sorted_quantile(base, 0.5) if base else None, sorted_quantile(cur, 0.5) if cur else None
+        evidence("itl_ns", "p50", "ns", b50, c50, f"median decode step (ITL p50) {_ms(b50)} → {_ms(c50)}")
         signal(QUEUE_DEPTH, "mean", "requests")
         cause.would_not_help.append("tuning the tokenizer, retrieval or the network will not help: "
                                     f"the engine is the bottleneck (GPU utilization {_percent(util)})")
@@ -358,15 +455,27 @@ def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any
         cause.would_not_help.append(f"more compute alone will not help: KV-cache usage p90 {_percent(kv)} "
                                     f"and {after or 0:.0f} preemptions{idle}")
     elif cause.cause == "batching":
+        if "queue" in cause.stages:
+            base, cur = _values(baseline_rows, "queue_ns"), _values(current_rows, "queue_ns")
+            b50, c50 = sorted_quantile(base, 0.5) if base else None, sorted_quantile(cur, 0.5) if cur else None
+            evidence("queue_ns", "p50", "ns", b50, c50,
+                     f"every request waits longer before its prefill: queue p50 {_ms(b50)} → {_ms(c50)}")
+            idle = f" while GPU utilization is {util:.0%}" if util is not None else ""
+            cause.would_help.append("shorten or remove the batching window: it holds each request before "
+                                    f"prefill{idle}")
         stage_p99("itl_ns")
         stage_p99("decode_ns")
         before, after = signal(RUNNING_REQUESTS, "mean", "requests")
         grown = f": running requests went from {before:.0f} to {after:.0f}" if before and after else ""
         cause.would_not_help.append(f"adding GPUs will not help while each one runs oversized batches{grown}")
     elif cause.cause == "cold_start":
-        for replica, rows in cold_start_rows(current_rows, baseline_rows).items():
+        serving = {r.get("replica") for r in current_rows}
+        for startup in startups:
+            if startup.replica in serving:
+                evidence("loading_seconds", "total", "seconds", None, startup.loading_seconds, startup.text())
+        for replica, rows in cold_start_rows(current_rows, baseline_rows, startups).items():
             values = _values(rows, f"{measure}_ns")
-            p99 = quantile(values, 0.99) if values else None
+            p99 = sorted_quantile(values, 0.99) if values else None
             evidence(f"{measure}_ns", "p99", "ns", d.baseline_p99_ns, p99,
                      f"new replica {replica}: {len(rows)} requests in its first "
                      f"{COLD_START_WINDOW_SECONDS:.0f} s, {measure.upper()} p99 {_ms(p99)}")
@@ -392,20 +501,28 @@ def diagnose(
     for name, start, end in (("window", window_start, window_end), ("baseline", baseline_start, baseline_end)):
         if unix_ns_from_datetime(end) <= unix_ns_from_datetime(start):
             raise ValueError(f"{name}_end must be after {name}_start")
-    current_rows = fetch_request_rows(store, start=window_start, end=window_end, endpoint=endpoint)
-    baseline_rows = fetch_request_rows(store, start=baseline_start, end=baseline_end, endpoint=endpoint)
+    current_rows = fetch_request_rows(store, start=window_start, end=window_end, endpoint=endpoint,
+                                      columns=DIAGNOSIS_COLUMNS)
+    baseline_rows = fetch_request_rows(store, start=baseline_start, end=baseline_end, endpoint=endpoint,
+                                       columns=DIAGNOSIS_COLUMNS)
     signals = SignalWindows(
         current=fetch_window_signals(store, window_start, window_end),
         baseline=fetch_window_signals(store, baseline_start, baseline_end),
     )
+    # A replica may finish loading a little before it takes its first request (readiness
+    # probes, load-balancer updates): look back one cold-start window.
+    lookback = timedelta(seconds=COLD_START_WINDOW_SECONDS)
+    startups = [s for s in fetch_startups(store, window_start - 2 * lookback, window_end)
+                if window_start - lookback <= s.ready_at < window_end]
     return diagnose_from(current_rows, baseline_rows, signals,
-                         current_window=(window_start, window_end), baseline_window=(baseline_start, baseline_end))
+                         current_window=(window_start, window_end), baseline_window=(baseline_start, baseline_end),
+                         startups=startups)
 
 
 __all__ = [
     "BATCH_GROWTH_RATIO", "COLD_START_WINDOW_SECONDS", "DEGRADED_RATIO", "GPU_HEADROOM_RATIO",
-    "GPU_SATURATED_RATIO", "InsufficientDataError", "KV_PRESSURE_RATIO", "MIN_CAUSE_SHARE",
+    "GPU_SATURATED_RATIO", "HELD_QUEUE_RATIO", "KV_HIGH_RATIO", "InsufficientDataError", "MIN_HELD_QUEUE_NS", "KV_PRESSURE_RATIO", "MIN_CAUSE_SHARE",
     "MIN_DEGRADATION_NS", "MIN_REQUESTS", "SignalWindows", "TAIL_QUANTILE", "WindowSignals", "attribute",
     "batch_grew", "cold_start_rows", "degradation", "diagnose", "diagnose_from", "gpu_saturated",
-    "kv_pressure", "stage_cause",
+    "kv_pressure", "queue_held", "decode_slower", "stage_cause",
 ]

@@ -47,6 +47,16 @@ def quantiles(values: Iterable[float], qs: Sequence[float] = (0.5, 0.9, 0.99)) -
     return {q: _sorted_quantile(ordered, q) for q in qs}
 
 
+def sorted_quantile(ordered: Sequence[float], q: float) -> float:
+    """:func:`quantile` of values already sorted ascending (not checked: the caller sorted
+    them, e.g. once for many quantiles). Raises ``ValueError`` for an empty input or q
+    outside [0, 1]."""
+    _check_q(q)
+    if not ordered:
+        raise ValueError("values is empty: a quantile needs at least one value")
+    return _sorted_quantile(ordered, q)
+
+
 def _sorted_quantile(ordered: Sequence[float], q: float) -> float:
     position = q * (len(ordered) - 1)
     lower = math.floor(position)
@@ -181,7 +191,7 @@ def histogram_quantile(q: float, buckets: Buckets) -> float:
     return bucket_start + (bucket_end - bucket_start) * (rank / count)
 
 
-__all__ = [
+__all__ = ["sorted_quantile", 
     "Buckets",
     "bucket_increase",
     "histogram_quantile",

@@ -28,7 +28,7 @@ class Evidence:
 
     ``measure``: what was measured (e.g. ``"tokenize_ns"``, ``"kv_cache_usage_ratio"``);
     ``statistic``: ``p99``, ``mean``, ``p90``, ``max``, ``total`` or ``count``; ``unit``:
-    ``ns``, ``ratio``, ``requests``, ``bytes`` or ``count``; ``baseline`` / ``current``: the
+    ``ns``, ``seconds``, ``ratio``, ``requests``, ``bytes`` or ``count``; ``baseline`` / ``current``: the
     values in the baseline and current windows (``None`` when not measured there).
     ``text``: the same in words.
     """

@@ -18,13 +18,14 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal
 
 import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 import inferpath
 from inferpath.demo.assets import load_tokenizer
@@ -53,12 +54,44 @@ class GatewayConfig:
 
     ``tokenize_delay_seconds`` / ``retrieval_delay_seconds`` add CPU-side latency to those stages
     (a slow tokenizer, a slow vector store); ``retrieval_k`` passages are prepended to the prompt.
+    ``engine_urls``: model servers to spread calls over, round robin (default: ``[engine_url]``).
+    All of these may change while the gateway runs (``POST /admin/faults``).
     """
 
     engine_url: str
     retrieval_k: int = 3
     tokenize_delay_seconds: float = 0.0
     retrieval_delay_seconds: float = 0.0
+    engine_urls: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.engine_urls:
+            self.engine_urls = [self.engine_url]
+
+
+class FaultSettings(BaseModel):
+    """Body of ``POST /admin/faults``: gateway knobs the demo's fault scenarios turn while it
+    runs; fields left out keep their value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokenize_delay_seconds: float | None = Field(None, ge=0, le=60)
+    retrieval_delay_seconds: float | None = Field(None, ge=0, le=60)
+    engine_urls: list[str] | None = Field(None, min_length=1)
+
+
+class _DelayedTokenizer:
+    """A tokenizer whose ``encode`` first burns ``config.tokenize_delay_seconds`` (read at every
+    call): the slow-tokenizer fault, inside the traced tokenizer call as a slow tokenizer's
+    time would be."""
+
+    def __init__(self, tokenizer: Any, config: GatewayConfig) -> None:
+        self._tokenizer, self._config = tokenizer, config
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        if self._config.tokenize_delay_seconds:
+            time.sleep(self._config.tokenize_delay_seconds)
+        return self._tokenizer.encode(*args, **kwargs)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -73,9 +106,14 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
     from inferpath.instrumentation.clients import stream_chat_completion
     from inferpath.instrumentation.tokenizers import instrument_tokenizer
 
-    tokenizer = instrument_tokenizer(load_tokenizer())
+    raw_tokenizer = load_tokenizer()
+    tokenizer = instrument_tokenizer(raw_tokenizer)
+    # The fault slows the prompt's tokenization only; the retrieved passages' encoding stays as
+    # it was, so the slow-tokenizer scenario does not also grow the retrieval stage.
+    prompt_tokenizer = instrument_tokenizer(_DelayedTokenizer(raw_tokenizer, config))
     retriever = BM25Retriever()
     state: dict[str, httpx.AsyncClient] = {}
+    turn = itertools.count()
 
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
         state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0),
@@ -90,9 +128,7 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
                          otlp_endpoint=otlp_endpoint, span_exporter=span_exporter)
 
     def encode(text: str) -> list[int]:
-        if config.tokenize_delay_seconds:
-            time.sleep(config.tokenize_delay_seconds)
-        return tokenizer.encode(text, add_special_tokens=False).ids
+        return prompt_tokenizer.encode(text, add_special_tokens=False).ids
 
     @inferpath.stage("retrieval")
     async def retrieve(query: str) -> list[int]:
@@ -105,6 +141,14 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.post("/admin/faults")
+    async def faults(body: FaultSettings) -> dict[str, Any]:
+        """Change the fault knobs (demo scenarios); answers the settings now in force."""
+        for name, value in body.model_dump(exclude_none=True).items():
+            setattr(config, name, [u.rstrip("/") for u in value] if name == "engine_urls" else value)
+        return {"tokenize_delay_seconds": config.tokenize_delay_seconds,
+                "retrieval_delay_seconds": config.retrieval_delay_seconds, "engine_urls": config.engine_urls}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest):  # type: ignore[no-untyped-def]
@@ -119,6 +163,8 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        urls = config.engine_urls
+        engine_url = urls[next(turn) % len(urls)]
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
 
@@ -130,7 +176,7 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
         async def stream() -> AsyncIterator[bytes]:
             usage: dict[str, Any] | None = None
             yield _sse(chunk({"role": "assistant", "content": ""}))
-            async for event in stream_chat_completion(state["client"], f"{config.engine_url}/v1/completions",
+            async for event in stream_chat_completion(state["client"], f"{engine_url}/v1/completions",
                                                       payload, stage="model"):
                 if event.get("usage"):
                     usage = event["usage"]

@@ -61,6 +61,10 @@ class DemoOptions:
     gateway_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
     settle_timeout_seconds: float = 60.0
+    scenario: str | None = None
+    """A fault scenario of :mod:`inferpath.demo.scenarios` (``slow-tokenizer``, …): run it
+    (baseline phase, then the fault), print the diagnosis and exit; ``requests``, ``speed``,
+    ``engine_args`` and the dashboard do not apply to it."""
 
 
 @dataclass
@@ -73,6 +77,7 @@ class DemoOutcome:
     stored_requests: int
     timings_seconds: dict[str, float]
     dashboard_url: str | None = None
+    verdict: dict[str, Any] | None = None
 
 
 def _fmt_ms(value: float | None) -> str:
@@ -110,6 +115,28 @@ def _wait_for_rows(server_url: str, token: str | None, start: datetime, end: dat
             time.sleep(0.5)
 
 
+def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
+    """``inferpath demo --scenario NAME``: one fault scenario, diagnosed; the processes stop after it."""
+    from inferpath.demo.scenarios import ScenarioOptions, run_scenario
+
+    outcome = run_scenario(options.scenario or "", ScenarioOptions(store_url=options.store_url, log_dir=options.log_dir),
+                           log=console.print)
+    verdict = outcome.verdict
+    table = Table(title=f"scenario {outcome.scenario.name}: {outcome.scenario.description}")
+    for column in ("cause", "share", "evidence", "would help", "would not help"):
+        table.add_column(column)
+    for cause in verdict.get("causes", []):
+        table.add_row(cause["cause"], f"{cause['share']:.0%}", "\n".join(e["text"] for e in cause["evidence"]),
+                      "\n".join(cause["would_help"]), "\n".join(cause["would_not_help"]))
+    console.print(table)
+    verdict_word = "[green]correct[/]" if outcome.correct else "[red]wrong[/]"
+    console.print(f"diagnosis: {verdict['summary']} — expected {outcome.scenario.cause or 'healthy'}: {verdict_word}")
+    console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.timings_seconds.items()))
+    return DemoOutcome(outcome.server_url, outcome.baseline_window[0], outcome.fault_window[1], outcome.results, [],
+                       verdict.get("current_requests", 0) + verdict.get("baseline_requests", 0),
+                       outcome.timings_seconds, verdict=verdict)
+
+
 def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcome:
     """Run the demo end to end; returns what it measured. Raises ``RuntimeError`` if a part fails to start."""
     from inferpath.instrumentation.provider import configure
@@ -117,6 +144,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     from inferpath.storage.url import default_store_url, parse_store_url
 
     console = console or Console()
+    if options.scenario is not None:
+        return _run_scenario(options, console)
     timings: dict[str, float] = {}
     log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="inferpath-demo-"))
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -55,19 +55,43 @@ def demo(
                                        help="inferpath server port (default INFERPATH_PORT or 4318; 0: any free port)."),
     dashboard_port: Optional[int] = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
     results: Optional[Path] = typer.Option(None, help="Write the replay client's own measurements here (JSONL)."),
+    scenario: Optional[str] = typer.Option(
+        None, help="Inject one known fault after a healthy baseline and diagnose it: healthy, slow-tokenizer, "
+                   "slow-retrieval, network-hop, batch-window, kv-pressure, gpu-saturated, cold-start."),
 ) -> None:
     """Run the reference inference path on the Azure LLM trace 2023 and print the per-stage latency table."""
     from inferpath.demo.run import DemoOptions, run_demo
 
     settings = _settings(store_url=store, dashboard_port=dashboard_port)
     _check_store_url(settings.store_url)
+    if scenario is not None:
+        from inferpath.demo.scenarios import SCENARIOS
+
+        if scenario not in SCENARIOS:
+            console.print(f"[red]unknown scenario {scenario!r};[/] one of {', '.join(SCENARIOS)}")
+            raise typer.Exit(2)
+    import signal
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the child processes as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         outcome = run_demo(DemoOptions(requests=requests, speed=speed, exit_when_done=exit_,
                                        store_url=settings.store_url, port=port,
-                                       dashboard_port=settings.dashboard_port, results_path=results), console)
+                                       dashboard_port=settings.dashboard_port, results_path=results,
+                                       scenario=scenario), console)
     except (RuntimeError, OSError, ValueError) as exc:
         console.print(f"[red]demo failed:[/] {exc}")
         raise typer.Exit(1) from exc
+    except KeyboardInterrupt:
+        console.print("stopped")
+        raise typer.Exit(130) from None
+    if scenario is not None:  # exit 0 only when the diagnosis named the injected fault
+        expected = SCENARIOS[scenario].cause
+        verdict = outcome.verdict or {}
+        named = None if verdict.get("healthy") else verdict.get("top_cause")
+        raise typer.Exit(0 if named == expected else 1)
     failed = sum(1 for r in outcome.results if r.error)
     if failed or outcome.stored_requests < len(outcome.results):
         raise typer.Exit(1)

@@ -67,6 +67,12 @@ class EngineConfig:
     - ``time_scale``: multiplies every step time (1.0 = the measured speed).
     - ``prefill_slowdown``, ``decode_slowdown``: extra multipliers of prefill and decode steps
       (fault scenarios: a throttled or shared GPU).
+    - ``batch_window_seconds``: how long the head of the waiting queue is held before it may
+      be admitted, so that more requests join its prefill (a dynamic-batching delay like
+      Triton's ``max_queue_delay_microseconds``; 0 = admit at once, vLLM's behaviour).
+    - ``cold_seconds``, ``cold_slowdown``: for the first ``cold_seconds`` after its first
+      request, every step is ``cold_slowdown`` times slower (a new replica capturing CUDA
+      graphs and compiling kernels lazily, with cold allocator and prefix caches).
 
     Raises ``ValueError`` naming the field for a value out of range, or a KV pool that does
     not fit in GPU memory next to the weights.
@@ -84,16 +90,23 @@ class EngineConfig:
     time_scale: float = 1.0
     prefill_slowdown: float = 1.0
     decode_slowdown: float = 1.0
+    batch_window_seconds: float = 0.0
+    cold_seconds: float = 0.0
+    cold_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel", "num_kv_blocks", "block_size_tokens", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        for name in ("time_scale", "prefill_slowdown", "decode_slowdown"):
+        for name in ("time_scale", "prefill_slowdown", "decode_slowdown", "cold_slowdown"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+        for name in ("batch_window_seconds", "cold_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
         spec, gpu = model_spec(self.model), gpu_spec(self.hardware)
         per_gpu = (spec.weights_bytes + self.num_kv_blocks * self.kv_block_bytes) / self.tensor_parallel
         if per_gpu > gpu.memory_total_bytes:
@@ -302,6 +315,7 @@ class Engine:
         self._step_started_s: float | None = None
         self._last_step_end_s = float("-inf")
         self._batch_size = 0
+        self._first_request_s: float | None = None
         self.num_preemptions_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -346,6 +360,8 @@ class Engine:
         if rid in self._by_id:
             raise ValueError(f"request_id: {rid!r} is already in flight")
         metrics = RequestMetrics(rid, prompt_tokens, max_tokens, self._clock(), time.time_ns())
+        if self._first_request_s is None:
+            self._first_request_s = metrics.arrival_s  # the cold period starts with the first request
         seq = _Sequence(metrics=metrics, token_seed=hash(rid) & 0xFFFF)
         self._by_id[rid] = seq
         self._waiting.append(seq)
@@ -359,6 +375,55 @@ class Engine:
             return False
         self._release(seq)
         return True
+
+    def resize_kv_pool(self, num_kv_blocks: int) -> None:
+        """Change the KV pool to ``num_kv_blocks`` blocks while running (another tenant took
+        GPU memory, or it was given back). Shrinking below the blocks in use preempts the
+        youngest running sequences, as running out of blocks at a decode step does. Raises
+        ``ValueError`` naming the field for a count < 1."""
+        if not isinstance(num_kv_blocks, int) or isinstance(num_kv_blocks, bool) or num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks: must be an integer >= 1, got {num_kv_blocks!r}")
+        self._free_blocks += num_kv_blocks - self.config.num_kv_blocks
+        self.config.num_kv_blocks = num_kv_blocks
+        while self._free_blocks < 0 and self._running:
+            self._preempt(max(self._running, key=lambda s: s.admit_order))
+        self._wake.set()
+
+    RECONFIGURABLE = ("time_scale", "prefill_slowdown", "decode_slowdown", "batch_window_seconds", "num_kv_blocks")
+
+    def reconfigure(self, **values: float | int) -> dict[str, float | int]:
+        """Change fault knobs of the running engine (:data:`RECONFIGURABLE`; the loop reads the
+        config at every step); returns the values now in force. Raises ``ValueError`` naming
+        the field for an unknown knob or a value out of range, before changing anything."""
+        for name, value in values.items():
+            if name not in self.RECONFIGURABLE:
+                raise ValueError(f"{name}: not a reconfigurable knob (one of {', '.join(self.RECONFIGURABLE)})")
+            if name == "num_kv_blocks":
+                continue
+            low_ok = value >= 0 if name == "batch_window_seconds" else value > 0
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or not low_ok:
+                raise ValueError(f"{name}: out of range, got {value!r}")
+        if "num_kv_blocks" in values:
+            self.resize_kv_pool(values["num_kv_blocks"])  # type: ignore[arg-type]
+        for name, value in values.items():
+            if name != "num_kv_blocks":
+                setattr(self.config, name, float(value))
+        self._wake.set()  # a shorter window or a larger pool may let the queue head in now
+        return {name: getattr(self.config, name) for name in self.RECONFIGURABLE}
+
+    def step_multiplier(self) -> float:
+        """``time_scale`` times the cold-start slowdown while the engine is still cold
+        (within ``cold_seconds`` of its first request)."""
+        cfg = self.config
+        cold = (cfg.cold_seconds > 0 and self._first_request_s is not None
+                and self._clock() - self._first_request_s < cfg.cold_seconds)
+        return cfg.time_scale * (cfg.cold_slowdown if cold else 1.0)
+
+    def _batch_window_wait_seconds(self) -> float:
+        window = self.config.batch_window_seconds
+        if window <= 0 or not self._waiting:
+            return 0.0
+        return max(0.0, self._waiting[0].metrics.arrival_s + window - self._clock())
 
     # --- stats -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -411,7 +476,7 @@ class Engine:
             if admitted:
                 tokens = sum(s.metrics.prompt_tokens + s.generated for s in admitted)
                 self.prompt_tokens_total += tokens
-                step = self.profile.prefill_seconds(tokens) * cfg.prefill_slowdown * cfg.time_scale
+                step = self.profile.prefill_seconds(tokens) * cfg.prefill_slowdown * self.step_multiplier()
                 await self._step(step, len(admitted))
                 self._emit([s for s in admitted if s.state == _RUNNING])
             elif self._running:
@@ -419,9 +484,12 @@ class Engine:
                 batch = list(self._running)
                 if not batch:
                     continue
-                step = self.profile.decode_step_seconds(len(batch)) * cfg.decode_slowdown * cfg.time_scale
+                step = self.profile.decode_step_seconds(len(batch)) * cfg.decode_slowdown * self.step_multiplier()
                 await self._step(step, len(batch))
                 self._emit([s for s in batch if s.state == _RUNNING])
+            elif (hold := self._batch_window_wait_seconds()) > 0:
+                # Nothing runs while the batching window of the queue head is open.
+                await asyncio.sleep(hold)
             else:
                 # The queue head cannot be admitted with nothing running: only possible if the
                 # config shrank under us; wait for a change rather than spin.
@@ -454,6 +522,8 @@ class Engine:
         budget = cfg.max_num_batched_tokens
         admitted: list[_Sequence] = []
         now = self._clock()
+        if self._batch_window_wait_seconds() > 0 and len(self._waiting) < cfg.max_num_seqs:
+            return admitted
         while self._waiting and len(self._running) < cfg.max_num_seqs:
             seq = self._waiting[0]
             tokens = seq.metrics.prompt_tokens + seq.generated

@@ -21,6 +21,7 @@ for invalid input (naming the field) and 404 for an unknown model, as vLLM answe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -41,6 +42,7 @@ from inferpath.demo.engine.tracing import (
     RequestSpanRecorder,
     build_tracer_provider,
     extract_parent,
+    record_startup_spans,
     shutdown_tracer_provider,
 )
 
@@ -132,15 +134,34 @@ def _sse(payload: dict[str, Any] | str) -> str:
     return f"data: {body}\n\n"
 
 
+class AdminConfig(BaseModel):
+    """Body of ``POST /admin/config``: the fault knobs to change while the engine runs
+    (see :class:`EngineConfig`); fields left out keep their value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    time_scale: float | None = Field(None, gt=0)
+    prefill_slowdown: float | None = Field(None, gt=0)
+    decode_slowdown: float | None = Field(None, gt=0)
+    batch_window_seconds: float | None = Field(None, ge=0, le=60)
+    num_kv_blocks: int | None = Field(None, ge=1)
+
+
 def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine", otlp_endpoint: str | None = None,
-               span_exporter: SpanExporter | None = None, hostname: str | None = None) -> FastAPI:
+               span_exporter: SpanExporter | None = None, hostname: str | None = None,
+               startup_seconds: float = 0.0) -> FastAPI:
     """Build the emulated engine's FastAPI app (the engine runs while the app is served).
 
     ``otlp_endpoint``: base URL of an OTLP/HTTP receiver (spans go to ``/v1/traces``);
     ``span_exporter``: an extra exporter (tests); ``hostname``: the dcgm ``Hostname`` label
-    (default: this machine's). ``app.state`` holds ``engine``, ``tracer_provider``,
-    ``engine_metrics`` and ``span_recorder``.
+    (default: this machine's). ``startup_seconds``: emulated model loading before the app
+    accepts requests (uvicorn listens only after start-up, as vLLM's API server does), then
+    recorded as vLLM-style start-up spans (``Overall Loading`` …). ``app.state`` holds
+    ``engine``, ``tracer_provider``, ``engine_metrics`` and ``span_recorder``.
+    Raises ``ValueError`` naming ``startup_seconds`` when it is negative.
     """
+    if not math.isfinite(startup_seconds) or startup_seconds < 0:
+        raise ValueError(f"startup_seconds: must be a finite number >= 0, got {startup_seconds!r}")
     engine = Engine(engine_config)
     model_name = engine_config.served_model_name or engine_config.model
     provider = build_tracer_provider(service_name, otlp_endpoint, span_exporter)
@@ -150,6 +171,10 @@ def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine"
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if startup_seconds > 0:
+            loading_start_ns = time.time_ns()
+            await asyncio.sleep(startup_seconds)
+            record_startup_spans(provider, loading_start_ns, time.time_ns())
         engine.start()
         try:
             yield
@@ -272,6 +297,14 @@ def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine"
             return bad
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
         return await run(request, body, _chat_prompt_tokens(body.messages), max_tokens, chat=True)
+
+    @app.post("/admin/config")
+    async def admin_config(body: AdminConfig) -> Any:
+        """Turn fault knobs while running (the demo's scenarios); answers the values now in force."""
+        try:
+            return engine.reconfigure(**body.model_dump(exclude_none=True))
+        except ValueError as exc:
+            return _error(400, str(exc), str(exc).split(":", 1)[0])
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""Engine start-ups (cold starts) read from the engine's own start-up spans.
+
+vLLM traces its start-up when ``--otlp-traces-endpoint`` is set (``--collect-detailed-traces
+all`` adds the inner phases): one trace whose root span is ``Overall Loading`` and whose
+descendants are ``Load weights``, ``Load model``, ``Allocate KV cache``, ``Warmup (CPU)``,
+``EngineCoreProc init`` and so on (``shared/data/vllm_live_capture/startup_otlp``: a 35 s
+CPU start-up). The emulated engine records the same names. Every span is INTERNAL and no
+request is in these traces, so the request assembler leaves them out of
+``inferpath_requests``; this module finds them in ``otel_traces`` instead.
+
+A start-up is attributed to a replica by the root span's resource, with the same precedence
+the assembler uses for request rows (``inferpath.replica``, then ``service.instance.id``,
+then ``host.name``), so requests served by a replica can be matched to its start-up. (vLLM
+runs its engine core and workers in separate processes with their own instance ids: only the
+root's id names the replica, and it matches request spans of the API-server process.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Mapping
+
+STARTUP_ROOT_SPAN = "Overall Loading"
+"""Name of the root span of a vLLM start-up trace."""
+REPLICA_ATTRIBUTES: tuple[str, ...] = ("inferpath.replica", "service.instance.id", "host.name")
+
+
+@dataclass(frozen=True)
+class ReplicaStartup:
+    """One engine start-up.
+
+    ``replica``: the root span's replica identity (see module docstring; ``""`` if none);
+    ``started_at`` / ``ready_at``: wall-clock start and end of ``Overall Loading`` (UTC);
+    ``loading_seconds``: its duration; ``phases_seconds``: descendant span name → seconds (the
+    longest span of that name, since vLLM nests e.g. ``Worker init`` inside itself).
+    """
+
+    trace_id: str
+    service_name: str
+    replica: str
+    started_at: datetime
+    ready_at: datetime
+    loading_seconds: float
+    phases_seconds: dict[str, float] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """``replica X loaded in 35.5 s (Warmup (CPU) 13.0 s, Load weights 0.02 s, …)``."""
+        phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in
+                           sorted(self.phases_seconds.items(), key=lambda kv: -kv[1])[:4])
+        return (f"replica {self.replica or self.service_name} loaded in {self.loading_seconds:.1f} s"
+                + (f" ({phases})" if phases else ""))
+
+
+def startups_from_spans(spans: Iterable[Mapping[str, Any]]) -> list[ReplicaStartup]:
+    """Start-ups among ``spans`` (dicts with ``trace_id``, ``span_id``, ``parent_span_id``,
+    ``span_name``, ``timestamp`` (aware datetime, span start), ``duration_ns``,
+    ``service_name``, ``resource_attributes``), oldest first.
+
+    Each ``Overall Loading`` span is one start-up; its phases are the spans below it in the
+    same trace. Raises ``ValueError`` naming the field for a negative ``duration_ns``.
+    """
+    by_trace: dict[str, list[Mapping[str, Any]]] = {}
+    for span in spans:
+        if int(span["duration_ns"]) < 0:
+            raise ValueError(f"duration_ns must be >= 0, got {span['duration_ns']!r} for span {span.get('span_id')}")
+        by_trace.setdefault(str(span["trace_id"]), []).append(span)
+    out: list[ReplicaStartup] = []
+    for trace_id, members in by_trace.items():
+        children: dict[str, list[Mapping[str, Any]]] = {}
+        for span in members:
+            children.setdefault(str(span.get("parent_span_id") or ""), []).append(span)
+        for root in (s for s in members if s["span_name"] == STARTUP_ROOT_SPAN):
+            phases: dict[str, float] = {}
+            pending = list(children.get(str(root["span_id"]), ()))
+            while pending:
+                span = pending.pop()
+                seconds = int(span["duration_ns"]) / 1e9
+                phases[span["span_name"]] = max(seconds, phases.get(span["span_name"], 0.0))
+                pending.extend(children.get(str(span["span_id"]), ()))
+            resource = root.get("resource_attributes") or {}
+            replica = next((resource[k] for k in REPLICA_ATTRIBUTES if resource.get(k)), "")
+            loading = int(root["duration_ns"]) / 1e9
+            out.append(ReplicaStartup(trace_id, str(root.get("service_name", "")), replica, root["timestamp"],
+                                      root["timestamp"] + timedelta(seconds=loading), loading, phases))
+    return sorted(out, key=lambda s: s.started_at)
+
+
+def fetch_startups(store: Any, start: datetime, end: datetime) -> list[ReplicaStartup]:
+    """Start-ups whose ``Overall Loading`` span began in ``[start, end)`` (aware datetimes),
+    with every span of their traces, from ``otel_traces``."""
+    sql = (
+        "SELECT TraceId, SpanId, ParentSpanId, SpanName, Timestamp, Duration, ServiceName, ResourceAttributes"
+        " FROM otel_traces WHERE TraceId IN ("
+        "  SELECT TraceId FROM otel_traces WHERE SpanName = {root:String}"
+        "  AND Timestamp >= {start:DateTime64(9)} AND Timestamp < {end:DateTime64(9)})"
+    )
+    rows = store.query(sql, {"root": STARTUP_ROOT_SPAN, "start": start, "end": end})
+    spans = [{"trace_id": t, "span_id": s, "parent_span_id": p, "span_name": n, "timestamp": ts,
+              "duration_ns": int(d), "service_name": svc, "resource_attributes": dict(res or {})}
+             for t, s, p, n, ts, d, svc, res in rows]
+    return [s for s in startups_from_spans(spans) if start <= s.started_at < end]
+
+
+__all__ = ["REPLICA_ATTRIBUTES", "STARTUP_ROOT_SPAN", "ReplicaStartup", "fetch_startups", "startups_from_spans"]

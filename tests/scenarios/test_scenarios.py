@@ -1,0 +1,53 @@
+"""The scenario suite: each fault injected into the real path, the diagnosis must name it first.
+
+Every scenario runs the real processes (server on embedded chDB, emulated engine, instrumented
+gateway, and the proxy or second replica its fault needs), plays a baseline phase then a fault
+phase, and reads ``/api/v1/diagnosis``. The last test prints the confusion table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferpath.demo.scenarios import SCENARIOS, ScenarioOptions, ScenarioOutcome, confusion_table, run_scenario
+
+pytestmark = pytest.mark.e2e
+
+SCENARIO_SECONDS_MAX = 60.0
+_outcomes: dict[str, ScenarioOutcome] = {}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_diagnosis_names_the_injected_fault(name: str, tmp_path: Path) -> None:
+    outcome = run_scenario(name, ScenarioOptions(log_dir=tmp_path / "run1"), log=lambda _line: None)
+    if not outcome.correct:
+        # One fresh run, not more: on a shared 2-core machine a burst of outside CPU load during
+        # one phase looks like a fault of its own. A fault the diagnosis really misses fails twice.
+        first = outcome.diagnosed_cause
+        outcome = run_scenario(name, ScenarioOptions(log_dir=tmp_path / "run2"), log=lambda _line: None)
+        print(f"{name}: first run diagnosed {first!r}; rerun diagnosed {outcome.diagnosed_cause!r}")
+    _outcomes[name] = outcome
+    total_seconds = sum(outcome.timings_seconds.values())
+    assert total_seconds <= SCENARIO_SECONDS_MAX, outcome.timings_seconds
+    assert all(r.error is None for r in outcome.results), [r.error for r in outcome.results if r.error][:3]
+    verdict = outcome.verdict
+    assert verdict["baseline_requests"] >= 40 and verdict["current_requests"] >= 40
+    assert outcome.diagnosed_cause == (outcome.scenario.cause or "healthy"), verdict["summary"]
+    if outcome.scenario.cause is not None:
+        top = verdict["causes"][0]
+        assert top["evidence"] and top["would_help"], top
+    if name == "cold-start":
+        texts = " ".join(e["text"] for e in verdict["causes"][0]["evidence"])
+        assert "loaded in" in texts and "new replica" in texts, texts
+
+
+def test_confusion_table(request: pytest.FixtureRequest) -> None:
+    if len(_outcomes) < len(SCENARIOS):
+        pytest.skip("runs after the whole suite")
+    table = confusion_table([_outcomes[name] for name in SCENARIOS])
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("\n" + table)
+    assert table.endswith(f"{len(SCENARIOS)}/{len(SCENARIOS)} named correctly"), table
