@@ -165,16 +165,31 @@ def test_spans_flow_from_an_app_through_the_server_to_the_dashboard_query(server
         assert summary.attrs.get("request_count", 0) >= 1
 
 
-def _collect_available() -> bool:
-    inferpath = _local_argv(["inferpath"])[0]
-    result = subprocess.run([inferpath, "collect", "--help"], capture_output=True, timeout=60)
-    return result.returncode == 0
+def _collect_options() -> set[str]:
+    """Every option name `inferpath collect` accepts, from the installed CLI itself."""
+    import typer
+
+    from inferpath.cli import app
+
+    command = typer.main.get_command(app).commands["collect"]
+    return {name for param in command.params for name in (*param.opts, *param.secondary_opts)}
+
+
+def test_every_agent_command_uses_options_inferpath_collect_accepts() -> None:
+    options = _collect_options()
+    commands = {name: service["command"] for name, service in compose()["services"].items()
+                if service.get("command", [None])[:2] == ["inferpath", "collect"]}
+    commands["DaemonSet inferpath-agent"] = workload("DaemonSet", "inferpath-agent")[
+        "spec"]["template"]["spec"]["containers"][0]["command"]
+    assert {"agent", "agent-gpu"} <= set(commands)
+    for name, command in commands.items():
+        assert command[:2] == ["inferpath", "collect"], name
+        used = {arg for arg in command[2:] if arg.startswith("--")}
+        assert used and used <= options, (name, used - options)
 
 
 def test_agent_role_pushes_recorded_dcgm_metrics_to_the_server(server: RunningRole, shared_data: Path,
                                                                serve_app) -> None:
-    if not _collect_available():
-        pytest.skip("`inferpath collect` is not part of this build yet")
     from fastapi import FastAPI
     from fastapi.responses import PlainTextResponse
 
