@@ -23,13 +23,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
+from inferpath.instrumentation.patching import patch_methods, restore_methods
 
 __all__ = ["instrument_library", "uninstrument_library", "documents_returned"]
 
 _logger = logging.getLogger(__name__)
 _METHODS = ("query_points", "query_batch_points", "query_points_groups", "retrieve", "scroll",
             "search", "search_batch")
-_ORIGINALS_ATTRIBUTE = "_inferpath_originals"
 DB_SYSTEM_NAME = "db.system.name"
 DB_OPERATION_NAME = "db.operation.name"
 DB_COLLECTION_NAME = "db.collection.name"
@@ -139,20 +139,10 @@ def _classes() -> tuple[type, ...]:
 def instrument_library(**_options: Any) -> None:
     """Wrap the read methods of ``QdrantClient`` and ``AsyncQdrantClient`` (idempotent)."""
     for cls in _classes():
-        if _ORIGINALS_ATTRIBUTE in cls.__dict__:
-            continue
-        originals = {name: cls.__dict__[name] for name in _METHODS if name in cls.__dict__}
-        setattr(cls, _ORIGINALS_ATTRIBUTE, originals)
-        for name, original in originals.items():
-            setattr(cls, name, _patched(name, original))
+        patch_methods(cls, _METHODS, _patched)
 
 
 def uninstrument_library() -> None:
     """Restore the original methods."""
     for cls in _classes():
-        originals = cls.__dict__.get(_ORIGINALS_ATTRIBUTE)
-        if originals is None:
-            continue
-        for name, original in originals.items():
-            setattr(cls, name, original)
-        delattr(cls, _ORIGINALS_ATTRIBUTE)
+        restore_methods(cls)

@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from inferpath.instrumentation.patching import patch_methods, restore_methods
 from inferpath.instrumentation.tokenizers import run_traced
 
 __all__ = ["TokenCount", "count_tokens", "load_cached_encoding", "instrument_library",
@@ -115,7 +116,6 @@ def count_tokens(text: str, encoding_name: str = "cl100k_base") -> TokenCount:
 
 
 _METHODS = ("encode", "encode_ordinary", "encode_batch", "encode_ordinary_batch")
-_ORIGINALS_ATTRIBUTE = "_inferpath_originals"
 
 
 def _patched(name: str, original: Any) -> Any:
@@ -139,23 +139,11 @@ def instrument_library(**_options: Any) -> None:
     """Wrap ``tiktoken.Encoding``'s encode methods (idempotent)."""
     import tiktoken
 
-    cls = tiktoken.Encoding
-    if _ORIGINALS_ATTRIBUTE in cls.__dict__:
-        return
-    originals = {name: cls.__dict__[name] for name in _METHODS if name in cls.__dict__}
-    setattr(cls, _ORIGINALS_ATTRIBUTE, originals)
-    for name, original in originals.items():
-        setattr(cls, name, _patched(name, original))
+    patch_methods(tiktoken.Encoding, _METHODS, _patched)
 
 
 def uninstrument_library() -> None:
     """Restore ``tiktoken.Encoding``'s methods."""
     import tiktoken
 
-    cls = tiktoken.Encoding
-    originals = cls.__dict__.get(_ORIGINALS_ATTRIBUTE)
-    if originals is None:
-        return
-    for name, original in originals.items():
-        setattr(cls, name, original)
-    delattr(cls, _ORIGINALS_ATTRIBUTE)
+    restore_methods(tiktoken.Encoding)

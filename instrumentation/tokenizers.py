@@ -20,6 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
+from inferpath.instrumentation.patching import patch_methods, restore_methods
 
 __all__ = ["instrument_tokenizer", "InstrumentedTokenizer", "run_traced", "instrument_library",
            "uninstrument_library"]
@@ -128,7 +129,6 @@ def instrument_tokenizer(tokenizer: Any) -> InstrumentedTokenizer:
 
 
 _PATCHED_METHODS = ("encode", "encode_batch", "encode_batch_fast")
-_ORIGINALS_ATTRIBUTE = "_inferpath_originals"
 
 
 def _patched(name: str, original: Any) -> Any:
@@ -155,27 +155,11 @@ def instrument_library(**_options: Any) -> None:
     """
     import tokenizers
 
-    cls = tokenizers.Tokenizer
-    if _ORIGINALS_ATTRIBUTE in cls.__dict__:
-        return
-    originals = {name: getattr(cls, name) for name in _PATCHED_METHODS if hasattr(cls, name)}
-    setattr(cls, _ORIGINALS_ATTRIBUTE, originals)
-    try:
-        for name, original in originals.items():
-            setattr(cls, name, _patched(name, original))
-    except Exception:
-        uninstrument_library()
-        raise
+    patch_methods(tokenizers.Tokenizer, _PATCHED_METHODS, _patched, inherited=True)
 
 
 def uninstrument_library() -> None:
     """Restore the original ``tokenizers.Tokenizer`` methods."""
     import tokenizers
 
-    cls = tokenizers.Tokenizer
-    originals = cls.__dict__.get(_ORIGINALS_ATTRIBUTE)
-    if originals is None:
-        return
-    for name, original in originals.items():
-        setattr(cls, name, original)
-    delattr(cls, _ORIGINALS_ATTRIBUTE)
+    restore_methods(tokenizers.Tokenizer)

@@ -13,12 +13,12 @@ import functools
 import logging
 from typing import Any
 
+from inferpath.instrumentation.patching import patch_methods, restore_methods
 from inferpath.instrumentation.tokenizers import run_traced
 
 __all__ = ["instrument_library", "uninstrument_library", "count_input_ids"]
 
 _logger = logging.getLogger(__name__)
-_ORIGINALS_ATTRIBUTE = "_inferpath_originals"
 _METHODS = ("__call__", "encode")
 
 
@@ -52,21 +52,11 @@ def instrument_library(**_options: Any) -> None:
     """Wrap ``transformers``' tokenizer entry points (idempotent)."""
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase as cls
 
-    if _ORIGINALS_ATTRIBUTE in cls.__dict__:
-        return
-    originals = {name: cls.__dict__[name] for name in _METHODS if name in cls.__dict__}
-    setattr(cls, _ORIGINALS_ATTRIBUTE, originals)
-    for name, original in originals.items():
-        setattr(cls, name, _patched(original))
+    patch_methods(cls, _METHODS, lambda _name, original: _patched(original))
 
 
 def uninstrument_library() -> None:
     """Restore the original methods."""
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase as cls
 
-    originals = cls.__dict__.get(_ORIGINALS_ATTRIBUTE)
-    if originals is None:
-        return
-    for name, original in originals.items():
-        setattr(cls, name, original)
-    delattr(cls, _ORIGINALS_ATTRIBUTE)
+    restore_methods(cls)
