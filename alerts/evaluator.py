@@ -127,6 +127,38 @@ class AlertEvaluator:
         """Alerts pending now."""
         return [a for alerts in self.alerts.values() for a in alerts.values() if a.state == "pending"]
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the evaluator holds now, JSON-ready (times ISO strings via the caller's encoder):
+        ``{"evaluation_interval_seconds", "query_offset_seconds", "evaluations_total",
+        "firing": [alert], "pending": [alert], "rules": [status]}``; an alert is
+        ``{rule, state, labels, annotations, value, active_at, fired_at, keep_firing_since}``,
+        a rule status ``{rule, health, error, duration_seconds, samples: [{labels, value,
+        active, confidence, reason}]}``. Taken under the evaluation lock, so it waits for a
+        running evaluation rather than read a half-updated state.
+        """
+        with self._lock:
+            alerts = [a for by_fp in self.alerts.values() for a in by_fp.values()]
+            statuses = list(self.last_statuses)
+            evaluations = self.evaluations_total
+
+        def alert_row(a: AlertInstance) -> dict[str, Any]:
+            return {"rule": a.rule, "state": a.state, "labels": dict(a.labels),
+                    "annotations": dict(a.annotations), "value": a.value, "active_at": a.active_at,
+                    "fired_at": a.fired_at, "keep_firing_since": a.keep_firing_since}
+
+        return {
+            "evaluation_interval_seconds": self.rule_file.evaluation_interval,
+            "query_offset_seconds": self.rule_file.query_offset,
+            "evaluations_total": evaluations,
+            "firing": [alert_row(a) for a in alerts if a.state == "firing"],
+            "pending": [alert_row(a) for a in alerts if a.state == "pending"],
+            "rules": [{"rule": s.rule, "health": s.health, "error": s.error,
+                       "duration_seconds": s.duration_seconds,
+                       "samples": [{"labels": dict(x.labels), "value": x.value, "active": x.active,
+                                    "confidence": x.confidence, "reason": x.reason} for x in s.samples]}
+                      for s in statuses],
+        }
+
     # ------------------------------------------------------------------ evaluation
     def evaluate_once(self, now: datetime | None = None) -> list[Transition]:
         """Evaluate every rule at ``now`` (default: the clock); return the transitions.

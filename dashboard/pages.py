@@ -310,8 +310,11 @@ def alerts_panels(ctx: Context) -> None:
                 "rules and run the alert evaluator to see firing alerts and their history here.")
         return
     sections = body if isinstance(body, dict) else {"alerts": body}
+    if sections.get("configured") is False:
+        st.info("No alert evaluator runs in this server: set INFERPATH_ALERT_RULES to a rule file "
+                "(or `default`). Past state changes, if any, are listed below.")
     shown = False
-    for key in ("firing", "alerts", "history", "rules"):
+    for key in ("firing", "pending", "alerts", "history", "rules"):
         rows = sections.get(key)
         if isinstance(rows, list):
             shown = True

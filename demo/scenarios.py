@@ -53,6 +53,8 @@ OUTPUT_TOKENS_CAP = 96
 ENDPOINT = "/v1/chat/completions"
 WARMUP_REQUESTS = 10
 WARMUP_RATE_PER_SECOND = 5.0
+_ENGINE_HEALTHY: dict[str, Any] = {"batch_window_seconds": 0.0}
+"""Values of engine faults that turn them off again (the tail phase); others stay as they are."""
 DRAIN_SECONDS = 1.5
 """Gap after a phase's last arrival, so its requests finish before the fault is turned on."""
 
@@ -115,6 +117,11 @@ class ScenarioOptions:
     log_dir: Path | None = None
     settle_timeout_seconds: float = 30.0
     engine_args: list[str] = field(default_factory=list)
+    server_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the server process (e.g. ``INFERPATH_ALERT_RULES``)."""
+    tail_seconds: float = 0.0
+    """After the diagnosis, keep the processes running this long with the fault turned off
+    and no traffic, so sliding-window consumers (the alert evaluator) see the fault end."""
 
 
 @dataclass
@@ -209,7 +216,8 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
                               ["--port", str(server_port), "--store", store_url,
                                "--scrape", f"vllm={engine_url}/metrics",
                                "--scrape", f"dcgm={engine_url}/gpu/metrics"],
-                              port=server_port, log_path=str(log_dir / "server.log"))
+                              port=server_port, log_path=str(log_dir / "server.log"),
+                              extra_env=dict(options.server_env))
         children.append(server)
         engine = start_module("engine", "inferpath.demo.engine",
                               ["--port", str(engine_port), "--otlp-endpoint", server.url,
@@ -290,6 +298,17 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
                                         expected=sum(1 for r in results if r.trace_id),
                                         timeout_seconds=options.settle_timeout_seconds)
         timings["assembly + diagnosis"] = time.perf_counter() - t2
+        if options.tail_seconds > 0:
+            # Only engine faults are turned off; the tail carries no traffic either way.
+            reset = {key: _ENGINE_HEALTHY[key] for key in scenario.engine_faults if key in _ENGINE_HEALTHY}
+            if "time_scale" in scenario.engine_faults:
+                reset["time_scale"] = options.time_scale
+            if "num_kv_blocks" in scenario.engine_faults:
+                reset["num_kv_blocks"] = options.kv_blocks
+            if reset:
+                asyncio.run(_post(f"{engine.url}/admin/config", reset))
+            time.sleep(options.tail_seconds)
+            timings["tail"] = options.tail_seconds
         return ScenarioOutcome(scenario, server.url, (start, fault_start), (fault_start, end), results,
                                verdict, timings)
     finally:

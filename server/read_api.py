@@ -405,3 +405,23 @@ async def fleet_view(request: Request, start: str | None = StartQuery,
             "signals": {name: {"unit": s.unit, "kind": s.kind, "description": s.description}
                         for name, s in SIGNALS.items()},
             "sources": sources}
+
+
+@router.get("/alerts")
+async def alerts_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
+                      limit: int = Query(500, ge=1, le=10000, description="Most history rows returned.")) -> dict:
+    """Alerts firing and pending now (the server's evaluator) and the state changes of
+    ``[start, end)`` from ``inferpath_alerts`` (``history``, oldest first); without an
+    evaluator (``INFERPATH_ALERT_RULES`` unset) ``{"configured": false, "history": [...]}``.
+    Shapes: :meth:`inferpath.alerts.evaluator.AlertEvaluator.snapshot`,
+    :meth:`inferpath.alerts.history.AlertHistory.changes`."""
+    from inferpath.alerts.history import AlertHistory
+
+    start_dt, end_dt = _window(start, end)
+    runtime = request.app.state.runtime
+    history = await _read(AlertHistory(runtime.store).changes, start_dt, end_dt, limit)
+    evaluator = getattr(runtime, "alerts", None)
+    if evaluator is None:
+        return {"configured": False, "start": start_dt, "end": end_dt, "history": history}
+    return {"configured": True, "start": start_dt, "end": end_dt,
+            **(await run_in_threadpool(evaluator.snapshot)), "history": history}

@@ -74,6 +74,10 @@ class RuntimeCollector:
             families["queue"].add_metric([table], writer.queue_rows)
         yield from families.values()
         yield from _ingest_metrics(rt.ingest)
+        if getattr(rt, "alerts", None) is not None:
+            from inferpath.alerts.metrics import alert_metric_families
+
+            yield from alert_metric_families(rt.alerts)
 
 
 def _ingest_metrics(ingest) -> Iterator[Metric]:
