@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -87,3 +88,14 @@ def start_module(name: str, module: str, args: list[str], *, port: int, host: st
     process = subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdout=out,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return ChildService(name, f"http://{host}:{port}", process, log_path)
+
+
+def start_server(store_url: str, port: int, engine_url: str, log_dir: Path, *,
+                 extra_env: dict[str, str] | None = None) -> ChildService:
+    """The inferpath server in its own process, owning ``store_url`` and scraping the demo
+    engine's vLLM-compatible ``/metrics`` and dcgm-exporter-compatible ``/gpu/metrics``."""
+    return start_module("server", "inferpath.server",
+                        ["--port", str(port), "--store", store_url,
+                         "--scrape", f"vllm={engine_url}/metrics",
+                         "--scrape", f"dcgm={engine_url}/gpu/metrics"],
+                        port=port, log_path=str(log_dir / "server.log"), extra_env=extra_env)

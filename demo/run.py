@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from inferpath.config import Settings
-from inferpath.demo.processes import ChildService, ensure_port_free, free_port, start_module
+from inferpath.demo.processes import ChildService, ensure_port_free, free_port, start_module, start_server
 from inferpath.demo.replay import ReplayResult, replay
 from inferpath.demo.trace import load_azure_trace
 
@@ -173,11 +173,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         engine.wait_ready("/health")
         # The server owns the embedded store in its own process, as in production; this
         # process only replays, so its clock readings are not disturbed by ingest work.
-        server = start_module("server", "inferpath.server",
-                              ["--port", str(server_port), "--store", store_url,
-                               "--scrape", f"vllm={engine_url}/metrics",
-                               "--scrape", f"dcgm={engine_url}/gpu/metrics"],
-                              port=server_port, log_path=str(log_dir / "server.log"))
+        server = start_server(store_url, server_port, engine_url, log_dir)
         children.append(server)
         server.wait_ready("/healthz")
         timings["server + engine start"] = time.perf_counter() - t0

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import httpx
 
-from inferpath.demo.processes import ChildService, free_port, start_module
+from inferpath.demo.processes import ChildService, free_port, start_module, start_server
 from inferpath.demo.replay import ReplayResult, replay
 from inferpath.demo.trace import TraceRequest, load_azure_trace
 
@@ -212,12 +212,7 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
     try:
         server_port, engine_port, gateway_port = free_port(), free_port(), free_port()
         engine_url = f"http://127.0.0.1:{engine_port}"
-        server = start_module("server", "inferpath.server",
-                              ["--port", str(server_port), "--store", store_url,
-                               "--scrape", f"vllm={engine_url}/metrics",
-                               "--scrape", f"dcgm={engine_url}/gpu/metrics"],
-                              port=server_port, log_path=str(log_dir / "server.log"),
-                              extra_env=dict(options.server_env))
+        server = start_server(store_url, server_port, engine_url, log_dir, extra_env=dict(options.server_env))
         children.append(server)
         engine = start_module("engine", "inferpath.demo.engine",
                               ["--port", str(engine_port), "--otlp-endpoint", server.url,
