@@ -78,7 +78,9 @@ def test_proxy_adds_its_delay_and_passes_trace_headers(serve_app) -> None:
         reply = httpx.post(f"{proxy_url}/echo", content=b"hello", headers=header)
         hop = time.perf_counter() - hop_start
     assert reply.json() == {"traceparent": header["traceparent"], "body": "hello"}
-    assert hop - direct >= 0.19
+    # The proxied call cannot be faster than the proxy's own delay; comparing with the direct
+    # call's time instead would make the check hostage to one slow connection set-up.
+    assert hop >= 0.2 and hop > direct
     with pytest.raises(ValueError, match="delay_seconds"):
         create_proxy_app(upstream_url, -1.0)
 
