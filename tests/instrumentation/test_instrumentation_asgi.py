@@ -16,7 +16,6 @@ import inferpath
 from inferpath.instrumentation.asgi import InferpathASGIMiddleware
 from inferpath.instrumentation.stages import stage
 
-from conftest import serve
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -75,10 +74,10 @@ def build_app() -> FastAPI:
 
 
 @pytest.fixture()
-def served(spans):
+def served(spans, serve_app):
     app = build_app()
     inferpath.instrument(app, service_name="gateway-test", span_exporter=spans.exporter)
-    with serve(app) as base_url:
+    with serve_app(app) as base_url:
         yield base_url, spans
     inferpath.uninstrument(app)
 
@@ -173,12 +172,12 @@ def test_client_disconnect_mid_stream_ends_span_incomplete(served) -> None:
     assert server.status.status_code is not StatusCode.ERROR
 
 
-def test_instrument_twice_adds_one_middleware_and_uninstrument_removes_it(spans) -> None:
+def test_instrument_twice_adds_one_middleware_and_uninstrument_removes_it(spans, serve_app) -> None:
     app = build_app()
     inferpath.instrument(app, service_name="gateway-test", span_exporter=spans.exporter)
     inferpath.instrument(app, service_name="gateway-test", span_exporter=spans.exporter)
     assert [m.cls for m in app.user_middleware].count(InferpathASGIMiddleware) == 1
-    with serve(app) as base_url:
+    with serve_app(app) as base_url:
         httpx.get(f"{base_url}/items/1", timeout=10)
         assert len(server_spans(spans, wait_for=2)) == 1  # the retrieval span + ours
         inferpath.uninstrument(app)
