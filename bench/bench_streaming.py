@@ -4,12 +4,9 @@ A recorded-shape OpenAI stream (role chunk, N one-token content chunks, finish, 
 ``[DONE]``, one SSE event per network read) is passed through three ways:
 
 * reference: the reads are handed on untouched (what a proxy without tracking does);
-* meter: inferpath's ``ChatStreamMeter(decode_chunks=False).feed`` on every read (SSE
-  framing, byte-level visible-token rule with JSON decode only where the bytes cannot settle
-  it, timeline stamp), as the gateway middleware and the httpx/openai integration do;
-* decoding meter (second figure): ``ChatStreamMeter.feed`` returning the parsed chunks, as
-  ``stream_chat_completion`` does, against a reference that itself splits the SSE events and
-  ``json.loads`` each (what an uninstrumented client must do to hand out chunks).
+* meter: inferpath's ``ChatStreamMeter.feed`` on every read (SSE parse, JSON decode,
+  visible-token rule, timeline stamp), as the gateway middleware, ``stream_chat_completion``
+  and the httpx/openai integration do.
 
 Per-token cost = (variant − reference) / tokens; best of interleaved rounds.
 
@@ -53,46 +50,23 @@ def run(tokens: int, rounds: int) -> dict[str, float]:
 
     def meter() -> None:
         sink.clear()
-        tracker = ChatStreamMeter(decode_chunks=False)
+        tracker = ChatStreamMeter()
         perf = time.perf_counter_ns
         for data in reads:
             tracker.feed(data, perf())
             sink.append(data)
         assert tracker.timeline.output_tokens == tokens
 
-    def decode_reference() -> None:
-        sink.clear()
-        loads = json.loads
-        for data in reads:
-            for event in data.split(b"\n\n"):
-                if event.startswith(b"data: ") and event != b"data: [DONE]":
-                    sink.append(loads(event[6:]))
-
-    def decode_meter() -> None:
-        sink.clear()
-        tracker = ChatStreamMeter()
-        perf = time.perf_counter_ns
-        for data in reads:
-            sink.extend(tracker.feed(data, perf()))
-        assert tracker.timeline.output_tokens == tokens
-
-    best = {"reference": float("inf"), "meter": float("inf"),
-            "decode_reference": float("inf"), "decode_meter": float("inf")}
+    best = {"reference": float("inf"), "meter": float("inf")}
     for _ in range(rounds):
-        for name, body in (("reference", reference), ("meter", meter),
-                           ("decode_reference", decode_reference),
-                           ("decode_meter", decode_meter)):
+        for name, body in (("reference", reference), ("meter", meter)):
             started = time.perf_counter()
             body()
             best[name] = min(best[name], time.perf_counter() - started)
     per_token_us = (best["meter"] - best["reference"]) / tokens * 1e6
     return {"reference_us_per_token": best["reference"] / tokens * 1e6,
             "meter_us_per_token": best["meter"] / tokens * 1e6,
-            "added_us_per_token": per_token_us,
-            "decode_reference_us_per_token": best["decode_reference"] / tokens * 1e6,
-            "decode_meter_us_per_token": best["decode_meter"] / tokens * 1e6,
-            "decode_added_us_per_token":
-                (best["decode_meter"] - best["decode_reference"]) / tokens * 1e6}
+            "added_us_per_token": per_token_us}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -104,11 +78,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"pass-through (reference): {result['reference_us_per_token']:.3f} us/token")
     print(f"with TTFT/ITL tracking:   {result['meter_us_per_token']:.3f} us/token")
     print(f"added: {result['added_us_per_token']:.3f} us/token (target <= 0.5)")
-    print(f"client decoding chunks, reference (SSE split + json.loads): "
-          f"{result['decode_reference_us_per_token']:.3f} us/token")
-    print(f"client decoding chunks, with tracking: "
-          f"{result['decode_meter_us_per_token']:.3f} us/token")
-    print(f"client added: {result['decode_added_us_per_token']:.3f} us/token")
     return result
 
 
