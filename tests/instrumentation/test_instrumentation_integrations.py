@@ -6,18 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from opentelemetry.trace import SpanKind
 
 import inferpath
+from inferpath.demo.assets import tokenizer_json_text
 from inferpath.instrumentation import registry, threads
 from inferpath.instrumentation.context import run_in_executor
 from inferpath.instrumentation.queues import QueueTicket, TracedQueue
 from inferpath.instrumentation.stages import stage
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[2] / "demo" / "assets" / "tokenizer" / "tokenizer.json"
 TEXT = "Where is the bottleneck of this inference request?"
 
 
@@ -33,7 +32,7 @@ def only(spans):
 
 def test_tokenizers_class_methods_traced_inside_a_request_only(spans, only) -> None:
     tokenizers = pytest.importorskip("tokenizers")
-    tokenizer = tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON))
+    tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json_text())
     expected = tokenizer.encode(TEXT).ids
     assert only("tokenizers") == ["tokenizers"]
     tokenizer.encode("warm-up outside any request")  # not a request stage: no span
@@ -50,9 +49,11 @@ def test_tokenizers_class_methods_traced_inside_a_request_only(spans, only) -> N
     assert tokenize[1].attributes["inferpath.tokenize.batch_size"] == 2
 
 
-def test_transformers_tokenizer_one_span_per_call(spans, only) -> None:
+def test_transformers_tokenizer_one_span_per_call(spans, only, tmp_path) -> None:
     transformers = pytest.importorskip("transformers")
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_JSON))
+    tokenizer_file = tmp_path / "tokenizer.json"
+    tokenizer_file.write_text(tokenizer_json_text())
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file))
     only("transformers", "tokenizers")
     with stage("gateway"):
         ids = tokenizer.encode(TEXT)
@@ -131,7 +132,7 @@ def test_case5_executor_to_thread_bare_submit_and_gather_share_the_request(spans
     from fastapi import FastAPI
 
     tokenizers = pytest.importorskip("tokenizers")
-    tokenizer = tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON))
+    tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json_text())
     only("threads", "tokenizers")
     app = FastAPI()
     inferpath.instrument(app, service_name="svc", span_exporter=spans.exporter)

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from opentelemetry.trace import StatusCode
 
+from inferpath.demo.assets import tokenizer_json_text
 from inferpath.instrumentation.context import run_in_executor, submit_in_context, wrap_executor
 from inferpath.instrumentation.stages import stage
 from inferpath.instrumentation.tokenizers import instrument_tokenizer
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[2] / "demo" / "assets" / "tokenizer" / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     tokenizers = pytest.importorskip("tokenizers")
-    return tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON))
+    return tokenizers.Tokenizer.from_str(tokenizer_json_text())
 
 
 def test_encode_and_encode_batch_emit_tokenize_spans_with_input_tokens(spans, tokenizer) -> None:
