@@ -28,6 +28,8 @@ ENV_TTL_DAYS = "INFERPATH_TTL_DAYS"
 ENV_MAX_INFLIGHT_REQUESTS = "INFERPATH_MAX_INFLIGHT_REQUESTS"
 ENV_MAX_INFLIGHT_BYTES = "INFERPATH_MAX_INFLIGHT_BYTES"
 ENV_STORE_RETRY_AFTER_SECONDS = "INFERPATH_STORE_RETRY_AFTER_SECONDS"
+ENV_ROLLUP_INTERVAL_SECONDS = "INFERPATH_ROLLUP_INTERVAL_SECONDS"
+ENV_ROLLUP_MIN_WINDOW_SECONDS = "INFERPATH_ROLLUP_MIN_WINDOW_SECONDS"
 
 _ENV_BY_FIELD = {
     "store_url": ENV_STORE,
@@ -46,6 +48,8 @@ _ENV_BY_FIELD = {
     "max_inflight_requests": ENV_MAX_INFLIGHT_REQUESTS,
     "max_inflight_bytes": ENV_MAX_INFLIGHT_BYTES,
     "store_retry_after_seconds": ENV_STORE_RETRY_AFTER_SECONDS,
+    "rollup_interval_seconds": ENV_ROLLUP_INTERVAL_SECONDS,
+    "rollup_min_window_seconds": ENV_ROLLUP_MIN_WINDOW_SECONDS,
 }
 
 
@@ -84,6 +88,11 @@ class Settings(BaseModel):
     alert_rules: str | None = None
     # Retention of every table (days); rows older than this are rejected at ingest, with a reason.
     ttl_days: int = Field(30, ge=1, le=3650)
+    # Per-minute rollups of request rows (storage/rollup.py): rebuilt every interval; read for
+    # latency summaries and views whose window is at least rollup_min_window_seconds long
+    # (narrower windows stay exact).
+    rollup_interval_seconds: float = Field(10.0, gt=0, le=3600)
+    rollup_min_window_seconds: float = Field(3 * 3600.0, ge=0)
     ttl_days_by_table: dict[str, int] = Field(default_factory=dict)
     # Backpressure: exports in flight before the receiver answers 503 with Retry-After.
     max_inflight_requests: int = Field(64, ge=1)

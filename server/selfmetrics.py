@@ -48,6 +48,9 @@ class RuntimeCollector:
             ("inferpath_assembler_errors", "Failed request-assembly passes.", rt.assembler.errors_total),
             ("inferpath_scrape_samples", "Samples scraped from engine and GPU exporters.",
              rt.scrape_loop.samples_total),
+            ("inferpath_rollup_passes", "Passes of the per-minute request rollup refresher.",
+             rt.rollups.passes_total),
+            ("inferpath_rollup_errors", "Failed rollup refresh passes.", rt.rollups.failures_total),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         scrape_errors = CounterMetricFamily("inferpath_scrape_errors", "Failed scrapes per target.",
@@ -58,6 +61,8 @@ class RuntimeCollector:
         pending = GaugeMetricFamily("inferpath_assembler_pending_traces", "Traces noted, not yet assembled.",
                                     value=rt.assembler.pending_traces)
         yield pending
+        yield GaugeMetricFamily("inferpath_rollup_last_pass_seconds", "Duration of the last rollup pass.",
+                                value=rt.rollups.last_seconds)
         families = {
             "inserted": CounterMetricFamily("inferpath_writer_rows_inserted", "Rows inserted.", labels=["table"]),
             "dropped": CounterMetricFamily("inferpath_writer_rows_dropped",

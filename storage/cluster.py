@@ -35,6 +35,9 @@ SHARDING_KEYS: dict[str, str] = {
     "otel_traces": "cityHash64(TraceId)",
     "otel_traces_trace_id_ts": "cityHash64(TraceId)",
     "inferpath_requests": "cityHash64(trace_id)",
+    # A rebuilt rollup minute must land on the shard of the row it replaces.
+    "inferpath_requests_1m": "cityHash64(minute, endpoint_class, endpoint, status)",
+    "inferpath_rollup_state": "cityHash64(name)",
 }
 DEFAULT_SHARDING_KEY = "rand()"
 DEFAULT_REPLICATION_PATH = "/clickhouse/tables/{shard}"

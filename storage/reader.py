@@ -17,6 +17,8 @@ import re
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from inferpath.storage.rollup import QUANTILE_LEVELS, WindowPlan, aggregate, plan_window
+from inferpath.storage.rollup import horizon as rollup_horizon
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store, ensure_aware
 
@@ -65,8 +67,19 @@ class Reader:
     (> 31 days), bad limits, steps, ids or orders; driver errors propagate.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, rollup_min_window_seconds: float | None = None) -> None:
         self.store = store
+        self.rollup_min_window_seconds = rollup_min_window_seconds
+
+    def rollup_plan(self, start: datetime, end: datetime, *, align_seconds: int = 60) -> WindowPlan | None:
+        """How ``[start, end)`` splits between the per-minute rollup and raw rows, or ``None``
+        when the window is read exactly: rollups off (``rollup_min_window_seconds`` None),
+        the window shorter than that, no rollup pass yet, or no whole minute to roll up."""
+        if self.rollup_min_window_seconds is None or (
+                (end - start).total_seconds() < self.rollup_min_window_seconds):
+            return None
+        plan = plan_window(start, end, rollup_horizon(self.store), align_seconds=align_seconds)
+        return plan if plan.rollup is not None else None
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -120,19 +133,60 @@ class Reader:
 
         Returns one dict per measure of :data:`MEASURES`, in that order, with keys
         ``measure``, ``count`` (rows where the measure is not NULL), ``avg_seconds``,
-        ``p50_seconds``, ``p95_seconds``, ``p99_seconds`` (exact, see module docstring;
-        ``None`` when ``count`` is 0).
+        ``p50_seconds``, ``p95_seconds``, ``p99_seconds`` (``None`` when ``count`` is 0).
+        Percentiles are exact (see module docstring) unless the window is wide enough for
+        the per-minute rollup (:meth:`rollup_plan`); then they come from merged DDSketches,
+        within 0.5 % of a value of that rank, and counts and means stay exact.
         """
+        return self.summary(start, end, endpoint=endpoint, endpoint_class=endpoint_class)["measures"]
+
+    def summary(
+        self,
+        start: datetime,
+        end: datetime,
+        *,
+        endpoint: str | None = None,
+        endpoint_class: str | None = None,
+    ) -> dict[str, Any]:
+        """``{"request_count", "percentiles", "measures"}`` over ``[start, end)``: the number
+        of requests, ``"exact"`` or ``"ddsketch"`` (how the percentiles were computed), and
+        the per-measure list of :meth:`latency_summary`."""
         params: dict[str, Any] = self._range(start, end)
         where = self._filters(params, endpoint, endpoint_class)
-        selects = []
+        plan = self.rollup_plan(params["start"], params["end"])
+        if plan is not None:
+            return self._summary_from_rollup(plan, endpoint, endpoint_class)
+        count, measures = self._exact_summary(where, params)
+        return {"request_count": count, "percentiles": "exact", "measures": measures}
+
+    def _summary_from_rollup(self, plan: WindowPlan, endpoint: str | None,
+                             endpoint_class: str | None) -> dict[str, Any]:
+        filters = {k: v for k, v in (("endpoint", endpoint), ("endpoint_class", endpoint_class)) if v is not None}
+        rows = aggregate(self.store, plan, measures=MEASURES, filters=filters)
+        row = rows[0] if rows else {}
+        level = {q: i for i, q in enumerate(QUANTILE_LEVELS)}
+        out = []
+        for measure in MEASURES:
+            count = int(row.get(f"{measure}_count", 0))
+            if count == 0:
+                out.append({"measure": measure, "count": 0, "avg_seconds": None,
+                            "p50_seconds": None, "p95_seconds": None, "p99_seconds": None})
+                continue
+            q = row[f"{measure}_q"]
+            out.append({"measure": measure, "count": count,
+                        "avg_seconds": row[f"{measure}_sum_ns"] / count / _NS_PER_SECOND,
+                        **{f"p{round(p * 100)}_seconds": _seconds(q[level[p]]) for p in (0.5, 0.95, 0.99)}})
+        return {"request_count": int(row.get("requests", 0)), "percentiles": "ddsketch", "measures": out}
+
+    def _exact_summary(self, where: str, params: dict[str, Any]) -> tuple[int, list[dict]]:
+        selects = ["count()"]
         for measure in MEASURES:
             column = f"{measure}_ns"
             selects.append(
                 f"count({column}), avg({column}), quantilesExactInclusive(0.5, 0.95, 0.99)({column})"
             )
         rows = self.store.query(f"SELECT {', '.join(selects)} {_REQUESTS_FROM} WHERE {where}", params)
-        values = rows[0] if rows else tuple([0, None, []] * len(MEASURES))
+        request_count, *values = rows[0] if rows else (0, *([0, None, []] * len(MEASURES)))
         out = []
         for index, measure in enumerate(MEASURES):
             count, avg_ns, quantiles_ns = values[3 * index: 3 * index + 3]
@@ -144,7 +198,7 @@ class Reader:
             p50, p95, p99 = (_seconds(q) for q in quantiles_ns)
             out.append({"measure": measure, "count": count, "avg_seconds": _seconds(avg_ns),
                         "p50_seconds": p50, "p95_seconds": p95, "p99_seconds": p99})
-        return out
+        return int(request_count), out
 
     def request_count(
         self,

@@ -1,0 +1,299 @@
+"""Per-minute rollups of request rows, so reads over hours and days stay fast.
+
+``inferpath_requests_1m`` (schema 006) holds, per (minute, endpoint class, endpoint,
+status), the request count and per measure the count of rows that measured it, their sum
+and a DDSketch (ClickHouse ``quantilesDD``, relative accuracy :data:`RELATIVE_ACCURACY`).
+Merging sketches of many minutes answers a quantile over the whole range with the same
+relative accuracy (Masson, Rim & Lee, "DDSketch: A Fast and Fully-Mergeable Quantile Sketch
+with Relative-Error Guarantees", VLDB 2019). Counts and means from a rollup are exact.
+
+Maintenance (:func:`refresh`): request rows are re-derived when late spans arrive, so a
+rollup cannot be a materialized view over inserts (it would count a re-derived request
+twice). Instead each pass finds the minutes holding a request row updated since the last
+watermark, rebuilds those minutes from ``inferpath_requests FINAL`` and advances the
+watermark (kept in ``inferpath_rollup_state``). A request row whose update lands after a pass
+is picked up by the next one.
+
+Reads (:func:`plan_window`, :func:`aggregate`): whole minutes of a window older than the
+horizon (the watermark floored to the minute) come from the rollup; the rest of the window
+(its ragged edges and the recent minutes) is sketched from the raw rows in the same query,
+so the answer covers every request of the window.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Sequence
+
+logger = logging.getLogger(__name__)
+
+ROLLUP_TABLE = "inferpath_requests_1m"
+STATE_TABLE = "inferpath_rollup_state"
+STATE_NAME = ROLLUP_TABLE
+RELATIVE_ACCURACY = 0.005
+"""DDSketch relative accuracy α: a quantile read is within α (0.5 %) of a value of that rank."""
+QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+_SKETCH = f"quantilesDD({RELATIVE_ACCURACY}, {', '.join(str(q) for q in QUANTILE_LEVELS)})"
+
+ROLLUP_MEASURES: dict[str, str] = {
+    **{m: f"{m}_ns" for m in (
+        "client_ttft", "client_e2e", "ttft", "e2e", "itl", "gateway", "tokenize", "retrieval",
+        "queue", "prefill", "decode", "model", "network", "postprocess")},
+    "ttft_best": "coalesce(client_ttft_ns, ttft_ns)",
+    "e2e_best": "coalesce(client_e2e_ns, e2e_ns)",
+}
+"""Measure name → its SQL expression over an ``inferpath_requests`` row (nanoseconds).
+``ttft_best``/``e2e_best``: the client's value when measured, else the gateway's."""
+
+MINUTE = timedelta(minutes=1)
+DEFAULT_MARGIN_SECONDS = 120.0
+"""How far behind a pass's start its watermark is set: a request row stamped ``updated_at``
+up to this long before it became visible (batched inserts) is still found next pass."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_RANGE = "{start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
+
+
+def _sketch_columns(source: str = "raw") -> list[str]:
+    """SELECT items giving, per measure, ``<m>_count, <m>_sum_ns, <m>_q`` states.
+
+    ``source="raw"``: aggregates over ``inferpath_requests`` rows; ``"rollup"``: the
+    rollup's stored columns (already aggregated per minute).
+    """
+    items = []
+    for name, expression in ROLLUP_MEASURES.items():
+        if source == "rollup":
+            items += [f"{name}_count", f"{name}_sum_ns", f"{name}_q"]
+        else:
+            items += [
+                f"count({expression}) AS {name}_count",
+                f"toFloat64(sum({expression})) AS {name}_sum_ns",
+                f"{_SKETCH.replace('quantilesDD', 'quantilesDDStateIf')}"
+                f"(assumeNotNull({expression}), isNotNull({expression})) AS {name}_q",
+            ]
+    return items
+
+
+# ----------------------------------------------------------------------------- refresh
+@dataclass(frozen=True)
+class RefreshResult:
+    """One pass: ``minutes`` rebuilt, ``seconds`` spent, the new ``watermark``."""
+
+    minutes: int
+    seconds: float
+    watermark: datetime
+
+
+def watermark(store) -> datetime | None:
+    """The refresher's watermark (aware UTC), ``None`` before its first pass."""
+    rows = store.query(f"SELECT max(watermark), count() FROM {STATE_TABLE} WHERE name = {{name:String}}",
+                       {"name": STATE_NAME})
+    return rows[0][0] if rows and rows[0][1] else None
+
+
+def horizon(store) -> datetime | None:
+    """Start of the first minute the rollup may not cover yet: the watermark floored to the
+    minute (request rows of older minutes were all updated before the watermark)."""
+    mark = watermark(store)
+    return None if mark is None else mark.replace(second=0, microsecond=0)
+
+
+def _runs(minutes: Sequence[datetime], max_minutes: int) -> list[tuple[datetime, datetime]]:
+    """Consecutive minutes merged into ``[start, end)`` runs of at most ``max_minutes``."""
+    runs: list[tuple[datetime, datetime]] = []
+    for minute in sorted(minutes):
+        if runs and runs[-1][1] == minute and (runs[-1][1] - runs[-1][0]) < max_minutes * MINUTE:
+            runs[-1] = (runs[-1][0], minute + MINUTE)
+        else:
+            runs.append((minute, minute + MINUTE))
+    return runs
+
+
+def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAULT_MARGIN_SECONDS,
+            max_minutes_per_insert: int = 360) -> RefreshResult:
+    """Rebuild the rollup minutes that hold request rows updated since the watermark.
+
+    ``now``: aware wall-clock time of the pass (default: now); the new watermark is
+    ``now - margin_seconds``. Minutes are rebuilt in runs of at most
+    ``max_minutes_per_insert`` consecutive minutes (one INSERT … SELECT each). Driver errors
+    propagate, leaving the watermark where it was (the next pass redoes the work).
+    """
+    started = time.monotonic()
+    pass_time = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    since = watermark(store) or _EPOCH
+    minutes = [row[0] for row in store.query(
+        "SELECT DISTINCT toStartOfMinute(timestamp) FROM inferpath_requests"
+        " WHERE updated_at >= {since:DateTime64(9, 'UTC')}", {"since": since})]
+    for run_start, run_end in _runs(minutes, max_minutes_per_insert):
+        store.command(
+            f"INSERT INTO {ROLLUP_TABLE} SELECT toStartOfMinute(timestamp) AS minute,"
+            " endpoint_class, endpoint, status, count() AS requests, "
+            + ", ".join(_sketch_columns()) +
+            ", now64(9, 'UTC') AS rolled_at FROM inferpath_requests FINAL"
+            f" WHERE timestamp >= {_RANGE} GROUP BY minute, endpoint_class, endpoint, status",
+            {"start": run_start, "end": run_end})
+    mark = max(since, pass_time - timedelta(seconds=margin_seconds))
+    store.command(f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at) VALUES"
+                  " ({name:String}, {mark:DateTime64(9, 'UTC')}, now64(9, 'UTC'))",
+                  {"name": STATE_NAME, "mark": mark})
+    return RefreshResult(minutes=len(minutes), seconds=time.monotonic() - started, watermark=mark)
+
+
+class RollupRefresher:
+    """A daemon thread calling :func:`refresh` every ``interval_seconds``; a failed pass is
+    logged (rate-limited to one line per failure streak) and retried next interval.
+    ``passes_total`` / ``failures_total`` / ``last_seconds`` are read by ``/metrics``."""
+
+    def __init__(self, store, *, interval_seconds: float = 10.0,
+                 margin_seconds: float = DEFAULT_MARGIN_SECONDS) -> None:
+        if interval_seconds <= 0:
+            raise ValueError(f"interval_seconds must be > 0, got {interval_seconds!r}")
+        self.store = store
+        self.interval_seconds = interval_seconds
+        self.margin_seconds = margin_seconds
+        self.passes_total = 0
+        self.failures_total = 0
+        self.last_seconds = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh_now(self) -> RefreshResult:
+        """One pass now, serialized with the thread's passes."""
+        with self._lock:
+            result = refresh(self.store, margin_seconds=self.margin_seconds)
+            self.passes_total += 1
+            self.last_seconds = result.seconds
+            return result
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="inferpath-rollup", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        """Stop the thread; a pass in progress finishes first (bounded by ``timeout_seconds``)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.wait(self.interval_seconds):
+            try:
+                self.refresh_now()
+                failing = False
+            except Exception as exc:  # the store may be away; the next pass retries
+                self.failures_total += 1
+                if not failing:
+                    logger.warning("rollup refresh failed (retrying every %.0f s): %s",
+                                   self.interval_seconds, exc)
+                failing = True
+
+
+# ----------------------------------------------------------------------------- reads
+@dataclass(frozen=True)
+class WindowPlan:
+    """Where each part of ``[start, end)`` is read from: ``rollup`` = ``(from, to)`` of whole
+    minutes read from the rollup (or ``None``), ``raw`` = ranges read from the rows."""
+
+    rollup: tuple[datetime, datetime] | None
+    raw: tuple[tuple[datetime, datetime], ...]
+
+
+def plan_window(start: datetime, end: datetime, rollup_horizon: datetime | None, *,
+                align_seconds: int = 60) -> WindowPlan:
+    """Split ``[start, end)`` (aware) between the rollup and the raw rows.
+
+    The rollup part is the longest run of whole ``align_seconds`` buckets (a multiple of
+    60, epoch-aligned) inside the window and before ``rollup_horizon``; with no horizon or
+    no whole bucket the whole window is raw. Raises ``ValueError`` for an ``align_seconds``
+    that is not a positive multiple of 60.
+    """
+    if align_seconds <= 0 or align_seconds % 60:
+        raise ValueError(f"align_seconds must be a positive multiple of 60, got {align_seconds!r}")
+    if rollup_horizon is None:
+        return WindowPlan(None, ((start, end),))
+    step = timedelta(seconds=align_seconds)
+    offset = (start - _EPOCH) % step
+    first = start if not offset else start + (step - offset)
+    last = min(end, rollup_horizon)
+    last = last - ((last - _EPOCH) % step)
+    if last <= first:
+        return WindowPlan(None, ((start, end),))
+    raw = tuple((a, b) for a, b in ((start, first), (last, end)) if b > a)
+    return WindowPlan((first, last), raw)
+
+
+def aggregate(store, plan: WindowPlan, *, measures: Iterable[str], step_seconds: int | None = None,
+              filters: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Counts, sums and DDSketch quantiles per measure over a planned window.
+
+    ``measures``: names from :data:`ROLLUP_MEASURES` (``ValueError`` otherwise).
+    ``step_seconds``: group by epoch-aligned buckets of that width (with a rollup part it
+    must be a multiple of 60, as :func:`plan_window` aligned it); ``None``: one group.
+    ``filters``: column → value equality on ``endpoint``, ``endpoint_class``, ``status``.
+    Returns dicts with ``bucket`` (aware datetime; absent without a step),
+    ``endpoint_class`` (with a step), ``requests``, ``errors`` and per measure
+    ``<m>_count``, ``<m>_sum_ns``, ``<m>_q`` (list of values at :data:`QUANTILE_LEVELS`, ns).
+    """
+    names = list(measures)
+    unknown = [m for m in names if m not in ROLLUP_MEASURES]
+    if unknown:
+        raise ValueError(f"measures: unknown {unknown}; known: {list(ROLLUP_MEASURES)}")
+    filters = dict(filters or {})
+    bad = [c for c in filters if c not in ("endpoint", "endpoint_class", "status")]
+    if bad:
+        raise ValueError(f"filters: unknown column(s) {bad}")
+    params: dict[str, Any] = {f"f_{c}": v for c, v in filters.items()}
+    filter_sql = "".join(f" AND {c} = {{f_{c}:String}}" for c in filters)
+    if step_seconds is not None:
+        if plan.rollup is not None and step_seconds % 60:
+            raise ValueError(f"step_seconds must be a multiple of 60 with a rollup, got {step_seconds}")
+        params["step"] = step_seconds
+    per_measure = [c for m in names for c in (f"{m}_count", f"{m}_sum_ns", f"{m}_q")]
+    raw_items = [i for i in _sketch_columns() if i.rsplit(" AS ", 1)[1] in per_measure]
+    parts = []
+    if plan.rollup is not None:
+        params["r_start"], params["r_end"] = plan.rollup
+        parts.append(
+            f"SELECT minute AS t, endpoint_class, status, requests, {', '.join(per_measure)}"
+            f" FROM {ROLLUP_TABLE} FINAL WHERE minute >= {{r_start:DateTime('UTC')}}"
+            f" AND minute < {{r_end:DateTime('UTC')}}{filter_sql}")
+    for index, (a, b) in enumerate(plan.raw):
+        params[f"a{index}"], params[f"b{index}"] = a, b
+        # Raw rows go straight into their step's bucket (the step need not be whole minutes).
+        bucket = ("toDateTime(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 'UTC')"
+                  if step_seconds else "toDateTime(0, 'UTC')")
+        group = "t, endpoint_class, status" if step_seconds else "endpoint_class, status"
+        parts.append(
+            f"SELECT {bucket} AS t,"
+            f" endpoint_class, status, count() AS requests, {', '.join(raw_items)}"
+            f" FROM inferpath_requests FINAL WHERE timestamp >= {{a{index}:DateTime64(9, 'UTC')}}"
+            f" AND timestamp < {{b{index}:DateTime64(9, 'UTC')}}{filter_sql} GROUP BY {group}")
+    merged = [f"sum({m}_count), sum({m}_sum_ns), "
+              f"{_SKETCH.replace('quantilesDD', 'quantilesDDMerge')}({m}_q)" for m in names]
+    keys = ("toDateTime(intDiv(toUnixTimestamp(t), {step:UInt32}) * {step:UInt32}, 'UTC') AS bucket,"
+            " endpoint_class, " if step_seconds else "")
+    sql = (f"SELECT {keys}sum(requests), sumIf(requests, status = 'error'), {', '.join(merged)}"
+           f" FROM ({' UNION ALL '.join(parts)})"
+           + (" GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class" if step_seconds else ""))
+    out = []
+    for row in store.query(sql, params):
+        values = list(row)
+        item: dict[str, Any] = {}
+        if step_seconds:
+            item["bucket"], item["endpoint_class"] = values[0], values[1]
+            values = values[2:]
+        item["requests"], item["errors"] = int(values[0]), int(values[1])
+        for index, m in enumerate(names):
+            count, total, quantiles = values[2 + 3 * index: 5 + 3 * index]
+            item[f"{m}_count"] = int(count)
+            item[f"{m}_sum_ns"] = float(total)
+            item[f"{m}_q"] = [float(q) for q in quantiles] if count else [None] * len(QUANTILE_LEVELS)
+        out.append(item)
+    return out
