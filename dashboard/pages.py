@@ -11,12 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 from inferpath.dashboard import charts, figures, fleet, waterfall
 from inferpath.dashboard.client import ReadApiError
+from inferpath.dashboard.memo import memo_figure
 from inferpath.dashboard.queries import (
-    load_alerts, load_diagnosis, load_gauge, load_requests, load_summary, load_trace, load_view,
+    NO_VERDICT_KEY, load_alerts, load_diagnosis, load_gauge, load_requests, load_summary,
+    load_trace, load_view,
 )
 from inferpath.dashboard.timerange import TimeWindow
 
@@ -103,7 +106,7 @@ def overview_panels(ctx: Context) -> None:
         value = headline.at[stage, stat] if headline is not None and stage in headline.index \
             else None
         column.metric(label, "–" if value is None or pd.isna(value) else f"{value:.0f} ms")
-    by_class = charts.latency_by_class(view, ctx.tz)
+    by_class = memo_figure(charts.latency_by_class, view, ctx.tz)
     if not by_class:
         st.info("No requests in this window.")
     for klass, figure in by_class.items():
@@ -129,7 +132,8 @@ def correlate_panels(ctx: Context) -> None:
         st.error(str(error))
         return
     st.subheader("Latency and engine state")
-    st.plotly_chart(charts.correlate_figure(view, ctx.tz), width="stretch", key="correlate")
+    st.plotly_chart(memo_figure(charts.correlate_figure, view, ctx.tz), width="stretch",
+                    key="correlate")
     spikes = view.get("spikes", [])
     st.subheader("Spikes")
     if not spikes:
@@ -164,8 +168,8 @@ def breakdown_panels(ctx: Context) -> None:
     st.caption(f"{view.get('request_count', 0)} successful requests in the window")
     for measure in ("ttft", "e2e"):
         st.subheader(f"{measure.upper()} by stage")
-        st.plotly_chart(charts.band_shares_figure(view["bands"].get(measure, []), measure=measure),
-                        width="stretch", key=f"bands_{measure}")
+        st.plotly_chart(memo_figure(charts.band_shares_figure, view["bands"].get(measure, []),
+                                    measure=measure), width="stretch", key=f"bands_{measure}")
     st.subheader("Overhead per hop")
     hops = charts.hops_table(view.get("hops", []))
     if hops.empty:
@@ -211,7 +215,8 @@ def trace_page(server_url: str, token: str | None, tz: str) -> None:
     st.caption(f"{len(rows)} spans from {rows['service_name'].nunique()} services · started "
                f"{start:%Y-%m-%d %H:%M:%S.%f} {tz} · {total_ms:.1f} ms")
     st.subheader("Waterfall")
-    st.plotly_chart(waterfall.waterfall_figure(spans), width="stretch", key="waterfall")
+    st.plotly_chart(memo_figure(waterfall.waterfall_figure, spans), width="stretch",
+                    key="waterfall")
     st.subheader("Spans")
     table = rows[["label", "span_kind", "offset_ms", "duration_ms", "status_code", "span_id",
                   "parent_span_id"]].copy()
@@ -256,12 +261,21 @@ def fleet_panels(ctx: Context) -> None:
         except ReadApiError as error:
             st.error(f"{title}: {error}")
             continue
-        if not gauge.empty:
-            gauge = gauge.assign(bucket=charts.wall_time(gauge["bucket"], ctx.tz))
-        figure = figures.gauge_over_time(gauge, title=title, y_title=y_title, scale=scale,
-                                         step_seconds=window.step_seconds)
-        figure.update_xaxes(title_text=f"time ({ctx.tz})")
+        figure = memo_figure(gauge_panel_figure, gauge, ctx.tz, title=title, y_title=y_title,
+                             scale=scale, step_seconds=window.step_seconds)
         st.plotly_chart(figure, width="stretch", key=f"gauge_{metric}")
+
+
+def gauge_panel_figure(gauge: pd.DataFrame, tz: str, *, title: str, y_title: str, scale: float,
+                       step_seconds: int) -> go.Figure:
+    """One gauge of the GPUs and engines page: ``gauge`` (UTC ``bucket`` rows as
+    :meth:`ReadApiClient.gauge_timeseries` returns) drawn in the wall time of ``tz``."""
+    if not gauge.empty:
+        gauge = gauge.assign(bucket=charts.wall_time(gauge["bucket"], tz))
+    figure = figures.gauge_over_time(gauge, title=title, y_title=y_title, scale=scale,
+                                     step_seconds=step_seconds)
+    figure.update_xaxes(title_text=f"time ({tz})")
+    return figure
 
 
 def diagnosis_panels(ctx: Context) -> None:
@@ -271,10 +285,10 @@ def diagnosis_panels(ctx: Context) -> None:
     try:
         verdict = load_diagnosis(ctx.server_url, ctx.token, window.start, window.end)
     except ReadApiError as error:
-        if error.status_code == 422:
-            st.info(f"No verdict for this window: {error}")
-        else:
-            st.error(str(error))
+        st.error(str(error))
+        return
+    if NO_VERDICT_KEY in verdict:
+        st.info(f"No verdict for this window: {verdict[NO_VERDICT_KEY]}")
         return
     (st.success if verdict.get("healthy") else st.warning)(verdict.get("summary", ""))
     st.caption(f"{verdict.get('current_requests')} requests in the window, "

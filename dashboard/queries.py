@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from inferpath.dashboard.client import ReadApiClient
+from inferpath.dashboard.client import ReadApiClient, ReadApiError
 
 CACHE_TTL_SECONDS = 5
 CACHE_MAX_ENTRIES = 256
@@ -66,12 +66,26 @@ def load_trace(server_url: str, token: str | None, trace_id: str) -> pd.DataFram
         return client.trace(trace_id)
 
 
+NO_VERDICT_KEY = "no_verdict"
+"""Key of :func:`load_diagnosis`'s answer when the server has no verdict (HTTP 422)."""
+
+
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
 def load_diagnosis(server_url: str, token: str | None, start: datetime,
                    end: datetime) -> dict[str, Any]:
-    """The verdict for the window against the one just before it."""
+    """The verdict for the window against the one just before it.
+
+    HTTP 422 (too few requests in a window) is an answer, not a failure: it comes back as
+    ``{NO_VERDICT_KEY: reason}`` and is cached like a verdict, so a window without one does
+    not ask the server again on every rerun. Other failures raise ``ReadApiError``.
+    """
     with _client(server_url, token) as client:
-        return client.diagnosis(start, end)
+        try:
+            return client.diagnosis(start, end)
+        except ReadApiError as error:
+            if error.status_code == 422:
+                return {NO_VERDICT_KEY: str(error)}
+            raise
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
