@@ -37,6 +37,7 @@ SHARDING_KEYS: dict[str, str] = {
     "inferpath_requests": "cityHash64(trace_id)",
     # A rebuilt rollup minute must land on the shard of the row it replaces.
     "inferpath_requests_1m": "cityHash64(minute, endpoint_class, endpoint, status)",
+    "inferpath_requests_1h": "cityHash64(hour, endpoint_class, endpoint, status)",
     "inferpath_rollup_state": "cityHash64(name)",
 }
 DEFAULT_SHARDING_KEY = "rand()"

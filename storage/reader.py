@@ -71,14 +71,17 @@ class Reader:
         self.store = store
         self.rollup_min_window_seconds = rollup_min_window_seconds
 
-    def rollup_plan(self, start: datetime, end: datetime, *, align_seconds: int = 60) -> WindowPlan | None:
-        """How ``[start, end)`` splits between the per-minute rollup and raw rows, or ``None``
-        when the window is read exactly: rollups off (``rollup_min_window_seconds`` None),
-        the window shorter than that, no rollup pass yet, or no whole minute to roll up."""
+    def rollup_plan(self, start: datetime, end: datetime, *, step_seconds: int | None = None) -> WindowPlan | None:
+        """How ``[start, end)`` splits between the rollups and raw rows, or ``None`` when the
+        window is read exactly: rollups off (``rollup_min_window_seconds`` None), the window
+        shorter than that, no rollup pass yet, or no whole minute to roll up.
+        ``step_seconds``: the bucket width the caller groups by (a multiple of 60), or
+        ``None`` for one group; whole-hour steps (and ``None``) may use the hourly tier."""
         if self.rollup_min_window_seconds is None or (
                 (end - start).total_seconds() < self.rollup_min_window_seconds):
             return None
-        plan = plan_window(start, end, rollup_horizon(self.store), align_seconds=align_seconds)
+        plan = plan_window(start, end, rollup_horizon(self.store), align_seconds=step_seconds or 60,
+                           hourly=step_seconds is None or step_seconds % 3600 == 0)
         return plan if plan.rollup is not None else None
 
     # ------------------------------------------------------------------ helpers

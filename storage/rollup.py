@@ -14,7 +14,10 @@ watermark, rebuilds those minutes from ``inferpath_requests FINAL`` and advances
 watermark (kept in ``inferpath_rollup_state``). A request row whose update lands after a pass
 is picked up by the next one.
 
-Reads (:func:`plan_window`, :func:`aggregate`): whole minutes of a window older than the
+An hourly tier (``inferpath_requests_1h``, schema 007) merges each hour's minute sketches in
+the same pass, so a day-long read merges 24 rows per group instead of 1440.
+
+Reads (:func:`plan_window`, :func:`aggregate`): whole hours and minutes of a window older than the
 horizon (the watermark floored to the minute) come from the rollup; the rest of the window
 (its ragged edges and the recent minutes) is sketched from the raw rows in the same query,
 so the answer covers every request of the window.
@@ -32,8 +35,11 @@ from typing import Any, Iterable, Sequence
 logger = logging.getLogger(__name__)
 
 ROLLUP_TABLE = "inferpath_requests_1m"
+HOURLY_TABLE = "inferpath_requests_1h"
 STATE_TABLE = "inferpath_rollup_state"
-STATE_NAME = ROLLUP_TABLE
+STATE_NAME = "inferpath_requests_rollup_v2"
+"""The refresher's row in the state table; a change to what the rollups hold gets a new name,
+so the first pass after an upgrade (no watermark yet) rebuilds every minute and hour."""
 RELATIVE_ACCURACY = 0.005
 """DDSketch relative accuracy α: a quantile read is within α (0.5 %) of a value of that rank."""
 QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
@@ -50,6 +56,7 @@ ROLLUP_MEASURES: dict[str, str] = {
 ``ttft_best``/``e2e_best``: the client's value when measured, else the gateway's."""
 
 MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
 DEFAULT_MARGIN_SECONDS = 120.0
 """How far behind a pass's start its watermark is set: a request row stamped ``updated_at``
 up to this long before it became visible (batched inserts) is still found next pass."""
@@ -101,24 +108,27 @@ def horizon(store) -> datetime | None:
     return None if mark is None else mark.replace(second=0, microsecond=0)
 
 
-def _runs(minutes: Sequence[datetime], max_minutes: int) -> list[tuple[datetime, datetime]]:
-    """Consecutive minutes merged into ``[start, end)`` runs of at most ``max_minutes``."""
+def _runs(starts: Sequence[datetime], max_units: int, unit: timedelta = MINUTE) -> list[tuple[datetime, datetime]]:
+    """Consecutive ``unit``-long intervals merged into ``[start, end)`` runs of at most
+    ``max_units`` units."""
     runs: list[tuple[datetime, datetime]] = []
-    for minute in sorted(minutes):
-        if runs and runs[-1][1] == minute and (runs[-1][1] - runs[-1][0]) < max_minutes * MINUTE:
-            runs[-1] = (runs[-1][0], minute + MINUTE)
+    for start in sorted(starts):
+        if runs and runs[-1][1] == start and (runs[-1][1] - runs[-1][0]) < max_units * unit:
+            runs[-1] = (runs[-1][0], start + unit)
         else:
-            runs.append((minute, minute + MINUTE))
+            runs.append((start, start + unit))
     return runs
 
 
 def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAULT_MARGIN_SECONDS,
-            max_minutes_per_insert: int = 360) -> RefreshResult:
+            max_minutes_per_insert: int = 60) -> RefreshResult:
     """Rebuild the rollup minutes that hold request rows updated since the watermark.
 
     ``now``: aware wall-clock time of the pass (default: now); the new watermark is
     ``now - margin_seconds``. Minutes are rebuilt in runs of at most
-    ``max_minutes_per_insert`` consecutive minutes (one INSERT … SELECT each). Driver errors
+    ``max_minutes_per_insert`` consecutive minutes (one INSERT … SELECT each: short
+    statements, because the embedded store runs one statement at a time and ingest waits
+    behind each), then the hours holding them from their minutes. Driver errors
     propagate, leaving the watermark where it was (the next pass redoes the work).
     """
     started = time.monotonic()
@@ -134,6 +144,17 @@ def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAU
             + ", ".join(_sketch_columns()) +
             ", now64(9, 'UTC') AS rolled_at FROM inferpath_requests FINAL"
             f" WHERE timestamp >= {_RANGE} GROUP BY minute, endpoint_class, endpoint, status",
+            {"start": run_start, "end": run_end})
+    hours = sorted({m.replace(minute=0) for m in minutes})
+    for run_start, run_end in _runs(hours, max_minutes_per_insert, unit=HOUR):
+        merged = ", ".join(
+            f"sum({m}_count), sum({m}_sum_ns), {_SKETCH.replace('quantilesDD', 'quantilesDDMergeState')}({m}_q)"
+            for m in ROLLUP_MEASURES)
+        store.command(
+            f"INSERT INTO {HOURLY_TABLE} SELECT toStartOfHour(minute) AS hour, endpoint_class, endpoint,"
+            f" status, sum(requests), {merged}, now64(9, 'UTC') FROM {ROLLUP_TABLE} FINAL"
+            " WHERE minute >= {start:DateTime('UTC')} AND minute < {end:DateTime('UTC')}"
+            " GROUP BY hour, endpoint_class, endpoint, status",
             {"start": run_start, "end": run_end})
     mark = max(since, pass_time - timedelta(seconds=margin_seconds))
     store.command(f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at) VALUES"
@@ -198,35 +219,53 @@ class RollupRefresher:
 # ----------------------------------------------------------------------------- reads
 @dataclass(frozen=True)
 class WindowPlan:
-    """Where each part of ``[start, end)`` is read from: ``rollup`` = ``(from, to)`` of whole
-    minutes read from the rollup (or ``None``), ``raw`` = ranges read from the rows."""
+    """Where each part of ``[start, end)`` is read from: ``rollup`` = ``(from, to)`` of the
+    part read from rollups (or ``None``), ``tiers`` = that part as ``(table, from, to)``
+    pieces (whole hours from :data:`HOURLY_TABLE`, the rest from :data:`ROLLUP_TABLE`),
+    ``raw`` = ranges read from the request rows."""
 
     rollup: tuple[datetime, datetime] | None
     raw: tuple[tuple[datetime, datetime], ...]
+    tiers: tuple[tuple[str, datetime, datetime], ...] = ()
+
+
+def _ceil(value: datetime, unit: timedelta) -> datetime:
+    offset = (value - _EPOCH) % unit
+    return value if not offset else value + (unit - offset)
+
+
+def _floor(value: datetime, unit: timedelta) -> datetime:
+    return value - ((value - _EPOCH) % unit)
 
 
 def plan_window(start: datetime, end: datetime, rollup_horizon: datetime | None, *,
-                align_seconds: int = 60) -> WindowPlan:
-    """Split ``[start, end)`` (aware) between the rollup and the raw rows.
+                align_seconds: int = 60, hourly: bool = True) -> WindowPlan:
+    """Split ``[start, end)`` (aware) between the rollups and the raw rows.
 
     The rollup part is the longest run of whole ``align_seconds`` buckets (a multiple of
     60, epoch-aligned) inside the window and before ``rollup_horizon``; with no horizon or
-    no whole bucket the whole window is raw. Raises ``ValueError`` for an ``align_seconds``
-    that is not a positive multiple of 60.
+    no whole bucket the whole window is raw. With ``hourly``, the whole hours of that part
+    are read from the hourly tier (callers grouping by a step pass ``hourly`` only when the
+    step is whole hours, so an hour row never straddles two buckets). Raises
+    ``ValueError`` for an ``align_seconds`` that is not a positive multiple of 60.
     """
     if align_seconds <= 0 or align_seconds % 60:
         raise ValueError(f"align_seconds must be a positive multiple of 60, got {align_seconds!r}")
     if rollup_horizon is None:
         return WindowPlan(None, ((start, end),))
     step = timedelta(seconds=align_seconds)
-    offset = (start - _EPOCH) % step
-    first = start if not offset else start + (step - offset)
-    last = min(end, rollup_horizon)
-    last = last - ((last - _EPOCH) % step)
+    first = _ceil(start, step)
+    last = _floor(min(end, rollup_horizon), step)
     if last <= first:
         return WindowPlan(None, ((start, end),))
     raw = tuple((a, b) for a, b in ((start, first), (last, end)) if b > a)
-    return WindowPlan((first, last), raw)
+    hours_first, hours_last = _ceil(first, HOUR), _floor(last, HOUR)
+    if not hourly or hours_last <= hours_first:
+        return WindowPlan((first, last), raw, ((ROLLUP_TABLE, first, last),))
+    tiers = tuple((table, a, b) for table, a, b in (
+        (ROLLUP_TABLE, first, hours_first), (HOURLY_TABLE, hours_first, hours_last),
+        (ROLLUP_TABLE, hours_last, last)) if b > a)
+    return WindowPlan((first, last), raw, tiers)
 
 
 def aggregate(store, plan: WindowPlan, *, measures: Iterable[str], step_seconds: int | None = None,
@@ -254,16 +293,19 @@ def aggregate(store, plan: WindowPlan, *, measures: Iterable[str], step_seconds:
     if step_seconds is not None:
         if plan.rollup is not None and step_seconds % 60:
             raise ValueError(f"step_seconds must be a multiple of 60 with a rollup, got {step_seconds}")
+        if any(table == HOURLY_TABLE for table, _, _ in plan.tiers) and step_seconds % 3600:
+            raise ValueError(f"step_seconds must be whole hours with the hourly tier, got {step_seconds}")
         params["step"] = step_seconds
     per_measure = [c for m in names for c in (f"{m}_count", f"{m}_sum_ns", f"{m}_q")]
     raw_items = [i for i in _sketch_columns() if i.rsplit(" AS ", 1)[1] in per_measure]
     parts = []
-    if plan.rollup is not None:
-        params["r_start"], params["r_end"] = plan.rollup
+    for index, (table, a, b) in enumerate(plan.tiers):
+        params[f"r{index}_start"], params[f"r{index}_end"] = a, b
+        column = "hour" if table == HOURLY_TABLE else "minute"
         parts.append(
-            f"SELECT minute AS t, endpoint_class, status, requests, {', '.join(per_measure)}"
-            f" FROM {ROLLUP_TABLE} FINAL WHERE minute >= {{r_start:DateTime('UTC')}}"
-            f" AND minute < {{r_end:DateTime('UTC')}}{filter_sql}")
+            f"SELECT {column} AS t, endpoint_class, status, requests, {', '.join(per_measure)}"
+            f" FROM {table} FINAL WHERE {column} >= {{r{index}_start:DateTime('UTC')}}"
+            f" AND {column} < {{r{index}_end:DateTime('UTC')}}{filter_sql}")
     for index, (a, b) in enumerate(plan.raw):
         params[f"a{index}"], params[f"b{index}"] = a, b
         # Raw rows go straight into their step's bucket (the step need not be whole minutes).

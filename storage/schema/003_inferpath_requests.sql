@@ -36,7 +36,12 @@ CREATE TABLE IF NOT EXISTS `{database}`.inferpath_requests (
     updated_at DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),
     INDEX idx_timestamp timestamp TYPE minmax GRANULARITY 1
 ) ENGINE = ReplacingMergeTree(updated_at)
-PARTITION BY toDate(timestamp)
+-- Hourly partitions: rows are ordered by trace_id (the replacing key), so a time-window read
+-- cannot skip granules inside a partition; an hour's partition is what a query of the last
+-- hour reads with FINAL, instead of the whole day. (A row re-derived with an earlier
+-- timestamp in the previous hour leaves its old version there: readers FINAL-merge inside
+-- partitions only, see storage/README.md.)
+PARTITION BY toStartOfHour(timestamp)
 ORDER BY trace_id
 TTL toDateTime(timestamp) + toIntervalDay({ttl_days})
 SETTINGS index_granularity = 8192;

@@ -64,13 +64,16 @@ def test_percentiles_on_known_values(store: Store) -> None:
 
 
 def test_final_keeps_the_latest_version_of_a_trace_row(store: Store) -> None:
+    # Mid-hour: versions of a row share their hourly partition, where FINAL merges them
+    # (storage/README.md: a start moved across an hour boundary is the documented exception).
+    t = T0 + timedelta(minutes=30)
     trace_id = secrets.token_hex(16)
-    first = RequestRow(T0, trace_id, status="incomplete", e2e_ns=1_000, span_count=2,
-                       updated_at=T0 + timedelta(seconds=1))
-    latest = RequestRow(T0 - timedelta(milliseconds=5), trace_id, status="ok", e2e_ns=9_000, span_count=5,
-                        updated_at=T0 + timedelta(seconds=3))
-    older_late = RequestRow(T0, trace_id, status="error", e2e_ns=5_000, span_count=3,
-                            updated_at=T0 + timedelta(seconds=2))
+    first = RequestRow(t, trace_id, status="incomplete", e2e_ns=1_000, span_count=2,
+                       updated_at=t + timedelta(seconds=1))
+    latest = RequestRow(t - timedelta(milliseconds=5), trace_id, status="ok", e2e_ns=9_000, span_count=5,
+                        updated_at=t + timedelta(seconds=3))
+    older_late = RequestRow(t, trace_id, status="error", e2e_ns=5_000, span_count=3,
+                            updated_at=t + timedelta(seconds=2))
     for row in (first, latest, older_late):  # separate inserts: separate parts, no merge yet
         _insert(store, [row])
     reader = Reader(store)
@@ -78,7 +81,7 @@ def test_final_keeps_the_latest_version_of_a_trace_row(store: Store) -> None:
     assert reader.request_count(T0 - HOUR, T0 + HOUR) == 1
     (got,) = reader.requests(T0 - HOUR, T0 + HOUR)
     assert (got["status"], got["e2e_ns"], got["span_count"]) == ("ok", 9_000, 5)
-    assert got["timestamp"] == T0 - timedelta(milliseconds=5)
+    assert got["timestamp"] == t - timedelta(milliseconds=5)
     e2e = reader.latency_summary(T0 - HOUR, T0 + HOUR)[MEASURES.index("e2e")]
     assert (e2e["count"], e2e["p50_seconds"]) == (1, pytest.approx(9e-6))
 

@@ -58,10 +58,13 @@ def _exact(store, start, end, column, endpoint_class=None):
 def test_wide_summary_from_the_rollup_matches_exact_within_one_percent(store):
     result = rollup.refresh(store)
     assert result.minutes == HOURS * 60
+    assert store.query(f"SELECT sum(requests) FROM {rollup.HOURLY_TABLE} FINAL")[0][0] == 20_000
     exact_reader, rollup_reader = Reader(store), Reader(store, rollup_min_window_seconds=3600)
     # Ragged edges on both sides: 20 s into the first minute, 40 s before the last.
     start, end = START + timedelta(seconds=20), START + timedelta(hours=HOURS, seconds=-40)
-    assert rollup_reader.rollup_plan(start, end).raw  # the edges are read raw
+    plan = rollup_reader.rollup_plan(start, end)
+    assert plan.raw  # the edges are read raw
+    assert any(table == rollup.HOURLY_TABLE for table, _, _ in plan.tiers)
     exact = exact_reader.summary(start, end)
     approximate = rollup_reader.summary(start, end)
     assert exact["percentiles"] == "exact" and approximate["percentiles"] == "ddsketch"
@@ -120,6 +123,12 @@ def test_plan_window_aligns_to_the_step_and_rejects_odd_alignments():
     plan = rollup.plan_window(start, start + timedelta(hours=2), start + timedelta(hours=3), align_seconds=300)
     assert plan.rollup == (datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc), datetime(2026, 1, 1, 2, 0, tzinfo=timezone.utc))
     assert plan.raw == ((start, plan.rollup[0]), (plan.rollup[1], start + timedelta(hours=2)))
+    # 00:05-01:00 from minutes, 01:00-02:00 from the hourly tier (no step: one group).
+    assert plan.tiers == ((rollup.ROLLUP_TABLE, plan.rollup[0], plan.rollup[0].replace(hour=1, minute=0)),
+                          (rollup.HOURLY_TABLE, plan.rollup[0].replace(hour=1, minute=0), plan.rollup[1]))
+    minutes_only = rollup.plan_window(start, start + timedelta(hours=2), start + timedelta(hours=3),
+                                      align_seconds=300, hourly=False)
+    assert minutes_only.tiers == ((rollup.ROLLUP_TABLE, *plan.rollup),)
     assert rollup.plan_window(start, start + timedelta(minutes=3), None).rollup is None
     with pytest.raises(ValueError, match="align_seconds"):
         rollup.plan_window(start, start + timedelta(hours=1), None, align_seconds=90)
