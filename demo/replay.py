@@ -5,11 +5,19 @@ Each trace request becomes one streamed ``/v1/chat/completions`` call whose prom
 ``speed`` compresses arrival times (``speed=10`` plays 10 s of trace per second).
 
 The replayer is the end user of the traced path: its call is the root CLIENT span of each
-trace (through inferpath's instrumented client). Independently of that span, it measures its
-own TTFT and E2E on the monotonic clock (``time.perf_counter_ns``) — TTFT to the first chunk
-with non-empty content, E2E to the last chunk of the stream (``[DONE]`` is a sentinel, not a
-chunk) — and writes them to a results file, so
-that what the store holds can be checked against a second witness.
+trace (through inferpath's instrumented client). It also works out its own TTFT and E2E and
+writes them to a results file, a second witness for what the store holds: TTFT to the first
+chunk with non-empty ``delta.content``, E2E to the last JSON chunk of the stream (``[DONE]``
+is a sentinel, not a chunk), both by its own rule over the chunks it was handed.
+
+Clock: the witness uses the very stamps the span uses, not clock reads of its own. The start
+is the span's request-start stamp (``stream.timeline.start_ns``) and each chunk's time is the
+``time.perf_counter_ns`` receipt stamp of the network read that completed it (``on_chunk``'s
+``received_ns``, the value the span's TTFT and end come from). So client TTFT/E2E in the
+store and in the results file agree by construction when the span classifies the chunks,
+exports, and is assembled and stored correctly, and any difference is a defect of that path;
+with clock reads of its own, any stall between two paired reads (a garbage collection, the
+span exporter thread holding the GIL) showed up in the comparison as if it were one.
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ def prompt_text(context_tokens: int, index: int) -> str:
 
 @dataclass(slots=True)
 class ReplayResult:
-    """What the replay client measured for one request (seconds, monotonic clock)."""
+    """What the replay client measured for one request: seconds on the monotonic clock, from
+    the request-start and read-receipt stamps its span also uses (see the module docstring)."""
 
     index: int
     trace_id: str | None
@@ -53,6 +62,24 @@ class ReplayResult:
     e2e_seconds: float | None
     content_chunks: int
     error: str | None = None
+
+
+@dataclass(slots=True)
+class _ChunkWitness:
+    """The replayer's own reading of one stream: which chunks carry content, and when the
+    read that completed them arrived (perf_counter ns, the stamps the span uses)."""
+
+    content_chunks: int = 0
+    first_content_ns: int | None = None
+    last_chunk_ns: int | None = None
+
+    def on_chunk(self, chunk: dict, received_ns: int) -> None:
+        self.last_chunk_ns = received_ns
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict) and (choice.get("delta") or {}).get("content"):
+                if self.first_content_ns is None:
+                    self.first_content_ns = received_ns
+                self.content_chunks += 1
 
 
 async def _one(client: httpx.AsyncClient, url: str, request: TraceRequest, model: str) -> ReplayResult:
@@ -65,28 +92,29 @@ async def _one(client: httpx.AsyncClient, url: str, request: TraceRequest, model
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    chunks = 0
-    ttft_ns: int | None = None
-    last_event_ns = 0
-    stream = stream_chat_completion(client, url, payload, stage=None)
-    start_ns = time.perf_counter_ns()
+    witness = _ChunkWitness()
+    stream = stream_chat_completion(client, url, payload, stage=None, on_chunk=witness.on_chunk)
+    error: str | None = None
     try:
         async with stream:
-            async for event in stream:
-                last_event_ns = time.perf_counter_ns()
-                for choice in event.get("choices") or ():
-                    if (choice.get("delta") or {}).get("content"):
-                        if ttft_ns is None:
-                            ttft_ns = time.perf_counter_ns() - start_ns
-                        chunks += 1
-        e2e_ns = last_event_ns - start_ns if last_event_ns else None
+            async for _ in stream:
+                pass
     except Exception as exc:  # one failed request must not stop the replay
-        return ReplayResult(request.index, getattr(stream, "trace_id", None), getattr(stream, "http_status", None),
-                            None if ttft_ns is None else ttft_ns / 1e9, None, chunks, f"{type(exc).__name__}: {exc}")
-    return ReplayResult(request.index, getattr(stream, "trace_id", None), getattr(stream, "http_status", None),
-                        None if ttft_ns is None else ttft_ns / 1e9,
-                        None if e2e_ns is None else e2e_ns / 1e9, chunks,
-                        None if e2e_ns is not None else "stream ended without a chunk")
+        error = f"{type(exc).__name__}: {exc}"
+    timeline = stream.timeline
+    start_ns = None if timeline is None else timeline.start_ns
+
+    def since_start(stamp_ns: int | None) -> float | None:
+        if stamp_ns is None or start_ns is None:
+            return None
+        return (stamp_ns - start_ns) / 1e9
+
+    ttft_seconds = since_start(witness.first_content_ns)
+    e2e_seconds = None if error is not None else since_start(witness.last_chunk_ns)
+    if error is None and e2e_seconds is None:
+        error = "stream ended without a chunk"
+    return ReplayResult(request.index, stream.trace_id, stream.http_status, ttft_seconds, e2e_seconds,
+                        witness.content_chunks, error)
 
 
 async def replay(gateway_url: str, requests: Sequence[TraceRequest], *, speed: float = 1.0,
@@ -102,10 +130,10 @@ async def replay(gateway_url: str, requests: Sequence[TraceRequest], *, speed: f
         raise ValueError(f"speed must be > 0, got {speed}")
     url = f"{gateway_url.rstrip('/')}/v1/chat/completions"
     results: list[ReplayResult] = []
-    # The replayer is a measuring witness: with the default 5 ms GIL switch interval, the span
-    # exporter's thread could sit between a chunk's arrival and the reading of the clock.
-    # For the same reason, objects that live through the replay are frozen out of the cyclic
-    # garbage collector, whose full collections could otherwise pause the clock readings.
+    # The receipt stamps should sit close to the arrivals: with the default 5 ms GIL switch
+    # interval, the span exporter's thread could run between a chunk's arrival and the clock
+    # read. For the same reason, objects that live through the replay are frozen out of the
+    # cyclic garbage collector, whose full collections could otherwise delay that read.
     previous_switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(min(previous_switch_interval, 0.0002))
     gc.collect()

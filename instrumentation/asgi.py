@@ -139,7 +139,8 @@ class _ServerRequest:
             span.set_attribute(sc.ERROR_TYPE, str(self.status_code))
         for name, value in message.get("headers") or ():
             if name.lower() == b"content-type" and value.lower().startswith(b"text/event-stream"):
-                self.meter = ChatStreamMeter(start_ns=self.start_perf_ns)
+                # The gateway only measures what it sends: no chunk is decoded for a caller.
+                self.meter = ChatStreamMeter(start_ns=self.start_perf_ns, decode_chunks=False)
                 break
 
     def end(self, stream_status: str | None, reason: str | None,

@@ -280,6 +280,9 @@ class ChatCompletionStream:
         if self._span is not None and self.status is None:
             await self._abandon(sc.REASON_CONSUMER_STOPPED)
         else:
+            # Chunks already read but not taken (the whole body can arrive in one read) are
+            # dropped too: after aclose() the iteration ends.
+            self._pending.clear()
             self._exhausted = True
             await self._close_response()
 

@@ -139,7 +139,8 @@ class _ModelCall:
                 self.span.set_attribute(sc.ERROR_TYPE, str(status))
             content_type = response.headers.get("content-type", "").lower()
             if content_type.startswith("text/event-stream"):
-                self.meter = ChatStreamMeter(start_ns=self.start_perf_ns)
+                # Chunks are decoded for a caller only when their text is captured.
+                self.meter = ChatStreamMeter(start_ns=self.start_perf_ns, decode_chunks=self.capture)
             elif "json" in content_type:
                 self.json_body = bytearray()
         except Exception:

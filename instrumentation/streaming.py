@@ -21,7 +21,7 @@ from __future__ import annotations
 import codecs
 import json
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 __all__ = [
     "TokenTimeline",
@@ -45,16 +45,18 @@ class TokenTimeline:
     :meth:`finish` at the end of the stream.
     """
 
-    __slots__ = ("start_ns", "end_ns", "last_chunk_ns", "chunks", "_token_ns",
-                 "_visible_tokens", "usage_output_tokens", "usage_input_tokens")
+    __slots__ = ("start_ns", "end_ns", "_last_silent_ns", "_silent_chunks", "_token_ns",
+                 "_extra_tokens", "usage_output_tokens", "usage_input_tokens")
 
     def __init__(self, start_ns: int | None = None) -> None:
         self.start_ns: int = time.perf_counter_ns() if start_ns is None else start_ns
         self.end_ns: int | None = None
-        self.last_chunk_ns: int | None = None
-        self.chunks = 0
-        self._token_ns: list[int] = []
-        self._visible_tokens = 0
+        # Kept so that recording a one-token chunk is one list append: ChatStreamMeter's
+        # byte-level path appends to ``_token_ns`` and touches nothing else.
+        self._token_ns: list[int] = []  # receipt of each visible-token chunk
+        self._extra_tokens = 0  # tokens beyond one in visible-token chunks (several choices)
+        self._silent_chunks = 0  # chunks without a visible token
+        self._last_silent_ns: int | None = None
         self.usage_output_tokens: int | None = None
         self.usage_input_tokens: int | None = None
 
@@ -65,11 +67,12 @@ class TokenTimeline:
         :func:`visible_token_count`); ``tokens`` is how many it carries (≥ 1 when visible).
         """
         now_ns = time.perf_counter_ns() if at_ns is None else at_ns
-        self.last_chunk_ns = now_ns
-        self.chunks += 1
         if has_visible_token and tokens > 0:
             self._token_ns.append(now_ns)
-            self._visible_tokens += tokens
+            self._extra_tokens += tokens - 1
+        else:
+            self._silent_chunks += 1
+            self._last_silent_ns = now_ns
 
     def set_usage(self, output_tokens: int | None = None, input_tokens: int | None = None) -> None:
         """Record the server-reported token counts (``usage.completion_tokens`` /
@@ -90,16 +93,37 @@ class TokenTimeline:
         return self.end_ns is not None
 
     @property
+    def last_chunk_ns(self) -> int | None:
+        """Receipt of the latest chunk, with or without a visible token (perf_counter ns);
+        ``None`` before the first."""
+        silent_ns = self._last_silent_ns
+        if not self._token_ns:
+            return silent_ns
+        token_ns = self._token_ns[-1]
+        return token_ns if silent_ns is None or token_ns >= silent_ns else silent_ns
+
+    @property
+    def chunks(self) -> int:
+        """Chunks observed, with or without a visible token."""
+        return len(self._token_ns) + self._silent_chunks
+
+    @property
     def output_tokens(self) -> int:
         """Output tokens: ``usage.completion_tokens`` if reported, else visible tokens seen."""
         if self.usage_output_tokens is not None:
             return self.usage_output_tokens
-        return self._visible_tokens
+        return len(self._token_ns) + self._extra_tokens
 
     @property
     def visible_chunks(self) -> int:
         """Chunks that carried at least one visible token."""
         return len(self._token_ns)
+
+    @property
+    def token_ns(self) -> tuple[int, ...]:
+        """Receipt of each visible-token chunk (perf_counter ns), in order; TTFT and the ITL
+        list derive from it."""
+        return tuple(self._token_ns)
 
     @property
     def first_token_ns(self) -> int | None:
@@ -195,6 +219,13 @@ class SSEParser:
         self._buffer = buffer[start:]
         return payloads
 
+    @property
+    def idle(self) -> bool:
+        """True between events: no partial line, open event, pending ``\\r`` or partial
+        UTF-8 character is held, so the next byte starts a new event."""
+        return (not self._buffer and self._data_lines is None and not self._pending_cr
+                and not self._decoder.getstate()[0])
+
     def close(self) -> list[str]:
         """End of body: returns the payload of an event left without its blank line.
 
@@ -285,32 +316,119 @@ def usage_tokens(chunk: dict[str, Any]) -> tuple[int | None, int | None]:
     return count("completion_tokens"), count("prompt_tokens")
 
 
+_FRAME_START = b"data: "
+_FRAME_END = b"\n\n"
+_CONTENT_KEY = b'"content":'
+# Template learning attempts allowed before the byte-level path has paid for them: a stream
+# whose chunks never repeat (per-chunk ids or logprobs) stops trying after a few.
+_LEARN_TRIES = 8
+_NO_CHUNKS: tuple[dict[str, Any], ...] = ()
+# Bytes that may follow a closed JSON string (and the end of the bytes).
+_AFTER_STRING = frozenset((b"", b",", b"}", b"]", b":", b" ", b"\t", b"\r", b"\n"))
+
+
 class ChatStreamMeter:
     """SSE parser + token timeline for one OpenAI-style stream, fed raw body bytes.
 
-    Shared by the gateway middleware (bytes it sends) and the model client (bytes it
-    receives). Payloads that are not JSON objects are counted in
-    ``unparsed_payloads`` and skipped; they never raise.
+    Shared by the gateway middleware (bytes it sends) and the model clients (bytes they
+    receive). Every ``data`` event is stamped with the read that *completed* it (the
+    ``at_ns`` of the :meth:`feed` call whose bytes end the event), never the read where it
+    started. Payloads that are not JSON objects are counted in ``unparsed_payloads`` and
+    skipped; nothing here raises on stream content.
+
+    Byte-level path. JSON is decoded only for the events that can change a measure: the
+    first visible token, role-only / empty / ``null`` deltas, tool-call and reasoning
+    deltas, finish and usage chunks, anything unusual. The plain one-token chunks that make
+    up almost all of a stream are recognised from their bytes: a server writes them alike
+    but for the content text, so a decoded chunk with one choice whose only visible token is
+    a ``delta.content`` string written without escapes (no usage, no finish reason) becomes
+    a template, its payload bytes before and after that text. A later complete event whose
+    payload is that prefix + a non-empty text holding no ``"`` + that suffix is one visible
+    token. Why that is exact for valid JSON: the content string opens at the prefix's last
+    byte and, as the text holds no quote, closes at the suffix's first byte (were that quote
+    escaped by a trailing backslash, the string would run on to the suffix's next quote, and
+    a template is kept only if the byte after that quote cannot follow a string, e.g. the
+    ``f`` of ``"finish_reason"``, so such a payload is not JSON); so the chunk is the
+    template with other, non-empty text: one visible token, same model, no usage, no finish
+    reason. The template is dropped when a decoded chunk names another model, and relearned
+    from a later chunk when the server's bytes change (e.g. a new ``created`` second).
+
+    ``decode_chunks=True`` (default; callers that consume the chunks, such as
+    :func:`~inferpath.instrumentation.clients.stream_chat_completion`): a byte-level event
+    is still ``json.loads``-ed for the caller, and goes the full path if that fails, so every
+    measure equals the full decode's. ``decode_chunks=False`` (the gateway middleware, the
+    httpx integration without content capture): :meth:`feed` returns no chunks and a
+    byte-level event is not decoded; the one difference left is on invalid JSON: a payload
+    that differs from the template only by a bad escape or raw control character in the
+    text counts as a token there, where the full decode counts it in ``unparsed_payloads``.
+
+    Counters: ``data_events`` (SSE ``data`` events, ``[DONE]`` excluded), ``chat_chunks``
+    (payloads with a ``choices`` or ``usage`` key), ``unparsed_payloads``,
+    ``decoded_payloads`` (events decoded to be measured, i.e. not by their bytes).
     """
 
-    __slots__ = ("parser", "timeline", "data_events", "unparsed_payloads", "chat_chunks",
-                 "response_model", "finish_reasons")
+    __slots__ = ("parser", "timeline", "decode_chunks", "unparsed_payloads", "decoded_payloads",
+                 "response_model", "finish_reasons", "_decoded_chat_chunks", "_decoded_visible",
+                 "_append_token", "_template", "_frame", "_fast_frame", "_parser_idle", "_learned")
 
-    def __init__(self, start_ns: int | None = None) -> None:
+    def __init__(self, start_ns: int | None = None, *, decode_chunks: bool = True) -> None:
         self.parser = SSEParser()
         self.timeline = TokenTimeline(start_ns)
-        self.data_events = 0
+        self.decode_chunks = decode_chunks
         self.unparsed_payloads = 0
-        self.chat_chunks = 0  # payloads shaped like OpenAI chunks (``choices`` or ``usage``)
+        self.decoded_payloads = 0
         self.response_model: str | None = None
         self.finish_reasons: list[str] = []
+        self._decoded_chat_chunks = 0
+        self._decoded_visible = 0  # visible-token stamps that came from decoded chunks
+        self._append_token = self.timeline._token_ns.append
+        # (payload prefix, payload suffix, least payload size, model) of a plain token chunk.
+        self._template: tuple[bytes, bytes, int, Any] | None = None
+        # The same as a whole one-event read: (``data: `` + prefix, suffix + ``\n\n``,
+        # prefix length, suffix length, least size); ``_fast_frame`` holds it only while the
+        # SSE parser holds nothing, the one state in which a read may bypass the parser.
+        self._frame: tuple[bytes, bytes, int, int, int] | None = None
+        self._fast_frame: tuple[bytes, bytes, int, int, int] | None = None
+        self._parser_idle = True
+        self._learned = 0
 
-    def feed(self, data: bytes, at_ns: int) -> list[dict[str, Any]]:
-        """Parse one body read received (or sent) at ``at_ns`` (perf_counter ns); returns
-        the JSON chunks it completed, each already observed on the timeline."""
-        return self._consume(self.parser.feed(data), at_ns)
+    def feed(self, data: bytes, at_ns: int) -> Sequence[dict[str, Any]]:
+        """Measure one body read received (or sent) at ``at_ns`` (perf_counter ns).
 
-    def close(self, at_ns: int) -> list[dict[str, Any]]:
+        Returns the JSON chunks the read completed, in order, each already observed on the
+        timeline (nothing when ``decode_chunks`` is False). ``data`` is bytes (``str`` is
+        accepted and goes through the parser).
+        """
+        frame = self._fast_frame
+        if frame is not None:
+            prefix, suffix, head, tail, least = frame
+            # The common read: exactly one plain token event, settled by three C calls.
+            try:
+                size = len(data)
+                plain = (size > least and data.find(b'"', head) == size - tail
+                         and data.startswith(prefix) and data.endswith(suffix))
+            except TypeError:  # a str read: the parser takes it
+                plain = False
+            if plain:
+                if not self.decode_chunks:
+                    self._append_token(at_ns)
+                    return _NO_CHUNKS
+                try:
+                    chunk = json.loads(data[6:-2])
+                except ValueError:  # malformed text: the full path counts it
+                    chunk = None
+                if chunk is not None:
+                    self._append_token(at_ns)
+                    return (chunk,)
+        if self._parser_idle and isinstance(data, bytes):
+            chunks: list[dict[str, Any]] = []
+            rest = self._feed_events(data, at_ns, chunks)
+            if rest:
+                chunks.extend(self._feed_parser(rest, at_ns))
+            return chunks
+        return self._feed_parser(data, at_ns)
+
+    def close(self, at_ns: int) -> Sequence[dict[str, Any]]:
         """End of body: parse what is left (see :meth:`SSEParser.close`)."""
         return self._consume(self.parser.close(), at_ns)
 
@@ -319,30 +437,146 @@ class ChatStreamMeter:
         """True once ``data: [DONE]`` was seen."""
         return self.parser.done
 
-    def _consume(self, payloads: Iterable[str], at_ns: int) -> list[dict[str, Any]]:
+    @property
+    def _byte_level_events(self) -> int:
+        return len(self.timeline._token_ns) - self._decoded_visible
+
+    @property
+    def data_events(self) -> int:
+        """SSE ``data`` events seen, ``[DONE]`` excluded."""
+        return self.decoded_payloads + self._byte_level_events
+
+    @property
+    def chat_chunks(self) -> int:
+        """Payloads shaped like OpenAI chunks (a ``choices`` or ``usage`` key)."""
+        return self._decoded_chat_chunks + self._byte_level_events
+
+    def _feed_parser(self, data: bytes | str, at_ns: int) -> list[dict[str, Any]]:
+        chunks = self._consume(self.parser.feed(data), at_ns)
+        idle = self._parser_idle = self.parser.idle
+        self._fast_frame = self._frame if idle else None
+        return chunks
+
+    def _feed_events(self, data: bytes, at_ns: int, chunks: list[dict[str, Any]]) -> bytes:
+        """Measure the complete one-line ``data`` events at the head of ``data``; returns the
+        rest, from the first thing this does not take (a partial, multi-line or non-data
+        event, a comment, a lone ``\\r``), for the SSE parser. Called only while the parser
+        holds nothing, so every event is parsed exactly once, by one of the two."""
+        if b"\r" in data:
+            normalized = data.replace(b"\r\n", b"\n")
+            if b"\r" in normalized:  # a lone or split CR line end: the parser's job
+                return data
+            data = normalized
+        start = 0
+        length = len(data)
+        while start < length:
+            end = data.find(_FRAME_END, start)
+            if end == -1 or not data.startswith(b"data:", start) or data.find(b"\n", start) != end:
+                break
+            body = start + 6 if data[start + 5:start + 6] == b" " else start + 5
+            payload = data[body:end]
+            start = end + 2
+            if self._is_plain_token(payload):
+                if not self.decode_chunks:
+                    self._append_token(at_ns)
+                    continue
+                try:
+                    chunks.append(json.loads(payload))
+                    self._append_token(at_ns)
+                    continue
+                except ValueError:  # malformed text: the full path counts it
+                    pass
+            if payload.strip() == b"[DONE]":
+                self.parser.done = True
+            else:
+                chunks.extend(self._consume((payload.decode("utf-8", "replace"),), at_ns, payload))
+        return data[start:] if start else data
+
+    def _is_plain_token(self, payload: bytes) -> bool:
+        template = self._template
+        if template is None:
+            return False
+        prefix, suffix, least, _model = template
+        size = len(payload)
+        return (size > least and payload.find(b'"', len(prefix)) == size - len(suffix)
+                and payload.startswith(prefix) and payload.endswith(suffix))
+
+    def _forget_template(self) -> None:
+        self._template = self._frame = self._fast_frame = None
+
+    def _learn_template(self, chunk: dict[str, Any], raw: bytes) -> None:
+        """Keep ``raw`` (the payload bytes of ``chunk``) as the plain-token template when the
+        chunk is one choice whose only visible token is a ``delta.content`` string written
+        without escapes, with no usage and no finish reason."""
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1 or chunk.get("usage") is not None:
+            return
+        choice = choices[0]
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if not isinstance(delta, dict) or choice.get("finish_reason") is not None or "text" in choice:
+            return
+        text = delta.get("content")
+        if not isinstance(text, str) or not text:
+            return
+        if any(_non_empty(delta.get(key)) for key in ("tool_calls", "reasoning_content", "reasoning")):
+            return
+        if raw.count(_CONTENT_KEY) != 1:
+            return
+        opening = raw.find(_CONTENT_KEY) + len(_CONTENT_KEY)
+        while raw[opening:opening + 1] in (b" ", b"\t", b"\n", b"\r"):
+            opening += 1
+        if raw[opening:opening + 1] != b'"':
+            return
+        closing = raw.find(b'"', opening + 1)
+        written = raw[opening + 1:closing]
+        if closing == -1 or b"\\" in written or written.decode("utf-8", "replace") != text:
+            return
+        prefix, suffix = raw[:opening + 1], raw[closing:]
+        after_next_quote = suffix.find(b'"', 1) + 1
+        if after_next_quote and suffix[after_next_quote:after_next_quote + 1] in _AFTER_STRING:
+            return  # a text ending in a backslash could then be valid JSON (class docstring)
+        self._template = (prefix, suffix, len(prefix) + len(suffix), chunk.get("model"))
+        frame_prefix, frame_suffix = _FRAME_START + prefix, suffix + _FRAME_END
+        self._frame = (frame_prefix, frame_suffix, len(frame_prefix), len(frame_suffix),
+                       len(frame_prefix) + len(frame_suffix))
+        self._fast_frame = self._frame if self._parser_idle else None
+
+    def _consume(self, payloads: Iterable[str], at_ns: int,
+                 raw: bytes | None = None) -> list[dict[str, Any]]:
         chunks: list[dict[str, Any]] = []
+        timeline = self.timeline
         for payload in payloads:
-            self.data_events += 1
+            self.decoded_payloads += 1
             try:
                 chunk = json.loads(payload)
             except ValueError:
                 chunk = None
             if not isinstance(chunk, dict):
                 self.unparsed_payloads += 1
-                self.timeline.observe(False, 0, at_ns=at_ns)
+                timeline.observe(False, 0, at_ns=at_ns)
                 continue
             if "choices" in chunk or "usage" in chunk:
-                self.chat_chunks += 1
+                self._decoded_chat_chunks += 1
             visible = visible_token_count(chunk)
-            self.timeline.observe(visible > 0, visible, at_ns=at_ns)
+            timeline.observe(visible > 0, visible, at_ns=at_ns)
+            if visible > 0:
+                self._decoded_visible += 1
             output_tokens, input_tokens = usage_tokens(chunk)
             if output_tokens is not None or input_tokens is not None:
-                self.timeline.set_usage(output_tokens, input_tokens)
+                timeline.set_usage(output_tokens, input_tokens)
             model = chunk.get("model")
             if isinstance(model, str) and model:
                 self.response_model = model
+                template = self._template
+                if template is not None and template[3] != model:
+                    # A byte-level chunk must leave the model the template names.
+                    self._forget_template()
             for choice in chunk.get("choices") or ():
                 if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
                     self.finish_reasons.append(choice["finish_reason"])
-            chunks.append(chunk)
+            if self.decode_chunks:
+                chunks.append(chunk)
+            if visible == 1 and (self._learned < _LEARN_TRIES or self._byte_level_events > self._learned):
+                self._learned += 1
+                self._learn_template(chunk, payload.encode() if raw is None else raw)
         return chunks

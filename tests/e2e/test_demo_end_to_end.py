@@ -52,6 +52,10 @@ def test_client_measurements_match_the_store_within_1ms(demo_run) -> None:
     for result in map(json.loads, results_path.read_text().splitlines()):
         row = rows[result["trace_id"]]
         assert row["client_ttft_ns"] is not None and row["client_e2e_ns"] is not None
+        # The replayer applies its own first-content and last-chunk rules to the same request-start
+        # and read-receipt stamps its span uses (demo/replay.py), so the two agree by construction
+        # unless the span misclassifies a chunk or export, assembly or storage alters a value; the
+        # 1 ms tolerance is the figure, not slack for scheduling.
         assert abs(row["client_ttft_ns"] / 1e9 - result["ttft_seconds"]) <= 1e-3, (row, result)
         assert abs(row["client_e2e_ns"] / 1e9 - result["e2e_seconds"]) <= 1e-3, (row, result)
         # The gateway sees the first token before the client does, never after.
