@@ -30,6 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field
 import inferpath
 from inferpath.demo.assets import load_tokenizer
 
+# Below uvicorn's 5 s keep-alive timeout on the other side: an idle pooled connection is
+# dropped here before the server closes it, so a request never goes out on a connection the
+# server is closing at that moment (an httpx.ReadError on the response headers).
+_KEEPALIVE_EXPIRY_SECONDS = 2.0
+
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
@@ -117,7 +122,8 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
 
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
         state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0),
-                                            limits=httpx.Limits(max_connections=512))
+                                            limits=httpx.Limits(max_connections=512,
+                                                                keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS))
         yield
         await state["client"].aclose()
         from inferpath.instrumentation.provider import shutdown

@@ -29,6 +29,11 @@ from starlette.routing import Route
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                           "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
 
+# Below uvicorn's 5 s keep-alive timeout on the other side: an idle pooled connection is
+# dropped here before the server closes it, so a request never goes out on a connection the
+# server is closing at that moment (an httpx.ReadError on the response headers).
+_KEEPALIVE_EXPIRY_SECONDS = 2.0
+
 
 def create_proxy_app(upstream_url: str, delay_seconds: float) -> Starlette:
     """A proxy forwarding every path and method to ``upstream_url`` after ``delay_seconds``.
@@ -46,7 +51,8 @@ def create_proxy_app(upstream_url: str, delay_seconds: float) -> Starlette:
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0),
-                                            limits=httpx.Limits(max_connections=512))
+                                            limits=httpx.Limits(max_connections=512,
+                                                                keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS))
         yield
         await state["client"].aclose()
 
