@@ -31,7 +31,24 @@ def test_ingest_benchmark_runs_without_loss(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_read_summary_benchmark_matches_quantile_exact(tmp_path: Path) -> None:
-    result = _load("read_summary").run(rows=5000, repeat=1, workdir=str(tmp_path))
-    assert result["request_count"] == 5000
-    assert result["p99_relative_deviation"] < 0.01
-    assert result["api_summary_ms"] > 0 and result["raw_quantile_exact_ms"] > 0
+    result = _load("read_summary").run(spans=50_000, repeat=1, workdir=str(tmp_path))
+    assert result["stored_spans"] == 50_000
+    day, hour = result["windows"]["24h"], result["windows"]["1h"]
+    assert day["percentiles"] == "ddsketch" and hour["percentiles"] == "exact"
+    assert day["request_count"] == day["exact_count"] == 5000
+    assert hour["request_count"] == hour["exact_count"] > 0
+    # The hour holds ~200 requests: there quantileExact (the rank's value) and the summary's
+    # interpolated p99 differ by the gap between neighbours, not by any approximation.
+    assert day["p99_relative_deviation"] < 0.01
+    assert day["api_summary_ms"] > 0 and day["raw_quantile_exact_ms"] > 0
+
+
+@pytest.mark.e2e
+def test_dashboard_queries_benchmark_serves_every_page(tmp_path: Path) -> None:
+    result = _load("dashboard_queries").run(spans=50_000, windows_hours=(24.0,), repeat=1,
+                                            store_dir=str(tmp_path))
+    assert result["stored"] == {"spans": 50_000, "requests": 5000}
+    pages = result["windows"]["24h"]
+    assert set(pages) == {"reference", "overview", "correlate", "breakdown", "slowest", "trace", "gpus",
+                          "diagnosis", "alerts"}
+    assert all(figures["median_ms"] > 0 for figures in pages.values())
