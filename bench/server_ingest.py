@@ -1,20 +1,26 @@
 """Benchmark: sustained OTLP/HTTP ingest into embedded chDB with zero loss, against a raw
 clickhouse-connect insert of the same rows, plus span end → visible latency.
 
-In one run:
+In one run, alternating so that both sides see the same background load of the machine:
 
-1. the server (``python -m inferpath.server``, its own process, a fresh chDB folder) takes
-   ``--clients`` concurrent exporters posting pre-built protobuf bodies of
-   ``--spans-per-request`` spans for ``--seconds``; every body is retried until its 200, as an
-   OTLP exporter does. Throughput = spans acknowledged (200 = committed) per second.
-2. meanwhile a probe posts a one-span trace every 200 ms, with the span's end = now, and
+1. reference phase: the next pre-built bodies, decoded here (untimed), inserted by the bare
+   clickhouse-connect client (no checks, no dedup token) in batches of ``--spans-per-request``
+   rows into a second chDB folder, for ``--reference-seconds`` of insert time. These are the
+   same rows the server is sent (the bodies are taken in the same order).
+2. server phase: the server (``python -m inferpath.server``, its own process, a fresh chDB
+   folder) takes ``--clients`` concurrent exporters posting those pre-built protobuf bodies
+   for ``--seconds / --rounds``; every body is retried until its 200, as an OTLP exporter
+   does. Throughput = spans acknowledged (200 = committed) per second of server phase.
+   Meanwhile a probe posts a one-span trace every 200 ms, with the span's end = now, and
    polls ``GET /api/v1/traces/{id}`` until it is there: span end → visible latency.
-3. after a graceful stop, the store is opened here and counted: acknowledged spans missing
-   (loss) and spans stored twice must both be 0.
-4. the reference: the same rows (decoded once) inserted with clickhouse-connect alone,
-   in batches of the same size, into another database of the same chDB folder.
 
-``python bench/server_ingest.py [--seconds 60] [--clients 4] [--spans-per-request 1000]``
+Phases run reference, server, reference, … , server, reference (``--rounds`` server
+phases; one round = one sustained run of ``--seconds``). The load average (1 min) is read
+at the start and end of each phase. After a graceful stop, the server's store is opened
+here and counted: acknowledged spans missing (loss) and spans stored twice must both be 0.
+
+``python bench/server_ingest.py [--seconds 60] [--clients 4] [--spans-per-request 1000]
+[--rounds 1] [--reference-seconds 5]``
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,13 +74,32 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
 
 
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return float("nan")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, bodies: int | None = None,
-        workdir: str | None = None) -> dict:
-    """Run the benchmark; returns the figures as a dict (also printed by ``main``)."""
+        workdir: str | None = None, rounds: int = 1, reference_seconds: float = 5.0,
+        max_rate: float = 60_000.0) -> dict:
+    """Run the benchmark; returns the figures as a dict (also printed by ``main``).
+
+    ``max_rate`` (spans/s) sizes the pool of distinct pre-built bodies; if the server drains
+    it, ``all_bodies_used`` says so and the rate is a lower bound.
+    """
     spans_per_trace = 10
-    # Enough distinct bodies for ~20k spans/s (more than this machine sustains); if they run
-    # out first, ``all_bodies_used`` says so and the rate is a lower bound.
-    count = bodies or max(clients * 4, int(seconds * 20_000 / spans_per_request) + clients)
+    count = bodies or max(clients * 4, int(seconds * max_rate / spans_per_request) + clients)
     prepared = [trace_body(spans_per_trace=spans_per_trace, traces=spans_per_request // spans_per_trace)
                 for _ in range(count)]
     folder = Path(workdir or tempfile.mkdtemp(prefix="inferpath-bench-"))
@@ -87,47 +111,90 @@ def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, 
     retries = [0]
     next_body = iter(range(count))
     lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
     visible_seconds: list[float] = []
+    loads: list[float] = []
+    phases: list[dict] = []
 
-    def exporter() -> None:
-        with httpx.Client(base_url=url, timeout=60) as http:
-            while time.monotonic() < stop_at:
-                with lock:
-                    index = next(next_body, None)
-                if index is None:
-                    return
-                while True:
-                    response = http.post("/v1/traces", content=prepared[index][0], headers=PROTOBUF)
-                    if response.status_code == 200:
-                        with lock:
-                            acked.append(index)
-                        break
-                    retries[0] += 1
-                    time.sleep(float(response.headers.get("retry-after", "0.1")))
+    def server_phase(phase_seconds: float) -> None:
+        stop_at = time.monotonic() + phase_seconds
+        acked_before = len(acked)
 
-    def probe() -> None:
-        with httpx.Client(base_url=url, timeout=60) as http:
-            while time.monotonic() < stop_at:
-                # The factory's root span lasts 560 ms: start it so that it ends now.
-                ended_ns = time.time_ns()
-                body, ids = trace_body(spans_per_trace=1, start_ns=ended_ns - 560_000_000, service_name="probe")
-                trace_id = next(iter(ids))
-                http.post("/v1/traces", content=body, headers=PROTOBUF)
-                while http.get(f"/api/v1/traces/{trace_id}").status_code != 200:
-                    time.sleep(0.005)
-                visible_seconds.append((time.time_ns() - ended_ns) / 1e9)
-                time.sleep(0.2)
+        def exporter() -> None:
+            with httpx.Client(base_url=url, timeout=60) as http:
+                while time.monotonic() < stop_at:
+                    with lock:
+                        index = next(next_body, None)
+                    if index is None:
+                        return
+                    while True:
+                        response = http.post("/v1/traces", content=prepared[index][0], headers=PROTOBUF)
+                        if response.status_code == 200:
+                            with lock:
+                                acked.append(index)
+                            break
+                        retries[0] += 1
+                        time.sleep(float(response.headers.get("retry-after", "0.1")))
 
-    started = time.monotonic()
-    threads = [threading.Thread(target=exporter) for _ in range(clients)] + [threading.Thread(target=probe)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - started
+        def probe() -> None:
+            with httpx.Client(base_url=url, timeout=60) as http:
+                while time.monotonic() < stop_at:
+                    # The factory's root span lasts 560 ms: start it so that it ends now.
+                    ended_ns = time.time_ns()
+                    body, ids = trace_body(spans_per_trace=1, start_ns=ended_ns - 560_000_000, service_name="probe")
+                    trace_id = next(iter(ids))
+                    http.post("/v1/traces", content=body, headers=PROTOBUF)
+                    while http.get(f"/api/v1/traces/{trace_id}").status_code != 200:
+                        time.sleep(0.005)
+                    visible_seconds.append((time.time_ns() - ended_ns) / 1e9)
+                    time.sleep(0.2)
+
+        loads.append(os.getloadavg()[0])
+        cpu_before = _cpu_seconds(server.pid)
+        started = time.monotonic()
+        threads = [threading.Thread(target=exporter) for _ in range(clients)] + [threading.Thread(target=probe)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - started
+        cpu = _cpu_seconds(server.pid) - cpu_before
+        loads.append(os.getloadavg()[0])
+        spans = (len(acked) - acked_before) * spans_per_request
+        phases.append({"side": "server", "seconds": round(elapsed, 2), "spans": spans,
+                       "spans_per_second": round(spans / elapsed), "cpu_seconds": round(cpu, 2),
+                       "load_average": loads[-1]})
+
+    ref_cursor = [0]
+
+    def reference_phase(client) -> None:
+        # The bare clickhouse-connect client: no checks, no dedup token, row-oriented.
+        loads.append(os.getloadavg()[0])
+        insert_seconds, cpu, rows_total = 0.0, 0.0, 0
+        while insert_seconds < reference_seconds and ref_cursor[0] < count:
+            body = prepared[ref_cursor[0]][0]
+            ref_cursor[0] += 1
+            rows = [s.to_insert_row() for s in decode_trace_request(
+                body, content_type="application/x-protobuf", content_encoding=None).spans]
+            began, cpu_began = time.perf_counter(), time.process_time()
+            client.insert("otel_traces", rows, column_names=list(SPAN_COLUMNS))
+            insert_seconds += time.perf_counter() - began
+            cpu += time.process_time() - cpu_began
+            rows_total += len(rows)
+        loads.append(os.getloadavg()[0])
+        phases.append({"side": "reference", "seconds": round(insert_seconds, 2), "spans": rows_total,
+                       "spans_per_second": round(rows_total / insert_seconds) if insert_seconds else 0,
+                       "cpu_seconds": round(cpu, 2), "load_average": loads[-1]})
+
+    with Store.open(f"chdb://{folder / 'reference'}?database=rawref") as ref:
+        reference_phase(ref._client)
+        for _ in range(rounds):
+            server_phase(seconds / rounds)
+            reference_phase(ref._client)
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    inserts = _metric(metrics, "inferpath_ingest_insert_seconds_count")
+    exports = _metric(metrics, "inferpath_ingest_commits_total")
     server.send_signal(signal.SIGTERM)
-    server.wait(120)
+    server.wait(300)
     acked_spans = len(acked) * spans_per_request
     expected = {s for i in acked for spans in prepared[i][1].values() for s in spans}
     with Store.open(store_url) as store:
@@ -135,26 +202,27 @@ def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, 
                                      " WHERE ServiceName = 'bench-engine'")[0]
         stored = {r[0] for r in store.query("SELECT SpanId FROM otel_traces WHERE ServiceName = 'bench-engine'")}
     lost = len(expected - stored)
-    # Reference: the same rows, decoded once, inserted by clickhouse-connect alone.
-    batches = [[s.to_insert_row() for s in decode_trace_request(prepared[i][0], content_type="application/x-protobuf",
-                                                                  content_encoding=None).spans] for i in acked]
-    with Store.open(f"{store_url}?database=rawref") as ref:
-        client = ref._client  # the bare clickhouse-connect client: no checks, no dedup token
-        raw_started = time.monotonic()
-        for batch in batches:
-            client.insert("otel_traces", batch, column_names=list(SPAN_COLUMNS))
-        raw_seconds = time.monotonic() - raw_started
-    raw_rate = sum(len(b) for b in batches) / raw_seconds if raw_seconds else float("nan")
-    result = {
-        "seconds": round(elapsed, 1), "clients": clients, "spans_per_request": spans_per_request,
-        "acked_spans": acked_spans, "server_spans_per_second": round(acked_spans / elapsed),
-        "raw_insert_spans_per_second": round(raw_rate), "ratio": round(acked_spans / elapsed / raw_rate, 3),
+    server_seconds = sum(p["seconds"] for p in phases if p["side"] == "server")
+    ref_seconds = sum(p["seconds"] for p in phases if p["side"] == "reference")
+    ref_spans = sum(p["spans"] for p in phases if p["side"] == "reference")
+    server_cpu = sum(p["cpu_seconds"] for p in phases if p["side"] == "server")
+    ref_cpu = sum(p["cpu_seconds"] for p in phases if p["side"] == "reference")
+    server_rate = acked_spans / server_seconds
+    raw_rate = ref_spans / ref_seconds if ref_seconds else float("nan")
+    return {
+        "seconds": round(server_seconds, 1), "clients": clients, "spans_per_request": spans_per_request,
+        "rounds": rounds, "acked_spans": acked_spans, "server_spans_per_second": round(server_rate),
+        "raw_insert_spans_per_second": round(raw_rate), "ratio": round(server_rate / raw_rate, 3),
         "lost_spans": lost, "stored_twice": int(rows) - int(distinct), "retries_503": retries[0],
+        # CPU per span (all threads, both cores) is less sensitive to other load than rates.
+        "server_cpu_us_per_span": round(server_cpu / acked_spans * 1e6, 1) if acked_spans else None,
+        "raw_insert_cpu_us_per_span": round(ref_cpu / ref_spans * 1e6, 1) if ref_spans else None,
+        "exports_per_insert": round(exports / inserts, 2) if inserts else None,
         "visible_p50_seconds": round(_p(visible_seconds, 0.5), 4),
         "visible_p99_seconds": round(_p(visible_seconds, 0.99), 4), "probes": len(visible_seconds),
-        "all_bodies_used": len(acked) == count,
+        "load_average_min": min(loads), "load_average_max": max(loads),
+        "all_bodies_used": len(acked) == count, "phases": phases,
     }
-    return result
 
 
 def main() -> int:
@@ -162,12 +230,17 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--spans-per-request", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=1, help="server phases, each between two reference phases")
+    parser.add_argument("--reference-seconds", type=float, default=5.0, help="insert time per reference phase")
+    parser.add_argument("--max-rate", type=float, default=60_000.0, help="spans/s the body pool is sized for")
     args = parser.parse_args()
-    result = run(args.seconds, args.clients, args.spans_per_request)
+    result = run(args.seconds, args.clients, args.spans_per_request, rounds=args.rounds,
+                 reference_seconds=args.reference_seconds, max_rate=args.max_rate)
     print(json.dumps(result, indent=2))
     print(f"server {result['server_spans_per_second']} spans/s vs raw clickhouse-connect "
           f"{result['raw_insert_spans_per_second']} spans/s: ratio {result['ratio']}; lost {result['lost_spans']}, "
-          f"stored twice {result['stored_twice']}; span end -> visible p99 {result['visible_p99_seconds']} s")
+          f"stored twice {result['stored_twice']}; span end -> visible p99 {result['visible_p99_seconds']} s; "
+          f"load average {result['load_average_min']:.1f}-{result['load_average_max']:.1f}")
     return 0
 
 

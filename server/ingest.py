@@ -19,6 +19,18 @@ back-off probes it again, so the receiver recovers by itself. An insert refused 
 the data (a value ClickHouse cannot take) is a 400 naming the problem: retrying could not
 help, and it must not make the store look unavailable to everyone else.
 
+Group commit: embedded chDB pays ~20-30 ms per INSERT whatever its size (a part per table,
+its skip indexes, the trace-id materialized view), so one insert per 1000-span export caps
+ingest near 35k spans/s. Exports into ``group_tables`` (``otel_traces``) that arrive while
+an insert runs are therefore committed together as ONE insert by whichever of their threads
+leads next; each caller still returns only after its own rows are committed. Exactly-once
+for retries then rests on :class:`~inferpath.server.commit_journal.CommitJournal` (a retry
+of a committed export is answered 200 without an insert) instead of the group's ClickHouse
+token. Groups need a folder for that journal, so they are formed on embedded chDB only (the
+journal lives in its data folder); against a ClickHouse server every export is its own insert.
+When a group's insert is refused for its data, its exports are retried one by one, so only
+the bad export is answered 400.
+
 Clocks: back-off and insert latency use the monotonic clock (``time.monotonic``).
 """
 
@@ -34,6 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
+from inferpath.server.commit_journal import CommitJournal, JournalMember
 from inferpath.storage.store import Store
 
 __all__ = ["CommitResult", "DurableIngest", "TableRows", "dedup_token", "INSERT_SECONDS_BUCKETS"]
@@ -42,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 # Upper bounds (seconds) of the insert-latency histogram on /metrics.
 INSERT_SECONDS_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Journal file in the chDB data folder (see CommitJournal).
+JOURNAL_FILE_NAME = "inferpath_commit_journal.jsonl"
 # ClickHouse error codes that mean "this data cannot be stored", not "the store is down":
 # CANNOT_PARSE_TEXT, CANNOT_PARSE_NUMBER, CANNOT_PARSE_DATE, TYPE_MISMATCH, ARGUMENT_OUT_OF_BOUND,
 # CANNOT_CONVERT_TYPE, CANNOT_PARSE_DATETIME, VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE, DECIMAL_OVERFLOW.
@@ -97,6 +112,27 @@ def _is_data_error(exc: BaseException) -> bool:
     return bool(match) and int(match.group(1)) in _DATA_ERROR_CODES
 
 
+class _Pending:
+    """One export waiting to be committed in a group."""
+
+    __slots__ = ("inserts", "token", "rows", "result")
+
+    def __init__(self, inserts: Sequence[TableRows], token: str | None) -> None:
+        self.inserts = inserts
+        self.token = token
+        self.rows = sum(len(part.rows) for part in inserts)
+        self.result: CommitResult | None = None
+
+    def journal_member(self) -> JournalMember:
+        # One sample key per export: a group is one block, so one row tells whether it landed.
+        for part in self.inserts:
+            columns = list(part.columns)
+            if part.rows and "TraceId" in columns and "SpanId" in columns:
+                row = part.rows[0]
+                return (self.token or "", str(row[columns.index("TraceId")]), str(row[columns.index("SpanId")]))
+        return (self.token or "", "", "")
+
+
 class _Admission:
     def __init__(self, ingest: "DurableIngest", body_bytes: int) -> None:
         self._ingest = ingest
@@ -121,9 +157,15 @@ class DurableIngest:
     ``store``: the open :class:`Store`. ``max_inflight_requests`` (≥ 1) and
     ``max_inflight_bytes`` (body bytes, ≥ 1) bound what is held in memory.
     ``retry_after_seconds`` / ``max_retry_after_seconds``: first and longest back-off after
-    a store error. Raises ``ValueError`` at construction for bad limits.
+    a store error. ``group_tables``: tables whose exports may share an insert (module
+    docstring); ``max_group_rows`` (≥ 1) caps a group's rows; ``group_commit=False`` commits
+    every export alone. Grouping needs the commit journal (``journal``), opened in the chDB
+    data folder; without one (a ClickHouse server, an unwritable folder) it is off.
+    Raises ``ValueError`` at construction for bad limits.
 
-    Counters (plain ints): ``commits_total``, ``rows_committed_total``,
+    Counters (plain ints): ``commits_total`` (exports), ``rows_committed_total``,
+    ``groups_total`` / ``grouped_exports_total`` (grouped inserts and the exports in them),
+    ``duplicate_exports_total`` (retries of committed exports answered without an insert),
     ``store_errors_total`` (failed inserts blamed on the store), ``data_errors_total``,
     ``overloaded_total`` / ``unavailable_total`` (exports refused with 503),
     ``insert_seconds_count`` / ``insert_seconds_sum`` / ``insert_seconds_buckets``
@@ -133,11 +175,15 @@ class DurableIngest:
 
     def __init__(self, store: Store, *, max_inflight_requests: int = 64,
                  max_inflight_bytes: int = 256 * 1024 * 1024, retry_after_seconds: float = 1.0,
-                 max_retry_after_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_retry_after_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 group_tables: Sequence[str] = ("otel_traces",), max_group_rows: int = 50_000,
+                 group_commit: bool = True) -> None:
         if max_inflight_requests < 1:
             raise ValueError(f"max_inflight_requests must be >= 1, got {max_inflight_requests}")
         if max_inflight_bytes < 1:
             raise ValueError(f"max_inflight_bytes must be >= 1, got {max_inflight_bytes}")
+        if max_group_rows < 1:
+            raise ValueError(f"max_group_rows must be >= 1, got {max_group_rows}")
         if not 0 < retry_after_seconds <= max_retry_after_seconds:
             raise ValueError("retry_after_seconds must be > 0 and <= max_retry_after_seconds, "
                              f"got {retry_after_seconds} and {max_retry_after_seconds}")
@@ -164,6 +210,33 @@ class DurableIngest:
         self.insert_seconds_count = 0
         self.insert_seconds_sum = 0.0
         self.insert_seconds_buckets = [0] * len(INSERT_SECONDS_BUCKETS)
+        self.group_tables = frozenset(group_tables)
+        self.max_group_rows = max_group_rows
+        self.groups_total = 0  # grouped inserts made
+        self.grouped_exports_total = 0  # exports committed through them
+        self.duplicate_exports_total = 0  # retries of committed exports, answered without insert
+        self._group_cond = threading.Condition()
+        self._pending: list[_Pending] = []
+        self._leader_busy = False
+        self.journal: CommitJournal | None = None
+        if group_commit and store.url.kind == "chdb" and store.url.path is not None:
+            try:
+                self.journal = CommitJournal(store.url.path / JOURNAL_FILE_NAME)
+            except OSError as exc:  # e.g. a read-only folder: slower, never down
+                logger.warning("commit journal unavailable (%s); committing exports one by one", exc)
+            else:
+                self.journal.recover(self._present_span_keys)
+
+    def _present_span_keys(self, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        rows = self.store.query(
+            "SELECT TraceId, SpanId FROM otel_traces WHERE SpanId IN {span_ids:Array(String)}",
+            {"span_ids": sorted({span_id for _, span_id in keys})})
+        return {(trace_id, span_id) for trace_id, span_id in rows}
+
+    def close(self) -> None:
+        """Close the commit journal (the store is the caller's); idempotent."""
+        if self.journal is not None:
+            self.journal.close()
 
     # ------------------------------------------------------------------ admission
     @property
@@ -205,12 +278,139 @@ class DurableIngest:
 
     # ------------------------------------------------------------------ commit
     def commit(self, inserts: Sequence[TableRows], token: str | None) -> CommitResult:
-        """Insert each table's rows as one block (token ``{token}:{table}``); return the result.
+        """Commit one export's rows; return the result once they are in the store. Never raises.
 
-        All tables are tried in order; the first failure stops and decides the answer (the
-        client's retry re-sends everything, and the tables already committed skip it by
-        token). Never raises.
+        Exports whose rows all go to ``group_tables`` are committed in a group with the
+        exports that arrive meanwhile (module docstring); a retry of an export known
+        committed returns ``committed`` at once. Other exports insert each table's rows as
+        one block (token ``{token}:{table}``): all tables are tried in order, the first
+        failure stops and decides the answer (the client's retry re-sends everything, and
+        the tables already committed skip it by token).
         """
+        if self.journal is None or not all(part.table in self.group_tables for part in inserts):
+            return self._commit_alone(inserts, token)
+        if token is not None and self.journal.is_committed(token):
+            with self._lock:
+                self.duplicate_exports_total += 1
+            return CommitResult("committed")
+        with self._lock:
+            now = self._clock()
+            if now < self._unavailable_until:
+                return self._unavailable(now)
+        me = _Pending(inserts, token)
+        with self._group_cond:
+            self._pending.append(me)
+            while me.result is None and self._leader_busy:
+                self._group_cond.wait()
+            if me.result is not None:
+                return me.result
+            # This thread leads one group: the exports pending now, itself first.
+            self._leader_busy = True
+            group = self._take_group(me)
+        try:
+            self._commit_group(group)
+        except Exception as exc:  # noqa: BLE001 - every waiter must get an answer
+            logger.exception("grouped commit failed unexpectedly")
+            for member in group:
+                if member.result is None:
+                    member.result = CommitResult("unavailable", f"commit failed: {exc}", 1)
+        finally:
+            with self._group_cond:
+                self._leader_busy = False  # the next thread to wake leads the next group
+                self._group_cond.notify_all()
+        assert me.result is not None
+        return me.result
+
+    def _take_group(self, leader: "_Pending") -> list["_Pending"]:
+        """Pop the leader and as many pending exports as fit ``max_group_rows``; the caller
+        holds ``_group_cond``."""
+        self._pending.remove(leader)
+        group, rows = [leader], leader.rows
+        while self._pending and rows + self._pending[0].rows <= self.max_group_rows:
+            member = self._pending.pop(0)
+            group.append(member)
+            rows += member.rows
+        return group
+
+    def _commit_group(self, group: list["_Pending"]) -> None:
+        """Insert ``group`` as one insert per table and set every member's result."""
+        assert self.journal is not None
+        if self._clock() < self._unavailable_until:
+            with self._lock:
+                result = self._unavailable(self._clock())
+            for member in group:
+                member.result = result
+            return
+        # A retry that arrived while its first attempt was still queued or inserting: the
+        # first attempt decides for both, its rows are inserted once.
+        first_of: dict[str, _Pending] = {}
+        duplicates: list[tuple[_Pending, _Pending | None]] = []
+        unique: list[_Pending] = []
+        for member in group:
+            if member.token is not None and self.journal.is_committed(member.token):
+                duplicates.append((member, None))
+            elif member.token is not None and member.token in first_of:
+                duplicates.append((member, first_of[member.token]))
+            else:
+                if member.token is not None:
+                    first_of[member.token] = member
+                unique.append(member)
+        if duplicates:
+            with self._lock:
+                self.duplicate_exports_total += len(duplicates)
+        try:
+            if unique:
+                self._insert_group(unique)
+        finally:
+            for member, first in duplicates:
+                member.result = CommitResult("committed") if first is None else first.result
+
+    def _insert_group(self, group: list["_Pending"]) -> None:
+        """Insert exports with distinct tokens as one insert per table; set their results."""
+        assert self.journal is not None
+        members = [member.journal_member() for member in group]
+        try:
+            group_id = self.journal.begin(members)
+        except OSError as exc:
+            logger.warning("commit journal unwritable (%s); committing exports one by one", exc)
+            for member in group:
+                member.result = self._commit_alone(member.inserts, member.token)
+            return
+        if len(group) == 1:
+            inserts, token = group[0].inserts, group[0].token
+        else:
+            token = "group-" + hashlib.sha256("\0".join(m.token or "" for m in group).encode()).hexdigest()
+            tables: dict[str, TableRows] = {}
+            for member in group:
+                for part in member.inserts:
+                    previous = tables.get(part.table)
+                    if previous is None:
+                        tables[part.table] = TableRows(part.table, part.columns, list(part.rows))
+                    elif tuple(previous.columns) == tuple(part.columns):
+                        previous.rows.extend(part.rows)  # type: ignore[attr-defined]
+                    else:  # another column list: its own insert
+                        tables[f"{part.table}#{id(part)}"] = part
+            inserts = list(tables.values())
+        result = self._commit_alone(inserts, token, exports=len(group))
+        if result.ok:
+            self.journal.done(group_id, members)
+            with self._lock:
+                self.groups_total += 1
+                self.grouped_exports_total += len(group)
+            for member in group:
+                member.result = result
+        elif result.status == "invalid" and len(group) > 1:
+            # One export's data spoils the group's insert: find it by committing one by one.
+            for member in group:
+                member.result = self._commit_alone(member.inserts, member.token)
+                if member.result.ok:
+                    self.journal.done(self.journal.begin([member.journal_member()]), [member.journal_member()])
+        else:
+            for member in group:
+                member.result = result
+
+    def _commit_alone(self, inserts: Sequence[TableRows], token: str | None, exports: int = 1) -> CommitResult:
+        """Insert each table's rows as one block with token ``{token}:{table}``."""
         committed_rows = 0
         for part in inserts:
             if not part.rows:
@@ -229,7 +429,7 @@ class DurableIngest:
             committed_rows += len(part.rows)
         with self._lock:
             self._consecutive_failures = 0
-            self.commits_total += 1
+            self.commits_total += exports
             self.rows_committed_total += committed_rows
         return CommitResult("committed")
 

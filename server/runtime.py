@@ -224,6 +224,7 @@ class ServerRuntime:
         finally:
             for writer in self.writers.values():
                 writer.close(timeout_seconds)
+            self.ingest.close()  # the group-commit journal file
             self.store.close()
 
     @property

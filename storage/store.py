@@ -58,6 +58,34 @@ def _check_value(value: Any, where: str) -> None:
             _check_value(item, where)
 
 
+_UTC_ZONES = frozenset({timezone.utc})
+
+
+def _check_column(column: Sequence[Any], name: str) -> None:
+    """Raise ``ValueError`` (naming row index and column) for a naive datetime in ``column``,
+    at any depth of lists/tuples; dict values are not inspected (as in :func:`_check_value`).
+
+    The common columns cost one C-level pass: no datetimes and no containers at all, or
+    datetimes all in UTC, or lists that are all empty.
+    """
+    types = set(map(type, column))
+    if datetime in types or any(issubclass(t, datetime) for t in types):
+        if types == {datetime} and set(map(_tzinfo, column)) <= _UTC_ZONES:
+            return
+    elif list in types or tuple in types:
+        if not any(column):
+            return
+    elif not any(issubclass(t, (datetime, list, tuple)) for t in types):
+        return
+    for index, value in enumerate(column):
+        if isinstance(value, (datetime, list, tuple)):
+            _check_value(value, f"row {index} column {name!r}")
+
+
+def _tzinfo(value: datetime) -> Any:
+    return value.tzinfo
+
+
 def _to_utc(value: Any) -> Any:
     if isinstance(value, datetime):
         if value.tzinfo is None:
@@ -113,6 +141,14 @@ class Store:
             # Queries from every part use unqualified table names.
             with store._lock:
                 client.database = parsed.database
+                # inferpath_requests has hourly partitions: a batch of request rows of an
+                # imported trace file may span more than the default 100 of them.
+                client.set_client_setting("max_partitions_per_insert_block", 10_000)
+                # FINAL merges versions of a row inside its partition only, so a time-window
+                # read with FINAL prunes partitions (else ClickHouse reads every partition,
+                # the WHERE applying after the merge). Versions of a request share their
+                # partition unless a late span moved its start across an hour boundary.
+                client.set_client_setting("do_not_merge_across_partitions_select_final", 1)
         except BaseException:
             store.close()
             raise
@@ -228,19 +264,19 @@ class Store:
         if not rows:
             return 0
         width = len(names)
-        for index, row in enumerate(rows):
-            if len(row) != width:
-                raise ValueError(f"row {index} has {len(row)} values for {width} columns")
-            for name, value in zip(names, row):
-                if isinstance(value, (datetime, list, tuple)):
-                    _check_value(value, f"row {index} column {name!r}")
+        if set(map(len, rows)) != {width}:
+            index = next(i for i, row in enumerate(rows) if len(row) != width)
+            raise ValueError(f"row {index} has {len(rows[index])} values for {width} columns")
+        # Checked and sent column by column: the transposition and the type scans run in C,
+        # and clickhouse-connect serializes columns without transposing rows itself.
+        columns = list(zip(*rows))
+        for name, column in zip(names, columns):
+            _check_column(column, name)
+        settings = None if dedup_token is None else {"insert_deduplication_token": str(dedup_token)}
         with self._lock:
             self._ensure_open()
-            if dedup_token is None:
-                self._client.insert(table, rows, column_names=names)
-            else:
-                self._client.insert(table, rows, column_names=names,
-                                    settings={"insert_deduplication_token": str(dedup_token)})
+            self._client.insert(table, columns, column_names=names, column_oriented=True,
+                                settings=settings)
         return len(rows)
 
     def query(self, sql: str, parameters: dict | None = None) -> list[tuple]:
