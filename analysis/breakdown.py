@@ -200,6 +200,14 @@ def breakdown_by_band(rows: Iterable[Mapping[str, Any]], *, measure: str = "e2e"
     return summaries
 
 
+FINAL_SETTINGS = " SETTINGS do_not_merge_across_partitions_select_final = 1"
+"""Ends every read of ``inferpath_requests FINAL`` here. The versions of a request row share
+its partition (the day of its ``timestamp``, the request's start), so they never need
+merging across partitions, and a partition already merged into one part is then read
+without merging at all: over a merged day this makes a one-hour read about 10× faster,
+because the table is ordered by ``trace_id`` and a time filter cannot skip its key
+columns. A trace whose re-assembly moved its start across midnight would count twice."""
+
 REQUEST_QUERY_COLUMNS: tuple[str, ...] = (
     "timestamp", "trace_id", "service_name", "endpoint", "endpoint_class", "model", "replica",
     "status", "input_tokens", "output_tokens", "ttft_ns", "e2e_ns", "itl_ns",
@@ -230,21 +238,33 @@ def fetch_request_rows(
     unknown = [c for c in columns if c not in REQUEST_QUERY_COLUMNS]
     if unknown:
         raise ValueError(f"columns: unknown request column(s) {unknown}")
+    where, parameters = request_filter(start=start, end=end, endpoint=endpoint,
+                                       endpoint_class=endpoint_class, status=status)
+    sql = f"SELECT {', '.join(columns)} FROM inferpath_requests FINAL WHERE {where} ORDER BY timestamp{FINAL_SETTINGS}"
+    return store.query_dicts(sql, parameters)
+
+
+def request_filter(
+    *, start: datetime, end: datetime, endpoint: str | None = None,
+    endpoint_class: str | None = None, status: str | None = "ok",
+) -> tuple[str, dict[str, Any]]:
+    """The ``WHERE`` condition (SQL text with ``{name:Type}`` placeholders) and its parameters
+    selecting request rows with ``start ≤ timestamp < end`` and the given ``endpoint`` /
+    ``endpoint_class`` / ``status`` (each ignored when ``None``), as :func:`fetch_request_rows`
+    and the in-database aggregates (:mod:`inferpath.analysis.band_query`,
+    :mod:`inferpath.analysis.timeline_query`) read them. Values are bound, never pasted."""
     conditions = ["timestamp >= {start:DateTime64(9)}", "timestamp < {end:DateTime64(9)}"]
     parameters: dict[str, Any] = {"start": start, "end": end}
     for column, value in (("endpoint", endpoint), ("endpoint_class", endpoint_class), ("status", status)):
         if value is not None:
             conditions.append(f"{column} = {{{column}:String}}")
             parameters[column] = value
-    sql = (
-        f"SELECT {', '.join(columns)} FROM inferpath_requests FINAL"
-        f" WHERE {' AND '.join(conditions)} ORDER BY timestamp"
-    )
-    return store.query_dicts(sql, parameters)
+    return " AND ".join(conditions), parameters
 
 
 __all__ = [
     "BANDS",
+    "FINAL_SETTINGS",
     "MEASURES",
     "REQUEST_QUERY_COLUMNS",
     "REST",
@@ -257,5 +277,6 @@ __all__ = [
     "fetch_request_rows",
     "measure_stages",
     "request_breakdown",
+    "request_filter",
     "summarize",
 ]

@@ -24,11 +24,10 @@ from inferpath.analysis.signals import (
     COMBINE, DEFAULT_LOOKBACK_SECONDS, GAUGES, PREEMPTIONS_TOTAL, Series, SeriesKey,
     combined_asof, fetch_series,
 )
-from inferpath.storage.rows import unix_ns_from_datetime
-
-REQUEST_COLUMNS: tuple[str, ...] = (
-    "requests", "ttft_p99_seconds", "ttft_avg_seconds", "itl_p99_seconds", "e2e_p99_seconds",
+from inferpath.analysis.timeline_query import (
+    REQUEST_COLUMNS, fetch_counter_increases, fetch_gauge_columns, fetch_request_columns,
 )
+from inferpath.storage.rows import unix_ns_from_datetime
 PREEMPTION_RATE = "preemptions_per_second"
 
 SPIKE_FACTOR = 3.0
@@ -131,7 +130,32 @@ def fetch_timeline(
     store: Any, *, start: datetime, end: datetime, step_seconds: float = 10.0,
     endpoint: str | None = None, lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
 ) -> Timeline:
-    """:func:`build_timeline` over requests and signals read from ``store`` for ``[start, end)``."""
+    """:func:`build_timeline` over the ``ok`` requests (of ``endpoint`` when given) and the
+    signals stored for ``[start, end)``, aggregated inside the store
+    (:mod:`inferpath.analysis.timeline_query`): the same columns without reading every row
+    and sample. Raises ``ValueError`` as :func:`build_timeline` does."""
+    start_ns, end_ns = unix_ns_from_datetime(start), unix_ns_from_datetime(end)
+    if step_seconds <= 0:
+        raise ValueError(f"step_seconds must be > 0, got {step_seconds!r}")
+    if end_ns <= start_ns:
+        raise ValueError("end must be after start")
+    step_ns = int(step_seconds * 1e9)
+    starts = list(range(start_ns, end_ns, step_ns))
+    window = {"start": start, "end": end, "step_ns": step_ns, "steps": len(starts)}
+    timeline = Timeline(step_start_ns=starts, step_seconds=step_seconds,
+                        columns=fetch_request_columns(store, endpoint=endpoint, **window))
+    timeline.columns.update(fetch_gauge_columns(store, GAUGES, lookback_seconds=lookback_seconds, **window))
+    increases = fetch_counter_increases(store, PREEMPTIONS_TOTAL, lookback_seconds=lookback_seconds, **window)
+    timeline.columns[PREEMPTION_RATE] = [None if v is None else v / step_seconds for v in increases]
+    return timeline
+
+
+def fetch_timeline_rows(
+    store: Any, *, start: datetime, end: datetime, step_seconds: float = 10.0,
+    endpoint: str | None = None, lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+) -> Timeline:
+    """:func:`build_timeline` over request rows and samples read into Python: the reference
+    definition :func:`fetch_timeline` must match (slow over wide windows: every row moves)."""
     rows = fetch_request_rows(store, start=start, end=end, endpoint=endpoint)
     gauges = {name: fetch_series(store, name, start, end, lookback_seconds=lookback_seconds) for name in GAUGES}
     counters = fetch_series(store, PREEMPTIONS_TOTAL, start, end, table="otel_metrics_sum",
@@ -228,6 +252,7 @@ __all__ = [
     "build_timeline",
     "detect_spikes",
     "fetch_timeline",
+    "fetch_timeline_rows",
     "pearson",
     "request_columns",
 ]

@@ -29,8 +29,8 @@ import math
 from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
-from inferpath.analysis.breakdown import REST, STAGES, fetch_request_rows, measure_stages, request_breakdown
-from inferpath.analysis.percentiles import sorted_quantile
+from inferpath.analysis.breakdown import REST, measure_stages
+from inferpath.analysis.request_window import WINDOW_COLUMNS, RowsWindow, StoredWindow, TailSums, as_window
 from inferpath.analysis.signals import (
     GPU_UTILIZATION_RATIO, KV_CACHE_USAGE_RATIO, QUEUE_DEPTH, RUNNING_REQUESTS,
     SignalWindows, WindowSignals, fetch_window_signals,
@@ -74,9 +74,11 @@ COLD_START_WINDOW_SECONDS = 60.0
 graph capture and cold caches."""
 
 
-DIAGNOSIS_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "ttft_ns", "e2e_ns", "itl_ns",
-                                      *(f"{stage}_ns" for stage in STAGES))
+DIAGNOSIS_COLUMNS: tuple[str, ...] = WINDOW_COLUMNS
 """The request columns the rules read."""
+
+Rows = Sequence[Mapping[str, Any]] | RowsWindow | StoredWindow
+"""A window's requests: request-row dicts, or a :mod:`~inferpath.analysis.request_window` window."""
 
 
 class InsufficientDataError(ValueError):
@@ -118,28 +120,27 @@ def batch_grew(signals: SignalWindows) -> bool:
     return current >= BATCH_GROWTH_RATIO * baseline
 
 
-def queue_held(current_rows: Sequence[Mapping[str, Any]], baseline_rows: Sequence[Mapping[str, Any]]) -> bool:
+def queue_held(current_rows: Rows, baseline_rows: Rows) -> bool:
     """Queue time grew for the typical request, not just the tail: the p50 of ``queue_ns`` rose
     by ≥ :data:`MIN_HELD_QUEUE_NS` and by ≥ :data:`HELD_QUEUE_RATIO` of the p90's rise — the
     signature of a batching window that holds each request before its prefill."""
-    current, baseline = _values(current_rows, "queue_ns"), _values(baseline_rows, "queue_ns")
-    if not current or not baseline:
+    current, baseline = as_window(current_rows), as_window(baseline_rows)
+    if not current.measured("queue_ns") or not baseline.measured("queue_ns"):
         return False
-    p50_rise = sorted_quantile(current, 0.5) - sorted_quantile(baseline, 0.5)
-    p90_rise = sorted_quantile(current, 0.9) - sorted_quantile(baseline, 0.9)
+    p50_rise = current.quantile("queue_ns", 0.5) - baseline.quantile("queue_ns", 0.5)
+    p90_rise = current.quantile("queue_ns", 0.9) - baseline.quantile("queue_ns", 0.9)
     return p50_rise >= MIN_HELD_QUEUE_NS and p50_rise >= HELD_QUEUE_RATIO * p90_rise
 
 
-def decode_slower(current_rows: Sequence[Mapping[str, Any]], baseline_rows: Sequence[Mapping[str, Any]]) -> bool:
+def decode_slower(current_rows: Rows, baseline_rows: Rows) -> bool:
     """The typical decode step got slower: median ITL rose by :data:`DEGRADED_RATIO` and
     by 1 ms at least. A decode step is one GPU pass over the
     batch, so a slower median step means the GPU itself is slower or busier (a saturated or
     shared GPU) — a batching window leaves it unchanged. GPU utilization alone cannot tell:
     a continuously batching engine shows high utilization at any load."""
-    current, baseline = _values(current_rows, "itl_ns"), _values(baseline_rows, "itl_ns")
-    if not current or not baseline:
+    now, before = as_window(current_rows).quantile("itl_ns", 0.5), as_window(baseline_rows).quantile("itl_ns", 0.5)
+    if now is None or before is None:
         return False
-    now, before = sorted_quantile(current, 0.5), sorted_quantile(baseline, 0.5)
     return before > 0 and now >= DEGRADED_RATIO * before and now - before >= 1_000_000
 
 
@@ -164,33 +165,11 @@ def stage_cause(stage: str, *, kv: bool, saturated: bool, batch: bool, held: boo
 
 # ---------------------------------------------------------------------------- measures
 
-class RequestRows(list):
-    """Request rows plus each column's values sorted once: a diagnosis takes many quantiles
-    of the same columns, and over an hour of traffic re-sorting each time dominates."""
-
-    def __init__(self, rows: Sequence[Mapping[str, Any]] = ()) -> None:
-        super().__init__(rows)
-        self.sorted_columns: dict[str, list[float]] = {}
-
-
-def _values(rows: Sequence[Mapping[str, Any]], column: str) -> list[float]:
-    """``column``'s non-null values of ``rows``, sorted ascending (cached on :class:`RequestRows`)."""
-    cache = getattr(rows, "sorted_columns", None)
-    if cache is not None and column in cache:
-        return cache[column]
-    values = sorted(float(r[column]) for r in rows if r.get(column) is not None)
-    if cache is not None:
-        cache[column] = values
-    return values
-
-
-def degradation(measure: str, current_rows: Sequence[Mapping[str, Any]],
-                baseline_rows: Sequence[Mapping[str, Any]]) -> Degradation:
+def degradation(measure: str, current_rows: Rows, baseline_rows: Rows) -> Degradation:
     """Compare ``measure``'s exact p99 between windows; degraded when it rose by both
     :data:`DEGRADED_RATIO` and :data:`MIN_DEGRADATION_NS`."""
-    current, baseline = _values(current_rows, f"{measure}_ns"), _values(baseline_rows, f"{measure}_ns")
-    cur = sorted_quantile(current, 0.99) if current else None
-    base = sorted_quantile(baseline, 0.99) if baseline else None
+    cur = as_window(current_rows).quantile(f"{measure}_ns", 0.99)
+    base = as_window(baseline_rows).quantile(f"{measure}_ns", 0.99)
     if cur is None or base is None:
         return Degradation(measure, base, cur, None, False)
     ratio = cur / base if base > 0 else math.inf
@@ -198,13 +177,12 @@ def degradation(measure: str, current_rows: Sequence[Mapping[str, Any]],
     return Degradation(measure, base, cur, ratio, degraded)
 
 
-def _window_of(rows: Sequence[Mapping[str, Any]]) -> Window | None:
-    times = [r["timestamp"] for r in rows if isinstance(r.get("timestamp"), datetime)]
-    return (min(times), max(times)) if times else None
+def _window_of(rows: Rows) -> Window | None:
+    spans = [span for span in as_window(rows).replica_spans().values() if span is not None]
+    return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
 
 
-def cold_start_rows(current_rows: Sequence[Mapping[str, Any]],
-                    baseline_rows: Sequence[Mapping[str, Any]],
+def cold_start_rows(current_rows: Rows, baseline_rows: Rows,
                     startups: Sequence[ReplicaStartup] = ()) -> dict[str, list[Mapping[str, Any]]]:
     """Per starting replica: its requests within :data:`COLD_START_WINDOW_SECONDS` of its start.
 
@@ -214,24 +192,21 @@ def cold_start_rows(current_rows: Sequence[Mapping[str, Any]],
     request and serves in it (its start: ``ready_at``) — the latter also
     catches a replica restarted under the same name.
     """
-    known = {r.get("replica") for r in baseline_rows}
-    serving = {r.get("replica") for r in current_rows}
+    current = as_window(current_rows)
+    known = set(as_window(baseline_rows).replica_spans())
+    spans = current.replica_spans()
     limit = timedelta(seconds=COLD_START_WINDOW_SECONDS)
-    times = [r["timestamp"] for r in current_rows if isinstance(r.get("timestamp"), datetime)]
+    measured = [span for span in spans.values() if span is not None]
     started: dict[str, datetime] = {}
-    if times:
+    if measured:
+        first, last = min(s[0] for s in measured), max(s[1] for s in measured)
         for startup in startups:
-            if (startup.replica and startup.replica in serving
-                    and min(times) - limit <= startup.ready_at <= max(times)):
+            if startup.replica and startup.replica in spans and first - limit <= startup.ready_at <= last:
                 started[startup.replica] = min(startup.ready_at, started.get(startup.replica, startup.ready_at))
-    first_seen: dict[str, datetime] = {}
-    for row in current_rows:
-        replica, ts = row.get("replica"), row.get("timestamp")
-        if replica and replica not in known and replica not in started and isinstance(ts, datetime):
-            first_seen[replica] = min(ts, first_seen.get(replica, ts))
-    started.update(first_seen)
+    started.update({replica: span[0] for replica, span in spans.items()
+                    if replica and replica not in known and replica not in started and span is not None})
     out: dict[str, list[Mapping[str, Any]]] = {}
-    for row in current_rows:
+    for row in current.rows_of(started):
         replica = row.get("replica")
         if replica in started and timedelta(0) <= row["timestamp"] - started[replica] <= limit:
             out.setdefault(replica, []).append(row)
@@ -241,8 +216,8 @@ def cold_start_rows(current_rows: Sequence[Mapping[str, Any]],
 # ---------------------------------------------------------------------------- the core
 
 def diagnose_from(
-    current_rows: Sequence[Mapping[str, Any]],
-    baseline_rows: Sequence[Mapping[str, Any]],
+    current_rows: Rows,
+    baseline_rows: Rows,
     signals: SignalWindows | None = None,
     *,
     current_window: Window | None = None,
@@ -250,7 +225,8 @@ def diagnose_from(
     startups: Sequence[ReplicaStartup] = (),
 ) -> Verdict:
     """Diagnose ``current_rows`` against ``baseline_rows`` (request-row dicts, see
-    :mod:`inferpath.analysis.breakdown`) with the engine/GPU ``signals`` of both windows.
+    :mod:`inferpath.analysis.breakdown`, or windows of :mod:`inferpath.analysis.request_window`)
+    with the engine/GPU ``signals`` of both windows.
 
     ``startups``: engine start-ups read from start-up spans (:func:`.startup.fetch_startups`),
     used to recognise and measure cold starts. Windows default to the span of the rows'
@@ -259,9 +235,9 @@ def diagnose_from(
     requests with an E2E latency.
     """
     signals = signals or SignalWindows()
-    current_rows, baseline_rows = RequestRows(current_rows), RequestRows(baseline_rows)
+    current_rows, baseline_rows = as_window(current_rows), as_window(baseline_rows)
     for name, rows in (("current", current_rows), ("baseline", baseline_rows)):
-        measured = sum(1 for r in rows if r.get("e2e_ns") is not None)
+        measured = rows.measured("e2e_ns")
         if measured < MIN_REQUESTS:
             raise InsufficientDataError(
                 f"{name} window has {measured} requests with an E2E latency; at least {MIN_REQUESTS} are needed"
@@ -291,20 +267,29 @@ def diagnose_from(
 
 
 def attribute(
-    measure: str, current_rows: Sequence[Mapping[str, Any]], baseline_rows: Sequence[Mapping[str, Any]],
+    measure: str, current_rows: Rows, baseline_rows: Rows,
     signals: SignalWindows, windows: tuple[Window | None, Window | None],
     startups: Sequence[ReplicaStartup] = (),
 ) -> list[Cause]:
     """Share the growth of the tail band's mean ``measure`` among causes (module docstring)."""
     stages = measure_stages(measure)
-    current_tail, baseline_tail = _tail(current_rows, measure), _tail(baseline_rows, measure)
-    if not current_tail or not baseline_tail:
+    current_rows, baseline_rows = as_window(current_rows), as_window(baseline_rows)
+    column = f"{measure}_ns"
+    # The edges come from each window's quantile, so only the tail (a tenth) is summed, and
+    # in integer ns: a stored window sums in the store and gives the same numbers.
+    current_edge = current_rows.quantile(column, TAIL_QUANTILE)
+    baseline_edge = baseline_rows.quantile(column, TAIL_QUANTILE)
+    if current_edge is None or baseline_edge is None:
         return []
-    n = len(current_tail)
-    base_mean = {s: math.fsum(b.stage_ns[s] for b in baseline_tail) / len(baseline_tail) for s in (*stages, REST)}
-    base_total = math.fsum(b.total_ns for b in baseline_tail) / len(baseline_tail)
     cold = {r.get("trace_id") for rows in cold_start_rows(current_rows, baseline_rows, startups).values()
             for r in rows}
+    current_tail = current_rows.tail_sums(measure, current_edge, cold)
+    baseline_tail = baseline_rows.tail_sums(measure, baseline_edge)
+    if not current_tail.count or not baseline_tail.count:
+        return []
+    n = current_tail.count
+    base_mean = {s: baseline_tail.stage_ns[s] / baseline_tail.count for s in (*stages, REST)}
+    base_total = baseline_tail.total_ns / baseline_tail.count
     context = {
         "kv": kv_pressure(signals, len(current_rows), len(baseline_rows)),
         "saturated": gpu_saturated(signals) or decode_slower(current_rows, baseline_rows),
@@ -313,16 +298,17 @@ def attribute(
     }
     added: dict[str, float] = {}
     stages_of: dict[str, list[str]] = {}
-    for item in current_tail:
-        if item.trace_id in cold:
-            added["cold_start"] = added.get("cold_start", 0.0) + (item.total_ns - base_total) / n
-            continue
+    if current_tail.kept_count:
         for stage in (*stages, REST):
             cause = stage_cause(stage, **context)
-            added[cause] = added.get(cause, 0.0) + (item.stage_ns[stage] - base_mean[stage]) / n
+            kept = current_tail.kept_stage_ns[stage] - current_tail.kept_count * base_mean[stage]
+            added[cause] = added.get(cause, 0.0) + kept / n
             if stage not in stages_of.setdefault(cause, []):
                 stages_of[cause].append(stage)
-    total_added = math.fsum(b.total_ns for b in current_tail) / n - base_total
+    cold_count = current_tail.count - current_tail.kept_count
+    if cold_count:  # a request on a starting replica is charged to the cold start as a whole
+        added["cold_start"] = (current_tail.excluded_total_ns - cold_count * base_total) / n
+    total_added = current_tail.total_ns / n - base_total
     if total_added <= 0:
         return []
     causes = [
@@ -336,21 +322,8 @@ def attribute(
     return causes
 
 
-def _tail(rows: Sequence[Mapping[str, Any]], measure: str) -> list:
-    # The edge comes from the raw values, so only the tail's rows (a tenth) are broken down.
-    column = f"{measure}_ns"
-    values = _values(rows, column)
-    if not values:
-        return []
-    edge = sorted_quantile(values, TAIL_QUANTILE)
-    return [b for b in (request_breakdown(r, measure) for r in rows
-                        if r.get(column) is not None and r[column] >= edge) if b is not None]
-
-
-def _grew(stage: str, current_tail: Sequence, baseline_tail: Sequence) -> bool:
-    cur = math.fsum(b.stage_ns[stage] for b in current_tail) / len(current_tail)
-    base = math.fsum(b.stage_ns[stage] for b in baseline_tail) / len(baseline_tail)
-    return cur > base
+def _grew(stage: str, current_tail: TailSums, baseline_tail: TailSums) -> bool:
+    return current_tail.stage_ns[stage] / current_tail.count > baseline_tail.stage_ns[stage] / baseline_tail.count
 
 
 # ---------------------------------------------------------------------------- evidence and advice
@@ -386,8 +359,8 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any]],
-             baseline_rows: Sequence[Mapping[str, Any]], signals: SignalWindows,
+def _explain(cause: Cause, measure: str, current_rows: RowsWindow | StoredWindow,
+             baseline_rows: RowsWindow | StoredWindow, signals: SignalWindows,
              windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup] = ()) -> None:
     """Fill ``cause.evidence``, ``would_help`` and ``would_not_help`` with the numbers."""
     current_window, baseline_window = windows
@@ -397,9 +370,7 @@ def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any
         cause.evidence.append(Evidence(measure_name, statistic, unit, base, cur, baseline_window, current_window, text))
 
     def stage_p99(column: str) -> str:
-        base, cur = _values(baseline_rows, column), _values(current_rows, column)
-        b = sorted_quantile(base, 0.99) if base else None
-        c = sorted_quantile(cur, 0.99) if cur else None
+        b, c = baseline_rows.quantile(column, 0.99), current_rows.quantile(column, 0.99)
         name = column.removesuffix("_ns")
         evidence(column, "p99", "ns", b, c, f"{name} p99 {_ms(b)} → {_ms(c)}")
         return f"{name} went from {_ms(b)} to {_ms(c)} at p99"
@@ -438,8 +409,7 @@ def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any
     elif cause.cause == "gpu_compute":
         stage_p99("queue_ns")
         stage_p99("prefill_ns")
-        base, cur = _values(baseline_rows, "itl_ns"), _values(current_rows, "itl_ns")
-        b50, c50 = sorted_quantile(base, 0.5) if base else None, sorted_quantile(cur, 0.5) if cur else None
+        b50, c50 = baseline_rows.quantile("itl_ns", 0.5), current_rows.quantile("itl_ns", 0.5)
         evidence("itl_ns", "p50", "ns", b50, c50, f"median decode step (ITL p50) {_ms(b50)} → {_ms(c50)}")
         signal(QUEUE_DEPTH, "mean", "requests")
         cause.would_not_help.append("tuning the tokenizer, retrieval or the network will not help: "
@@ -456,8 +426,7 @@ def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any
                                     f"and {after or 0:.0f} preemptions{idle}")
     elif cause.cause == "batching":
         if "queue" in cause.stages:
-            base, cur = _values(baseline_rows, "queue_ns"), _values(current_rows, "queue_ns")
-            b50, c50 = sorted_quantile(base, 0.5) if base else None, sorted_quantile(cur, 0.5) if cur else None
+            b50, c50 = baseline_rows.quantile("queue_ns", 0.5), current_rows.quantile("queue_ns", 0.5)
             evidence("queue_ns", "p50", "ns", b50, c50,
                      f"every request waits longer before its prefill: queue p50 {_ms(b50)} → {_ms(c50)}")
             idle = f" while GPU utilization is {util:.0%}" if util is not None else ""
@@ -469,13 +438,12 @@ def _explain(cause: Cause, measure: str, current_rows: Sequence[Mapping[str, Any
         grown = f": running requests went from {before:.0f} to {after:.0f}" if before and after else ""
         cause.would_not_help.append(f"adding GPUs will not help while each one runs oversized batches{grown}")
     elif cause.cause == "cold_start":
-        serving = {r.get("replica") for r in current_rows}
+        serving = set(current_rows.replica_spans())
         for startup in startups:
             if startup.replica in serving:
                 evidence("loading_seconds", "total", "seconds", None, startup.loading_seconds, startup.text())
         for replica, rows in cold_start_rows(current_rows, baseline_rows, startups).items():
-            values = _values(rows, f"{measure}_ns")
-            p99 = sorted_quantile(values, 0.99) if values else None
+            p99 = RowsWindow(rows).quantile(f"{measure}_ns", 0.99)
             evidence(f"{measure}_ns", "p99", "ns", d.baseline_p99_ns, p99,
                      f"new replica {replica}: {len(rows)} requests in its first "
                      f"{COLD_START_WINDOW_SECONDS:.0f} s, {measure.upper()} p99 {_ms(p99)}")
@@ -493,18 +461,18 @@ def diagnose(
 ) -> Verdict:
     """Diagnose requests in ``[window_start, window_end)`` against ``[baseline_start, baseline_end)``.
 
-    Reads ``ok`` request rows (optionally of one ``endpoint``) and the canonical engine/GPU
-    signals of both windows from ``store``, then applies :func:`diagnose_from`. Datetimes
+    Reads the ``ok`` requests (optionally of one ``endpoint``) of both windows as
+    :class:`~inferpath.analysis.request_window.StoredWindow` (counts and quantiles aggregated
+    in the store; only the tail band's and starting replicas' rows are read) and the
+    canonical engine/GPU signals of both windows, then applies :func:`diagnose_from`. Datetimes
     must be timezone-aware. Raises ``ValueError`` for an empty or reversed window and
     :class:`InsufficientDataError` for too few requests.
     """
     for name, start, end in (("window", window_start, window_end), ("baseline", baseline_start, baseline_end)):
         if unix_ns_from_datetime(end) <= unix_ns_from_datetime(start):
             raise ValueError(f"{name}_end must be after {name}_start")
-    current_rows = fetch_request_rows(store, start=window_start, end=window_end, endpoint=endpoint,
-                                      columns=DIAGNOSIS_COLUMNS)
-    baseline_rows = fetch_request_rows(store, start=baseline_start, end=baseline_end, endpoint=endpoint,
-                                       columns=DIAGNOSIS_COLUMNS)
+    current_rows = StoredWindow(store, start=window_start, end=window_end, endpoint=endpoint)
+    baseline_rows = StoredWindow(store, start=baseline_start, end=baseline_end, endpoint=endpoint)
     signals = SignalWindows(
         current=fetch_window_signals(store, window_start, window_end),
         baseline=fetch_window_signals(store, baseline_start, baseline_end),

@@ -216,7 +216,35 @@ def fetch_window_signals(
     Each gauge is sampled as of the end of every step (``step_seconds``, default
     :func:`window_step_seconds`), series combined per :data:`COMBINE`, and the aligned
     values summarized. Preemptions: increase of ``preemptions_total`` summed over series.
+    The alignment runs inside the store (:mod:`inferpath.analysis.timeline_query`); the
+    result equals :func:`fetch_window_signals_rows`, which does it over every sample in Python.
     """
+    # Imported here: timeline_query builds on this module's COMBINE.
+    from inferpath.analysis.timeline_query import fetch_counter_increases, fetch_gauge_columns
+
+    step = step_seconds or window_step_seconds(start, end)
+    start_ns, end_ns = _unix_ns(start, "start"), _unix_ns(end, "end")
+    step_ns = int(step * 1e9)
+    # As of just before each step's end: a sample at the end belongs to the next step.
+    steps = len(range(start_ns + step_ns - 1, end_ns, step_ns))
+    options = {"start": start, "end": end, "lookback_seconds": lookback_seconds, "service_name": service_name}
+    result = WindowSignals()
+    for name, aligned in fetch_gauge_columns(store, GAUGES, step_ns=step_ns, steps=steps, **options).items():
+        stats = SignalStats.of([v for v in aligned if v is not None])
+        if stats is not None:
+            result.gauges[name] = stats
+    if end_ns > start_ns:
+        result.preemptions = fetch_counter_increases(store, PREEMPTIONS_TOTAL, step_ns=end_ns - start_ns,
+                                                     steps=1, **options)[0]
+    return result
+
+
+def fetch_window_signals_rows(
+    store: Any, start: datetime, end: datetime, *, step_seconds: float | None = None,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+) -> WindowSignals:
+    """:func:`fetch_window_signals` over every sample read into Python (:func:`fetch_series`):
+    the reference definition, slow over wide windows."""
     step = step_seconds or window_step_seconds(start, end)
     start_ns, end_ns = _unix_ns(start, "start"), _unix_ns(end, "end")
     step_ns, lookback_ns = int(step * 1e9), int(lookback_seconds * 1e9)
@@ -255,5 +283,6 @@ __all__ = [
     "combined_asof",
     "fetch_series",
     "fetch_window_signals",
+    "fetch_window_signals_rows",
     "window_step_seconds",
 ]

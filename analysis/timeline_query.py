@@ -1,0 +1,215 @@
+"""The per-step columns of a correlation timeline, aggregated inside ClickHouse.
+
+:func:`inferpath.analysis.correlate.build_timeline` defines the timeline over rows and
+samples held in Python; over a day that is a million request rows and hundreds of thousands
+of samples read out of the store for 600 steps. The functions here return the same columns
+from a few hundred rows per series:
+
+- Request columns: one ``GROUP BY`` step with ``count()`` and the exact p99
+  (``quantileExactInclusive``, type 7 as :func:`inferpath.analysis.percentiles.quantile`)
+  and sum of TTFT, ITL and E2E. Values agree with the Python path to float rounding
+  (the p99 is interpolated in ns, then divided by 1e9).
+- Gauges: per series and step, the latest sample at or before the step's end
+  (``argMax(Value, time)``, plus the time); Python then carries the latest sample forward
+  over empty steps and drops it once older than the lookback, which is exactly
+  :meth:`inferpath.analysis.signals.Series.asof`, and combines series per
+  :data:`inferpath.analysis.signals.COMBINE`.
+- Counters: per series and step ``(t, t + step]``, the first sample and the reset-aware sum
+  of increases between consecutive samples inside the step; Python adds the increase from
+  the last earlier sample within the lookback, which is
+  :meth:`~inferpath.analysis.signals.Series.counter_increase`.
+
+Series are told apart as :func:`inferpath.analysis.signals.fetch_series` does, by
+(ServiceName, ResourceAttributes, Attributes). Samples at one instant of one series are not
+ordered by anything, here or in the Python path.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Sequence
+
+from inferpath.analysis.breakdown import FINAL_SETTINGS, request_filter
+from inferpath.analysis.signals import COMBINE, DEFAULT_LOOKBACK_SECONDS
+from inferpath.storage.rows import unix_ns_from_datetime
+
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "requests", "ttft_p99_seconds", "ttft_avg_seconds", "itl_p99_seconds", "e2e_p99_seconds",
+)
+"""The request columns, as :data:`inferpath.analysis.correlate.REQUEST_COLUMNS`."""
+
+_SAMPLE_TABLES = ("otel_metrics_gauge", "otel_metrics_sum")
+
+
+def _check_step(step_ns: int, steps: int) -> None:
+    if step_ns <= 0:
+        raise ValueError(f"step_ns must be > 0, got {step_ns!r}")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps!r}")
+
+
+def fetch_request_columns(
+    store: Any, *, start: datetime, end: datetime, step_ns: int, steps: int,
+    endpoint: str | None = None, endpoint_class: str | None = None, status: str | None = "ok",
+) -> dict[str, list[float | None]]:
+    """Per step ``i`` (requests with ``start + i·step_ns ≤ timestamp < start + (i+1)·step_ns``,
+    ``0 ≤ i < steps``, and ``timestamp < end``): :data:`REQUEST_COLUMNS` in seconds,
+    ``requests`` the row count (``0.0`` for a step without rows), the others ``None`` where
+    no row measured them. Filters as
+    :func:`~inferpath.analysis.breakdown.fetch_request_rows` (``ok`` rows by default).
+    Equals :func:`inferpath.analysis.correlate.request_columns` of those rows.
+    Raises ``ValueError`` for a non-positive ``step_ns`` or naive datetimes.
+    """
+    _check_step(step_ns, steps)
+    where, parameters = request_filter(start=start, end=end, endpoint=endpoint,
+                                       endpoint_class=endpoint_class, status=status)
+    parameters |= {"origin_ns": unix_ns_from_datetime(start), "step_ns": step_ns}
+    measures = ("ttft_ns", "itl_ns", "e2e_ns")
+    aggregates = ", ".join(f"count({m}), quantileExactInclusive(0.99)({m}), sum({m})" for m in measures)
+    sql = (
+        "SELECT intDiv(toUnixTimestamp64Nano(timestamp) - {origin_ns:Int64}, {step_ns:Int64}) AS step,"
+        f" count(), {aggregates} FROM inferpath_requests FINAL WHERE {where}"
+        f" GROUP BY step ORDER BY step{FINAL_SETTINGS}"
+    )
+    columns: dict[str, list[float | None]] = {name: [None] * steps for name in REQUEST_COLUMNS}
+    columns["requests"] = [0.0] * steps
+    for step, count, *stats in store.query(sql, parameters):
+        if not 0 <= step < steps:
+            continue
+        (ttft_n, ttft_p99, ttft_sum), (itl_n, itl_p99, _), (e2e_n, e2e_p99, _) = (
+            stats[0:3], stats[3:6], stats[6:9])
+        columns["requests"][step] = float(count)
+        if ttft_n:
+            columns["ttft_p99_seconds"][step] = float(ttft_p99) / 1e9
+            columns["ttft_avg_seconds"][step] = int(ttft_sum) / 1e9 / ttft_n
+        if itl_n:
+            columns["itl_p99_seconds"][step] = float(itl_p99) / 1e9
+        if e2e_n:
+            columns["e2e_p99_seconds"][step] = float(e2e_p99) / 1e9
+    return columns
+
+
+def _sample_sql(table: str, bucket: str, aggregates: str, service_name: str | None) -> str:
+    if table not in _SAMPLE_TABLES:
+        raise ValueError(f"table must be otel_metrics_gauge or otel_metrics_sum, got {table!r}")
+    service = " AND ServiceName = {service:String}" if service_name is not None else ""
+    return (
+        f"SELECT MetricName, ServiceName, ResourceAttributes, Attributes, {bucket} AS bucket, {aggregates}"
+        " FROM (SELECT MetricName, ServiceName, ResourceAttributes, Attributes, Value,"
+        "  toUnixTimestamp64Nano(TimeUnix) AS time_ns"
+        f"  FROM {table} WHERE MetricName IN {{names:Array(String)}}"
+        "  AND toUnixTimestamp64Nano(TimeUnix) > {from_ns:Int64}"
+        f"  AND toUnixTimestamp64Nano(TimeUnix) <= {{to_ns:Int64}}{service})"
+        " GROUP BY MetricName, ServiceName, ResourceAttributes, Attributes, bucket"
+        " ORDER BY bucket"
+    )
+
+
+def _sample_parameters(names: Sequence[str], start: datetime, end: datetime, step_ns: int,
+                       lookback_seconds: float, service_name: str | None) -> dict[str, Any]:
+    start_ns = unix_ns_from_datetime(start)
+    parameters: dict[str, Any] = {
+        "names": list(names), "origin_ns": start_ns, "step_ns": step_ns,
+        "from_ns": start_ns - int(lookback_seconds * 1e9), "to_ns": unix_ns_from_datetime(end),
+    }
+    if service_name is not None:
+        parameters["service"] = service_name
+    return parameters
+
+
+def _series_key(service: str, resource: Any, attributes: Any) -> tuple:
+    return (service, tuple(sorted((resource or {}).items())), tuple(sorted((attributes or {}).items())))
+
+
+def fetch_gauge_columns(
+    store: Any, names: Sequence[str], *, start: datetime, end: datetime, step_ns: int, steps: int,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+) -> dict[str, list[float | None]]:
+    """Per gauge name, one value per step ``i < steps``: every series' latest sample at or
+    before ``start + (i+1)·step_ns − 1`` and no older than ``lookback_seconds``, combined per
+    :data:`~inferpath.analysis.signals.COMBINE` (``max`` for a name not in it); ``None``
+    where no series has such a sample. Samples are read with
+    ``start − lookback < time ≤ end``, as :func:`~inferpath.analysis.signals.fetch_series`.
+    Equals :func:`~inferpath.analysis.signals.combined_asof` at each step's end.
+    Raises ``ValueError`` for a non-positive ``step_ns`` or naive datetimes.
+    """
+    _check_step(step_ns, steps)
+    # A sample at time τ is visible from the step holding τ on: bucket ⌊(τ − start) / step⌋,
+    # everything before the window's start in bucket −1.
+    bucket = ("if(time_ns < {origin_ns:Int64}, -1,"
+              " intDiv(time_ns - {origin_ns:Int64}, {step_ns:Int64}))")
+    sql = _sample_sql("otel_metrics_gauge", bucket, "max(time_ns), argMax(Value, time_ns)", service_name)
+    rows = store.query(sql, _sample_parameters(names, start, end, step_ns, lookback_seconds, service_name))
+    latest: dict[str, dict[tuple, list[tuple[int, int, float]]]] = {name: {} for name in names}
+    for name, service, resource, attributes, index, time_ns, value in rows:
+        latest[name].setdefault(_series_key(service, resource, attributes), []).append(
+            (int(index), int(time_ns), float(value)))
+    lookback_ns = int(lookback_seconds * 1e9)
+    origin_ns = unix_ns_from_datetime(start)
+    columns: dict[str, list[float | None]] = {}
+    for name in names:
+        per_step: list[list[float]] = [[] for _ in range(steps)]
+        for buckets in latest[name].values():
+            _carry_asof(buckets, per_step, origin_ns, step_ns, lookback_ns)
+        combine = COMBINE.get(name, max)
+        columns[name] = [combine(values) if values else None for values in per_step]
+    return columns
+
+
+def _carry_asof(buckets: list[tuple[int, int, float]], per_step: list[list[float]],
+                origin_ns: int, step_ns: int, lookback_ns: int) -> None:
+    """Append one series' as-of value at each step's end to ``per_step`` (buckets ascending)."""
+    position, current = 0, None
+    for step in range(len(per_step)):
+        while position < len(buckets) and buckets[position][0] <= step:
+            current = buckets[position]
+            position += 1
+        at_ns = origin_ns + (step + 1) * step_ns - 1
+        if current is not None and at_ns - current[1] <= lookback_ns:
+            per_step[step].append(current[2])
+
+
+def fetch_counter_increases(
+    store: Any, name: str, *, start: datetime, end: datetime, step_ns: int, steps: int,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+) -> list[float | None]:
+    """Per step ``i < steps``: the reset-aware increase of counter ``name``
+    (``otel_metrics_sum``) over ``(start + i·step_ns, start + (i+1)·step_ns]``, summed over
+    series (``math.fsum``); ``None`` where no series has a sample in the step. Equals the sum
+    of :meth:`~inferpath.analysis.signals.Series.counter_increase` per series.
+    Raises ``ValueError`` for a non-positive ``step_ns`` or naive datetimes.
+    """
+    _check_step(step_ns, steps)
+    # A counter sample at τ counts events before τ: step (t, t + step] holds it, so the
+    # bucket is ⌈(τ − start) / step⌉ − 1, and everything at or before start is bucket −1.
+    bucket = ("if(time_ns <= {origin_ns:Int64}, -1,"
+              " intDiv(time_ns - {origin_ns:Int64} - 1, {step_ns:Int64}))")
+    ordered = "arrayMap(p -> p.2, arraySort(p -> p.1, groupArray((time_ns, Value))))"
+    aggregates = (
+        f"min(time_ns), max(time_ns), argMax(Value, time_ns), {ordered} AS values,"
+        " arraySum(arrayMap((v, p) -> if(v >= p, v - p, v), arrayPopFront(values), arrayPopBack(values)))"
+    )
+    sql = _sample_sql("otel_metrics_sum", bucket, aggregates, service_name)
+    rows = store.query(sql, _sample_parameters([name], start, end, step_ns, lookback_seconds, service_name))
+    series: dict[tuple, list[tuple]] = {}
+    for _, service, resource, attributes, index, first_ns, last_ns, last, values, inside in rows:
+        series.setdefault(_series_key(service, resource, attributes), []).append(
+            (int(index), int(last_ns), float(last), float(values[0]), float(inside)))
+    lookback_ns = int(lookback_seconds * 1e9)
+    origin_ns = unix_ns_from_datetime(start)
+    per_step: list[list[float]] = [[] for _ in range(steps)]
+    for buckets in series.values():
+        previous: tuple[int, float] | None = None  # (time, value) of the latest earlier sample
+        for index, last_ns, last, first, inside in buckets:
+            if 0 <= index < steps:
+                base_ns = origin_ns + index * step_ns
+                total = inside
+                if previous is not None and base_ns - previous[0] <= lookback_ns:
+                    total += first - previous[1] if first >= previous[1] else first
+                per_step[index].append(total)
+            previous = (last_ns, last)
+    return [math.fsum(values) if values else None for values in per_step]
+
+
+__all__ = ["REQUEST_COLUMNS", "fetch_counter_increases", "fetch_gauge_columns", "fetch_request_columns"]
