@@ -64,6 +64,24 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _RANGE = "{start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
 
 
+def _param(name: str) -> str:
+    """A server-side bound DateTime parameter placeholder."""
+    return "{" + name + ":DateTime('UTC')}"
+
+
+_START_PARAM, _END_PARAM = _param("start"), _param("end")
+
+
+def _latest_rebuild(table: str, column: str, start: str, end: str) -> str:
+    """SQL condition keeping, of each minute (or hour) of ``[start, end)``, only the rows of
+    its latest rebuild. A rebuild writes every group of its minutes with one ``rolled_at``;
+    a group that no longer exists (a request re-derived into another endpoint or status)
+    keeps an older one and so drops out here, where FINAL alone would keep it."""
+    return (f"{column} >= {start} AND {column} < {end} AND ({column}, rolled_at) IN"
+            f" (SELECT {column}, max(rolled_at) FROM {table}"
+            f" WHERE {column} >= {start} AND {column} < {end} GROUP BY {column})")
+
+
 def _sketch_columns(source: str = "raw") -> list[str]:
     """SELECT items giving, per measure, ``<m>_count, <m>_sum_ns, <m>_q`` states.
 
@@ -152,8 +170,8 @@ def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAU
             for m in ROLLUP_MEASURES)
         store.command(
             f"INSERT INTO {HOURLY_TABLE} SELECT toStartOfHour(minute) AS hour, endpoint_class, endpoint,"
-            f" status, sum(requests), {merged}, now64(9, 'UTC') FROM {ROLLUP_TABLE} FINAL"
-            " WHERE minute >= {start:DateTime('UTC')} AND minute < {end:DateTime('UTC')}"
+            f" status, sum(requests), {merged}, now64(9, 'UTC') FROM {ROLLUP_TABLE}"
+            f" WHERE {_latest_rebuild(ROLLUP_TABLE, 'minute', _START_PARAM, _END_PARAM)}"
             " GROUP BY hour, endpoint_class, endpoint, status",
             {"start": run_start, "end": run_end})
     mark = max(since, pass_time - timedelta(seconds=margin_seconds))
@@ -304,8 +322,8 @@ def aggregate(store, plan: WindowPlan, *, measures: Iterable[str], step_seconds:
         column = "hour" if table == HOURLY_TABLE else "minute"
         parts.append(
             f"SELECT {column} AS t, endpoint_class, status, requests, {', '.join(per_measure)}"
-            f" FROM {table} FINAL WHERE {column} >= {{r{index}_start:DateTime('UTC')}}"
-            f" AND {column} < {{r{index}_end:DateTime('UTC')}}{filter_sql}")
+            f" FROM {table} WHERE {_latest_rebuild(table, column, _param(f'r{index}_start'), _param(f'r{index}_end'))}"
+            f"{filter_sql}")
     for index, (a, b) in enumerate(plan.raw):
         params[f"a{index}"], params[f"b{index}"] = a, b
         # Raw rows go straight into their step's bucket (the step need not be whole minutes).
@@ -331,11 +349,13 @@ def aggregate(store, plan: WindowPlan, *, measures: Iterable[str], step_seconds:
         if step_seconds:
             item["bucket"], item["endpoint_class"] = values[0], values[1]
             values = values[2:]
-        item["requests"], item["errors"] = int(values[0]), int(values[1])
+        item["requests"], item["errors"] = int(values[0] or 0), int(values[1] or 0)
         for index, m in enumerate(names):
             count, total, quantiles = values[2 + 3 * index: 5 + 3 * index]
-            item[f"{m}_count"] = int(count)
-            item[f"{m}_sum_ns"] = float(total)
-            item[f"{m}_q"] = [float(q) for q in quantiles] if count else [None] * len(QUANTILE_LEVELS)
+            # A filter matching nothing leaves one row of empty aggregates (sums NULL).
+            item[f"{m}_count"] = int(count or 0)
+            item[f"{m}_sum_ns"] = float(total or 0.0)
+            item[f"{m}_q"] = ([float(q) for q in quantiles] if count
+                              else [None] * len(QUANTILE_LEVELS))
         out.append(item)
     return out

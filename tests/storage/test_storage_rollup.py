@@ -168,3 +168,36 @@ def test_latency_view_over_a_wide_window_reads_the_rollup_through_the_api(store_
         assert summary["percentiles"] == "ddsketch" and summary["request_count"] == 20_000
         assert narrow["percentiles"] == "exact"
         assert "inferpath_rollup_passes_total 1.0" in metrics
+
+
+def test_a_request_re_derived_into_another_group_leaves_no_stale_group(store):
+    """A partial row (no endpoint yet) re-derived with its endpoint moves to another group:
+    the rebuilt minute must not keep the vanished group (its request would count twice)."""
+    rollup.refresh(store)
+    reader = Reader(store, rollup_min_window_seconds=0)
+    start, end = START, START + timedelta(hours=HOURS)
+    t = START + timedelta(minutes=90, seconds=30)
+    partial = RequestRow(timestamp=t, trace_id="f" * 32, status="incomplete", ttft_ns=5 * MS,
+                         updated_at=datetime.now(timezone.utc))
+    store.insert("inferpath_requests", [partial.to_insert_row()], REQUEST_COLUMNS)
+    rollup.refresh(store)
+    assert reader.summary(start, end)["request_count"] == 20_001
+    whole = RequestRow(timestamp=t, trace_id="f" * 32, endpoint="/v1/chat/completions",
+                       endpoint_class="interactive", status="ok", ttft_ns=6 * MS,
+                       updated_at=datetime.now(timezone.utc) + timedelta(seconds=1))
+    store.insert("inferpath_requests", [whole.to_insert_row()], REQUEST_COLUMNS)
+    rollup.refresh(store)
+    summary = reader.summary(start, end)
+    assert summary["percentiles"] == "ddsketch"
+    assert summary["request_count"] == 20_001 == _count(store, start, end)
+    by_hour = rollup.aggregate(store, reader.rollup_plan(start, end, step_seconds=3600),
+                               measures=["ttft"], step_seconds=3600)
+    assert sum(row["requests"] for row in by_hour) == 20_001
+
+
+def test_a_filter_matching_nothing_over_a_wide_window_gives_empty_measures(store):
+    rollup.refresh(store)
+    reader = Reader(store, rollup_min_window_seconds=0)
+    summary = reader.summary(START, START + timedelta(hours=HOURS), endpoint_class="no-such-class")
+    assert summary["percentiles"] == "ddsketch" and summary["request_count"] == 0
+    assert all(m["count"] == 0 and m["p99_seconds"] is None for m in summary["measures"])
