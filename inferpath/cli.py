@@ -17,19 +17,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
+# Settings fields whose command-line option is not named after the field.
+_OPTION_OF_FIELD = {"store_url": "--store", "server_url": "--server", "alert_rules": "--alerts",
+                    "scrape_targets": "--scrape"}
+
+
 def _settings(**overrides: object):  # type: ignore[no-untyped-def]
     """Settings from ``INFERPATH_*`` and the command's options; exits 2 naming each bad value."""
     from pydantic import ValidationError
 
-    from inferpath.config import Settings, env_var_for
+    from inferpath.config import Settings, describe_invalid_settings
 
     try:
         return Settings.from_env(**overrides)
     except ValidationError as exc:
-        for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else "?"
-            source = f"--{field.replace('_', '-')} / {env_var_for(field)}" if env_var_for(field) else field
-            console.print(f"[red]invalid configuration:[/] {source} = {error.get('input')!r}: {error['msg']}")
+        # The command's own options are the fields it passed; their flags:
+        flags = {field: _OPTION_OF_FIELD.get(field, f"--{field.replace('_', '-')}") for field in overrides}
+        for line in describe_invalid_settings(exc, flags):
+            console.print(f"[red]invalid configuration:[/] {line}", soft_wrap=True)
         raise typer.Exit(2) from exc
 
 

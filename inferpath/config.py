@@ -58,6 +58,18 @@ def env_var_for(field: str) -> str | None:
     return _ENV_BY_FIELD.get(field)
 
 
+def describe_invalid_settings(error, options: Mapping[str, str] | None = None) -> list[str]:
+    """One line per error of a :class:`pydantic.ValidationError` raised by :class:`Settings`:
+    where the value came from (``options``: field → the command-line flag that set it, only
+    for flags the command really has; else the ``INFERPATH_*`` variable), the value, why."""
+    lines = []
+    for item in error.errors():
+        field = str(item["loc"][0]) if item["loc"] else "?"
+        sources = [s for s in ((options or {}).get(field), env_var_for(field)) if s]
+        lines.append(f"{' / '.join(sources) or field} = {item.get('input')!r}: {item['msg']}")
+    return lines
+
+
 class ScrapeTarget(BaseModel):
     """A Prometheus-text endpoint to scrape: ``source`` names the signal-catalog entry."""
 
@@ -91,8 +103,8 @@ class Settings(BaseModel):
     # Per-minute rollups of request rows (storage/rollup.py): rebuilt every interval; read for
     # latency summaries and views whose window is at least rollup_min_window_seconds long
     # (narrower windows stay exact).
-    rollup_interval_seconds: float = Field(10.0, gt=0, le=3600)
-    rollup_min_window_seconds: float = Field(3 * 3600.0, ge=0)
+    rollup_interval_seconds: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    rollup_min_window_seconds: float = Field(3 * 3600.0, ge=0, allow_inf_nan=False)
     ttl_days_by_table: dict[str, int] = Field(default_factory=dict)
     # Backpressure: exports in flight before the receiver answers 503 with Retry-After.
     max_inflight_requests: int = Field(64, ge=1)

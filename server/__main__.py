@@ -9,7 +9,7 @@ import sys
 
 from pydantic import ValidationError
 
-from inferpath.config import Settings
+from inferpath.config import Settings, describe_invalid_settings
 from inferpath.server.runtime import serve_forever
 
 
@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.from_env(**overrides)
     except ValidationError as exc:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+        flags = {"host": "--host", "port": "--port", "store_url": "--store", "scrape_targets": "--scrape"}
+        for line in describe_invalid_settings(exc, {f: flags[f] for f, v in overrides.items() if v is not None}):
+            print(f"invalid configuration: {line}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve_forever(settings)

@@ -92,7 +92,8 @@ class Reader:
         if end_utc <= start_utc:
             raise ValueError(f"end must be after start, got start={start_utc} end={end_utc}")
         if end_utc - start_utc > MAX_RANGE:
-            raise ValueError(f"time range must be at most {MAX_RANGE.days} days, got {end_utc - start_utc}")
+            # Starts with the parameter's name: the read API reports it as the 422's location.
+            raise ValueError(f"start must be at most {MAX_RANGE.days} days before end, got {end_utc - start_utc}")
         return {"start": start_utc, "end": end_utc}
 
     @staticmethod

@@ -20,6 +20,28 @@ def test_invalid_environment_value_names_the_variable() -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("value", ["abc", "-1", "inf"])
+def test_a_setting_without_a_flag_names_only_its_variable(value: str) -> None:
+    result = runner.invoke(app, ["up", "--no-dashboard"], env={"INFERPATH_ROLLUP_INTERVAL_SECONDS": value})
+    assert result.exit_code == 2
+    assert "INFERPATH_ROLLUP_INTERVAL_SECONDS" in result.output and repr(value) in result.output
+    assert "--rollup-interval-seconds" not in result.output  # no such option exists
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_server_module_names_the_variable_in_one_line(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "INFERPATH_ROLLUP_MIN_WINDOW_SECONDS": "-5", "INFERPATH_STORE": f"chdb://{tmp_path}/s"}
+    done = subprocess.run([sys.executable, "-m", "inferpath.server"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "invalid configuration: INFERPATH_ROLLUP_MIN_WINDOW_SECONDS = '-5': Input should be greater than or equal to 0"]
+
+
 @pytest.mark.parametrize("command", [["up", "--no-dashboard"], ["demo", "--exit"]])
 def test_bad_store_url_is_named_before_anything_starts(command: list[str]) -> None:
     result = runner.invoke(app, [*command, "--store", "bogus://x"])
