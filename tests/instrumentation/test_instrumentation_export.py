@@ -199,7 +199,7 @@ def test_case8_requests_during_the_outage_keep_their_p99(collector, serve_app) -
             time.sleep(0.03)  # CPU-side work of the request, as a real handler has
         return {"ok": True}
 
-    def p99_seconds(base_url: str) -> float:
+    def durations_seconds(base_url: str) -> list[float]:
         with httpx.Client() as client:
             client.get(f"{base_url}/v1/answer")
             durations = []
@@ -207,6 +207,9 @@ def test_case8_requests_during_the_outage_keep_their_p99(collector, serve_app) -
                 started = time.perf_counter()
                 client.get(f"{base_url}/v1/answer").raise_for_status()
                 durations.append(time.perf_counter() - started)
+        return durations
+
+    def p99(durations: list[float]) -> float:
         return statistics.quantiles(durations, n=100)[98]
 
     up = dict(otlp_endpoint=collector.url, schedule_delay_seconds=0.05, export_timeout_seconds=0.5)
@@ -217,18 +220,23 @@ def test_case8_requests_during_the_outage_keep_their_p99(collector, serve_app) -
     attempts: list[tuple[float, float]] = []
     try:
         with serve_app(app) as base_url:
-            # Scheduling noise on a small shared machine can inflate either side of one
-            # measurement; a real cost of the outage inflates every attempt. Up to three.
-            for _ in range(3):
-                provider.configure("p99", **up)
-                baseline = p99_seconds(base_url)
-                failed_before = provider.export_failed_spans_total()
-                provider.configure("p99", **down)
-                outage = p99_seconds(base_url)
-                time.sleep(0.7)
-                assert provider.export_failed_spans_total() > failed_before  # really down
-                attempts.append((outage, baseline))
-                if outage <= baseline * 1.10:
+            # The p99 of 50 requests is nearly their maximum, which a loaded 2-core machine
+            # moves by more than 10 % on its own: three rounds of 50 requests per side,
+            # alternating (so load drifts hit both sides), pooled into one p99 per side.
+            # A real cost of the outage inflates every attempt; up to two attempts.
+            for _ in range(2):
+                baseline_durations: list[float] = []
+                outage_durations: list[float] = []
+                for _ in range(3):
+                    provider.configure("p99", **up)
+                    baseline_durations += durations_seconds(base_url)
+                    failed_before = provider.export_failed_spans_total()
+                    provider.configure("p99", **down)
+                    outage_durations += durations_seconds(base_url)
+                    time.sleep(0.7)
+                    assert provider.export_failed_spans_total() > failed_before  # really down
+                attempts.append((p99(outage_durations), p99(baseline_durations)))
+                if attempts[-1][0] <= attempts[-1][1] * 1.10:
                     break
     finally:
         inferpath.uninstrument(app)

@@ -118,7 +118,12 @@ def test_httpx_stream_without_sdk_fast_script(traced, mode: str) -> None:
     assert received.endswith(b"data: [DONE]\n\n")  # the body passed through unchanged
     [span] = client_spans(traced)
     ttft = span.attributes["gen_ai.response.time_to_first_chunk"]
-    assert ttft == pytest.approx(server.written_at[1] - server.arrived_at, abs=0.025)
+    # The span starts before the request reaches the server and the chunk is read after it
+    # was written, so the server's own first-token time is a lower bound (it excludes the
+    # role chunk written at 0.5 ms); the slack above it is connection set-up and scheduling,
+    # which a loaded machine can stretch to tens of ms.
+    scripted = server.written_at[1] - server.arrived_at
+    assert scripted - 0.001 <= ttft < scripted + 0.25
     assert span.attributes["gen_ai.usage.output_tokens"] == 2
     assert span.attributes["inferpath.stream.chunks"] == 5
 
