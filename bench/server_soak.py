@@ -1,0 +1,148 @@
+"""Soak: the server under a steady OTLP span load for minutes; its memory and its losses.
+
+The server (``python -m inferpath.server``, its own process, a fresh chDB folder) takes a
+paced load of ``--rate`` spans/s (``--clients`` exporters, ``--spans-per-request`` spans per
+export, every export a new body built here with fresh ids, each retried until its 200 as an
+OTLP exporter does) for ``--seconds``. Every ``--sample-seconds`` the server's resident set
+(``VmRSS`` from ``/proc``) is read. The reference is the RSS after the first
+``--warmup-seconds`` (imports, caches and chDB's pools are in place by then): growth =
+last RSS / reference − 1. At the end the server is stopped gracefully and its store
+counted: every acknowledged span must be stored exactly once, and its ``/metrics`` must
+show nothing dropped.
+
+``python bench/server_soak.py [--seconds 600] [--rate 20000] [--clients 4]``
+Target (issue 5): at 20k spans/s for 10 minutes, RSS grows ≤ 10 % and nothing is dropped.
+Exit 1 when the growth is over 10 %, a span is lost or stored twice, or a drop is counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server.otlp_factory import trace_body  # noqa: E402
+from server_ingest import PROTOBUF, _free_port, _start  # noqa: E402
+
+from inferpath.storage.store import Store  # noqa: E402
+
+
+def _metric_sum(text: str, name: str) -> float:
+    """Sum of every series of metric ``name`` in Prometheus text (NaN when absent)."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + " ") or line.startswith(name + "{")]
+    return sum(values) if values else float("nan")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` in bytes (``VmRSS`` of ``/proc/PID/status``, Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def run(seconds: float = 600.0, rate: float = 20_000.0, clients: int = 4, spans_per_request: int = 1000,
+        sample_seconds: float = 10.0, warmup_seconds: float = 60.0, workdir: str | None = None) -> dict:
+    """Run the soak; returns its figures (RSS samples in MB, rates, losses)."""
+    folder = Path(workdir or tempfile.mkdtemp(prefix="inferpath-soak-"))
+    store_url = f"chdb://{folder / 'store'}"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = _start(store_url, port)
+    spans_per_trace = 10
+    acked_span_ids: list[str] = []
+    retries = [0]
+    lock = threading.Lock()
+    started = time.monotonic()
+    stop_at = started + seconds
+    interval = clients * spans_per_request / rate  # each exporter's pace
+
+    def exporter(index: int) -> None:
+        next_at = started + index * interval / clients
+        with httpx.Client(base_url=url, timeout=60) as http:
+            while time.monotonic() < stop_at:
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                next_at += interval
+                body, ids = trace_body(spans_per_trace=spans_per_trace, traces=spans_per_request // spans_per_trace)
+                while True:
+                    response = http.post("/v1/traces", content=body, headers=PROTOBUF)
+                    if response.status_code == 200:
+                        break
+                    retries[0] += 1
+                    time.sleep(float(response.headers.get("retry-after", "0.1")))
+                with lock:
+                    acked_span_ids.extend(s for spans in ids.values() for s in spans)
+
+    samples: list[tuple[float, int]] = []
+    loads: list[float] = []
+    threads = [threading.Thread(target=exporter, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    while time.monotonic() < stop_at:
+        samples.append((time.monotonic() - started, rss_bytes(server.pid)))
+        loads.append(os.getloadavg()[0])
+        time.sleep(min(sample_seconds, max(0.0, stop_at - time.monotonic())))
+    for thread in threads:
+        thread.join(120)
+    samples.append((time.monotonic() - started, rss_bytes(server.pid)))
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    dropped = {name: _metric_sum(metrics, name) for name in (
+        "inferpath_server_spans_dropped_total", "inferpath_writer_rows_dropped_total")}
+    server.send_signal(signal.SIGTERM)
+    server.wait(300)
+    with Store.open(store_url) as store:
+        stored = dict(store.query("SELECT SpanId, count() FROM otel_traces WHERE ServiceName != 'probe'"
+                                  " GROUP BY SpanId"))
+    expected = set(acked_span_ids)
+    reference = next((rss for at, rss in samples if at >= warmup_seconds), samples[-1][1])
+    return {
+        "seconds": seconds, "target_rate": rate, "clients": clients,
+        "acked_spans": len(acked_span_ids), "achieved_rate": round(len(acked_span_ids) / seconds),
+        "retries": retries[0], "lost": len(expected - set(stored)),
+        "stored_twice": sum(1 for span_id, n in stored.items() if n > 1 and span_id in expected),
+        "dropped": dropped,
+        "rss_reference_mb": round(reference / 2**20, 1), "rss_last_mb": round(samples[-1][1] / 2**20, 1),
+        "rss_max_mb": round(max(rss for _, rss in samples) / 2**20, 1),
+        "rss_growth": round(samples[-1][1] / reference - 1, 4),
+        "rss_mb": [(round(at), round(rss / 2**20, 1)) for at, rss in samples],
+        "load_average_median": round(statistics.median(loads), 2) if loads else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--rate", type=float, default=20_000.0, help="offered spans per second")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--spans-per-request", type=int, default=1000)
+    parser.add_argument("--sample-seconds", type=float, default=10.0)
+    parser.add_argument("--warmup-seconds", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    result = run(args.seconds, args.rate, args.clients, args.spans_per_request, args.sample_seconds,
+                 args.warmup_seconds)
+    print(json.dumps(result, indent=2))
+    bad = (result["rss_growth"] > 0.10 or result["lost"] or result["stored_twice"]
+           or any(v for v in result["dropped"].values() if v == v))  # NaN: metric absent
+    print(f"{result['acked_spans']} spans in {args.seconds:.0f} s ({result['achieved_rate']} spans/s of "
+          f"{args.rate:.0f} offered): RSS {result['rss_reference_mb']} -> {result['rss_last_mb']} MB "
+          f"({result['rss_growth']:+.1%}), lost {result['lost']}, twice {result['stored_twice']}, "
+          f"dropped {result['dropped']}{'  FAILED' if bad else ''}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
