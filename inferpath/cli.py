@@ -142,6 +142,9 @@ def up(
                       "\n(an embedded chDB store is owned by one process: is `inferpath up` or "
                       "`inferpath demo` already using it?)")
         raise typer.Exit(2) from exc
+    from inferpath.server.runtime import tune_gc_for_server
+
+    tune_gc_for_server()  # this process is the server (the dashboard runs in its own)
     console.print(f"inferpath server on {server.url} (store {server.runtime.store.url})")
     dash = None
     if dashboard:

@@ -1,12 +1,19 @@
 """The request assembler: turns landed spans into ``inferpath_requests`` rows.
 
 Spans of one request arrive from several processes, in any order, late or twice. The
-receiver tells the assembler which trace ids it saw (:meth:`RequestAssembler.note_trace_ids`);
-once a trace has been quiet for ``settle_seconds`` the assembler reads ALL its spans back
-from storage, derives the row with :func:`assemble_request` (a pure function, in
-:mod:`inferpath.server.derive`) and writes it with ``updated_at = now``. A late span simply
-notes the trace again and the row is re-derived; ``inferpath_requests`` is a
-ReplacingMergeTree on ``updated_at``, so the newest row wins.
+receiver hands the assembler the spans it committed (:meth:`RequestAssembler.note_spans`);
+once a trace has been quiet for ``settle_seconds`` the assembler derives the row from ALL
+its spans with :func:`assemble_request` (a pure function, in :mod:`inferpath.server.derive`)
+and writes it with ``updated_at = now``. A late span simply notes the trace again and the
+row is re-derived; ``inferpath_requests`` is a ReplacingMergeTree on ``updated_at``, so the
+newest row wins.
+
+Where the spans come from: on embedded chDB (this process is the store's only writer) the
+committed spans are held in memory (:class:`~inferpath.server.span_buffer.SpanBuffer`) and a
+trace is assembled from memory whenever memory provably holds every stored span of it (the
+proof is in that module's docstring); otherwise, and always against a ClickHouse server
+(several stateless servers may receive spans of one trace), its spans are read back from
+the store. Both paths feed the same spans to the same function, so they give the same row.
 
 Times: settling uses the monotonic clock (``time.monotonic``); ``updated_at`` is wall clock.
 """
@@ -20,6 +27,7 @@ from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 from inferpath.server.derive import assemble_request, seconds_to_ns, union_ns
+from inferpath.server.span_buffer import STORE_NEWEST_START_SQL, STORED_BEFORE_CUTOFF_SQL, SpanBuffer
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
 from inferpath.storage.writer import BatchWriter
@@ -65,7 +73,12 @@ class RequestAssembler:
     """Derives and writes one request row per settled trace.
 
     ``store``: an open :class:`Store`. ``settle_seconds``: quiet time after the last noted
-    span before a trace is assembled. ``writer``: a :class:`BatchWriter` for
+    span before a trace is assembled. ``hold_spans``: derive rows from the spans handed to
+    :meth:`note_spans` when provably complete (``None``: only on embedded chDB, where this
+    process is the only writer; ``True`` against a server is refused with ``ValueError``).
+    ``max_held_spans`` / ``max_held_traces`` / ``late_window_seconds``: the bounds of the
+    held spans and how long an assembled trace's spans stay held for late spans
+    (:class:`~inferpath.server.span_buffer.SpanBuffer`). ``writer``: a :class:`BatchWriter` for
     ``inferpath_requests`` (created and owned here when ``None``). ``before_read``: called
     before spans are read back (the runtime passes the span writer's flush, so that spans
     accepted before a trace settled are in storage when it is read). ``interval_seconds``:
@@ -73,7 +86,9 @@ class RequestAssembler:
 
     Counters: ``rows_written_total`` (rows handed to the writer), ``traces_without_row_total``
     (settled traces with no request role, e.g. engine start-up), ``errors_total`` (failed
-    read-back passes; their traces are retried up to 10 times with a doubling delay).
+    read-back passes; their traces are retried up to 10 times with a doubling delay),
+    ``assembled_from_memory_total`` / ``assembled_from_store_total`` (traces by source),
+    ``held_spans_evicted_traces_total`` (held traces let go early because of the bounds).
     """
 
     def __init__(
@@ -85,6 +100,10 @@ class RequestAssembler:
         before_read: Callable[[], object] | None = None,
         interval_seconds: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
+        hold_spans: bool | None = None,
+        max_held_spans: int = 100_000,
+        max_held_traces: int = 20_000,
+        late_window_seconds: float = 30.0,
     ) -> None:
         if settle_seconds < 0:
             raise ValueError(f"settle_seconds must be >= 0, got {settle_seconds}")
@@ -106,19 +125,77 @@ class RequestAssembler:
         self.rows_written_total = 0
         self.traces_without_row_total = 0
         self.errors_total = 0
+        self.assembled_from_memory_total = 0
+        self.assembled_from_store_total = 0
+        single_writer = store.url.kind == "chdb"
+        if hold_spans and not single_writer:
+            raise ValueError("hold_spans needs embedded chDB: a ClickHouse server may have other writers")
+        self._buffer: SpanBuffer | None = None
+        if single_writer if hold_spans is None else hold_spans:
+            try:
+                newest = store.query(STORE_NEWEST_START_SQL)
+                cutoff = int(newest[0][0] or 0) + 1 if newest else 1
+            except Exception as exc:  # noqa: BLE001 - without a cutoff, read everything back
+                logger.warning("could not read the newest stored span; request rows are read back: %s", exc)
+            else:
+                self._buffer = SpanBuffer(cutoff, max_spans=max_held_spans, max_traces=max_held_traces,
+                                          late_window_seconds=late_window_seconds)
 
     @property
     def pending_traces(self) -> int:
         """Trace ids noted and not yet assembled."""
         return len(self._pending)
 
+    @property
+    def holds_spans(self) -> bool:
+        """True when rows may be derived from held spans (embedded chDB)."""
+        return self._buffer is not None
+
+    @property
+    def held_spans(self) -> int:
+        """Spans held in memory now (0 when spans are not held)."""
+        return self._buffer.held_spans if self._buffer is not None else 0
+
+    @property
+    def held_spans_evicted_traces_total(self) -> int:
+        """Held traces let go before their time because of the bounds."""
+        return self._buffer.evicted_traces_total if self._buffer is not None else 0
+
+    def note_spans(self, spans: Iterable[SpanRow], now: float | None = None) -> None:
+        """Mark the traces of ``spans`` as changed at ``now`` (monotonic seconds; default the
+        clock) and hold the spans. ``spans``: rows just COMMITTED to ``otel_traces`` by this
+        process; every span it commits must come through here (or the trace through
+        :meth:`note_trace_ids`). Never raises."""
+        try:
+            stamp = self._clock() if now is None else now
+            by_trace: dict[str, list[SpanRow]] = {}
+            for span in spans:
+                group = by_trace.get(span.trace_id)
+                if group is None:
+                    by_trace[span.trace_id] = [span]
+                else:
+                    group.append(span)
+            with self._lock:
+                buffer = self._buffer
+                for trace_id, group in by_trace.items():
+                    was_pending = trace_id in self._pending
+                    self._pending[trace_id] = stamp
+                    if buffer is not None:
+                        buffer.add(trace_id, group, was_pending)
+        except Exception:  # noqa: BLE001 - called on the ingest path
+            logger.exception("could not note spans for assembly")
+
     def note_trace_ids(self, trace_ids: Iterable[str], now: float | None = None) -> None:
-        """Mark traces as changed at ``now`` (monotonic seconds; default the clock). Never raises."""
+        """Mark traces as changed at ``now`` (monotonic seconds; default the clock), with
+        spans memory has not seen (written by someone else, or before a restart): these
+        traces are read back from the store. Never raises."""
         try:
             stamp = self._clock() if now is None else now
             with self._lock:
                 for trace_id in trace_ids:
                     self._pending[trace_id] = stamp
+                    if self._buffer is not None:
+                        self._buffer.drop(trace_id)
         except Exception:  # noqa: BLE001 - called on the ingest path
             logger.exception("could not note trace ids for assembly")
 
@@ -126,21 +203,34 @@ class RequestAssembler:
         """Assemble every trace quiet for ``settle_seconds`` (all noted traces if ``force``).
 
         Returns the number of request rows handed to the writer. Storage errors are logged
-        and counted, and the traces retried on a later pass (at most 3 attempts).
+        and counted, and the traces retried on a later pass (at most 10 attempts).
         """
         with self._run_lock:
             stamp = self._clock() if now is None else now
+            buffer = self._buffer
+            memory: dict[str, list[SpanRow]] = {}
+            unverified: list[str] = []
             with self._lock:
                 due = [t for t, noted in self._pending.items()
                        if force or stamp - noted >= self.settle_seconds]
                 for trace_id in due:
                     del self._pending[trace_id]
+                if buffer is not None:
+                    buffer.expire(stamp)
+                    if due:
+                        memory, unverified = buffer.take(due)
             if not due:
                 return 0
             try:
-                if self._before_read is not None:
-                    self._before_read()
-                spans_by_trace = read_trace_spans(self.store, due)
+                if unverified:
+                    self._check_held(unverified, memory)
+                from_store = [t for t in due if t not in memory]
+                spans_by_trace: dict[str, list[SpanRow]] = {}
+                if from_store:
+                    if self._before_read is not None:
+                        self._before_read()
+                    spans_by_trace = read_trace_spans(self.store, from_store)
+                spans_by_trace.update(memory)
             except Exception as exc:  # noqa: BLE001 - a background loop must survive the store
                 self.errors_total += 1
                 logger.warning("request assembly of %d traces failed: %s", len(due), exc)
@@ -160,9 +250,32 @@ class RequestAssembler:
                     self.traces_without_row_total += 1
                 else:
                     rows.append(row.to_insert_row())
+            if memory:
+                with self._lock:
+                    for trace_id in memory:
+                        buffer.assembled(trace_id, trace_id in self._pending, stamp)
+            self.assembled_from_memory_total += len(memory)
+            self.assembled_from_store_total += len(due) - len(memory)
             if rows and self.writer.submit(rows):
                 self.rows_written_total += len(rows)
             return len(rows)
+
+    def _check_held(self, trace_ids: list[str], memory: dict[str, list[SpanRow]]) -> None:
+        """Held traces not yet checked: those with a stored span older than the cutoff (so
+        maybe unseen) leave ``memory`` and are read back; the others are marked checked.
+        Driver errors propagate (the pass is retried; the held spans stay)."""
+        assert self._buffer is not None
+        stale: set[str] = set()
+        cutoff = self._buffer.cutoff_unix_s
+        for offset in range(0, len(trace_ids), _READ_BATCH_TRACES):
+            chunk = trace_ids[offset:offset + _READ_BATCH_TRACES]
+            stale.update(row[0] for row in self.store.query(STORED_BEFORE_CUTOFF_SQL,
+                                                            {"ids": chunk, "cutoff": cutoff}))
+        with self._lock:
+            for trace_id in stale:
+                self._buffer.demote(trace_id)
+                memory.pop(trace_id, None)
+            self._buffer.verified(t for t in trace_ids if t not in stale)
 
     def _retry_later(self, trace_ids: list[str], stamp: float) -> None:
         with self._lock:

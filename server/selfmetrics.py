@@ -48,6 +48,12 @@ class RuntimeCollector:
             ("inferpath_assembler_errors", "Failed request-assembly passes.", rt.assembler.errors_total),
             ("inferpath_scrape_samples", "Samples scraped from engine and GPU exporters.",
              rt.scrape_loop.samples_total),
+            ("inferpath_assembler_rows_from_memory", "Request rows derived from spans held in memory.",
+             rt.assembler.assembled_from_memory_total),
+            ("inferpath_assembler_rows_from_store", "Request rows derived from spans read back from the store.",
+             rt.assembler.assembled_from_store_total),
+            ("inferpath_assembler_held_span_evictions", "Traces whose held spans were let go over the bounds.",
+             rt.assembler.held_spans_evicted_traces_total),
             ("inferpath_rollup_passes", "Passes of the per-minute request rollup refresher.",
              rt.rollups.passes_total),
             ("inferpath_rollup_errors", "Failed rollup refresh passes.", rt.rollups.failures_total),
@@ -61,6 +67,8 @@ class RuntimeCollector:
         pending = GaugeMetricFamily("inferpath_assembler_pending_traces", "Traces noted, not yet assembled.",
                                     value=rt.assembler.pending_traces)
         yield pending
+        yield GaugeMetricFamily("inferpath_assembler_held_spans", "Committed spans held in memory for assembly.",
+                                value=rt.assembler.held_spans)
         yield GaugeMetricFamily("inferpath_rollup_last_pass_seconds", "Duration of the last rollup pass.",
                                 value=rt.rollups.last_seconds)
         families = {

@@ -1,0 +1,248 @@
+"""Request rows derived from the spans the server holds in memory equal the rows derived
+from the spans read back from the store; memory is used only when it provably holds every
+stored span of a trace (restart, late spans, eviction), on real chDB and recorded input."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferpath.config import Settings
+from inferpath.server.assembler import RequestAssembler, read_trace_spans
+from inferpath.server.otlp import decode_trace_request
+from inferpath.server.runtime import serve_in_thread
+from inferpath.server.span_buffer import TraceIdFilter
+from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
+from inferpath.storage.store import Store
+
+PROTOBUF = {"content-type": "application/x-protobuf"}
+
+
+@pytest.fixture()
+def store(store_url: str):
+    opened = Store.open(store_url)
+    yield opened
+    opened.close()
+
+
+def recorded_bodies(shared_data: Path) -> list[bytes]:
+    """vLLM's own OTLP exports: under load, then at start-up (in the order vLLM sent them)."""
+    capture = shared_data / "vllm_live_capture"
+    paths = sorted((capture / "otlp").glob("*.pb")) + sorted((capture / "startup_otlp").glob("*.pb"))
+    assert len(paths) >= 10
+    return [path.read_bytes() for path in paths]
+
+
+def decode(body: bytes) -> list[SpanRow]:
+    return decode_trace_request(body, content_type="application/x-protobuf", content_encoding=None).spans
+
+
+def commit(store: Store, assembler: RequestAssembler, spans: list[SpanRow], now: float | None = None) -> None:
+    """What the server does per export: insert, then hand the committed spans over."""
+    store.insert("otel_traces", [s.to_insert_row() for s in spans], SPAN_COLUMNS)
+    assembler.note_spans(spans, now=now)
+
+
+def stored_rows(store: Store) -> dict[str, dict]:
+    rows = store.query_dicts("SELECT * FROM inferpath_requests FINAL ORDER BY trace_id")
+    return {row["trace_id"]: {k: v for k, v in row.items() if k != "updated_at"} for row in rows}
+
+
+def read_back_rows(store: Store, trace_ids) -> dict[str, dict]:
+    """Re-derive ``trace_ids`` on the read-back path (every stored span, read from the store)
+    and return the stored rows then: each row's newest version is the read-back one."""
+    reading = RequestAssembler(store, settle_seconds=0, hold_spans=False)
+    try:
+        assert not reading.holds_spans
+        reading.note_trace_ids(trace_ids)
+        assert reading.flush(10.0)
+        assert reading.assembled_from_memory_total == 0
+        assert reading.assembled_from_store_total == len(set(trace_ids))
+    finally:
+        reading.stop()
+    return stored_rows(store)
+
+
+def test_recorded_vllm_exports_through_the_server_give_the_read_back_rows(shared_data: Path, store_url: str) -> None:
+    bodies = recorded_bodies(shared_data)
+    with serve_in_thread(Settings(store_url=store_url, assembly_settle_seconds=0.1), port=0) as running:
+        runtime = running.runtime
+        assert runtime.assembler.holds_spans
+        with httpx.Client(base_url=running.url, timeout=60.0) as http:
+            for body in bodies:
+                assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+            assert http.post("/api/v1/flush").json()["ok"]
+        trace_ids = {s.trace_id for body in bodies for s in decode(body)}
+        stored = stored_rows(runtime.store)
+        # Every trace went the memory path (some twice: a late span), none was read back.
+        assert runtime.assembler.assembled_from_memory_total >= len(trace_ids)
+        assert runtime.assembler.assembled_from_store_total == 0
+        expected = read_back_rows(runtime.store, trace_ids)
+    llm_requests = sum(s.span_name == "llm_request" for body in bodies for s in decode(body))
+    assert llm_requests >= 10 and len(stored) >= 10
+    assert stored == expected
+
+
+def test_memory_and_read_back_assemblers_write_identical_rows(shared_data: Path, store: Store) -> None:
+    memory = RequestAssembler(store, settle_seconds=0)
+    try:
+        for body in recorded_bodies(shared_data):
+            commit(store, memory, decode(body))
+        assert memory.flush(10.0)
+        from_memory = stored_rows(store)
+        assert memory.assembled_from_memory_total > 0 and memory.assembled_from_store_total == 0
+    finally:
+        memory.stop()
+    trace_ids = {s.trace_id for body in recorded_bodies(shared_data) for s in decode(body)}
+    assert len(from_memory) >= 10
+    assert read_back_rows(store, trace_ids) == from_memory
+
+
+def _trace(shared_data: Path) -> list[SpanRow]:
+    """The start-up capture's three engine spans sharing one trace, earliest first."""
+    spans = [s for body in recorded_bodies(shared_data) for s in decode(body)
+             if s.trace_id == "0af7651916cd43dd8448eb211c80319c"]
+    assert len(spans) == 3
+    return sorted(spans, key=lambda s: s.start_ns)
+
+
+def _shifted(span: SpanRow, seconds: float, span_id: str | None = None) -> SpanRow:
+    return replace(span, timestamp=span.timestamp + timedelta(seconds=seconds), span_id=span_id or span.span_id)
+
+
+def test_after_a_restart_spans_stored_earlier_are_read_back(shared_data: Path, store: Store) -> None:
+    first, second, third = _trace(shared_data)
+    store.insert("otel_traces", [first.to_insert_row()], SPAN_COLUMNS)  # before the "restart"
+    assembler = RequestAssembler(store, settle_seconds=0)
+    try:
+        # Later spans, all starting after everything stored: memory alone would miss `first`.
+        later = [_shifted(second, 10), _shifted(third, 10)]
+        commit(store, assembler, later)
+        assert assembler.flush(10.0)
+        assert assembler.assembled_from_store_total == 1 and assembler.assembled_from_memory_total == 0
+        (row,) = stored_rows(store).values()
+        assert row["span_count"] == 3
+        # A late span of the same trace is read back too: memory let go of it.
+        commit(store, assembler, [_shifted(third, 11, span_id="00000000000000a1")])
+        assert assembler.flush(10.0)
+        assert assembler.assembled_from_store_total == 2 and stored_rows(store)[first.trace_id]["span_count"] == 4
+    finally:
+        assembler.stop()
+
+
+def test_held_spans_older_than_the_store_are_read_back_without_a_check(shared_data: Path, store: Store) -> None:
+    first, second, third = _trace(shared_data)
+    store.insert("otel_traces", [_shifted(third, 60, span_id="00000000000000b1").to_insert_row()], SPAN_COLUMNS)
+    assembler = RequestAssembler(store, settle_seconds=0)
+    try:
+        commit(store, assembler, [first, second, third])
+        assert assembler.flush(10.0)
+        assert assembler.assembled_from_store_total == 1
+        assert stored_rows(store)[first.trace_id]["span_count"] == 4
+    finally:
+        assembler.stop()
+
+
+def test_late_spans_rederive_from_memory_within_the_window_and_read_back_after(shared_data: Path,
+                                                                                store: Store) -> None:
+    first, second, third = _trace(shared_data)
+    assembler = RequestAssembler(store, settle_seconds=2.0, late_window_seconds=30.0)
+    try:
+        commit(store, assembler, [first], now=0.0)
+        assert assembler.run_once(now=1.0) == 0  # not settled
+        assert assembler.run_once(now=100.0) == 1 and assembler.writer.flush(10.0)
+        assert stored_rows(store)[first.trace_id]["span_count"] == 1
+        commit(store, assembler, [second, first], now=105.0)  # late, and `first` re-sent by a retry
+        assert assembler.run_once(force=True, now=110.0) == 1 and assembler.writer.flush(10.0)
+        assert stored_rows(store)[first.trace_id]["span_count"] == 2
+        assert assembler.assembled_from_memory_total == 2 and assembler.held_spans == 3
+        # Past the late window the spans are let go; a later span means a read-back.
+        assembler.run_once(now=150.0)
+        assert assembler.held_spans == 0
+        commit(store, assembler, [third], now=151.0)
+        assert assembler.run_once(force=True, now=152.0) == 1 and assembler.writer.flush(10.0)
+        assert assembler.assembled_from_store_total == 1
+        assert stored_rows(store)[first.trace_id]["span_count"] == 3
+    finally:
+        assembler.stop()
+
+
+def test_evicted_and_externally_noted_traces_are_read_back(shared_data: Path, store: Store) -> None:
+    bodies = recorded_bodies(shared_data)
+    assembler = RequestAssembler(store, settle_seconds=3600, max_held_spans=5, max_held_traces=3)
+    try:
+        for body in bodies:
+            commit(store, assembler, decode(body))
+        assert assembler.held_spans <= 5
+        assert assembler.held_spans_evicted_traces_total > 0
+        first, *_ = _trace(shared_data)
+        assembler.note_trace_ids([first.trace_id])  # someone else wrote spans of it
+        assert assembler.flush(10.0)
+        assert assembler.assembled_from_store_total >= assembler.held_spans_evicted_traces_total
+        trace_ids = {s.trace_id for body in bodies for s in decode(body)}
+        assert stored_rows(store) == read_back_rows(store, trace_ids)
+    finally:
+        assembler.stop()
+
+
+def test_trace_id_filter_rotates_and_has_no_false_negatives_within_two_generations() -> None:
+    ids = [f"{n:032x}" for n in range(1, 3001)]
+    bloom = TraceIdFilter(capacity=1000, bits=1 << 16)
+    rotations = [bloom.add(trace_id) for trace_id in ids[:2000]]
+    assert rotations.count(True) == 1 and rotations[1000]
+    assert all(trace_id in bloom for trace_id in ids[:2000])
+    assert sum(trace_id in bloom for trace_id in ids[2000:]) < 100  # never added: few false positives
+    bloom.add(ids[2000])  # drops the generation of ids[:1000]
+    assert sum(trace_id in bloom for trace_id in ids[:1000]) < 100
+    with pytest.raises(ValueError, match="bits"):
+        TraceIdFilter(bits=1000)
+
+
+@pytest.mark.e2e
+def test_demo_multi_process_traces_give_the_same_rows_from_memory_and_from_the_store(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    from inferpath.demo.run import DemoOptions, run_demo
+
+    base = tmp_path_factory.mktemp("demo")
+    store_url = f"chdb://{base / 'store'}"
+    outcome = run_demo(DemoOptions(requests=30, speed=10.0, exit_when_done=True, store_url=store_url, port=0,
+                                   dashboard=False, log_dir=base / "logs"))
+    assert outcome.stored_requests == 30
+    store = Store.open(store_url)
+    try:
+        # (1) The demo server's rows (derived from the spans it held) against a read-back pass.
+        served = stored_rows(store)
+        assert len(served) == 30
+        assert read_back_rows(store, served) == served
+        # (2) The same spans committed again the way the gateway, engine and client processes
+        # exported them (one chunk per trace and process, in order of their last span end,
+        # several chunks per export), under new trace ids and one hour later: every trace
+        # goes the memory path, and its rows equal the read-back rows.
+        spans_by_trace = read_trace_spans(store, served)
+        renamed = {trace_id: f"{int(trace_id, 16) ^ 1:032x}" for trace_id in served}
+        chunks = []
+        for trace_id, spans in spans_by_trace.items():
+            by_service: dict[str, list[SpanRow]] = {}
+            for span in spans:
+                moved = replace(span, trace_id=renamed[trace_id], timestamp=span.timestamp + timedelta(hours=1))
+                by_service.setdefault(span.service_name, []).append(moved)
+            chunks += [(max(s.end_ns for s in group), group) for group in by_service.values()]
+        assert len(chunks) >= 3 * 30  # client, gateway, engine
+        chunks.sort(key=lambda chunk: chunk[0])
+        memory = RequestAssembler(store, settle_seconds=3600)
+        try:
+            for offset in range(0, len(chunks), 7):
+                commit(store, memory, [s for _end, group in chunks[offset:offset + 7] for s in group])
+            assert memory.flush(10.0)
+            assert memory.assembled_from_memory_total == 30 and memory.assembled_from_store_total == 0
+        finally:
+            memory.stop()
+        from_memory = {t: row for t, row in stored_rows(store).items() if t in set(renamed.values())}
+        assert len(from_memory) == 30
+        assert read_back_rows(store, from_memory) == {**served, **from_memory}
+    finally:
+        store.close()
