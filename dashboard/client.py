@@ -187,7 +187,8 @@ class ReadApiClient:
         Returns one row per measure (``client_ttft``, ``ttft``, ``queue``, ``prefill``, ...)
         with columns :data:`SUMMARY_COLUMNS`; durations in seconds, ``NaN`` where a measure
         has no samples. ``frame.attrs["request_count"]`` holds the number of requests in the
-        window when the server reports it.
+        window and ``frame.attrs["percentiles"]`` how they were computed (``exact`` or
+        ``ddsketch``) when the server reports them.
         """
         body = self._get("/api/v1/summary", {
             "start": format_time(start), "end": format_time(end),
@@ -195,6 +196,8 @@ class ReadApiClient:
         frame = to_frame(rows_of(body, url="/api/v1/summary"), SUMMARY_COLUMNS)
         if isinstance(body, dict) and isinstance(body.get("request_count"), int):
             frame.attrs["request_count"] = body["request_count"]
+        if isinstance(body, dict) and body.get("percentiles") in ("exact", "ddsketch"):
+            frame.attrs["percentiles"] = body["percentiles"]
         return frame
 
     def ttft_timeseries(self, start: TimeLike, end: TimeLike, *, step_seconds: float,

@@ -109,6 +109,9 @@ def overview_panels(ctx: Context) -> None:
     by_class = memo_figure(charts.latency_by_class, view, ctx.tz)
     if not by_class:
         st.info("No requests in this window.")
+    elif "ddsketch" in (view.get("percentiles"), summary.attrs.get("percentiles")):
+        st.caption("Percentiles over this wide window come from per-minute sketches (within 0.5 % "
+                   "of the exact value); counts and means are exact.")
     for klass, figure in by_class.items():
         st.subheader(f"Endpoint class: {klass}")
         st.plotly_chart(figure, width="stretch", key=f"latency_{klass}")
