@@ -16,7 +16,8 @@ The data has the shape the server writes:
 
 Between 55 % and 60 % of the window there is an incident: queue times ×8 and queue depth,
 KV usage and preemptions up, so spike detection and the diagnosis have something to find.
-Everything is deterministic (ClickHouse hash functions of the row number).
+Everything is deterministic: values are hash functions of the row number (Box-Muller for
+the log-normal stage times), so two fills of the same size hold the same data.
 """
 
 from __future__ import annotations
@@ -96,7 +97,12 @@ def fill(store, *, spans: int, start: datetime, duration: timedelta, sample_seco
     )
     # Stage times in ns, log-normal around the span layout above; the client sees
     # everything plus two network hops.
-    lognormal = "exp(randNormal({mu}, {sigma}))"  # randNormal: per-row, seeded by the query
+    # A standard normal from two hashes of the row number (Box-Muller), so that every fill
+    # of the same size holds the same values; the salt keeps the stages independent.
+    uniform = "((cityHash64(t, {salt}) % 1000000000) + 0.5) / 1e9"
+    normal = (f"(sqrt(-2 * log({uniform.format(salt='{salt}1')}))"
+              f" * cos(2 * pi() * {uniform.format(salt='{salt}2')}))")
+    lognormal = "exp({mu} + {sigma} * " + normal + ")"
     store.command(
         "INSERT INTO inferpath_requests (timestamp, trace_id, service_name, endpoint, endpoint_class,"
         " model, replica, status, http_status_code, input_tokens, output_tokens, client_ttft_ns,"
@@ -110,14 +116,14 @@ def fill(store, *, spans: int, start: datetime, duration: timedelta, sample_seco
         " FROM (SELECT number AS t, " + _TRACE_ID + " AS trace_id,"
         f" fromUnixTimestamp64Nano(toInt64({t_start_ns}), 'UTC') AS ts,"
         " if(t % 5 = 0, 'bulk', 'interactive') AS klass,"
-        f" toInt64({lognormal.format(mu=15.2, sigma=0.5)}) AS tokenize,"  # ~4 ms
-        f" toInt64({lognormal.format(mu=14.5, sigma=0.4)}) AS retrieval,"  # ~2 ms
-        f" toInt64({lognormal.format(mu=16.6, sigma=0.3)}) AS gateway,"  # ~16 ms
-        f" toInt64({lognormal.format(mu=17.2, sigma=0.7)} * {slow}) AS queue,"  # ~30 ms
-        f" toInt64({lognormal.format(mu=17.9, sigma=0.3)}) AS prefill,"  # ~60 ms
-        f" toInt64({lognormal.format(mu=16.8, sigma=0.2)}) AS itl,"  # ~20 ms
+        f" toInt64({lognormal.format(salt=11, mu=15.2, sigma=0.5)}) AS tokenize,"  # ~4 ms
+        f" toInt64({lognormal.format(salt=12, mu=14.5, sigma=0.4)}) AS retrieval,"  # ~2 ms
+        f" toInt64({lognormal.format(salt=13, mu=16.6, sigma=0.3)}) AS gateway,"  # ~16 ms
+        f" toInt64({lognormal.format(salt=14, mu=17.2, sigma=0.7)} * {slow}) AS queue,"  # ~30 ms
+        f" toInt64({lognormal.format(salt=15, mu=17.9, sigma=0.3)}) AS prefill,"  # ~60 ms
+        f" toInt64({lognormal.format(salt=16, mu=16.8, sigma=0.2)}) AS itl,"  # ~20 ms
         " t % 300 + 10 AS out_tokens, itl * (out_tokens - 1) AS decode,"
-        f" toInt64({lognormal.format(mu=14.9, sigma=0.5)}) AS network,"  # ~3 ms
+        f" toInt64({lognormal.format(salt=17, mu=14.9, sigma=0.5)}) AS network,"  # ~3 ms
         " gateway + tokenize + retrieval + network + queue + prefill AS ttft,"
         " ttft + decode AS e2e"
         " FROM numbers({traces:UInt64}))",
