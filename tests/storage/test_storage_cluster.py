@@ -49,8 +49,11 @@ def test_every_single_node_table_and_view_has_its_cluster_counterparts(store: St
         # Same columns and ordering as the single node: the local table is the schema file's.
         assert "ORDER BY" in local and "toIntervalDay(7)" in local
     # ReplacingMergeTree keeps its version column after the replication arguments.
-    requests = _find(statements, rf"inferpath_requests{LOCAL_SUFFIX} ON CLUSTER")
+    requests = _find(statements, rf"^CREATE TABLE IF NOT EXISTS {db}\.inferpath_requests{LOCAL_SUFFIX} ON CLUSTER")
     assert "'{replica}', updated_at)" in requests
+    # Later migrations alter the node-local table on every node.
+    index = _find(statements, r"ADD INDEX IF NOT EXISTS idx_updated_at")
+    assert index.startswith(f"ALTER TABLE {db}.inferpath_requests{LOCAL_SUFFIX} ON CLUSTER `prod`")
     assert _find(statements, r"Distributed\(`prod`, `\w+`, otel_traces_local, ").endswith("cityHash64(TraceId))")
     assert statements[0] == f"CREATE DATABASE IF NOT EXISTS {db} ON CLUSTER `prod`"
     assert all("{database}" not in s and "{ttl_days}" not in s for s in statements)
