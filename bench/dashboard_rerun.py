@@ -157,35 +157,11 @@ def _capture_time(path: Path) -> datetime:
     return datetime.fromtimestamp(int(path.stem.split("_")[-1]) / 1e9, tz=timezone.utc)
 
 
-def _gauges_body(samples: list) -> bytes:
-    """OTLP metrics with one gauge point per collector gauge sample (counters left out)."""
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-        ExportMetricsServiceRequest,
-    )
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-
-    request = ExportMetricsServiceRequest()
-    resource_metrics = request.resource_metrics.add()
-    resource_metrics.resource.attributes.append(
-        KeyValue(key="service.name", value=AnyValue(string_value="vllm")))
-    scope = resource_metrics.scope_metrics.add()
-    for sample in samples:
-        if sample.kind != "gauge":
-            continue
-        metric = scope.metrics.add()
-        metric.name, metric.unit = sample.signal, sample.unit
-        point = metric.gauge.data_points.add()
-        point.time_unix_nano = int(sample.timestamp.timestamp() * 1e9)
-        point.as_double = sample.value
-        for key, value in sorted(sample.attributes.items()):
-            point.attributes.append(KeyValue(key=key, value=AnyValue(string_value=value)))
-    return request.SerializeToString()
-
-
 def load_capture(folder: Path, stack: list) -> Dataset:
     """Serve a fresh store in ``folder`` holding the recorded vLLM capture (traces and
     engine gauges). Every loader appends the server it starts to ``stack``; the caller
     stops them. Raises ``FileNotFoundError`` when the capture is absent."""
+    from inferpath.collectors.otlp_export import build_request
     from inferpath.collectors.prometheus import scrape_samples
 
     if not CAPTURE.is_dir():
@@ -200,7 +176,10 @@ def load_capture(folder: Path, stack: list) -> Dataset:
                       headers=PROTOBUF).raise_for_status()
         samples = [sample for path in scrapes for sample in scrape_samples(
             path.read_text(), "vllm", timestamp=_capture_time(path))]
-        http.post("/v1/metrics", content=_gauges_body(samples), headers=PROTOBUF).raise_for_status()
+        # Gauges only, as the collector agent would export them (counters left out).
+        gauges = [sample for sample in samples if sample.kind == "gauge"]
+        body = build_request([("vllm", gauges)]).SerializeToString()
+        http.post("/v1/metrics", content=body, headers=PROTOBUF).raise_for_status()
         if not http.post("/api/v1/flush").json()["ok"]:
             raise RuntimeError("the server did not flush the capture")
         first = min(_capture_time(scrapes[0]), _capture_time(trace_files[0]))
