@@ -18,6 +18,8 @@ Every span inferpath emits goes through the provider that :func:`configure` buil
   a fresh provider (new id, new export worker) on its first span.
 * **Drops.** The batch queue is bounded (``max_queue_size``); a span that does not fit is
   dropped and counted in :func:`dropped_spans_total`, never blocking the request path.
+  The gateway's lean server span (``server_span.py``) ends into the same processor, so
+  its drops and export failures are counted the same way.
 * **Export failures.** Spans whose export failed (collector down, timeout) are counted in
   :func:`export_failed_spans_total`; the failure is logged at most once per
   :data:`LOG_INTERVAL_SECONDS` (with the count since the last line), and the OTLP
