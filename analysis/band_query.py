@@ -34,30 +34,38 @@ from inferpath.analysis.breakdown import (
 _EDGE_QUANTILES: tuple[float, ...] = tuple(sorted({q for _, lo, hi in BANDS for q in (lo, hi)}))
 
 
+def _band_of(column: str, edges: str) -> str:
+    """SQL: the band index of ``column`` given its edge array, ``-1`` when it is NULL. The
+    band of a value is the highest band whose lower edge it reaches (edges ascend and every
+    value is ≥ the minimum): ``[lower, upper)`` with the top band closed."""
+    position = {q: i + 1 for i, q in enumerate(_EDGE_QUANTILES)}  # ClickHouse arrays are 1-based
+    conditions = ", ".join(f"{column} >= {edges}[{position[lo]}], {index}"
+                           for index, (_, lo, _) in reversed(list(enumerate(BANDS))) if index > 0)
+    return f"if(isNull({column}), -1, multiIf({conditions}, 0))"
+
+
 def _sql(where: str) -> str:
+    """One query: the window's count and exact band edges (a scalar subquery, one pass over
+    two columns), then one pass over the rows grouped twice (``GROUPING SETS``): by TTFT
+    band and by E2E band. Each row is read once and lands in one group per measure; with
+    ``group_by_use_nulls`` the other measure's band key is NULL, which tells the two
+    apart. A NULL measure has band ``-1`` (dropped by the caller)."""
     levels = ", ".join(repr(q) for q in _EDGE_QUANTILES)
     edges = ", ".join(f"quantilesExactInclusive({levels})({m}_ns)" for m in MEASURES)
-    # The band of a value: the highest band whose lower edge it reaches (edges ascend and
-    # every value is ≥ the minimum), which is [lower, upper) with the top band closed.
-    position = {q: i + 1 for i, q in enumerate(_EDGE_QUANTILES)}  # ClickHouse arrays are 1-based
-    band_of = "multiIf(" + ", ".join(
-        f"total >= edges[{position[lo]}], {index}"
-        for index, (_, lo, _) in reversed(list(enumerate(BANDS))) if index > 0) + ", 0)"
+    stage_values = ", ".join(f"coalesce({s}_ns, 0) AS {s}" for s in STAGES)
+    bands = ", ".join(f"{_band_of(f'{m}_ns', f'window.{i + 2}')} AS {m}_band"
+                      for i, m in enumerate(MEASURES))
+    measure_sums = ", ".join(f"sum({m}_ns)" for m in MEASURES)
     stage_sums = ", ".join(f"sum({s})" for s in STAGES)
     stage_p99 = ", ".join(f"quantileExactInclusive(0.99)({s})" for s in STAGES)
-    stage_values = ", ".join(f"coalesce({s}_ns, 0) AS {s}" for s in STAGES)
-    measure_index = {m: i for i, m in enumerate(MEASURES)}
-    pairs = ", ".join(f"({measure_index[m]}, {m}_ns)" for m in MEASURES)
-    measure_edges = ", ".join(f"window.{i + 2}" for i in range(len(MEASURES)))
-    measure_columns = ", ".join(f"{m}_ns" for m in MEASURES)
+    keys = ", ".join(f"{m}_band" for m in MEASURES)
+    sets = ", ".join(f"({m}_band)" for m in MEASURES)
     return (
         f"WITH (SELECT tuple(count(), {edges}) FROM inferpath_requests FINAL WHERE {where}) AS window"
-        f" SELECT measure, band, count(), sum(total), {stage_sums}, {stage_p99}, any(window)"
-        " FROM (SELECT measure_total.1 AS measure, assumeNotNull(measure_total.2) AS total,"
-        f" {', '.join(STAGES)}, [{measure_edges}][measure + 1] AS edges, {band_of} AS band"
-        f"  FROM (SELECT {measure_columns}, {stage_values} FROM inferpath_requests FINAL WHERE {where})"
-        f"  ARRAY JOIN [{pairs}] AS measure_total WHERE measure_total.2 IS NOT NULL)"
-        f" GROUP BY measure, band ORDER BY measure, band{FINAL_SETTINGS}"
+        f" SELECT {keys}, count(), {measure_sums}, {stage_sums}, {stage_p99}, any(window)"
+        f" FROM (SELECT {', '.join(f'{m}_ns' for m in MEASURES)}, {stage_values}, {bands}"
+        f"  FROM inferpath_requests FINAL WHERE {where})"
+        f" GROUP BY GROUPING SETS ({sets}){FINAL_SETTINGS}, group_by_use_nulls = 1"
     )
 
 
@@ -79,17 +87,23 @@ def fetch_breakdown_bands(
     rows = store.query(_sql(where), parameters)
     bands: dict[str, list[StageSummary]] = {m: [] for m in MEASURES}
     request_count = 0
-    n = len(STAGES)
-    for measure_index, band, count, total_sum, *rest in rows:
+    n, k = len(STAGES), len(MEASURES)
+    for row in sorted(rows, key=lambda r: [(-1 if b is None else b) for b in r[:k]]):
+        band_keys, count, measure_sums = row[:k], row[k], row[k + 1:2 * k + 1]
+        rest = row[2 * k + 1:]
         sums = dict(zip(STAGES, rest[:n]))
         p99s = dict(zip(STAGES, rest[n:2 * n]))
         window = rest[2 * n]
         request_count = int(window[0])
+        measure_index = next(i for i, b in enumerate(band_keys) if b is not None)
+        band = band_keys[measure_index]
+        if band < 0:  # rows without this measure
+            continue
         measure = MEASURES[measure_index]
         edges = dict(zip(_EDGE_QUANTILES, window[measure_index + 1]))
         name, low_q, high_q = BANDS[band]
-        bands[measure].append(_summary(measure, name, int(count), int(total_sum), sums, p99s,
-                                       edges[low_q], edges[high_q]))
+        bands[measure].append(_summary(measure, name, int(count), int(measure_sums[measure_index]),
+                                       sums, p99s, edges[low_q], edges[high_q]))
     if not rows:
         request_count = int(store.query(
             f"SELECT count() FROM inferpath_requests FINAL WHERE {where}{FINAL_SETTINGS}", parameters)[0][0])

@@ -178,6 +178,9 @@ def breakdown_panels(ctx: Context) -> None:
     if hops.empty:
         st.info("No caller/callee span pairs in this window (hop overhead needs the caller's "
                 "CLIENT span and the callee's SERVER span of the same call).")
+    elif view.get("hop_percentiles") == "ddsketch":
+        st.caption("Hop percentiles over this wide window come from per-minute sketches (within "
+                   "0.5 % of the exact value); counts and means are exact.")
     st.dataframe(hops, hide_index=True, width="stretch", column_config={
         c: st.column_config.NumberColumn(c.replace("_ms", " (ms)"), format="%.1f")
         for c in hops.columns if c.endswith("_ms")})

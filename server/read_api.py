@@ -16,6 +16,8 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
+from inferpath.storage.hop_rollup import HOP_SLACK, hop_aggregate, hop_plan
+from inferpath.storage.hop_rollup import pairs_sql as hop_pairs_sql
 from inferpath.storage.rollup import QUANTILE_LEVELS as ROLLUP_LEVELS
 from inferpath.storage.rollup import WindowPlan
 from inferpath.storage.rollup import aggregate as rollup_aggregate
@@ -197,7 +199,6 @@ async def flush(request: Request, timeout_seconds: float = Query(30.0, gt=0, le=
 VIEW_MAX_POINTS = 10_000
 """Upper bound on buckets per series in a view: more than a wide screen has pixels."""
 _VIEW_QUANTILES = (0.5, 0.95, 0.99)
-_HOP_SLACK = timedelta(minutes=1)
 """How far past the window a callee's server span may start: it starts after its caller."""
 
 MaxPointsQuery = Query(600, ge=1, le=VIEW_MAX_POINTS,
@@ -355,28 +356,37 @@ async def correlate_view(request: Request, start: str | None = StartQuery, end: 
 
 def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
     """Overhead of each hop: caller's CLIENT span − callee's SERVER span of the same call
-    (DESIGN.md's definition), per (caller service, callee service, callee span name),
-    with count, mean, p50, p95, p99 in seconds. Calls whose client span starts in the window.
+    (DESIGN.md's definition; pairing as :mod:`inferpath.storage.hop_rollup` defines it: the
+    server span starts within ``HOP_SLACK`` of the client span), per (caller service, callee
+    service, callee span name), with count, mean, p50, p95, p99 in seconds (exact). Calls
+    whose client span starts in the window.
 
     One pass groups the window's CLIENT and SERVER spans by call (trace, client span id =
     server parent id), which is about twice as fast as joining the two sets over a day of
     spans. When any call holds more than one client or server span (a span exported twice,
     a retried call), the exact pairs of the join are taken instead, so the answer is the
     join's either way."""
-    parameters = {"start": start, "end": end, "slack_end": end + _HOP_SLACK}
+    parameters = {"start": start, "end": end, "slack_start": start - HOP_SLACK,
+                  "slack_end": end + HOP_SLACK, "slack_ns": int(HOP_SLACK.total_seconds() * 1e9)}
     calls_sql = (
         "SELECT caller, callee, callee_span, count(), avg(overhead),"
         f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead), max(clients * servers)"
-        " FROM (SELECT countIf(is_client) AS clients, countIf(SpanKind = 'Server') AS servers,"
-        "  anyIf(ServiceName, is_client) AS caller, anyIf(ServiceName, SpanKind = 'Server') AS callee,"
-        "  anyIf(SpanName, SpanKind = 'Server') AS callee_span,"
-        "  anyIf(dur, is_client) - anyIf(dur, SpanKind = 'Server') AS overhead"
+        " FROM (SELECT countIf(is_client) AS clients, countIf(is_server) AS servers,"
+        "  anyIf(ServiceName, is_client) AS caller, anyIf(ServiceName, is_server) AS callee,"
+        "  anyIf(SpanName, is_server) AS callee_span,"
+        "  anyIf(dur, is_client) - anyIf(dur, is_server) AS overhead,"
+        "  anyIf(ts_ns, is_server) - anyIf(ts_ns, is_client) AS lag_ns"
         "  FROM (SELECT TraceId, SpanId, ParentSpanId, SpanKind, ServiceName, SpanName,"
-        "   toInt64(Duration) AS dur, SpanKind = 'Client' AND Timestamp < {end:DateTime64(9, 'UTC')} AS is_client"
+        "   toInt64(Duration) AS dur, toUnixTimestamp64Nano(Timestamp) AS ts_ns,"
+        "   SpanKind = 'Client' AND Timestamp >= {start:DateTime64(9, 'UTC')}"
+        "   AND Timestamp < {end:DateTime64(9, 'UTC')} AS is_client, SpanKind = 'Server' AS is_server"
         "   FROM otel_traces WHERE SpanKind IN ('Client', 'Server')"
-        "   AND Timestamp >= {start:DateTime64(9, 'UTC')} AND Timestamp < {slack_end:DateTime64(9, 'UTC')})"
+        "   AND Timestamp >= {slack_start:DateTime64(9, 'UTC')} AND Timestamp < {slack_end:DateTime64(9, 'UTC')})"
         "  GROUP BY TraceId, if(SpanKind = 'Client', SpanId, ParentSpanId)"
-        "  HAVING clients >= 1 AND servers >= 1)"
+        # One pair: it counts when the server starts within the slack of the client; more
+        # than one: the join below decides pair by pair.
+        "  HAVING clients >= 1 AND servers >= 1 AND (clients * servers > 1"
+        "   OR (lag_ns >= -{slack_ns:Int64} AND lag_ns < {slack_ns:Int64})))"
         " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
     )
     rows = store.query(calls_sql, parameters)
@@ -388,21 +398,25 @@ def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
 def hop_overhead_rows_joined(store, start: datetime, end: datetime) -> list[dict]:
     """:func:`hop_overhead_rows` by joining every CLIENT span of the window with its callee's
     SERVER spans: the definition, counting each (client, server) pair."""
-    parameters = {"start": start, "end": end, "slack_end": end + _HOP_SLACK}
-    sql = (
-        "SELECT c.ServiceName AS caller, s.ServiceName AS callee, s.SpanName AS callee_span,"
-        " count(), avg(c.dur - s.dur),"
-        f" quantilesExactInclusive{_VIEW_QUANTILES}(c.dur - s.dur)"
-        " FROM (SELECT TraceId, SpanId, ServiceName, toInt64(Duration) AS dur FROM otel_traces"
-        "  WHERE SpanKind = 'Client' AND Timestamp >= {start:DateTime64(9, 'UTC')}"
-        "  AND Timestamp < {end:DateTime64(9, 'UTC')}) AS c"
-        " INNER JOIN (SELECT TraceId, ParentSpanId, ServiceName, SpanName, toInt64(Duration) AS dur"
-        "  FROM otel_traces WHERE SpanKind = 'Server' AND Timestamp >= {start:DateTime64(9, 'UTC')}"
-        "  AND Timestamp < {slack_end:DateTime64(9, 'UTC')}) AS s"
-        " ON s.TraceId = c.TraceId AND s.ParentSpanId = c.SpanId"
-        " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
-    )
+    sql = (f"SELECT caller, callee, callee_span, count(), avg(overhead),"
+           f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead) FROM "
+           + hop_pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}")
+           + " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span")
+    parameters = {"start": start, "end": end, "slack_ns": int(HOP_SLACK.total_seconds() * 1e9)}
     return [_hop_row(*row) for row in store.query(sql, parameters)]
+
+
+def hop_overhead_view(store, start: datetime, end: datetime, *,
+                      rollup_min_window_seconds: float | None = None) -> tuple[list[dict], str]:
+    """``(rows, percentiles)``: :func:`hop_overhead_rows` (``"exact"``) for windows shorter
+    than ``rollup_min_window_seconds`` (or with it ``None``, or before the hop rollup's first
+    pass), else the same rows from the per-minute hop rollup with the window's ragged edges
+    and recent minutes paired from raw spans (``"ddsketch"``: counts and means exact,
+    percentiles within 0.5 % of a value of that rank; :mod:`inferpath.storage.hop_rollup`)."""
+    plan = hop_plan(store, start, end, min_window_seconds=rollup_min_window_seconds)
+    if plan is None:
+        return hop_overhead_rows(store, start, end), "exact"
+    return [_hop_row(*row) for row in hop_aggregate(store, plan, _VIEW_QUANTILES)], "ddsketch"
 
 
 def _hop_row(caller: str, callee: str, span: str, count: int, avg_ns: float, quantiles: list) -> dict:
@@ -412,27 +426,37 @@ def _hop_row(caller: str, callee: str, span: str, count: int, avg_ns: float, qua
 
 
 def breakdown_view_body(store, start: datetime, end: datetime, *,
-                        endpoint_class: str | None = None) -> dict:
+                        endpoint_class: str | None = None,
+                        rollup_min_window_seconds: float | None = None) -> dict:
     """Stage shares of TTFT and E2E per percentile band
-    (:func:`inferpath.analysis.breakdown.breakdown_by_band`, ``*_ns`` means and ratios)
+    (:func:`inferpath.analysis.breakdown.breakdown_by_band`, ``*_ns`` means and ratios, exact)
     over the ``ok`` requests of the window, computed inside the store
-    (:func:`inferpath.analysis.band_query.fetch_breakdown_bands`), and :func:`hop_overhead_rows`."""
+    (:func:`inferpath.analysis.band_query.fetch_breakdown_bands`), and the hop overheads
+    (:func:`hop_overhead_view`; ``hop_percentiles`` says ``exact`` or ``ddsketch``)."""
     from inferpath.analysis.band_query import fetch_breakdown_bands
 
     request_count, summaries = fetch_breakdown_bands(store, start=start, end=end,
                                                      endpoint_class=endpoint_class)
     bands = {measure: [dataclasses.asdict(summary) for summary in summaries[measure]]
              for measure in ("ttft", "e2e")}
-    return {"request_count": request_count, "bands": bands, "hops": hop_overhead_rows(store, start, end)}
+    hops, hop_percentiles = hop_overhead_view(store, start, end,
+                                              rollup_min_window_seconds=rollup_min_window_seconds)
+    return {"request_count": request_count, "bands": bands, "hops": hops,
+            "hop_percentiles": hop_percentiles}
 
 
 @router.get("/views/breakdown")
 async def breakdown_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
                          endpoint_class: str | None = None) -> dict:
-    """Breakdown: stage shares of TTFT and E2E per percentile band; overhead per hop."""
+    """Breakdown: stage shares of TTFT and E2E per percentile band (exact); overhead per hop
+    (``hop_percentiles``: ``exact``, or ``ddsketch`` from the per-minute hop rollup for
+    windows of at least ``INFERPATH_ROLLUP_MIN_WINDOW_SECONDS``, within 0.5 % of a value
+    of that rank; counts and means exact either way)."""
     start_dt, end_dt = _window(start, end)
-    body = await _read(breakdown_view_body, request.app.state.runtime.store, start_dt, end_dt,
-                       endpoint_class=endpoint_class)
+    runtime = request.app.state.runtime
+    body = await _read(breakdown_view_body, runtime.store, start_dt, end_dt,
+                       endpoint_class=endpoint_class,
+                       rollup_min_window_seconds=runtime.reader.rollup_min_window_seconds)
     return {"start": start_dt, "end": end_dt, **body}
 
 

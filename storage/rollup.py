@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence
 
@@ -105,11 +105,14 @@ def _sketch_columns(source: str = "raw") -> list[str]:
 # ----------------------------------------------------------------------------- refresh
 @dataclass(frozen=True)
 class RefreshResult:
-    """One pass: ``minutes`` rebuilt, ``seconds`` spent, the new ``watermark``."""
+    """One pass: ``minutes`` rebuilt, ``seconds`` spent, the new ``watermark``;
+    ``hop_minutes``: minutes of the hop rollup rebuilt in the same refresher pass
+    (:func:`inferpath.storage.hop_rollup.refresh_hops`), 0 from :func:`refresh` alone."""
 
     minutes: int
     seconds: float
     watermark: datetime
+    hop_minutes: int = 0
 
 
 def watermark(store) -> datetime | None:
@@ -182,8 +185,10 @@ def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAU
 
 
 class RollupRefresher:
-    """A daemon thread calling :func:`refresh` every ``interval_seconds``; a failed pass is
-    logged (rate-limited to one line per failure streak) and retried next interval.
+    """A daemon thread calling :func:`refresh` and then the hop rollup's
+    :func:`~inferpath.storage.hop_rollup.refresh_hops` every ``interval_seconds``; a failed
+    pass is logged (rate-limited to one line per failure streak) and retried next interval
+    (each rollup keeps its own watermark, so a failure redoes only its own work).
     ``passes_total`` / ``failures_total`` / ``last_seconds`` are read by ``/metrics``."""
 
     def __init__(self, store, *, interval_seconds: float = 10.0,
@@ -201,9 +206,14 @@ class RollupRefresher:
         self._thread: threading.Thread | None = None
 
     def refresh_now(self) -> RefreshResult:
-        """One pass now, serialized with the thread's passes."""
+        """One pass now (request rollups, then hop rollup), serialized with the thread's
+        passes; raises what the store raises."""
+        from inferpath.storage.hop_rollup import refresh_hops  # hop_rollup builds on this module
+
         with self._lock:
             result = refresh(self.store, margin_seconds=self.margin_seconds)
+            hops = refresh_hops(self.store, margin_seconds=self.margin_seconds)
+            result = replace(result, seconds=result.seconds + hops.seconds, hop_minutes=hops.minutes)
             self.passes_total += 1
             self.last_seconds = result.seconds
             return result

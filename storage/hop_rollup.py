@@ -1,0 +1,190 @@
+"""Per-minute rollup of hop overheads, so the Breakdown page's hop table stays fast over days.
+
+A hop's overhead is the caller's CLIENT span duration minus the callee's SERVER span
+duration of the same call (DESIGN.md §3): the server span whose ``ParentSpanId`` is the
+client span's ``SpanId`` in the same trace. A pair counts when the server span starts within
+:data:`HOP_SLACK` of the client span's start (either side: clocks of two hosts disagree a
+little); the call belongs to the minute (and window) in which its client span starts.
+Every (client, server) pair counts, so a span exported twice counts twice, as the join of
+the definition does.
+
+``inferpath_hops_1m`` (schema 010) holds, per (minute, caller service, callee service,
+callee span name), the pair count, the integer sum of the overheads (ns) and a DDSketch
+of them (ClickHouse ``quantilesDD`` at :data:`~inferpath.storage.rollup.RELATIVE_ACCURACY`,
+0.5 %: a quantile read from merged minutes is within 0.5 % of a value of that rank; it
+keeps negative values, which clock skew produces, in a store of their own). Counts and
+means from the rollup are exact.
+
+Maintenance (:func:`refresh_hops`): spans of a trace keep arriving after its first minute
+(late or re-sent exports), and each arrival re-derives the trace's request row
+(``updated_at``). A pass takes the traces whose request row changed since its watermark,
+the minutes their spans cover (``otel_traces_trace_id_ts``: first and last span start per
+trace), and rebuilds those minutes from ``otel_traces``; then moves its own watermark
+(``inferpath_rollup_state``, row :data:`HOP_STATE_NAME`). The first pass (no watermark)
+rebuilds every minute holding a CLIENT span. Traces that never get a request row (spans
+written by the OpenTelemetry Collector straight into ClickHouse) are not seen: exact reads
+(windows shorter than the rollup threshold) still cover them.
+
+Reads (:func:`hop_plan`, :func:`hop_aggregate`): whole minutes of the window before the
+horizon (the watermark floored to the minute) come from the rollup, the ragged edges and
+the recent minutes are paired from raw spans and sketched in the same query.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+from inferpath.storage.rollup import (
+    DEFAULT_MARGIN_SECONDS, MINUTE, RELATIVE_ACCURACY, STATE_TABLE, RefreshResult, WindowPlan,
+    _latest_rebuild, _param, _runs, plan_window,
+)
+
+HOP_TABLE = "inferpath_hops_1m"
+HOP_STATE_NAME = "inferpath_hops_rollup_v1"
+"""The hop refresher's row in the state table; a change to what the rollup holds gets a new
+name, so the first pass after an upgrade rebuilds every minute."""
+HOP_SLACK = timedelta(minutes=1)
+"""How far apart (either way) a client span's start and its server span's start may be for
+the two to pair: covers network time before the server starts and clock skew between hosts,
+and bounds how far past a window's edges its spans are read."""
+HOP_QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+"""The levels stored in the sketch's type (the same as the request rollups')."""
+MAX_TRACE_MINUTES = 1440
+"""A trace whose spans span more than a day rebuilds only its first day's minutes (bounds a pass)."""
+_SKETCH_ARGS = f"{RELATIVE_ACCURACY}, {', '.join(str(q) for q in HOP_QUANTILE_LEVELS)}"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def pairs_sql(start: str, end: str) -> str:
+    """SQL FROM-clause body: every (CLIENT span starting in ``[start, end)``, SERVER span of
+    the same call starting within :data:`HOP_SLACK` of it) pair, with columns ``client_ts``,
+    ``caller``, ``callee``, ``callee_span`` and ``overhead`` (client − server duration, ns,
+    Int64). ``start``/``end`` are DateTime64 placeholders; ``{slack_ns:Int64}`` is bound."""
+    slack = "toIntervalNanosecond({slack_ns:Int64})"
+    return (
+        "(SELECT c.Timestamp AS client_ts, c.ServiceName AS caller, s.ServiceName AS callee,"
+        " s.SpanName AS callee_span, c.dur - s.dur AS overhead"
+        " FROM (SELECT Timestamp, TraceId, SpanId, ServiceName, toInt64(Duration) AS dur FROM otel_traces"
+        f"  WHERE SpanKind = 'Client' AND Timestamp >= {start} AND Timestamp < {end}) AS c"
+        " INNER JOIN (SELECT Timestamp, TraceId, ParentSpanId, ServiceName, SpanName,"
+        "  toInt64(Duration) AS dur FROM otel_traces WHERE SpanKind = 'Server'"
+        f"  AND Timestamp >= {start} - {slack} AND Timestamp < {end} + {slack}) AS s"
+        " ON s.TraceId = c.TraceId AND s.ParentSpanId = c.SpanId"
+        f" WHERE s.Timestamp >= c.Timestamp - {slack} AND s.Timestamp < c.Timestamp + {slack})"
+    )
+
+
+def _slack_ns() -> int:
+    return int(HOP_SLACK.total_seconds() * 1e9)
+
+
+# ----------------------------------------------------------------------------- refresh
+def hop_watermark(store) -> datetime | None:
+    """The hop refresher's watermark (aware UTC), ``None`` before its first pass."""
+    rows = store.query(f"SELECT max(watermark), count() FROM {STATE_TABLE} WHERE name = {{name:String}}",
+                       {"name": HOP_STATE_NAME})
+    return rows[0][0] if rows and rows[0][1] else None
+
+
+def hop_horizon(store) -> datetime | None:
+    """Start of the first minute the hop rollup may not cover yet (the watermark floored to
+    the minute), ``None`` before the first pass."""
+    mark = hop_watermark(store)
+    return None if mark is None else mark.replace(second=0, microsecond=0)
+
+
+def _changed_minutes(store, since: datetime | None) -> list[datetime]:
+    if since is None:
+        sql = "SELECT DISTINCT toStartOfMinute(Timestamp) FROM otel_traces WHERE SpanKind = 'Client'"
+        return [row[0] for row in store.query(sql)]
+    # Every minute from the first to the last span start of each trace whose row changed.
+    sql = (
+        "SELECT DISTINCT first + 60 * arrayJoin(range(toUInt64(least(dateDiff('minute', first,"
+        " toStartOfMinute(last)), {max_minutes:UInt32}) + 1))) FROM (SELECT TraceId,"
+        " toStartOfMinute(min(Start)) AS first, max(End) AS last FROM otel_traces_trace_id_ts"
+        " WHERE TraceId IN (SELECT trace_id FROM inferpath_requests"
+        "  WHERE updated_at >= {since:DateTime64(9, 'UTC')}) GROUP BY TraceId)")
+    return [row[0] for row in store.query(sql, {"since": since, "max_minutes": MAX_TRACE_MINUTES - 1})]
+
+
+def refresh_hops(store, *, now: datetime | None = None, margin_seconds: float = DEFAULT_MARGIN_SECONDS,
+                 max_minutes_per_insert: int = 60) -> RefreshResult:
+    """Rebuild the hop-rollup minutes holding spans of traces whose request row changed since
+    the watermark (every minute with a CLIENT span on the first pass).
+
+    ``now``: aware wall-clock time of the pass (default: now); the new watermark is
+    ``now - margin_seconds`` (a request row stamped up to that long before it became
+    visible is still found next pass). Minutes are rebuilt in runs of at most
+    ``max_minutes_per_insert`` (one short INSERT … SELECT each, so ingest does not wait
+    long behind one). Driver errors propagate and leave the watermark where it was.
+    """
+    started = time.monotonic()
+    pass_time = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    since = hop_watermark(store)
+    minutes = _changed_minutes(store, since)
+    for run_start, run_end in _runs(minutes, max_minutes_per_insert):
+        store.command(
+            f"INSERT INTO {HOP_TABLE} SELECT toStartOfMinute(client_ts) AS minute, caller, callee,"
+            f" callee_span, count(), sum(overhead), quantilesDDState({_SKETCH_ARGS})(overhead),"
+            " now64(9, 'UTC') FROM "
+            + pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}")
+            + " GROUP BY minute, caller, callee, callee_span",
+            {"start": run_start, "end": run_end, "slack_ns": _slack_ns()})
+    mark = pass_time - timedelta(seconds=margin_seconds)
+    if since is not None:
+        mark = max(since, mark)
+    store.command(f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at) VALUES"
+                  " ({name:String}, {mark:DateTime64(9, 'UTC')}, now64(9, 'UTC'))",
+                  {"name": HOP_STATE_NAME, "mark": mark})
+    return RefreshResult(minutes=len(minutes), seconds=time.monotonic() - started, watermark=mark)
+
+
+# ----------------------------------------------------------------------------- reads
+def hop_plan(store, start: datetime, end: datetime, *, min_window_seconds: float | None) -> WindowPlan | None:
+    """How ``[start, end)`` (aware) splits between the hop rollup and raw spans, or ``None``
+    for an exact read: rollups off (``min_window_seconds`` None), a window shorter than
+    ``min_window_seconds``, no pass yet, or no whole minute before the horizon."""
+    if min_window_seconds is None or (end - start).total_seconds() < min_window_seconds:
+        return None
+    plan = plan_window(start, end, hop_horizon(store), hourly=False)
+    return plan if plan.rollup is not None else None
+
+
+def hop_aggregate(store, plan: WindowPlan, levels: Sequence[float]) -> list[tuple[Any, ...]]:
+    """Per (caller service, callee service, callee span name), ordered by them: ``(caller,
+    callee, callee_span, count, mean overhead ns, [quantiles ns at levels])`` over the
+    planned window; counts and means exact, quantiles from merged DDSketches (within
+    :data:`~inferpath.storage.rollup.RELATIVE_ACCURACY` of a value of that rank).
+    ``levels``: a subset of :data:`HOP_QUANTILE_LEVELS` (``ValueError`` otherwise)."""
+    unknown = [q for q in levels if q not in HOP_QUANTILE_LEVELS]
+    if unknown:
+        raise ValueError(f"levels: {unknown} not among the stored levels {HOP_QUANTILE_LEVELS}")
+    params: dict[str, Any] = {"slack_ns": _slack_ns()}
+    parts = []
+    for index, (_, a, b) in enumerate(plan.tiers):
+        params[f"r{index}_start"], params[f"r{index}_end"] = a, b
+        parts.append(
+            "SELECT caller_service AS caller, callee_service AS callee, callee_span, calls,"
+            f" overhead_sum_ns, overhead_q FROM {HOP_TABLE} WHERE "
+            + _latest_rebuild(HOP_TABLE, "minute", _param(f"r{index}_start"), _param(f"r{index}_end")))
+    for index, (a, b) in enumerate(plan.raw):
+        params[f"a{index}"], params[f"b{index}"] = a, b
+        parts.append(
+            f"SELECT caller, callee, callee_span, count() AS calls, sum(overhead) AS overhead_sum_ns,"
+            f" quantilesDDState({_SKETCH_ARGS})(overhead) AS overhead_q FROM "
+            + pairs_sql(f"{{a{index}:DateTime64(9, 'UTC')}}", f"{{b{index}:DateTime64(9, 'UTC')}}")
+            + " GROUP BY caller, callee, callee_span")
+    sql = (f"SELECT caller, callee, callee_span, sum(calls), sum(overhead_sum_ns),"
+           f" quantilesDDMerge({_SKETCH_ARGS})(overhead_q) FROM ({' UNION ALL '.join(parts)})"
+           " GROUP BY caller, callee, callee_span HAVING sum(calls) > 0"
+           " ORDER BY caller, callee, callee_span")
+    positions = [HOP_QUANTILE_LEVELS.index(q) for q in levels]
+    return [(caller, callee, span, int(count), int(total) / int(count),
+             [float(quantiles[i]) for i in positions])
+            for caller, callee, span, count, total, quantiles in store.query(sql, params)]
+
+
+__all__ = ["HOP_SLACK", "HOP_STATE_NAME", "HOP_TABLE", "hop_aggregate", "hop_horizon", "hop_plan",
+           "hop_watermark", "pairs_sql", "refresh_hops"]
