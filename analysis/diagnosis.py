@@ -30,12 +30,14 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
 from inferpath.analysis.breakdown import REST, measure_stages
-from inferpath.analysis.request_window import WINDOW_COLUMNS, RowsWindow, StoredWindow, TailSums, as_window
+from inferpath.analysis.request_window import (
+    WINDOW_COLUMNS, RowsWindow, StoredWindow, TailSums, as_window, prefetch_quantiles, prepare_attribution,
+)
 from inferpath.analysis.signals import (
     GPU_UTILIZATION_RATIO, KV_CACHE_USAGE_RATIO, QUEUE_DEPTH, RUNNING_REQUESTS,
-    SignalWindows, WindowSignals, fetch_window_signals,
+    SignalWindows, StoredSignalWindows, WindowSignals,
 )
-from inferpath.analysis.startup import ReplicaStartup, fetch_startups
+from inferpath.analysis.startup import ReplicaStartup, StoredStartups
 from inferpath.analysis.verdict import Cause, Degradation, Evidence, Verdict, Window
 from inferpath.storage.rows import unix_ns_from_datetime
 
@@ -79,6 +81,8 @@ DIAGNOSIS_COLUMNS: tuple[str, ...] = WINDOW_COLUMNS
 
 Rows = Sequence[Mapping[str, Any]] | RowsWindow | StoredWindow
 """A window's requests: request-row dicts, or a :mod:`~inferpath.analysis.request_window` window."""
+Signals = SignalWindows | StoredSignalWindows
+"""Both windows' engine/GPU signals, held or read from the store on first use."""
 
 
 class InsufficientDataError(ValueError):
@@ -87,7 +91,7 @@ class InsufficientDataError(ValueError):
 
 # ---------------------------------------------------------------------------- rules on signals
 
-def kv_pressure(signals: SignalWindows, current_requests: int, baseline_requests: int) -> bool:
+def kv_pressure(signals: Signals, current_requests: int, baseline_requests: int) -> bool:
     """KV cache under pressure in the current window: usage p90 ≥ :data:`KV_PRESSURE_RATIO`;
     or usage p90 ≥ :data:`KV_HIGH_RATIO`, at least double the baseline's, with a deeper queue
     (the queue head is waiting for blocks); or more preemptions per request than in the
@@ -105,13 +109,13 @@ def kv_pressure(signals: SignalWindows, current_requests: int, baseline_requests
     return current > 0 and current > baseline
 
 
-def gpu_saturated(signals: SignalWindows) -> bool:
+def gpu_saturated(signals: Signals) -> bool:
     """Mean GPU utilization of the current window ≥ :data:`GPU_SATURATED_RATIO`."""
     utilization = signals.current.stat(GPU_UTILIZATION_RATIO)
     return utilization is not None and utilization >= GPU_SATURATED_RATIO
 
 
-def batch_grew(signals: SignalWindows) -> bool:
+def batch_grew(signals: Signals) -> bool:
     """Mean running requests grew by :data:`BATCH_GROWTH_RATIO` or more over the baseline."""
     current = signals.current.stat(RUNNING_REQUESTS)
     baseline = signals.baseline.stat(RUNNING_REQUESTS)
@@ -193,7 +197,10 @@ def cold_start_rows(current_rows: Rows, baseline_rows: Rows,
     catches a replica restarted under the same name.
     """
     current = as_window(current_rows)
-    known = set(as_window(baseline_rows).replica_spans())
+    known = as_window(baseline_rows).replicas()
+    startups = list(startups)
+    if not startups and current.replicas() <= known:
+        return {}  # no replica is new and none restarted: no spans to read
     spans = current.replica_spans()
     limit = timedelta(seconds=COLD_START_WINDOW_SECONDS)
     measured = [span for span in spans.values() if span is not None]
@@ -218,7 +225,7 @@ def cold_start_rows(current_rows: Rows, baseline_rows: Rows,
 def diagnose_from(
     current_rows: Rows,
     baseline_rows: Rows,
-    signals: SignalWindows | None = None,
+    signals: Signals | None = None,
     *,
     current_window: Window | None = None,
     baseline_window: Window | None = None,
@@ -268,7 +275,7 @@ def diagnose_from(
 
 def attribute(
     measure: str, current_rows: Rows, baseline_rows: Rows,
-    signals: SignalWindows, windows: tuple[Window | None, Window | None],
+    signals: Signals, windows: tuple[Window | None, Window | None],
     startups: Sequence[ReplicaStartup] = (),
 ) -> list[Cause]:
     """Share the growth of the tail band's mean ``measure`` among causes (module docstring)."""
@@ -281,6 +288,8 @@ def attribute(
     baseline_edge = baseline_rows.quantile(column, TAIL_QUANTILE)
     if current_edge is None or baseline_edge is None:
         return []
+    # Stored windows read both bands' sums and the queue time's quantiles in one scan.
+    prepare_attribution(current_rows, baseline_rows, measure, current_edge, baseline_edge)
     cold = {r.get("trace_id") for rows in cold_start_rows(current_rows, baseline_rows, startups).values()
             for r in rows}
     current_tail = current_rows.tail_sums(measure, current_edge, cold)
@@ -317,6 +326,9 @@ def attribute(
         for name, value in added.items() if value / total_added >= MIN_CAUSE_SHARE
     ]
     causes.sort(key=lambda c: -c.share)
+    # The columns the evidence quotes, read for both windows at once.
+    prefetch_quantiles(current_rows, baseline_rows,
+                       [column for cause in causes for column in _EVIDENCE_COLUMNS.get(cause.cause, ())])
     for cause in causes:
         _explain(cause, measure, current_rows, baseline_rows, signals, windows, startups)
     return causes
@@ -340,6 +352,12 @@ def _degradation_text(d: Degradation) -> str:
 
 
 _CPU_STAGE = {"tokenization": "tokenize_ns", "retrieval": "retrieval_ns", "network_hop": "network_ns"}
+_EVIDENCE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "tokenization": ("tokenize_ns",), "retrieval": ("retrieval_ns",), "network_hop": ("network_ns", "gateway_ns"),
+    "queueing": ("queue_ns",), "gpu_compute": ("queue_ns", "prefill_ns", "itl_ns"), "gpu_memory": ("queue_ns",),
+    "batching": ("queue_ns", "itl_ns", "decode_ns"),
+}
+"""The request columns whose quantiles :func:`_explain` quotes per cause."""
 _HELP = {
     "tokenization": "use a fast (Rust) tokenizer, cache tokenized prompts and tokenize off the event loop",
     "retrieval": "cache retrieval results, shrink top-k or the index, and give the retriever its own workers",
@@ -360,7 +378,7 @@ def _percent(value: float | None) -> str:
 
 
 def _explain(cause: Cause, measure: str, current_rows: RowsWindow | StoredWindow,
-             baseline_rows: RowsWindow | StoredWindow, signals: SignalWindows,
+             baseline_rows: RowsWindow | StoredWindow, signals: Signals,
              windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup] = ()) -> None:
     """Fill ``cause.evidence``, ``would_help`` and ``would_not_help`` with the numbers."""
     current_window, baseline_window = windows
@@ -438,7 +456,7 @@ def _explain(cause: Cause, measure: str, current_rows: RowsWindow | StoredWindow
         grown = f": running requests went from {before:.0f} to {after:.0f}" if before and after else ""
         cause.would_not_help.append(f"adding GPUs will not help while each one runs oversized batches{grown}")
     elif cause.cause == "cold_start":
-        serving = set(current_rows.replica_spans())
+        serving = current_rows.replicas()
         for startup in startups:
             if startup.replica in serving:
                 evidence("loading_seconds", "total", "seconds", None, startup.loading_seconds, startup.text())
@@ -461,27 +479,28 @@ def diagnose(
 ) -> Verdict:
     """Diagnose requests in ``[window_start, window_end)`` against ``[baseline_start, baseline_end)``.
 
-    Reads the ``ok`` requests (optionally of one ``endpoint``) of both windows as
-    :class:`~inferpath.analysis.request_window.StoredWindow` (counts and quantiles aggregated
-    in the store; only the tail band's and starting replicas' rows are read) and the
-    canonical engine/GPU signals of both windows, then applies :func:`diagnose_from`. Datetimes
+    Reads the ``ok`` requests (optionally of one ``endpoint``) of both windows as a
+    :meth:`~inferpath.analysis.request_window.StoredWindow.pair` (counts, quantiles and tail
+    sums aggregated in the store, both windows per scan; only starting replicas' rows are
+    read) and, when a measure degraded, the canonical engine/GPU signals of both windows
+    (:class:`~inferpath.analysis.signals.StoredSignalWindows`) and the start-up spans, then
+    applies :func:`diagnose_from`. Datetimes
     must be timezone-aware. Raises ``ValueError`` for an empty or reversed window and
     :class:`InsufficientDataError` for too few requests.
     """
     for name, start, end in (("window", window_start, window_end), ("baseline", baseline_start, baseline_end)):
         if unix_ns_from_datetime(end) <= unix_ns_from_datetime(start):
             raise ValueError(f"{name}_end must be after {name}_start")
-    current_rows = StoredWindow(store, start=window_start, end=window_end, endpoint=endpoint)
-    baseline_rows = StoredWindow(store, start=baseline_start, end=baseline_end, endpoint=endpoint)
-    signals = SignalWindows(
-        current=fetch_window_signals(store, window_start, window_end),
-        baseline=fetch_window_signals(store, baseline_start, baseline_end),
-    )
+    current_rows, baseline_rows = StoredWindow.pair(store, (window_start, window_end),
+                                                    (baseline_start, baseline_end), endpoint=endpoint)
+    # Signals and start-ups are read on first use: a healthy verdict, or one window with too
+    # few requests, needs neither.
+    signals = StoredSignalWindows(store, (window_start, window_end), (baseline_start, baseline_end))
     # A replica may finish loading a little before it takes its first request (readiness
     # probes, load-balancer updates): look back one cold-start window.
     lookback = timedelta(seconds=COLD_START_WINDOW_SECONDS)
-    startups = [s for s in fetch_startups(store, window_start - 2 * lookback, window_end)
-                if window_start - lookback <= s.ready_at < window_end]
+    startups = StoredStartups(store, window_start - 2 * lookback, window_end,
+                              ready_from=window_start - lookback, ready_before=window_end)
     return diagnose_from(current_rows, baseline_rows, signals,
                          current_window=(window_start, window_end), baseline_window=(baseline_start, baseline_end),
                          startups=startups)

@@ -5,11 +5,18 @@ count, exact quantiles of a dozen columns, the rows of the tail band (about a te
 rows of replicas that are starting. Two implementations answer the same questions:
 
 - :class:`RowsWindow` over request-row dicts held in Python (tests, other sources);
-- :class:`StoredWindow` over ``inferpath_requests`` (``FINAL``): counts and quantiles are
-  aggregated in ClickHouse (``quantilesExactInclusive``, type 7 like
-  :func:`inferpath.analysis.percentiles.quantile`), and only the tail band's and starting
-  replicas' rows are read. An hour of traffic at 50 requests/s is 180,000 rows; the tail is
-  18,000.
+- :class:`StoredWindow` over ``inferpath_requests`` (``FINAL``): counts, quantiles and the
+  tail band's sums are aggregated in ClickHouse (``quantilesExactInclusive``, type 7 like
+  :func:`inferpath.analysis.percentiles.quantile`), and only starting replicas' rows are
+  read. An hour of traffic at 50 requests/s is 180,000 rows; the tail is 18,000.
+
+The table is ordered by ``trace_id``, so a time filter skips little inside an hourly
+partition and a query costs about what the columns it reads cost. Hence
+:meth:`StoredWindow.pair`: the window and its baseline are read by the same scans
+(``-If`` combinators), and each scan reads only the columns the verdict needs so far —
+the three compared measures for a healthy verdict; the stages of the degraded measure
+when a cause is attributed (:func:`prepare_attribution`); the columns the evidence quotes
+(:func:`prefetch_quantiles`).
 
 Quantiles agree to float rounding (interpolated by ClickHouse instead of Python); a value
 never crosses a band edge because of it, as the values are integer nanoseconds.
@@ -32,6 +39,10 @@ WINDOW_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "ttft_ns"
 MEASURED_COLUMNS: tuple[str, ...] = tuple(c for c in WINDOW_COLUMNS if c.endswith("_ns"))
 QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.99)
 """The quantiles :class:`StoredWindow` computes in one pass; others cost a query each."""
+FIRST_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns")
+"""The columns every diagnosis reads (the measures compared at p99); a healthy verdict reads
+no other. Each column read costs about as much as the scan itself, so the stage columns
+wait until a cause is attributed."""
 
 
 @dataclass
@@ -103,6 +114,10 @@ class RowsWindow:
                 kept_sums[name] += item.stage_ns[name]
         return TailSums(count, total, sums, kept, kept_sums, excluded_total)
 
+    def replicas(self) -> set[Any]:
+        """The replicas serving the window's rows."""
+        return {row.get("replica") for row in self.rows}
+
     def replica_spans(self) -> dict[Any, tuple[datetime, datetime] | None]:
         """Replica -> (first, last) request time (``None`` when no row has a datetime)."""
         spans: dict[Any, tuple[datetime, datetime] | None] = {}
@@ -119,48 +134,155 @@ class RowsWindow:
         return [r for r in self.rows if r.get("replica") in wanted]
 
 
+class _StoredAggregates:
+    """Counts, exact quantiles, tail-band sums and replica spans of one or more windows of
+    ``inferpath_requests FINAL``, each kind read for every window in one scan (``-If``
+    combinators over the union of the windows).
+
+    The first pass (at construction) holds what every diagnosis needs: the row counts, the
+    replica sets and the quantiles of :data:`FIRST_COLUMNS`, the measures compared at p99. A
+    healthy verdict stops there. :func:`prepare_attribution` reads the tail-band sums and the
+    queue time's quantiles in one more scan; :func:`prefetch_quantiles`
+    reads the columns the evidence will quote in one scan; any other column's quantiles are
+    read (for every window) on first use.
+    """
+
+    def __init__(self, store: Any, windows: Sequence[tuple[datetime, datetime]], endpoint: str | None) -> None:
+        self.store = store
+        self.windows = list(windows)
+        union_start, union_end = min(w[0] for w in windows), max(w[1] for w in windows)
+        where, self.parameters = request_filter(start=union_start, end=union_end, endpoint=endpoint)
+        self.conditions: list[str] = []
+        for index, (start, end) in enumerate(self.windows):
+            self.parameters |= {f"start_{index}": start, f"end_{index}": end}
+            self.conditions.append(f"(timestamp >= {{start_{index}:DateTime64(9)}}"
+                                   f" AND timestamp < {{end_{index}:DateTime64(9)}})")
+        # Windows that do not touch leave a gap in the union: the OR keeps its partitions out.
+        self.where = f"{where} AND ({' OR '.join(self.conditions)})"
+        self.counts: list[int] = []
+        self.measured: list[dict[str, int]] = [{} for _ in self.windows]
+        self.quantiles: list[dict[tuple[str, float], float | None]] = [{} for _ in self.windows]
+        self.tails: dict[tuple[int, str, float], tuple[int, int, dict[str, int]]] = {}
+        self.spans: list[dict[Any, tuple[datetime, datetime] | None]] | None = None
+        # The replica set rides along (a LowCardinality column costs little): with no new
+        # replica and no start-up, the cold-start rule needs no replica spans.
+        row = self._select([f"countIf({c})" for c in self.conditions]
+                           + [f"groupUniqArrayIf(replica, {c})" for c in self.conditions], FIRST_COLUMNS)
+        windows = len(self.windows)
+        self.counts = [int(v) for v in row[:windows]]
+        self.replicas: list[list[Any]] = [list(v) for v in row[windows:2 * windows]]
+        self._read_quantiles(row[2 * windows:], FIRST_COLUMNS)
+
+    def _quantile_aggregates(self, columns: Sequence[str]) -> list[str]:
+        levels = ", ".join(repr(q) for q in QUANTILE_LEVELS)
+        return [aggregate for column in columns for condition in self.conditions for aggregate in (
+            f"countIf({column} IS NOT NULL AND {condition})",
+            f"quantilesExactInclusiveIf({levels})({column}, {condition})")]
+
+    def _select(self, head: list[str], columns: Sequence[str], parameters: Mapping[str, Any] | None = None) -> tuple:
+        aggregates = ", ".join([*head, *self._quantile_aggregates(columns)])
+        return self.store.query(f"SELECT {aggregates} FROM inferpath_requests FINAL WHERE {self.where}"
+                                f"{FINAL_SETTINGS}", self.parameters | dict(parameters or {}))[0]
+
+    def _read_quantiles(self, values: Sequence[Any], columns: Sequence[str]) -> None:
+        position = 0
+        for column in columns:
+            for index in range(len(self.windows)):
+                count, quantiles = int(values[position]), values[position + 1]
+                position += 2
+                self.measured[index][column] = count
+                for q, value in zip(QUANTILE_LEVELS, quantiles):
+                    self.quantiles[index][(column, q)] = float(value) if count else None
+
+    def _read_spans(self) -> None:
+        # One GROUP BY replica for every window (inside the other scans it would split their
+        # aggregates per replica, and key/value arrays per row cost more than this query).
+        bounds = ", ".join(f"minIf(timestamp, {c}), maxIf(timestamp, {c}), countIf({c})" for c in self.conditions)
+        rows = self.store.query(f"SELECT replica, {bounds} FROM inferpath_requests FINAL WHERE {self.where}"
+                                f" GROUP BY replica{FINAL_SETTINGS}", self.parameters)
+        self.spans = [{row[0]: (row[1 + 3 * i], row[2 + 3 * i]) for row in rows if row[3 + 3 * i]}
+                      for i in range(len(self.windows))]
+
+    def load_rest(self, columns: Sequence[str] = (), tails: Mapping[int, tuple[str, float]] | None = None,
+                  spans: bool = False) -> None:
+        """Quantiles of ``columns`` not read yet and, per window index in ``tails``, the
+        tail-band sums of ``(measure, edge)``, in one scan (none when there is nothing to
+        read); with ``spans``, each window's replica spans (one more query, once)."""
+        columns = [c for c in columns if c not in self.measured[0]]
+        head: list[str] = []
+        parameters: dict[str, Any] = {}
+        tail_layout: list[tuple[int, str, float, tuple[str, ...]]] = []
+        for index, (measure, edge) in sorted((tails or {}).items()):
+            stages = measure_stages(measure)
+            in_tail = f"({self.conditions[index]} AND {measure}_ns >= {{edge_{index}:Float64}})"
+            parameters[f"edge_{index}"] = float(edge)
+            head += [f"countIf({in_tail})", f"sumIf(assumeNotNull({measure}_ns), {in_tail})",
+                     *(f"sumIf(coalesce({s}_ns, 0), {in_tail})" for s in stages)]
+            tail_layout.append((index, measure, float(edge), stages))
+        if spans and self.spans is None:
+            self._read_spans()
+        if not head and not columns:
+            return
+        row = self._select(head, columns, parameters)
+        position = 0
+        for index, measure, edge, stages in tail_layout:
+            count, total = int(row[position]), int(row[position + 1])
+            sums = {s: int(v) for s, v in zip(stages, row[position + 2:position + 2 + len(stages)])}
+            self.tails[(index, measure, edge)] = (count, total, sums)
+            position += 2 + len(stages)
+        if columns:
+            self._read_quantiles(row[position:], columns)
+
+
 class StoredWindow:
     """The ``ok`` request rows with ``start ≤ timestamp < end`` (of ``endpoint`` when given)
     in ``store``, answered by aggregate queries. Datetimes must be timezone-aware
     (``ValueError`` from the store otherwise). One query at construction reads the count and
-    :data:`QUANTILE_LEVELS` of every measured column; the replica spans are read on first use."""
+    :data:`QUANTILE_LEVELS` of :data:`FIRST_COLUMNS`; the other columns' quantiles come in one
+    more query on first use, the replica spans on first use. :meth:`pair` reads two windows
+    with the same queries."""
 
-    def __init__(self, store: Any, *, start: datetime, end: datetime, endpoint: str | None = None) -> None:
+    def __init__(self, store: Any, *, start: datetime, end: datetime, endpoint: str | None = None,
+                 _aggregates: _StoredAggregates | None = None, _index: int = 0) -> None:
         self.store, self.start, self.end, self.endpoint = store, start, end, endpoint
         self._where, self._parameters = request_filter(start=start, end=end, endpoint=endpoint)
-        levels = ", ".join(repr(q) for q in QUANTILE_LEVELS)
-        aggregates = ", ".join(f"count({c}), quantilesExactInclusive({levels})({c})" for c in MEASURED_COLUMNS)
-        row = store.query(f"SELECT count(), {aggregates} FROM inferpath_requests FINAL WHERE {self._where}"
-                          f"{FINAL_SETTINGS}",
-                          self._parameters)[0]
-        self._count = int(row[0])
-        self._measured: dict[str, int] = {}
-        self._quantiles: dict[tuple[str, float], float | None] = {}
-        for index, column in enumerate(MEASURED_COLUMNS):
-            count, values = int(row[1 + 2 * index]), row[2 + 2 * index]
-            self._measured[column] = count
-            for q, value in zip(QUANTILE_LEVELS, values):
-                self._quantiles[(column, q)] = float(value) if count else None
-        self._spans: dict[Any, tuple[datetime, datetime] | None] | None = None
+        self._aggregates = _aggregates or _StoredAggregates(store, [(start, end)], endpoint)
+        self._index = _index
+        self._count = self._aggregates.counts[_index]
+
+    @classmethod
+    def pair(cls, store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime],
+             endpoint: str | None = None) -> tuple["StoredWindow", "StoredWindow"]:
+        """``(current, baseline)`` windows whose aggregates are read together: one scan per
+        pass over both windows instead of one per window. ``current`` / ``baseline``:
+        ``(start, end)`` aware datetimes; they may overlap or be apart."""
+        aggregates = _StoredAggregates(store, [current, baseline], endpoint)
+        return (cls(store, start=current[0], end=current[1], endpoint=endpoint, _aggregates=aggregates, _index=0),
+                cls(store, start=baseline[0], end=baseline[1], endpoint=endpoint, _aggregates=aggregates, _index=1))
 
     def __len__(self) -> int:
         return self._count
 
     def measured(self, column: str) -> int:
         """Rows with a value in ``column`` (one of :data:`MEASURED_COLUMNS`, ``KeyError`` otherwise)."""
-        return self._measured[column]
+        if column in MEASURED_COLUMNS and column not in self._aggregates.measured[self._index]:
+            self._aggregates.load_rest([column])
+        return self._aggregates.measured[self._index][column]
 
     def quantile(self, column: str, q: float) -> float | None:
         """Exact ``q``-quantile (type 7) of ``column``; ``None`` when no row measured it."""
+        if column not in MEASURED_COLUMNS:
+            raise ValueError(f"column: {column!r} is not one of {MEASURED_COLUMNS}")
+        cache = self._aggregates.quantiles[self._index]
         key = (column, q)
-        if key not in self._quantiles:
-            if column not in MEASURED_COLUMNS:
-                raise ValueError(f"column: {column!r} is not one of {MEASURED_COLUMNS}")
+        if key not in cache and q in QUANTILE_LEVELS:
+            self._aggregates.load_rest([column])
+        if key not in cache:
             value = self.store.query(
                 f"SELECT quantileExactInclusive({float(q)!r})({column}) FROM inferpath_requests FINAL"
                 f" WHERE {self._where} AND {column} IS NOT NULL{FINAL_SETTINGS}", self._parameters)[0][0]
-            self._quantiles[key] = float(value) if self._measured[column] else None
-        return self._quantiles[key]
+            cache[key] = float(value) if self.measured(column) else None
+        return cache[key]
 
     def rows_at_or_above(self, column: str, edge: float) -> list[Mapping[str, Any]]:
         """Rows (dicts of :data:`WINDOW_COLUMNS`) whose ``column`` is ``≥ edge``, oldest first."""
@@ -172,39 +294,61 @@ class StoredWindow:
 
     def tail_sums(self, measure: str, edge: float, exclude: Iterable[str] = ()) -> TailSums:
         """:class:`TailSums` of the rows whose ``<measure>_ns`` is ``≥ edge``, summed in the
-        store (``Int64`` sums are exact, so they equal :meth:`RowsWindow.tail_sums`)."""
+        store (``Int64`` sums are exact, so they equal :meth:`RowsWindow.tail_sums`). Uses the
+        band's sums read by :func:`prepare_attribution` when there are any; the excluded rows
+        are then summed apart (looked up by ``trace_id``, the table's key) and taken off."""
+        stages = measure_stages(measure)
+        excluded = sorted(set(exclude))
+        cached = self._aggregates.tails.get((self._index, measure, float(edge)))
+        if cached is None:
+            count, total, stage_sum, kept, kept_sum, excluded_total = self._tail_query(measure, edge, excluded)
+        else:
+            count, total, stage_sum = cached[0], cached[1], dict(cached[2])
+            kept, kept_sum, excluded_total = count, dict(stage_sum), 0
+            if excluded:
+                out_count, out_total, out_sum, *_ = self._tail_query(measure, edge, [], only=excluded)
+                kept, excluded_total = count - out_count, out_total
+                kept_sum = {s: stage_sum[s] - out_sum[s] for s in stages}
+        kept_total = sum(kept_sum[s] for s in stages)
+        stage_sum[REST] = total - sum(stage_sum[s] for s in stages)
+        kept_sum[REST] = (total - excluded_total) - kept_total
+        return TailSums(count, total, stage_sum, kept, kept_sum, excluded_total)
+
+    def _tail_query(self, measure: str, edge: float, exclude: Sequence[str],
+                    only: Sequence[str] | None = None) -> tuple[int, int, dict[str, int], int, dict[str, int], int]:
+        """(count, total, stage sums, kept count, kept stage sums, excluded total) of the band,
+        over the rows whose ``trace_id`` is in ``only`` when given."""
         stages = measure_stages(measure)
         column = f"{measure}_ns"
         stage_values = ", ".join(f"coalesce({s}_ns, 0) AS {s}" for s in stages)
         sums = ", ".join(f"sum({s})" for s in stages)
         kept_sums = ", ".join(f"sumIf({s}, kept)" for s in stages)
+        among = " AND trace_id IN {only:Array(String)}" if only is not None else ""
         sql = (
             f"SELECT count(), sum(total), {sums}, countIf(kept), {kept_sums}, sumIf(total, NOT kept)"
             f" FROM (SELECT assumeNotNull({column}) AS total, {stage_values},"
             "  NOT has({exclude:Array(String)}, trace_id) AS kept"
-            f"  FROM inferpath_requests FINAL WHERE {self._where} AND {column} >= {{edge:Float64}})"
+            f"  FROM inferpath_requests FINAL WHERE {self._where} AND {column} >= {{edge:Float64}}{among})"
             f"{FINAL_SETTINGS}"
         )
-        row = self.store.query(sql, self._parameters | {"edge": float(edge),
-                                                       "exclude": sorted(set(exclude))})[0]
+        parameters = self._parameters | {"edge": float(edge), "exclude": list(exclude)}
+        if only is not None:
+            parameters["only"] = list(only)
+        row = self.store.query(sql, parameters)[0]
         n = len(stages)
-        count, total = int(row[0]), int(row[1])
         stage_sum = {s: int(v) for s, v in zip(stages, row[2:2 + n])}
-        kept, kept_sum = int(row[2 + n]), {s: int(v) for s, v in zip(stages, row[3 + n:3 + 2 * n])}
-        kept_total = sum(int(v) for v in row[3 + n:3 + 2 * n])
-        excluded_total = int(row[3 + 2 * n])
-        stage_sum[REST] = total - sum(stage_sum[s] for s in stages)
-        kept_sum[REST] = (total - excluded_total) - kept_total
-        return TailSums(count, total, stage_sum, kept, kept_sum, excluded_total)
+        kept_sum = {s: int(v) for s, v in zip(stages, row[3 + n:3 + 2 * n])}
+        return int(row[0]), int(row[1]), stage_sum, int(row[2 + n]), kept_sum, int(row[3 + 2 * n])
+
+    def replicas(self) -> set[Any]:
+        """The replicas serving the window's rows (read with the first pass)."""
+        return set(self._aggregates.replicas[self._index])
 
     def replica_spans(self) -> dict[Any, tuple[datetime, datetime] | None]:
         """Replica -> (first, last) request time."""
-        if self._spans is None:
-            rows = self.store.query(
-                f"SELECT replica, min(timestamp), max(timestamp) FROM inferpath_requests FINAL"
-                f" WHERE {self._where} GROUP BY replica{FINAL_SETTINGS}", self._parameters)
-            self._spans = {replica: (first, last) for replica, first, last in rows}
-        return self._spans
+        if self._aggregates.spans is None:
+            self._aggregates.load_rest(spans=True)
+        return self._aggregates.spans[self._index]  # type: ignore[index]
 
     def rows_of(self, replicas: Iterable[Any]) -> list[Mapping[str, Any]]:
         """The rows (dicts of :data:`WINDOW_COLUMNS`) of ``replicas``, oldest first."""
@@ -215,6 +359,36 @@ class StoredWindow:
             f"SELECT {', '.join(WINDOW_COLUMNS)} FROM inferpath_requests FINAL WHERE {self._where}"
             f" AND replica IN {{replicas:Array(String)}} ORDER BY timestamp{FINAL_SETTINGS}",
             self._parameters | {"replicas": wanted})
+
+
+def prepare_attribution(current: "RequestWindow", baseline: "RequestWindow", measure: str,
+                        current_edge: float, baseline_edge: float) -> None:
+    """Read, in one scan, what attributing ``measure``'s growth needs from two stored windows
+    made by :meth:`StoredWindow.pair`: the tail-band sums at each window's edge (ns) and the
+    queue time's quantiles. Later calls of :meth:`StoredWindow.tail_sums` and the queue
+    time's :meth:`~StoredWindow.quantile` are then answered from memory. Windows held in Python,
+    or stored windows read apart, need nothing: the call does nothing for them."""
+    if not (isinstance(current, StoredWindow) and isinstance(baseline, StoredWindow)):
+        return
+    if current._aggregates is not baseline._aggregates:
+        return
+    # The queue time's quantiles ride along: the batching-window rule always reads them.
+    current._aggregates.load_rest(["queue_ns"], tails={current._index: (measure, float(current_edge)),
+                                                       baseline._index: (measure, float(baseline_edge))})
+
+
+def prefetch_quantiles(current: "RequestWindow", baseline: "RequestWindow", columns: Iterable[str]) -> None:
+    """Read the :data:`QUANTILE_LEVELS` of ``columns`` (of :data:`MEASURED_COLUMNS`) for two
+    stored windows made by :meth:`StoredWindow.pair` in one scan, rather than one scan per
+    column on first use. Does nothing for other windows. Raises ``ValueError`` for an
+    unknown column."""
+    wanted = list(dict.fromkeys(columns))
+    for column in wanted:
+        if column not in MEASURED_COLUMNS:
+            raise ValueError(f"column: {column!r} is not one of {MEASURED_COLUMNS}")
+    if (isinstance(current, StoredWindow) and isinstance(baseline, StoredWindow)
+            and current._aggregates is baseline._aggregates):
+        current._aggregates.load_rest(wanted)
 
 
 RequestWindow = RowsWindow | StoredWindow
@@ -228,5 +402,5 @@ def as_window(rows: RequestWindow | Sequence[Mapping[str, Any]]) -> RequestWindo
     return RowsWindow(rows)
 
 
-__all__ = ["MEASURED_COLUMNS", "QUANTILE_LEVELS", "RequestWindow", "RowsWindow", "StoredWindow",
-           "TailSums", "WINDOW_COLUMNS", "as_window"]
+__all__ = ["FIRST_COLUMNS", "MEASURED_COLUMNS", "QUANTILE_LEVELS", "RequestWindow", "RowsWindow", "StoredWindow",
+           "TailSums", "WINDOW_COLUMNS", "as_window", "prefetch_quantiles", "prepare_attribution"]

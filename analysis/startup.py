@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 STARTUP_ROOT_SPAN = "Overall Loading"
 """Name of the root span of a vLLM start-up trace."""
@@ -89,17 +89,48 @@ def startups_from_spans(spans: Iterable[Mapping[str, Any]]) -> list[ReplicaStart
 def fetch_startups(store: Any, start: datetime, end: datetime) -> list[ReplicaStartup]:
     """Start-ups whose ``Overall Loading`` span began in ``[start, end)`` (aware datetimes),
     with every span of their traces, from ``otel_traces``."""
-    sql = (
+    # The roots first: a window without a start-up (the usual case) then costs one index
+    # read of the span-name key, not a scan for trace ids over every span of the window.
+    roots = store.query("SELECT DISTINCT TraceId FROM otel_traces WHERE SpanName = {root:String}"
+                        " AND Timestamp >= {start:DateTime64(9)} AND Timestamp < {end:DateTime64(9)}",
+                        {"root": STARTUP_ROOT_SPAN, "start": start, "end": end})
+    if not roots:
+        return []
+    rows = store.query(
         "SELECT TraceId, SpanId, ParentSpanId, SpanName, Timestamp, Duration, ServiceName, ResourceAttributes"
-        " FROM otel_traces WHERE TraceId IN ("
-        "  SELECT TraceId FROM otel_traces WHERE SpanName = {root:String}"
-        "  AND Timestamp >= {start:DateTime64(9)} AND Timestamp < {end:DateTime64(9)})"
-    )
-    rows = store.query(sql, {"root": STARTUP_ROOT_SPAN, "start": start, "end": end})
+        " FROM otel_traces WHERE TraceId IN {traces:Array(String)}", {"traces": [r[0] for r in roots]})
     spans = [{"trace_id": t, "span_id": s, "parent_span_id": p, "span_name": n, "timestamp": ts,
               "duration_ns": int(d), "service_name": svc, "resource_attributes": dict(res or {})}
              for t, s, p, n, ts, d, svc, res in rows]
     return [s for s in startups_from_spans(spans) if start <= s.started_at < end]
 
 
-__all__ = ["REPLICA_ATTRIBUTES", "STARTUP_ROOT_SPAN", "ReplicaStartup", "fetch_startups", "startups_from_spans"]
+class StoredStartups:
+    """The start-ups of :func:`fetch_startups` over ``[start, end)`` whose ``ready_at`` lies in
+    ``[ready_from, ready_before)``, read from the store on first iteration (a healthy
+    diagnosis never asks). Iterable and sized like the list it stands for, oldest first."""
+
+    def __init__(self, store: Any, start: datetime, end: datetime, *,
+                 ready_from: datetime, ready_before: datetime) -> None:
+        self.store, self.start, self.end = store, start, end
+        self.ready_from, self.ready_before = ready_from, ready_before
+        self._startups: list[ReplicaStartup] | None = None
+
+    def _read(self) -> list[ReplicaStartup]:
+        if self._startups is None:
+            self._startups = [s for s in fetch_startups(self.store, self.start, self.end)
+                              if self.ready_from <= s.ready_at < self.ready_before]
+        return self._startups
+
+    def __iter__(self) -> Iterator[ReplicaStartup]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __getitem__(self, index: int) -> ReplicaStartup:
+        return self._read()[index]
+
+
+__all__ = ["REPLICA_ATTRIBUTES", "STARTUP_ROOT_SPAN", "ReplicaStartup", "StoredStartups", "fetch_startups",
+           "startups_from_spans"]
