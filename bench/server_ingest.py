@@ -10,7 +10,9 @@ In one run, alternating so that both sides see the same background load of the m
 2. server phase: the server (``python -m inferpath.server``, its own process, a fresh chDB
    folder) takes ``--clients`` concurrent exporters posting those pre-built protobuf bodies
    for ``--seconds / --rounds``; every body is retried until its 200, as an OTLP exporter
-   does. Throughput = spans acknowledged (200 = committed) per second of server phase.
+   does. Throughput = spans acknowledged per second of server phase (200 = committed to
+   the store, or to the server's span log, whose un-inserted backlog is bounded to ~0.5 s
+   of inserts; loss and duplicates are counted after the server drained it at stop).
    Meanwhile a probe posts a one-span trace every 200 ms, with the span's end = now, and
    polls ``GET /api/v1/traces/{id}`` until it is there: span end → visible latency.
 

@@ -30,6 +30,9 @@ ENV_MAX_INFLIGHT_BYTES = "INFERPATH_MAX_INFLIGHT_BYTES"
 ENV_STORE_RETRY_AFTER_SECONDS = "INFERPATH_STORE_RETRY_AFTER_SECONDS"
 ENV_ROLLUP_INTERVAL_SECONDS = "INFERPATH_ROLLUP_INTERVAL_SECONDS"
 ENV_ROLLUP_MIN_WINDOW_SECONDS = "INFERPATH_ROLLUP_MIN_WINDOW_SECONDS"
+ENV_SPAN_LOG = "INFERPATH_SPAN_LOG"
+ENV_SPAN_LOG_DIR = "INFERPATH_SPAN_LOG_DIR"
+ENV_SPAN_LOG_MAX_BACKLOG_BYTES = "INFERPATH_SPAN_LOG_MAX_BACKLOG_BYTES"
 
 _ENV_BY_FIELD = {
     "store_url": ENV_STORE,
@@ -50,6 +53,9 @@ _ENV_BY_FIELD = {
     "store_retry_after_seconds": ENV_STORE_RETRY_AFTER_SECONDS,
     "rollup_interval_seconds": ENV_ROLLUP_INTERVAL_SECONDS,
     "rollup_min_window_seconds": ENV_ROLLUP_MIN_WINDOW_SECONDS,
+    "span_log": ENV_SPAN_LOG,
+    "span_log_dir": ENV_SPAN_LOG_DIR,
+    "span_log_max_backlog_bytes": ENV_SPAN_LOG_MAX_BACKLOG_BYTES,
 }
 
 
@@ -110,6 +116,14 @@ class Settings(BaseModel):
     max_inflight_requests: int = Field(64, ge=1)
     max_inflight_bytes: int = Field(256 * 1024 * 1024, ge=1024)
     store_retry_after_seconds: float = Field(1.0, gt=0, le=30)
+    # Span exports are answered 200 once appended to a write-ahead log and inserted in large
+    # blocks by one thread (server/log_ingest.py). The log lives in the chDB folder; for a
+    # ClickHouse server only when span_log_dir names a folder (else each export is inserted
+    # before its 200). An export that would take the un-inserted backlog past
+    # span_log_max_backlog_bytes (body bytes) is answered 503 with Retry-After.
+    span_log: bool = True
+    span_log_dir: str | None = None
+    span_log_max_backlog_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
 
     @field_validator("scrape_targets", mode="before")
     @classmethod

@@ -152,7 +152,8 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             return _status_response(400, _INVALID_ARGUMENT, f"could not decode body: {exc}", fmt)
         token = dedup_token(signal, content_type, content_encoding, body)
         if signal == "traces":
-            result = await run_in_threadpool(runtime.ingest_spans, decoded, token)
+            result = await run_in_threadpool(runtime.ingest_spans, decoded, token, body, content_type,
+                                              content_encoding)
             response = ExportTraceServiceResponse()
             if decoded.rejected_spans:
                 response.partial_success.rejected_spans = decoded.rejected_spans

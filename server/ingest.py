@@ -271,6 +271,22 @@ class DurableIngest:
             self.peak_inflight_bytes = max(self.peak_inflight_bytes, self.inflight_bytes)
         return _Admission(self, body_bytes)
 
+    def refusal(self) -> CommitResult | None:
+        """The 503 answer while the store backs off after an error (``unavailable``, with the
+        seconds left as ``retry_after_seconds``); ``None`` when inserts may be tried."""
+        with self._lock:
+            now = self._clock()
+            if now < self._unavailable_until:
+                return self._unavailable(now)
+        return None
+
+    def insert_block(self, inserts: Sequence[TableRows], token: str | None, exports: int = 1) -> CommitResult:
+        """Insert each table's rows as ONE block with dedup token ``{token}:{table}``, counted
+        as ``exports`` committed exports; never raises. The insert of the span log's drainer
+        (:mod:`inferpath.server.log_ingest`): the same back-off, error classification and
+        counters as a receiver's own commit, without grouping or the commit journal."""
+        return self._commit_alone(inserts, token, exports)
+
     def _release(self, body_bytes: int) -> None:
         with self._lock:
             self.inflight_requests -= 1

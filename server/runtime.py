@@ -20,12 +20,16 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from inferpath.config import Settings
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
 from inferpath.server.ingest import CommitResult, DurableIngest, TableRows
+from inferpath.server.log_ingest import LoggedSpanIngest
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans
 from inferpath.server.scrape import ScrapeLoop
+from inferpath.server.span_log import SpanLog
+from inferpath.storage import gauge_rollup
 from inferpath.storage.reader import Reader
 from inferpath.storage.repair import repair_trace_id_index
 from inferpath.storage.rollup import RefreshResult, RollupRefresher
@@ -44,6 +48,8 @@ __all__ = ["ServerRuntime", "RunningServer", "serve_in_thread", "serve_forever",
 logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_SECONDS = 30.0
+# The span log's folder inside the chDB data folder (see span_log.py).
+SPAN_LOG_FOLDER_NAME = "inferpath_span_log"
 
 
 class ServerRuntime:
@@ -82,6 +88,8 @@ class ServerRuntime:
             settle_seconds=settings.assembly_settle_seconds,
             writer=self.writers[REQUESTS_TABLE],
         )
+        # Span exports: 200 once logged, inserted in large blocks by one thread (log_ingest.py).
+        self.span_log_ingest = self._open_span_log(settings)
         self.scrape_loop = ScrapeLoop(
             settings.scrape_targets,
             self.writers["otel_metrics_gauge"],
@@ -99,6 +107,26 @@ class ServerRuntime:
         self.data_points_rejected_total = 0
         self.data_points_dropped_total = 0
         self.bad_requests_total = 0
+
+    def _open_span_log(self, settings: Settings) -> LoggedSpanIngest | None:
+        """The span log in ``settings.span_log_dir`` or the chDB folder; ``None`` when off,
+        for a ClickHouse server without a folder, or when the folder is unusable (then
+        every export is inserted before its 200, as without the log)."""
+        if not settings.span_log:
+            return None
+        if settings.span_log_dir:
+            folder = Path(settings.span_log_dir)
+        elif self.store.url.kind == "chdb" and self.store.url.path is not None:
+            folder = self.store.url.path / SPAN_LOG_FOLDER_NAME
+        else:
+            return None
+        try:
+            log = SpanLog(folder)
+        except (OSError, ValueError) as exc:
+            logger.warning("span log %s unusable (%s); inserting every export before its 200", folder, exc)
+            return None
+        return LoggedSpanIngest(self.ingest, log, on_committed=self.assembler.note_spans,
+                                max_backlog_bytes=settings.span_log_max_backlog_bytes)
 
     def oldest_storable_unix_ns(self, table: str) -> int:
         """Unix ns before which ``table``'s TTL drops a row at insert (0: no TTL found).
@@ -135,26 +163,42 @@ class ServerRuntime:
             logger.warning("could not check the trace-id bounds of recent traces: %s", exc)
         self.assembler.recover()
         self.assembler.start()
+        if self.span_log_ingest is not None:
+            self.span_log_ingest.start()
         self.scrape_loop.start()
         self.rollups.start()
+        gauge_rollup.backfill_quietly(self.store)  # gauges stored before schema 011 (storage/gauge_rollup.py)
         from inferpath.alerts.service import start_alerts  # alert rules: INFERPATH_ALERT_RULES
 
         self.alerts = start_alerts(self.store, self.settings)
 
     def refresh_rollups(self) -> RefreshResult:
-        """Bring the per-minute request rollups up to date now (the thread does it every
-        ``rollup_interval_seconds``); raises what the store raises."""
+        """Bring the per-minute request and hop rollups up to date now (the thread does it
+        every ``rollup_interval_seconds``); raises what the store raises."""
         return self.rollups.refresh_now()
 
     # ------------------------------------------------------------------ ingest
-    def ingest_spans(self, decoded: DecodedSpans, dedup_token: str | None = None) -> CommitResult:
-        """Commit decoded spans to ``otel_traces`` and hand them to the assembler.
+    def ingest_spans(self, decoded: DecodedSpans, dedup_token: str | None = None, body: bytes | None = None,
+                     content_type: str | None = None, content_encoding: str | None = None) -> CommitResult:
+        """Commit decoded spans durably and hand them to the assembler once in ``otel_traces``.
 
-        Blocks until the insert returned. ``dedup_token`` (see
+        With the span log and the export's ``body`` (``content_type``/``content_encoding`` as
+        received), the export is committed once logged and inserted later by the log's
+        drainer, which notes the spans (:mod:`~inferpath.server.log_ingest`); otherwise this
+        blocks until the insert returned. ``dedup_token`` (see
         :func:`~inferpath.server.ingest.dedup_token`) makes a retried export a no-op.
-        Returns the :class:`CommitResult` (not ``ok``: nothing was noted, the client
+        Returns the :class:`CommitResult` (not ``ok``: nothing was kept, the client
         retries). Never raises.
         """
+        if self.span_log_ingest is not None and body is not None and dedup_token is not None:
+            result = self.span_log_ingest.accept(decoded.spans, dedup_token, body, content_type, content_encoding)
+            with self._lock:
+                self.spans_rejected_total += decoded.rejected_spans
+                if result.ok:
+                    self.spans_received_total += len(decoded.spans)
+                else:
+                    self.spans_dropped_total += len(decoded.spans)
+            return result
         rows = [span.to_insert_row() for span in decoded.spans]
         result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows)], dedup_token)
         with self._lock:
@@ -199,6 +243,8 @@ class ServerRuntime:
         deadline = time.monotonic() + timeout_seconds
         left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
         ok = True
+        if self.span_log_ingest is not None:  # logged spans into otel_traces (and noted) first
+            ok = self.span_log_ingest.flush(left())
         for table, writer in self.writers.items():
             if table != REQUESTS_TABLE:
                 ok = writer.flush(left()) and ok
@@ -211,7 +257,8 @@ class ServerRuntime:
             ok = False
         return {
             "ok": ok,
-            # Exports are committed before their 200: received == inserted.
+            # Exports are committed (inserted or logged) before their 200; after the log's
+            # flush above, received == inserted unless ok is False.
             "spans_inserted_total": self.spans_received_total,
             "data_points_inserted_total": self.data_points_received_total + sum(
                 self.writers[t].rows_inserted_total for t in ("otel_metrics_gauge", "otel_metrics_sum")),
@@ -229,6 +276,8 @@ class ServerRuntime:
         self.rollups.stop(timeout_seconds)
         if getattr(self, "alerts", None) is not None:
             self.alerts.stop()
+        if self.span_log_ingest is not None:  # drain the log; what the store refuses stays in it
+            self.span_log_ingest.close(timeout_seconds)
         try:
             self.assembler.stop(timeout_seconds)  # final forced pass; flushes spans first
         finally:

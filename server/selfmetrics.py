@@ -87,6 +87,8 @@ class RuntimeCollector:
             families["queue"].add_metric([table], writer.queue_rows)
         yield from families.values()
         yield from _ingest_metrics(rt.ingest)
+        if getattr(rt, "span_log_ingest", None) is not None:
+            yield from _span_log_metrics(rt.span_log_ingest)
         if getattr(rt, "alerts", None) is not None:
             from inferpath.alerts.metrics import alert_metric_families
 
@@ -117,6 +119,31 @@ def _ingest_metrics(ingest) -> Iterator[Metric]:
     yield HistogramMetricFamily("inferpath_ingest_insert_seconds", "Latency of committed OTLP inserts "
                                 "(one per table and export), seconds.", buckets=buckets,
                                 sum_value=ingest.insert_seconds_sum)
+
+
+def _span_log_metrics(log_ingest) -> Iterator[Metric]:
+    for name, doc, value in (
+        ("inferpath_span_log_exports", "Span exports appended to the write-ahead log (answered 200).",
+         log_ingest.appended_total),
+        ("inferpath_span_log_duplicate_exports", "Retries of logged exports answered 200 without a record.",
+         log_ingest.duplicate_exports_total),
+        ("inferpath_span_log_refused_backlog_full", "Exports refused with 503: the backlog bound was reached.",
+         log_ingest.backlog_full_total),
+        ("inferpath_span_log_append_errors", "Appends that failed (answered 503).", log_ingest.log_errors_total),
+        ("inferpath_span_log_inserts", "Inserts made by the log's drainer.", log_ingest.inserts_total),
+        ("inferpath_span_log_inserted_spans", "Spans inserted by the log's drainer.",
+         log_ingest.inserted_spans_total),
+        ("inferpath_span_log_refused_spans", "Logged spans the store refused for their data (dropped).",
+         log_ingest.refused_spans_total),
+        ("inferpath_span_log_recovered_spans", "Spans queued again from the log at start-up.",
+         log_ingest.recovered_spans_total),
+    ):
+        yield CounterMetricFamily(name, doc, value=value)
+    # The ingest queue depth: what was acknowledged and is not yet in otel_traces.
+    yield GaugeMetricFamily("inferpath_span_log_backlog_bytes", "Log bytes not yet inserted.",
+                            value=log_ingest.backlog_bytes)
+    yield GaugeMetricFamily("inferpath_span_log_backlog_spans", "Spans logged, not yet inserted.",
+                            value=log_ingest.backlog_spans)
 
 
 def make_registry(runtime: "ServerRuntime") -> CollectorRegistry:

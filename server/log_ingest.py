@@ -1,0 +1,412 @@
+"""Span exports acknowledged once logged, inserted by one drainer thread in large blocks.
+
+embedded chDB pays ~20-30 ms per INSERT whatever its size (bench/README.md, server_ingest),
+so rows per insert decide the ingest rate: ~31 µs per row at 1000 rows, ~5 µs at 16 000.
+A receiver that inserts before answering gets at most the rows of the exports that happen to
+be in flight together. This module decouples the two, as the issue allows ("a 200 once the
+data is committed to the store or to a durable queue"):
+
+1. :meth:`LoggedSpanIngest.accept` (request thread): the export was decoded already (400 and
+   ``partial_success`` answers stay synchronous); its body is appended to the
+   :class:`~inferpath.server.span_log.SpanLog` and its rows queued in memory; 200 follows.
+   A retry of a logged export (same dedup token) is answered 200 without a second record.
+2. The drainer thread takes the queued exports in log order, up to ``insert_rows`` rows or
+   whatever arrived within ``linger_seconds`` of the oldest, writes ``B start end sample``
+   to the log's progress file, inserts them as ONE block into ``otel_traces`` with the
+   dedup token ``wal-{log id}-{start}-{end}``, writes ``D end``, and hands the committed
+   spans to the request assembler (``on_committed``).
+3. At start-up the records past the last ``D`` are decoded from the log and queued again.
+   If a ``B`` line has no ``D`` (killed during that insert), one sample span id of its rows
+   is looked up: found means the block landed (a block is one part, all or nothing);
+   otherwise exactly that range is inserted again, under the same token, so the store would
+   drop it even if the lookup had missed. Each acknowledged span is stored once.
+
+Bounds: the backlog (bytes logged, not yet inserted) stays under ``max_backlog_bytes``
+(16 MiB ≈ 145 000 spans of 115 bytes), and its spans under what the drainer inserts in
+``max_backlog_seconds`` at its measured rate (at least 2000 spans), so that span end →
+visible stays near a second under saturation whatever the machine's speed. An export that
+would pass a bound waits up to ``backlog_wait_seconds`` for room (its client, which holds
+one export in flight, is slowed down), then is answered 503 with ``Retry-After``; the rows queued in
+memory are the backlog's (~10 bytes of Python objects per body byte). While the store
+backs off after an error (:class:`~inferpath.server.ingest.DurableIngest`), exports are
+refused with 503 as before instead of being logged: a client holds its own export for free,
+while the log would turn a long outage into a long catch-up; the drainer retries the
+backlog when the back-off ends, which is also what ends it (the store heals by itself).
+An insert refused for its data (should not happen: rows were validated at decode) is
+retried export by export; an export refused alone is dropped, logged and counted
+(``refused_spans_total``), since it was acknowledged already.
+
+Clocks: ``linger_seconds`` and waits use the monotonic clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from inferpath.server.ingest import CommitResult, DurableIngest, TableRows
+from inferpath.server.otlp import decode_trace_request
+from inferpath.server.otlp_body import body_format
+from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, SpanLog
+from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
+
+__all__ = ["LoggedSpanIngest", "token_digest", "body_flags"]
+
+logger = logging.getLogger(__name__)
+
+SPANS_TABLE = "otel_traces"
+# The span bound of the backlog never goes below this many spans.
+_MIN_BACKLOG_SPANS = 2000
+
+
+def token_digest(token: str) -> bytes:
+    """The 32 bytes a log record keeps of an export's dedup token (sha256 of its text)."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+def body_flags(content_type: str | None, content_encoding: str | None) -> int:
+    """Record flags for a body of ``content_type`` / ``content_encoding``. Raises
+    :class:`~inferpath.server.otlp_body.UnsupportedMediaTypeError` for another media type."""
+    flags = FLAG_JSON if body_format(content_type) == "json" else 0
+    if (content_encoding or "").strip().lower() == "gzip":
+        flags |= FLAG_GZIP
+    return flags
+
+
+@dataclass
+class _Queued:
+    """Rows of one logged export, waiting for the drainer: log range ``[start, end)``."""
+
+    start: int
+    end: int
+    spans: list[SpanRow]
+    rows: list[tuple]
+    enqueued: float  # monotonic seconds
+
+
+class LoggedSpanIngest:
+    """Durable queue of span exports in front of ``otel_traces`` (see the module docstring).
+
+    ``ingest``: the receiver's :class:`DurableIngest` (back-off state, insert, counters).
+    ``log``: an open :class:`SpanLog`; its unfinished records are decoded and queued here.
+    ``on_committed(spans)``: called by the drainer with the spans of each committed insert
+    (the assembler's ``note_spans``); must not raise. ``insert_rows`` (≥ 1): rows per insert
+    at most (an export larger than that is inserted alone). ``linger_seconds`` (≥ 0): how
+    long the oldest queued export may wait for more rows. ``max_backlog_bytes`` (≥ 1): bound
+    of the log's un-inserted bytes; ``max_backlog_seconds``: bound of the queued spans in
+    seconds of the drainer's measured rate (at least 2000 spans), which keeps span end →
+    visible near that under saturation; an export that would pass either waits up to
+    ``backlog_wait_seconds`` (0..60) for the drainer, then is refused (503). Raises ``ValueError`` for bad limits. The drainer runs
+    after :meth:`start`. Counters: ``appended_total`` (exports logged),
+    ``duplicate_exports_total``, ``backlog_full_total`` (503s), ``log_errors_total``
+    (appends that failed, 503), ``inserts_total``, ``inserted_spans_total``,
+    ``refused_spans_total``, ``recovered_spans_total`` (queued again at start-up).
+    """
+
+    def __init__(self, ingest: DurableIngest, log: SpanLog, *,
+                 on_committed: Callable[[list[SpanRow]], None] = lambda spans: None,
+                 insert_rows: int = 20_000, linger_seconds: float = 0.2,
+                 max_backlog_bytes: int = 16 * 1024 * 1024, max_backlog_seconds: float = 0.5,
+                 backlog_wait_seconds: float = 1.0) -> None:
+        if insert_rows < 1:
+            raise ValueError(f"insert_rows must be >= 1, got {insert_rows}")
+        if not 0 <= linger_seconds <= 60:
+            raise ValueError(f"linger_seconds must be in 0..60, got {linger_seconds}")
+        if max_backlog_bytes < 1:
+            raise ValueError(f"max_backlog_bytes must be >= 1, got {max_backlog_bytes}")
+        if not 0 < max_backlog_seconds <= 3600:
+            raise ValueError(f"max_backlog_seconds must be in (0, 3600], got {max_backlog_seconds}")
+        if not 0 <= backlog_wait_seconds <= 60:
+            raise ValueError(f"backlog_wait_seconds must be in 0..60, got {backlog_wait_seconds}")
+        self.ingest = ingest
+        self.log = log
+        self.on_committed = on_committed
+        self.insert_rows = insert_rows
+        self.linger_seconds = linger_seconds
+        self.max_backlog_bytes = max_backlog_bytes
+        self.backlog_wait_seconds = backlog_wait_seconds
+        self.max_backlog_seconds = max_backlog_seconds
+        # Spans per second of the drainer's recent inserts (batch taken → committed), EWMA;
+        # 0 until the first insert.
+        self.drain_spans_per_second = 0.0
+        self._cond = threading.Condition()
+        self._queue: deque[_Queued] = deque()
+        self._queued_spans = 0
+        self._stopping = False
+        self._flush_waiters = 0
+        self._room_waiters = 0
+        self._thread: threading.Thread | None = None
+        # Drain exactly this range first (an insert a crash left unfinished), then per export
+        # up to ``_single_until`` (a group the store refused for its data).
+        self._forced_end: int | None = None
+        self._single_until = -1
+        self.appended_total = 0
+        self.duplicate_exports_total = 0
+        self.backlog_full_total = 0
+        self.log_errors_total = 0
+        self.inserts_total = 0
+        self.inserted_spans_total = 0
+        self.refused_spans_total = 0
+        self.recovered_spans_total = 0
+        self._recover()
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        for record in self.log.unfinished:
+            try:
+                decoded = decode_trace_request(record.body, content_type=record.content_type,
+                                               content_encoding=record.content_encoding)
+            except Exception as exc:  # noqa: BLE001 - accepted once, unreadable now: count, go on
+                logger.error("span log record at %d could not be decoded again (%s); skipped",
+                             record.start, exc)
+                self.refused_spans_total += 1
+                decoded = None
+            spans = decoded.spans if decoded is not None else []
+            self._queue.append(_Queued(record.start, record.end, spans,
+                                       [span.to_insert_row() for span in spans], time.monotonic()))
+            self._queued_spans += len(spans)
+            self.recovered_spans_total += len(spans)
+        self.log.unfinished = []  # decoded: drop the bodies
+        unfinished = self.log.unfinished_insert
+        if unfinished is None:
+            return
+        if unfinished.span_id and self._present(unfinished.trace_id, unfinished.span_id):
+            logger.info("span log: the insert of [%d, %d) interrupted by a crash had landed",
+                        unfinished.start, unfinished.end)
+            while self._queue and self._queue[0].end <= unfinished.end:
+                dropped = self._queue.popleft()
+                self._queued_spans -= len(dropped.spans)
+                self.recovered_spans_total -= len(dropped.spans)
+            self.log.done_insert(unfinished.end)
+        else:
+            self._forced_end = unfinished.end
+
+    def _present(self, trace_id: str, span_id: str) -> bool:
+        try:
+            rows = self.ingest.store.query(
+                "SELECT count() FROM otel_traces WHERE TraceId = {t:String} AND SpanId = {s:String}",
+                {"t": trace_id, "s": span_id})
+        except Exception as exc:  # noqa: BLE001 - unknown: insert again, the token dedups
+            logger.warning("span log: could not look up a sample span (%s); inserting the range again", exc)
+            return False
+        return bool(rows and rows[0][0])
+
+    # ------------------------------------------------------------------ receiver side
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes logged and not yet inserted."""
+        return self.log.backlog_bytes
+
+    @property
+    def backlog_spans(self) -> int:
+        """Spans queued for the drainer."""
+        return self._queued_spans
+
+    def accept(self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None,
+               content_encoding: str | None) -> CommitResult:
+        """Log one decoded export and queue its rows; ``committed`` once the record is written.
+
+        ``spans``: the export's valid spans; ``token``: its dedup token
+        (:func:`~inferpath.server.ingest.dedup_token`); ``body``, ``content_type``,
+        ``content_encoding``: as received (the log keeps the body, decoded again only after
+        a restart). Answers ``unavailable`` (503) while the store backs off or when the log
+        cannot be written, ``overloaded`` (503) when the backlog would still pass
+        ``max_backlog_bytes`` after ``backlog_wait_seconds``. Never raises.
+        """
+        digest = token_digest(token)
+        if self.log.knows(digest):
+            self.duplicate_exports_total += 1
+            return CommitResult("committed")
+        refusal = self.ingest.refusal()
+        if refusal is not None:
+            return refusal
+        if not spans:
+            return CommitResult("committed")  # nothing to store
+        spans = list(spans)
+        rows = [span.to_insert_row() for span in spans]  # outside the lock: ~4 µs per span
+        try:
+            flags = body_flags(content_type, content_encoding)
+        except Exception as exc:  # noqa: BLE001 - decoded already, so not expected: a 400, never raised
+            return CommitResult("invalid", str(exc))
+        with self._cond:
+            if self.log.knows(digest):  # the same export, accepted meanwhile by another thread
+                self.duplicate_exports_total += 1
+                return CommitResult("committed")
+            # Flow control first: a client holds one export in flight, so making it wait a
+            # moment for room slows it down without a Retry-After pause that idles the drainer.
+            deadline = time.monotonic() + self.backlog_wait_seconds
+            while (self._backlog_full(len(body), len(spans)) and not self._stopping
+                   and (left := deadline - time.monotonic()) > 0):
+                self._room_waiters += 1  # the drainer stops lingering: the backlog is full
+                self._cond.notify_all()
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._room_waiters -= 1
+            if self.log.knows(digest):
+                self.duplicate_exports_total += 1
+                return CommitResult("committed")
+            if self._backlog_full(len(body), len(spans)):
+                self.backlog_full_total += 1
+                return CommitResult("overloaded", f"ingest backlog full ({self.log.backlog_bytes} bytes,"
+                                    f" {self._queued_spans} spans not yet inserted; max_backlog_bytes="
+                                    f"{self.max_backlog_bytes}, max_backlog_seconds={self.max_backlog_seconds}"
+                                    f" at {self.drain_spans_per_second:.0f} spans/s); retry later",
+                                    max(1, round(self.ingest.retry_after_seconds)))
+            try:
+                start, end = self.log.append(digest, flags, body)
+            except Exception as exc:  # noqa: BLE001 - disk full, …: the client retries
+                self.log_errors_total += 1
+                logger.warning("span log append failed: %s", exc)
+                return CommitResult("unavailable", f"span log unwritable ({type(exc).__name__}); retry later", 1)
+            self._queue.append(_Queued(start, end, spans, rows, time.monotonic()))
+            self._queued_spans += len(spans)
+            self.appended_total += 1
+            if len(self._queue) == 1 or self._queued_spans >= self.insert_rows:
+                self._cond.notify_all()
+        return CommitResult("committed")
+
+    def _backlog_full(self, body_bytes: int, spans: int) -> bool:
+        """True when one more export would pass a bound; an empty backlog takes any export.
+        The caller holds ``_cond``."""
+        if not self.log.backlog_bytes:
+            return False
+        if self.log.backlog_bytes + body_bytes > self.max_backlog_bytes:
+            return True
+        rate = self.drain_spans_per_second
+        # What the drainer gets through in max_backlog_seconds (a floor keeps inserts large
+        # enough to be efficient when the measured rate is low).
+        return bool(rate) and self._queued_spans + spans > max(_MIN_BACKLOG_SPANS, rate * self.max_backlog_seconds)
+
+    # ------------------------------------------------------------------ drainer
+    def start(self) -> None:
+        """Start the drainer thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="inferpath-span-log", daemon=True)
+            self._thread.start()
+
+    def _take_batch(self) -> list[_Queued] | None:
+        """Wait for the next batch (held in the queue until committed); None when stopping."""
+        with self._cond:
+            while True:
+                if self._stopping:  # close() flushed first; an undrained rest stays in the log
+                    return None
+                if not self._queue:
+                    self._cond.wait(0.5)
+                    continue
+                waited = time.monotonic() - self._queue[0].enqueued
+                if (self._queued_spans < self.insert_rows and waited < self.linger_seconds
+                        and not self._flush_waiters and not self._room_waiters and not self._stopping
+                        and self._forced_end is None):
+                    self._cond.wait(self.linger_seconds - waited)
+                    continue
+                batch, rows = [], 0
+                for queued in self._queue:
+                    if self._forced_end is not None:
+                        if queued.end > self._forced_end:
+                            break
+                    elif batch and (rows + len(queued.rows) > self.insert_rows
+                                    or queued.start < self._single_until):
+                        break
+                    batch.append(queued)
+                    rows += len(queued.rows)
+                return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            try:
+                self._drain(batch)
+            except Exception:  # noqa: BLE001 - the drainer must outlive any one batch
+                logger.exception("span log drain failed; retrying")
+                self._pause(1.0)
+
+    def _pause(self, seconds: float) -> None:
+        with self._cond:
+            if not self._stopping:
+                self._cond.wait(seconds)
+
+    def _drain(self, batch: list[_Queued]) -> None:
+        refusal = self.ingest.refusal()
+        if refusal is not None:  # the store backs off: wait for the probe time
+            self._pause(0.05)
+            return
+        taken = time.monotonic()
+        start, end = batch[0].start, batch[-1].end
+        rows = [row for queued in batch for row in queued.rows]
+        sample = next(((span.trace_id, span.span_id) for q in batch for span in q.spans[:1]), ("", ""))
+        result = CommitResult("committed")
+        if rows:
+            try:
+                self.log.begin_insert(start, end, *sample)
+            except OSError as exc:
+                logger.warning("span log progress unwritable (%s); retrying", exc)
+                self._pause(1.0)
+                return
+            result = self.ingest.insert_block([TableRows(SPANS_TABLE, SPAN_COLUMNS, rows)],
+                                              f"wal-{self.log.log_id}-{start}-{end}", exports=len(batch))
+        if result.status == "unavailable":
+            return  # back-off opened; the next round waits for it
+        if result.status == "invalid":
+            if len(batch) > 1:
+                logger.warning("the store refused a block of %d exports for its data; inserting them one by one",
+                               len(batch))
+                self._single_until = end
+                self._forced_end = None
+                return
+            logger.error("the store refused a logged export's %d spans (dropped): %s", len(rows), result.message)
+            self.refused_spans_total += len(rows)
+        self.log.done_insert(end)
+        spans = [span for queued in batch for span in queued.spans]
+        with self._cond:
+            for _ in batch:
+                self._queue.popleft()
+            self._queued_spans -= len(spans)
+            if self._forced_end is not None and end >= self._forced_end:
+                self._forced_end = None
+            self._cond.notify_all()
+        if result.ok and spans:
+            sample_rate = len(spans) / max(time.monotonic() - taken, 1e-3)
+            self.drain_spans_per_second = (sample_rate if not self.drain_spans_per_second
+                                           else 0.7 * self.drain_spans_per_second + 0.3 * sample_rate)
+            self.inserts_total += 1
+            self.inserted_spans_total += len(spans)
+            self.on_committed(spans)
+
+    # ------------------------------------------------------------------ flush / close
+    def flush(self, timeout_seconds: float = 30.0) -> bool:
+        """Wait until everything logged before the call is inserted (or dropped as refused);
+        False on timeout (e.g. the store is down: the backlog stays in the log)."""
+        target = self.log.end_offset
+        deadline = time.monotonic() + timeout_seconds
+        with self._cond:
+            self._flush_waiters += 1
+            self._cond.notify_all()
+            try:
+                while self.log.committed_offset < target:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or (self._thread is None or not self._thread.is_alive()):
+                        return False
+                    self._cond.wait(min(left, 0.1))
+                return True
+            finally:
+                self._flush_waiters -= 1
+
+    def close(self, timeout_seconds: float = 30.0) -> None:
+        """Drain what can be drained within ``timeout_seconds``, stop the thread, close the
+        log (an undrained rest stays in it for the next start). Idempotent."""
+        if self._thread is not None and self._thread.is_alive():
+            self.flush(timeout_seconds)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+        self.log.close()
