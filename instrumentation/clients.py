@@ -32,6 +32,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
+from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock
 from inferpath.instrumentation.streaming import ChatStreamMeter, TokenTimeline
 
 __all__ = ["stream_chat_completion", "ChatCompletionStream"]
@@ -79,8 +80,10 @@ class ChatCompletionStream:
         self._on_chunk = on_chunk
         self._pending: collections.deque[dict[str, Any]] = collections.deque()
         self._bytes: Any = None
+        self._receipt: ReceiptClock | None = None
         self._span: Span | None = None
         self._start_wall_ns = 0
+        self._start_perf_ns = 0
         self._last_read_ns: int | None = None
         self._last_chunk_ns: int | None = None
         self._needs_drain = False
@@ -132,12 +135,20 @@ class ChatCompletionStream:
             await self._open()
         try:
             while not self._pending:
+                receipt = self._receipt
+                if receipt is not None:
+                    probe()  # other streams' bytes that arrived during this task's turn
                 try:
                     data = await self._bytes.__anext__()
                 except StopAsyncIteration:
                     self._finish_complete(self._last_chunk_ns or self._last_read_ns)
                     break
                 received_ns = time.perf_counter_ns()
+                if receipt is not None:
+                    probe()
+                    # The raw socket read that delivered these bytes, not this task's turn
+                    # on the event loop (receipt.py says why the two differ under load).
+                    received_ns = receipt.stamp_ns(received_ns, self._start_perf_ns)
                 self._last_read_ns = received_ns
                 chunks = self.meter.feed(data, received_ns)
                 if chunks:
@@ -187,7 +198,7 @@ class ChatCompletionStream:
         if self._stage is not None:
             attributes[sc.STAGE] = self._stage
         name = f"{operation} {model}" if isinstance(model, str) and model else operation
-        start_perf_ns = time.perf_counter_ns()
+        start_perf_ns = self._start_perf_ns = time.perf_counter_ns()
         self._start_wall_ns = time.time_ns()
         try:
             self._span = provider.get_tracer().start_span(
@@ -210,6 +221,7 @@ class ChatCompletionStream:
         except BaseException as error:
             await self._abandon(sc.REASON_ERROR, error)
             raise
+        self._receipt = receipt_clock(self.response)
         self._bytes = self.response.aiter_bytes()
 
     async def _drain(self) -> None:

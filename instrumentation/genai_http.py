@@ -41,6 +41,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import content, provider
 from inferpath.instrumentation import semconv as sc
+from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock
 from inferpath.instrumentation.streaming import ChatStreamMeter
 
 __all__ = ["instrument_library", "uninstrument_library", "open_calls", "TRACED_EXTENSION",
@@ -90,13 +91,14 @@ class _ModelCall:
     """Telemetry state of one model call; every method swallows telemetry errors."""
 
     __slots__ = ("span", "start_wall_ns", "start_perf_ns", "meter", "json_body", "ended",
-                 "text_parts", "capture")
+                 "text_parts", "capture", "receipt")
 
     def __init__(self, request: httpx.Request, operation: str) -> None:
         self.start_perf_ns = time.perf_counter_ns()
         self.start_wall_ns = time.time_ns()
         self.meter: ChatStreamMeter | None = None
         self.json_body: bytearray | None = None
+        self.receipt: ReceiptClock | None = None
         self.ended = False
         self.capture = content.content_capture_enabled()
         self.text_parts: list[str] = []
@@ -141,6 +143,8 @@ class _ModelCall:
             if content_type.startswith("text/event-stream"):
                 # Chunks are decoded for a caller only when their text is captured.
                 self.meter = ChatStreamMeter(start_ns=self.start_perf_ns, decode_chunks=self.capture)
+                # Async clients: stamp chunks at the connection's raw read (receipt.py).
+                self.receipt = receipt_clock(response)
             elif "json" in content_type:
                 self.json_body = bytearray()
         except Exception:
@@ -325,7 +329,12 @@ class _TracedAsyncStream:
                 reason = sc.REASON_CANCELLED if _is_cancel(error) else sc.REASON_ERROR
                 call.end(sc.STATUS_INCOMPLETE, reason, error=error)
                 raise
-            call.on_bytes(data, time.perf_counter_ns())
+            received_ns = time.perf_counter_ns()
+            clock = call.receipt
+            if clock is not None:
+                probe()  # other streams' bytes that arrived during this task's turn
+                received_ns = clock.stamp_ns(received_ns, call.start_perf_ns)
+            call.on_bytes(data, received_ns)
             yield data
 
     async def aclose(self) -> None:

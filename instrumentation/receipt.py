@@ -1,0 +1,226 @@
+"""Receipt time of a response's bytes, taken at the raw socket read of its connection.
+
+A streamed chunk reaches the code that measures it only after the event loop has run the
+task that waits on the connection, and that task's turn comes after every other task woken
+in the same loop iteration: with 64 streams whose tokens arrive together, the last one's
+turn comes 64 × (httpcore + h11 + httpx per-read work, 50-150 µs) later. Stamping there puts
+that queueing into TTFT and ITL. The earliest point in user space is the transport's read
+callback, which asyncio runs straight after ``epoll`` for every ready socket before any
+task step: :func:`receipt_clock` wraps the ``data_received`` of the connection's protocol
+(anyio's ``StreamProtocol``, which httpcore's asyncio backend reads through) to record the
+monotonic time of each raw read.
+
+While the loop works through a long iteration (many streams' chunks at once), sockets that
+become readable are not read until it ends. So every stream also calls :func:`probe` around
+each read it handles (Linux only): a non-blocking ``epoll_wait`` on the watched connections
+that notes the first moment each was seen holding unread bytes; the next raw read of that
+socket takes that moment as its stamp. Each socket is watched one-shot (``EPOLLONESHOT``,
+level triggered), re-armed by the read that consumed what the probe saw, so a probe returns
+only sockets newly waiting (about 0.6 µs when none is). The bytes that read consumes were
+there at the probe, so the stamp is never before their arrival; it can precede the arrival
+of more bytes read by the same ``recv`` (the rest of a frame split in two TCP segments
+arriving later) by at most their gap.
+
+How a stamp is used (see :meth:`ReceiptClock.stamp_ns`): when a piece of the body comes out
+of httpx, the latest raw read of its connection is the one that delivered (completed) it or
+a later one, and never later than now; so ``min(latest raw read, now)`` lies between the
+true receipt and the old stamp, and is the true receipt whenever the connection is read one
+piece at a time, which anyio guarantees (it pauses reading while no task waits for data).
+
+Not reached, and then the stamp is simply ``now`` (the previous behaviour): uvloop (it
+caches the protocol's method), trio, sync clients (they read in the calling thread, so
+their stamp is already at the read), custom transports. Kernel receive timestamps
+(``SO_TIMESTAMPNS``) would also remove the loop's own delays (GC, other callbacks), but
+asyncio reads with ``recv``, which drops them, and replacing its private read path is not
+worth the risk to the observed service.
+
+Clock: ``time.perf_counter_ns`` (monotonic), the clock of :mod:`.streaming`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import select
+import time
+from typing import Any
+
+__all__ = ["ReceiptClock", "receipt_clock", "probe", "enabled"]
+
+#: Escape hatch (and the benchmark's switch): False makes :func:`receipt_clock` return
+#: None, so every stamp is taken when the body piece comes out of httpx.
+enabled = True
+
+_ATTRIBUTE = "_inferpath_receipt_clock"
+# epoll is Linux's; elsewhere there is no probe and stamps stay at the raw read.
+_HAS_EPOLL = hasattr(select, "epoll")
+_WATCH_EVENTS = getattr(select, "EPOLLIN", 1) | getattr(select, "EPOLLONESHOT", 0)
+# httpcore stream -> anyio stream (-> TLS stream's transport) -> socket stream: a few hops.
+_MAX_HOPS = 6
+
+
+class ReceiptClock:
+    """The receipt time (``perf_counter_ns``) of the latest raw read of one connection:
+    the first moment :func:`probe` saw its bytes waiting (``ready_ns``), else the read's own
+    time. ``read_ns`` is None until the first read after installation."""
+
+    __slots__ = ("read_ns", "ready_ns", "rearm")
+
+    def __init__(self) -> None:
+        self.read_ns: int | None = None
+        self.ready_ns: int | None = None
+        self.rearm: Any = None  # re-enables the one-shot watch of the socket
+
+    def stamp_ns(self, now_ns: int, not_before_ns: int) -> int:
+        """Receipt time of the body piece just returned at ``now_ns``: the latest raw read if
+        one was stamped at or after ``not_before_ns`` (the request's start), else ``now_ns``."""
+        read_ns = self.read_ns
+        if read_ns is None or read_ns < not_before_ns or read_ns > now_ns:
+            return now_ns
+        return read_ns
+
+
+class _Watch:
+    """This process's epoll set of watched connections (fd -> clock); rebuilt after fork."""
+
+    __slots__ = ("pid", "epoll", "clocks")
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.epoll = select.epoll()
+        self.clocks: dict[int, ReceiptClock] = {}
+
+
+_watch: _Watch | None = None
+
+
+def probe() -> None:
+    """Note the first moment each watched connection holds unread bytes (one non-blocking
+    ``epoll_wait``; a few µs). Never raises."""
+    watch = _watch
+    if watch is None:
+        return
+    try:
+        if watch.pid != os.getpid():
+            return
+        events = watch.epoll.poll(0)
+        if not events:
+            return
+        now_ns = time.perf_counter_ns()
+        clocks = watch.clocks
+        for fd, _mask in events:
+            clock = clocks.get(fd)
+            if clock is not None and clock.ready_ns is None:
+                clock.ready_ns = now_ns
+    except Exception:
+        pass
+
+
+def _watch_socket(stream: Any, clock: ReceiptClock) -> None:
+    global _watch
+    if not _HAS_EPOLL:
+        return
+    transport = getattr(stream, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return
+    fd = sock.fileno()
+    if fd < 0:
+        return
+    watch = _watch
+    if watch is None or watch.pid != os.getpid():
+        watch = _watch = _Watch()
+    # A closed socket leaves the epoll set by itself; its fd number may come back for a new
+    # connection, whose clock then replaces the old one here.
+    try:
+        watch.epoll.register(fd, _WATCH_EVENTS)
+    except FileExistsError:
+        watch.epoll.modify(fd, _WATCH_EVENTS)
+    clock.rearm = functools.partial(watch.epoll.modify, fd, _WATCH_EVENTS)
+    watch.clocks[fd] = clock
+
+
+def _stream_of(network_stream: Any) -> Any:
+    """The anyio socket stream (the object holding ``_protocol``) under a network stream."""
+    stream = network_stream
+    for _ in range(_MAX_HOPS):
+        if stream is None:
+            return None
+        protocol = getattr(stream, "_protocol", None)
+        if protocol is not None and callable(getattr(protocol, "data_received", None)):
+            return stream
+        inner = getattr(stream, "_stream", None)
+        stream = inner if inner is not None else getattr(stream, "transport_stream", None)
+    return None
+
+
+_stamping_classes: dict[type, type] = {}
+
+
+def _stamping_class(cls: type) -> type:
+    """A subclass of the protocol class ``cls`` whose ``data_received`` stamps the read.
+
+    The protocol's class is swapped rather than its method replaced on the instance: a
+    closure stored on the instance and holding its bound method is a reference cycle, which
+    would leave every connection (socket, transport, buffers) to the cyclic GC instead of
+    freeing it when it closes.
+    """
+    stamping = _stamping_classes.get(cls)
+    if stamping is not None:
+        return stamping
+    base_data_received = cls.data_received
+
+    def data_received(self: Any, data: Any, _base: Any = base_data_received,
+                      _now: Any = time.perf_counter_ns) -> None:
+        clock = self.__dict__.get(_ATTRIBUTE)
+        if clock is not None:
+            read_ns = _now()
+            ready_ns = clock.ready_ns
+            if ready_ns is None:
+                clock.read_ns = read_ns
+            else:  # a probe saw these bytes waiting (and disarmed the watch)
+                clock.ready_ns = None
+                clock.read_ns = ready_ns if ready_ns <= read_ns else read_ns
+                try:
+                    clock.rearm()
+                except Exception:
+                    pass
+        _base(self, data)
+
+    stamping = type(cls.__name__, (cls,), {"data_received": data_received,
+                                           "__module__": cls.__module__})
+    _stamping_classes[cls] = stamping
+    return stamping
+
+
+def receipt_clock(response: Any) -> ReceiptClock | None:
+    """The :class:`ReceiptClock` of the connection behind an ``httpx.Response`` (read
+    through httpcore's ``network_stream`` extension), installing it on first use.
+
+    Installation is once per connection (a keep-alive connection keeps its clock) and costs
+    one attribute store and one clock read per raw read. Returns None, never raises, when
+    the connection cannot be reached (see the module docstring) or :data:`enabled` is False.
+    """
+    if not enabled:
+        return None
+    try:
+        extensions = getattr(response, "extensions", None) or {}
+        stream = _stream_of(extensions.get("network_stream"))
+        if stream is None:
+            return None
+        protocol = stream._protocol
+        clock = getattr(protocol, _ATTRIBUTE, None)
+        if isinstance(clock, ReceiptClock):
+            return clock
+        clock = ReceiptClock()
+        setattr(protocol, _ATTRIBUTE, clock)
+        # The transport looks the method up on every read (asyncio's selector transports
+        # do; uvloop caches it, and then read_ns stays None and the stamp falls back).
+        protocol.__class__ = _stamping_class(type(protocol))
+        try:
+            _watch_socket(stream, clock)
+        except Exception:  # no watch: stamps stay at the raw read
+            pass
+        return clock
+    except Exception:
+        return None

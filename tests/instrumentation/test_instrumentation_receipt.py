@@ -1,0 +1,320 @@
+"""Chunks are stamped at the connection's raw socket read, not at the reading task's turn.
+
+Eight streams on loopback get their first token while the client's event loop is blocked;
+when it unblocks, the eight reads happen in one loop iteration and each task then spends
+4 ms on its chunk (``on_chunk``). Stamped at the raw read, the eight first tokens carry
+stamps within a few hundred µs; stamped when the bytes come out of httpx (the previous
+behaviour, ``receipt.enabled = False``), the last waits for the seven tasks before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from inferpath.instrumentation import receipt
+from inferpath.instrumentation.clients import stream_chat_completion
+from inferpath.instrumentation.receipt import ReceiptClock, receipt_clock
+from scripted_sse import FINISH, ROLE, ScriptedSSEServer, content, frame, usage
+
+STREAMS = 8
+BUSY_SECONDS = 0.004
+SCRIPT = [(5, frame(ROLE)), (300, frame(content("a"))), (320, frame(content("b"))),
+          (340, frame(FINISH) + frame(usage(2)) + frame("[DONE]"))]
+
+
+def _busy(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+async def _first_token_stamps(url: str) -> tuple[list[int], int]:
+    """Run the eight streams; returns their first-token stamps and the end of the block
+    (perf_counter ns)."""
+    roles_seen = 0
+    block_end_ns = [0]
+    loop = asyncio.get_running_loop()
+
+    def block() -> None:
+        # Every stream has its role chunk and waits for its token (due ~280 ms from now):
+        # hold the loop until all tokens sit in the kernel's buffers.
+        time.sleep(0.45)
+        block_end_ns[0] = time.perf_counter_ns()
+
+    def on_chunk(chunk: dict, _received_ns: int) -> None:
+        nonlocal roles_seen
+        delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+        if delta.get("role"):
+            roles_seen += 1
+            if roles_seen == STREAMS:
+                loop.call_soon(block)
+        elif delta.get("content"):
+            _busy(BUSY_SECONDS)  # the caller's own work on a chunk
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        async def one(index: int) -> int:
+            stream = stream_chat_completion(client, url, {"model": "m", "messages": []},
+                                            stage=None, on_chunk=on_chunk)
+            async with stream:
+                async for _ in stream:
+                    pass
+            return stream.timeline.first_token_ns
+
+        stamps = await asyncio.gather(*(one(i) for i in range(STREAMS)))
+    return list(stamps), block_end_ns[0]
+
+
+@pytest.mark.parametrize("at_raw_read", [True, False])
+def test_first_tokens_read_together_are_stamped_together(spans, monkeypatch, at_raw_read) -> None:
+    monkeypatch.setattr(receipt, "enabled", at_raw_read)
+    with ScriptedSSEServer(SCRIPT) as server:
+        stamps, block_end_ns = asyncio.run(_first_token_stamps(server.url))
+    assert block_end_ns > 0, "the loop was never blocked: roles did not all arrive first"
+    # Nothing can be read while the loop is blocked: no stamp before its end.
+    assert min(stamps) >= block_end_ns
+    spread_ms = (max(stamps) - min(stamps)) / 1e6
+    if at_raw_read:
+        assert spread_ms < 3.0, spread_ms
+    else:
+        # The last task's turn comes after the others' 4 ms each (the error removed above).
+        assert spread_ms > (STREAMS - 2) * BUSY_SECONDS * 1e3, spread_ms
+
+
+def test_the_span_duration_ends_at_the_raw_read(spans) -> None:
+    """E2E, TTFT and the span's duration come from the same stamps."""
+    async def call(url: str) -> tuple:
+        async with httpx.AsyncClient(timeout=10) as client:
+            stream = stream_chat_completion(client, url, {"model": "m", "messages": []})
+            async with stream:
+                async for _ in stream:
+                    pass
+            return stream.timeline, stream._receipt
+
+    with ScriptedSSEServer(SCRIPT) as server:
+        timeline, clock = asyncio.run(call(server.url))
+    assert isinstance(clock, ReceiptClock) and clock.read_ns is not None
+    (span,) = spans.finished(wait_for=1)
+    assert span.end_time - span.start_time == timeline.end_ns - timeline.start_ns
+    assert 0.28 < timeline.ttft_seconds < 0.4
+
+
+def test_a_stale_or_missing_read_falls_back_to_now() -> None:
+    clock = ReceiptClock()
+    assert clock.stamp_ns(1_000, 500) == 1_000  # no read stamped yet
+    clock.read_ns = 400
+    assert clock.stamp_ns(1_000, 500) == 1_000  # a read of an earlier request (keep-alive)
+    clock.read_ns = 700
+    assert clock.stamp_ns(1_000, 500) == 700
+    clock.read_ns = 2_000
+    assert clock.stamp_ns(1_000, 500) == 1_000  # never later than now
+
+
+def test_receipt_clock_is_installed_once_per_connection_and_never_raises(monkeypatch) -> None:
+    async def open_twice(url: str) -> tuple:
+        async with httpx.AsyncClient(timeout=10) as client:
+            async with client.stream("POST", url, json={"model": "m"}) as response:
+                first, second = receipt_clock(response), receipt_clock(response)
+                monkeypatch.setattr(receipt, "enabled", False)
+                disabled = receipt_clock(response)
+                monkeypatch.setattr(receipt, "enabled", True)
+                async for _ in response.aiter_bytes():
+                    pass
+                return first, second, disabled
+
+    with ScriptedSSEServer(SCRIPT) as server:
+        first, second, disabled = asyncio.run(open_twice(server.url))
+    assert isinstance(first, ReceiptClock) and first is second
+    assert first.read_ns is not None  # the body's reads went through the hook
+    assert disabled is None
+    assert receipt_clock(object()) is None
+    assert receipt_clock(httpx.Response(200)) is None  # no network stream
+
+    class Broken:
+        @property
+        def extensions(self) -> dict:
+            raise RuntimeError("boom")
+
+    assert receipt_clock(Broken()) is None
+
+
+class _TriggeredSSE:
+    """One SSE response whose token is written when ``trigger`` is set (from any thread);
+    ``written_at`` is ``perf_counter()`` right after that write."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.trigger = threading.Event()
+        self.written_at = 0.0
+        self.port = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    def __enter__(self) -> "_TriggeredSSE":
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.trigger.set()
+        self._thread.join(10)
+
+    async def _serve(self) -> None:
+        import socket
+
+        done = asyncio.Event()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")), 0)
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"connection: close\r\n\r\n" + frame(ROLE))
+            await writer.drain()
+            await asyncio.get_running_loop().run_in_executor(None, self.trigger.wait, 10)
+            writer.write(frame(content("late")))
+            await writer.drain()
+            self.written_at = time.perf_counter()
+            writer.write(frame(FINISH) + frame(usage(1)) + frame("[DONE]"))
+            await writer.drain()
+            writer.close()
+            done.set()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            await asyncio.wait_for(done.wait(), 20)
+        except asyncio.TimeoutError:
+            pass
+        server.close()
+
+
+@pytest.mark.parametrize("probing", [True, False])
+def test_bytes_arriving_during_a_long_loop_iteration_are_stamped_at_arrival(
+        spans, monkeypatch, probing) -> None:
+    """Eight streams' chunks are handled in one loop iteration (4 ms each); the ninth
+    stream's token is written while the first of them is handled. Its socket is read only
+    after the iteration (~32 ms); the probe each stream makes per chunk sees it waiting
+    within one chunk's handling."""
+    from inferpath.instrumentation import clients
+
+    if not probing:
+        monkeypatch.setattr(clients, "probe", lambda: None)
+
+    async def run(url: str, late_url: str, late: _TriggeredSSE) -> int:
+        roles_seen = 0
+        loop = asyncio.get_running_loop()
+
+        def on_chunk(chunk: dict, _received_ns: int) -> None:
+            nonlocal roles_seen
+            delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+            if delta.get("role"):
+                roles_seen += 1
+                if roles_seen == STREAMS + 1:
+                    loop.call_soon(time.sleep, 0.45)  # as in the test above
+            elif delta.get("content") == "a":
+                # The late token is written now, mid-iteration; wait for the write so that
+                # it lands inside the iteration however the threads are scheduled.
+                late.trigger.set()
+                deadline = time.perf_counter() + 2.0
+                while late.written_at == 0.0 and time.perf_counter() < deadline:
+                    time.sleep(0.0002)
+                _busy(BUSY_SECONDS)
+
+        async with httpx.AsyncClient(timeout=10) as client:
+            async def one(target: str) -> int:
+                stream = stream_chat_completion(client, target, {"model": "m", "messages": []},
+                                                stage=None, on_chunk=on_chunk)
+                async with stream:
+                    async for _ in stream:
+                        pass
+                return stream.timeline.first_token_ns
+
+            stamps = await asyncio.gather(*(one(url) for _ in range(STREAMS)), one(late_url))
+        return stamps[-1]
+
+    with ScriptedSSEServer(SCRIPT) as server, _TriggeredSSE() as late:
+        late_url = f"http://127.0.0.1:{late.port}/v1/chat/completions"
+        late_stamp_ns = asyncio.run(run(server.url, late_url, late))
+    delay_ms = (late_stamp_ns - late.written_at * 1e9) / 1e6
+    assert delay_ms >= 0
+    if probing:
+        assert delay_ms < 2.5 * BUSY_SECONDS * 1e3, delay_ms
+    else:
+        assert delay_ms > (STREAMS - 3) * BUSY_SECONDS * 1e3, delay_ms
+
+
+def test_the_stamp_adds_no_reference_cycle_to_a_connection() -> None:
+    """The protocol's class is swapped, not its method replaced on the instance: a closure
+    holding the protocol's bound method would make each connection a cycle that only a full
+    collection frees."""
+    import gc
+    import types
+
+    async def one_call(url: str) -> tuple:
+        async with httpx.AsyncClient(timeout=10) as client:
+            async with client.stream("POST", url, json={"model": "m"}) as response:
+                clock = receipt_clock(response)
+                async for _ in response.aiter_bytes():
+                    pass
+                protocol = receipt._stream_of(response.extensions["network_stream"])._protocol
+                return clock, protocol
+
+    with ScriptedSSEServer(SCRIPT) as server:
+        clock, protocol = asyncio.run(one_call(server.url))
+    assert clock is not None and clock.read_ns is not None
+    assert "data_received" not in vars(protocol)
+    assert type(protocol).__mro__[1].__name__ == "StreamProtocol"
+    referrers = gc.get_referrers(protocol)
+    assert not [r for r in referrers if isinstance(r, (types.MethodType, types.FunctionType))]
+    assert protocol not in gc.get_referents(clock)
+
+
+@pytest.mark.parametrize("at_receipt", [True, False])
+def test_the_httpx_integration_stamps_at_receipt_too(spans, monkeypatch, at_receipt) -> None:
+    """The same eight-stream scene through the httpx integration (the openai SDK's path):
+    the spans' first-token times, start + TTFT, are together only when stamped at receipt."""
+    from inferpath.instrumentation import registry
+
+    monkeypatch.setattr(receipt, "enabled", at_receipt)
+
+    async def run(url: str) -> None:
+        roles_seen = 0
+        loop = asyncio.get_running_loop()
+        async with httpx.AsyncClient(timeout=10) as client:
+            async def one() -> None:
+                nonlocal roles_seen
+                async with client.stream("POST", url, json={"model": "m", "stream": True,
+                                                            "messages": []}) as response:
+                    async for data in response.aiter_bytes():
+                        if b'"role"' in data:
+                            roles_seen += 1
+                            if roles_seen == STREAMS:
+                                loop.call_soon(time.sleep, 0.45)  # as in the first test
+                        if b'"content": "a"' in data:
+                            _busy(BUSY_SECONDS)
+
+            await asyncio.gather(*(one() for _ in range(STREAMS)))
+
+    registry.instrument_integrations(only=("httpx",))
+    try:
+        with ScriptedSSEServer(SCRIPT) as server:
+            asyncio.run(run(server.url))
+    finally:
+        registry.uninstrument_integrations()
+    finished = spans.finished(wait_for=STREAMS)
+    firsts_ns = [s.start_time + s.attributes["gen_ai.response.time_to_first_chunk"] * 1e9
+                 for s in finished]
+    assert len(firsts_ns) == STREAMS
+    spread_ms = (max(firsts_ns) - min(firsts_ns)) / 1e6
+    if at_receipt:
+        assert spread_ms < 3.0, spread_ms
+    else:
+        assert spread_ms > (STREAMS - 2) * BUSY_SECONDS * 1e3, spread_ms
