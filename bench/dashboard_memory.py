@@ -104,17 +104,22 @@ def run(refreshes: int, warmup: int, points: int, interval_seconds: float, limit
             page.goto(f"{url}/{query}", wait_until="domcontentloaded")
             deadline = time.monotonic() + timeout_seconds
             seen, t_warm = 0, None
-            while seen < refreshes:
+            while seen < refreshes or t_warm is None:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {seen} of {refreshes} refreshes in {timeout_seconds} s")
+                    raise RuntimeError(f"only {seen} of {refreshes} refreshes in {timeout_seconds} s"
+                                       + ("" if t_warm else ", the charts never all drawn"))
                 texts = page.locator('[data-testid="stCaptionContainer"]').all_inner_texts()
                 runs = [int(m.group(1)) for t in texts for m in [re.search(r"run (\d+)", t)] if m]
                 seen = max(runs, default=seen)
                 if t_warm is None and seen >= warmup:
-                    figures["plotted_points"] = page.evaluate(
+                    plotted = page.evaluate(
                         "() => [...document.querySelectorAll('.js-plotly-plot')]"
                         ".map(gd => gd.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0))")
-                    figures["rss_warm_bytes"], t_warm = rss_bytes(dashboard.pid), time.monotonic()
+                    # The run counter is drawn before the charts: on a busy machine the
+                    # warm-up run's charts may not be in the page yet; look again next poll.
+                    if sum(1 for n in plotted if n) >= len(GAUGES):
+                        figures["plotted_points"] = plotted
+                        figures["rss_warm_bytes"], t_warm = rss_bytes(dashboard.pid), time.monotonic()
                 page.wait_for_timeout(100)
             figures["rss_end_bytes"] = rss_bytes(dashboard.pid)
             figures["seconds_per_refresh"] = (time.monotonic() - t_warm) / max(refreshes - warmup, 1)
