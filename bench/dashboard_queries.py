@@ -81,8 +81,12 @@ def _timed(http: httpx.Client, calls: list[tuple[str, dict]]) -> float:
 
 
 def run(spans: int = 10_000_000, windows_hours: tuple[float, ...] = (1.0, 12.0, 24.0), repeat: int = 5,
-        store_dir: str | None = None) -> dict:
-    """Fill (unless filled), then time each page per window; returns the figures in ms."""
+        store_dir: str | None = None, incident_window: bool = False) -> dict:
+    """Fill (unless filled), then time each page per window; returns the figures in ms.
+
+    Windows end at the data's end; with ``incident_window`` one more, ``1h incident``, ends
+    at the end of the synthetic incident (``synthetic.INCIDENT``), so the diagnosis finds
+    degraded measures and reads its evidence, as an SRE's window during an incident does."""
     folder = Path(store_dir or tempfile.mkdtemp(prefix="inferpath-bench-"))
     settings = Settings(store_url=f"chdb://{folder / 'store'}")
     with serve_in_thread(settings, port=0) as running:
@@ -100,8 +104,12 @@ def run(spans: int = 10_000_000, windows_hours: tuple[float, ...] = (1.0, 12.0, 
         trace_id = store.query("SELECT any(trace_id) FROM inferpath_requests")[0][0]
         results: dict = {"stored": stored, "fill": fill, "windows": {}}
         with httpx.Client(base_url=running.url, timeout=300) as http:
-            for hours in windows_hours:
-                start, end = data_end - timedelta(hours=hours), data_end
+            incident_end = data_start + DATA_DURATION * synthetic.INCIDENT[1]
+            windows = [(f"{hours:g}h", data_end - timedelta(hours=hours), data_end) for hours in windows_hours]
+            if incident_window:
+                windows.append(("1h incident", incident_end - timedelta(hours=1), incident_end))
+            for label, start, end in windows:
+                hours = (end - start).total_seconds() / 3600
                 window = {"start": start.isoformat(), "end": end.isoformat()}
                 spikes = http.get("/api/v1/views/correlate", params={
                     **window, "max_points": MAX_POINTS,
@@ -117,7 +125,7 @@ def run(spans: int = 10_000_000, windows_hours: tuple[float, ...] = (1.0, 12.0, 
                     for name, page in calls.items():
                         timings[name].append(_timed(http, page))
                 ref = statistics.median(timings["reference"])
-                results["windows"][f"{hours:g}h"] = {
+                results["windows"][label] = {
                     name: {"median_ms": statistics.median(t) * 1e3, "best_ms": min(t) * 1e3,
                            "ratio": statistics.median(t) / ref if ref else None}
                     for name, t in timings.items()}
@@ -131,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--store", default=None, help="store folder to reuse (filled when empty)")
     parser.add_argument("--limit-ms", type=float, default=300.0)
+    parser.add_argument("--incident-window", action="store_true",
+                        help="also time a 1 h window ending at the synthetic incident's end")
     args = parser.parse_args(argv)
-    results = run(args.spans, tuple(float(h) for h in args.windows.split(",")), args.repeat, args.store)
+    results = run(args.spans, tuple(float(h) for h in args.windows.split(",")), args.repeat, args.store,
+                  args.incident_window)
     print(json.dumps({"stored": results["stored"], "fill": results["fill"]}))
     failed = False
     for window, pages in results["windows"].items():
