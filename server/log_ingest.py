@@ -19,7 +19,11 @@ data is committed to the store or to a durable queue"):
    If a ``B`` line has no ``D`` (killed during that insert), one sample span id of its rows
    is looked up: found means the block landed (a block is one part, all or nothing);
    otherwise exactly that range is inserted again, under the same token, so the store would
-   drop it even if the lookup had missed. Each acknowledged span is stored once.
+   drop it even if the lookup had missed. Each acknowledged span is stored once. When the
+   progress file was lost (:attr:`SpanLog.lookup_until`), each record before that offset is
+   settled alone: the first span of each is looked up (512 records per query), a stored one
+   means its record's block landed and the record is dropped, the others are queued. What
+   was re-queued or settled is logged at INFO.
 
 Bounds: the backlog (bytes logged, not yet inserted) stays under ``max_backlog_bytes``
 (16 MiB ≈ 145 000 spans of 115 bytes), and its spans under what the drainer inserts in
@@ -62,6 +66,9 @@ logger = logging.getLogger(__name__)
 SPANS_TABLE = "otel_traces"
 # The span bound of the backlog never goes below this many spans.
 _MIN_BACKLOG_SPANS = 2000
+# Records decoded and looked up together when the log's progress was lost (bounds the
+# rows held for records that turn out to be stored already, and the lookup's IN lists).
+_LOOKUP_CHUNK_RECORDS = 512
 
 
 def token_digest(token: str) -> bytes:
@@ -157,34 +164,86 @@ class LoggedSpanIngest:
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
-        for record in self.log.unfinished:
-            try:
-                decoded = decode_trace_request(record.body, content_type=record.content_type,
-                                               content_encoding=record.content_encoding)
-            except Exception as exc:  # noqa: BLE001 - accepted once, unreadable now: count, go on
-                logger.error("span log record at %d could not be decoded again (%s); skipped",
-                             record.start, exc)
-                self.refused_spans_total += 1
-                decoded = None
-            spans = decoded.spans if decoded is not None else []
-            self._queue.append(_Queued(record.start, record.end, spans,
-                                       [span.to_insert_row() for span in spans], time.monotonic()))
-            self._queued_spans += len(spans)
-            self.recovered_spans_total += len(spans)
-        self.log.unfinished = []  # decoded: drop the bodies
+        """Queue the log's records past the committed offset again (see the module docstring);
+        those before ``log.lookup_until`` are first settled one by one against the store."""
+        records = self.log.unfinished
+        self.log.unfinished = []  # decoded below: drop the bodies as we go
+        settled_present = settled_absent = 0
+        for first in range(0, len(records), _LOOKUP_CHUNK_RECORDS):
+            chunk = [self._decode(record) for record in records[first:first + _LOOKUP_CHUNK_RECORDS]]
+            lookup = [queued for queued in chunk if queued.start < self.log.lookup_until]
+            if lookup:
+                stored = self._stored_samples([queued.spans[0] for queued in lookup if queued.spans])
+                kept = []
+                for queued in chunk:
+                    # Inserted blocks are all or nothing, so one stored span proves its record's rows are in.
+                    if queued.start >= self.log.lookup_until:
+                        kept.append(queued)
+                    elif not queued.spans or (queued.spans[0].trace_id, queued.spans[0].span_id) in stored:
+                        settled_present += 1
+                    else:
+                        settled_absent += 1
+                        kept.append(queued)
+                chunk = kept
+            for queued in chunk:
+                self._queue.append(queued)
+                self._queued_spans += len(queued.spans)
+                self.recovered_spans_total += len(queued.spans)
+        if settled_present or settled_absent:
+            logger.info("span log: settled %d records by looking their spans up (no progress): %d already stored,"
+                        " %d re-queued", settled_present + settled_absent, settled_present, settled_absent)
         unfinished = self.log.unfinished_insert
-        if unfinished is None:
-            return
-        if unfinished.span_id and self._present(unfinished.trace_id, unfinished.span_id):
-            logger.info("span log: the insert of [%d, %d) interrupted by a crash had landed",
-                        unfinished.start, unfinished.end)
-            while self._queue and self._queue[0].end <= unfinished.end:
-                dropped = self._queue.popleft()
-                self._queued_spans -= len(dropped.spans)
-                self.recovered_spans_total -= len(dropped.spans)
-            self.log.done_insert(unfinished.end)
-        else:
-            self._forced_end = unfinished.end
+        if unfinished is not None:
+            if unfinished.span_id and self._present(unfinished.trace_id, unfinished.span_id):
+                logger.info("span log: the insert of [%d, %d) interrupted by a crash had landed",
+                            unfinished.start, unfinished.end)
+                while self._queue and self._queue[0].end <= unfinished.end:
+                    dropped = self._queue.popleft()
+                    self._queued_spans -= len(dropped.spans)
+                    self.recovered_spans_total -= len(dropped.spans)
+                self.log.done_insert(unfinished.end)
+            else:
+                logger.info("span log: the insert of [%d, %d) interrupted by a crash had not landed; inserting"
+                            " exactly that range again", unfinished.start, unfinished.end)
+                self._forced_end = unfinished.end
+        # Everything before the first queued record is settled (stored, empty, or damaged and
+        # skipped by the log): record it, so that the next insert starts at the committed offset
+        # and a crash during it is settled by its B line.
+        head = self._queue[0].start if self._queue else self.log.end_offset
+        if head > self.log.committed_offset:
+            self.log.done_insert(head)
+        if self._queue:
+            logger.info("span log: re-queued %d records (%d spans) not inserted before the last stop",
+                        len(self._queue), self._queued_spans)
+
+    def _decode(self, record) -> _Queued:
+        """A log record decoded again into a queue entry (no spans when it cannot be decoded)."""
+        try:
+            decoded = decode_trace_request(record.body, content_type=record.content_type,
+                                           content_encoding=record.content_encoding)
+        except Exception as exc:  # noqa: BLE001 - accepted once, unreadable now: count, go on
+            logger.error("span log record at %d could not be decoded again (%s); skipped", record.start, exc)
+            self.refused_spans_total += 1
+            decoded = None
+        spans = decoded.spans if decoded is not None else []
+        return _Queued(record.start, record.end, spans, [span.to_insert_row() for span in spans], time.monotonic())
+
+    def _stored_samples(self, samples: list[SpanRow]) -> set[tuple[str, str]]:
+        """Which ``(trace_id, span_id)`` of ``samples`` are in ``otel_traces``. When the store
+        cannot answer, none (the records are inserted again: a possible duplicate beats a
+        loss of acknowledged spans), logged."""
+        if not samples:
+            return set()
+        try:
+            rows = self.ingest.store.query(
+                "SELECT DISTINCT TraceId, SpanId FROM otel_traces"
+                " WHERE TraceId IN {t:Array(String)} AND SpanId IN {s:Array(String)}",
+                {"t": sorted({span.trace_id for span in samples}), "s": sorted({span.span_id for span in samples})})
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            logger.error("span log: could not look up %d sample spans (%s); inserting their records again",
+                         len(samples), exc)
+            return set()
+        return {(trace_id, span_id) for trace_id, span_id in rows}
 
     def _present(self, trace_id: str, span_id: str) -> bool:
         try:

@@ -52,6 +52,59 @@ _STARTUP_TIMEOUT_SECONDS = 30.0
 SPAN_LOG_FOLDER_NAME = "inferpath_span_log"
 
 
+_ROLLUP_PASSES_LOCK = threading.Lock()
+
+
+class _RollupPasses:
+    """Rollup passes asked for by flushes, run on a worker thread so a caller can stop waiting.
+
+    :meth:`run` waits up to ``timeout_seconds`` for a pass that starts after the call (a pass
+    already running may have read before the caller's rows landed). At most one pass runs
+    (``refresh_now`` also serialises with the refresher thread) and at most one more waits:
+    flushes arriving meanwhile share that waiting pass.
+    """
+
+    def __init__(self, rollups: RollupRefresher) -> None:
+        self.rollups = rollups
+        self._lock = threading.Lock()
+        self._waiting: dict | None = None  # the pass not yet started: {"done": Event, "ok": bool}
+        self._running: threading.Thread | None = None
+
+    def run(self, timeout_seconds: float) -> bool:
+        """True when a pass started after this call finished within ``timeout_seconds``; False
+        on timeout (the pass goes on; reads fall back to raw rows meanwhile) or failure (logged)."""
+        with self._lock:
+            if self._waiting is None:
+                self._waiting = {"done": threading.Event(), "ok": False}
+            pending = self._waiting
+            if self._running is None:
+                self._start_locked()
+        if not pending["done"].wait(max(0.0, timeout_seconds)):
+            logger.warning("rollup refresh at flush still running after %.1f s; answering without it",
+                           max(0.0, timeout_seconds))
+            return False
+        return pending["ok"]
+
+    def _start_locked(self) -> None:
+        pending, self._waiting = self._waiting, None
+        self._running = threading.Thread(target=self._pass, args=(pending,), name="inferpath-flush-rollup",
+                                         daemon=True)
+        self._running.start()
+
+    def _pass(self, pending: dict) -> None:
+        try:
+            self.rollups.refresh_now()
+            pending["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - reads fall back to raw rows past the horizon
+            logger.warning("rollup refresh at flush failed: %s", exc)
+        finally:
+            pending["done"].set()
+            with self._lock:
+                self._running = None
+                if self._waiting is not None:  # flushes arrived during this pass: one more for them
+                    self._start_locked()
+
+
 class ServerRuntime:
     """Storage, writers and background loops of one inferpath server.
 
@@ -238,7 +291,8 @@ class ServerRuntime:
 
         Returns ``{"ok": bool, "spans_inserted_total", "data_points_inserted_total",
         "requests_inserted_total", "pending_traces"}``; ``ok`` is False on timeout or when
-        an insert failed.
+        an insert or the rollup pass failed. The rollup pass runs on a worker thread and is
+        waited for only until ``timeout_seconds`` (it goes on after a timeout).
         """
         deadline = time.monotonic() + timeout_seconds
         left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
@@ -250,11 +304,11 @@ class ServerRuntime:
                 ok = writer.flush(left()) and ok
         self.assembler.run_once(force=True)
         ok = self.writers[REQUESTS_TABLE].flush(left()) and ok
-        try:  # wide-window reads see re-derived rows of old minutes now, not a pass later
-            self.rollups.refresh_now()
-        except Exception as exc:  # noqa: BLE001 - reads fall back to raw rows past the horizon
-            logger.warning("rollup refresh at flush failed: %s", exc)
-            ok = False
+        # Wide-window reads see re-derived rows of old minutes now, not a pass later; a slow
+        # pass (minutes over days of traces) must not hold the answer past the timeout.
+        with _ROLLUP_PASSES_LOCK:
+            passes = self.__dict__.setdefault("_flush_rollup_passes", _RollupPasses(self.rollups))
+        ok = passes.run(left()) and ok
         return {
             "ok": ok,
             # Exports are committed (inserted or logged) before their 200; after the log's

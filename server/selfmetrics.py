@@ -137,6 +137,12 @@ def _span_log_metrics(log_ingest) -> Iterator[Metric]:
          log_ingest.refused_spans_total),
         ("inferpath_span_log_recovered_spans", "Spans queued again from the log at start-up.",
          log_ingest.recovered_spans_total),
+        ("inferpath_span_log_corrupt_records", "Damaged log regions skipped at start-up (each logged at ERROR).",
+         log_ingest.log.corrupt_records_total),
+        ("inferpath_span_log_corrupt_bytes", "Bytes of damaged log regions skipped at start-up.",
+         log_ingest.log.corrupt_bytes_total),
+        ("inferpath_span_log_torn_bytes", "Bytes of a torn last record (never acknowledged) cut off at start-up.",
+         log_ingest.log.torn_bytes_dropped),
     ):
         yield CounterMetricFamily(name, doc, value=value)
     # The ingest queue depth: what was acknowledged and is not yet in otel_traces.

@@ -9,17 +9,31 @@ Layout of the log folder::
     log_id                 random id of this log, part of every insert's dedup token
     00000000000000000000.log   segments, named by the global offset of their first byte
     00000000000067108864.log
-    progress               "B start end trace_id span_id" before an insert, "D end" after
+    progress               "B start end trace_id span_id" before an insert, "D end" after,
+                           "L end" while records before ``end`` are settled by lookup
 
 Offsets are global byte positions over the concatenated segments, so a range of records
 ``[start, end)`` names the same rows forever (the insert's dedup token is built from it).
 
 A record is a 45-byte header — magic ``b"IPL1"``, payload length (u32), CRC-32 of token,
 flags and payload (u32), the export's 32-byte token digest, flags (u8: 1 = OTLP/JSON else
-protobuf, 2 = gzip) — followed by the body exactly as received. At :meth:`SpanLog.open`
-every record past the committed offset is read and checked; a record cut short or failing
-its CRC at the end of the last segment (the process died inside ``write``) is cut off: its
-export was never answered 200, so its client retries it.
+protobuf, 2 = gzip) — followed by the body exactly as received. At start-up every record
+is read and checked (magic, length, CRC-32):
+
+- damage that reaches the end of the newest segment with no valid record after it (the
+  process died inside ``write``) is cut off: its export was never answered 200, so its
+  client retries it;
+- any other damaged record is left in place and skipped: the scan resynchronises on the
+  next valid header (the magic followed by a length and CRC that check out), logs the
+  segment, offset and bytes skipped at ERROR and counts them (``corrupt_records_total``,
+  ``corrupt_bytes_total``); no region holding valid records after it is ever truncated,
+  and offsets never move (a record's offset is its segment's name plus its position);
+- progress past the end of the data (segments removed by hand) starts a new segment named
+  by the progress offset, so new records never fall below the "inserted" mark;
+- a missing progress file (with records present) is logged as a warning and sets
+  :attr:`SpanLog.lookup_until` to the log's end (kept as an ``L`` line until drained past
+  it): the drainer's owner settles each of those records by looking its spans up in the
+  store instead of inserting every record again.
 
 Durability: records and progress lines are written with ``os.write`` and not ``fsync``ed.
 After ``write`` returns the bytes are in the kernel's page cache, which survives ``kill -9``
@@ -110,6 +124,41 @@ def encode_record(token: bytes, flags: int, body: bytes) -> bytes:
     return _HEADER.pack(MAGIC, len(body), _crc(token, flags, body), token, flags) + body
 
 
+def _valid_record_end(data: bytes, position: int) -> int | None:
+    """End of the record at ``position`` when its magic, length and CRC check out, else None."""
+    if len(data) - position < HEADER_BYTES:
+        return None
+    magic, size, crc, token, flags = _HEADER.unpack_from(data, position)
+    record_end = position + HEADER_BYTES + size
+    if magic != MAGIC or record_end > len(data):
+        return None
+    if _crc(token, flags, memoryview(data)[position + HEADER_BYTES:record_end]) != crc:
+        return None
+    return record_end
+
+
+def _next_valid_record(data: bytes, position: int) -> int | None:
+    """Position of the first valid record at or after ``position`` (resynchronisation on the
+    magic, confirmed by length and CRC), or None."""
+    while (found := data.find(MAGIC, position)) >= 0:
+        if _valid_record_end(data, found) is not None:
+            return found
+        position = found + 1
+    return None
+
+
+def _problem(data: bytes, position: int) -> str:
+    """Why the record at ``position`` is not valid, for the log line."""
+    if len(data) - position < HEADER_BYTES:
+        return "header cut short"
+    magic, size, _crc_value, _token, _flags = _HEADER.unpack_from(data, position)
+    if magic != MAGIC:
+        return "bad magic"
+    if position + HEADER_BYTES + size > len(data):
+        return "body cut short"
+    return "checksum mismatch"
+
+
 class SpanLog:
     """The log in ``folder`` (created if missing), opened for appending and draining.
 
@@ -117,8 +166,11 @@ class SpanLog:
     many bytes (≥ 1). ``retain_drained_bytes``: drained segments kept for their tokens
     (≥ 0). ``max_tokens``: tokens remembered for deduplication (≥ 1, oldest forgotten).
     After opening, :attr:`unfinished` lists the records past the committed offset (to be
-    inserted again) and :attr:`unfinished_insert` the insert that was running at a crash,
-    if any. Raises ``OSError`` when the folder or its files cannot be read or written,
+    inserted again), :attr:`unfinished_insert` the insert that was running at a crash, if
+    any, and :attr:`lookup_until` the offset before which unfinished records must be settled
+    by a store lookup (0: none; set when the progress file was lost). ``torn_bytes_dropped``,
+    ``corrupt_records_total`` and ``corrupt_bytes_total`` count what the scan cut or skipped
+    (see the module docstring). Raises ``OSError`` when the folder or its files cannot be read or written,
     ``ValueError`` for bad limits. Thread-safe.
     """
 
@@ -139,19 +191,36 @@ class SpanLog:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.log_id = self._read_or_create_id()
         self.torn_bytes_dropped = 0  # bytes of a torn tail cut off at open
-        self.committed_offset, self.unfinished_insert = self._read_progress()
+        self.corrupt_records_total = 0  # damaged regions skipped at open (each logged at ERROR)
+        self.corrupt_bytes_total = 0
+        # Records before this offset (and past the committed one) are settled one by one by
+        # looking their spans up in the store: set when the progress file was lost.
+        self.lookup_until = 0
+        progress_found = (self.folder / _PROGRESS).exists()
+        self.committed_offset, self.unfinished_insert, self.lookup_until = self._read_progress()
         self._segments: list[int] = sorted(
             int(p.stem) for p in self.folder.glob(f"*{_SEGMENT_SUFFIX}") if p.stem.isdigit())
         self.unfinished: list[LogRecord] = []
         self.end_offset = self._scan()
+        if not progress_found and self.unfinished:
+            # Without progress every record looks un-inserted; inserting them all again would
+            # store each drained span twice, so each is settled by a lookup (log_ingest.py).
+            logger.warning("span log %s: the progress file is missing; the %d records in the log will be"
+                           " settled by looking their spans up in the store", self.folder, len(self.unfinished))
+            self.lookup_until = self.end_offset
+        new_segment = not self._segments or self._segment_path(self._segments[-1]).stat().st_size >= segment_bytes
         if self.committed_offset > self.end_offset:
-            # Progress past the data (segments removed by hand): nothing left to drain.
-            logger.warning("span log %s: progress %d is past the log's end %d", self.folder,
-                           self.committed_offset, self.end_offset)
+            # Progress past the data (segments removed or cut by hand): offsets only ever grow,
+            # so new records go into a new segment named by the progress offset; none of them
+            # can then fall below the "already inserted" mark.
+            logger.warning("span log %s: progress %d is past the log's end %d; appending from %d in a new"
+                           " segment", self.folder, self.committed_offset, self.end_offset,
+                           self.committed_offset)
             self.end_offset = self.committed_offset
-        if self.unfinished_insert is not None and self.unfinished_insert.start != self.committed_offset:
-            self.unfinished_insert = None  # a stale line: an insert always starts at the committed offset
-        if not self._segments or self._segment_path(self._segments[-1]).stat().st_size >= segment_bytes:
+            new_segment = True
+        if self.unfinished_insert is not None and self.unfinished_insert.start < self.committed_offset:
+            self.unfinished_insert = None  # a stale line: an insert never starts before the committed offset
+        if new_segment and (not self._segments or self._segments[-1] != self.end_offset):
             self._segments.append(self.end_offset)
         self._fd = os.open(self._segment_path(self._segments[-1]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._segment_size = os.fstat(self._fd).st_size
@@ -174,16 +243,19 @@ class SpanLog:
         os.replace(temporary, path)
         return new_id
 
-    def _read_progress(self) -> tuple[int, UnfinishedInsert | None]:
-        committed, begun = 0, None
+    def _read_progress(self) -> tuple[int, UnfinishedInsert | None, int]:
+        """``(committed offset, unfinished insert or None, lookup_until)`` from the progress file."""
+        committed, begun, lookup_until = 0, None, 0
         try:
             text = (self.folder / _PROGRESS).read_text(encoding="ascii", errors="replace")
         except FileNotFoundError:
-            return 0, None
+            return 0, None, 0
         for line in text.splitlines():
             parts = line.split()
             try:
-                if parts[0] == "D" and len(parts) == 2:
+                if parts[0] == "L" and len(parts) == 2:
+                    lookup_until = max(lookup_until, int(parts[1]))
+                elif parts[0] == "D" and len(parts) == 2:
                     committed = max(committed, int(parts[1]))
                     begun = None if begun is not None and begun.end <= committed else begun
                 elif parts[0] == "B" and len(parts) in (3, 5):
@@ -193,14 +265,14 @@ class SpanLog:
                 continue  # a torn last line: the state before it stands
         if begun is not None and begun.end <= committed:
             begun = None
-        return committed, begun
+        return committed, begun, lookup_until
 
     def _segment_path(self, start: int) -> Path:
         return self.folder / f"{start:020d}{_SEGMENT_SUFFIX}"
 
     def _scan(self) -> int:
-        """Read every segment's record headers (tokens), load the records past the committed
-        offset, cut a torn tail off; return the log's end offset."""
+        """Read every segment's records (tokens), load the records past the committed offset;
+        skip damaged records in place, cut only a torn tail; return the log's end offset."""
         end = self._segments[0] if self._segments else self.committed_offset
         for index, start in enumerate(self._segments):
             path = self._segment_path(start)
@@ -209,41 +281,46 @@ class SpanLog:
                 data = segment.read()
             position = 0
             while position < len(data):
-                problem = None
-                if len(data) - position < HEADER_BYTES:
-                    problem = "header cut short"
-                else:
-                    magic, size, crc, token, flags = _HEADER.unpack_from(data, position)
-                    record_end = position + HEADER_BYTES + size
-                    if magic != MAGIC:
-                        problem = "bad magic"
-                    elif record_end > len(data):
-                        problem = "body cut short"
-                    elif start + record_end > self.committed_offset:
-                        body = data[position + HEADER_BYTES:record_end]
-                        if _crc(token, flags, body) != crc:
-                            problem = "checksum mismatch"
-                        else:
-                            self.unfinished.append(LogRecord(start + position, start + record_end, token, flags,
-                                                             bytes(body)))
-                if problem is not None:
-                    dropped = len(data) - position
-                    if last:
-                        logger.warning("span log %s: cutting off a torn last record (%s, %d bytes); its export"
-                                       " was never acknowledged", path.name, problem, dropped)
-                    else:
-                        logger.error("span log %s: %s at %d; %d bytes of this segment are unreadable",
-                                     path.name, problem, position, dropped)
-                    self.torn_bytes_dropped += dropped
-                    os.truncate(path, position)
-                    break
+                record_end = _valid_record_end(data, position)
+                if record_end is None:
+                    following = _next_valid_record(data, position + 1)
+                    if following is None and last:
+                        # Damage that reaches the end of the newest segment: a write cut short by
+                        # the crash (never answered 200). Nothing valid follows, so the cut loses
+                        # no record.
+                        dropped = len(data) - position
+                        logger.warning("span log %s: cutting off a torn last record (%s, %d bytes at %d); its"
+                                       " export was never acknowledged", path.name,
+                                       _problem(data, position), dropped, position)
+                        self.torn_bytes_dropped += dropped
+                        os.truncate(path, position)
+                        break
+                    # Damage in the middle: the bytes are left alone (no file region holding valid
+                    # records after it is ever truncated) and skipped up to the next valid record.
+                    skip_to = len(data) if following is None else following
+                    self._note_corrupt(path, start, position, skip_to - position, _problem(data, position))
+                    position = skip_to
+                    continue
+                magic, size, crc, token, flags = _HEADER.unpack_from(data, position)
+                if start + record_end > self.committed_offset:
+                    self.unfinished.append(LogRecord(start + position, start + record_end, token, flags,
+                                                     bytes(data[position + HEADER_BYTES:record_end])))
                 self._remember(token)
                 position = record_end
             end = start + position
             if not last and end != self._segments[index + 1]:
-                # A damaged middle segment: continue at the next segment's own offset.
+                # A segment shorter or longer than its successor's name says: offsets of the next
+                # segment are its own (never renumbered), so continue there.
                 end = self._segments[index + 1]
         return end
+
+    def _note_corrupt(self, path: Path, segment_start: int, position: int, skipped: int, problem: str) -> None:
+        inserted = segment_start + position + skipped <= self.committed_offset
+        logger.error("span log %s: damaged record (%s) at offset %d of the segment (global %d); skipped %d bytes"
+                     " to the next valid record%s", path.name, problem, position, segment_start + position,
+                     skipped, " (already inserted)" if inserted else "; an acknowledged export in them is lost")
+        self.corrupt_records_total += 1
+        self.corrupt_bytes_total += skipped
 
     # ------------------------------------------------------------------ use
     def knows(self, token: bytes) -> bool:
@@ -328,6 +405,8 @@ class SpanLog:
     def _rewrite_progress(self) -> None:
         """Replace the progress file by its state (atomic rename), keeping an unfinished line."""
         lines = f"D {self.committed_offset}\n"
+        if self.lookup_until > self.committed_offset:  # kept until the looked-up range is drained
+            lines += f"L {self.lookup_until}\n"
         if self.unfinished_insert is not None:
             u = self.unfinished_insert
             lines += f"B {u.start} {u.end} {u.trace_id} {u.span_id}\n" if u.span_id else f"B {u.start} {u.end}\n"
