@@ -12,9 +12,10 @@ How it stays the same:
   :func:`inferpath.analysis.percentiles.quantiles`.
 - A row sits in the band whose range ``[lower, upper)`` holds its measure, the last band
   including its upper edge (the maximum), so every row with the measure is in one band.
-- Per band: the count, the integer sums of the measure and of each stage
-  (``coalesce(stage_ns, 0)``: an unmeasured stage counts 0, as in
-  :func:`~inferpath.analysis.breakdown.request_breakdown`), and each stage's exact p99.
+- Per band: the count, the integer sums of the measure and of each stage, and each stage's
+  exact p99. A stage's value is :func:`~inferpath.analysis.breakdown.stage_sql` (e.g.
+  ``coalesce(gateway_ttft_ns, gateway_ns, 0)`` for the gateway in TTFT: an unmeasured stage
+  counts 0), the columns :func:`~inferpath.analysis.breakdown.request_breakdown` reads.
   ``rest`` = sum of the measure − sum of its stages. Sums of ``Int64`` are exact, so means
   and shares equal the Python ones exactly; p99s agree to float rounding.
 
@@ -28,10 +29,25 @@ from datetime import datetime
 from typing import Any
 
 from inferpath.analysis.breakdown import (
-    BANDS, FINAL_SETTINGS, MEASURES, REST, STAGES, StageSummary, measure_stages, request_filter,
+    BANDS, FINAL_SETTINGS, MEASURES, REST, StageSummary, measure_stages, request_filter, stage_sql,
 )
 
 _EDGE_QUANTILES: tuple[float, ...] = tuple(sorted({q for _, lo, hi in BANDS for q in (lo, hi)}))
+
+
+def _stage_aliases() -> tuple[list[tuple[str, str]], dict[tuple[str, str], str]]:
+    """The distinct stage expressions of all measures as ``[(alias, sql)]``, and
+    ``(measure, stage) -> alias``: a stage read alike by both measures is summed once."""
+    by_sql: dict[str, str] = {}
+    of_stage: dict[tuple[str, str], str] = {}
+    for measure in MEASURES:
+        for stage in measure_stages(measure):
+            sql = stage_sql(measure, stage)
+            of_stage[(measure, stage)] = by_sql.setdefault(sql, f"stage_{len(by_sql)}")
+    return [(alias, sql) for sql, alias in by_sql.items()], of_stage
+
+
+_STAGE_VALUES, _STAGE_ALIAS = _stage_aliases()
 
 
 def _band_of(column: str, edges: str) -> str:
@@ -52,12 +68,12 @@ def _sql(where: str) -> str:
     apart. A NULL measure has band ``-1`` (dropped by the caller)."""
     levels = ", ".join(repr(q) for q in _EDGE_QUANTILES)
     edges = ", ".join(f"quantilesExactInclusive({levels})({m}_ns)" for m in MEASURES)
-    stage_values = ", ".join(f"coalesce({s}_ns, 0) AS {s}" for s in STAGES)
+    stage_values = ", ".join(f"{sql} AS {alias}" for alias, sql in _STAGE_VALUES)
     bands = ", ".join(f"{_band_of(f'{m}_ns', f'window.{i + 2}')} AS {m}_band"
                       for i, m in enumerate(MEASURES))
     measure_sums = ", ".join(f"sum({m}_ns)" for m in MEASURES)
-    stage_sums = ", ".join(f"sum({s})" for s in STAGES)
-    stage_p99 = ", ".join(f"quantileExactInclusive(0.99)({s})" for s in STAGES)
+    stage_sums = ", ".join(f"sum({alias})" for alias, _ in _STAGE_VALUES)
+    stage_p99 = ", ".join(f"quantileExactInclusive(0.99)({alias})" for alias, _ in _STAGE_VALUES)
     keys = ", ".join(f"{m}_band" for m in MEASURES)
     sets = ", ".join(f"({m}_band)" for m in MEASURES)
     return (
@@ -87,12 +103,13 @@ def fetch_breakdown_bands(
     rows = store.query(_sql(where), parameters)
     bands: dict[str, list[StageSummary]] = {m: [] for m in MEASURES}
     request_count = 0
-    n, k = len(STAGES), len(MEASURES)
+    n, k = len(_STAGE_VALUES), len(MEASURES)
+    aliases = [alias for alias, _ in _STAGE_VALUES]
     for row in sorted(rows, key=lambda r: [(-1 if b is None else b) for b in r[:k]]):
         band_keys, count, measure_sums = row[:k], row[k], row[k + 1:2 * k + 1]
         rest = row[2 * k + 1:]
-        sums = dict(zip(STAGES, rest[:n]))
-        p99s = dict(zip(STAGES, rest[n:2 * n]))
+        alias_sums = dict(zip(aliases, rest[:n]))
+        alias_p99s = dict(zip(aliases, rest[n:2 * n]))
         window = rest[2 * n]
         request_count = int(window[0])
         measure_index = next(i for i, b in enumerate(band_keys) if b is not None)
@@ -100,6 +117,8 @@ def fetch_breakdown_bands(
         if band < 0:  # rows without this measure
             continue
         measure = MEASURES[measure_index]
+        sums = {s: alias_sums[_STAGE_ALIAS[(measure, s)]] for s in measure_stages(measure)}
+        p99s = {s: alias_p99s[_STAGE_ALIAS[(measure, s)]] for s in measure_stages(measure)}
         edges = dict(zip(_EDGE_QUANTILES, window[measure_index + 1]))
         name, low_q, high_q = BANDS[band]
         bands[measure].append(_summary(measure, name, int(count), int(measure_sums[measure_index]),

@@ -7,8 +7,12 @@ Which stages count toward which measure:
 
 - E2E (request start → last token): every stage in :data:`STAGES`.
 - TTFT (request start → first content token): every stage except ``decode``, which by
-  definition happens after the first token. ``gateway`` and ``network`` are measured over
-  the whole call, so for streamed responses their TTFT part is an upper bound.
+  definition happens after the first token. ``gateway`` and ``network`` read their
+  TTFT-phase columns (``gateway_ttft_ns``, ``network_ttft_ns``: the parts before the first
+  token, docs/telemetry-contract.md), because the whole-call ``gateway_ns`` / ``network_ns``
+  of a streamed response include the relaying of every later token. Rows stored before
+  those columns existed hold NULL there and fall back to the whole-call value, an upper
+  bound (:data:`TTFT_PHASE_COLUMNS`, :func:`stage_columns`).
 
 ``rest`` is the measure minus the sum of its stages: time no span explained (client-side
 work, unmeasured hops, scheduling gaps). It is negative when stages overlap (e.g. retrieval
@@ -35,6 +39,10 @@ TTFT_STAGES: tuple[str, ...] = tuple(s for s in STAGES if s != "decode")
 MEASURES: tuple[str, ...] = ("ttft", "e2e")
 REST = "rest"
 
+TTFT_PHASE_COLUMNS: dict[str, str] = {"gateway": "gateway_ttft_ns", "network": "network_ttft_ns"}
+"""Stages whose TTFT share has its own column: stage -> the column holding the stage's time
+before the first token (schema 012)."""
+
 BANDS: tuple[tuple[str, float, float], ...] = (
     ("p0-50", 0.0, 0.5),
     ("p50-90", 0.5, 0.9),
@@ -51,6 +59,34 @@ def measure_stages(measure: str) -> tuple[str, ...]:
     if measure == "ttft":
         return TTFT_STAGES
     raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+
+
+def stage_columns(measure: str, stage: str) -> tuple[str, ...]:
+    """The columns of ``stage``'s time in ``measure``, first non-NULL wins (``coalesce``):
+    ``("gateway_ttft_ns", "gateway_ns")`` for ``gateway`` in TTFT, ``("<stage>_ns",)``
+    otherwise. The one definition that :func:`request_breakdown` and the in-database
+    aggregates (:mod:`inferpath.analysis.band_query`) both read. ``ValueError`` for an unknown
+    measure or a stage not in ``measure``."""
+    if stage not in measure_stages(measure):
+        raise ValueError(f"stage {stage!r} is not a stage of {measure!r}: {measure_stages(measure)}")
+    whole = f"{stage}_ns"
+    if measure == "ttft" and stage in TTFT_PHASE_COLUMNS:
+        return (TTFT_PHASE_COLUMNS[stage], whole)
+    return (whole,)
+
+
+def stage_sql(measure: str, stage: str) -> str:
+    """SQL of ``stage``'s time in ``measure`` (ns, unmeasured = 0), e.g.
+    ``coalesce(gateway_ttft_ns, gateway_ns, 0)``; column names from :func:`stage_columns`."""
+    return f"coalesce({', '.join(stage_columns(measure, stage))}, 0)"
+
+
+def _stage_value(row: Mapping[str, Any], measure: str, stage: str) -> int:
+    for column in stage_columns(measure, stage):
+        value = row.get(column)
+        if value is not None:
+            return _duration(value, column)
+    return 0
 
 
 @dataclass(frozen=True)
@@ -78,14 +114,15 @@ class RequestBreakdown:
 def request_breakdown(row: Mapping[str, Any], measure: str = "e2e") -> RequestBreakdown | None:
     """Split one request row into stages of ``measure``; ``None`` if the row lacks the measure.
 
-    Raises ``ValueError`` for an unknown measure or a negative duration (naming the column).
+    A stage's value is the first non-NULL of :func:`stage_columns` (a missing key counts as
+    NULL), else 0. Raises ``ValueError`` for an unknown measure or a negative duration (naming the column).
     """
     stages = measure_stages(measure)
     total = row.get(f"{measure}_ns")
     if total is None:
         return None
     total = _duration(total, f"{measure}_ns")
-    stage_ns = {stage: _duration(row.get(f"{stage}_ns") or 0, f"{stage}_ns") for stage in stages}
+    stage_ns = {stage: _stage_value(row, measure, stage) for stage in stages}
     stage_ns[REST] = total - sum(stage_ns.values())
     return RequestBreakdown(
         trace_id=str(row.get("trace_id", "")),
@@ -211,7 +248,7 @@ columns. A trace whose re-assembly moved its start across midnight would count t
 REQUEST_QUERY_COLUMNS: tuple[str, ...] = (
     "timestamp", "trace_id", "service_name", "endpoint", "endpoint_class", "model", "replica",
     "status", "input_tokens", "output_tokens", "ttft_ns", "e2e_ns", "itl_ns",
-    *(f"{stage}_ns" for stage in STAGES), "model_ns", "postprocess_ns",
+    *(f"{stage}_ns" for stage in STAGES), "model_ns", "postprocess_ns", *TTFT_PHASE_COLUMNS.values(),
 )
 
 
@@ -269,6 +306,7 @@ __all__ = [
     "REQUEST_QUERY_COLUMNS",
     "REST",
     "STAGES",
+    "TTFT_PHASE_COLUMNS",
     "TTFT_STAGES",
     "RequestBreakdown",
     "StageSummary",
@@ -278,5 +316,7 @@ __all__ = [
     "measure_stages",
     "request_breakdown",
     "request_filter",
+    "stage_columns",
+    "stage_sql",
     "summarize",
 ]

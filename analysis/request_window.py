@@ -29,14 +29,16 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from inferpath.analysis.breakdown import (
-    FINAL_SETTINGS, REST, STAGES, measure_stages, request_breakdown, request_filter,
+    FINAL_SETTINGS, REST, STAGES, TTFT_PHASE_COLUMNS, measure_stages, request_breakdown, request_filter,
+    stage_sql,
 )
 from inferpath.analysis.percentiles import sorted_quantile
 
 WINDOW_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "ttft_ns", "e2e_ns", "itl_ns",
-                                   *(f"{stage}_ns" for stage in STAGES))
-"""The request columns the diagnosis reads."""
-MEASURED_COLUMNS: tuple[str, ...] = tuple(c for c in WINDOW_COLUMNS if c.endswith("_ns"))
+                                   *(f"{stage}_ns" for stage in STAGES), *TTFT_PHASE_COLUMNS.values())
+"""The request columns the diagnosis reads (the TTFT-phase parts of gateway and network too:
+a TTFT tail is attributed with them, as the breakdown does)."""
+MEASURED_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns", *(f"{stage}_ns" for stage in STAGES))
 QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.99)
 """The quantiles :class:`StoredWindow` computes in one pass; others cost a query each."""
 FIRST_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns")
@@ -217,7 +219,7 @@ class _StoredAggregates:
             in_tail = f"({self.conditions[index]} AND {measure}_ns >= {{edge_{index}:Float64}})"
             parameters[f"edge_{index}"] = float(edge)
             head += [f"countIf({in_tail})", f"sumIf(assumeNotNull({measure}_ns), {in_tail})",
-                     *(f"sumIf(coalesce({s}_ns, 0), {in_tail})" for s in stages)]
+                     *(f"sumIf({stage_sql(measure, s)}, {in_tail})" for s in stages)]
             tail_layout.append((index, measure, float(edge), stages))
         if spans and self.spans is None:
             self._read_spans()
@@ -320,7 +322,7 @@ class StoredWindow:
         over the rows whose ``trace_id`` is in ``only`` when given."""
         stages = measure_stages(measure)
         column = f"{measure}_ns"
-        stage_values = ", ".join(f"coalesce({s}_ns, 0) AS {s}" for s in stages)
+        stage_values = ", ".join(f"{stage_sql(measure, s)} AS {s}" for s in stages)
         sums = ", ".join(f"sum({s})" for s in stages)
         kept_sums = ", ".join(f"sumIf({s}, kept)" for s in stages)
         among = " AND trace_id IN {only:Array(String)}" if only is not None else ""

@@ -15,6 +15,11 @@ attribute value is a string):
   model / postprocess;
 - network hops: a ``Server`` span whose parent is a ``Client`` span of the trace.
 
+TTFT-phase parts (``gateway_ttft_ns``, ``network_ttft_ns``) are the gateway's self time and
+the hops' overhead clipped to the TTFT window ``[start, start + ttft_ns]`` of the span that
+measured ``ttft_ns``: a streamed response's gateway relays every later token, and that time
+is not part of TTFT.
+
 Durations: attributes carry seconds (float text); every measure is converted once, by
 :func:`seconds_to_ns`, to integer nanoseconds rounded to nearest. Span intervals use the
 stored start (wall clock, µs resolution) and ``duration_ns`` (the emitter's clock).
@@ -135,6 +140,43 @@ def _stage_union(spans: Sequence[SpanRow], stage: str) -> int | None:
     return union_ns(intervals) if intervals else None
 
 
+def _overlap_ns(start_ns: int, end_ns: int, lo_ns: int, hi_ns: int) -> int:
+    return max(0, min(end_ns, hi_ns) - max(start_ns, lo_ns))
+
+
+def _self_ns(span: SpanRow, descendants: Sequence[SpanRow], lo_ns: int, hi_ns: int) -> int:
+    """``span``'s self time inside ``[lo_ns, hi_ns]``: its interval minus the union of its
+    descendants' intervals, everything clipped to that window (ns, ≥ 0)."""
+    lo_ns, hi_ns = max(lo_ns, span.start_ns), min(hi_ns, span.end_ns)
+    if hi_ns <= lo_ns:
+        return 0
+    inside = [(max(lo_ns, d.start_ns), min(hi_ns, d.end_ns)) for d in descendants]
+    return max(0, (hi_ns - lo_ns) - union_ns(inside))
+
+
+def _span_ttft_ns(span: SpanRow) -> int | None:
+    attributes = span.span_attributes
+    return seconds_to_ns(_first(attributes.get(TTFT_SECONDS), attributes.get(ENGINE_TTFT)))
+
+
+def _hop_ttft_part_ns(client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int) -> int:
+    """The part of one hop's overhead inside the TTFT window ``[lo_ns, hi_ns]`` (ns, ≥ 0).
+
+    When both spans carry a TTFT (a streamed model call), each side's first-token phase is
+    ``[start, start + its TTFT]``: the hop's part is client TTFT − server TTFT, i.e. the
+    request's trip out plus the first token's trip back. Otherwise each side is its whole
+    interval. Both sides are clipped to the window first, so a hop that encloses the span
+    measuring TTFT (the end user's call to the gateway) adds nothing: its wire time lies
+    outside that TTFT."""
+    client_ttft_ns, server_ttft_ns = _span_ttft_ns(client), _span_ttft_ns(server)
+    if client_ttft_ns is not None and server_ttft_ns is not None:
+        client_end_ns, server_end_ns = client.start_ns + client_ttft_ns, server.start_ns + server_ttft_ns
+    else:
+        client_end_ns, server_end_ns = client.end_ns, server.end_ns
+    return max(0, _overlap_ns(client.start_ns, client_end_ns, lo_ns, hi_ns)
+               - _overlap_ns(server.start_ns, server_end_ns, lo_ns, hi_ns))
+
+
 def _first(*values):
     for value in values:
         if value not in (None, ""):
@@ -223,11 +265,18 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
             and by_id[s.parent_span_id].span_kind == "Client"]
     network_ns = sum(max(0, c.duration_ns - srv.duration_ns) for c, srv in hops) if hops else None
 
-    gateway_ns = None
+    gateway_ns = gateway_ttft_ns = network_ttft_ns = None
+    # The TTFT window: the measuring span's start → its first token (same clock as ttft_ns).
+    measuring = gateway if gateway is not None else engine
+    window = (measuring.start_ns, measuring.start_ns + ttft_ns) if (
+        measuring is not None and ttft_ns is not None) else None
     if gateway is not None:
-        lo, hi = gateway.start_ns, gateway.end_ns
-        inside = [(max(lo, d.start_ns), min(hi, d.end_ns)) for d in _descendants(gateway, unique)]
-        gateway_ns = max(0, gateway.duration_ns - union_ns(inside))
+        inner = _descendants(gateway, unique)
+        gateway_ns = _self_ns(gateway, inner, gateway.start_ns, gateway.end_ns)
+        if window is not None:
+            gateway_ttft_ns = _self_ns(gateway, inner, *window)
+    if window is not None and hops:
+        network_ttft_ns = sum(_hop_ttft_part_ns(c, srv, *window) for c, srv in hops)
 
     top = [s for s in (gateway, root_client, engine) if s is not None]
     http_status_code = _first(_http_status(gateway), _http_status(root_client)) or 0
@@ -281,6 +330,8 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         model_ns=model_ns,
         network_ns=network_ns,
         postprocess_ns=_stage_union(unique, "postprocess"),
+        gateway_ttft_ns=gateway_ttft_ns,
+        network_ttft_ns=network_ttft_ns,
         span_count=len(unique),
         updated_at=updated_at or datetime.now(timezone.utc),
     )

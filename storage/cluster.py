@@ -12,7 +12,8 @@ Every ``CREATE TABLE`` of ``schema/NNN_*.sql`` becomes two tables on every node
 
 A materialized view keeps its name and reads from / writes to the ``_local`` tables (it
 runs on each node over the rows that node receives). ``ALTER TABLE`` statements address
-``<table>_local ON CLUSTER``. Sharding keys keep one trace on one shard
+``<table>_local ON CLUSTER``; one that adds, drops or changes a column is repeated for the
+``Distributed`` table, whose column list is otherwise fixed when it is created. Sharding keys keep one trace on one shard
 (``cityHash64(TraceId)`` / ``cityHash64(trace_id)``), so the trace-id lookup, request
 assembly and ``FINAL`` on ``inferpath_requests`` see whole traces; metrics shard by
 ``rand()``.
@@ -48,6 +49,7 @@ _CREATE_VIEW = re.compile(
     r"^CREATE\s+MATERIALIZED\s+VIEW\s+IF\s+NOT\s+EXISTS\s+`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 _ALTER_TABLE = re.compile(r"^ALTER\s+TABLE\s+`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 _TABLE_REF = re.compile(r"`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)")
+_COLUMN_CHANGE = re.compile(r"\b(?:ADD|DROP|MODIFY|RENAME|COMMENT)\s+COLUMN\b", re.IGNORECASE)
 
 
 def _local_refs(raw: str) -> str:
@@ -89,7 +91,12 @@ def _raw_cluster_statements(raw: str, cluster: str, replication_path: str) -> li
     alter = _ALTER_TABLE.match(raw)
     if alter is not None:
         local = _local_refs(raw)
-        return [_cluster_clause(local, _TABLE_REF.search(local).end(), cluster)]  # type: ignore[union-attr]
+        statements = [_cluster_clause(local, _TABLE_REF.search(local).end(), cluster)]  # type: ignore[union-attr]
+        if _COLUMN_CHANGE.search(raw):
+            # A Distributed table copies its columns when it is created: a column added to
+            # the local tables only would be invisible to every read and insert through it.
+            statements.append(_cluster_clause(raw, alter.end(), cluster))
+        return statements
     raise ValueError(f"no cluster form for statement: {raw[:80]!r}")
 
 

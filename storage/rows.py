@@ -107,6 +107,8 @@ REQUEST_DURATION_COLUMNS: tuple[str, ...] = (
     "model_ns",
     "network_ns",
     "postprocess_ns",
+    "gateway_ttft_ns",
+    "network_ttft_ns",
 )
 
 
@@ -301,7 +303,9 @@ class RequestRow:
     """One request (trace) as stored in ``inferpath_requests``; see docs/telemetry-contract.md.
 
     ``timestamp``: earliest span start (aware). Every ``*_ns`` field is a duration in
-    nanoseconds or ``None`` when the trace did not measure it. ``status``: ``ok``,
+    nanoseconds or ``None`` when the trace did not measure it. ``gateway_ttft_ns`` /
+    ``network_ttft_ns``: the parts of ``gateway_ns`` / ``network_ns`` that fall before the
+    first token (schema 012; ``None`` when ``ttft_ns`` is). ``status``: ``ok``,
     ``error`` or ``incomplete``. ``updated_at``: version for ReplacingMergeTree (newest
     wins under ``FINAL``); defaults to now.
     """
@@ -332,6 +336,8 @@ class RequestRow:
     model_ns: int | None = None
     network_ns: int | None = None
     postprocess_ns: int | None = None
+    gateway_ttft_ns: int | None = None
+    network_ttft_ns: int | None = None
     span_count: int = 0
     updated_at: datetime = field(default_factory=_now_utc)
 
