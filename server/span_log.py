@@ -318,7 +318,8 @@ class SpanLog:
         inserted = segment_start + position + skipped <= self.committed_offset
         logger.error("span log %s: damaged record (%s) at offset %d of the segment (global %d); skipped %d bytes"
                      " to the next valid record%s", path.name, problem, position, segment_start + position,
-                     skipped, " (already inserted)" if inserted else "; an acknowledged export in them is lost")
+                     skipped, " (behind the drained mark: inserted, or lost and reported at an earlier start)"
+                     if inserted else "; an acknowledged export in them is lost")
         self.corrupt_records_total += 1
         self.corrupt_bytes_total += skipped
 

@@ -63,7 +63,7 @@ def test_a_bad_magic_in_an_inserted_record_cuts_nothing(tmp_path: Path, caplog) 
     assert [(r.start, r.end) for r in reopened.unfinished] == ranges[6:]
     assert segment.stat().st_size == ranges[-1][1] and reopened.corrupt_records_total == 1
     assert not any("past the log's end" in r.getMessage() for r in caplog.records)
-    assert "already inserted" in next(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert "behind the drained mark" in next(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
     reopened.close()
 
 
