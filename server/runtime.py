@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from inferpath.config import Settings
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
@@ -52,27 +53,28 @@ _STARTUP_TIMEOUT_SECONDS = 30.0
 SPAN_LOG_FOLDER_NAME = "inferpath_span_log"
 
 
-_ROLLUP_PASSES_LOCK = threading.Lock()
-
-
-class _RollupPasses:
-    """Rollup passes asked for by flushes, run on a worker thread so a caller can stop waiting.
+class _FlushPasses:
+    """Passes of one piece of flush work (the forced assembly, the rollup refresh), run on a
+    worker thread so a flush can stop waiting at its timeout.
 
     :meth:`run` waits up to ``timeout_seconds`` for a pass that starts after the call (a pass
     already running may have read before the caller's rows landed). At most one pass runs
-    (``refresh_now`` also serialises with the refresher thread) and at most one more waits:
-    flushes arriving meanwhile share that waiting pass.
+    and at most one more waits: flushes arriving meanwhile share that waiting pass. The
+    work serialises with its own background loop (the assembler's run lock, ``refresh_now``).
     """
 
-    def __init__(self, rollups: RollupRefresher) -> None:
-        self.rollups = rollups
+    def __init__(self, name: str, thread_name: str, work: Callable[[], object]) -> None:
+        self.name = name
+        self.thread_name = thread_name
+        self.work = work
         self._lock = threading.Lock()
         self._waiting: dict | None = None  # the pass not yet started: {"done": Event, "ok": bool}
         self._running: threading.Thread | None = None
 
     def run(self, timeout_seconds: float) -> bool:
         """True when a pass started after this call finished within ``timeout_seconds``; False
-        on timeout (the pass goes on; reads fall back to raw rows meanwhile) or failure (logged)."""
+        on timeout (the pass goes on; its background loop would do the same work later) or
+        failure (logged)."""
         with self._lock:
             if self._waiting is None:
                 self._waiting = {"done": threading.Event(), "ok": False}
@@ -80,23 +82,23 @@ class _RollupPasses:
             if self._running is None:
                 self._start_locked()
         if not pending["done"].wait(max(0.0, timeout_seconds)):
-            logger.warning("rollup refresh at flush still running after %.1f s; answering without it",
-                           max(0.0, timeout_seconds))
+            logger.warning("%s at flush still running after %.1f s; answering without it",
+                           self.name, max(0.0, timeout_seconds))
             return False
         return pending["ok"]
 
     def _start_locked(self) -> None:
         pending, self._waiting = self._waiting, None
-        self._running = threading.Thread(target=self._pass, args=(pending,), name="inferpath-flush-rollup",
-                                         daemon=True)
+        self._running = threading.Thread(target=self._pass, args=(pending,),
+                                         name=self.thread_name, daemon=True)
         self._running.start()
 
     def _pass(self, pending: dict) -> None:
         try:
-            self.rollups.refresh_now()
+            self.work()
             pending["ok"] = True
-        except Exception as exc:  # noqa: BLE001 - reads fall back to raw rows past the horizon
-            logger.warning("rollup refresh at flush failed: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the background loop retries the same work
+            logger.warning("%s at flush failed: %s", self.name, exc)
         finally:
             pending["done"].set()
             with self._lock:
@@ -143,6 +145,12 @@ class ServerRuntime:
         )
         # Span exports: 200 once logged, inserted in large blocks by one thread (log_ingest.py).
         self.span_log_ingest = self._open_span_log(settings)
+        # Flush work that can take long (after a restart, every recovered trace is read back;
+        # a rollup pass over days of backdated traces): waited for only until the timeout.
+        self._flush_assembly = _FlushPasses("request assembly", "inferpath-flush-assembly",
+                                            lambda: self.assembler.run_once(force=True))
+        self._flush_rollups = _FlushPasses("rollup refresh", "inferpath-flush-rollup",
+                                           lambda: self.rollups.refresh_now())
         self.scrape_loop = ScrapeLoop(
             settings.scrape_targets,
             self.writers["otel_metrics_gauge"],
@@ -291,8 +299,9 @@ class ServerRuntime:
 
         Returns ``{"ok": bool, "spans_inserted_total", "data_points_inserted_total",
         "requests_inserted_total", "pending_traces"}``; ``ok`` is False on timeout or when
-        an insert or the rollup pass failed. The rollup pass runs on a worker thread and is
-        waited for only until ``timeout_seconds`` (it goes on after a timeout).
+        an insert, the assembly or the rollup pass failed. The forced assembly pass and the
+        rollup pass run on worker threads and are waited for only until ``timeout_seconds``
+        (they go on after a timeout).
         """
         deadline = time.monotonic() + timeout_seconds
         left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
@@ -302,13 +311,11 @@ class ServerRuntime:
         for table, writer in self.writers.items():
             if table != REQUESTS_TABLE:
                 ok = writer.flush(left()) and ok
-        self.assembler.run_once(force=True)
+        ok = self._flush_assembly.run(left()) and ok
         ok = self.writers[REQUESTS_TABLE].flush(left()) and ok
         # Wide-window reads see re-derived rows of old minutes now, not a pass later; a slow
         # pass (minutes over days of traces) must not hold the answer past the timeout.
-        with _ROLLUP_PASSES_LOCK:
-            passes = self.__dict__.setdefault("_flush_rollup_passes", _RollupPasses(self.rollups))
-        ok = passes.run(left()) and ok
+        ok = self._flush_rollups.run(left()) and ok
         return {
             "ok": ok,
             # Exports are committed (inserted or logged) before their 200; after the log's

@@ -96,3 +96,35 @@ def test_flush_answers_near_its_timeout_while_a_rollup_pass_is_slow(store_url: s
             assert http.post("/api/v1/flush", params={"timeout_seconds": 20}).json()["ok"]
         assert most_at_once[0] == 1  # never two passes at once
         rollups.refresh_now = real_pass
+
+
+def test_flush_answers_near_its_timeout_while_the_forced_assembly_is_slow(store_url: str) -> None:
+    """After a restart the forced assembly may read back thousands of recovered traces: the
+    flush answers ``ok: false`` at its timeout instead of waiting for it, then ``ok: true``."""
+    settings = Settings(store_url=store_url, assembly_settle_seconds=0.1)
+    with serve_in_thread(settings, port=0) as running:
+        assembler = running.runtime.assembler
+        real_run_once = assembler.run_once
+        slow = threading.Event()
+
+        def slow_run_once(*args, **kwargs):
+            if threading.current_thread().name == "inferpath-flush-assembly":
+                slow.wait(30)  # a pass reading back many traces
+            return real_run_once(*args, **kwargs)
+
+        assembler.run_once = slow_run_once
+        try:
+            with httpx.Client(base_url=running.url, timeout=30.0) as http:
+                body, _ = trace_body(spans_per_trace=3)
+                assert http.post("/v1/traces", content=body, headers={"content-type": PROTOBUF}).status_code == 200
+                began = time.monotonic()
+                answer = http.post("/api/v1/flush", params={"timeout_seconds": 1.0}).json()
+                took = time.monotonic() - began
+                assert answer["ok"] is False and took < 4, (answer, took)
+                slow.set()
+                answer = http.post("/api/v1/flush", params={"timeout_seconds": 20}).json()
+                assert answer["ok"] is True and answer["pending_traces"] == 0, answer
+                assert answer["requests_inserted_total"] >= 1
+        finally:
+            slow.set()
+            assembler.run_once = real_run_once
