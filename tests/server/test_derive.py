@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
 from inferpath.server.assembler import assemble_request, seconds_to_ns, union_ns
-from inferpath.server.otlp import decode_trace_request
 from inferpath.storage.rows import SpanRow, datetime_from_unix_ns
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -173,13 +170,8 @@ def test_union_counts_overlaps_once() -> None:
     assert union_ns([]) == 0
 
 
-def test_recorded_vllm_traces_give_rows_with_engine_latencies(shared_data: Path) -> None:
-    folder = shared_data / "vllm_live_capture"
-    by_trace: dict[str, list[SpanRow]] = defaultdict(list)
-    for path in sorted((folder / "otlp").glob("*.pb")) + sorted((folder / "startup_otlp").glob("*.pb")):
-        for s in decode_trace_request(path.read_bytes(), content_type="application/x-protobuf",
-                                      content_encoding=None).spans:
-            by_trace[s.trace_id].append(s)
+def test_recorded_vllm_traces_give_rows_with_engine_latencies(vllm_spans_by_trace: dict[str, list[SpanRow]]) -> None:
+    by_trace = vllm_spans_by_trace
     with_engine = {t for t, spans in by_trace.items() if any(s.span_name == "llm_request" for s in spans)}
     assert len(with_engine) >= 100
     for trace_id, spans in by_trace.items():

@@ -8,7 +8,6 @@ import asyncio
 import json
 from collections import defaultdict
 from datetime import datetime, timezone
-from pathlib import Path
 
 import httpx
 import pytest
@@ -114,13 +113,8 @@ def test_no_ttft_means_no_phase_parts() -> None:
     assert row.gateway_ns is not None and row.network_ns is not None
 
 
-def test_recorded_vllm_traces_keep_parts_within_ttft(shared_data: Path) -> None:
-    folder = shared_data / "vllm_live_capture"
-    by_trace: dict[str, list[SpanRow]] = defaultdict(list)
-    for path in sorted((folder / "otlp").glob("*.pb")) + sorted((folder / "startup_otlp").glob("*.pb")):
-        for s in decode_trace_request(path.read_bytes(), content_type="application/x-protobuf",
-                                      content_encoding=None).spans:
-            by_trace[s.trace_id].append(s)
+def test_recorded_vllm_traces_keep_parts_within_ttft(vllm_spans_by_trace: dict[str, list[SpanRow]]) -> None:
+    by_trace = vllm_spans_by_trace
     rows = [r for r in (assemble_request(spans) for spans in by_trace.values()) if r is not None]
     assert len(rows) >= 100
     for row in rows:
