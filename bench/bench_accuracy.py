@@ -17,10 +17,12 @@ The reference is the server's write: the error holds everything between that wri
 inferpath's stamp (kernel delivery, the client's event loop reaching the socket, the read
 path), so a stalled client shows up in it, as it would in a service.
 
-Each case runs twice, interleaved: with the stamp at receipt (the connection's raw socket
-read, or the earlier moment a probe saw the bytes waiting: ``instrumentation/receipt.py``,
-the default) and with it taken when the bytes come out of httpx (``receipt.enabled = False``, the earlier behaviour), so the two compare under the
-same load. Printed beside each case: load average, the client's GC pauses
+Each case runs three times, interleaved: "kernel", the kernel's receive timestamp of the
+connection's raw socket read (``SO_TIMESTAMPNS``; ``instrumentation/receipt.py``, the
+default); "raw read", the moment of that read in user space, or the earlier moment a probe
+saw the bytes waiting (``receipt.kernel_stamps = False``); "after httpx", when the bytes
+come out of httpx (``receipt.enabled = False``, the first behaviour). So the three compare
+under the same load. Printed beside each case: load average, the client's GC pauses
 (``gc.callbacks``), the server's lag behind its schedule, and the client loop's lag (a 1 ms
 ticker, with ``--diagnose`` only, as it adds its own wakeups).
 
@@ -41,7 +43,12 @@ Harness settings, all printed (why: bench/README.md, Instrumentation, "Accuracy"
   only to tell the export thread's share of the tail);
 * ``--gc-freeze``: ``gc.freeze()`` after the warm-up (what a service does after start-up
   to keep its long-lived objects out of full collections; off by default);
-* a warm-up of one full wave at the highest concurrency before measuring.
+* a warm-up of one full wave at the highest concurrency before measuring;
+* a full collection before each case, outside its measured window: each case runs its own
+  event loop and client, and the previous one's loop, client and connections are cyclic
+  garbage that would otherwise be freed by a 30-80 ms collection inside the next case, a
+  stall that a service keeping one loop and one client does not have. The collections the
+  case's own calls cause are measured and printed.
 
     python bench/bench_accuracy.py [--requests N] [--requests-c1 M] [--tokens T]
         [--ttft-ms A] [--itl-ms B] [--rounds R] [--pin] [--nice N] [--realtime]
@@ -109,7 +116,8 @@ async def main():
 asyncio.run(main())
 '''
 
-STAMPS = {"at receipt": True, "after httpx": False}
+#: stamp -> (receipt.enabled, receipt.kernel_stamps)
+STAMPS = {"kernel": (True, True), "raw read": (True, False), "after httpx": (False, False)}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -264,12 +272,17 @@ def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c
                     order = list(STAMPS.items())
                     if (round_index + case_index) % 2:
                         order.reverse()
-                    for stamp, enabled in order:
-                        receipt.enabled = enabled
+                    for stamp, (enabled, kernel) in order:
+                        receipt.enabled, receipt.kernel_stamps = enabled, kernel
+                        # The previous case's event loop, client and 64 connections are
+                        # cyclic garbage (~10k objects with finalizers); freed by a full
+                        # collection inside this case, they stall it 40-80 ms, which no
+                        # service that keeps its loop and client sees. Free them here.
+                        gc.collect()
                         pauses.pauses_ms.clear()
                         lags_ms: list[float] | None = [] if diagnose else None
                         load = os.getloadavg()[0]
-                        prefix = f"r{round_index}-{case.replace(' ', '-')}-{int(enabled)}"
+                        prefix = f"r{round_index}-{case.replace(' ', '-')}-{stamp.replace(' ', '-')}"
                         measured = asyncio.run(
                             client_run(url, count, concurrency, prefix, mean_gap, lags_ms))
                         time.sleep(0.2)  # the server logs a request after its last write
@@ -287,10 +300,10 @@ def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c
                         print(_line(case, row), flush=True)
                         entry = report.setdefault(case, {"rounds": []})
                         entry["rounds"].append(row)
-                        if enabled:
+                        if enabled and kernel:
                             entry.update({k: v for k, v in row.items() if k != "rounds"})
         finally:
-            receipt.enabled = True
+            receipt.enabled = receipt.kernel_stamps = True
             if gc_freeze:
                 gc.unfreeze()
             if pauses in gc.callbacks:

@@ -27,12 +27,22 @@ a later one, and never later than now; so ``min(latest raw read, now)`` lies bet
 true receipt and the old stamp, and is the true receipt whenever the connection is read one
 piece at a time, which anyio guarantees (it pauses reading while no task waits for data).
 
+Kernel receive timestamps (Linux on x86-64 and arm64): a read that waits behind a stalled
+loop (a garbage collection, a slow callback, another tenant on the core) is still late at the
+raw read. So the connection's socket also gets ``SO_TIMESTAMPNS`` and its class is swapped for
+a subclass whose ``recv``/``recv_into`` (what asyncio's selector transport calls) read with
+``recvmsg`` and keep the ancillary timestamp: the moment the kernel received the last TCP
+segment of that read. It is converted from ``CLOCK_REALTIME`` to the monotonic clock at the
+read and becomes the read's stamp; it is never later than the read, and equals the true
+receipt of every byte of a read that holds one segment (a read that drains several segments
+queued during a stall takes the last one's time). A connection stamped by the kernel needs
+no probe and is not watched. Costs about 1 µs more per raw read than ``recv``; the returned
+bytes and raised errors are ``recv``'s own.
+
 Not reached, and then the stamp is simply ``now`` (the previous behaviour): uvloop (it
 caches the protocol's method), trio, sync clients (they read in the calling thread, so
-their stamp is already at the read), custom transports. Kernel receive timestamps
-(``SO_TIMESTAMPNS``) would also remove the loop's own delays (GC, other callbacks), but
-asyncio reads with ``recv``, which drops them, and replacing its private read path is not
-worth the risk to the observed service.
+their stamp is already at the read), custom transports. Without kernel timestamps (other
+systems, or :data:`kernel_stamps` False) the raw read and the probe remain.
 
 Clock: ``time.perf_counter_ns`` (monotonic), the clock of :mod:`.streaming`.
 """
@@ -41,15 +51,41 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import select
+import socket
+import struct
+import sys
 import time
 from typing import Any
 
-__all__ = ["ReceiptClock", "receipt_clock", "probe", "enabled"]
+__all__ = ["ReceiptClock", "receipt_clock", "probe", "enabled", "kernel_stamps"]
 
 #: Escape hatch (and the benchmark's switch): False makes :func:`receipt_clock` return
 #: None, so every stamp is taken when the body piece comes out of httpx.
 enabled = True
+
+#: False: connections installed from now on are stamped at the raw read (and the probe),
+#: without the kernel's receive timestamp.
+kernel_stamps = True
+
+# SO_TIMESTAMPNS (SO_TIMESTAMPNS_OLD, 35 in asm-generic; Python's socket module lacks the
+# name) and its control message, a native ``struct timespec``. Other architectures number the
+# option differently, so only these two are trusted.
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_HAS_KERNEL_STAMPS = (sys.platform.startswith("linux")
+                      and platform.machine() in ("x86_64", "aarch64"))
+_TIMESPEC = struct.Struct("@ll")
+_ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if _HAS_KERNEL_STAMPS else 0
+# Linux turns receive timestamping on for the host when the first socket asks for it (the
+# switch itself deferred to a kernel work item) and off when the last such socket closes;
+# flipping it patches kernel code on every CPU. One socket held open for the process's life
+# keeps it on, so connections opening and closing never flip it, and a new connection's
+# first packets are stamped already.
+_holder: socket.socket | None = None
+# fd -> monotonic ns of the kernel's receipt of the latest read's data, set by the socket's
+# read and taken by the protocol's ``data_received`` that the transport calls right after.
+_kernel_ns: dict[int, int] = {}
 
 _ATTRIBUTE = "_inferpath_receipt_clock"
 # epoll is Linux's; elsewhere there is no probe and stamps stay at the raw read.
@@ -64,12 +100,13 @@ class ReceiptClock:
     the first moment :func:`probe` saw its bytes waiting (``ready_ns``), else the read's own
     time. ``read_ns`` is None until the first read after installation."""
 
-    __slots__ = ("read_ns", "ready_ns", "rearm")
+    __slots__ = ("read_ns", "ready_ns", "rearm", "fd")
 
     def __init__(self) -> None:
         self.read_ns: int | None = None
         self.ready_ns: int | None = None
         self.rearm: Any = None  # re-enables the one-shot watch of the socket
+        self.fd = -1  # the socket's descriptor when the kernel stamps its reads
 
     def stamp_ns(self, now_ns: int, not_before_ns: int) -> int:
         """Receipt time of the body piece just returned at ``now_ns``: the latest raw read if
@@ -140,6 +177,83 @@ def _watch_socket(stream: Any, clock: ReceiptClock) -> None:
     watch.clocks[fd] = clock
 
 
+def _note_kernel_time(sock: socket.socket, ancdata: list) -> None:
+    """Keep the receive timestamp among ``recvmsg``'s control messages, on the monotonic
+    clock, for the protocol's ``data_received``. Never raises."""
+    try:
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+                received_ns = seconds * 1_000_000_000 + nanoseconds
+                _kernel_ns[sock.fileno()] = received_ns - time.time_ns() + time.perf_counter_ns()
+                return
+    except Exception:
+        pass
+
+
+class _KernelStampedSocket(socket.socket):
+    """The connection's own socket (its class swapped; same layout, no new state) reading
+    with ``recvmsg`` so that the kernel's receive timestamp of each read is kept. Data,
+    return values and errors are those of ``recv``/``recv_into``."""
+
+    __slots__ = ()
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, ancdata, _flags, _address = self.recvmsg(bufsize, _ANCILLARY_SIZE, flags)
+        if ancdata and data:
+            _note_kernel_time(self, ancdata)
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        with memoryview(buffer) as view:
+            target = view[:nbytes] if nbytes else view
+            try:
+                count, ancdata, _flags, _address = self.recvmsg_into([target], _ANCILLARY_SIZE, flags)
+            finally:
+                target.release()
+        if ancdata and count:
+            _note_kernel_time(self, ancdata)
+        return count
+
+
+def _enable_kernel_stamps(sock: socket.socket) -> None:
+    """``SO_TIMESTAMPNS`` on ``sock``, and on the process's holder socket first (above).
+    Raises OSError when the system refuses it."""
+    global _holder
+    if _holder is None:
+        holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            holder.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        except OSError:
+            holder.close()
+            raise
+        _holder = holder
+    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+
+
+def _kernel_stamp_socket(stream: Any, clock: ReceiptClock) -> bool:
+    """Have the kernel stamp the reads of the TCP socket under ``stream`` (see the module
+    docstring); True when it will."""
+    if not (kernel_stamps and _HAS_KERNEL_STAMPS):
+        return False
+    transport = getattr(stream, "_transport", None)
+    sock = getattr(transport, "_sock", None)  # asyncio's selector transports keep it here
+    if type(sock) not in (socket.socket, _KernelStampedSocket) or sock.family not in (
+            socket.AF_INET, socket.AF_INET6):
+        return False
+    fd = sock.fileno()
+    if fd < 0:
+        return False
+    try:
+        _enable_kernel_stamps(sock)
+    except OSError:
+        return False
+    sock.__class__ = _KernelStampedSocket
+    _kernel_ns.pop(fd, None)  # a stamp left by an earlier socket with this number
+    clock.fd = fd
+    return True
+
+
 def _stream_of(network_stream: Any) -> Any:
     """The anyio socket stream (the object holding ``_protocol``) under a network stream."""
     stream = network_stream
@@ -176,7 +290,10 @@ def _stamping_class(cls: type) -> type:
         if clock is not None:
             read_ns = _now()
             ready_ns = clock.ready_ns
-            if ready_ns is None:
+            if clock.fd >= 0:  # the kernel's receipt of what the socket read just returned
+                kernel_ns = _kernel_ns.pop(clock.fd, read_ns)
+                clock.read_ns = kernel_ns if kernel_ns <= read_ns else read_ns
+            elif ready_ns is None:
                 clock.read_ns = read_ns
             else:  # a probe saw these bytes waiting (and disarmed the watch)
                 clock.ready_ns = None
@@ -218,8 +335,9 @@ def receipt_clock(response: Any) -> ReceiptClock | None:
         # do; uvloop caches it, and then read_ns stays None and the stamp falls back).
         protocol.__class__ = _stamping_class(type(protocol))
         try:
-            _watch_socket(stream, clock)
-        except Exception:  # no watch: stamps stay at the raw read
+            if not _kernel_stamp_socket(stream, clock):
+                _watch_socket(stream, clock)
+        except Exception:  # no kernel stamps or no watch: stamps stay at the raw read
             pass
         return clock
     except Exception:

@@ -1,10 +1,13 @@
-"""Chunks are stamped at the connection's raw socket read, not at the reading task's turn.
+"""Chunks are stamped at their receipt: the kernel's, else the connection's raw socket read,
+not at the reading task's turn.
 
 Eight streams on loopback get their first token while the client's event loop is blocked;
 when it unblocks, the eight reads happen in one loop iteration and each task then spends
-4 ms on its chunk (``on_chunk``). Stamped at the raw read, the eight first tokens carry
-stamps within a few hundred µs; stamped when the bytes come out of httpx (the previous
-behaviour, ``receipt.enabled = False``), the last waits for the seven tasks before it.
+4 ms on its chunk (``on_chunk``). With the kernel's receive timestamps the eight first
+tokens carry their arrival, inside the block; stamped at the raw read
+(``receipt.kernel_stamps = False``) they carry stamps within a few hundred µs of each other
+after the block; stamped when the bytes come out of httpx (the previous behaviour,
+``receipt.enabled = False``), the last waits for the seven tasks before it.
 """
 
 from __future__ import annotations
@@ -68,16 +71,22 @@ async def _first_token_stamps(url: str) -> tuple[list[int], int]:
     return list(stamps), block_end_ns[0]
 
 
-@pytest.mark.parametrize("at_raw_read", [True, False])
-def test_first_tokens_read_together_are_stamped_together(spans, monkeypatch, at_raw_read) -> None:
-    monkeypatch.setattr(receipt, "enabled", at_raw_read)
+@pytest.mark.parametrize("stamp", ["kernel", "raw_read", "after_httpx"])
+def test_first_tokens_read_together_are_stamped_together(spans, monkeypatch, stamp) -> None:
+    monkeypatch.setattr(receipt, "enabled", stamp != "after_httpx")
+    monkeypatch.setattr(receipt, "kernel_stamps", stamp == "kernel")
     with ScriptedSSEServer(SCRIPT) as server:
         stamps, block_end_ns = asyncio.run(_first_token_stamps(server.url))
     assert block_end_ns > 0, "the loop was never blocked: roles did not all arrive first"
+    spread_ms = (max(stamps) - min(stamps)) / 1e6
+    if stamp == "kernel":
+        # The tokens (due ~280 ms into the 450 ms block) arrived while nothing could read.
+        assert max(stamps) < block_end_ns - 50_000_000, (block_end_ns - max(stamps)) / 1e6
+        assert spread_ms < 3.0, spread_ms
+        return
     # Nothing can be read while the loop is blocked: no stamp before its end.
     assert min(stamps) >= block_end_ns
-    spread_ms = (max(stamps) - min(stamps)) / 1e6
-    if at_raw_read:
+    if stamp == "raw_read":
         assert spread_ms < 3.0, spread_ms
     else:
         # The last task's turn comes after the others' 4 ms each (the error removed above).
@@ -205,6 +214,7 @@ def test_bytes_arriving_during_a_long_loop_iteration_are_stamped_at_arrival(
     within one chunk's handling."""
     from inferpath.instrumentation import clients
 
+    monkeypatch.setattr(receipt, "kernel_stamps", False)  # the probe serves without them
     if not probing:
         monkeypatch.setattr(clients, "probe", lambda: None)
 
@@ -280,10 +290,12 @@ def test_the_stamp_adds_no_reference_cycle_to_a_connection() -> None:
 @pytest.mark.parametrize("at_receipt", [True, False])
 def test_the_httpx_integration_stamps_at_receipt_too(spans, monkeypatch, at_receipt) -> None:
     """The same eight-stream scene through the httpx integration (the openai SDK's path):
-    the spans' first-token times, start + TTFT, are together only when stamped at receipt."""
+    the spans' first-token times, start + TTFT, are together only when stamped at receipt
+    (here the raw read; the kernel's stamps are the same clock and tested above)."""
     from inferpath.instrumentation import registry
 
     monkeypatch.setattr(receipt, "enabled", at_receipt)
+    monkeypatch.setattr(receipt, "kernel_stamps", False)
 
     async def run(url: str) -> None:
         roles_seen = 0
@@ -318,3 +330,88 @@ def test_the_httpx_integration_stamps_at_receipt_too(spans, monkeypatch, at_rece
         assert spread_ms < 3.0, spread_ms
     else:
         assert spread_ms > (STREAMS - 2) * BUSY_SECONDS * 1e3, spread_ms
+
+
+@pytest.mark.skipif(not receipt._HAS_KERNEL_STAMPS, reason="kernel receive timestamps: Linux x86-64/arm64")
+def test_a_token_arriving_during_a_stall_is_stamped_at_its_arrival_by_the_kernel(spans) -> None:
+    """The client's loop stalls 300 ms (a collection, a slow callback); the token is written
+    100 ms into the stall. Its stamp is the kernel's receipt, within 1 ms of the write, not
+    the end of the stall; the socket reads through ``recvmsg`` and is not watched."""
+    import threading
+
+    stall_end_ns = [0]
+
+    async def run(url: str) -> tuple:
+        loop = asyncio.get_running_loop()
+
+        def stall() -> None:
+            threading.Timer(0.1, late.trigger.set).start()
+            time.sleep(0.3)
+            stall_end_ns[0] = time.perf_counter_ns()
+
+        def on_chunk(chunk: dict, _received_ns: int) -> None:
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("role"):
+                loop.call_soon(stall)
+
+        async with httpx.AsyncClient(timeout=10) as client:
+            stream = stream_chat_completion(client, url, {"model": "m", "messages": []},
+                                            stage=None, on_chunk=on_chunk)
+            async with stream:
+                async for _ in stream:
+                    pass
+            return stream.timeline.first_token_ns, stream._receipt
+
+    with _TriggeredSSE() as late:
+        first_ns, clock = asyncio.run(run(f"http://127.0.0.1:{late.port}/v1/chat/completions"))
+    assert isinstance(clock, ReceiptClock) and clock.fd >= 0
+    assert clock.rearm is None  # not watched by the probe
+    error_ms = (first_ns - late.written_at * 1e9) / 1e6
+    assert abs(error_ms) < 1.0, error_ms
+    assert stall_end_ns[0] - first_ns > 150_000_000
+
+
+@pytest.mark.skipif(not receipt._HAS_KERNEL_STAMPS, reason="kernel receive timestamps: Linux x86-64/arm64")
+def test_the_kernel_stamped_socket_reads_what_recv_reads() -> None:
+    """``recv`` and ``recv_into`` of the swapped socket return what the plain calls return,
+    raise what they raise, and note the kernel's time of each read that returned data."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    plain = socket.create_connection(listener.getsockname())
+    peer, _ = listener.accept()
+    stamped = socket.create_connection(listener.getsockname())
+    stamped_peer, _ = listener.accept()
+    try:
+        receipt._enable_kernel_stamps(stamped)
+        stamped.__class__ = receipt._KernelStampedSocket
+        time.sleep(0.05)  # the first enabling in a process is put into effect by a kernel work item
+        for sock in (plain, stamped):
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(10)
+            with pytest.raises(BlockingIOError):
+                sock.recv_into(bytearray(10))
+        sent_ns = time.perf_counter_ns()
+        for sender in (peer, stamped_peer):
+            sender.sendall(b"hello world")
+        time.sleep(0.05)
+        before_ns = time.perf_counter_ns()
+        assert plain.recv(5) == stamped.recv(5) == b"hello"
+        noted_ns = receipt._kernel_ns.pop(stamped.fileno())
+        # Received at the send (loopback), not at the read 50 ms later; 1 ms for the clocks.
+        assert sent_ns - 1_000_000 < noted_ns < before_ns - 40_000_000
+        into_plain, into_stamped = bytearray(b"......."), bytearray(b".......")
+        assert plain.recv_into(into_plain, 4) == stamped.recv_into(into_stamped, 4) == 4
+        assert into_plain == into_stamped == bytearray(b" wor...")
+        assert plain.recv_into(into_plain) == stamped.recv_into(into_stamped) == 2
+        assert into_plain[:2] == into_stamped[:2] == b"ld"
+        assert stamped.fileno() in receipt._kernel_ns
+        peer.close()
+        stamped_peer.close()
+        time.sleep(0.05)
+        receipt._kernel_ns.clear()
+        assert plain.recv(10) == stamped.recv(10) == b""  # end of stream: nothing noted
+        assert stamped.fileno() not in receipt._kernel_ns
+    finally:
+        for sock in (listener, plain, peer, stamped, stamped_peer):
+            sock.close()
