@@ -44,6 +44,17 @@ def test_accuracy_bench_measures_both_concurrencies(capsys) -> None:
     assert "concurrency 64" in capsys.readouterr().out
 
 
+def test_receipt_read_bench_measures_both_reads(capsys) -> None:
+    from inferpath.instrumentation import receipt
+
+    result = importlib.import_module("bench_receipt_read").main(["--reads", "500", "--rounds", "2"])
+    if not receipt._HAS_KERNEL_STAMPS:
+        assert result == {}
+        return
+    assert result["recv_us"] > 0 and result["stamped_us"] > 0
+    assert "per read" in capsys.readouterr().out
+
+
 def test_peers_bench_needs_its_own_environment() -> None:
     pytest.importorskip("traceloop.sdk", reason="peers are installed in a separate venv")
     pytest.importorskip("langfuse")
