@@ -5,8 +5,9 @@ then write each ``(at_ms, bytes)`` of the script at ``at_ms`` after the request 
 (TCP_NODELAY, so a write is one TCP segment and splits inside JSON reach the client as two
 reads), then close. Runs its own asyncio loop in a thread, so sync and async clients can
 use it. ``written_at[i]`` is ``perf_counter()`` after write ``i`` of the latest request
-(the same monotonic clock as the client, same process); ``arrived_at`` when that request
-had been read.
+(the same monotonic clock as the client, same process), ``all_written_at`` those lists of
+every request in the order they finished; ``arrived_at`` when the latest request had been
+read.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class ScriptedSSEServer:
         self.json_body = json_body
         self.requests: list[bytes] = []
         self.written_at: list[float] = []
+        self.all_written_at: list[list[float]] = []
         self.arrived_at = 0.0  # perf_counter() when the latest request was read
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,6 +152,7 @@ class ScriptedSSEServer:
                 await writer.drain()
                 written_at.append(time.perf_counter())
             self.written_at = written_at
+            self.all_written_at.append(written_at)
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             pass
         finally:
