@@ -22,10 +22,10 @@ of more bytes read by the same ``recv`` (the rest of a frame split in two TCP se
 arriving later) by at most their gap.
 
 How a stamp is used (see :meth:`ReceiptClock.stamp_ns`): when a piece of the body comes out
-of httpx, the latest raw read of its connection is the one that delivered (completed) it or
-a later one, and never later than now; so ``min(latest raw read, now)`` lies between the
-true receipt and the old stamp, and is the true receipt whenever the connection is read one
-piece at a time, which anyio guarantees (it pauses reading while no task waits for data).
+of httpx, the read that delivered (completed) it is the newest read the stream has taken
+from the protocol; reads made after it, while the woken task had not yet run and paused the
+transport, are still in the protocol's queue and are skipped. Its stamp, capped at now, lies
+between the true receipt and the old stamp.
 
 Kernel receive timestamps (Linux on x86-64 and arm64): a read that waits behind a stalled
 loop (a garbage collection, a slow callback, another tenant on the core) is still late at the
@@ -49,6 +49,7 @@ Clock: ``time.perf_counter_ns`` (monotonic), the clock of :mod:`.streaming`.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import platform
@@ -91,27 +92,49 @@ _ATTRIBUTE = "_inferpath_receipt_clock"
 # epoll is Linux's; elsewhere there is no probe and stamps stay at the raw read.
 _HAS_EPOLL = hasattr(select, "epoll")
 _WATCH_EVENTS = getattr(select, "EPOLLIN", 1) | getattr(select, "EPOLLONESHOT", 0)
+# Reads remembered per connection, beyond those still queued in the protocol (a body piece's
+# read is the newest one not queued; several queue only while the loop is held up).
+_KEPT_READS = 16
 # httpcore stream -> anyio stream (-> TLS stream's transport) -> socket stream: a few hops.
 _MAX_HOPS = 6
 
 
 class ReceiptClock:
     """The receipt time (``perf_counter_ns``) of the latest raw read of one connection:
-    the first moment :func:`probe` saw its bytes waiting (``ready_ns``), else the read's own
-    time. ``read_ns`` is None until the first read after installation."""
+    the kernel's receipt, else the first moment :func:`probe` saw its bytes waiting
+    (``ready_ns``), else the read's own time. ``read_ns`` is None until the first read after
+    installation; ``reads`` keeps the last few reads' ``(id(data), stamp)``, and ``unread``
+    is the protocol's queue of reads not yet taken by the stream (anyio's ``read_queue``)."""
 
-    __slots__ = ("read_ns", "ready_ns", "rearm", "fd")
+    __slots__ = ("read_ns", "ready_ns", "rearm", "fd", "reads", "unread")
 
     def __init__(self) -> None:
         self.read_ns: int | None = None
         self.ready_ns: int | None = None
         self.rearm: Any = None  # re-enables the one-shot watch of the socket
         self.fd = -1  # the socket's descriptor when the kernel stamps its reads
+        self.reads: collections.deque[tuple[int, int]] = collections.deque(maxlen=_KEPT_READS)
+        self.unread: collections.deque | None = None
 
     def stamp_ns(self, now_ns: int, not_before_ns: int) -> int:
-        """Receipt time of the body piece just returned at ``now_ns``: the latest raw read if
-        one was stamped at or after ``not_before_ns`` (the request's start), else ``now_ns``."""
+        """Receipt time of the body piece just returned at ``now_ns``: the latest raw read
+        the stream has taken, if it was stamped at or after ``not_before_ns`` (the request's
+        start), else ``now_ns``.
+
+        Reads still queued in the protocol came after the piece's (the transport keeps
+        reading until the woken task takes its data and pauses it) and are skipped: by the
+        identity of their bytes, so a read that anyio split (its rest queued as new bytes)
+        still counts as taken."""
         read_ns = self.read_ns
+        unread = self.unread
+        if unread:
+            queued = {id(data) for data in unread}
+            for data_id, stamp_ns in reversed(self.reads):
+                if data_id not in queued:
+                    read_ns = stamp_ns
+                    break
+            else:
+                return now_ns
         if read_ns is None or read_ns < not_before_ns or read_ns > now_ns:
             return now_ns
         return read_ns
@@ -301,6 +324,7 @@ def _stamping_class(cls: type) -> type:
                     clock.rearm()
                 except Exception:
                     pass
+            clock.reads.append((id(data), clock.read_ns))
         _base(self, data)
 
     stamping = type(cls.__name__, (cls,), {"data_received": data_received,
@@ -329,6 +353,9 @@ def receipt_clock(response: Any) -> ReceiptClock | None:
         if isinstance(clock, ReceiptClock):
             return clock
         clock = ReceiptClock()
+        unread = getattr(protocol, "read_queue", None)
+        if isinstance(unread, collections.deque):
+            clock.unread = unread
         setattr(protocol, _ATTRIBUTE, clock)
         # The transport looks the method up on every read (asyncio's selector transports
         # do; uvloop caches it, and then read_ns stays None and the stamp falls back).

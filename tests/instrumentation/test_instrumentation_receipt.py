@@ -131,6 +131,29 @@ def test_a_stale_or_missing_read_falls_back_to_now() -> None:
     assert clock.stamp_ns(1_000, 500) == 1_000  # never later than now
 
 
+def test_reads_still_queued_in_the_protocol_are_not_the_pieces_receipt() -> None:
+    """The transport read token "a" (t=100) and, before the woken task ran, token "b"
+    (t=200): the piece the stream took is "a", so its stamp is 100 while "b" is queued."""
+    import collections
+
+    clock = ReceiptClock()
+    token_a, token_b = b"data: a\n\n", b"data: b\n\n"
+    clock.reads.extend([(id(token_a), 100), (id(token_b), 200)])
+    clock.read_ns = 200
+    clock.unread = collections.deque([token_b])
+    assert clock.stamp_ns(1_000, 50) == 100
+    clock.unread.popleft()  # the stream took "b" too
+    assert clock.stamp_ns(1_000, 50) == 200
+    # anyio split an oversized read: its rest is queued as new bytes; the read counts as taken.
+    clock.unread.append(token_b[4:])
+    assert clock.stamp_ns(1_000, 50) == 200
+    # Every remembered read is still queued: nothing known about the piece's read.
+    clock.unread.extendleft([token_a, token_b])
+    assert clock.stamp_ns(1_000, 50) == 1_000
+    clock.unread.clear()
+    assert clock.stamp_ns(150, 50) == 150  # never later than now
+
+
 def test_receipt_clock_is_installed_once_per_connection_and_never_raises(monkeypatch) -> None:
     async def open_twice(url: str) -> tuple:
         async with httpx.AsyncClient(timeout=10) as client:
@@ -147,6 +170,7 @@ def test_receipt_clock_is_installed_once_per_connection_and_never_raises(monkeyp
         first, second, disabled = asyncio.run(open_twice(server.url))
     assert isinstance(first, ReceiptClock) and first is second
     assert first.read_ns is not None  # the body's reads went through the hook
+    assert first.unread is not None and first.reads  # anyio's queue of reads is known
     assert disabled is None
     assert receipt_clock(object()) is None
     assert receipt_clock(httpx.Response(200)) is None  # no network stream
