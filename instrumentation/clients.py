@@ -32,7 +32,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
-from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock
+from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter, TokenTimeline
 
 __all__ = ["stream_chat_completion", "ChatCompletionStream"]
@@ -75,6 +75,8 @@ class ChatCompletionStream:
         )
         # This call makes its own span; the httpx integration must not make a second one.
         self._request.extensions["inferpath.traced"] = True
+        # A connection this call opens is stamped from its first read (receipt.py).
+        self._request.extensions["trace"] = trace_connect(self._request.extensions.get("trace"))
         self._payload = payload
         self._stage = stage
         self._on_chunk = on_chunk

@@ -41,7 +41,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import content, provider
 from inferpath.instrumentation import semconv as sc
-from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock
+from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter
 
 __all__ = ["instrument_library", "uninstrument_library", "open_calls", "TRACED_EXTENSION",
@@ -399,6 +399,11 @@ def _wrap_async(original: Any, stream_class: type) -> Any:
         call = _start_call(request)
         if call is None:
             return await original(self, request)
+        try:
+            # A connection this call opens is stamped from its first read (receipt.py).
+            request.extensions["trace"] = trace_connect(request.extensions.get("trace"))
+        except Exception:
+            pass
         try:
             response = await original(self, request)
         except BaseException as error:

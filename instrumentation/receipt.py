@@ -40,18 +40,29 @@ no probe and is not watched. The returned bytes and raised errors are ``recv``'s
 per raw read (``bench/bench_receipt_read.py``): the raw-read stamp 0.4-0.7 µs, with the
 kernel's 1.6-1.9 µs in all, against ~150 µs of httpx's own work per read.
 
+When: a streamed call's request carries :func:`trace_connect` as httpcore's ``trace``
+extension, which installs the clock as soon as the call opens its connection, so that even
+the read holding the response headers (and perhaps the first token) is stamped. A kept-alive
+connection keeps its clock; one opened by another request gets it when the first streamed
+response on it arrives (:func:`receipt_clock`), and the reads before that are unstamped.
+
 Not reached, and then the stamp is simply ``now`` (the previous behaviour): uvloop (it
 caches the protocol's method), trio, sync clients (they read in the calling thread, so
-their stamp is already at the read), custom transports. Without kernel timestamps (other
-systems, or :data:`kernel_stamps` False) the raw read and the probe remain.
+their stamp is already at the read), custom transports, Unix sockets (no kernel stamp; the
+raw read stays). Without kernel timestamps (other systems, or :data:`kernel_stamps` False)
+the raw read and the probe remain. HTTP/2 multiplexes streams over one connection, so the
+reads (and their stamps) are the connection's: a stall merges several streams' frames into
+one read, all stamped at its last segment.
 
 Clock: ``time.perf_counter_ns`` (monotonic), the clock of :mod:`.streaming`.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
+import inspect
 import os
 import platform
 import select
@@ -61,7 +72,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["ReceiptClock", "receipt_clock", "probe", "enabled", "kernel_stamps"]
+__all__ = ["ReceiptClock", "receipt_clock", "trace_connect", "probe", "enabled", "kernel_stamps"]
 
 #: Escape hatch (and the benchmark's switch): False makes :func:`receipt_clock` return
 #: None, so every stamp is taken when the body piece comes out of httpx.
@@ -94,21 +105,23 @@ _ATTRIBUTE = "_inferpath_receipt_clock"
 # epoll is Linux's; elsewhere there is no probe and stamps stay at the raw read.
 _HAS_EPOLL = hasattr(select, "epoll")
 _WATCH_EVENTS = getattr(select, "EPOLLIN", 1) | getattr(select, "EPOLLONESHOT", 0)
-# Reads remembered per connection, beyond those still queued in the protocol (a body piece's
-# read is the newest one not queued; several queue only while the loop is held up).
+# Reads remembered per connection (a body piece's read is at most a few reads back: more
+# queue only while the loop is held up).
 _KEPT_READS = 16
 # httpcore stream -> anyio stream (-> TLS stream's transport) -> socket stream: a few hops.
 _MAX_HOPS = 6
 
 
 class ReceiptClock:
-    """The receipt time (``perf_counter_ns``) of the latest raw read of one connection:
-    the kernel's receipt, else the first moment :func:`probe` saw its bytes waiting
-    (``ready_ns``), else the read's own time. ``read_ns`` is None until the first read after
-    installation; ``reads`` keeps the last few reads' ``(id(data), stamp)``, and ``unread``
-    is the protocol's queue of reads not yet taken by the stream (anyio's ``read_queue``)."""
+    """The receipt time (``perf_counter_ns``) of the raw reads of one connection: the
+    kernel's receipt, else the first moment :func:`probe` saw the bytes waiting
+    (``ready_ns``), else the read's own time. ``read_ns`` is the latest read's (None until
+    the first read after installation); ``reads`` keeps the last few reads as
+    ``(received, stamp)``, ``received`` being the connection's byte count once that read was
+    in (``received`` now); ``unread`` is the protocol's queue of read bytes the stream has
+    not taken yet (anyio's ``read_queue``)."""
 
-    __slots__ = ("read_ns", "ready_ns", "rearm", "fd", "reads", "unread")
+    __slots__ = ("read_ns", "ready_ns", "rearm", "fd", "reads", "received", "unread")
 
     def __init__(self) -> None:
         self.read_ns: int | None = None
@@ -116,27 +129,34 @@ class ReceiptClock:
         self.rearm: Any = None  # re-enables the one-shot watch of the socket
         self.fd = -1  # the socket's descriptor when the kernel stamps its reads
         self.reads: collections.deque[tuple[int, int]] = collections.deque(maxlen=_KEPT_READS)
+        self.received = 0
         self.unread: collections.deque | None = None
 
     def stamp_ns(self, now_ns: int, not_before_ns: int) -> int:
-        """Receipt time of the body piece just returned at ``now_ns``: the latest raw read
-        the stream has taken, if it was stamped at or after ``not_before_ns`` (the request's
-        start), else ``now_ns``.
+        """Receipt time of the body piece just returned at ``now_ns``: the stamp of the read
+        that brought its last byte, if it was stamped at or after ``not_before_ns`` (the
+        request's start), else ``now_ns``.
 
-        Reads still queued in the protocol came after the piece's (the transport keeps
-        reading until the woken task takes its data and pauses it) and are skipped: by the
-        identity of their bytes, so a read that anyio split (its rest queued as new bytes)
-        still counts as taken."""
+        The stream has taken every byte but those still queued in the protocol (reads the
+        transport made before the woken task ran and paused it, or the rest of a read that
+        anyio split): so its last byte is byte ``received - queued``, and its read is the
+        oldest kept read whose count reaches it. Unknown (``now_ns``) when that read is no
+        longer kept or was made before installation."""
         read_ns = self.read_ns
         unread = self.unread
         if unread:
-            queued = {id(data) for data in unread}
-            for data_id, stamp_ns in reversed(self.reads):
-                if data_id not in queued:
-                    read_ns = stamp_ns
+            taken = self.received - sum(map(len, unread))
+            reads = self.reads
+            read_ns = None
+            for received, stamp_ns in reversed(reads):
+                if received < taken:
                     break
+                read_ns = stamp_ns
             else:
-                return now_ns
+                if len(reads) == reads.maxlen:  # older reads may have been dropped
+                    read_ns = None
+            if taken <= 0:
+                read_ns = None
         if read_ns is None or read_ns < not_before_ns or read_ns > now_ns:
             return now_ns
         return read_ns
@@ -224,13 +244,24 @@ class _KernelStampedSocket(socket.socket):
     __slots__ = ()
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if bufsize < 0:  # the plain call's own error
+            return super().recv(bufsize, flags)
         data, ancdata, _flags, _address = self.recvmsg(bufsize, _ANCILLARY_SIZE, flags)
         if ancdata and data:
             _kernel_ancdata[self.fileno()] = ancdata
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        with memoryview(buffer) as view:
+        try:
+            view = memoryview(buffer)
+        except TypeError:
+            return super().recv_into(buffer, nbytes, flags)
+        with view:
+            if (view.readonly or view.format != "B" or view.ndim != 1 or nbytes < 0
+                    or nbytes > view.nbytes):
+                # Anything but a writable byte buffer that fits: the plain call (and its
+                # errors), unstamped.
+                return super().recv_into(buffer, nbytes, flags)
             target = view[:nbytes] if nbytes else view
             try:
                 count, ancdata, _flags, _address = self.recvmsg_into([target], _ANCILLARY_SIZE, flags)
@@ -253,6 +284,7 @@ def _enable_kernel_stamps(sock: socket.socket) -> None:
             holder.close()
             raise
         _holder = holder
+        atexit.register(holder.close)
     sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
 
 
@@ -328,7 +360,8 @@ def _stamping_class(cls: type) -> type:
                     clock.rearm()
                 except Exception:
                     pass
-            clock.reads.append((id(data), clock.read_ns))
+            clock.received += len(data)
+            clock.reads.append((clock.received, clock.read_ns))
         _base(self, data)
 
     stamping = type(cls.__name__, (cls,), {"data_received": data_received,
@@ -341,34 +374,67 @@ def receipt_clock(response: Any) -> ReceiptClock | None:
     """The :class:`ReceiptClock` of the connection behind an ``httpx.Response`` (read
     through httpcore's ``network_stream`` extension), installing it on first use.
 
-    Installation is once per connection (a keep-alive connection keeps its clock) and costs
-    one attribute store and one clock read per raw read. Returns None, never raises, when
-    the connection cannot be reached (see the module docstring) or :data:`enabled` is False.
+    Installation is once per connection (a keep-alive connection keeps its clock; the
+    request's :func:`trace_connect` hook installs it when the connection is opened, so that
+    the response's first read is stamped too). Returns None, never raises, when the
+    connection cannot be reached (see the module docstring) or :data:`enabled` is False.
     """
     if not enabled:
         return None
     try:
         extensions = getattr(response, "extensions", None) or {}
-        stream = _stream_of(extensions.get("network_stream"))
-        if stream is None:
-            return None
-        protocol = stream._protocol
-        clock = getattr(protocol, _ATTRIBUTE, None)
-        if isinstance(clock, ReceiptClock):
-            return clock
-        clock = ReceiptClock()
-        unread = getattr(protocol, "read_queue", None)
-        if isinstance(unread, collections.deque):
-            clock.unread = unread
-        setattr(protocol, _ATTRIBUTE, clock)
-        # The transport looks the method up on every read (asyncio's selector transports
-        # do; uvloop caches it, and then read_ns stays None and the stamp falls back).
-        protocol.__class__ = _stamping_class(type(protocol))
-        try:
-            if not _kernel_stamp_socket(stream, clock):
-                _watch_socket(stream, clock)
-        except Exception:  # no kernel stamps or no watch: stamps stay at the raw read
-            pass
-        return clock
+        return _install(extensions.get("network_stream"))
     except Exception:
         return None
+
+
+def _install(network_stream: Any) -> ReceiptClock | None:
+    stream = _stream_of(network_stream)
+    if stream is None:
+        return None
+    protocol = stream._protocol
+    clock = getattr(protocol, _ATTRIBUTE, None)
+    if isinstance(clock, ReceiptClock):
+        return clock
+    clock = ReceiptClock()
+    unread = getattr(protocol, "read_queue", None)
+    if isinstance(unread, collections.deque):
+        clock.unread = unread
+    setattr(protocol, _ATTRIBUTE, clock)
+    # The transport looks the method up on every read (asyncio's selector transports do;
+    # uvloop caches it, and then read_ns stays None and the stamp falls back).
+    protocol.__class__ = _stamping_class(type(protocol))
+    try:
+        if not _kernel_stamp_socket(stream, clock):
+            _watch_socket(stream, clock)
+    except Exception:  # no kernel stamps or no watch: stamps stay at the raw read
+        pass
+    return clock
+
+
+_CONNECTED = "connection.connect_tcp.complete"
+
+
+def trace_connect(previous: Any = None) -> Any:
+    """An httpcore ``trace`` request extension (async) that installs the receipt clock on a
+    connection as soon as the request opens it, before anything is read from it; without
+    it, a response whose headers and first token come in one read taken while the loop is
+    held up would have that read unstamped. ``previous`` (the request's own ``trace``
+    extension, if any) is called for every event as before; a hook of this function's is
+    returned as it is (a request sent again keeps one). Never raises of its own."""
+    if getattr(previous, _ATTRIBUTE, False):
+        return previous
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        if name == _CONNECTED and enabled:
+            try:
+                _install(info.get("return_value"))
+            except Exception:
+                pass
+        if previous is not None:
+            result = previous(name, info)
+            if inspect.isawaitable(result):
+                await result
+
+    setattr(trace, _ATTRIBUTE, True)
+    return trace

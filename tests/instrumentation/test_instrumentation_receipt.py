@@ -132,26 +132,33 @@ def test_a_stale_or_missing_read_falls_back_to_now() -> None:
 
 
 def test_reads_still_queued_in_the_protocol_are_not_the_pieces_receipt() -> None:
-    """The transport read token "a" (t=100) and, before the woken task ran, token "b"
-    (t=200): the piece the stream took is "a", so its stamp is 100 while "b" is queued."""
+    """The transport read token "a" (10 bytes, t=100) and, before the woken task ran, token
+    "b" (10 bytes, t=200): the piece the stream took is "a", so its stamp is 100 while "b"
+    is queued. Reads are told apart by byte counts, so a split read is still found."""
     import collections
 
     clock = ReceiptClock()
-    token_a, token_b = b"data: a\n\n", b"data: b\n\n"
-    clock.reads.extend([(id(token_a), 100), (id(token_b), 200)])
-    clock.read_ns = 200
-    clock.unread = collections.deque([token_b])
+    clock.reads.extend([(10, 100), (20, 200)])
+    clock.received, clock.read_ns = 20, 200
+    clock.unread = collections.deque([b"b" * 10])
     assert clock.stamp_ns(1_000, 50) == 100
     clock.unread.popleft()  # the stream took "b" too
     assert clock.stamp_ns(1_000, 50) == 200
-    # anyio split an oversized read: its rest is queued as new bytes; the read counts as taken.
-    clock.unread.append(token_b[4:])
+    # anyio split "b" (its last 6 bytes queued as new bytes): the piece's read is still "b".
+    clock.unread.append(b"b" * 6)
     assert clock.stamp_ns(1_000, 50) == 200
-    # Every remembered read is still queued: nothing known about the piece's read.
-    clock.unread.extendleft([token_a, token_b])
+    # Every kept read is still queued, or bytes from before installation: unknown.
+    clock.unread.extendleft([b"x" * 10, b"y" * 10])
     assert clock.stamp_ns(1_000, 50) == 1_000
     clock.unread.clear()
     assert clock.stamp_ns(150, 50) == 150  # never later than now
+    # The read that brought the piece's last byte was dropped from the kept reads.
+    full = ReceiptClock()
+    for index in range(1, full.reads.maxlen + 3):
+        full.reads.append((index * 10, index * 100))
+    full.received = (full.reads.maxlen + 2) * 10
+    full.unread = collections.deque([b"z" * (full.reads.maxlen * 10)])
+    assert full.stamp_ns(10_000, 50) == 10_000
 
 
 def test_receipt_clock_is_installed_once_per_connection_and_never_raises(monkeypatch) -> None:
@@ -449,3 +456,169 @@ def test_the_kernel_stamped_socket_reads_what_recv_reads() -> None:
     finally:
         for sock in (listener, plain, peer, stamped, stamped_peer):
             sock.close()
+
+
+class _OneWriteSSE:
+    """Answers each request 300 ms after reading it with the headers, the role chunk, one
+    token and the end in a single write; ``written_at`` is ``perf_counter()`` after it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.written_at: list[float] = []
+        self.port = 0
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    def __enter__(self) -> "_OneWriteSSE":
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    async def _serve(self) -> None:
+        import socket
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")), 0)
+            await reader.readexactly(length)
+            await asyncio.sleep(0.3)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"connection: close\r\n\r\n" + frame(ROLE) + frame(content("t"))
+                         + frame(FINISH) + frame(usage(1)) + frame("[DONE]"))
+            await writer.drain()
+            self.written_at.append(time.perf_counter())
+            writer.close()
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        await self._stop.wait()
+        server.close()
+
+
+@pytest.mark.skipif(not receipt._HAS_KERNEL_STAMPS, reason="kernel receive timestamps: Linux x86-64/arm64")
+@pytest.mark.parametrize("path", ["stream_chat_completion", "httpx_integration"])
+def test_a_new_connections_first_read_is_stamped_even_with_the_headers_in_it(spans, path) -> None:
+    """A new connection; the loop is held up from 100 to 600 ms; the response (headers,
+    role, token, end) arrives in one segment at 300 ms. The clock is installed when the
+    request opens the connection (the ``trace`` hook), so that one read, taken at 600 ms,
+    still carries its arrival: TTFT is 300 ms, not 600."""
+    from inferpath.instrumentation import registry
+
+    async def run(url: str) -> int:
+        loop = asyncio.get_running_loop()
+        async with httpx.AsyncClient(timeout=10) as client:
+            loop.call_later(0.1, time.sleep, 0.5)
+            if path == "stream_chat_completion":
+                stream = stream_chat_completion(client, url, {"model": "m", "messages": []}, stage=None)
+                async with stream:
+                    async for _ in stream:
+                        pass
+                return stream.timeline.first_token_ns
+            async with client.stream("POST", url, json={"model": "m", "stream": True,
+                                                        "messages": []}) as response:
+                async for _ in response.aiter_bytes():
+                    pass
+            return 0
+
+    if path == "httpx_integration":
+        registry.instrument_integrations(only=("httpx",))
+    try:
+        with _OneWriteSSE() as server:
+            url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+            first_ns = asyncio.run(run(url))
+    finally:
+        if path == "httpx_integration":
+            registry.uninstrument_integrations()
+    (span,) = spans.finished(wait_for=1)
+    (written,) = server.written_at
+    if path == "stream_chat_completion":
+        error_ms = (first_ns - written * 1e9) / 1e6
+        assert abs(error_ms) < 1.0, error_ms
+    ttft = span.attributes["gen_ai.response.time_to_first_chunk"]
+    assert 0.29 < ttft < 0.32, ttft  # not ~0.6 s, the end of the hold-up
+
+
+@pytest.mark.skipif(not receipt._HAS_KERNEL_STAMPS, reason="kernel receive timestamps: Linux x86-64/arm64")
+def test_the_connect_hook_keeps_the_requests_own_trace_and_is_not_stacked() -> None:
+    events: list[str] = []
+
+    async def own(name: str, _info: dict) -> None:
+        events.append(name)
+
+    hook = receipt.trace_connect(own)
+    assert receipt.trace_connect(hook) is hook
+    asyncio.run(hook("connection.connect_tcp.complete", {"return_value": object()}))
+    asyncio.run(hook("http11.send_request_headers.started", {}))
+    assert events == ["connection.connect_tcp.complete", "http11.send_request_headers.started"]
+    asyncio.run(receipt.trace_connect()("connection.connect_tcp.complete", {"return_value": None}))
+
+
+@pytest.mark.skipif(not receipt._HAS_KERNEL_STAMPS, reason="kernel receive timestamps: Linux x86-64/arm64")
+def test_unusual_reads_of_the_swapped_socket_behave_as_plain_ones() -> None:
+    """What asyncio never passes still gets the plain calls' results and errors."""
+    import array
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    socks = []
+    try:
+        for stamped in (False, True):
+            sock = socket.create_connection(listener.getsockname())
+            peer, _ = listener.accept()
+            if stamped:
+                sock.__class__ = receipt._KernelStampedSocket
+            peer.sendall(bytes(range(64)))
+            socks += [sock, peer]
+        time.sleep(0.05)
+        plain, stamped = socks[0], socks[2]
+        outcomes = []
+        for sock in (plain, stamped):
+            got = []
+            for call in (lambda s: s.recv(-1), lambda s: s.recv_into(bytearray(16), 32),
+                         lambda s: s.recv_into(bytearray(16), -4), lambda s: s.recv_into(b"read-only"),
+                         lambda s: (lambda a: (s.recv_into(a, 8), a.tolist()))(array.array("i", [0] * 4)),
+                         lambda s: s.recv(4)):
+                try:
+                    got.append(call(sock))
+                except Exception as error:
+                    got.append((type(error), str(error)))
+            outcomes.append(got)
+        assert outcomes[0] == outcomes[1]
+    finally:
+        listener.close()
+        for sock in socks:
+            sock.close()
+
+
+def test_the_holder_socket_is_closed_at_exit(tmp_path) -> None:
+    """The socket that keeps the host's timestamping on is closed at exit: no
+    ``ResourceWarning`` under ``-X dev``."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "holder.py"
+    script.write_text(
+        "import socket\n"
+        "from inferpath.instrumentation import receipt\n"
+        "sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "receipt._enable_kernel_stamps(sock)\n"
+        "sock.close()\n"
+        "print('holder', receipt._holder is not None or not receipt._HAS_KERNEL_STAMPS)\n")
+    result = subprocess.run([sys.executable, "-X", "dev", "-W", "error::ResourceWarning", str(script)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "holder True" in result.stdout
+    assert "ResourceWarning" not in result.stderr, result.stderr
