@@ -19,9 +19,16 @@ that proof, trace by trace, for a store that this process alone writes (embedded
 - Spans this process wrote and then let go of: once assembled, a trace's spans stay held
   for ``late_window_seconds`` (a late span re-derives the row from all of them); after
   that, or when the bounds evict them first, the trace id goes into a Bloom filter of
-  *forgotten* traces, and a trace that may be in it is read back. The filter has two
-  generations; when the older one is dropped, the cutoff moves past every span start seen
-  so far, so that a trace whose id was dropped is caught by the cutoff check instead.
+  *forgotten* traces, and a trace that may be in it is read back; each later committed
+  span of such a trace adds its id again, so an id is in the filter's current generation
+  from its last committed span on. The filter has two generations; when the older one is
+  dropped, its ids were last added before the previous rotation, so every span of theirs
+  started before the newest span start seen at that rotation: the cutoff moves one second
+  past that start (not past the newest start now), and a trace whose id was dropped is
+  caught by the cutoff check instead. Current traffic stays after the cutoff, so the traces
+  held at a rotation are still derived from memory (moving the cutoff to the newest start
+  sent every unverified held trace, and every trace of the next second or so, to be read
+  back: at 20k spans/s a burst of thousands of read-backs every ~8 minutes).
 
 Bounds: ``max_spans`` held spans and ``max_traces`` held traces in all. Over a bound, the
 oldest assembled traces are let go first, then the oldest pending ones (those are then
@@ -145,7 +152,8 @@ class SpanBuffer:
         self._forgotten = trace_filter if trace_filter is not None else TraceIdFilter()
         self._pending: OrderedDict[str, _Held] = OrderedDict()  # not yet assembled, oldest first
         self._recent: OrderedDict[str, _Held] = OrderedDict()  # assembled, oldest release first
-        self._latest_start = _EPOCH  # newest span start ever held
+        self._latest_start = _EPOCH  # newest span start ever noted
+        self._latest_start_at_rotation = _EPOCH  # _latest_start when the filter last rotated
         self.held_spans = 0
         self.evicted_traces_total = 0
         self.set_cutoff(cutoff_unix_s)
@@ -174,12 +182,14 @@ class SpanBuffer:
             self._latest_start = latest
         held = self._pending.get(trace_id)
         if held is None:
-            if was_pending:
+            if was_pending:  # pending and not held: let go of, being read back
+                self._forget(trace_id)
                 return
             held = self._recent.pop(trace_id, None)
             if held is not None:  # a late span: re-derive from everything held
                 self._pending[trace_id] = held
             elif trace_id in self._forgotten:
+                self._forget(trace_id)  # renewed: the filter keeps an id past its last span
                 return
             else:
                 held = _Held([], spans[0].timestamp)
@@ -266,7 +276,9 @@ class SpanBuffer:
 
     def _forget(self, trace_id: str) -> None:
         if self._forgotten.add(trace_id):
-            # Ids of the dropped generation are no longer recognised: each such trace had
-            # its spans held (or read back) at most until now, so all its stored spans
-            # started before the newest start seen; the cutoff check catches them.
-            self.set_cutoff(int((self._latest_start - _EPOCH).total_seconds()) + 1)
+            # Ids of the dropped generation are no longer recognised. Each was last added
+            # before the previous rotation, after its last committed span (see add), so all
+            # its stored spans started before the newest start seen then: the cutoff check
+            # catches them.
+            self.set_cutoff(int((self._latest_start_at_rotation - _EPOCH).total_seconds()) + 1)
+            self._latest_start_at_rotation = self._latest_start

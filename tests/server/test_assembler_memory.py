@@ -5,7 +5,7 @@ stored span of a trace (restart, late spans, eviction), on real chDB and recorde
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -15,7 +15,7 @@ from inferpath.config import Settings
 from inferpath.server.assembler import RequestAssembler, read_trace_spans
 from inferpath.server.otlp import decode_trace_request
 from inferpath.server.runtime import serve_in_thread
-from inferpath.server.span_buffer import TraceIdFilter
+from inferpath.server.span_buffer import SpanBuffer, TraceIdFilter
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
 
@@ -246,3 +246,52 @@ def test_demo_multi_process_traces_give_the_same_rows_from_memory_and_from_the_s
         assert read_back_rows(store, from_memory) == {**served, **from_memory}
     finally:
         store.close()
+
+
+def _span(trace_number: int, start_unix_s: float, span_number: int = 1) -> SpanRow:
+    start = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=start_unix_s)
+    return SpanRow(timestamp=start, trace_id=f"{trace_number:032x}", span_id=f"{span_number:016x}")
+
+
+def _rotate(buffer: SpanBuffer, first_filler: int, capacity: int) -> None:
+    """Let go of ``capacity`` filler traces: one rotation of the buffer's filter."""
+    for number in range(first_filler, first_filler + capacity):
+        buffer.drop(f"{number:032x}")
+
+
+def test_traces_held_at_a_filter_rotation_stay_in_memory_and_dropped_ids_are_caught() -> None:
+    buffer = SpanBuffer(0, trace_filter=TraceIdFilter(capacity=4, bits=1 << 10))
+    old = _span(1, 100.0)
+    buffer.add(old.trace_id, [old], was_pending=False)
+    buffer.take([old.trace_id])
+    buffer.drop(old.trace_id)  # let go of: its id is forgotten from now on
+    _rotate(buffer, 1000, 4)
+    now = _span(2, 500.0)
+    buffer.add(now.trace_id, [now], was_pending=False)
+    _rotate(buffer, 2000, 4)  # drops the generation holding trace 1
+    # Current traffic is not sent to be read back: the cutoff moved past what the dropped
+    # generation can hold (starts seen at the previous rotation), not past the newest start.
+    assert buffer.cutoff_unix_s <= 501
+    memory, _ = buffer.take([now.trace_id])
+    assert now.trace_id in memory
+    # A late span of the dropped trace is caught by the cutoff: it is read back.
+    late = _span(1, 100.5, span_number=2)
+    buffer.add(late.trace_id, [late], was_pending=False)
+    memory, _ = buffer.take([late.trace_id])
+    assert late.trace_id not in memory
+
+
+def test_a_late_span_of_a_forgotten_trace_renews_its_id_in_the_filter() -> None:
+    buffer = SpanBuffer(0, trace_filter=TraceIdFilter(capacity=4, bits=1 << 10))
+    first = _span(1, 100.0)
+    buffer.add(first.trace_id, [first], was_pending=False)
+    buffer.take([first.trace_id])
+    buffer.drop(first.trace_id)
+    _rotate(buffer, 1000, 4)
+    late = _span(1, 700.0, span_number=2)  # starts after anything seen at that rotation
+    buffer.add(late.trace_id, [late], was_pending=False)  # forgotten: not held, id renewed
+    _rotate(buffer, 2000, 4)
+    later = _span(1, 701.0, span_number=3)
+    buffer.add(later.trace_id, [later], was_pending=False)
+    memory, _ = buffer.take([later.trace_id])
+    assert later.trace_id not in memory  # still known forgotten: read back with every span
