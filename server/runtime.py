@@ -163,11 +163,20 @@ class ServerRuntime:
         self._closed = False
         self.spans_received_total = 0
         self.spans_rejected_total = 0
-        self.spans_dropped_total = 0
+        # Valid items answered 503 (the client retries) or 400 (the store refused their data):
+        # refused, in the OpenTelemetry Collector's words; nothing acknowledged is in them.
+        self.spans_refused_total = 0
         self.data_points_received_total = 0
         self.data_points_rejected_total = 0
-        self.data_points_dropped_total = 0
+        self.data_points_refused_total = 0
         self.bad_requests_total = 0
+
+    @property
+    def spans_dropped_total(self) -> int:
+        """Spans acknowledged (200) and lost afterwards: logged exports whose rows the store
+        refused for their data (should not happen: rows are validated at decode). Exports
+        committed before their 200 are never lost after it, so without the span log: 0."""
+        return self.span_log_ingest.refused_spans_total if self.span_log_ingest is not None else 0
 
     def _open_span_log(self, settings: Settings) -> LoggedSpanIngest | None:
         """The span log in ``settings.span_log_dir`` or the chDB folder; ``None`` when off,
@@ -258,7 +267,7 @@ class ServerRuntime:
                 if result.ok:
                     self.spans_received_total += len(decoded.spans)
                 else:
-                    self.spans_dropped_total += len(decoded.spans)
+                    self.spans_refused_total += len(decoded.spans)
             return result
         rows = [span.to_insert_row() for span in decoded.spans]
         result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows)], dedup_token)
@@ -267,7 +276,7 @@ class ServerRuntime:
             if result.ok:
                 self.spans_received_total += len(rows)
             else:
-                self.spans_dropped_total += len(rows)
+                self.spans_refused_total += len(rows)
         if result.ok:
             # Only committed spans: the assembler may derive rows from them without a read-back.
             self.assembler.note_spans(decoded.spans)
@@ -285,7 +294,7 @@ class ServerRuntime:
         with self._lock:
             self.data_points_rejected_total += decoded.rejected_data_points
             self.data_points_received_total += kept
-            self.data_points_dropped_total += decoded.data_points - kept
+            self.data_points_refused_total += decoded.data_points - kept
         return result
 
     def count_bad_request(self) -> None:

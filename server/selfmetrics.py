@@ -32,15 +32,17 @@ class RuntimeCollector:
             ("inferpath_server_spans_received", "Spans accepted from OTLP exports.", rt.spans_received_total),
             ("inferpath_server_spans_rejected", "Invalid spans rejected (OTLP partial success).",
              rt.spans_rejected_total),
-            ("inferpath_server_spans_dropped", "Valid spans refused with 503 (busy or store unavailable; "
-             "the client retries).",
-             rt.spans_dropped_total),
+            ("inferpath_server_spans_refused", "Valid spans not accepted: answered 503 (busy, span log backlog "
+             "full, store unavailable; the client retries) or 400 (the store refused their data).",
+             rt.spans_refused_total),
+            ("inferpath_server_spans_dropped", "Spans acknowledged with 200 and lost afterwards (logged spans the "
+             "store refused for their data); 0 by design.", rt.spans_dropped_total),
             ("inferpath_server_data_points_received", "Metric data points accepted.",
              rt.data_points_received_total),
             ("inferpath_server_data_points_rejected", "Invalid or unsupported data points rejected.",
              rt.data_points_rejected_total),
-            ("inferpath_server_data_points_dropped", "Valid data points refused with 503 (the client retries).",
-             rt.data_points_dropped_total),
+            ("inferpath_server_data_points_refused", "Valid data points not accepted: answered 503 (the client "
+             "retries) or 400 (the store refused their data).", rt.data_points_refused_total),
             ("inferpath_server_otlp_bad_requests", "Malformed, oversized or unsupported OTLP requests.",
              rt.bad_requests_total),
             ("inferpath_assembler_rows", "Request rows derived by the assembler.",

@@ -61,6 +61,9 @@ def test_soak_benchmark_counts_memory_and_losses(tmp_path: Path) -> None:
     result = _load("server_soak").run(seconds=6.0, rate=2000.0, clients=2, spans_per_request=200,
                                       sample_seconds=1.0, warmup_seconds=2.0, workdir=str(tmp_path))
     assert result["acked_spans"] > 0 and result["lost"] == 0 and result["stored_twice"] == 0
+    assert result["refused"] == {"inferpath_server_spans_refused_total": 0.0,
+                                 "inferpath_ingest_refused_busy_total": 0.0,
+                                 "inferpath_ingest_refused_store_unavailable_total": 0.0}
     assert result["dropped"] == {"inferpath_server_spans_dropped_total": 0.0,
                                  "inferpath_writer_rows_dropped_total": 0.0}
     assert len(result["rss_mb"]) >= 4 and result["rss_reference_mb"] > 0

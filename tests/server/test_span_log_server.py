@@ -122,4 +122,5 @@ def test_a_full_backlog_answers_503_with_retry_after_and_recovers(store_url: str
         stored = {r[0] for r in store.query("SELECT SpanId FROM otel_traces")}
         expected = {s for body in (first, second) for spans in body[1].values() for s in spans}
         assert expected <= stored and len(stored) == len(expected) + 2
-        assert running.runtime.spans_dropped_total % 1000 == 0 and running.runtime.spans_dropped_total >= 1000
+        refused = running.runtime.spans_refused_total
+        assert refused % 1000 == 0 and refused >= 1000 and running.runtime.spans_dropped_total == 0
