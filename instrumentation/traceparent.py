@@ -9,7 +9,10 @@ version, surrounding blanks, a malformed value) goes to the OTel SDK's
 value it rejects gives ``None`` here too.
 
 Several ``tracestate`` header lines are joined with ``,`` as RFC 9110 §5.3 says, and
-parsed by the SDK's ``TraceState.from_header`` only when present.
+parsed by the SDK's ``TraceState.from_header`` only when present. Several ``traceparent``
+lines join into a value that is not a ``traceparent``, so the request has no valid parent
+and starts a new trace (the W3C Trace Context test suite's ``traceparent`` duplicated case;
+the SDK's ASGI getter would take the first line).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ _FLAGS = {value: trace.TraceFlags(value) for value in range(256)}
 
 def parent_context(headers: Iterable[tuple[bytes, bytes]]) -> Context | None:
     """The context of the caller's span from ASGI ``headers`` (``(name, value)`` byte
-    pairs), or ``None`` when there is no valid ``traceparent``.
+    pairs), or ``None`` when there is no valid ``traceparent`` (none, several, malformed).
 
     The result holds a ``NonRecordingSpan`` with the remote ``SpanContext``
     (``is_remote=True``), as ``TraceContextTextMapPropagator.extract`` builds it. Header
@@ -46,18 +49,20 @@ def parent_context(headers: Iterable[tuple[bytes, bytes]]) -> Context | None:
     values are decoded as Latin-1, as ASGI defines. Never raises for bad input.
     """
     traceparent: bytes | None = None
+    duplicated = False
     tracestate: list[str] | None = None
     for name, value in headers:
         # Lower-case a name only when its length could match one of the two headers.
         if len(name) in _LENGTHS:
             lowered = name.lower()
             if lowered == b"traceparent":
-                traceparent = value  # the last one wins, as with a dict carrier
+                duplicated = traceparent is not None
+                traceparent = value
             elif lowered == b"tracestate":
                 if tracestate is None:
                     tracestate = []
                 tracestate.append(value.decode("latin-1"))
-    if traceparent is None:
+    if traceparent is None or duplicated:
         return None
     header = traceparent.decode("latin-1")
     match = _VERSION_00.fullmatch(header)
