@@ -117,8 +117,8 @@ def refresh_hops(store, *, now: datetime | None = None, margin_seconds: float = 
     ``now``: aware wall-clock time of the pass (default: now); the new watermark is
     ``now - margin_seconds`` (a request row stamped up to that long before it became
     visible is still found next pass). Minutes are rebuilt in runs of at most
-    ``max_minutes_per_insert`` (one short INSERT … SELECT each, so ingest does not wait
-    long behind one). Driver errors propagate and leave the watermark where it was.
+    ``max_minutes_per_insert`` (one bounded INSERT … SELECT each, on a store connection
+    of its own: ingest does not wait for it). Driver errors propagate and leave the watermark where it was.
     """
     started = time.monotonic()
     pass_time = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)

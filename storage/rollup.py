@@ -147,9 +147,9 @@ def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAU
 
     ``now``: aware wall-clock time of the pass (default: now); the new watermark is
     ``now - margin_seconds``. Minutes are rebuilt in runs of at most
-    ``max_minutes_per_insert`` consecutive minutes (one INSERT … SELECT each: short
-    statements, because the embedded store runs one statement at a time and ingest waits
-    behind each), then the hours holding them from their minutes. Driver errors
+    ``max_minutes_per_insert`` consecutive minutes (one INSERT … SELECT each: bounded
+    statements; each runs on a store connection of its own, so ingest does not wait for
+    them, only shares the CPU), then the hours holding them from their minutes. Driver errors
     propagate, leaving the watermark where it was (the next pass redoes the work).
     """
     started = time.monotonic()

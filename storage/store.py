@@ -7,8 +7,15 @@ Both backends go through clickhouse-connect with the same SQL. Differences are s
   whatever the host's ``TZ`` is. Results come back timezone-aware (UTC). Naive datetimes
   passed in, as insert values or query parameters, raise ``ValueError`` instead of being
   read in some implicit zone.
-- Concurrency: every call holds one lock; embedded chDB is one engine per process, and
-  serializing also keeps a server connection's session state simple.
+- Concurrency: each call runs on a connection of its own. Embedded chDB is one engine per
+  process that serves any number of connection handles at once, so the store keeps a small
+  pool of them (:data:`CHDB_MAX_CONNECTIONS`, opened as calls overlap): an insert does not
+  wait for a rollup pass or a read that another thread runs (with one shared handle, the
+  span-log drainer waited behind every statement of every other thread: 60 % of the wall
+  time of a 20k spans/s soak went to one holder or another, see ``bench/README.md``,
+  ``server_soak.py``). A ClickHouse server keeps one connection, serialized (its session
+  state stays simple). ``_lock`` is taken briefly by each call to get its connection, so a
+  thread holding it pauses the store (tests use that to make the store "slow").
 - chDB allows one data path per process: opening a second path while a store on another
   path is open raises ``RuntimeError``; closing and reopening the same path is fine.
 """
@@ -18,8 +25,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from inferpath.storage.migrations import apply_migrations, validate_ttl_days
 from inferpath.storage.url import StoreURL, default_store_url, parse_store_url
@@ -33,6 +41,11 @@ _SESSION_SETTINGS = {"session_timezone": "UTC"}
 # chDB: data path -> number of open Store objects on it (one path per process).
 _open_chdb_paths: dict[str, int] = {}
 _open_chdb_lock = threading.Lock()
+
+CHDB_MAX_CONNECTIONS = 8
+"""Connections a chDB store opens at most (lazily, one per overlapping call): the ingest
+drainer, the assembler, the writers, the rollup refresher, the read API and the scrape
+loop each hold one during a statement; a ninth caller waits for one to come back."""
 
 
 def validate_table_name(table: str) -> str:
@@ -111,9 +124,15 @@ class Store:
         self.url = url
         self.database = url.database
         self.ttl_days = ttl_days
-        self._client = client
-        self._lock = threading.RLock()
+        self._client = client  # the first connection (migrations, and benchmarks' raw inserts)
+        self._lock = threading.RLock()  # held to take a connection; holding it pauses the store
         self._closed = False
+        self._max_connections = CHDB_MAX_CONNECTIONS if url.kind == "chdb" else 1
+        self._connections = [client]  # every open connection, idle or in use
+        self._idle = [client]
+        self._returned = threading.Condition(threading.Lock())  # a connection came back
+        self._client_settings: dict[str, Any] = {}
+        self._client_database: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -139,16 +158,19 @@ class Store:
         try:
             applied = apply_migrations(store, ttl_days, ttl_days_by_table=ttl_days_by_table)
             # Queries from every part use unqualified table names.
-            with store._lock:
-                client.database = parsed.database
+            store._client_database = parsed.database
+            store._client_settings = {
                 # inferpath_requests has hourly partitions: a batch of request rows of an
                 # imported trace file may span more than the default 100 of them.
-                client.set_client_setting("max_partitions_per_insert_block", 10_000)
+                "max_partitions_per_insert_block": 10_000,
                 # FINAL merges versions of a row inside its partition only, so a time-window
                 # read with FINAL prunes partitions (else ClickHouse reads every partition,
                 # the WHERE applying after the merge). Versions of a request share their
                 # partition unless a late span moved its start across an hour boundary.
-                client.set_client_setting("do_not_merge_across_partitions_select_final", 1)
+                "do_not_merge_across_partitions_select_final": 1,
+            }
+            with store._lock:
+                store._configure(client)
         except BaseException:
             store.close()
             raise
@@ -182,6 +204,25 @@ class Store:
         return client
 
     @staticmethod
+    def _connect_chdb_again(parsed: StoreURL) -> Any:
+        """Another connection handle to the engine of an already open chDB path."""
+        import clickhouse_connect
+
+        assert parsed.path is not None
+        client = clickhouse_connect.get_client(
+            dsn=f"chdb://{parsed.path.resolve()}", settings=dict(_SESSION_SETTINGS), tz_mode="aware"
+        )
+        client.server_tz = timezone.utc
+        return client
+
+    def _configure(self, client: Any) -> None:
+        """Give ``client`` the database and client settings every connection of this store has."""
+        if self._client_database is not None:
+            client.database = self._client_database
+        for name, value in self._client_settings.items():
+            client.set_client_setting(name, value)
+
+    @staticmethod
     def _connect_http(parsed: StoreURL) -> Any:
         import clickhouse_connect
 
@@ -198,13 +239,19 @@ class Store:
         return client
 
     def close(self) -> None:
-        """Close the connection; idempotent. A chDB path can be reopened afterwards."""
+        """Close the connections (after the calls in progress end); idempotent. A chDB path
+        can be reopened afterwards."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            with self._returned:
+                while len(self._idle) < len(self._connections):
+                    self._returned.wait()
+                connections, self._connections, self._idle = self._connections, [], []
             try:
-                self._client.close()
+                for client in connections:
+                    client.close()
             finally:
                 if self.url.kind == "chdb" and self.url.path is not None:
                     key = str(self.url.path.resolve())
@@ -233,6 +280,36 @@ class Store:
     def _ensure_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"store {self.url} is closed")
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """An idle connection for one call (a new one while under the bound, else the next
+        to come back); raises ``RuntimeError`` when the store is closed."""
+        with self._lock:
+            self._ensure_open()
+            with self._returned:
+                while not self._idle and len(self._connections) >= self._max_connections:
+                    self._returned.wait()
+                client = self._idle.pop() if self._idle else None
+                if client is None:
+                    self._connections.append(None)  # the slot, taken before connecting
+            if client is None:
+                try:
+                    client = self._connect_chdb_again(self.url)
+                    self._configure(client)
+                except BaseException:
+                    with self._returned:
+                        self._connections.remove(None)
+                        self._returned.notify()
+                    raise
+                with self._returned:
+                    self._connections[self._connections.index(None)] = client
+        try:
+            yield client
+        finally:
+            with self._returned:
+                self._idle.append(client)
+                self._returned.notify()
 
     @staticmethod
     def _check_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -273,10 +350,8 @@ class Store:
         for name, column in zip(names, columns):
             _check_column(column, name)
         settings = None if dedup_token is None else {"insert_deduplication_token": str(dedup_token)}
-        with self._lock:
-            self._ensure_open()
-            self._client.insert(table, columns, column_names=names, column_oriented=True,
-                                settings=settings)
+        with self._connection() as client:
+            client.insert(table, columns, column_names=names, column_oriented=True, settings=settings)
         return len(rows)
 
     def query(self, sql: str, parameters: dict | None = None) -> list[tuple]:
@@ -294,9 +369,8 @@ class Store:
 
     def _query(self, sql: str, parameters: dict | None) -> tuple[tuple[str, ...], list[tuple]]:
         params = self._check_parameters(parameters)
-        with self._lock:
-            self._ensure_open()
-            result = self._client.query(sql, parameters=params)
+        with self._connection() as client:
+            result = client.query(sql, parameters=params)
             names = tuple(result.column_names)
             types = [t.name for t in result.column_types]
             rows = result.result_rows
@@ -314,9 +388,8 @@ class Store:
     def command(self, sql: str, parameters: dict | None = None) -> Any:
         """Run DDL or another statement that returns no rows; returns the driver's summary."""
         params = self._check_parameters(parameters)
-        with self._lock:
-            self._ensure_open()
-            return self._client.command(sql, parameters=params)
+        with self._connection() as client:
+            return client.command(sql, parameters=params)
 
     def table_columns(self, table: str) -> list[tuple[str, str]]:
         """``(name, type)`` of each column of ``table`` in this database, in table order."""

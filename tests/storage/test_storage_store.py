@@ -8,6 +8,8 @@ import secrets
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -193,3 +195,19 @@ def test_host_timezone_does_not_shift_times(store_url: str, zone: str, abbreviat
     # And the parent (other zone) reads the same instant back.
     with Store.open(store_url, ttl_days=3650) as store:
         assert store.query("SELECT Timestamp FROM otel_traces")[0][0] == T0
+
+
+def test_a_chdb_call_does_not_wait_for_another_threads_long_statement(tmp_path) -> None:
+    """Each call has a connection of its own: a quick query runs while a slow one holds
+    another connection (one shared connection made every insert wait behind rollups)."""
+    with Store.open(f"chdb://{tmp_path / 'store'}") as store:
+        slow = threading.Thread(target=lambda: store.query("SELECT sleep(2)"))
+        began = time.monotonic()
+        slow.start()
+        time.sleep(0.3)
+        quick_began = time.monotonic()
+        assert store.query("SELECT 1") == [(1,)]
+        quick_seconds = time.monotonic() - quick_began
+        slow.join(30)
+        assert time.monotonic() - began >= 2.0 and quick_seconds < 1.0
+        assert len(store._connections) == 2 and len(store._idle) == 2
