@@ -78,7 +78,9 @@ class RequestAssembler:
     process is the only writer; ``True`` against a server is refused with ``ValueError``).
     ``max_held_spans`` / ``max_held_traces`` / ``late_window_seconds``: the bounds of the
     held spans and how long an assembled trace's spans stay held for late spans
-    (:class:`~inferpath.server.span_buffer.SpanBuffer`). ``writer``: a :class:`BatchWriter` for
+    (:class:`~inferpath.server.span_buffer.SpanBuffer`). ``max_room_wait_seconds``: how long
+    :meth:`note_spans` may hold its caller back while pending spans fill those bounds
+    (0: never). ``writer``: a :class:`BatchWriter` for
     ``inferpath_requests`` (created and owned here when ``None``). ``before_read``: called
     before spans are read back (the runtime passes the span writer's flush, so that spans
     accepted before a trace settled are in storage when it is read). ``interval_seconds``:
@@ -88,7 +90,9 @@ class RequestAssembler:
     (settled traces with no request role, e.g. engine start-up), ``errors_total`` (failed
     read-back passes; their traces are retried up to 10 times with a doubling delay),
     ``assembled_from_memory_total`` / ``assembled_from_store_total`` (traces by source),
-    ``held_spans_evicted_traces_total`` (held traces let go early because of the bounds).
+    ``held_spans_evicted_traces_total`` (held traces let go early because of the bounds),
+    ``room_waits_total`` / ``room_wait_seconds_total`` (callers of :meth:`note_spans` held
+    back, and for how long in all, monotonic clock).
     """
 
     def __init__(
@@ -104,11 +108,15 @@ class RequestAssembler:
         max_held_spans: int = 100_000,
         max_held_traces: int = 20_000,
         late_window_seconds: float = 30.0,
+        max_room_wait_seconds: float = 1.0,
     ) -> None:
         if settle_seconds < 0:
             raise ValueError(f"settle_seconds must be >= 0, got {settle_seconds}")
         if not interval_seconds > 0:
             raise ValueError(f"interval_seconds must be > 0, got {interval_seconds}")
+        if max_room_wait_seconds < 0:
+            raise ValueError(f"max_room_wait_seconds must be >= 0, got {max_room_wait_seconds}")
+        self.max_room_wait_seconds = float(max_room_wait_seconds)
         self.store = store
         self.settle_seconds = float(settle_seconds)
         self.interval_seconds = float(interval_seconds)
@@ -119,6 +127,7 @@ class RequestAssembler:
         self._pending: dict[str, float] = {}  # trace id -> monotonic time last noted
         self._attempts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # a pass let go of pending spans
         self._run_lock = threading.Lock()  # one assembly pass at a time (thread vs. flush)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,6 +136,8 @@ class RequestAssembler:
         self.errors_total = 0
         self.assembled_from_memory_total = 0
         self.assembled_from_store_total = 0
+        self.room_waits_total = 0
+        self.room_wait_seconds_total = 0.0
         single_writer = store.url.kind == "chdb"
         if hold_spans and not single_writer:
             raise ValueError("hold_spans needs embedded chDB: a ClickHouse server may have other writers")
@@ -165,11 +176,20 @@ class RequestAssembler:
         """Mark the traces of ``spans`` as changed at ``now`` (monotonic seconds; default the
         clock) and hold the spans. ``spans``: rows just COMMITTED to ``otel_traces`` by this
         process; every span it commits must come through here (or the trace through
-        :meth:`note_trace_ids`). Never raises."""
+        :meth:`note_trace_ids`). Never raises.
+
+        Back-pressure: while the assembly thread runs and the spans would push pending
+        (not yet assembled) spans past the held-span bounds, the caller (the span-log
+        drainer, or a request thread without the span log) waits up to
+        ``max_room_wait_seconds`` for a pass to assemble some, so that a transient backlog
+        waits upstream instead of evicting pending traces into read-backs; then the spans
+        are held anyway (the bounds evict as before). Waits are counted in
+        ``room_waits_total`` / ``room_wait_seconds_total``."""
         try:
-            stamp = self._clock() if now is None else now
             by_trace: dict[str, list[SpanRow]] = {}
+            count = 0
             for span in spans:
+                count += 1
                 group = by_trace.get(span.trace_id)
                 if group is None:
                     by_trace[span.trace_id] = [span]
@@ -177,6 +197,9 @@ class RequestAssembler:
                     group.append(span)
             with self._lock:
                 buffer = self._buffer
+                if buffer is not None and not buffer.has_room_for(count, len(by_trace)):
+                    self._wait_for_room(buffer, count, len(by_trace))
+                stamp = self._clock() if now is None else now
                 for trace_id, group in by_trace.items():
                     was_pending = trace_id in self._pending
                     self._pending[trace_id] = stamp
@@ -184,6 +207,27 @@ class RequestAssembler:
                         buffer.add(trace_id, group, was_pending)
         except Exception:  # noqa: BLE001 - called on the ingest path
             logger.exception("could not note spans for assembly")
+
+    def _wait_for_room(self, buffer: SpanBuffer, spans: int, traces: int) -> None:
+        """Wait (holding ``_lock`` through ``_room``) until ``spans`` of ``traces`` fit the
+        held-span bounds, at most ``max_room_wait_seconds``; only while the assembly thread
+        runs (else nothing would make room)."""
+        thread = self._thread
+        if self.max_room_wait_seconds <= 0 or thread is None or thread is threading.current_thread():
+            return
+        began = time.monotonic()
+        deadline = began + self.max_room_wait_seconds
+        waited = False
+        while (buffer.pending_spans and not buffer.has_room_for(spans, traces)
+               and thread.is_alive() and not self._stop.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waited = True
+            self._room.wait(min(left, 0.1))
+        if waited:
+            self.room_waits_total += 1
+            self.room_wait_seconds_total += time.monotonic() - began
 
     def note_trace_ids(self, trace_ids: Iterable[str], now: float | None = None) -> None:
         """Mark traces as changed at ``now`` (monotonic seconds; default the clock), with
@@ -219,6 +263,7 @@ class RequestAssembler:
                     buffer.expire(stamp)
                     if due:
                         memory, unverified = buffer.take(due)
+                        self._room.notify_all()  # traces read back were let go
             if not due:
                 return 0
             try:
@@ -254,6 +299,7 @@ class RequestAssembler:
                 with self._lock:
                     for trace_id in memory:
                         buffer.assembled(trace_id, trace_id in self._pending, stamp)
+                    self._room.notify_all()
             self.assembled_from_memory_total += len(memory)
             self.assembled_from_store_total += len(due) - len(memory)
             if rows and self.writer.submit(rows):

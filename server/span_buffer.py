@@ -32,7 +32,11 @@ that proof, trace by trace, for a store that this process alone writes (embedded
 
 Bounds: ``max_spans`` held spans and ``max_traces`` held traces in all. Over a bound, the
 oldest assembled traces are let go first, then the oldest pending ones (those are then
-read back when they settle); both count in ``evicted_traces_total``.
+read back when they settle); both count in ``evicted_traces_total``. A pending trace let
+go costs a read-back, far dearer than a derivation, so the assembler holds back the
+span-log drainer while pending spans alone fill the bound (:meth:`has_room_for`, see
+:meth:`RequestAssembler.note_spans`): a transient backlog then waits in the span log
+instead of turning into read-backs.
 
 Not thread-safe: the assembler calls it under its own lock. Span times are compared as
 aware datetimes (wall clock of the emitter, as stored).
@@ -136,8 +140,9 @@ class SpanBuffer:
     ``trace_filter``: the filter of forgotten trace ids (a fresh :class:`TraceIdFilter`
     when ``None``). Raises ``ValueError`` for a bound < 1 or a negative window.
 
-    Counters: ``evicted_traces_total`` (traces let go before their time because of the
-    bounds), ``held_spans`` and ``held_traces`` (now).
+    Counters: ``evicted_traces_total`` (traces let go before their time because of the bounds),
+    ``held_spans``, ``pending_spans`` (of them, spans of traces not yet assembled) and
+    ``held_traces`` (now).
     """
 
     def __init__(self, cutoff_unix_s: int, *, max_spans: int = 100_000, max_traces: int = 20_000,
@@ -155,6 +160,7 @@ class SpanBuffer:
         self._latest_start = _EPOCH  # newest span start ever noted
         self._latest_start_at_rotation = _EPOCH  # _latest_start when the filter last rotated
         self.held_spans = 0
+        self.pending_spans = 0
         self.evicted_traces_total = 0
         self.set_cutoff(cutoff_unix_s)
 
@@ -168,6 +174,12 @@ class SpanBuffer:
     def held_traces(self) -> int:
         """Traces held now, pending and assembled."""
         return len(self._pending) + len(self._recent)
+
+    def has_room_for(self, spans: int, traces: int) -> bool:
+        """True when ``spans`` more spans of ``traces`` more traces fit the bounds without
+        letting go of a pending trace (assembled ones may still be let go)."""
+        return (self.pending_spans + spans <= self.max_spans
+                and len(self._pending) + traces <= self.max_traces)
 
     # ------------------------------------------------------------------ noting
     def add(self, trace_id: str, spans: list[SpanRow], was_pending: bool) -> None:
@@ -188,6 +200,7 @@ class SpanBuffer:
             held = self._recent.pop(trace_id, None)
             if held is not None:  # a late span: re-derive from everything held
                 self._pending[trace_id] = held
+                self.pending_spans += len(held.spans)
             elif trace_id in self._forgotten:
                 self._forget(trace_id)  # renewed: the filter keeps an id past its last span
                 return
@@ -199,6 +212,7 @@ class SpanBuffer:
             held.earliest = earliest
         held.spans.extend(spans)
         self.held_spans += len(spans)
+        self.pending_spans += len(spans)
         if self.held_spans > self.max_spans or self.held_traces > self.max_traces:
             self._shrink()
 
@@ -247,6 +261,7 @@ class SpanBuffer:
             return
         held = self._pending.pop(trace_id, None)
         if held is not None:
+            self.pending_spans -= len(held.spans)
             held.released_at = now
             self._recent[trace_id] = held
 
@@ -268,7 +283,9 @@ class SpanBuffer:
 
     def _let_go(self, trace_id: str) -> None:
         held = self._pending.pop(trace_id, None)
-        if held is None:
+        if held is not None:
+            self.pending_spans -= len(held.spans)
+        else:
             held = self._recent.pop(trace_id, None)
         if held is not None:
             self.held_spans -= len(held.spans)

@@ -295,3 +295,49 @@ def test_a_late_span_of_a_forgotten_trace_renews_its_id_in_the_filter() -> None:
     buffer.add(later.trace_id, [later], was_pending=False)
     memory, _ = buffer.take([later.trace_id])
     assert later.trace_id not in memory  # still known forgotten: read back with every span
+
+
+def test_pending_spans_are_counted_apart_from_assembled_ones() -> None:
+    buffer = SpanBuffer(0, max_spans=4, max_traces=10)
+    first, second = _span(1, 100.0), _span(1, 100.1, span_number=2)
+    buffer.add(first.trace_id, [first, second], was_pending=False)
+    assert buffer.pending_spans == 2 and buffer.has_room_for(2, 1) and not buffer.has_room_for(3, 1)
+    buffer.take([first.trace_id])
+    buffer.assembled(first.trace_id, still_pending=False, now=0.0)
+    assert buffer.pending_spans == 0 and buffer.held_spans == 2  # held for late spans
+    late = _span(1, 100.2, span_number=3)
+    buffer.add(late.trace_id, [late], was_pending=False)  # re-derived from all three
+    assert buffer.pending_spans == 3
+    buffer.drop(late.trace_id)
+    assert buffer.pending_spans == 0 and buffer.held_spans == 0
+
+
+def test_a_full_buffer_of_pending_traces_holds_the_inserter_back_instead_of_evicting(store: Store) -> None:
+    """Pending traces alone at the bound: the next committed spans wait for an assembly pass
+    (bounded), so no pending trace is let go into a read-back."""
+    assembler = RequestAssembler(store, settle_seconds=0.3, interval_seconds=0.05, max_held_spans=10,
+                                 max_held_traces=100, max_room_wait_seconds=5.0)
+    now = datetime.now(timezone.utc).timestamp()
+    batches = [[_span(100 * batch + n, now + 0.001 * n) for n in range(5)] for batch in range(4)]
+    assembler.start()
+    try:
+        for batch in batches:  # 20 spans of 20 traces through a bound of 10 spans
+            commit(store, assembler, batch)
+        assert assembler.flush(10.0)
+        assert assembler.room_waits_total >= 1 and assembler.room_wait_seconds_total > 0
+        assert assembler.assembled_from_store_total == 0
+        assert assembler.assembled_from_memory_total == 20
+    finally:
+        assembler.stop()
+
+
+def test_without_the_assembly_thread_nothing_waits_and_the_bounds_evict(store: Store) -> None:
+    assembler = RequestAssembler(store, settle_seconds=3600, max_held_spans=10, max_held_traces=100,
+                                 max_room_wait_seconds=5.0)
+    now = datetime.now(timezone.utc).timestamp()
+    try:
+        for batch in range(4):
+            commit(store, assembler, [_span(100 * batch + n, now) for n in range(5)])
+        assert assembler.room_waits_total == 0 and assembler.held_spans_evicted_traces_total == 10
+    finally:
+        assembler.stop()
