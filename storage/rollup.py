@@ -211,8 +211,12 @@ class RollupRefresher:
         from inferpath.storage.hop_rollup import refresh_hops  # hop_rollup builds on this module
 
         with self._lock:
-            result = refresh(self.store, margin_seconds=self.margin_seconds)
-            hops = refresh_hops(self.store, margin_seconds=self.margin_seconds)
+            # One pass time for both: their horizons (watermarks floored to the minute) then
+            # agree, even when the hop pass starts in the next minute. Earlier than the hop
+            # pass's own start, so its watermark is only more cautious.
+            now = datetime.now(timezone.utc)
+            result = refresh(self.store, now=now, margin_seconds=self.margin_seconds)
+            hops = refresh_hops(self.store, now=now, margin_seconds=self.margin_seconds)
             result = replace(result, seconds=result.seconds + hops.seconds, hop_minutes=hops.minutes)
             self.passes_total += 1
             self.last_seconds = result.seconds
