@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -192,13 +193,14 @@ def test_receipt_clock_is_installed_once_per_connection_and_never_raises(monkeyp
 
 class _TriggeredSSE:
     """One SSE response whose token is written when ``trigger`` is set (from any thread);
-    ``written_at`` is ``perf_counter()`` right after that write."""
+    ``written_at`` is ``perf_counter()`` right after that write. Serves one request, on its
+    own loop in a thread."""
 
     def __init__(self) -> None:
         import threading
 
         self.trigger = threading.Event()
-        self.written_at = 0.0
+        self.written_at: Any = 0.0
         self.port = 0
         self._ready = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
@@ -212,6 +214,17 @@ class _TriggeredSSE:
         self.trigger.set()
         self._thread.join(10)
 
+    async def _respond(self, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"connection: close\r\n\r\n" + frame(ROLE))
+        await writer.drain()
+        await asyncio.get_running_loop().run_in_executor(None, self.trigger.wait, 10)
+        writer.write(frame(content("late")))
+        await writer.drain()
+        self.written_at = time.perf_counter()
+        writer.write(frame(FINISH) + frame(usage(1)) + frame("[DONE]"))
+        await writer.drain()
+
     async def _serve(self) -> None:
         import socket
 
@@ -223,15 +236,7 @@ class _TriggeredSSE:
             length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                            if line.lower().startswith(b"content-length")), 0)
             await reader.readexactly(length)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                         b"connection: close\r\n\r\n" + frame(ROLE))
-            await writer.drain()
-            await asyncio.get_running_loop().run_in_executor(None, self.trigger.wait, 10)
-            writer.write(frame(content("late")))
-            await writer.drain()
-            self.written_at = time.perf_counter()
-            writer.write(frame(FINISH) + frame(usage(1)) + frame("[DONE]"))
-            await writer.drain()
+            await self._respond(writer)
             writer.close()
             done.set()
 
@@ -458,54 +463,18 @@ def test_the_kernel_stamped_socket_reads_what_recv_reads() -> None:
             sock.close()
 
 
-class _OneWriteSSE:
-    """Answers each request 300 ms after reading it with the headers, the role chunk, one
-    token and the end in a single write; ``written_at`` is ``perf_counter()`` after it."""
+class _OneWriteSSE(_TriggeredSSE):
+    """Answers its request 300 ms after reading it with the headers, the role chunk, one
+    token and the end in a single write; ``written_at`` holds ``perf_counter()`` after it."""
 
-    def __init__(self) -> None:
-        import threading
-
-        self.written_at: list[float] = []
-        self.port = 0
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
-
-    def __enter__(self) -> "_OneWriteSSE":
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    async def _serve(self) -> None:
-        import socket
-
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length")), 0)
-            await reader.readexactly(length)
-            await asyncio.sleep(0.3)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                         b"connection: close\r\n\r\n" + frame(ROLE) + frame(content("t"))
-                         + frame(FINISH) + frame(usage(1)) + frame("[DONE]"))
-            await writer.drain()
-            self.written_at.append(time.perf_counter())
-            writer.close()
-
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        await self._stop.wait()
-        server.close()
+    async def _respond(self, writer: asyncio.StreamWriter) -> None:
+        self.written_at = []
+        await asyncio.sleep(0.3)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"connection: close\r\n\r\n" + frame(ROLE) + frame(content("t"))
+                     + frame(FINISH) + frame(usage(1)) + frame("[DONE]"))
+        await writer.drain()
+        self.written_at.append(time.perf_counter())
 
 
 @pytest.mark.skipif(not receipt._HAS_KERNEL_STAMPS, reason="kernel receive timestamps: Linux x86-64/arm64")
