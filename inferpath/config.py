@@ -21,6 +21,8 @@ ENV_OTLP_ENDPOINT = "INFERPATH_OTLP_ENDPOINT"
 ENV_SCRAPE_TARGETS = "INFERPATH_SCRAPE_TARGETS"
 ENV_SCRAPE_INTERVAL_SECONDS = "INFERPATH_SCRAPE_INTERVAL_SECONDS"
 ENV_ASSEMBLY_SETTLE_SECONDS = "INFERPATH_ASSEMBLY_SETTLE_SECONDS"
+ENV_ASSEMBLY_MAX_HELD_SPANS = "INFERPATH_ASSEMBLY_MAX_HELD_SPANS"
+ENV_ASSEMBLY_MAX_HELD_TRACES = "INFERPATH_ASSEMBLY_MAX_HELD_TRACES"
 ENV_MAX_BODY_BYTES = "INFERPATH_MAX_BODY_BYTES"
 ENV_SERVER_URL = "INFERPATH_SERVER_URL"
 ENV_ALERT_RULES = "INFERPATH_ALERT_RULES"
@@ -44,6 +46,8 @@ _ENV_BY_FIELD = {
     "scrape_targets": ENV_SCRAPE_TARGETS,
     "scrape_interval_seconds": ENV_SCRAPE_INTERVAL_SECONDS,
     "assembly_settle_seconds": ENV_ASSEMBLY_SETTLE_SECONDS,
+    "assembly_max_held_spans": ENV_ASSEMBLY_MAX_HELD_SPANS,
+    "assembly_max_held_traces": ENV_ASSEMBLY_MAX_HELD_TRACES,
     "max_body_bytes": ENV_MAX_BODY_BYTES,
     "server_url": ENV_SERVER_URL,
     "alert_rules": ENV_ALERT_RULES,
@@ -100,6 +104,12 @@ class Settings(BaseModel):
     scrape_targets: list[ScrapeTarget] = Field(default_factory=list)
     scrape_interval_seconds: float = Field(1.0, gt=0, le=3600)
     assembly_settle_seconds: float = Field(2.0, ge=0, le=3600)
+    # Bounds of the spans the assembler holds in memory (embedded chDB; ~0.9 KB per span): a
+    # trace stays held from its first committed span until it settles, so these must cover
+    # (settle time + one drain) x the span rate; past them the span log's drainer waits up to
+    # 1 s for room (inferpath_assembler_room_waits_total) and throughput falls to what fits.
+    assembly_max_held_spans: int = Field(250_000, ge=1_000, le=10_000_000)
+    assembly_max_held_traces: int = Field(50_000, ge=100, le=1_000_000)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # Alert rules evaluated inside the server: a YAML file path, "default" (the shipped pack)
     # or None/"off" for no evaluator.

@@ -142,6 +142,8 @@ class ServerRuntime:
             self.store,
             settle_seconds=settings.assembly_settle_seconds,
             writer=self.writers[REQUESTS_TABLE],
+            max_held_spans=settings.assembly_max_held_spans,
+            max_held_traces=settings.assembly_max_held_traces,
         )
         # Span exports: 200 once logged, inserted in large blocks by one thread (log_ingest.py).
         self.span_log_ingest = self._open_span_log(settings)

@@ -341,3 +341,14 @@ def test_without_the_assembly_thread_nothing_waits_and_the_bounds_evict(store: S
         assert assembler.room_waits_total == 0 and assembler.held_spans_evicted_traces_total == 10
     finally:
         assembler.stop()
+
+
+def test_the_held_span_bounds_come_from_the_environment(store_url: str) -> None:
+    environ = {"INFERPATH_ASSEMBLY_MAX_HELD_SPANS": "123456", "INFERPATH_ASSEMBLY_MAX_HELD_TRACES": "7890"}
+    settings = Settings.from_env(environ, store_url=store_url)
+    assert (settings.assembly_max_held_spans, settings.assembly_max_held_traces) == (123_456, 7_890)
+    with serve_in_thread(settings, port=0) as running:
+        buffer = running.runtime.assembler._buffer
+        assert buffer is not None and (buffer.max_spans, buffer.max_traces) == (123_456, 7_890)
+    with pytest.raises(ValueError, match="assembly_max_held_spans"):  # below the floor of 1000
+        Settings.from_env({"INFERPATH_ASSEMBLY_MAX_HELD_SPANS": "10"}, store_url=store_url)
