@@ -66,6 +66,17 @@ def test_unix_ns_conversions_are_exact_to_the_microsecond() -> None:
     assert unix_ns_from_datetime(T0) == 1_735_732_800 * 10**9
     span = SpanRow(T0, "a" * 32, "b" * 16, duration_ns=7)
     assert (span.start_ns, span.end_ns, span.is_root) == (1_735_732_800 * 10**9, 1_735_732_800 * 10**9 + 7, True)
+    # Other zones and datetime subclasses take the checked path; naive values are refused.
+    assert unix_ns_from_datetime(T0.astimezone(timezone(timedelta(hours=-8)))) == 1_735_732_800 * 10**9
+    assert unix_ns_from_datetime(_DatetimeSubclass(2025, 1, 1, 12, tzinfo=timezone.utc)) == 1_735_732_800 * 10**9
+    with pytest.raises(ValueError, match="timezone-aware"):
+        unix_ns_from_datetime(datetime(2025, 1, 1, 12))
+    with pytest.raises(ValueError, match="must be a datetime"):
+        unix_ns_from_datetime("2025-01-01T12:00:00Z")  # type: ignore[arg-type]
+
+
+class _DatetimeSubclass(datetime):
+    """A datetime subclass, as pandas' Timestamp is."""
 
 
 def test_timestamp_in_another_zone_is_stored_as_utc() -> None:
