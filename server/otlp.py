@@ -176,7 +176,8 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
                         and (not parent_span_id or len(parent_span_id) == 8)
                         and trace_id != _ZERO_TRACE_ID and span_id != _ZERO_SPAN_ID
                         and 0 < start_ns <= end_ns <= MAX_STORABLE_UNIX_NS
-                        and start_ns >= oldest_unix_ns and not span.links and not span.events):
+                        and start_ns >= oldest_unix_ns and not (links := span.links)
+                        and not (events := span.events)):
                     path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
                     _check_id(trace_id, 16, f"{path}.traceId")
                     _check_id(span_id, 8, f"{path}.spanId")
@@ -188,27 +189,31 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
                     if problem:
                         rejections.add(path, problem)
                         continue
-                spans.append(_span_row(span, service_name, resource_attributes, scope_name, scope_version))
+                    links, events = span.links, span.events
+                spans.append(_span_row(span, trace_id, span_id, parent_span_id, start_ns, end_ns, events, links,
+                                       service_name, resource_attributes, scope_name, scope_version))
     return DecodedSpans(spans, rejections.count, rejections.message())
 
 
-def _span_row(span, service_name: str, resource_attributes: dict[str, str],
+def _span_row(span, trace_id: bytes, span_id: bytes, parent_span_id: bytes, start_ns: int, end_ns: int,
+              events, links, service_name: str, resource_attributes: dict[str, str],
               scope_name: str, scope_version: str) -> SpanRow:
+    """``span`` as a row; the ids, times, events and links are those already read from it
+    (each field read from the message builds a new Python object)."""
     # No events or links (most spans): the shared empty tuple, which the garbage collector
     # does not track, instead of two new lists per span held for assembly.
     events = [(datetime_from_unix_ns(event.time_unix_nano), event.name,
-               attributes_to_map(event.attributes)) for event in span.events] if span.events else ()
+               attributes_to_map(event.attributes)) for event in events] if events else ()
     links = [(link.trace_id.hex(), link.span_id.hex(), link.trace_state,
-              attributes_to_map(link.attributes)) for link in span.links] if span.links else ()
+              attributes_to_map(link.attributes)) for link in links] if links else ()
     # Every field was checked by _check_id/_span_problem (ids of 16/8 bytes, not zero; end
     # not before start; times storable): build the row without re-validating it.
-    start_ns = span.start_time_unix_nano
     status = span.status
     return SpanRow.from_checked(
         _EPOCH + timedelta(microseconds=start_ns // 1000),
-        span.trace_id.hex(),
-        span.span_id.hex(),
-        span.parent_span_id.hex(),
+        trace_id.hex(),
+        span_id.hex(),
+        parent_span_id.hex(),
         span.trace_state,
         span.name,
         SPAN_KIND_NAMES.get(span.kind, "Unspecified"),
@@ -217,7 +222,7 @@ def _span_row(span, service_name: str, resource_attributes: dict[str, str],
         scope_name,
         scope_version,
         attributes_to_map(span.attributes),
-        span.end_time_unix_nano - start_ns,
+        end_ns - start_ns,
         STATUS_CODE_NAMES.get(status.code, "Unset"),
         status.message,
         events,
