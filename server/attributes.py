@@ -46,8 +46,10 @@ def format_double(value: float) -> str:
         if sign == "+" and len(digits) < 2:
             digits = digits.zfill(2)  # Go keeps two exponent digits except after the clean-up
         return f"{mantissa}e{sign}{digits}"
-    text = format(Decimal(repr(value)).normalize(), "f")
-    return text
+    text = repr(value)
+    if "e" not in text:  # 1e-4 <= |value| < 1e16: repr is already the shortest fixed notation
+        return text[:-2] if text.endswith(".0") else text
+    return format(Decimal(text).normalize(), "f")
 
 
 def _go_json(raw: Any) -> str:

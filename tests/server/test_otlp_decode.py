@@ -152,7 +152,10 @@ def test_invalid_spans_are_rejected_and_counted_while_valid_ones_are_kept() -> N
 @pytest.mark.parametrize(
     ("value", "text"),
     [(1.0, "1"), (0.0, "0"), (2.5e-05, "0.000025"), (1e-07, "1e-7"), (1.5e-07, "1.5e-7"),
-     (1e21, "1e+21"), (123456789.125, "123456789.125"), (-0.5, "-0.5")],
+     (1e21, "1e+21"), (123456789.125, "123456789.125"), (-0.5, "-0.5"),
+     # either side of where Python's repr switches to e-notation (1e-4 and 1e16)
+     (0.0001, "0.0001"), (9.999e-05, "0.00009999"), (1e15, "1000000000000000"),
+     (1e16, "10000000000000000"), (-0.0, "-0"), (100.0, "100"), (0.015, "0.015")],
 )
 def test_doubles_are_formatted_like_the_collector(value: float, text: str) -> None:
     assert format_double(value) == text
