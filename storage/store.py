@@ -23,6 +23,7 @@ Both backends go through clickhouse-connect with the same SQL. Differences are s
 from __future__ import annotations
 
 import logging
+import operator
 import re
 import threading
 from contextlib import contextmanager
@@ -95,8 +96,7 @@ def _check_column(column: Sequence[Any], name: str) -> None:
             _check_value(value, f"row {index} column {name!r}")
 
 
-def _tzinfo(value: datetime) -> Any:
-    return value.tzinfo
+_tzinfo = operator.attrgetter("tzinfo")  # C-level: one Python call per row was ~1/3 of the check
 
 
 def _to_utc(value: Any) -> Any:
