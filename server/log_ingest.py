@@ -226,7 +226,8 @@ class LoggedSpanIngest:
             self.refused_spans_total += 1
             decoded = None
         spans = decoded.spans if decoded is not None else []
-        return _Queued(record.start, record.end, spans, [span.to_insert_row() for span in spans], time.monotonic())
+        rows = [span.to_insert_row(timestamp_ns=True) for span in spans]
+        return _Queued(record.start, record.end, spans, rows, time.monotonic())
 
     def _stored_samples(self, samples: list[SpanRow]) -> set[tuple[str, str]]:
         """Which ``(trace_id, span_id)`` of ``samples`` are in ``otel_traces``. When the store
@@ -287,7 +288,7 @@ class LoggedSpanIngest:
         if not spans:
             return CommitResult("committed")  # nothing to store
         spans = list(spans)
-        rows = [span.to_insert_row() for span in spans]  # outside the lock: ~4 µs per span
+        rows = [span.to_insert_row(timestamp_ns=True) for span in spans]  # outside the lock
         try:
             flags = body_flags(content_type, content_encoding)
         except Exception as exc:  # noqa: BLE001 - decoded already, so not expected: a 400, never raised

@@ -227,6 +227,7 @@ def _span_row(span, trace_id: bytes, span_id: bytes, parent_span_id: bytes, star
         status.message,
         events,
         links,
+        start_ns // 1000 * 1000,
     )
 
 

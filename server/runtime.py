@@ -271,7 +271,7 @@ class ServerRuntime:
                 else:
                     self.spans_refused_total += len(decoded.spans)
             return result
-        rows = [span.to_insert_row() for span in decoded.spans]
+        rows = [span.to_insert_row(timestamp_ns=True) for span in decoded.spans]
         result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows)], dedup_token)
         with self._lock:
             self.spans_rejected_total += decoded.rejected_spans

@@ -57,6 +57,22 @@ def test_from_checked_builds_the_same_row_as_the_constructor() -> None:
     checked = SpanRow.from_checked(*values.values())
     assert checked == SpanRow(**values)
     assert checked.to_insert_row() == SpanRow(**values).to_insert_row()
+    with_start = SpanRow.from_checked(*values.values(), start_ns=1_735_732_800 * 10**9)
+    assert with_start == checked and with_start.start_ns == checked.start_ns == 1_735_732_800 * 10**9
+    assert checked.to_insert_row(timestamp_ns=True) == (1_735_732_800 * 10**9, *checked.to_insert_row()[1:])
     plain = SpanRow(timestamp=T0, trace_id="ab" * 16, span_id="cd" * 8)
     # No events or links: the shared empty tuple for each array (no list for the GC to track).
     assert plain.to_insert_row()[15:] == ((),) * 7
+
+
+def test_rows_with_nanosecond_timestamps_are_stored_at_the_same_instants(store: Store) -> None:
+    """The ingest path gives Timestamp as Unix ns (no per-row conversion in the driver)."""
+    spans = [SpanRow(T0 + timedelta(seconds=i, microseconds=7), "ab" * 16, f"{i:016x}",
+                     events=[(T0, "tick", {})] if i else ()) for i in range(3)]
+    assert store.insert("otel_traces", [s.to_insert_row(timestamp_ns=True) for s in spans], SPAN_COLUMNS) == 3
+    stored = store.query("SELECT Timestamp, Events.Timestamp FROM otel_traces ORDER BY Timestamp")
+    assert [r[0] for r in stored] == [s.timestamp for s in spans]
+    assert [r[1] for r in stored] == [[], [T0], [T0]]
+    moved = spans[0]
+    moved.timestamp = T0 + timedelta(hours=1)  # a new timestamp: the cached start follows it
+    assert moved.start_ns == 1_735_732_800 * 10**9 + 3600 * 10**9
