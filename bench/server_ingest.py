@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +38,9 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -71,6 +74,20 @@ def _start(store_url: str, port: int) -> subprocess.Popen:
     raise RuntimeError("server did not start")
 
 
+@contextmanager
+def scratch_folder(workdir: str | None, prefix: str) -> Iterator[Path]:
+    """``workdir`` as it is (kept), or a new temporary folder removed afterwards: the store
+    and span log of one run take 1-10 GB."""
+    if workdir is not None:
+        yield Path(workdir)
+        return
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
@@ -100,11 +117,16 @@ def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, 
     ``max_rate`` (spans/s) sizes the pool of distinct pre-built bodies; if the server drains
     it, ``all_bodies_used`` says so and the rate is a lower bound.
     """
+    with scratch_folder(workdir, "inferpath-bench-") as folder:
+        return _run(folder, seconds, clients, spans_per_request, bodies, rounds, reference_seconds, max_rate)
+
+
+def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bodies: int | None, rounds: int,
+         reference_seconds: float, max_rate: float) -> dict:
     spans_per_trace = 10
     count = bodies or max(clients * 4, int(seconds * max_rate / spans_per_request) + clients)
     prepared = [trace_body(spans_per_trace=spans_per_trace, traces=spans_per_request // spans_per_trace)
                 for _ in range(count)]
-    folder = Path(workdir or tempfile.mkdtemp(prefix="inferpath-bench-"))
     store_url = f"chdb://{folder / 'store'}"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

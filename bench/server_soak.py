@@ -36,7 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server.otlp_factory import trace_body  # noqa: E402
-from server_ingest import PROTOBUF, _free_port, _start  # noqa: E402
+from server_ingest import PROTOBUF, _free_port, _start, scratch_folder  # noqa: E402
 
 from inferpath.storage.store import Store  # noqa: E402
 
@@ -64,7 +64,12 @@ def rss_bytes(pid: int) -> int:
 def run(seconds: float = 600.0, rate: float = 20_000.0, clients: int = 4, spans_per_request: int = 1000,
         sample_seconds: float = 10.0, warmup_seconds: float = 60.0, workdir: str | None = None) -> dict:
     """Run the soak; returns its figures (RSS samples in MB, rates, losses)."""
-    folder = Path(workdir or tempfile.mkdtemp(prefix="inferpath-soak-"))
+    with scratch_folder(workdir, "inferpath-soak-") as folder:
+        return _run(folder, seconds, rate, clients, spans_per_request, sample_seconds, warmup_seconds)
+
+
+def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_request: int, sample_seconds: float,
+         warmup_seconds: float) -> dict:
     store_url = f"chdb://{folder / 'store'}"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

@@ -67,3 +67,14 @@ def test_soak_benchmark_counts_memory_and_losses(tmp_path: Path) -> None:
     assert result["dropped"] == {"inferpath_server_spans_dropped_total": 0.0,
                                  "inferpath_writer_rows_dropped_total": 0.0}
     assert len(result["rss_mb"]) >= 4 and result["rss_reference_mb"] > 0
+
+
+def test_the_server_benchmarks_remove_their_scratch_folder_and_keep_a_given_one(tmp_path: Path) -> None:
+    scratch_folder = _load("server_ingest").scratch_folder
+    with scratch_folder(None, "inferpath-bench-test-") as made:
+        (made / "store").mkdir()
+        assert made.is_dir()
+    assert not made.exists()
+    with scratch_folder(str(tmp_path), "unused-") as given:
+        (given / "store").mkdir()
+    assert given == tmp_path and (tmp_path / "store").is_dir()
