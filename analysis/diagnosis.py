@@ -86,7 +86,12 @@ Signals = SignalWindows | StoredSignalWindows
 
 
 class InsufficientDataError(ValueError):
-    """A window holds too few requests to compare percentiles; the message names the window."""
+    """A window holds too few requests to compare percentiles; the message names the window,
+    and ``window`` says which: ``"current"`` or ``"baseline"``."""
+
+    def __init__(self, message: str, window: str = "current") -> None:
+        super().__init__(message)
+        self.window = window
 
 
 # ---------------------------------------------------------------------------- rules on signals
@@ -247,7 +252,8 @@ def diagnose_from(
         measured = rows.measured("e2e_ns")
         if measured < MIN_REQUESTS:
             raise InsufficientDataError(
-                f"{name} window has {measured} requests with an E2E latency; at least {MIN_REQUESTS} are needed"
+                f"{name} window has {measured} requests with an E2E latency; at least {MIN_REQUESTS} are needed",
+                window=name,
             )
     windows = (current_window or _window_of(current_rows), baseline_window or _window_of(baseline_rows))
     degradations = [degradation(m, current_rows, baseline_rows) for m in ("ttft", "itl", "e2e")]

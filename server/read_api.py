@@ -179,8 +179,9 @@ async def diagnosis(request: Request, start: str | None = StartQuery, end: str |
     try:
         verdict = await run_in_threadpool(diagnose, store, window_start=start_dt, window_end=end_dt,
                                           baseline_start=base_start, baseline_end=base_end, endpoint=endpoint)
-    except ValueError as exc:  # InsufficientDataError included
-        raise _invalid("start", str(exc)) from None
+    except ValueError as exc:  # InsufficientDataError included: name the window it is about
+        param = "baseline_start" if getattr(exc, "window", "current") == "baseline" else "start"
+        raise _invalid(param, str(exc)) from None
     return verdict_to_dict(verdict)
 
 

@@ -26,6 +26,12 @@ def test_read_api_names_the_slow_tokenizer(store_url: str) -> None:
         empty = httpx.get(f"{server.url}/api/v1/diagnosis",
                           params={"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z"}, timeout=30)
         assert empty.status_code == 422 and "request" in empty.text
+        assert empty.json()["detail"][0]["loc"] == ["query", "start"]
+        # The scenario's window against an empty baseline: the 422 names the baseline.
+        no_baseline = httpx.get(f"{server.url}/api/v1/diagnosis", timeout=30, params=dict(
+            params, baseline_start="2001-01-01T00:00:00Z", baseline_end="2001-01-01T00:10:00Z"))
+        assert no_baseline.status_code == 422 and "baseline window has 0" in no_baseline.text
+        assert no_baseline.json()["detail"][0]["loc"] == ["query", "baseline_start"]
     finally:
         server.stop()
 
