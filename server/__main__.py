@@ -32,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"invalid configuration: {line}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve_forever(settings)
+    try:
+        serve_forever(settings)
+    except OSError as exc:  # the address is taken or not ours: say which, without a traceback
+        print(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+              " (is another inferpath server running? choose another with --port)", file=sys.stderr)
+        return 1
     return 0
 
 

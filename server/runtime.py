@@ -483,16 +483,23 @@ def serve_forever(settings: Settings) -> None:
 
     previous = signal.signal(signal.SIGTERM, _terminated)
     runtime = ServerRuntime(settings)
+    sock: socket.socket | None = None
     try:
+        # Bound here, as in serve_in_thread: the listening socket says it is TCP (so replies
+        # are not held back by Nagle), and the log names the real port when 0 was asked for.
+        sock = _bind(settings.host, settings.port)
         runtime.start()
         tune_gc_for_server()
         server = _uvicorn_server(create_app(runtime), settings)
+        shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
         logger.info("inferpath server listening on http://%s:%d (store %s)",
-                    settings.host, settings.port, runtime.store.url)
-        server.run()
+                    shown_host, sock.getsockname()[1], runtime.store.url)
+        server.run(sockets=[sock])
     except (KeyboardInterrupt, _Terminated):
         pass
     finally:
+        if sock is not None:
+            sock.close()
         runtime.close()
         signal.signal(signal.SIGTERM, previous)
         logger.info("inferpath server stopped; store %s closed", runtime.store.url)

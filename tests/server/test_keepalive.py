@@ -34,3 +34,38 @@ def test_accepted_connections_have_tcp_nodelay_and_keepalive_requests_are_fast(s
     # With Nagle on, ten keep-alive round trips take >= 400 ms (40 ms delayed ACK each);
     # without it a few ms each even on a loaded machine.
     assert elapsed < 0.35, f"10 keep-alive requests took {elapsed * 1e3:.0f} ms"
+
+
+def test_the_foreground_server_binds_the_same_way_and_logs_the_port_it_got(tmp_path) -> None:
+    """``python -m inferpath.server --port 0``: the log names the real port, keep-alive
+    requests are not held back, and a second server on that port exits 1 saying why."""
+    import re
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "inferpath.server", "--port", "0", "--store", f"chdb://{tmp_path / 'a'}"]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        deadline = time.monotonic() + 60
+        while port is None and time.monotonic() < deadline:
+            line = server.stderr.readline()  # type: ignore[union-attr]
+            if not line:
+                break
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+) ", line)
+            port = int(found.group(1)) if found else None
+        assert port, "the server did not log the port it listens on"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            http.get("/metrics").raise_for_status()
+            started = time.perf_counter()
+            for _ in range(10):
+                http.get("/metrics").raise_for_status()
+            elapsed = time.perf_counter() - started
+        assert elapsed < 0.35, f"10 keep-alive requests took {elapsed * 1e3:.0f} ms"
+        second = subprocess.run([sys.executable, "-m", "inferpath.server", "--port", str(port),
+                                 "--store", f"chdb://{tmp_path / 'b'}"], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        server.terminate()
+        server.wait(60)
