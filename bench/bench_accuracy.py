@@ -334,7 +334,7 @@ def _line(case: str, row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--requests", type=int, default=256,
                         help="per case at concurrency 64")
     parser.add_argument("--requests-c1", type=int, default=100,

@@ -144,7 +144,7 @@ def run(requests: int, rounds: int, traceparent: bool = False) -> dict[str, floa
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--traceparent", action="store_true",

@@ -74,7 +74,7 @@ def _round(reader: socket.socket, writer: socket.socket, protocol: Any, reads: i
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--reads", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)

@@ -56,7 +56,7 @@ def run(spans: int, rounds: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--spans", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)

@@ -61,7 +61,7 @@ def run(gpus: int = 8, call_latency_us: float = 20.0, polls: int = 2000) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--call-latency-us", type=float, default=20.0)
     parser.add_argument("--polls", type=int, default=2000)

@@ -56,7 +56,7 @@ def run(seconds: float = 2.0, data: Path = DATA) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per side and file")
     args = parser.parse_args()
     print(f"{'file':60} {'lines':>6} {'raw/s':>9} {'ours/s':>9} {'ratio':>6} {'samples/s':>11}")

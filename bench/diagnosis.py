@@ -92,7 +92,7 @@ def timed(call, repeat: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--rate", type=float, default=50.0, help="requests per second")
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--sample-seconds", type=float, default=2.0, help="collector sample interval")

@@ -88,7 +88,7 @@ def run(spans: int = 10_000_000, repeat: int = 5, workdir: str | None = None) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--spans", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--store", default=None, help="store folder to reuse (filled when empty)")

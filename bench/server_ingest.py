@@ -250,7 +250,7 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--spans-per-request", type=int, default=1000)

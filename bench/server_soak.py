@@ -137,7 +137,7 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--rate", type=float, default=20_000.0, help="offered spans per second")
     parser.add_argument("--clients", type=int, default=4)
