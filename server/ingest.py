@@ -66,11 +66,13 @@ _CODE = re.compile(r"Code:\s*(\d+)")
 
 @dataclass(frozen=True)
 class TableRows:
-    """Rows for one table: ``table``, ``columns`` (insert column order), ``rows`` (tuples)."""
+    """Rows for one table: ``table``, ``columns`` (insert column order), ``rows`` (tuples);
+    ``checked``: built from checked values (see ``Store.insert``), no naive-datetime scan."""
 
     table: str
     columns: Sequence[str]
     rows: Sequence[tuple]
+    checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -401,8 +403,8 @@ class DurableIngest:
                 for part in member.inserts:
                     previous = tables.get(part.table)
                     if previous is None:
-                        tables[part.table] = TableRows(part.table, part.columns, list(part.rows))
-                    elif tuple(previous.columns) == tuple(part.columns):
+                        tables[part.table] = TableRows(part.table, part.columns, list(part.rows), part.checked)
+                    elif tuple(previous.columns) == tuple(part.columns) and previous.checked == part.checked:
                         previous.rows.extend(part.rows)  # type: ignore[attr-defined]
                     else:  # another column list: its own insert
                         tables[f"{part.table}#{id(part)}"] = part
@@ -438,7 +440,8 @@ class DurableIngest:
             started = time.monotonic()
             try:
                 self.store.insert(part.table, part.rows, part.columns,
-                                  dedup_token=None if token is None else f"{token}:{part.table}")
+                                  dedup_token=None if token is None else f"{token}:{part.table}",
+                                  checked=part.checked)
             except Exception as exc:  # noqa: BLE001 - answered as 400/503, never raised
                 return self._failed(part.table, exc)
             self._observe(time.monotonic() - started)

@@ -410,7 +410,7 @@ class LoggedSpanIngest:
                 logger.warning("span log progress unwritable (%s); retrying", exc)
                 self._pause(1.0)
                 return
-            result = self.ingest.insert_block([TableRows(SPANS_TABLE, SPAN_COLUMNS, rows)],
+            result = self.ingest.insert_block([TableRows(SPANS_TABLE, SPAN_COLUMNS, rows, checked=True)],
                                               f"wal-{self.log.log_id}-{start}-{end}", exports=len(batch))
         if result.status == "unavailable":
             return  # back-off opened; the next round waits for it

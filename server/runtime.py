@@ -272,7 +272,7 @@ class ServerRuntime:
                     self.spans_refused_total += len(decoded.spans)
             return result
         rows = [span.to_insert_row(timestamp_ns=True) for span in decoded.spans]
-        result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows)], dedup_token)
+        result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)], dedup_token)
         with self._lock:
             self.spans_rejected_total += decoded.rejected_spans
             if result.ok:

@@ -76,3 +76,16 @@ def test_rows_with_nanosecond_timestamps_are_stored_at_the_same_instants(store: 
     moved = spans[0]
     moved.timestamp = T0 + timedelta(hours=1)  # a new timestamp: the cached start follows it
     assert moved.start_ns == 1_735_732_800 * 10**9 + 3600 * 10**9
+
+
+def test_checked_rows_skip_the_naive_datetime_scan_and_store_the_same(store: Store) -> None:
+    spans = [SpanRow(T0 + timedelta(seconds=i), "cd" * 16, f"{i:016x}", events=[(T0, "e", {})]) for i in range(4)]
+    rows = [s.to_insert_row(timestamp_ns=True) for s in spans]
+    assert store.insert("otel_traces", rows[:2], SPAN_COLUMNS) == 2
+    assert store.insert("otel_traces", rows[2:], SPAN_COLUMNS, checked=True) == 2
+    stored = store.query("SELECT Timestamp, Events.Timestamp FROM otel_traces ORDER BY Timestamp")
+    assert stored == [(s.timestamp, [T0]) for s in spans]
+    naive = list(rows[0])
+    naive[15] = [datetime(2025, 1, 1)]
+    with pytest.raises(ValueError, match="naive datetime"):  # unchecked rows are still scanned
+        store.insert("otel_traces", [tuple(naive)], SPAN_COLUMNS)
