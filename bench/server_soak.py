@@ -26,7 +26,6 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path

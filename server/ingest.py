@@ -406,7 +406,7 @@ class DurableIngest:
                         tables[part.table] = TableRows(part.table, part.columns, list(part.rows), part.checked)
                     elif tuple(previous.columns) == tuple(part.columns) and previous.checked == part.checked:
                         previous.rows.extend(part.rows)  # type: ignore[attr-defined]
-                    else:  # another column list: its own insert
+                    else:  # another column list, or checked against unchecked rows: its own insert
                         tables[f"{part.table}#{id(part)}"] = part
             inserts = list(tables.values())
         result = self._commit_alone(inserts, token, exports=len(group))
