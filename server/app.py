@@ -31,6 +31,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import inferpath
 from inferpath.server.otlp import (
+    DecodedMetrics,
+    DecodedSpans,
     OTLPDecodeError,
     UnsupportedMediaTypeError,
     decode_metrics_request,
@@ -136,30 +138,35 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         # Items older than the table's TTL would vanish at insert: reject them with a reason.
         oldest_unix_ns = runtime.oldest_storable_unix_ns(
             "otel_traces" if signal == "traces" else "otel_metrics_gauge")
-        try:
-            decoded = await run_in_threadpool(decode, body, content_type=content_type,
-                                              content_encoding=content_encoding,
-                                              oldest_unix_ns=oldest_unix_ns)
-        except UnsupportedMediaTypeError as exc:
+        def decode_and_commit() -> tuple[DecodedSpans | DecodedMetrics, CommitResult] | Exception:
+            # One worker-thread hop per export: decoding and committing are both blocking.
+            try:
+                decoded = decode(body, content_type=content_type, content_encoding=content_encoding,
+                                 oldest_unix_ns=oldest_unix_ns)
+            except Exception as exc:  # noqa: BLE001 - answered below, never raised into the loop
+                return exc
+            token = dedup_token(signal, content_type, content_encoding, body)
+            if signal == "traces":
+                return decoded, runtime.ingest_spans(decoded, token, body, content_type, content_encoding)
+            return decoded, runtime.ingest_metrics(decoded, token)
+
+        outcome = await run_in_threadpool(decode_and_commit)
+        if isinstance(outcome, Exception):
             runtime.count_bad_request()
-            return _status_response(415, _INVALID_ARGUMENT, str(exc), fmt)
-        except OTLPDecodeError as exc:
-            runtime.count_bad_request()
-            return _status_response(400, _INVALID_ARGUMENT, str(exc), fmt)
-        except Exception as exc:  # noqa: BLE001 - a body must never take the server down
-            runtime.count_bad_request()
-            logger.exception("unexpected error decoding an OTLP %s body", signal)
-            return _status_response(400, _INVALID_ARGUMENT, f"could not decode body: {exc}", fmt)
-        token = dedup_token(signal, content_type, content_encoding, body)
-        if signal == "traces":
-            result = await run_in_threadpool(runtime.ingest_spans, decoded, token, body, content_type,
-                                              content_encoding)
+            if isinstance(outcome, UnsupportedMediaTypeError):
+                return _status_response(415, _INVALID_ARGUMENT, str(outcome), fmt)
+            if isinstance(outcome, OTLPDecodeError):
+                return _status_response(400, _INVALID_ARGUMENT, str(outcome), fmt)
+            # A body must never take the server down.
+            logger.error("unexpected error decoding an OTLP %s body", signal, exc_info=outcome)
+            return _status_response(400, _INVALID_ARGUMENT, f"could not decode body: {outcome}", fmt)
+        decoded, result = outcome
+        if isinstance(decoded, DecodedSpans):
             response = ExportTraceServiceResponse()
             if decoded.rejected_spans:
                 response.partial_success.rejected_spans = decoded.rejected_spans
                 response.partial_success.error_message = decoded.error_message
         else:
-            result = await run_in_threadpool(runtime.ingest_metrics, decoded, token)
             response = ExportMetricsServiceResponse()
             if decoded.rejected_data_points:
                 response.partial_success.rejected_data_points = decoded.rejected_data_points
