@@ -34,21 +34,24 @@ def format_double(value: float) -> str:
     ``format_double(1.0) == "1"``, ``format_double(2.5e-05) == "0.000025"``,
     ``format_double(1e-07) == "1e-7"``; infinities and NaN give Go's error text.
     """
+    text = repr(value)
+    # Finite (not "inf"/"nan") and in fixed notation (0, or 1e-4 <= |value| < 1e16): repr
+    # already gives the shortest round-trip digits.
+    if "e" not in text and "n" not in text:
+        return text[:-2] if text.endswith(".0") else text
     if math.isinf(value) or math.isnan(value):
         go = "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
         return f"json: unsupported value: {go}"
     magnitude = abs(value)
     if magnitude != 0 and (magnitude < 1e-6 or magnitude >= 1e21):
-        text = repr(value)  # Python uses e-notation in this whole range, shortest digits
+        # Python uses e-notation in this whole range, shortest digits.
         mantissa, _, exponent = text.partition("e")
         sign = exponent[0] if exponent[:1] in "+-" else "+"
         digits = exponent.lstrip("+-").lstrip("0") or "0"
         if sign == "+" and len(digits) < 2:
             digits = digits.zfill(2)  # Go keeps two exponent digits except after the clean-up
         return f"{mantissa}e{sign}{digits}"
-    text = repr(value)
-    if "e" not in text:  # 1e-4 <= |value| < 1e16: repr is already the shortest fixed notation
-        return text[:-2] if text.endswith(".0") else text
+    # 1e-6 <= |value| < 1e-4 or 1e16 <= |value| < 1e21: repr's e-notation, written out.
     return format(Decimal(text).normalize(), "f")
 
 

@@ -108,8 +108,12 @@ def dedup_spans(spans: Iterable[SpanRow]) -> list[SpanRow]:
 
 
 def _is_engine(span: SpanRow) -> bool:
-    return span.span_name == ENGINE_SPAN_NAME or any(
-        key.startswith("gen_ai.latency.") for key in span.span_attributes)
+    if span.span_name == ENGINE_SPAN_NAME:
+        return True
+    for key in span.span_attributes:  # a loop, not any(generator): this runs for every span
+        if key.startswith("gen_ai.latency."):
+            return True
+    return False
 
 
 def _depth(span: SpanRow, by_id: dict[str, SpanRow]) -> int:
@@ -135,9 +139,13 @@ def _descendants(root: SpanRow, spans: Sequence[SpanRow]) -> list[SpanRow]:
     return out
 
 
-def _stage_union(spans: Sequence[SpanRow], stage: str) -> int | None:
-    intervals = [(s.start_ns, s.end_ns) for s in spans if s.span_attributes.get(STAGE) == stage]
-    return union_ns(intervals) if intervals else None
+def _stage_union(spans: Sequence[SpanRow] | None) -> int | None:
+    """Union of the intervals of one stage's spans (ns); ``None`` when the trace has none."""
+    return union_ns([(s.start_ns, s.end_ns) for s in spans]) if spans else None
+
+
+def _start_key(span: SpanRow) -> tuple[int, str]:
+    return span.start_ns, span.span_id
 
 
 def _overlap_ns(start_ns: int, end_ns: int, lo_ns: int, hi_ns: int) -> int:
@@ -178,8 +186,13 @@ def _hop_ttft_part_ns(client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int) 
 
 
 def _first(*values):
+    return _first_of(values)
+
+
+def _first_of(values: Iterable):
+    """The first value that is neither ``None`` nor ``""`` (``None`` if none); stops there."""
     for value in values:
-        if value not in (None, ""):
+        if value is not None and value != "":
             return value
     return None
 
@@ -199,25 +212,43 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     ITL follow AIPerf's definitions (ITL = (E2E − TTFT) / (output tokens − 1), ≥ 2 tokens).
     Raises ``ValueError`` if the spans belong to more than one trace.
     """
-    unique = dedup_spans(spans)
-    if not unique:
+    by_id: dict[str, SpanRow] = {}
+    for span in spans:  # dedup_spans, keeping the dict: the last copy of a span id wins
+        by_id[span.span_id] = span
+    if not by_id:
         return None
+    unique = list(by_id.values())
     trace_ids = {s.trace_id for s in unique}
     if len(trace_ids) != 1:
         raise ValueError(f"spans of one trace expected, got {len(trace_ids)} trace ids")
-    by_id = {s.span_id: s for s in unique}
-    by_start = sorted(unique, key=lambda s: (s.start_ns, s.span_id))
+    by_start = sorted(unique, key=_start_key)
+    # One pass sorts the spans into the roles below (each list in start order).
+    root_clients: list[SpanRow] = []
+    engines: list[SpanRow] = []
+    by_stage: dict[str, list[SpanRow]] = {}
+    staged = False
+    for s in by_start:
+        attributes = s.span_attributes
+        stage = attributes.get(STAGE)
+        if stage is not None:
+            staged = True
+            group = by_stage.get(stage)
+            if group is None:
+                by_stage[stage] = [s]
+            else:
+                group.append(s)
+        if s.span_kind == "Client" and s.parent_span_id not in by_id:
+            root_clients.append(s)
+        if _is_engine(s):
+            engines.append(s)
 
-    root_clients = [s for s in by_start if s.span_kind == "Client" and s.parent_span_id not in by_id]
     # Prefer the root client that carries a TTFT (the end user's streaming call).
     root_client = next((s for s in root_clients if TTFT_SECONDS in s.span_attributes),
                        root_clients[0] if root_clients else None)
-    gateways = [s for s in by_start if s.span_kind == "Server" and s.span_attributes.get(STAGE) == "gateway"]
+    gateways = [s for s in by_stage.get("gateway", ()) if s.span_kind == "Server"]
     gateway = min(gateways, key=lambda s: (_depth(s, by_id), s.start_ns)) if gateways else None
-    engines = [s for s in by_start if _is_engine(s)]
     engine = engines[0] if engines else None
-    model_clients = [s for s in by_start if s.span_kind == "Client" and s.span_attributes.get(STAGE) == "model"]
-    staged = any(STAGE in s.span_attributes for s in unique)
+    model_clients = [s for s in by_stage.get("model", ()) if s.span_kind == "Client"]
     genai_client = root_client is not None and any(
         k.startswith("gen_ai.") for k in root_client.span_attributes)
     if not (gateway or engine or staged or genai_client):
@@ -240,15 +271,13 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     engine_queue_ns = seconds_to_ns(attrs(engine, ENGINE_QUEUE))
     engine_prefill_ns = seconds_to_ns(attrs(engine, ENGINE_PREFILL))
     engine_decode_ns = seconds_to_ns(attrs(engine, ENGINE_DECODE))
-    queue_ns = engine_queue_ns if engine_queue_ns is not None else _stage_union(unique, "queue")
-    prefill_ns = engine_prefill_ns if engine_prefill_ns is not None else _stage_union(unique, "prefill")
-    decode_ns = engine_decode_ns if engine_decode_ns is not None else _stage_union(unique, "decode")
+    queue_ns = engine_queue_ns if engine_queue_ns is not None else _stage_union(by_stage.get("queue"))
+    prefill_ns = engine_prefill_ns if engine_prefill_ns is not None else _stage_union(by_stage.get("prefill"))
+    decode_ns = engine_decode_ns if engine_decode_ns is not None else _stage_union(by_stage.get("decode"))
 
-    input_tokens = _first(*(_int_attr(s, INPUT_TOKENS) for s in
-                            (gateway, root_client, *model_clients,
-                             *(s for s in by_start if s.span_attributes.get(STAGE) == "tokenize"),
-                             engine)))
-    output_tokens = _first(*(_int_attr(s, OUTPUT_TOKENS) for s in (gateway, root_client, *model_clients, engine)))
+    input_tokens = _first_of(_int_attr(s, INPUT_TOKENS) for s in
+                             (gateway, root_client, *model_clients, *by_stage.get("tokenize", ()), engine))
+    output_tokens = _first_of(_int_attr(s, OUTPUT_TOKENS) for s in (gateway, root_client, *model_clients, engine))
 
     itl_ns = seconds_to_ns(attrs(gateway, ITL_SECONDS))
     if itl_ns is None and engine is not None:
@@ -292,8 +321,8 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     endpoint_class = _first(
         attrs(gateway, ENDPOINT_CLASS),
         gateway.resource_attributes.get(ENDPOINT_CLASS) if gateway is not None else None,
-        *(s.resource_attributes.get(ENDPOINT_CLASS) for s in by_start),
-        *(s.span_attributes.get(ENDPOINT_CLASS) for s in by_start)) or ""
+        _first_of(s.resource_attributes.get(ENDPOINT_CLASS) for s in by_start),
+        _first_of(s.span_attributes.get(ENDPOINT_CLASS) for s in by_start)) or ""
     model = _first(*(attrs(s, "gen_ai.request.model") for s in (*model_clients, root_client, gateway)),
                    attrs(engine, "gen_ai.response.model")) or ""
     model_version = _first(*(attrs(s, "gen_ai.response.model") for s in (engine, *model_clients, root_client))) or ""
@@ -322,14 +351,14 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         e2e_ns=e2e_ns,
         itl_ns=itl_ns,
         gateway_ns=gateway_ns,
-        tokenize_ns=_stage_union(unique, "tokenize"),
-        retrieval_ns=_stage_union(unique, "retrieval"),
+        tokenize_ns=_stage_union(by_stage.get("tokenize")),
+        retrieval_ns=_stage_union(by_stage.get("retrieval")),
         queue_ns=queue_ns,
         prefill_ns=prefill_ns,
         decode_ns=decode_ns,
         model_ns=model_ns,
         network_ns=network_ns,
-        postprocess_ns=_stage_union(unique, "postprocess"),
+        postprocess_ns=_stage_union(by_stage.get("postprocess")),
         gateway_ttft_ns=gateway_ttft_ns,
         network_ttft_ns=network_ttft_ns,
         span_count=len(unique),

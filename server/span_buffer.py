@@ -44,6 +44,7 @@ aware datetimes (wall clock of the emitter, as stored).
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
@@ -53,6 +54,7 @@ from inferpath.storage.rows import SpanRow
 __all__ = ["SpanBuffer", "TraceIdFilter", "STORED_BEFORE_CUTOFF_SQL", "STORE_NEWEST_START_SQL"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_TIMESTAMP = operator.attrgetter("timestamp")
 
 # Trace ids of ``{ids}`` with a stored span starting before ``{cutoff}`` (Unix seconds).
 # ``Start`` is the floor to whole seconds of the earliest span start of one insert block,
@@ -189,7 +191,8 @@ class SpanBuffer:
         not held is being read back and stays so; a trace let go of earlier stays read back.
         """
         # Every committed span counts here, held or not: see _forget.
-        latest = max(span.timestamp for span in spans)
+        starts = list(map(_TIMESTAMP, spans))
+        latest = max(starts)
         if latest > self._latest_start:
             self._latest_start = latest
         held = self._pending.get(trace_id)
@@ -207,7 +210,7 @@ class SpanBuffer:
             else:
                 held = _Held([], spans[0].timestamp)
                 self._pending[trace_id] = held
-        earliest = min(span.timestamp for span in spans)
+        earliest = min(starts)
         if earliest < held.earliest:
             held.earliest = earliest
         held.spans.extend(spans)
