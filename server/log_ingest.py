@@ -104,7 +104,9 @@ class LoggedSpanIngest:
     ``on_committed(spans)``: called by the drainer with the spans of each committed insert
     (the assembler's ``note_spans``); must not raise. ``insert_rows`` (≥ 1): rows per insert
     at most (an export larger than that is inserted alone). ``linger_seconds`` (≥ 0): how
-    long the oldest queued export may wait for more rows. ``max_backlog_bytes`` (≥ 1): bound
+    long the oldest queued export may wait for more rows: larger blocks make larger parts,
+    which chDB merges less often (at ~45k spans/s, ~28k-row blocks took half the merge CPU
+    of ~15k-row ones; bench/README.md). ``max_backlog_bytes`` (≥ 1): bound
     of the log's un-inserted bytes; ``max_backlog_seconds``: bound of the queued spans in
     seconds of the drainer's measured rate (at least 2000 spans), which keeps span end →
     visible near that under saturation; an export that would pass either waits up to
@@ -117,8 +119,8 @@ class LoggedSpanIngest:
 
     def __init__(self, ingest: DurableIngest, log: SpanLog, *,
                  on_committed: Callable[[list[SpanRow]], None] = lambda spans: None,
-                 insert_rows: int = 20_000, linger_seconds: float = 0.2,
-                 max_backlog_bytes: int = 16 * 1024 * 1024, max_backlog_seconds: float = 0.5,
+                 insert_rows: int = 60_000, linger_seconds: float = 0.5,
+                 max_backlog_bytes: int = 16 * 1024 * 1024, max_backlog_seconds: float = 1.0,
                  backlog_wait_seconds: float = 1.0) -> None:
         if insert_rows < 1:
             raise ValueError(f"insert_rows must be >= 1, got {insert_rows}")
