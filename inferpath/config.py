@@ -23,6 +23,7 @@ ENV_SCRAPE_INTERVAL_SECONDS = "INFERPATH_SCRAPE_INTERVAL_SECONDS"
 ENV_ASSEMBLY_SETTLE_SECONDS = "INFERPATH_ASSEMBLY_SETTLE_SECONDS"
 ENV_ASSEMBLY_MAX_HELD_SPANS = "INFERPATH_ASSEMBLY_MAX_HELD_SPANS"
 ENV_ASSEMBLY_MAX_HELD_TRACES = "INFERPATH_ASSEMBLY_MAX_HELD_TRACES"
+ENV_DECODE_PROCESSES = "INFERPATH_DECODE_PROCESSES"
 ENV_MAX_BODY_BYTES = "INFERPATH_MAX_BODY_BYTES"
 ENV_SERVER_URL = "INFERPATH_SERVER_URL"
 ENV_ALERT_RULES = "INFERPATH_ALERT_RULES"
@@ -48,6 +49,7 @@ _ENV_BY_FIELD = {
     "assembly_settle_seconds": ENV_ASSEMBLY_SETTLE_SECONDS,
     "assembly_max_held_spans": ENV_ASSEMBLY_MAX_HELD_SPANS,
     "assembly_max_held_traces": ENV_ASSEMBLY_MAX_HELD_TRACES,
+    "decode_processes": ENV_DECODE_PROCESSES,
     "max_body_bytes": ENV_MAX_BODY_BYTES,
     "server_url": ENV_SERVER_URL,
     "alert_rules": ENV_ALERT_RULES,
@@ -87,6 +89,14 @@ class ScrapeTarget(BaseModel):
     source: Literal["vllm", "sglang", "tgi", "triton", "trtllm", "dcgm"] = "vllm"
 
 
+def _default_decode_processes() -> int:
+    """Decode worker processes by default: one per CPU, at most 4; 0 (decode in the request
+    thread) with one CPU, where a second process adds the pipe's cost and no parallelism.
+    One worker is not enough even on two CPUs: it idles while its reply crosses the pipe."""
+    cpus = os.cpu_count() or 1
+    return min(4, cpus) if cpus > 1 else 0
+
+
 class Settings(BaseModel):
     """Settings of the server, the CLI and the instrumentation.
 
@@ -110,6 +120,9 @@ class Settings(BaseModel):
     # 1 s for room (inferpath_assembler_room_waits_total) and throughput falls to what fits.
     assembly_max_held_spans: int = Field(250_000, ge=1_000, le=10_000_000)
     assembly_max_held_traces: int = Field(50_000, ge=100, le=1_000_000)
+    # Child processes that decode OTLP trace exports off the server's GIL (server/
+    # decode_workers.py): one per CPU up to 4, or 0 (in the request thread) with one CPU.
+    decode_processes: int = Field(default_factory=_default_decode_processes, ge=0, le=64)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # Alert rules evaluated inside the server: a YAML file path, "default" (the shipped pack)
     # or None/"off" for no evaluator.

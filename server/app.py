@@ -36,7 +36,6 @@ from inferpath.server.otlp import (
     OTLPDecodeError,
     UnsupportedMediaTypeError,
     decode_metrics_request,
-    decode_trace_request,
 )
 from inferpath.server.ingest import CommitResult, dedup_token
 from inferpath.server.otlp_body import BodyFormat, body_format, encode_message
@@ -134,7 +133,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     async def _decode_and_commit(request: Request, signal: str, body: bytes, content_type: str | None,
                                  fmt: BodyFormat | None) -> Response:
         content_encoding = request.headers.get("content-encoding")
-        decode = decode_trace_request if signal == "traces" else decode_metrics_request
+        decode = runtime.decode_trace_request if signal == "traces" else decode_metrics_request
         # Items older than the table's TTL would vanish at insert: reject them with a reason.
         oldest_unix_ns = runtime.oldest_storable_unix_ns(
             "otel_traces" if signal == "traces" else "otel_metrics_gauge")

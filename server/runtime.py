@@ -25,9 +25,10 @@ from typing import Callable
 
 from inferpath.config import Settings
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
+from inferpath.server.decode_workers import DecodeWorkers
 from inferpath.server.ingest import CommitResult, DurableIngest, TableRows
 from inferpath.server.log_ingest import LoggedSpanIngest
-from inferpath.server.otlp import DecodedMetrics, DecodedSpans
+from inferpath.server.otlp import DecodedMetrics, DecodedSpans, decode_trace_request
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.server.span_log import SpanLog
 from inferpath.storage import gauge_rollup
@@ -147,6 +148,8 @@ class ServerRuntime:
         )
         # Span exports: 200 once logged, inserted in large blocks by one thread (log_ingest.py).
         self.span_log_ingest = self._open_span_log(settings)
+        # Trace exports decoded in child processes, off this process's GIL (decode_workers.py).
+        self.decode_workers = DecodeWorkers(settings.decode_processes) if settings.decode_processes else None
         # Flush work that can take long (after a restart, every recovered trace is read back;
         # a rollup pass over days of backdated traces): waited for only until the timeout.
         self._flush_assembly = _FlushPasses("request assembly", "inferpath-flush-assembly",
@@ -299,6 +302,16 @@ class ServerRuntime:
             self.data_points_refused_total += decoded.data_points - kept
         return result
 
+    def decode_trace_request(self, body: bytes, *, content_type: str | None, content_encoding: str | None,
+                             oldest_unix_ns: int = 0) -> DecodedSpans:
+        """Decode one ``/v1/traces`` body: in a decode worker process when there are any
+        (``settings.decode_processes``), else here; arguments, results and errors of
+        :func:`inferpath.server.otlp.decode_trace_request`."""
+        workers = self.decode_workers
+        decode = decode_trace_request if workers is None else workers.decode_trace_request
+        return decode(body, content_type=content_type, content_encoding=content_encoding,
+                      oldest_unix_ns=oldest_unix_ns)
+
     def count_bad_request(self) -> None:
         """Count one malformed, oversized or unsupported OTLP request."""
         with self._lock:
@@ -345,6 +358,8 @@ class ServerRuntime:
                 return
             self._closed = True
         self.scrape_loop.stop()
+        if self.decode_workers is not None:
+            self.decode_workers.close()
         self.rollups.stop(timeout_seconds)
         if getattr(self, "alerts", None) is not None:
             self.alerts.stop()

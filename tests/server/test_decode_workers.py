@@ -1,0 +1,186 @@
+"""Trace exports decoded in worker processes (server/decode_workers.py): the same answers as
+decoding in the server, and a worker that dies, hangs or never starts costs no export."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferpath.config import Settings
+from inferpath.server import decode_workers
+from inferpath.server.decode_workers import DecodeWorkers
+from inferpath.server.otlp import OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
+from inferpath.server.runtime import serve_in_thread
+
+from .otlp_factory import trace_body
+
+PROTOBUF = "application/x-protobuf"
+
+
+def _bodies(shared_data: Path) -> list[tuple[bytes, str, str | None]]:
+    """Recorded vLLM exports as they were sent, one gzipped, the OTLP/JSON example of the
+    opentelemetry-proto repository, and a generated 1000-span export."""
+    folder = shared_data / "vllm_live_capture"
+    recorded = [p.read_bytes() for p in sorted((folder / "otlp").glob("*.pb"))
+                + sorted((folder / "startup_otlp").glob("*.pb"))]
+    assert recorded
+    as_json = (shared_data / "otlp_traces" / "otel_proto_examples_trace.json").read_bytes()
+    return ([(body, PROTOBUF, None) for body in recorded]
+            + [(as_json, "application/json", None), (gzip.compress(recorded[0]), PROTOBUF, "gzip"),
+               (trace_body(10, 100)[0], PROTOBUF, None)])
+
+
+def _decode_both(workers: DecodeWorkers, body: bytes, content_type: str, encoding: str | None, oldest: int = 0):
+    args = dict(content_type=content_type, content_encoding=encoding, oldest_unix_ns=oldest)
+    return workers.decode_trace_request(body, **args), decode_trace_request(body, **args)
+
+
+def test_a_worker_decodes_every_recorded_body_exactly_as_the_server_does(shared_data: Path) -> None:
+    workers = DecodeWorkers(2)
+    try:
+        for body, content_type, encoding in _bodies(shared_data):
+            remote, local = _decode_both(workers, body, content_type, encoding)
+            assert remote == local and remote.spans
+            assert [s.start_ns for s in remote.spans] == [s.start_ns for s in local.spans]
+            # Spans of one resource share its attribute map, as they do when decoded here.
+            assert len({id(s.resource_attributes) for s in remote.spans}) == len(
+                {id(s.resource_attributes) for s in local.spans})
+        # Rejections travel too: every span older than the retention is counted, with the reason.
+        remote, local = _decode_both(workers, trace_body(2, 3)[0], PROTOBUF, None, oldest=2**62)
+        assert remote == local and remote.rejected_spans == 6 and "retention" in remote.error_message
+        assert workers.decoded_total == len(_bodies(shared_data)) + 1
+        assert workers.failures_total == workers.fallbacks_total == 0
+    finally:
+        workers.close()
+
+
+def test_malformed_bodies_raise_the_errors_decoding_in_the_server_raises() -> None:
+    workers = DecodeWorkers(1)
+    try:
+        cases = [(b"\x0a\x05abc", PROTOBUF, None), (b"{not json", "application/json", None),
+                 (b"plain", PROTOBUF, "br"), (b"", "text/plain", None)]
+        for body, content_type, encoding in cases:
+            with pytest.raises(OTLPDecodeError) as local:
+                decode_trace_request(body, content_type=content_type, content_encoding=encoding)
+            with pytest.raises(OTLPDecodeError) as remote:
+                workers.decode_trace_request(body, content_type=content_type, content_encoding=encoding)
+            assert type(remote.value) is type(local.value) and str(remote.value) == str(local.value)
+        with pytest.raises(UnsupportedMediaTypeError):
+            workers.decode_trace_request(b"x", content_type="text/plain", content_encoding=None)
+        assert workers.failures_total == 0 and workers.alive == 1
+    finally:
+        workers.close()
+
+
+def test_a_killed_worker_is_replaced_and_its_export_decoded_in_the_server() -> None:
+    workers = DecodeWorkers(1)
+    body = trace_body(5, 20)[0]
+    try:
+        _decode_both(workers, body, PROTOBUF, None)
+        (first,) = workers.pids
+        os.kill(first, signal.SIGKILL)
+        remote, local = _decode_both(workers, body, PROTOBUF, None)
+        assert remote == local
+        assert workers.failures_total == 1 and workers.fallbacks_total == 1
+        (second,) = workers.pids
+        assert second != first
+        remote, local = _decode_both(workers, body, PROTOBUF, None)
+        assert remote == local and workers.decoded_total == 2  # the new worker serves
+    finally:
+        workers.close()
+
+
+def test_a_hung_worker_is_killed_at_the_timeout(monkeypatch) -> None:
+    # A child that never reads its input: the request thread must not block on the pipe.
+    monkeypatch.setattr(decode_workers._Worker, "command", (sys.executable, "-c", "import time; time.sleep(60)"))
+    workers = DecodeWorkers(1, timeout_seconds=0.5, max_spawn_failures=2)
+    body = trace_body(10, 100)[0]  # larger than a pipe's buffer
+    try:
+        started = time.monotonic()
+        for _ in range(4):
+            remote, local = _decode_both(workers, body, PROTOBUF, None)
+            assert remote == local
+        # Two timeouts, then no worker is started any more: the next exports take no wait.
+        assert workers.failures_total == 2 and workers.fallbacks_total == 4 and workers.alive == 0
+        assert time.monotonic() - started < 5
+    finally:
+        workers.close()
+
+
+def test_a_worker_that_cannot_start_leaves_decoding_in_the_server(monkeypatch) -> None:
+    monkeypatch.setattr(decode_workers._Worker, "command", ("/nonexistent/python",))
+    workers = DecodeWorkers(2, max_spawn_failures=2)
+    try:
+        remote, local = _decode_both(workers, trace_body(1, 2)[0], PROTOBUF, None)
+        assert remote == local and workers.alive == 0 and workers.fallbacks_total == 1
+    finally:
+        workers.close()
+
+
+def test_workers_exit_when_the_server_is_killed(tmp_path: Path) -> None:
+    script = ("import sys, time\n"
+              "from inferpath.server.decode_workers import DecodeWorkers\n"
+              "w = DecodeWorkers(2)\n"
+              "print(*w.pids, flush=True)\n"
+              "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(pids) == 2
+        parent.kill()  # SIGKILL: no clean-up code runs
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+            time.sleep(0.1)
+        assert not any(_running(pid) for pid in pids)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie has exited; only its parent's wait is missing
+
+
+def test_a_server_with_decode_workers_stores_the_export_and_counts_it(store_url: str) -> None:
+    body = trace_body(3, 4)[0]
+    with serve_in_thread(Settings(store_url=store_url, decode_processes=2), port=0) as running:
+        workers = running.runtime.decode_workers
+        assert workers is not None and workers.alive == 2
+        pids = workers.pids
+        with httpx.Client(base_url=running.url, timeout=30) as http:
+            assert http.post("/v1/traces", content=body, headers={"content-type": PROTOBUF}).status_code == 200
+            bad = http.post("/v1/traces", content=b"\x0a\x05abc", headers={"content-type": PROTOBUF})
+            assert bad.status_code == 400
+            running.runtime.flush()
+            metrics = http.get("/metrics").text
+        assert "inferpath_decode_worker_exports_total 2.0" in metrics
+        assert "inferpath_decode_workers 2.0" in metrics
+        stored = running.runtime.store.query("SELECT count() FROM otel_traces")[0][0]
+        assert stored == 12
+    deadline = time.monotonic() + 10  # closing the server closes its workers
+    while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in pids)
+
+
+def test_decode_processes_zero_decodes_in_the_server(store_url: str) -> None:
+    with serve_in_thread(Settings(store_url=store_url, decode_processes=0), port=0) as running:
+        assert running.runtime.decode_workers is None
+        with httpx.Client(base_url=running.url, timeout=30) as http:
+            response = http.post("/v1/traces", content=json.dumps({"resourceSpans": []}),
+                                 headers={"content-type": "application/json"})
+        assert response.status_code == 200
