@@ -179,8 +179,9 @@ class RequestAssembler:
         :meth:`note_trace_ids`). Never raises.
 
         Back-pressure: while the assembly thread runs and the spans would push pending
-        (not yet assembled) spans past the held-span bounds, the caller (the span-log
-        drainer, or a request thread without the span log) waits up to
+        (not yet assembled) spans past the held-span bounds, the caller (the span log's
+        notifier thread, which then holds the drainer back, or a request thread without the
+        span log) waits up to
         ``max_room_wait_seconds`` for a pass to assemble some, so that a transient backlog
         waits upstream instead of evicting pending traces into read-backs; then the spans
         are held anyway (the bounds evict as before). Waits are counted in
