@@ -4,7 +4,7 @@ The server (``python -m inferpath.server``, its own process, a fresh chDB folder
 paced load of ``--rate`` spans/s (``--clients`` exporters, ``--spans-per-request`` spans per
 export, every export a new body built here with fresh ids, each retried until its 200 as an
 OTLP exporter does) for ``--seconds``. Every ``--sample-seconds`` the server's resident set
-(``VmRSS`` from ``/proc``) is read. The reference is the RSS after the first
+(``VmRSS`` from ``/proc``) is read, its decode workers' included. The reference is the RSS after the first
 ``--warmup-seconds`` (imports, caches and chDB's pools are in place by then): growth =
 last RSS / reference − 1. At the end the server is stopped gracefully and its store
 counted: every acknowledged span must be stored exactly once, and its ``/metrics`` must
@@ -60,6 +60,29 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
+def children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (``/proc/PID/task/*/children``, Linux)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found.extend(int(c) for c in (task / "children").read_text().split())
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def tree_rss_bytes(pid: int) -> tuple[int, int]:
+    """``(server, children)``: resident set sizes in bytes of ``pid`` and of its child
+    processes together (the server's decode workers)."""
+    kids = 0
+    for child in children(pid):
+        try:
+            kids += rss_bytes(child)
+        except (FileNotFoundError, RuntimeError):  # exited between the two reads
+            continue
+    return rss_bytes(pid), kids
+
+
 def run(seconds: float = 600.0, rate: float = 20_000.0, clients: int = 4, spans_per_request: int = 1000,
         sample_seconds: float = 10.0, warmup_seconds: float = 60.0, workdir: str | None = None) -> dict:
     """Run the soak; returns its figures (RSS samples in MB, rates, losses)."""
@@ -99,18 +122,18 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
                 with lock:
                     acked_span_ids.extend(s for spans in ids.values() for s in spans)
 
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, int, int]] = []  # (seconds, server RSS, its children's RSS)
     loads: list[float] = []
     threads = [threading.Thread(target=exporter, args=(i,), daemon=True) for i in range(clients)]
     for thread in threads:
         thread.start()
     while time.monotonic() < stop_at:
-        samples.append((time.monotonic() - started, rss_bytes(server.pid)))
+        samples.append((time.monotonic() - started, *tree_rss_bytes(server.pid)))
         loads.append(os.getloadavg()[0])
         time.sleep(min(sample_seconds, max(0.0, stop_at - time.monotonic())))
     for thread in threads:
         thread.join(120)
-    samples.append((time.monotonic() - started, rss_bytes(server.pid)))
+    samples.append((time.monotonic() - started, *tree_rss_bytes(server.pid)))
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
     refused = {name: _metric_sum(metrics, name) for name in REFUSED_METRICS}
     dropped = {name: _metric_sum(metrics, name) for name in DROPPED_METRICS}
@@ -120,17 +143,20 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
         stored = dict(store.query("SELECT SpanId, count() FROM otel_traces WHERE ServiceName != 'probe'"
                                   " GROUP BY SpanId"))
     expected = set(acked_span_ids)
-    reference = next((rss for at, rss in samples if at >= warmup_seconds), samples[-1][1])
+    # Growth is of the whole process tree: the server and its decode workers.
+    totals = [(at, rss + kids) for at, rss, kids in samples]
+    reference = next((rss for at, rss in totals if at >= warmup_seconds), totals[-1][1])
     return {
         "seconds": seconds, "target_rate": rate, "clients": clients,
         "acked_spans": len(acked_span_ids), "achieved_rate": round(len(acked_span_ids) / seconds),
         "retries": retries[0], "lost": len(expected - set(stored)),
         "stored_twice": sum(1 for span_id, n in stored.items() if n > 1 and span_id in expected),
         "refused": refused, "dropped": dropped,
-        "rss_reference_mb": round(reference / 2**20, 1), "rss_last_mb": round(samples[-1][1] / 2**20, 1),
-        "rss_max_mb": round(max(rss for _, rss in samples) / 2**20, 1),
-        "rss_growth": round(samples[-1][1] / reference - 1, 4),
-        "rss_mb": [(round(at), round(rss / 2**20, 1)) for at, rss in samples],
+        "rss_reference_mb": round(reference / 2**20, 1), "rss_last_mb": round(totals[-1][1] / 2**20, 1),
+        "rss_max_mb": round(max(rss for _, rss in totals) / 2**20, 1),
+        "rss_growth": round(totals[-1][1] / reference - 1, 4),
+        "workers_rss_last_mb": round(samples[-1][2] / 2**20, 1),
+        "rss_mb": [(round(at), round(rss / 2**20, 1)) for at, rss in totals],
         "load_average_median": round(statistics.median(loads), 2) if loads else None,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,8 @@ def test_soak_benchmark_counts_memory_and_losses(tmp_path: Path) -> None:
     assert result["dropped"] == {"inferpath_server_spans_dropped_total": 0.0,
                                  "inferpath_writer_rows_dropped_total": 0.0}
     assert len(result["rss_mb"]) >= 4 and result["rss_reference_mb"] > 0
+    # The decode workers' memory is counted with the server's (one per CPU, none on one CPU).
+    assert (result["workers_rss_last_mb"] > 0) == ((os.cpu_count() or 1) > 1)
 
 
 def test_the_server_benchmarks_remove_their_scratch_folder_and_keep_a_given_one(tmp_path: Path) -> None:
