@@ -100,13 +100,36 @@ def _metric(text: str, name: str) -> float:
     return float("nan")
 
 
+def children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (``/proc/PID/task/*/children``, Linux): the server's
+    decode workers."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found.extend(int(c) for c in (task / "children").read_text().split())
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def _process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from /proc (Linux)."""
+    """User + system CPU seconds of process ``pid`` (all its threads) and of its running
+    children (the decode workers), from /proc (Linux)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = _process_cpu_seconds(pid)
     except (OSError, ValueError, IndexError):
         return float("nan")
+    for child in children(pid):
+        try:
+            total += _process_cpu_seconds(child)
+        except (OSError, ValueError, IndexError):  # exited meanwhile
+            continue
+    return total
 
 
 def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, bodies: int | None = None,
@@ -238,7 +261,8 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         "rounds": rounds, "acked_spans": acked_spans, "server_spans_per_second": round(server_rate),
         "raw_insert_spans_per_second": round(raw_rate), "ratio": round(server_rate / raw_rate, 3),
         "lost_spans": lost, "stored_twice": int(rows) - int(distinct), "retries_503": retries[0],
-        # CPU per span (all threads, both cores) is less sensitive to other load than rates.
+        # CPU per span (all threads, both cores; the server's decode workers included) is less
+        # sensitive to other load than rates.
         "server_cpu_us_per_span": round(server_cpu / acked_spans * 1e6, 1) if acked_spans else None,
         "raw_insert_cpu_us_per_span": round(ref_cpu / ref_spans * 1e6, 1) if ref_spans else None,
         "exports_per_insert": round(exports / inserts, 2) if inserts else None,

@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server.otlp_factory import trace_body  # noqa: E402
-from server_ingest import PROTOBUF, _free_port, _start, scratch_folder  # noqa: E402
+from server_ingest import PROTOBUF, _free_port, _start, children, scratch_folder  # noqa: E402
 
 from inferpath.storage.store import Store  # noqa: E402
 
@@ -58,17 +58,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def children(pid: int) -> list[int]:
-    """Child process ids of ``pid`` (``/proc/PID/task/*/children``, Linux)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found.extend(int(c) for c in (task / "children").read_text().split())
-        except FileNotFoundError:
-            continue
-    return found
 
 
 def tree_rss_bytes(pid: int) -> tuple[int, int]:

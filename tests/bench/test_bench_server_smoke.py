@@ -4,8 +4,8 @@ nothing, and report sane figures. The measured figures are in bench/README.md.""
 from __future__ import annotations
 
 import importlib.util
-import sys
 import os
+import sys
 from pathlib import Path
 
 import pytest
