@@ -28,6 +28,7 @@ class RuntimeCollector:
 
     def collect(self) -> Iterator[Metric]:
         rt = self.runtime
+        workers = rt.decode_workers
         for name, doc, value in (
             ("inferpath_server_spans_received", "Spans accepted from OTLP exports.", rt.spans_received_total),
             ("inferpath_server_spans_rejected", "Invalid spans rejected (OTLP partial success).",
@@ -61,11 +62,11 @@ class RuntimeCollector:
             ("inferpath_assembler_room_wait_seconds", "Time span batches were held back for assembly.",
              rt.assembler.room_wait_seconds_total),
             ("inferpath_decode_worker_exports", "Trace exports decoded by a decode worker process.",
-             rt.decode_workers.decoded_total if rt.decode_workers is not None else 0),
-            ("inferpath_decode_worker_failures", "Decode worker processes found dead, hung or broken (each replaced;"
-             " its export decoded in the server).", rt.decode_workers.failures_total if rt.decode_workers is not None else 0),
+             workers.decoded_total if workers is not None else 0),
+            ("inferpath_decode_worker_failures", "Decode worker processes found dead, hung or broken (each"
+             " replaced; its export decoded in the server).", workers.failures_total if workers is not None else 0),
             ("inferpath_decode_worker_fallbacks", "Trace exports decoded in the server because no decode worker"
-             " could serve.", rt.decode_workers.fallbacks_total if rt.decode_workers is not None else 0),
+             " could serve.", workers.fallbacks_total if workers is not None else 0),
             ("inferpath_rollup_passes", "Passes of the per-minute request rollup refresher.",
              rt.rollups.passes_total),
             ("inferpath_rollup_errors", "Failed rollup refresh passes.", rt.rollups.failures_total),
@@ -80,7 +81,7 @@ class RuntimeCollector:
                                     value=rt.assembler.pending_traces)
         yield pending
         yield GaugeMetricFamily("inferpath_decode_workers", "Decode worker processes running.",
-                                value=rt.decode_workers.alive if rt.decode_workers is not None else 0)
+                                value=workers.alive if workers is not None else 0)
         yield GaugeMetricFamily("inferpath_assembler_held_spans", "Committed spans held in memory for assembly.",
                                 value=rt.assembler.held_spans)
         yield GaugeMetricFamily("inferpath_rollup_last_pass_seconds", "Duration of the last rollup pass.",
