@@ -89,11 +89,29 @@ class ScrapeTarget(BaseModel):
     source: Literal["vllm", "sglang", "tgi", "triton", "trtllm", "dcgm"] = "vllm"
 
 
+def usable_cpus() -> int:
+    """CPUs this process may use: those of its affinity mask (``taskset``, cpusets), fewer
+    when a cgroup v2 CPU quota (``cpu.max``, e.g. a Kubernetes CPU limit) allows less,
+    rounded up; at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max", encoding="ascii").read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
 def _default_decode_processes() -> int:
-    """Decode worker processes by default: one per CPU, at most 4; 0 (decode in the request
-    thread) with one CPU, where a second process adds the pipe's cost and no parallelism.
-    One worker is not enough even on two CPUs: it idles while its reply crosses the pipe."""
-    cpus = os.cpu_count() or 1
+    """Decode worker processes by default: one per usable CPU, at most 4; 0 (decode in the
+    request thread) with one CPU, where a second process adds the pipe's cost and no
+    parallelism. One worker is not enough even on two CPUs: it idles while its reply
+    crosses the pipe."""
+    cpus = usable_cpus()
     return min(4, cpus) if cpus > 1 else 0
 
 
@@ -121,7 +139,8 @@ class Settings(BaseModel):
     assembly_max_held_spans: int = Field(250_000, ge=1_000, le=10_000_000)
     assembly_max_held_traces: int = Field(50_000, ge=100, le=1_000_000)
     # Child processes that decode OTLP trace exports off the server's GIL (server/
-    # decode_workers.py): one per CPU up to 4, or 0 (in the request thread) with one CPU.
+    # decode_workers.py): one per usable CPU (affinity, cgroup quota) up to 4, or 0 (in the
+    # request thread) with one CPU.
     decode_processes: int = Field(default_factory=_default_decode_processes, ge=0, le=64)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # Alert rules evaluated inside the server: a YAML file path, "default" (the shipped pack)

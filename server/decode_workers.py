@@ -91,13 +91,16 @@ def _reply(content_type: str | None, content_encoding: str | None, oldest_unix_n
         return ("400", str(exc))
     except Exception as exc:  # noqa: BLE001 - answered as a 400 by the server, as in-process
         logger.exception("unexpected error decoding an OTLP traces body")
-        return ("error", f"{type(exc).__name__}: {exc}")
+        return ("error", str(exc))  # the text the server answers with when it decodes itself
     return ("ok", decoded.rejected_spans, decoded.error_message, [_span_fields(s) for s in decoded.spans])
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
-    """The child's loop: decode requests from ``requests`` until it ends (the server closed
-    the pipe or died), write each reply to ``replies``."""
+    """The child's loop: say it is ready (one empty frame, once its imports are done), then
+    decode requests from ``requests`` until it ends (the server closed the pipe or died),
+    writing each reply to ``replies``."""
+    replies.write(_LENGTH.pack(0))
+    replies.flush()
     while True:
         meta = _read_frame(requests)
         body = _read_frame(requests) if meta is not None else None
@@ -141,13 +144,18 @@ class _Worker:
         os.set_blocking(self._stdin_fd, False)
         for fd in (self._stdin_fd, self._stdout_fd):
             _widen_pipe(fd)
-        self.answered = False  # True once it replied: a worker that never did failed to start
+        self.ready = False  # True once it said so: a worker that never did failed to start
 
     def call(self, meta: tuple, body: bytes, timeout_seconds: float) -> bytes:
         """Send one request, wait for its reply (the pickle, not yet loaded: the worker is
-        free for the next export meanwhile). Raises ``OSError`` (pipe closed: the child
-        died), ``TimeoutError`` or ``EOFError`` (broken stream)."""
+        free for the next export meanwhile); the first call waits for the child's ready
+        frame first. Raises ``OSError`` (pipe closed: the child died), ``TimeoutError`` or
+        ``EOFError`` (broken stream)."""
         deadline = time.monotonic() + timeout_seconds
+        if not self.ready:  # the empty frame the child writes once its imports are done
+            if self._read(_LENGTH.size, deadline) != _LENGTH.pack(0):
+                raise EOFError("the decode worker did not start")
+            self.ready = True
         head = pickle.dumps(meta, protocol=5)
         self._write(_LENGTH.pack(len(head)) + head + _LENGTH.pack(len(body)), deadline)
         self._write(body, deadline)
@@ -214,23 +222,28 @@ class DecodeWorkers:
 
     :meth:`decode_trace_request` has the signature and results of
     :func:`inferpath.server.otlp.decode_trace_request`, which it falls back to in the
-    calling thread when no worker can serve. A request waits for an idle worker (the
-    server's in-flight bounds cap how many wait). ``timeout_seconds``: the longest one
-    export may take in a worker before it is killed and the export decoded in-process.
-    ``max_spawn_failures``: failed starts in a row after which decoding stays in-process.
-    Counters: ``decoded_total`` (exports decoded by a worker), ``failures_total`` (workers
-    killed or found dead), ``fallbacks_total`` (exports decoded in-process because no
-    worker could serve). Raises ``ValueError`` for ``processes`` < 1.
+    calling thread when no worker can serve: none is idle within ``checkout_wait_seconds``
+    (all busy or hung), or none can be started. ``timeout_seconds``: the longest one export
+    may take in a worker before it is killed and the export decoded in-process. Workers
+    found dead, or missing, are started again when an export needs one; after
+    ``max_spawn_failures`` failed starts in a row (a child that exits or hangs before its
+    ready frame; a failed ``exec``) no start is tried for ``retry_seconds``. Counters:
+    ``decoded_total`` (exports decoded by a worker), ``failures_total`` (workers killed or
+    found dead), ``fallbacks_total`` (exports decoded in-process). Raises ``ValueError``
+    for ``processes`` < 1 or a timeout ≤ 0.
     """
 
-    def __init__(self, processes: int = 1, *, timeout_seconds: float = 60.0, max_spawn_failures: int = 5) -> None:
+    def __init__(self, processes: int = 1, *, timeout_seconds: float = 60.0, checkout_wait_seconds: float = 1.0,
+                 max_spawn_failures: int = 5, retry_seconds: float = 60.0) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
-        if not timeout_seconds > 0:
-            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
+        if not timeout_seconds > 0 or not checkout_wait_seconds > 0:
+            raise ValueError(f"timeouts must be > 0, got {timeout_seconds} and {checkout_wait_seconds}")
         self.processes = processes
         self.timeout_seconds = float(timeout_seconds)
+        self.checkout_wait_seconds = float(checkout_wait_seconds)
         self.max_spawn_failures = max_spawn_failures
+        self.retry_seconds = float(retry_seconds)
         self.decoded_total = 0
         self.failures_total = 0
         self.fallbacks_total = 0
@@ -238,6 +251,7 @@ class DecodeWorkers:
         self._idle: list[_Worker] = []
         self._busy = 0
         self._spawn_failures = 0
+        self._spawn_paused_until = 0.0
         self._closed = False
         for _ in range(processes):
             worker = self._spawn()
@@ -257,28 +271,54 @@ class DecodeWorkers:
             return [w.pid for w in self._idle]
 
     def _spawn(self) -> _Worker | None:
-        with self._cond:
-            if self._spawn_failures >= self.max_spawn_failures:
-                return None
+        """A new worker, or ``None`` (starts are paused, or this one failed to exec)."""
+        if time.monotonic() < self._spawn_paused_until:
+            return None
         try:
             return _Worker()
         except OSError as exc:
-            with self._cond:
-                self._spawn_failures += 1
-            logger.warning("could not start a decode worker (%s); decoding in-process", exc)
+            logger.warning("could not start a decode worker (%s)", exc)
+            self._start_failed()
             return None
 
-    def _checkout(self) -> _Worker | None:
+    def _start_failed(self) -> None:
         with self._cond:
-            while True:
-                if self._closed:
-                    return None
-                if self._idle:
+            self._spawn_failures += 1
+            if self._spawn_failures < self.max_spawn_failures:
+                return
+            self._spawn_failures = 0
+            self._spawn_paused_until = time.monotonic() + self.retry_seconds
+        logger.warning("%d decode workers failed to start in a row; decoding in the server, next try in %.0f s",
+                       self.max_spawn_failures, self.retry_seconds)
+
+    def _checkout(self) -> _Worker | None:
+        """An idle live worker (started now if one is missing); ``None`` after
+        ``checkout_wait_seconds`` without one, when closed, or when none can start."""
+        deadline = time.monotonic() + self.checkout_wait_seconds
+        with self._cond:
+            while not self._closed:
+                while self._idle:
+                    worker = self._idle.pop()
                     self._busy += 1
-                    return self._idle.pop()
-                if self._busy == 0:  # every worker is gone and none could be started
+                    if worker.alive():
+                        return worker
+                    self.failures_total += 1  # died while idle: replaced below
+                    self._busy -= 1
+                if self._busy < self.processes:  # a worker is missing: start one for this export
+                    self._busy += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return None
-                self._cond.wait()
+                self._cond.wait(left)
+            else:
+                return None
+        worker = self._spawn()
+        if worker is None:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify()
+        return worker
 
     def _checkin(self, worker: _Worker | None) -> None:
         with self._cond:
@@ -321,16 +361,15 @@ class DecodeWorkers:
         reply = None
         try:
             reply = worker.call(meta, body, self.timeout_seconds)
-            worker.answered = True
         except (OSError, EOFError, TimeoutError, ValueError, struct.error) as exc:
-            logger.warning("decode worker %d failed (%s: %s); decoding this export in-process and"
-                           " starting another", worker.pid, type(exc).__name__, exc)
+            logger.warning("decode worker %d failed (%s: %s); decoding this export in the server, another"
+                           " worker starts when one is needed", worker.pid, type(exc).__name__, exc)
             worker.kill()
             with self._cond:
                 self.failures_total += 1
-                if not worker.answered:  # it never worked: counts as a failed start
-                    self._spawn_failures += 1
-            worker = self._spawn()
+            if not worker.ready:  # it never said it was ready: a failed start
+                self._start_failed()
+            worker = None
         finally:
             self._checkin(worker)
         if reply is None:

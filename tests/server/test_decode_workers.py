@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,25 +77,76 @@ def test_malformed_bodies_raise_the_errors_decoding_in_the_server_raises() -> No
             assert type(remote.value) is type(local.value) and str(remote.value) == str(local.value)
         with pytest.raises(UnsupportedMediaTypeError):
             workers.decode_trace_request(b"x", content_type="text/plain", content_encoding=None)
+        # Not an OTLP error (the JSON parser's recursion limit): the server answers 400 with
+        # the exception's text, the same whichever process decoded.
+        deep = b'{"resourceSpans":' + b"[" * 1000 + b"]" * 1000 + b"}"
+        with pytest.raises(RecursionError) as local_error:
+            decode_trace_request(deep, content_type="application/json", content_encoding=None)
+        with pytest.raises(RuntimeError) as remote_error:
+            workers.decode_trace_request(deep, content_type="application/json", content_encoding=None)
+        assert str(remote_error.value) == str(local_error.value)
         assert workers.failures_total == 0 and workers.alive == 1
     finally:
         workers.close()
 
 
-def test_a_killed_worker_is_replaced_and_its_export_decoded_in_the_server() -> None:
+def test_a_killed_idle_worker_is_replaced_before_an_export_reaches_it() -> None:
     workers = DecodeWorkers(1)
     body = trace_body(5, 20)[0]
     try:
         _decode_both(workers, body, PROTOBUF, None)
         (first,) = workers.pids
         os.kill(first, signal.SIGKILL)
+        time.sleep(0.2)
         remote, local = _decode_both(workers, body, PROTOBUF, None)
         assert remote == local
-        assert workers.failures_total == 1 and workers.fallbacks_total == 1
+        # Found dead at check-out: a new worker decoded the export, none fell back.
+        assert workers.failures_total == 1 and workers.fallbacks_total == 0 and workers.decoded_total == 2
         (second,) = workers.pids
-        assert second != first
+        assert second != first and workers.alive == 1
+    finally:
+        workers.close()
+
+
+def test_a_worker_killed_mid_export_and_many_times_over_keeps_workers_in_use() -> None:
+    """Workers killed while decoding (after they started fine) are not failed starts: the
+    pool keeps starting new ones, each such export is decoded in the server instead."""
+    workers = DecodeWorkers(1, timeout_seconds=30)
+    body = trace_body(10, 100)[0]
+    try:
+        for _ in range(7):  # more than max_spawn_failures (5)
+            remote, local = _decode_both(workers, body, PROTOBUF, None)  # a (new) worker serves
+            assert remote == local
+            (pid,) = workers.pids
+            os.kill(pid, signal.SIGSTOP)  # hung mid-export, then killed: the pipe breaks
+            threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+            remote, local = _decode_both(workers, body, PROTOBUF, None)
+            assert remote == local
+        assert workers.failures_total == 7 and workers.fallbacks_total == 7
         remote, local = _decode_both(workers, body, PROTOBUF, None)
-        assert remote == local and workers.decoded_total == 2  # the new worker serves
+        assert remote == local and workers.decoded_total == 8 and workers.alive == 1
+    finally:
+        workers.close()
+
+
+def test_when_every_worker_is_busy_or_hung_an_export_is_decoded_in_the_server_within_the_wait() -> None:
+    workers = DecodeWorkers(1, timeout_seconds=30, checkout_wait_seconds=0.3)
+    body = trace_body(5, 20)[0]
+    try:
+        _decode_both(workers, body, PROTOBUF, None)
+        (pid,) = workers.pids
+        os.kill(pid, signal.SIGSTOP)
+        stuck = threading.Thread(target=workers.decode_trace_request, args=(body,),
+                                 kwargs=dict(content_type=PROTOBUF, content_encoding=None), daemon=True)
+        stuck.start()
+        time.sleep(0.2)  # the stopped worker is checked out by that thread now
+        started = time.monotonic()
+        remote, local = _decode_both(workers, body, PROTOBUF, None)
+        assert remote == local and time.monotonic() - started < 3
+        assert workers.fallbacks_total == 1
+        os.kill(pid, signal.SIGKILL)  # the stuck export falls back too, and returns
+        stuck.join(10)
+        assert not stuck.is_alive() and workers.fallbacks_total == 2
     finally:
         workers.close()
 
@@ -184,3 +236,13 @@ def test_decode_processes_zero_decodes_in_the_server(store_url: str) -> None:
             response = http.post("/v1/traces", content=json.dumps({"resourceSpans": []}),
                                  headers={"content-type": "application/json"})
         assert response.status_code == 200
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
+def test_one_usable_cpu_means_decoding_in_the_server() -> None:
+    script = ("import os\n"
+              "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+              "from inferpath.config import Settings\n"
+              "print(Settings().decode_processes)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "0"
