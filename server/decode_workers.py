@@ -117,6 +117,18 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
 _PIPE_BYTES = 1 << 20
 
 
+def _ready(fd: int, event: int, deadline: float) -> bool:
+    """Wait until ``fd`` is ready for ``event`` (``POLLIN``/``POLLOUT``; a closed peer counts
+    as ready: the read or write then says so) or ``deadline`` (monotonic) passes. ``poll``,
+    not ``select``: a server holding many files has descriptors past select's 1024."""
+    wait = deadline - time.monotonic()
+    if wait <= 0:
+        return False
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(wait * 1000))
+
+
 def _widen_pipe(fd: int) -> None:
     """Grow a pipe's buffer to 1 MiB (Linux; the unprivileged maximum by default): an export
     body or its reply then crosses in one or two system calls, and each call is a point
@@ -170,8 +182,7 @@ class _Worker:
         fd = self._stdin_fd
         view = memoryview(data)
         while view:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([], [fd], [], wait)[1]:
+            if not _ready(fd, select.POLLOUT, deadline):
                 raise TimeoutError("the decode worker does not take its input")
             try:
                 view = view[os.write(fd, view[:1 << 20]):]
@@ -182,8 +193,7 @@ class _Worker:
         chunks, left = [], size
         fd = self._stdout_fd
         while left:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+            if not _ready(fd, select.POLLIN, deadline):
                 raise TimeoutError("no reply from the decode worker")
             chunk = os.read(fd, min(left, 1 << 20))
             if not chunk:

@@ -246,3 +246,26 @@ def test_one_usable_cpu_means_decoding_in_the_server() -> None:
               "print(Settings().decode_processes)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "0"
+
+
+def test_workers_serve_when_the_server_holds_more_than_1024_files() -> None:
+    """The pipes' descriptors are past 1024 in a server holding many files (chDB's parts,
+    sockets): waiting on them must not use select(), which cannot take them."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the open-files limit ({hard}) is below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if hard == resource.RLIM_INFINITY
+                                                else min(max(soft, 1200), hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1050)]
+    try:
+        workers = DecodeWorkers(1)
+        try:
+            remote, local = _decode_both(workers, trace_body(10, 100)[0], PROTOBUF, None)
+            assert remote == local and workers.failures_total == workers.fallbacks_total == 0
+        finally:
+            workers.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
