@@ -10,18 +10,22 @@ tuples; the server only rebuilds the :class:`~inferpath.storage.rows.SpanRow` ob
 (~1.5 µs per span against ~6 µs to decode).
 
 Wire format on the child's stdin/stdout: frames of an 8-byte little-endian length and a
-pickle (protocol 5). A request is two frames: ``(content_type, content_encoding,
-oldest_unix_ns)`` then the raw body (never copied into a pickle). A reply is one frame:
+pickle (protocol 5). The child first writes one empty frame once its imports are done
+(ready). A request is two frames: ``(content_type, content_encoding, oldest_unix_ns)``
+then the raw body (never copied into a pickle). A reply is one frame:
 ``("ok", rejected_spans, error_message, [span fields…])``, ``("415", message)``,
 ``("400", message)`` or ``("error", message)``. Only the server unpickles what its own child
 wrote.
 
-Failure handling (telemetry never breaks the service it observes): a child that dies, hangs
-past ``timeout_seconds`` or answers garbage is killed and replaced, and that export is
-decoded in the request thread instead, so the client sees the same answer; failures are
-counted (``failures_total``). After ``max_spawn_failures`` failed starts in a row, decoding
-stays in-process. A child exits when its stdin closes: when the server closes it, or when
-the server dies (even by ``kill -9``) and the kernel closes the pipe.
+Failure handling (telemetry never breaks the service it observes): a child found dead is
+replaced before an export reaches it; one that dies, hangs past ``timeout_seconds`` or
+answers garbage mid-export is killed, and that export is decoded in the request thread
+instead, so the client sees the same answer; so is an export that finds no idle worker
+within ``checkout_wait_seconds``. Failures are counted (``failures_total``,
+``fallbacks_total``). After ``max_spawn_failures`` failed starts in a row (no ready frame),
+no start is tried for ``retry_seconds``. A child exits when its stdin closes: when the
+server closes it, or when the server dies (even by ``kill -9``) and the kernel closes the
+pipe.
 """
 
 from __future__ import annotations
