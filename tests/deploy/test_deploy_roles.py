@@ -89,8 +89,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRole]:
                INFERPATH_ASSEMBLY_SETTLE_SECONDS="0.5")
     log_path = folder / "server.log"
     with open(log_path, "wb") as log:
+        # SIGINT back to its default in the child: a test run started in the background
+        # by a shell inherits it ignored, and the image's stop signal would then do nothing.
         process = subprocess.Popen(_local_argv(service["command"]), env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(f"{url}/healthz", process)
