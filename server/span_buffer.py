@@ -45,30 +45,52 @@ aware datetimes (wall clock of the emitter, as stored).
 from __future__ import annotations
 
 import operator
+import re
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
 from inferpath.storage.rows import SpanRow
 
-__all__ = ["SpanBuffer", "TraceIdFilter", "STORED_BEFORE_CUTOFF_SQL", "STORE_NEWEST_START_SQL"]
+__all__ = ["SpanBuffer", "TraceIdFilter", "STORED_BEFORE_CUTOFF_SQL", "STORE_NEWEST_START_SQL", "trace_id_ints"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _TIMESTAMP = operator.attrgetter("timestamp")
+_HEX32 = re.compile(r"[0-9a-f]{32}\Z").match
 
 # Trace ids of ``{ids}`` with a stored span starting before ``{cutoff}`` (Unix seconds).
 # ``Start`` is the floor to whole seconds of the earliest span start of one insert block,
 # so a span starting before the cutoff second gives ``Start < cutoff``, and held spans
-# (all starting at or after the cutoff second) never do.
+# (all starting at or after the cutoff second) never do. ``{ids}`` are the trace ids as
+# 128-bit integers (:func:`trace_id_ints`): the driver binds a string parameter by escaping
+# it character by character in Python, ~3.4 µs per 32-digit id against ~0.9 µs for an
+# integer, on the assembler's thread; ``hex`` of an integer drops leading zero bytes and
+# ``leftPad`` restores the 32 digits of the stored ``TraceId``.
 STORED_BEFORE_CUTOFF_SQL = (
     "SELECT DISTINCT TraceId FROM otel_traces_trace_id_ts"
-    " WHERE TraceId IN {ids:Array(String)} AND Start < toDateTime({cutoff:UInt32})"
+    " WHERE TraceId IN (SELECT leftPad(lower(hex(arrayJoin({ids:Array(UInt128)}))), 32, '0'))"
+    " AND Start < toDateTime({cutoff:UInt32})"
 )
 # Newest span start already stored (whole seconds, floored; 0 for an empty store). Read from
 # ``otel_traces`` itself, not from the trace-id table, which an interrupted insert can leave
 # without a trace's row until start-up repairs it; ``Timestamp`` is the partition key's
 # column, so ClickHouse answers from the parts' min-max indexes.
 STORE_NEWEST_START_SQL = "SELECT toUnixTimestamp(max(Timestamp)) FROM otel_traces"
+
+
+def trace_id_ints(trace_ids: Iterable[str]) -> tuple[list[int], list[str]]:
+    """``(ints, malformed)``: each 32-digit hex trace id of ``trace_ids`` as an unsigned
+    128-bit int (the ``{ids}`` of :data:`STORED_BEFORE_CUTOFF_SQL`), and the ids that are
+    not 32 lowercase hex digits (no span of this process has one; the caller reads such a
+    trace back)."""
+    ints: list[int] = []
+    malformed: list[str] = []
+    for trace_id in trace_ids:
+        if _HEX32(trace_id):  # int() alone would also take "0x…", "_", signs and spaces
+            ints.append(int(trace_id, 16))
+        else:
+            malformed.append(trace_id)
+    return ints, malformed
 
 
 class TraceIdFilter:

@@ -15,7 +15,7 @@ from inferpath.config import Settings
 from inferpath.server.assembler import RequestAssembler, read_trace_spans
 from inferpath.server.otlp import decode_trace_request
 from inferpath.server.runtime import serve_in_thread
-from inferpath.server.span_buffer import SpanBuffer, TraceIdFilter
+from inferpath.server.span_buffer import SpanBuffer, TraceIdFilter, trace_id_ints
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
 
@@ -132,6 +132,33 @@ def test_after_a_restart_spans_stored_earlier_are_read_back(shared_data: Path, s
         assert assembler.assembled_from_store_total == 2 and stored_rows(store)[first.trace_id]["span_count"] == 4
     finally:
         assembler.stop()
+
+
+@pytest.mark.parametrize("trace_id", ["00000000000000000000000000000001", "00ff0000000000000000000000000000",
+                                      "0000000000000000ffffffffffffffff", "ffffffffffffffffffffffffffffffff"])
+def test_the_check_for_older_stored_spans_finds_ids_with_leading_zero_bytes(shared_data: Path, store: Store,
+                                                                            trace_id: str) -> None:
+    # The check binds trace ids as 128-bit integers and formats them back to 32 digits in SQL.
+    first, second, third = (replace(s, trace_id=trace_id) for s in _trace(shared_data))
+    store.insert("otel_traces", [first.to_insert_row()], SPAN_COLUMNS)  # before the "restart"
+    # Held traces that the check must clear: ids differing only in their trailing digits.
+    others = [replace(second, trace_id=f"{n:032x}", span_id="00000000000000c1") for n in (2, 3, 0xFF << 8)]
+    assembler = RequestAssembler(store, settle_seconds=0)
+    try:
+        commit(store, assembler, [_shifted(second, 10), _shifted(third, 10)] + [_shifted(o, 10) for o in others])
+        assert assembler.flush(10.0)
+        assert assembler.assembled_from_store_total == 1
+        assert assembler.assembled_from_memory_total == len(others)
+        assert stored_rows(store)[trace_id]["span_count"] == 3
+    finally:
+        assembler.stop()
+
+
+def test_trace_id_ints_splits_off_ids_that_are_not_32_hex_digits() -> None:
+    odd = ["abc", "g" * 32, "0x" + "0" * 30, "0_" + "0" * 30, " " + "0" * 31, "A" * 32, "0" * 33]
+    ints, malformed = trace_id_ints(["0" * 31 + "a", "f" * 32] + odd)
+    assert ints == [10, (1 << 128) - 1]
+    assert malformed == odd
 
 
 def test_held_spans_older_than_the_store_are_read_back_without_a_check(shared_data: Path, store: Store) -> None:
