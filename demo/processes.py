@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +16,44 @@ from pathlib import Path
 import httpx
 
 
+# Ports handed out by free_port in this process: never twice.
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768, its default, elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free on ``host`` a moment ago, for a child process to listen on.
+
+    Taken below the kernel's ephemeral range when that leaves room: a port from ``bind(0)``
+    is an ephemeral one, which any outgoing connection of the machine may take before the
+    child binds it (a demo or scenario run then failed with "address already in use").
+    A port is never handed out twice by one process. Raises ``RuntimeError`` when no port
+    can be found.
+    """
+    low, high = 20000, _ephemeral_low()
+    with _handed_out_lock:
+        candidates = [random.randrange(low, high) for _ in range(50)] if high - low >= 1000 else []
+        for port in candidates + [0] * 20:
+            if port in _handed_out:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                port = int(sock.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError(f"no free TCP port found on {host}")
 
 
 def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port") -> None:

@@ -9,7 +9,6 @@ so that ``for`` and the evaluation interval can be checked to the second in a fe
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from datetime import timedelta
@@ -22,6 +21,7 @@ from inferpath.alerts.evaluator import AlertEvaluator
 from inferpath.alerts.history import AlertHistory
 from inferpath.alerts.notifiers import Delivery, redact_url
 from inferpath.alerts.rules import parse_rule_text
+from inferpath.demo.processes import free_port as _free_port
 
 INTERVAL_SECONDS = 15
 FOR_SECONDS = 60
@@ -137,12 +137,6 @@ def test_restart_keeps_the_for_timer_of_a_pending_alert(store) -> None:
     assert [a.active_at for a in second.pending()] == [pending_at]
     later = simulate(second, T0 + timedelta(seconds=165), 120, INTERVAL_SECONDS)
     assert [(t.change, t.at) for t in later] == [("firing", pending_at + timedelta(seconds=FOR_SECONDS))]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_case6_receiver_down_retries_with_backoff_and_nothing_blocks(store, caplog) -> None:

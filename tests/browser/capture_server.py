@@ -10,10 +10,11 @@ queue depth lines up with the requests as it did in the real run.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+from inferpath.demo.processes import free_port
 
 CAPTURE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "vllm_live_capture"
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
@@ -27,13 +28,6 @@ class FedServer:
     start: datetime
     end: datetime
     requests_total: int
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def capture_time(path: Path) -> datetime:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,11 @@ import httpx
 import pytest
 
 from deploy_manifests import compose, workload
+from inferpath.demo.processes import free_port as _free_port
 
 TOKEN = "role-test-token"
 DASHBOARD_SCRIPT = "/opt/inferpath/dashboard_app.py"
 STARTUP_TIMEOUT_SECONDS = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _local_argv(command: list[str]) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferpath.demo.engine import EngineConfig
 from inferpath.demo.engine.server import create_app
+from inferpath.demo.processes import free_port as _free_port
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_SPAN_ID = "b7ad6b7169203331"
@@ -200,12 +200,6 @@ class _OtlpSink(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:
         pass
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.e2e

@@ -4,7 +4,6 @@ batch processor, and real uvicorn servers on 127.0.0.1."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from typing import Any, Iterator
@@ -14,6 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inferpath.instrumentation import provider
+from inferpath.demo.processes import free_port
 
 
 class SpanSink:
@@ -45,12 +45,6 @@ def spans() -> Iterator[SpanSink]:
                        schedule_delay_seconds=0.05)
     yield SpanSink(exporter)
     provider.shutdown(2.0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager

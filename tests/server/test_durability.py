@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,18 +19,13 @@ from inferpath.server.runtime import serve_in_thread
 from inferpath.storage.store import Store
 
 from .otlp_factory import trace_body
+from inferpath.demo.processes import free_port as _free_port
 
 pytestmark = pytest.mark.e2e
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 # Case 5 asks for a 30 s outage; CI uses a shorter one (same code path, same assertions).
 OUTAGE_SECONDS = float(os.environ.get("INFERPATH_TEST_OUTAGE_SECONDS", "3"))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _start_server_process(store_url: str, port: int) -> subprocess.Popen:
