@@ -2,7 +2,9 @@
 
 Times are ISO-8601 with a UTC offset (``2026-11-30T11:00:00Z``) or Unix seconds; the
 window defaults to the last 15 minutes. Bad parameters answer 422 with FastAPI's error
-shape, ``{"detail": [{"loc": ["query", "<param>"], "msg": "...", "type": "value_error"}]}``.
+shape, ``{"detail": [{"loc": ["query", "<param>"], "msg": "...", "type": "value_error"}]}``;
+so does a parameter the endpoint does not know (a misspelt ``endpoint-class`` would
+otherwise answer for every endpoint class, as if it had filtered).
 Durations in request rows stay in nanoseconds (``*_ns``); summaries are in seconds.
 """
 
@@ -13,7 +15,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from inferpath.storage.hop_rollup import HOP_SLACK, hop_aggregate, hop_plan
@@ -27,12 +29,42 @@ __all__ = ["router", "parse_time", "DEFAULT_WINDOW"]
 DEFAULT_WINDOW = timedelta(minutes=15)
 _UNIX_SECONDS = re.compile(r"^-?\d+(\.\d+)?$")
 
-router = APIRouter(prefix="/api/v1", tags=["read"])
-
 
 def _invalid(param: str, message: str) -> HTTPException:
     return HTTPException(status_code=422, detail=[{"loc": ["query", param], "msg": message,
                                                    "type": "value_error"}])
+
+
+# (path, methods) of a route → its query parameters' names
+_KNOWN_PARAMS: dict[tuple[str, frozenset[str]], frozenset[str]] = {}
+
+
+def _query_param_names(dependant) -> set[str]:
+    """Names (aliases) of the query parameters of a FastAPI ``Dependant`` and its dependencies."""
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_param_names(sub)
+    return names
+
+
+async def _reject_unknown_params(request: Request) -> None:
+    """422 naming each query parameter the endpoint does not declare."""
+    route = request.scope.get("route")
+    if route is None:
+        return
+    key = (route.path, frozenset(route.methods or ()))
+    known = _KNOWN_PARAMS.get(key)
+    if known is None:
+        known = _KNOWN_PARAMS[key] = frozenset(_query_param_names(route.dependant))
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise HTTPException(status_code=422, detail=[
+            {"loc": ["query", name], "type": "value_error",
+             "msg": f"unknown query parameter {name!r}; this endpoint takes "
+                    f"{', '.join(sorted(known)) or 'none'}"} for name in unknown])
+
+
+router = APIRouter(prefix="/api/v1", tags=["read"], dependencies=[Depends(_reject_unknown_params)])
 
 
 def parse_time(value: str | None, param: str) -> datetime | None:

@@ -200,3 +200,21 @@ def test_view_parameters_are_validated_with_the_field_named(server) -> None:
     assert too_many.status_code == 422 and too_many.json()["detail"][0]["loc"] == ["query", "max_points"]
     assert reversed_window.status_code == 422
     assert reversed_window.json()["detail"][0]["loc"] == ["query", "end"]
+
+
+def test_an_unknown_query_parameter_is_refused_with_its_name(server) -> None:
+    url, start, end = server
+    window = {"start": _iso(start), "end": _iso(end)}
+    with httpx.Client(base_url=url, timeout=30.0) as http:
+        # A misspelt filter would otherwise answer for every endpoint class, as if filtered.
+        misspelt = http.get("/api/v1/views/breakdown", params={**window, "endpoint-class": "interactive"})
+        spelt = http.get("/api/v1/views/breakdown", params={**window, "endpoint_class": "interactive"})
+        two = http.get("/api/v1/summary", params={**window, "zz": "1", "aa": "2"})
+        trace = http.get(f"/api/v1/traces/{HOP_TRACE_ID}", params={"start": _iso(start)})
+    assert misspelt.status_code == 422
+    (problem,) = misspelt.json()["detail"]
+    assert problem["loc"] == ["query", "endpoint-class"]
+    assert "endpoint_class" in problem["msg"] and "unknown query parameter" in problem["msg"]
+    assert spelt.status_code == 200
+    assert [d["loc"] for d in two.json()["detail"]] == [["query", "aa"], ["query", "zz"]]
+    assert trace.status_code == 422 and "takes none" in trace.json()["detail"][0]["msg"]
