@@ -322,7 +322,8 @@ class ServerRuntime:
         """Insert everything accepted so far, assemble every noted trace, insert those rows.
 
         Returns ``{"ok": bool, "spans_inserted_total", "data_points_inserted_total",
-        "requests_inserted_total", "pending_traces"}``; ``ok`` is False on timeout or when
+        "requests_inserted_total", "pending_traces"}`` (``spans_inserted_total``: spans this
+        process received, plus those it recovered from the span log at start-up); ``ok`` is False on timeout or when
         an insert, the assembly or the rollup pass failed. The forced assembly pass and the
         rollup pass run on worker threads and are waited for only until ``timeout_seconds``
         (they go on after a timeout).
@@ -343,8 +344,9 @@ class ServerRuntime:
         return {
             "ok": ok,
             # Exports are committed (inserted or logged) before their 200; after the log's
-            # flush above, received == inserted unless ok is False.
-            "spans_inserted_total": self.spans_received_total,
+            # flush above, received + recovered from the log at start == inserted unless ok is False.
+            "spans_inserted_total": self.spans_received_total + (
+                self.span_log_ingest.recovered_spans_total if self.span_log_ingest is not None else 0),
             "data_points_inserted_total": self.data_points_received_total + sum(
                 self.writers[t].rows_inserted_total for t in ("otel_metrics_gauge", "otel_metrics_sum")),
             "requests_inserted_total": self.writers[REQUESTS_TABLE].rows_inserted_total,

@@ -39,7 +39,9 @@ def test_a_damaged_logged_export_is_skipped_counted_and_the_others_stored(store_
     settings = Settings(store_url=store_url, assembly_settle_seconds=0.1)
     with serve_in_thread(settings, port=0) as running:
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
-            assert http.post("/api/v1/flush").json()["ok"]
+            flushed = http.post("/api/v1/flush").json()
+            assert flushed["ok"]
+            assert flushed["spans_inserted_total"] == 40  # the recovered spans, inserted by this process
             metrics = http.get("/metrics").text
             assert _metric(metrics, "inferpath_span_log_corrupt_records_total") == 1
             assert _metric(metrics, "inferpath_span_log_corrupt_bytes_total") == ranges[1][1] - ranges[1][0]
