@@ -24,9 +24,12 @@ from inferpath.storage.rollup import QUANTILE_LEVELS as ROLLUP_LEVELS
 from inferpath.storage.rollup import WindowPlan
 from inferpath.storage.rollup import aggregate as rollup_aggregate
 
-__all__ = ["router", "parse_time", "DEFAULT_WINDOW"]
+__all__ = ["router", "parse_time", "DEFAULT_WINDOW", "EARLIEST", "LATEST"]
 
 DEFAULT_WINDOW = timedelta(minutes=15)
+# Times a parameter may name (see parse_time).
+EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+LATEST = datetime(2100, 1, 1, tzinfo=timezone.utc)
 _UNIX_SECONDS = re.compile(r"^-?\d+(\.\d+)?$")
 
 
@@ -71,29 +74,36 @@ def parse_time(value: str | None, param: str) -> datetime | None:
     """Parse ISO-8601 with offset (``Z`` allowed) or Unix seconds into an aware UTC datetime.
 
     ``None``/empty gives ``None``. Raises ``HTTPException(422)`` naming ``param`` for a naive
-    or unparsable time.
+    or unparsable time, or one outside ``[EARLIEST, LATEST]`` (1970 to 2100: the store's
+    time columns hold nothing outside, and the bound keeps window arithmetic clear of the
+    limits of Python's datetime and ClickHouse's ``DateTime64``).
     """
     if value is None or value.strip() == "":
         return None
     text = value.strip()
-    if _UNIX_SECONDS.match(text):
-        try:
-            return datetime.fromtimestamp(float(text), tz=timezone.utc)
-        except (OverflowError, OSError, ValueError):
-            raise _invalid(param, f"{param} is out of range: {text!r}") from None
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise _invalid(param, f"{param} must be ISO-8601 with a UTC offset or Unix seconds, "
-                              f"got {text!r}") from None
-    if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise _invalid(param, f"{param} must carry a UTC offset (e.g. 'Z' or '+00:00'), got {text!r}")
-    return parsed.astimezone(timezone.utc)
+        if _UNIX_SECONDS.match(text):
+            parsed = datetime.fromtimestamp(float(text), tz=timezone.utc)
+        else:
+            try:
+                parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+            except ValueError:
+                raise _invalid(param, f"{param} must be ISO-8601 with a UTC offset or Unix seconds, "
+                                      f"got {text!r}") from None
+            if parsed.tzinfo is None or parsed.utcoffset() is None:
+                raise _invalid(param, f"{param} must carry a UTC offset (e.g. 'Z' or '+00:00'), got {text!r}")
+            parsed = parsed.astimezone(timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        parsed = None
+    if parsed is None or not EARLIEST <= parsed <= LATEST:
+        raise _invalid(param, f"{param} is out of range: {text!r} (times from {EARLIEST.isoformat()} "
+                              f"to {LATEST.isoformat()})")
+    return parsed
 
 
 def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
     end_dt = parse_time(end, "end") or datetime.now(timezone.utc)
-    start_dt = parse_time(start, "start") or end_dt - DEFAULT_WINDOW
+    start_dt = parse_time(start, "start") or max(EARLIEST, end_dt - DEFAULT_WINDOW)
     if end_dt <= start_dt:
         raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, "
                               f"end={end_dt.isoformat()})")
@@ -204,7 +214,7 @@ async def diagnosis(request: Request, start: str | None = StartQuery, end: str |
 
     start_dt, end_dt = _window(start, end)
     base_end = parse_time(baseline_end, "baseline_end") or start_dt
-    base_start = parse_time(baseline_start, "baseline_start") or base_end - (end_dt - start_dt)
+    base_start = parse_time(baseline_start, "baseline_start") or max(EARLIEST, base_end - (end_dt - start_dt))
     if base_end <= base_start:
         raise _invalid("baseline_end", "baseline_end must be after baseline_start")
     store = request.app.state.runtime.store
