@@ -36,6 +36,8 @@ Clocks: back-off and insert latency use the monotonic clock (``time.monotonic``)
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import logging
 import math
@@ -81,11 +83,13 @@ class CommitResult:
 
     ``status``: ``committed`` (HTTP 200), ``overloaded`` or ``unavailable`` (503 with
     ``Retry-After: retry_after_seconds``), ``invalid`` (400). ``message`` says why.
+    ``duplicate``: committed earlier (a client's retry), answered without a second insert.
     """
 
     status: Literal["committed", "overloaded", "unavailable", "invalid"]
     message: str = ""
     retry_after_seconds: int = 0
+    duplicate: bool = False
 
     @property
     def ok(self) -> bool:
@@ -310,7 +314,7 @@ class DurableIngest:
         if token is not None and self.journal.is_committed(token):
             with self._lock:
                 self.duplicate_exports_total += 1
-            return CommitResult("committed")
+            return CommitResult("committed", duplicate=True)
         with self._lock:
             now = self._clock()
             if now < self._unavailable_until:
@@ -381,7 +385,10 @@ class DurableIngest:
                 self._insert_group(unique)
         finally:
             for member, first in duplicates:
-                member.result = CommitResult("committed") if first is None else first.result
+                if first is None:
+                    member.result = CommitResult("committed", duplicate=True)
+                elif first.result is not None:  # the same answer, marked as a retry's when committed
+                    member.result = dataclasses.replace(first.result, duplicate=first.result.ok)
 
     def _insert_group(self, group: list["_Pending"]) -> None:
         """Insert exports with distinct tokens as one insert per table; set their results."""

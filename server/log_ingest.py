@@ -290,7 +290,7 @@ class LoggedSpanIngest:
         digest = token_digest(token)
         if self.log.knows(digest):
             self.duplicate_exports_total += 1
-            return CommitResult("committed")
+            return CommitResult("committed", duplicate=True)
         refusal = self.ingest.refusal()
         if refusal is not None:
             return refusal
@@ -305,7 +305,7 @@ class LoggedSpanIngest:
         with self._cond:
             if self.log.knows(digest):  # the same export, accepted meanwhile by another thread
                 self.duplicate_exports_total += 1
-                return CommitResult("committed")
+                return CommitResult("committed", duplicate=True)
             # Flow control first: a client holds one export in flight, so making it wait a
             # moment for room slows it down without a Retry-After pause that idles the drainer.
             deadline = time.monotonic() + self.backlog_wait_seconds
@@ -319,7 +319,7 @@ class LoggedSpanIngest:
                     self._room_waiters -= 1
             if self.log.knows(digest):
                 self.duplicate_exports_total += 1
-                return CommitResult("committed")
+                return CommitResult("committed", duplicate=True)
             if self._backlog_full(len(body), len(spans)):
                 self.backlog_full_total += 1
                 return CommitResult("overloaded", f"ingest backlog full ({self.log.backlog_bytes} bytes,"

@@ -167,6 +167,7 @@ class ServerRuntime:
         self._ttl_days_by_table: dict[str, int] = {}
         self._closed = False
         self.spans_received_total = 0
+        self.spans_duplicate_total = 0  # of them, spans of retried exports answered without an insert
         self.spans_rejected_total = 0
         # Valid items answered 503 (the client retries) or 400 (the store refused their data):
         # refused, in the OpenTelemetry Collector's words; nothing acknowledged is in them.
@@ -271,6 +272,8 @@ class ServerRuntime:
                 self.spans_rejected_total += decoded.rejected_spans
                 if result.ok:
                     self.spans_received_total += len(decoded.spans)
+                    if result.duplicate:
+                        self.spans_duplicate_total += len(decoded.spans)
                 else:
                     self.spans_refused_total += len(decoded.spans)
             return result
@@ -280,6 +283,8 @@ class ServerRuntime:
             self.spans_rejected_total += decoded.rejected_spans
             if result.ok:
                 self.spans_received_total += len(rows)
+                if result.duplicate:
+                    self.spans_duplicate_total += len(rows)
             else:
                 self.spans_refused_total += len(rows)
         if result.ok:
@@ -323,7 +328,8 @@ class ServerRuntime:
 
         Returns ``{"ok": bool, "spans_inserted_total", "data_points_inserted_total",
         "requests_inserted_total", "pending_traces"}`` (``spans_inserted_total``: spans this
-        process received, plus those it recovered from the span log at start-up); ``ok`` is False on timeout or when
+        process inserted, those it recovered from the span log at start-up included, retried
+        exports not); ``ok`` is False on timeout or when
         an insert, the assembly or the rollup pass failed. The forced assembly pass and the
         rollup pass run on worker threads and are waited for only until ``timeout_seconds``
         (they go on after a timeout).
@@ -344,9 +350,9 @@ class ServerRuntime:
         return {
             "ok": ok,
             # Exports are committed (inserted or logged) before their 200; after the log's
-            # flush above, received + recovered from the log at start == inserted unless ok is False.
-            "spans_inserted_total": self.spans_received_total + (
-                self.span_log_ingest.recovered_spans_total if self.span_log_ingest is not None else 0),
+            # flush above, its drainer inserted all it will (recovered spans included).
+            "spans_inserted_total": (self.span_log_ingest.inserted_spans_total if self.span_log_ingest is not None
+                                     else self.spans_received_total - self.spans_duplicate_total),
             "data_points_inserted_total": self.data_points_received_total + sum(
                 self.writers[t].rows_inserted_total for t in ("otel_metrics_gauge", "otel_metrics_sum")),
             "requests_inserted_total": self.writers[REQUESTS_TABLE].rows_inserted_total,

@@ -31,6 +31,8 @@ class RuntimeCollector:
         workers = rt.decode_workers
         for name, doc, value in (
             ("inferpath_server_spans_received", "Spans accepted from OTLP exports.", rt.spans_received_total),
+            ("inferpath_server_spans_duplicate", "Of the spans received, those of exports committed before (client "
+             "retries), answered 200 without a second insert.", rt.spans_duplicate_total),
             ("inferpath_server_spans_rejected", "Invalid spans rejected (OTLP partial success).",
              rt.spans_rejected_total),
             ("inferpath_server_spans_refused", "Valid spans not accepted: answered 503 (busy, span log backlog "

@@ -124,3 +124,20 @@ def test_a_full_backlog_answers_503_with_retry_after_and_recovers(store_url: str
         assert expected <= stored and len(stored) == len(expected) + 2
         refused = running.runtime.spans_refused_total
         assert refused % 1000 == 0 and refused >= 1000 and running.runtime.spans_dropped_total == 0
+
+
+@pytest.mark.parametrize("span_log", [True, False])
+def test_a_retried_export_is_counted_as_a_duplicate_not_as_inserted(store_url: str, span_log: bool) -> None:
+    body, ids = trace_body(spans_per_trace=3, traces=2)
+    settings = Settings(store_url=store_url, span_log=span_log, assembly_settle_seconds=0.1)
+    with serve_in_thread(settings, port=0) as running:
+        with httpx.Client(base_url=running.url, timeout=60.0) as http:
+            for _ in range(2):  # the exporter's retry of an export whose 200 it did not see
+                assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+            flushed = http.post("/api/v1/flush").json()
+            metrics = http.get("/metrics").text
+        stored = running.runtime.store.query("SELECT count() FROM otel_traces")[0][0]
+    assert (running.runtime.span_log_ingest is not None) == span_log
+    assert flushed["ok"] and flushed["spans_inserted_total"] == 6 == stored
+    assert _metric(metrics, "inferpath_server_spans_received_total") == 12
+    assert _metric(metrics, "inferpath_server_spans_duplicate_total") == 6
