@@ -28,6 +28,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
 
 import inferpath
 from inferpath.server.otlp import (
@@ -124,6 +125,9 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                 runtime.count_bad_request()
                 return _status_response(413, _RESOURCE_EXHAUSTED,
                                         f"body exceeds max_body_bytes={settings.max_body_bytes}", fmt)
+            except ClientDisconnect:  # the exporter gave up mid-upload (its timeout): nothing to answer
+                logger.info("an OTLP %s export ended before its whole body arrived (client disconnected)", signal)
+                return Response(status_code=400)
             return await _decode_and_commit(request, signal, body, content_type, fmt)
 
     def _unavailable(result: CommitResult, fmt: BodyFormat | None) -> Response:

@@ -181,16 +181,19 @@ def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
             raise OTLPDecodeError(f"body is not a valid protobuf {name}: {exc}") from None
         return message
     try:
-        document = json.loads(payload)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise OTLPDecodeError(f"body is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise OTLPDecodeError(f"JSON body must be an object ({name}), got {type(document).__name__}")
-    _hex_ids_to_base64(document, signal)
-    try:
-        json_format.ParseDict(document, message, ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        raise OTLPDecodeError(f"invalid OTLP/JSON {name}: {exc}") from None
+        try:
+            document = json.loads(payload)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise OTLPDecodeError(f"body is not valid JSON: {exc}") from None
+        if not isinstance(document, dict):
+            raise OTLPDecodeError(f"JSON body must be an object ({name}), got {type(document).__name__}")
+        _hex_ids_to_base64(document, signal)
+        try:
+            json_format.ParseDict(document, message, ignore_unknown_fields=True)
+        except json_format.ParseError as exc:
+            raise OTLPDecodeError(f"invalid OTLP/JSON {name}: {exc}") from None
+    except RecursionError:  # the parsers recurse per level of nesting; OTLP needs fewer than 20
+        raise OTLPDecodeError("JSON body is nested too deeply to decode") from None
     return message
 
 

@@ -77,17 +77,28 @@ def test_malformed_bodies_raise_the_errors_decoding_in_the_server_raises() -> No
             assert type(remote.value) is type(local.value) and str(remote.value) == str(local.value)
         with pytest.raises(UnsupportedMediaTypeError):
             workers.decode_trace_request(b"x", content_type="text/plain", content_encoding=None)
-        # Not an OTLP error (the JSON parser's recursion limit): the server answers 400 with
-        # the exception's text, the same whichever process decoded.
-        deep = b'{"resourceSpans":' + b"[" * 1000 + b"]" * 1000 + b"}"
-        with pytest.raises(RecursionError) as local_error:
-            decode_trace_request(deep, content_type="application/json", content_encoding=None)
-        with pytest.raises(RuntimeError) as remote_error:
-            workers.decode_trace_request(deep, content_type="application/json", content_encoding=None)
-        assert str(remote_error.value) == str(local_error.value)
+        # JSON nested past the parsers' recursion limit is an OTLP error like any other.
+        for depth in (1000, 100_000):
+            deep = b'{"resourceSpans":' + b"[" * depth + b"]" * depth + b"}"
+            with pytest.raises(OTLPDecodeError, match="nested too deeply") as local_error:
+                decode_trace_request(deep, content_type="application/json", content_encoding=None)
+            with pytest.raises(OTLPDecodeError) as remote_error:
+                workers.decode_trace_request(deep, content_type="application/json", content_encoding=None)
+            assert str(remote_error.value) == str(local_error.value)
         assert workers.failures_total == 0 and workers.alive == 1
     finally:
         workers.close()
+
+
+def test_an_unexpected_decode_error_in_the_worker_is_answered_with_its_text(monkeypatch) -> None:
+    # Not an OTLP error: the server answers 400 with the exception's text, as when it decodes itself.
+    import inferpath.server.decode_workers as decode_workers
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug in the decoder")
+
+    monkeypatch.setattr(decode_workers, "decode_trace_request", broken)
+    assert decode_workers._reply(PROTOBUF, None, 0, b"") == ("error", "a bug in the decoder")
 
 
 def test_a_killed_idle_worker_is_replaced_before_an_export_reaches_it() -> None:
