@@ -51,6 +51,8 @@ def body_format(content_type: str | None) -> BodyFormat:
         return "protobuf"
     if media == "application/json":
         return "json"
+    if not media:
+        raise UnsupportedMediaTypeError("missing Content-Type: use application/x-protobuf or application/json")
     raise UnsupportedMediaTypeError(
         f"unsupported Content-Type {content_type!r}: use application/x-protobuf or application/json"
     )
@@ -70,16 +72,27 @@ def decompress(body: bytes, content_encoding: str | None,
         raise UnsupportedMediaTypeError(
             f"unsupported Content-Encoding {content_encoding!r}: use gzip or identity")
     # wbits 47 = auto-detect zlib or gzip header; deflate bodies in the wild are zlib-wrapped.
-    inflater = zlib.decompressobj(47 if encoding != "deflate" else 15)
-    try:
-        out = inflater.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise OTLPDecodeError(f"body is not valid {encoding}: {exc}") from None
-    if len(out) > max_bytes:
-        raise OTLPDecodeError(f"{encoding} body inflates past {max_bytes} bytes")
-    if not inflater.eof:
-        raise OTLPDecodeError(f"body is not valid {encoding}: stream is truncated")
-    return out
+    # A gzip body may hold several members (RFC 1952), inflated one after the other; bytes
+    # after the last stream that are not another member are an error, as is a cut stream.
+    parts: list[bytes] = []
+    size, rest = 0, body
+    while True:
+        inflater = zlib.decompressobj(47 if encoding != "deflate" else 15)
+        try:
+            out = inflater.decompress(rest, max_bytes - size + 1)
+        except zlib.error as exc:
+            raise OTLPDecodeError(f"body is not valid {encoding}: {exc}") from None
+        size += len(out)
+        if size > max_bytes:
+            raise OTLPDecodeError(f"{encoding} body inflates past {max_bytes} bytes")
+        if not inflater.eof:
+            raise OTLPDecodeError(f"body is not valid {encoding}: stream is truncated")
+        parts.append(out)
+        rest = inflater.unused_data
+        if not rest:
+            return b"".join(parts)
+        if encoding == "deflate" or not rest.startswith(b"\x1f\x8b"):
+            raise OTLPDecodeError(f"body is not valid {encoding}: {len(rest)} bytes follow the end of the stream")
 
 
 def _hex_to_base64(value: Any, path: str, hex_digits: int) -> str:
@@ -109,7 +122,7 @@ def _list_at(obj: dict, camel: str, snake: str, path: str) -> list:
     if key is None or value is None:
         return []
     if not isinstance(value, list):
-        raise OTLPDecodeError(f"{path}.{camel}: expected an array, got {type(value).__name__}")
+        raise OTLPDecodeError(f"{path + '.' if path else ''}{camel}: expected an array, got {type(value).__name__}")
     return value
 
 
