@@ -323,7 +323,7 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         gateway.resource_attributes.get(ENDPOINT_CLASS) if gateway is not None else None,
         _first_of(s.resource_attributes.get(ENDPOINT_CLASS) for s in by_start),
         _first_of(s.span_attributes.get(ENDPOINT_CLASS) for s in by_start)) or ""
-    model = _first(*(attrs(s, "gen_ai.request.model") for s in (*model_clients, root_client, gateway)),
+    model = _first(*(attrs(s, "gen_ai.request.model") for s in (*model_clients, root_client, gateway, engine)),
                    attrs(engine, "gen_ai.response.model")) or ""
     model_version = _first(*(attrs(s, "gen_ai.response.model") for s in (engine, *model_clients, root_client))) or ""
     replica = ""

@@ -97,6 +97,13 @@ def test_engine_span_alone_gives_a_row_from_its_own_latencies() -> None:
     assert row.itl_ns == 80 * MS  # decode / (completion tokens − 1) = 0.8 s / 10
     assert row.client_ttft_ns is None and row.gateway_ns is None and row.network_ns is None
     assert (row.input_tokens, row.output_tokens, row.service_name) == (42, 11, "demo-engine")
+    # The model asked for: the engine's own gen_ai.request.model when no client span names
+    # it, else the model it answered with.
+    assert (row.model, row.model_version) == ("tiny-v2", "tiny-v2")
+    asked = replace(engine, parent_span_id="", span_attributes={**engine.span_attributes,
+                                                                "gen_ai.request.model": "tiny"})
+    row = assemble_request([asked], updated_at=UPDATED)
+    assert row is not None and (row.model, row.model_version) == ("tiny", "tiny-v2")
 
 
 def test_stage_spans_stand_in_for_a_missing_engine_span() -> None:
