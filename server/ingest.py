@@ -37,7 +37,6 @@ Clocks: back-off and insert latency use the monotonic clock (``time.monotonic``)
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import logging
 import math
