@@ -36,6 +36,7 @@ ENV_ROLLUP_MIN_WINDOW_SECONDS = "INFERPATH_ROLLUP_MIN_WINDOW_SECONDS"
 ENV_SPAN_LOG = "INFERPATH_SPAN_LOG"
 ENV_SPAN_LOG_DIR = "INFERPATH_SPAN_LOG_DIR"
 ENV_SPAN_LOG_MAX_BACKLOG_BYTES = "INFERPATH_SPAN_LOG_MAX_BACKLOG_BYTES"
+ENV_MEMORY_RELEASE_INTERVAL_SECONDS = "INFERPATH_MEMORY_RELEASE_INTERVAL_SECONDS"
 
 _ENV_BY_FIELD = {
     "store_url": ENV_STORE,
@@ -62,6 +63,7 @@ _ENV_BY_FIELD = {
     "span_log": ENV_SPAN_LOG,
     "span_log_dir": ENV_SPAN_LOG_DIR,
     "span_log_max_backlog_bytes": ENV_SPAN_LOG_MAX_BACKLOG_BYTES,
+    "memory_release_interval_seconds": ENV_MEMORY_RELEASE_INTERVAL_SECONDS,
 }
 
 
@@ -166,6 +168,10 @@ class Settings(BaseModel):
     span_log: bool = True
     span_log_dir: str | None = None
     span_log_max_backlog_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
+    # Every interval the server hands the free pages its allocators hold (chDB's jemalloc,
+    # glibc's heap) back to the OS, so its resident set tracks live memory (server/memory.py);
+    # 0 turns this off.
+    memory_release_interval_seconds: float = Field(1.0, ge=0, le=3600, allow_inf_nan=False)
 
     @field_validator("scrape_targets", mode="before")
     @classmethod

@@ -28,6 +28,7 @@ from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, 
 from inferpath.server.decode_workers import DecodeWorkers
 from inferpath.server.ingest import CommitResult, DurableIngest, TableRows
 from inferpath.server.log_ingest import LoggedSpanIngest
+from inferpath.server.memory import MemoryReleaser
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans, decode_trace_request
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.server.span_log import SpanLog
@@ -163,6 +164,9 @@ class ServerRuntime:
             interval_seconds=settings.scrape_interval_seconds,
             histogram_writer=self.writers["otel_metrics_histogram"],
         )
+        # Free allocator pages back to the OS on a timer (server/memory.py); None when off.
+        self.memory_releaser = (MemoryReleaser(self.store, interval_seconds=settings.memory_release_interval_seconds)
+                                if settings.memory_release_interval_seconds > 0 else None)
         self._lock = threading.Lock()
         self._ttl_days_by_table: dict[str, int] = {}
         self._closed = False
@@ -243,6 +247,8 @@ class ServerRuntime:
             self.span_log_ingest.start()
         self.scrape_loop.start()
         self.rollups.start()
+        if self.memory_releaser is not None:
+            self.memory_releaser.start()
         gauge_rollup.backfill_quietly(self.store)  # gauges stored before schema 011 (storage/gauge_rollup.py)
         from inferpath.alerts.service import start_alerts  # alert rules: INFERPATH_ALERT_RULES
 
@@ -366,6 +372,8 @@ class ServerRuntime:
                 return
             self._closed = True
         self.scrape_loop.stop()
+        if self.memory_releaser is not None:
+            self.memory_releaser.stop()
         if self.decode_workers is not None:
             self.decode_workers.close()
         self.rollups.stop(timeout_seconds)

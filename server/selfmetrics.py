@@ -29,6 +29,7 @@ class RuntimeCollector:
     def collect(self) -> Iterator[Metric]:
         rt = self.runtime
         workers = rt.decode_workers
+        releaser = rt.memory_releaser
         for name, doc, value in (
             ("inferpath_server_spans_received", "Spans accepted from OTLP exports.", rt.spans_received_total),
             ("inferpath_server_spans_duplicate", "Of the spans received, those of exports committed before (client "
@@ -72,6 +73,12 @@ class RuntimeCollector:
             ("inferpath_rollup_passes", "Passes of the per-minute request rollup refresher.",
              rt.rollups.passes_total),
             ("inferpath_rollup_errors", "Failed rollup refresh passes.", rt.rollups.failures_total),
+            ("inferpath_server_memory_release_passes", "Passes returning free allocator pages to the OS.",
+             releaser.passes_total if releaser is not None else 0),
+            ("inferpath_server_memory_release_errors", "Failed passes returning free allocator pages to the OS.",
+             releaser.failures_total if releaser is not None else 0),
+            ("inferpath_server_memory_release_seconds", "Time spent returning free allocator pages to the OS.",
+             releaser.seconds_total if releaser is not None else 0.0),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         scrape_errors = CounterMetricFamily("inferpath_scrape_errors", "Failed scrapes per target.",

@@ -1,0 +1,152 @@
+"""Hands the free memory the server's allocators hold back to the operating system, on a timer.
+
+Why: the embedded store (chDB) allocates through its own jemalloc, which keeps pages it has
+freed ("dirty" pages) for ``dirty_decay_ms`` = 5 s before returning them. Under steady ingest,
+insert blocks and background merges free 100-300 MB at a time, so without help the server's
+resident set swings by that much from one second to the next and climbs as merges grow with
+the data (the 10-minute soak in ``bench/server_soak.py`` measured jemalloc's resident bytes at
+1.1-2.7x its active bytes). A pass of :class:`MemoryReleaser` runs ``SYSTEM JEMALLOC PURGE``
+(ClickHouse's statement for jemalloc's ``arena.<i>.purge``) and glibc's ``malloc_trim(0)``
+(the Python side's free heap pages), so the resident set tracks live memory: what an SRE's
+dashboard and a cgroup memory limit see.
+
+A ClickHouse server's memory is that server's own: for ``http(s)://`` stores only glibc is
+trimmed. A pass costs ~1 ms when there is little to return (one chDB statement); pages
+returned are faulted in again when reused, which is the trade the interval sets
+(``memory_release_interval_seconds``; 0 turns the releaser off).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AllocatorStats", "MemoryReleaser", "allocator_stats", "trim_c_heap"]
+
+# malloc_stats_print's summary line (jemalloc 5.x): "Allocated: N, active: N, metadata: N
+# (n_thp N), resident: N, mapped: N, retained: N" - the counters of jemalloc's stats.* mallctls.
+_SUMMARY = re.compile(r"Allocated: (\d+), active: (\d+), metadata: (\d+).*?resident: (\d+), mapped: (\d+), "
+                      r"retained: (\d+)", re.S)
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """jemalloc's summary counters in bytes (jemalloc's ``stats.*`` mallctls): ``allocated``
+    (live allocations), ``active`` (pages holding them), ``resident`` (pages mapped in RAM,
+    dirty free pages included), ``mapped``, ``retained`` (virtual only, not resident)."""
+
+    allocated: int
+    active: int
+    metadata: int
+    resident: int
+    mapped: int
+    retained: int
+
+    @property
+    def dirty(self) -> int:
+        """Resident bytes holding neither live data nor jemalloc's metadata: free pages not yet
+        returned (bytes, ≥ 0)."""
+        return max(0, self.resident - self.active - self.metadata)
+
+
+def allocator_stats(store: Any) -> AllocatorStats | None:
+    """The embedded store's jemalloc counters (``system.jemalloc_stats``), or ``None`` for a
+    ClickHouse server store. Raises what the store raises; ``ValueError`` if the statistics
+    text has no summary line (a chDB built without jemalloc statistics)."""
+    if store.url.kind != "chdb":
+        return None
+    text = store.query("SELECT stats FROM system.jemalloc_stats")[0][0]
+    match = _SUMMARY.search(text)
+    if match is None:
+        raise ValueError("system.jemalloc_stats has no 'Allocated: ..., retained: ...' summary line")
+    return AllocatorStats(*map(int, match.groups()))
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim  # glibc only; musl and macOS have none
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def trim_c_heap() -> bool:
+    """``malloc_trim(0)``: glibc returns the free pages of every malloc arena. False where the
+    C library has no ``malloc_trim``."""
+    if _malloc_trim is None:
+        return False
+    _malloc_trim(0)
+    return True
+
+
+class MemoryReleaser:
+    """Every ``interval_seconds`` (> 0), returns free allocator pages to the OS (module docstring).
+
+    A failed pass is counted (``failures_total``), logged once per failure streak, and tried
+    again next interval; nothing here raises into the server. ``passes_total`` and
+    ``seconds_total`` (time spent in passes) are read by ``/metrics``.
+    """
+
+    def __init__(self, store: Any, *, interval_seconds: float) -> None:
+        if not interval_seconds > 0:
+            raise ValueError(f"interval_seconds must be > 0, got {interval_seconds!r}")
+        self.store = store
+        self.interval_seconds = interval_seconds
+        self.passes_total = 0
+        self.failures_total = 0
+        self.seconds_total = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def release_now(self) -> None:
+        """One pass: purge chDB's jemalloc (embedded store only), trim glibc's heap. Raises
+        what the store raises."""
+        started = time.perf_counter()
+        try:
+            if self.store.url.kind == "chdb":
+                self.store.command("SYSTEM JEMALLOC PURGE")
+            trim_c_heap()
+        finally:
+            self.seconds_total += time.perf_counter() - started
+        self.passes_total += 1
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="inferpath-memory-release", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_seconds: float = 5.0) -> None:
+        """Stop the thread; a pass in progress finishes first (bounded by ``timeout_seconds``)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.wait(self.interval_seconds):
+            try:
+                self.release_now()
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - the store may be away or closing
+                self.failures_total += 1
+                if not failing:
+                    logger.warning("could not return free memory to the OS (retrying every %.1f s): %s",
+                                   self.interval_seconds, exc)
+                failing = True

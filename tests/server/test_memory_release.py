@@ -1,0 +1,102 @@
+"""Returning free allocator pages to the OS (server/memory.py), on a real chDB store and server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from inferpath.config import ENV_MEMORY_RELEASE_INTERVAL_SECONDS, Settings
+from inferpath.server.memory import MemoryReleaser, allocator_stats, trim_c_heap
+from inferpath.server.runtime import serve_in_thread
+from inferpath.storage.store import Store
+
+MB = 2**20
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def metric_values(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples}
+
+
+def test_a_pass_returns_the_pages_a_large_query_freed(store_url: str) -> None:
+    with Store.open(store_url) as store:
+        # ~300 MB of strings built and freed inside chDB: jemalloc keeps the pages (dirty).
+        store.query("SELECT length(groupArray(toString(number))) FROM numbers(5000000)")
+        before, rss_before = allocator_stats(store), rss_bytes()
+        assert before is not None and before.dirty > 64 * MB, before
+        releaser = MemoryReleaser(store, interval_seconds=60.0)
+        releaser.release_now()
+        after, rss_after = allocator_stats(store), rss_bytes()
+        assert after is not None and after.dirty < 16 * MB, after
+        # The live data is untouched; the process's resident set fell by what was returned.
+        assert after.allocated < before.allocated + 16 * MB
+        assert rss_after < rss_before - 48 * MB, (rss_before, rss_after)
+        assert releaser.passes_total == 1 and releaser.failures_total == 0 and releaser.seconds_total > 0
+
+
+def test_glibc_trim_is_available_on_linux() -> None:
+    assert trim_c_heap() is True
+
+
+def test_the_server_releases_on_its_interval_and_counts_it(store_url: str) -> None:
+    settings = Settings(store_url=store_url, memory_release_interval_seconds=0.05)
+    with serve_in_thread(settings, port=0) as running:
+        assert running.runtime.memory_releaser is not None
+        deadline = time.monotonic() + 20.0
+        values = metric_values(running.url)
+        while values["inferpath_server_memory_release_passes_total"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            values = metric_values(running.url)
+        assert values["inferpath_server_memory_release_passes_total"] >= 3
+        assert values["inferpath_server_memory_release_errors_total"] == 0
+        assert values["inferpath_server_memory_release_seconds_total"] > 0
+        thread_names = {t.name for t in threading.enumerate()}
+        assert "inferpath-memory-release" in thread_names
+
+
+def test_interval_zero_turns_the_releaser_off(store_url: str) -> None:
+    with serve_in_thread(Settings(store_url=store_url, memory_release_interval_seconds=0), port=0) as running:
+        assert running.runtime.memory_releaser is None
+        values = metric_values(running.url)
+        assert values["inferpath_server_memory_release_passes_total"] == 0
+
+
+def test_the_interval_is_a_setting_and_validated() -> None:
+    assert Settings.from_env({ENV_MEMORY_RELEASE_INTERVAL_SECONDS: "2.5"}).memory_release_interval_seconds == 2.5
+    assert Settings().memory_release_interval_seconds == 1.0
+    for bad in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(ValidationError, match="memory_release_interval_seconds"):
+            Settings.from_env({ENV_MEMORY_RELEASE_INTERVAL_SECONDS: bad})
+    with pytest.raises(ValueError, match="interval_seconds must be > 0"):
+        MemoryReleaser(object(), interval_seconds=0)
+
+
+def test_failing_passes_are_counted_logged_once_and_never_raise(store_url: str, caplog) -> None:
+    store = Store.open(store_url)
+    store.close()  # every pass now fails: the store is closed
+    releaser = MemoryReleaser(store, interval_seconds=0.02)
+    with caplog.at_level(logging.WARNING, logger="inferpath.server.memory"):
+        releaser.start()
+        deadline = time.monotonic() + 10.0
+        while releaser.failures_total < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        releaser.stop()
+    assert releaser.failures_total >= 3 and releaser.passes_total == 0
+    warnings = [r for r in caplog.records if "could not return free memory" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert not releaser._thread.is_alive()
