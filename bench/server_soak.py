@@ -6,7 +6,9 @@ export, every export a new body built here with fresh ids, each retried until it
 OTLP exporter does) for ``--seconds``. Every ``--sample-seconds`` the server's resident set
 (``VmRSS`` from ``/proc``) is read, its decode workers' included. The reference is the RSS after the first
 ``--warmup-seconds`` (imports, caches and chDB's pools are in place by then): growth =
-last RSS / reference − 1. At the end the server is stopped gracefully and its store
+last RSS / reference − 1; also printed, the median of the last minute against that of the
+minute after warm-up, and on each sample the embedded store's allocator bytes (resident,
+allocated) from ``/metrics``. At the end the server is stopped gracefully and its store
 counted: every acknowledged span must be stored exactly once, and its ``/metrics`` must
 show nothing refused and nothing dropped. In the OpenTelemetry Collector's words an export
 answered 503 (or 429) is *refused*: the client retries it, nothing is lost, but the
@@ -50,6 +52,17 @@ def _metric_sum(text: str, name: str) -> float:
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line.startswith(name + " ") or line.startswith(name + "{")]
     return sum(values) if values else float("nan")
+
+
+def _allocator_bytes(url: str) -> tuple[float, float]:
+    """``(resident, allocated)`` bytes of the embedded store's allocator from the server's
+    ``/metrics`` (NaN when the scrape fails or the gauges are absent)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return float("nan"), float("nan")
+    return (_metric_sum(text, "inferpath_embedded_store_resident_bytes"),
+            _metric_sum(text, "inferpath_embedded_store_allocated_bytes"))
 
 
 def rss_bytes(pid: int) -> int:
@@ -112,6 +125,7 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
                     acked_span_ids.extend(s for spans in ids.values() for s in spans)
 
     samples: list[tuple[float, int, int]] = []  # (seconds, server RSS, its children's RSS)
+    allocator: list[tuple[float, float, float]] = []  # (seconds, chDB allocator resident, allocated) bytes
     loads: list[float] = []
     threads = [threading.Thread(target=exporter, args=(i,), daemon=True) for i in range(clients)]
     for thread in threads:
@@ -119,6 +133,7 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
     while time.monotonic() < stop_at:
         samples.append((time.monotonic() - started, *tree_rss_bytes(server.pid)))
         loads.append(os.getloadavg()[0])
+        allocator.append((samples[-1][0], *_allocator_bytes(url)))
         time.sleep(min(sample_seconds, max(0.0, stop_at - time.monotonic())))
     for thread in threads:
         thread.join(120)
@@ -135,6 +150,10 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
     # Growth is of the whole process tree: the server and its decode workers.
     totals = [(at, rss + kids) for at, rss, kids in samples]
     reference = next((rss for at, rss in totals if at >= warmup_seconds), totals[-1][1])
+    # Robust to a single sample's timing: the median of the last minute against the median
+    # of the minute after warm-up.
+    first = [rss for at, rss in totals if warmup_seconds <= at < warmup_seconds + 60] or [reference]
+    last = [rss for at, rss in totals if at >= totals[-1][0] - 60]
     return {
         "seconds": seconds, "target_rate": rate, "clients": clients,
         "acked_spans": len(acked_span_ids), "achieved_rate": round(len(acked_span_ids) / seconds),
@@ -144,7 +163,10 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
         "rss_reference_mb": round(reference / 2**20, 1), "rss_last_mb": round(totals[-1][1] / 2**20, 1),
         "rss_max_mb": round(max(rss for _, rss in totals) / 2**20, 1),
         "rss_growth": round(totals[-1][1] / reference - 1, 4),
+        "rss_growth_of_medians": round(statistics.median(last) / statistics.median(first) - 1, 4),
         "workers_rss_last_mb": round(samples[-1][2] / 2**20, 1),
+        "store_allocator_resident_mb": [(round(at), round(res / 2**20, 1)) for at, res, _ in allocator],
+        "store_allocator_allocated_mb": [(round(at), round(live / 2**20, 1)) for at, _, live in allocator],
         "rss_mb": [(round(at), round(rss / 2**20, 1)) for at, rss in totals],
         "load_average_median": round(statistics.median(loads), 2) if loads else None,
     }
@@ -167,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
            or any(v for v in counted if v == v))  # NaN: metric absent
     print(f"{result['acked_spans']} spans in {args.seconds:.0f} s ({result['achieved_rate']} spans/s of "
           f"{args.rate:.0f} offered): RSS {result['rss_reference_mb']} -> {result['rss_last_mb']} MB "
-          f"({result['rss_growth']:+.1%}), lost {result['lost']}, twice {result['stored_twice']}, "
+          f"({result['rss_growth']:+.1%}; medians {result['rss_growth_of_medians']:+.1%}), lost {result['lost']}, twice {result['stored_twice']}, "
           f"refused {result['refused']} (retries {result['retries']}), dropped {result['dropped']}"
           f"{'  FAILED' if bad else ''}")
     return 1 if bad else 0

@@ -65,6 +65,9 @@ def test_the_server_releases_on_its_interval_and_counts_it(store_url: str) -> No
         assert values["inferpath_server_memory_release_passes_total"] >= 3
         assert values["inferpath_server_memory_release_errors_total"] == 0
         assert values["inferpath_server_memory_release_seconds_total"] > 0
+        # The embedded store's allocator, as jemalloc counts it.
+        assert 0 < values["inferpath_embedded_store_allocated_bytes"] < values["inferpath_embedded_store_resident_bytes"]
+        assert 0 <= values["inferpath_embedded_store_dirty_bytes"] < values["inferpath_embedded_store_resident_bytes"]
         thread_names = {t.name for t in threading.enumerate()}
         assert "inferpath-memory-release" in thread_names
 
