@@ -10,8 +10,11 @@ Durations in request rows stay in nanoseconds (``*_ns``); summaries are in secon
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import re
+import types
+import typing
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
@@ -38,33 +41,51 @@ def _invalid(param: str, message: str) -> HTTPException:
                                                    "type": "value_error"}])
 
 
-# (path, methods) of a route → its query parameters' names
-_KNOWN_PARAMS: dict[tuple[str, frozenset[str]], frozenset[str]] = {}
+# (path, methods) of a route → (its query parameter names, those taking one value)
+_KNOWN_PARAMS: dict[tuple[str, frozenset[str]], tuple[frozenset[str], frozenset[str]]] = {}
 
 
-def _query_param_names(dependant) -> set[str]:
-    """Names (aliases) of the query parameters of a FastAPI ``Dependant`` and its dependencies."""
-    names = {param.alias for param in dependant.query_params}
+def _query_param_names(dependant, *, repeatable: bool | None = None) -> set[str]:
+    """Names (aliases) of the query parameters of a FastAPI ``Dependant`` and its dependencies;
+    with ``repeatable`` only those that take (True) or do not take (False) several values."""
+    names = {param.alias for param in dependant.query_params
+             if repeatable is None or _is_sequence(param.field_info.annotation) == repeatable}
     for sub in dependant.dependencies:
-        names |= _query_param_names(sub)
+        names |= _query_param_names(sub, repeatable=repeatable)
     return names
 
 
+def _is_sequence(annotation: object) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):  # Optional[list[str]]
+        return any(_is_sequence(arg) for arg in typing.get_args(annotation))
+    return origin in (list, tuple, set, frozenset, collections.abc.Sequence)
+
+
 async def _reject_unknown_params(request: Request) -> None:
-    """422 naming each query parameter the endpoint does not declare."""
+    """422 naming each query parameter the endpoint does not declare, and each single-valued
+    one given more than once (else the last value would silently win)."""
     route = request.scope.get("route")
     if route is None:
         return
     key = (route.path, frozenset(route.methods or ()))
     known = _KNOWN_PARAMS.get(key)
     if known is None:
-        known = _KNOWN_PARAMS[key] = frozenset(_query_param_names(route.dependant))
-    unknown = sorted(set(request.query_params) - known)
+        known = _KNOWN_PARAMS[key] = (frozenset(_query_param_names(route.dependant)),
+                                      frozenset(_query_param_names(route.dependant, repeatable=False)))
+    names, single = known
+    unknown = sorted(set(request.query_params) - names)
     if unknown:
         raise HTTPException(status_code=422, detail=[
             {"loc": ["query", name], "type": "value_error",
              "msg": f"unknown query parameter {name!r}; this endpoint takes "
-                    f"{', '.join(sorted(known)) or 'none'}"} for name in unknown])
+                    f"{', '.join(sorted(names)) or 'none'}"} for name in unknown])
+    repeated = sorted(name for name in single if len(request.query_params.getlist(name)) > 1)
+    if repeated:
+        raise HTTPException(status_code=422, detail=[
+            {"loc": ["query", name], "type": "value_error",
+             "msg": f"query parameter {name!r} is given {len(request.query_params.getlist(name))} times; "
+                    f"it takes one value"} for name in repeated])
 
 
 router = APIRouter(prefix="/api/v1", tags=["read"], dependencies=[Depends(_reject_unknown_params)])

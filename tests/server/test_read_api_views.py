@@ -220,6 +220,22 @@ def test_an_unknown_query_parameter_is_refused_with_its_name(server) -> None:
     assert trace.status_code == 422 and "takes none" in trace.json()["detail"][0]["msg"]
 
 
+def test_a_single_valued_parameter_given_twice_is_refused_not_overwritten(server) -> None:
+    url, start, end = server
+    window = [("start", _iso(start)), ("end", _iso(end))]
+    with httpx.Client(base_url=url, timeout=30.0) as http:
+        # Otherwise the last value wins: a filter for two classes would answer for one.
+        twice = http.get("/api/v1/views/breakdown",
+                         params=window + [("endpoint_class", "interactive"), ("endpoint_class", "batch")])
+        once = http.get("/api/v1/views/breakdown", params=window + [("endpoint_class", "interactive")])
+        start_twice = http.get("/api/v1/summary", params=window + [("start", _iso(start))])
+    assert twice.status_code == 422
+    (problem,) = twice.json()["detail"]
+    assert problem["loc"] == ["query", "endpoint_class"] and "given 2 times" in problem["msg"]
+    assert once.status_code == 200
+    assert start_twice.status_code == 422 and start_twice.json()["detail"][0]["loc"] == ["query", "start"]
+
+
 @pytest.mark.parametrize("window", [
     {"end": "-62135596800"}, {"end": "0001-01-01T00:05:00Z"}, {"end": "9999-12-31T23:00:00-23:59"},
     {"start": "0001-01-01T00:00:00+23:59", "end": "0001-01-02T00:00:00Z"}, {"end": "9999-12-31T23:59:59Z"},
