@@ -85,19 +85,25 @@ class ChildService:
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.process.returncode}"
-                                   + (f"; see {self.log_path}" if self.log_path else ""))
+                raise RuntimeError(self.exit_message())
             try:
                 if httpx.get(f"{self.url}{path}", timeout=1.0).status_code == 200:
                     time.sleep(0.2)  # a child that lost a race for its port exits right after binding fails
                     if self.process.poll() is not None:
-                        raise RuntimeError(f"{self.name} exited with code {self.process.returncode}"
-                                           + (f"; see {self.log_path}" if self.log_path else ""))
+                        raise RuntimeError(self.exit_message())
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"{self.name} not ready at {self.url}{path} after {timeout_seconds:.0f} s")
+
+    def exit_message(self) -> str | None:
+        """``"NAME exited with code N; see LOG"`` once the process has exited (a negative code
+        is the signal that ended it), else ``None``."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return f"{self.name} exited with code {code}" + (f"; see {self.log_path}" if self.log_path else "")
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         if self._stopped:

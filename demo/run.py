@@ -226,17 +226,23 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         outcome = DemoOutcome(server_url, window_start, window_end, results, summary_rows, stored, timings)
 
         if not options.exit_when_done:
+            watched = list(children)
             if options.dashboard:
                 from inferpath.dashboard.launch import launch_dashboard
 
                 dash = launch_dashboard(server_url, port=options.dashboard_port, token=settings.token)
                 outcome.dashboard_url = f"http://127.0.0.1:{options.dashboard_port}"
+                watched.append(ChildService("dashboard", outcome.dashboard_url, dash))
                 console.print(f"dashboard: [bold]{outcome.dashboard_url}[/]  (Ctrl-C to stop)")
             else:
                 dash = None
+                console.print("serving (Ctrl-C to stop)")
             try:
-                while True:
-                    time.sleep(1.0)
+                # A child that dies (a crash, the OOM killer, a signal sent to it alone) ends
+                # the demo with its name and log rather than leaving a half-dead path up.
+                while not (exited := [m for m in map(ChildService.exit_message, watched) if m]):
+                    time.sleep(0.5)
+                raise RuntimeError("; ".join(exited) + " while the demo was serving")
             except KeyboardInterrupt:
                 console.print("stopping")
             finally:
