@@ -21,12 +21,14 @@ import argparse
 import math
 import re
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch_folder  # noqa: E402  (a sibling module of the benchmarks)
 
 GAUGES = ("queue_depth", "running_requests", "kv_cache_usage_ratio", "gpu_utilization_ratio")
 CHROMIUM = "/usr/bin/chromium"
@@ -71,6 +73,12 @@ def run(refreshes: int, warmup: int, points: int, interval_seconds: float, limit
 
     Raises ``RuntimeError`` when the page stops refreshing before ``refreshes``.
     """
+    with scratch_folder(None, "inferpath-dashboard-memory-") as folder:
+        return _run(folder, refreshes, warmup, points, interval_seconds, limit_mb, timeout_seconds)
+
+
+def _run(folder: Path, refreshes: int, warmup: int, points: int, interval_seconds: float, limit_mb: float,
+         timeout_seconds: float) -> dict:
     from playwright.sync_api import sync_playwright
 
     from inferpath.config import Settings
@@ -78,7 +86,6 @@ def run(refreshes: int, warmup: int, points: int, interval_seconds: float, limit
     from inferpath.demo.processes import free_port
     from inferpath.server.runtime import serve_in_thread
 
-    folder = Path(tempfile.mkdtemp(prefix="inferpath-dashboard-memory-"))
     server = serve_in_thread(Settings(store_url=f"chdb://{folder / 'store'}"), port=0)
     dashboard = None
     try:

@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -29,6 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402  (a sibling module of the benchmarks)
+from scratch import scratch_folder  # noqa: E402
 
 from inferpath.config import Settings  # noqa: E402
 from inferpath.server.runtime import serve_in_thread  # noqa: E402
@@ -86,8 +86,13 @@ def run(spans: int = 10_000_000, windows_hours: tuple[float, ...] = (1.0, 12.0, 
 
     Windows end at the data's end; with ``incident_window`` one more, ``1h incident``, ends
     at the end of the synthetic incident (``synthetic.INCIDENT``), so the diagnosis finds
-    degraded measures and reads its evidence, as an SRE's window during an incident does."""
-    folder = Path(store_dir or tempfile.mkdtemp(prefix="inferpath-bench-"))
+    degraded measures and reads its evidence, as an SRE's window during an incident does.
+    Without ``store_dir`` the store is filled in a temporary folder, removed afterwards."""
+    with scratch_folder(store_dir, "inferpath-bench-") as folder:
+        return _run(folder, spans, windows_hours, repeat, incident_window)
+
+
+def _run(folder: Path, spans: int, windows_hours: tuple[float, ...], repeat: int, incident_window: bool) -> dict:
     settings = Settings(store_url=f"chdb://{folder / 'store'}")
     with serve_in_thread(settings, port=0) as running:
         store = running.runtime.store

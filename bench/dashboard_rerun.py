@@ -50,7 +50,6 @@ import socket
 import subprocess
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +58,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch_folder  # noqa: E402  (a sibling module of the benchmarks)
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "dashboard" / "app.py"
@@ -521,8 +523,13 @@ def run(dataset_name: str = "demo", rounds: int = 7, only: list[str] | None = No
     """Prepare the dataset (:data:`LOADERS`), measure the pages (all, or ``only``) with
     AppTest and, when ``browser``, in Chromium. Returns ``{"dataset", "window_seconds",
     "max_points", "load_average": (before, after), "script": [PageFigures],
-    "browser": [PageFigures] or None}``. Raises ``RuntimeError`` when a page fails to draw."""
-    folder = Path(workdir or tempfile.mkdtemp(prefix="inferpath-dashboard-rerun-"))
+    "browser": [PageFigures] or None}``. Raises ``RuntimeError`` when a page fails to draw.
+    Without ``workdir`` the data lives in a temporary folder, removed afterwards."""
+    with scratch_folder(workdir, "inferpath-dashboard-rerun-") as folder:
+        return _run(folder, dataset_name, rounds, only, browser)
+
+
+def _run(folder: Path, dataset_name: str, rounds: int, only: list[str] | None, browser: bool) -> dict[str, Any]:
     titles = [title for title in PAGE_PATHS if not only or title in only]
     stack: list = []
     relay = None

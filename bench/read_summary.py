@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -31,6 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402  (a sibling module of the benchmarks)
+from scratch import scratch_folder  # noqa: E402
 
 from inferpath.config import Settings  # noqa: E402
 from inferpath.server.runtime import serve_in_thread  # noqa: E402
@@ -40,8 +40,13 @@ DAY = timedelta(days=1)
 
 def run(spans: int = 10_000_000, repeat: int = 5, workdir: str | None = None) -> dict:
     """Fill (unless the folder is filled), then time the reference and the read API per
-    window; returns the figures (ms) per window."""
-    folder = Path(workdir or tempfile.mkdtemp(prefix="inferpath-bench-"))
+    window; returns the figures (ms) per window. Without ``workdir`` the store is filled in
+    a temporary folder, removed afterwards."""
+    with scratch_folder(workdir, "inferpath-bench-") as folder:
+        return _run(folder, spans, repeat)
+
+
+def _run(folder: Path, spans: int, repeat: int) -> dict:
     with serve_in_thread(Settings(store_url=f"chdb://{folder / 'store'}"), port=0) as running:
         store = running.runtime.store
         fill = None

@@ -30,22 +30,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch_folder  # noqa: E402,F401  (server_soak takes it from here too)
 from server.otlp_factory import trace_body  # noqa: E402
+
+from inferpath.demo.processes import free_port  # noqa: E402
 
 from inferpath.server.otlp import decode_trace_request  # noqa: E402
 from inferpath.storage.rows import SPAN_COLUMNS  # noqa: E402
@@ -55,9 +54,7 @@ PROTOBUF = {"content-type": "application/x-protobuf"}
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_port()  # below the ephemeral range: no outgoing connection takes it first
 
 
 def _start(store_url: str, port: int) -> subprocess.Popen:
@@ -72,20 +69,6 @@ def _start(store_url: str, port: int) -> subprocess.Popen:
             time.sleep(0.1)
     process.kill()
     raise RuntimeError("server did not start")
-
-
-@contextmanager
-def scratch_folder(workdir: str | None, prefix: str) -> Iterator[Path]:
-    """``workdir`` as it is (kept), or a new temporary folder removed afterwards: the store
-    and span log of one run take 1-10 GB."""
-    if workdir is not None:
-        yield Path(workdir)
-        return
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _p(values: list[float], q: float) -> float:
