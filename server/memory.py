@@ -4,8 +4,8 @@ Why: the embedded store (chDB) allocates through its own jemalloc, which keeps p
 freed ("dirty" pages) for ``dirty_decay_ms`` = 5 s before returning them. Under steady ingest,
 insert blocks and background merges free 100-300 MB at a time, so without help the server's
 resident set swings by that much from one second to the next and climbs as merges grow with
-the data (the 10-minute soak in ``bench/server_soak.py`` measured jemalloc's resident bytes at
-1.1-2.7x its active bytes). A pass of :class:`MemoryReleaser` runs ``SYSTEM JEMALLOC PURGE``
+the data (in the 10-minute soak of ``bench/server_soak.py``, jemalloc's resident bytes were
+1.3-3.4x its active bytes; 1.1-2.5x with a pass every second). A pass of :class:`MemoryReleaser` runs ``SYSTEM JEMALLOC PURGE``
 (ClickHouse's statement for jemalloc's ``arena.<i>.purge``) and glibc's ``malloc_trim(0)``
 (the Python side's free heap pages), so the resident set tracks live memory: what an SRE's
 dashboard and a cgroup memory limit see.
