@@ -49,6 +49,9 @@ REASON_CLIENT_DISCONNECT = "client_disconnect"
 REASON_CANCELLED = "cancelled"
 REASON_CONSUMER_STOPPED = "consumer_stopped"
 REASON_RESPONSE_NOT_FINISHED = "response_not_finished"
+# An OpenAI-shaped stream whose body ended with neither a finish_reason nor ``data: [DONE]``:
+# cut short (a close-delimited body that lost its connection reads as a normal end).
+REASON_STREAM_NOT_FINISHED = "stream_not_finished"
 REASON_ERROR = "error"
 
 
@@ -81,15 +84,21 @@ def stream_result_attributes(meter: Any, status: str, reason: str | None) -> dic
 
 def finished_stream_status(meter: Any, *, only_if_chat: bool = False) -> tuple[str, str | None]:
     """Status of a stream that reached its end: complete, or incomplete because not one
-    visible token came (a generation with no output is not a completed generation).
+    visible token came (a generation with no output is not a completed generation), or
+    because OpenAI-shaped chunks came but neither a ``finish_reason`` nor ``data: [DONE]``
+    (the OpenAI streaming format ends every generation with both; a body that stops
+    without them was cut short, which a close-delimited HTTP body cannot tell otherwise).
 
-    ``only_if_chat``: apply the token rule only when the stream carried OpenAI-shaped
+    ``only_if_chat``: apply these rules only when the stream carried OpenAI-shaped
     chunks, so a gateway's non-LLM event streams are simply complete.
+    Returns ``(status, reason)``: ``("complete", None)`` or ``("incomplete", REASON_*)``.
     """
     if only_if_chat and meter.chat_chunks == 0:
         return STATUS_COMPLETE, None
     if meter.timeline.first_token_ns is None:
         return STATUS_INCOMPLETE, REASON_NO_VISIBLE_TOKEN
+    if meter.chat_chunks and not meter.finish_reasons and not meter.done:
+        return STATUS_INCOMPLETE, REASON_STREAM_NOT_FINISHED
     return STATUS_COMPLETE, None
 
 

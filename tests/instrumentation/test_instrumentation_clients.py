@@ -192,6 +192,23 @@ def test_stream_without_visible_token_has_no_ttft_and_says_so(spans) -> None:
     assert "gen_ai.response.time_to_first_chunk" not in span.attributes
 
 
+def test_stream_cut_after_its_first_token_is_incomplete(spans) -> None:
+    # The server closes its close-delimited body after one token: no finish_reason, no [DONE].
+    async def main() -> Any:
+        async with ScriptedSSEServer([(5, frame(ROLE)), (20, frame(content("Hel")))]) as server, \
+                httpx.AsyncClient() as client:
+            stream = stream_chat_completion(client, server.url, PAYLOAD)
+            assert len([chunk async for chunk in stream]) == 2
+            return stream
+
+    stream = asyncio.run(main())
+    assert stream.status == "incomplete" and stream.timeline.ttft_seconds > 0
+    [span] = client_spans(spans)
+    assert span.attributes["inferpath.stream.status"] == "incomplete"
+    assert span.attributes["inferpath.stream.incomplete_reason"] == "stream_not_finished"
+    assert span.attributes["gen_ai.response.time_to_first_chunk"] == stream.timeline.ttft_seconds
+
+
 @pytest.mark.parametrize("how", ["break", "aclose", "async_with"])
 def test_consumer_stopping_early_ends_one_span_incomplete(spans, how: str) -> None:
     async def main() -> None:

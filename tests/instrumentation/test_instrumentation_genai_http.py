@@ -158,6 +158,23 @@ def test_case3_variant_no_visible_token_has_null_ttft_and_says_why(traced) -> No
     assert span.attributes["gen_ai.usage.output_tokens"] == 5
 
 
+@pytest.mark.parametrize("script, status, reason", [
+    # Cut after the first token: the close-delimited body's end reads as a normal end.
+    ([(5, frame(ROLE)), (20, frame(content("Hel")))], "incomplete", "stream_not_finished"),
+    # A finish_reason without [DONE], or [DONE] without a finish_reason: finished.
+    ([(5, frame(ROLE)), (20, frame(content("Hel"))), (30, frame(FINISH))], "complete", None),
+    ([(5, frame(ROLE)), (20, frame(content("Hel"))), (30, frame("[DONE]"))], "complete", None),
+])
+def test_a_stream_cut_before_its_finish_is_incomplete(traced, script, status, reason) -> None:
+    with ScriptedSSEServer(script) as server, httpx.Client() as client:
+        response = client.post(server.url, json={"model": "emulated-7b", "messages": MESSAGES, "stream": True})
+        assert response.status_code == 200
+    [span] = client_spans(traced)
+    assert span.attributes["inferpath.stream.status"] == status
+    assert span.attributes.get("inferpath.stream.incomplete_reason") == reason
+    assert span.attributes["gen_ai.response.time_to_first_chunk"] > 0  # the token that came counts
+
+
 @pytest.mark.parametrize("first", [
     chunk({"tool_calls": [{"index": 0, "id": "t", "type": "function",
                            "function": {"name": "f", "arguments": ""}}]}),
