@@ -10,8 +10,8 @@ the data (in the 10-minute soak of ``bench/server_soak.py``, jemalloc's resident
 (the Python side's free heap pages), so the resident set tracks live memory: what an SRE's
 dashboard and a cgroup memory limit see.
 
-A ClickHouse server's memory is that server's own: for ``http(s)://`` stores only glibc is
-trimmed. A pass costs ~1 ms when there is little to return (one chDB statement); pages
+A ClickHouse server's memory is that server's own: for ``http(s)://`` stores, and for a chDB
+built without jemalloc (``system.build_options``), only glibc is trimmed. A pass costs ~1 ms when there is little to return (one chDB statement); pages
 returned are faulted in again when reused, which is the trade the interval sets
 (``memory_release_interval_seconds``; 0 turns the releaser off).
 """
@@ -113,13 +113,18 @@ class MemoryReleaser:
         self.seconds_total = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Whether the store is chDB built with jemalloc (system.build_options); None until asked.
+        self._purge_jemalloc: bool | None = None if store.url.kind == "chdb" else False
 
     def release_now(self) -> None:
-        """One pass: purge chDB's jemalloc (embedded store only), trim glibc's heap. Raises
-        what the store raises."""
+        """One pass: purge chDB's jemalloc (embedded store built with it), trim glibc's heap.
+        Raises what the store raises."""
         started = time.perf_counter()
         try:
-            if self.store.url.kind == "chdb":
+            if self._purge_jemalloc is None:
+                rows = self.store.query("SELECT value FROM system.build_options WHERE name = 'USE_JEMALLOC'")
+                self._purge_jemalloc = bool(rows) and str(rows[0][0]).strip().upper() in ("1", "ON", "TRUE")
+            if self._purge_jemalloc:
                 self.store.command("SYSTEM JEMALLOC PURGE")
             trim_c_heap()
         finally:

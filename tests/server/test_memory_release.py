@@ -47,6 +47,7 @@ def test_a_pass_returns_the_pages_a_large_query_freed(store_url: str) -> None:
         assert after.allocated < before.allocated + 16 * MB
         assert rss_after < rss_before - 48 * MB, (rss_before, rss_after)
         assert releaser.passes_total == 1 and releaser.failures_total == 0 and releaser.seconds_total > 0
+        assert releaser._purge_jemalloc is True  # this chDB is built with jemalloc
 
 
 def test_glibc_trim_is_available_on_linux() -> None:
