@@ -37,6 +37,7 @@ ENV_SPAN_LOG = "INFERPATH_SPAN_LOG"
 ENV_SPAN_LOG_DIR = "INFERPATH_SPAN_LOG_DIR"
 ENV_SPAN_LOG_MAX_BACKLOG_BYTES = "INFERPATH_SPAN_LOG_MAX_BACKLOG_BYTES"
 ENV_MEMORY_RELEASE_INTERVAL_SECONDS = "INFERPATH_MEMORY_RELEASE_INTERVAL_SECONDS"
+ENV_BODY_READ_TIMEOUT_SECONDS = "INFERPATH_BODY_READ_TIMEOUT_SECONDS"
 
 _ENV_BY_FIELD = {
     "store_url": ENV_STORE,
@@ -64,6 +65,7 @@ _ENV_BY_FIELD = {
     "span_log_dir": ENV_SPAN_LOG_DIR,
     "span_log_max_backlog_bytes": ENV_SPAN_LOG_MAX_BACKLOG_BYTES,
     "memory_release_interval_seconds": ENV_MEMORY_RELEASE_INTERVAL_SECONDS,
+    "body_read_timeout_seconds": ENV_BODY_READ_TIMEOUT_SECONDS,
 }
 
 
@@ -145,6 +147,9 @@ class Settings(BaseModel):
     # request thread) with one CPU.
     decode_processes: int = Field(default_factory=_default_decode_processes, ge=0, le=64)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # An OTLP export whose body has not fully arrived this long after its headers is answered
+    # 408 and its in-flight slot freed: stalled uploads cannot hold max_inflight_requests.
+    body_read_timeout_seconds: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False)
     # Alert rules evaluated inside the server: a YAML file path, "default" (the shipped pack)
     # or None/"off" for no evaluator.
     alert_rules: str | None = None
@@ -172,6 +177,13 @@ class Settings(BaseModel):
     # glibc's heap) back to the OS, so its resident set tracks live memory (server/memory.py);
     # 0 turns this off.
     memory_release_interval_seconds: float = Field(1.0, ge=0, le=3600, allow_inf_nan=False)
+
+    @field_validator("memory_release_interval_seconds")
+    @classmethod
+    def _release_interval(cls, value: float) -> float:
+        if 0 < value < 0.1:  # a pass costs ~1-15 ms: shorter intervals only burn CPU
+            raise ValueError("must be 0 (off) or at least 0.1 seconds")
+        return value
 
     @field_validator("scrape_targets", mode="before")
     @classmethod

@@ -5,7 +5,8 @@ Endpoints (OpenAPI document at ``/openapi.json``, browsable at ``/docs``):
 - ``POST /v1/traces``, ``POST /v1/metrics``: OTLP/HTTP, protobuf or JSON, optional gzip.
   200 with an ``Export*ServiceResponse`` in the request's encoding (``partial_success`` when
   items were rejected) only once the rows are committed to the store; 400 for a malformed
-  body (or rows the store refuses), 413 over ``settings.max_body_bytes``, 415 for another
+  body (or rows the store refuses), 408 when the body has not arrived within
+  ``settings.body_read_timeout_seconds``, 413 over ``settings.max_body_bytes``, 415 for another
   media type or encoding, 503 with ``Retry-After`` when too many exports are in flight or
   the store is unavailable (:mod:`inferpath.server.ingest`).
   Error bodies are ``google.rpc.Status`` in the request's encoding (JSON when unknown), as
@@ -19,6 +20,7 @@ With ``settings.token`` set, every endpoint except ``/healthz`` and the OpenAPI 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 
@@ -50,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 _MEDIA_TYPES = {"protobuf": "application/x-protobuf", "json": "application/json"}
 # google.rpc.Code values used in error bodies.
-_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAVAILABLE = 3, 8, 14
+_INVALID_ARGUMENT, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNAVAILABLE = 3, 4, 8, 14
 
 
 class _BodyTooLarge(Exception):
@@ -120,7 +122,16 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             return _unavailable(admission, fmt)
         with admission:
             try:
-                body = await _read_body(request, settings.max_body_bytes)
+                body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes),
+                                              settings.body_read_timeout_seconds)
+            except asyncio.TimeoutError:  # a stalled upload must not hold its in-flight slot
+                runtime.count_bad_request()
+                logger.info("an OTLP %s export's body did not arrive within %.0f s; answered 408",
+                            signal, settings.body_read_timeout_seconds)
+                return _status_response(408, _DEADLINE_EXCEEDED,
+                                        f"body not received within body_read_timeout_seconds="
+                                        f"{settings.body_read_timeout_seconds:g}", fmt,
+                                        headers={"Connection": "close"})
             except _BodyTooLarge:
                 runtime.count_bad_request()
                 return _status_response(413, _RESOURCE_EXHAUSTED,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -19,6 +20,8 @@ from inferpath.collectors.prometheus import scrape_samples
 from inferpath.config import Settings
 from inferpath.server.otlp import decode_trace_request
 from inferpath.server.runtime import RunningServer, serve_in_thread
+
+from .otlp_factory import trace_body
 
 pytestmark = pytest.mark.e2e
 
@@ -190,6 +193,49 @@ def test_unsupported_media_and_oversized_bodies(store_url: str) -> None:
             assert http.get("/healthz").json()["status"] == "ok"
     finally:
         running.stop()
+
+
+def test_stalled_uploads_are_answered_408_and_free_their_in_flight_slots(store_url: str) -> None:
+    running = start(store_url, max_inflight_requests=2, body_read_timeout_seconds=0.5)
+    host, port = running.url.removeprefix("http://").split(":")
+    stalled = []
+    try:
+        # Two exports that promise 100 bytes and send 3: together they fill the in-flight limit.
+        for _ in range(2):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                         b"Content-Length: 100\r\n\r\nabc")
+            stalled.append(sock)
+        body, _ = trace_body(spans_per_trace=2)
+        with httpx.Client(base_url=running.url, timeout=30.0) as http:
+            deadline = time.monotonic() + 10.0
+            while running.runtime.ingest.inflight_requests < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 503  # full
+            for sock in stalled:  # each answered once its deadline passed, the connection closed
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+                head, _, payload = answer.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 408"), head
+                status = status_pb2.Status.FromString(payload)
+                assert status.code == 4 and "body_read_timeout_seconds=0.5" in status.message
+            assert running.runtime.ingest.inflight_requests == 0
+            assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+    finally:
+        for sock in stalled:
+            sock.close()
+        running.stop()
+
+
+def test_body_read_timeout_is_a_validated_setting() -> None:
+    from inferpath.config import ENV_BODY_READ_TIMEOUT_SECONDS
+
+    assert Settings().body_read_timeout_seconds == 30.0
+    assert Settings.from_env({ENV_BODY_READ_TIMEOUT_SECONDS: "5"}).body_read_timeout_seconds == 5.0
+    for bad in ("0", "-1", "nan", "slow"):
+        with pytest.raises(ValueError, match="body_read_timeout_seconds"):
+            Settings.from_env({ENV_BODY_READ_TIMEOUT_SECONDS: bad})
 
 
 def test_read_api_validates_parameters(client: httpx.Client) -> None:
