@@ -12,6 +12,7 @@ invalid items keeps the valid ones and counts the rest, for OTLP's ``partial_suc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -248,7 +249,8 @@ def decode_metrics_request(body: bytes, *, content_type: str,
     """Decode an OTLP/HTTP ``/v1/metrics`` body into gauge, sum and histogram rows.
 
     Same media types, encodings and errors as :func:`decode_trace_request`. Data points without
-    a timestamp or value, with a time after 2262 or before ``oldest_unix_ns``, and
+    a timestamp or value, with a NaN or infinite value (histograms: sum, min, max or bounds),
+    with a time after 2262 or before ``oldest_unix_ns``, and
     exponential-histogram / summary points (no table for them), are rejected and counted. Exemplars, flags, scope attributes and schema URLs are not kept
     (the storage rows do not carry them; their columns are written empty).
     """
@@ -291,6 +293,9 @@ def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
             if value is None:
                 rejections.add(ppath, "no asDouble/asInt value")
                 continue
+            if not math.isfinite(value):  # not a measurement; it would blank every aggregate
+                rejections.add(ppath, f"asDouble is {value!r}, not a finite number")
+                continue
             problem = _point_time_problem(point, oldest_unix_ns)
             if problem:
                 rejections.add(ppath, problem)
@@ -312,6 +317,13 @@ def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
                 continue
             if point.bucket_counts and len(point.bucket_counts) != len(point.explicit_bounds) + 1:
                 rejections.add(ppath, "bucketCounts must have one more entry than explicitBounds")
+                continue
+            not_finite = next((name for name, number in (("sum", point.sum), ("min", point.min), ("max", point.max))
+                               if not math.isfinite(number)), None)
+            if not_finite is None and not all(map(math.isfinite, point.explicit_bounds)):
+                not_finite = "explicitBounds"
+            if not_finite is not None:
+                rejections.add(ppath, f"{not_finite} is not a finite number")
                 continue
             out.histograms.append(HistogramRow(
                 **common, **_point_fields(point),

@@ -121,7 +121,8 @@ def test_invalid_utf8_in_a_string_field_is_a_400_naming_it(server: httpx.Client)
 
 @FUZZ
 @given(value=st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -0.0, 5e-324]))
-def test_nan_and_infinite_values_are_stored_as_text(server: httpx.Client, value: float) -> None:
+def test_nan_and_infinite_attributes_are_stored_as_text_and_such_metric_points_rejected(
+        server: httpx.Client, value: float) -> None:
     request = _one_span_request()
     request.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x03" * 8
     request.resource_spans[0].scope_spans[0].spans[0].attributes.append(
@@ -131,9 +132,16 @@ def test_nan_and_infinite_values_are_stored_as_text(server: httpx.Client, value:
     metrics = ExportMetricsServiceRequest()
     metric = metrics.resource_metrics.add().scope_metrics.add().metrics.add(name="fuzz_gauge")
     metric.gauge.data_points.add(time_unix_nano=time.time_ns(), as_double=value)
+    metric.gauge.data_points.add(time_unix_nano=time.time_ns(), as_double=1.5)
     parsed = _check(server.post("/v1/metrics", content=metrics.SerializeToString(), headers=PROTOBUF),
                     ExportMetricsServiceResponse)
-    assert parsed is not None and not parsed.HasField("partial_success")
+    assert parsed is not None
+    if math.isfinite(value):  # extremes, subnormals and -0.0 are measurements
+        assert not parsed.HasField("partial_success")
+    else:  # not a measurement (it would blank every aggregate of its series): rejected, the finite one kept
+        assert parsed.partial_success.rejected_data_points == 1
+        assert "dataPoints[0]: asDouble is" in parsed.partial_success.error_message
+        assert "not a finite number" in parsed.partial_success.error_message
 
 
 @pytest.mark.parametrize("year, reason", [(1970, "retention"), (2300, "2262")])

@@ -207,3 +207,33 @@ def test_metrics_example_gives_gauge_sum_histogram_rows(shared_data: Path) -> No
     # Exponential histograms have no table: counted as rejected, named in the message.
     assert decoded.rejected_data_points == 1
     assert "metrics[3].exponentialHistogram.dataPoints[0]" in decoded.error_message
+
+
+def test_nan_and_infinite_points_are_rejected_naming_them_and_the_finite_ones_kept() -> None:
+    now = 1_764_547_200_000_000_000  # 2025-12-01T00:00:00Z
+
+    def point(value) -> dict:
+        return {"timeUnixNano": str(now), "asDouble": value}
+
+    body = json.dumps({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
+        {"name": "g", "gauge": {"dataPoints": [point(1.0), point("NaN"), point("Infinity"),
+                                               point("-Infinity"), point(3.0)]}},
+        {"name": "s", "sum": {"dataPoints": [point("NaN"), point(2.0)], "isMonotonic": True,
+                              "aggregationTemporality": 2}},
+        {"name": "h", "histogram": {"dataPoints": [
+            {"timeUnixNano": str(now), "count": "1", "sum": "NaN", "bucketCounts": ["1"]},
+            {"timeUnixNano": str(now), "count": "1", "sum": 1.0, "bucketCounts": ["0", "1"],
+             "explicitBounds": ["Infinity"]},
+            {"timeUnixNano": str(now), "count": "1", "sum": 1.0, "bucketCounts": ["1"], "max": "-Infinity"},
+            {"timeUnixNano": str(now), "count": "1", "sum": 1.0, "bucketCounts": ["1"]}]}},
+    ]}]}]}).encode()
+    decoded = decode_metrics_request(body, content_type=JSON, content_encoding=None)
+    assert [g.value for g in decoded.gauges] == [1.0, 3.0]
+    assert [s.value for s in decoded.sums] == [2.0]
+    assert [h.sum for h in decoded.histograms] == [1.0]
+    assert decoded.rejected_data_points == 7
+    message = decoded.error_message
+    assert "metrics[0].gauge.dataPoints[1]: asDouble is nan, not a finite number" in message
+    assert "metrics[0].gauge.dataPoints[3]: asDouble is -inf" in message
+    assert "metrics[2].histogram.dataPoints[0]: sum is not a finite number" in message
+    assert message.endswith("and 2 more")  # the two other histogram points (bounds, max)
