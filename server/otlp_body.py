@@ -70,7 +70,7 @@ def decompress(body: bytes, content_encoding: str | None,
         return body
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise UnsupportedMediaTypeError(
-            f"unsupported Content-Encoding {content_encoding!r}: use gzip or identity")
+            f"unsupported Content-Encoding {content_encoding!r}: use gzip, deflate or identity")
     # wbits 47 = auto-detect zlib or gzip header; deflate bodies in the wild are zlib-wrapped.
     # A gzip body may hold several members (RFC 1952), inflated one after the other; bytes
     # after the last stream that are not another member are an error, as is a cut stream.
