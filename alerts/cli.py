@@ -9,6 +9,7 @@ at any time; an embedded chDB folder only while no inferpath server holds it.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta, timezone
 from typing import Optional
 
@@ -18,6 +19,10 @@ from rich.console import Console
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Alert rules: lint them, and see what they would have done over past data.")
 console = Console()
+err_console = Console(stderr=True)
+# A replay evaluates every rule once per step; each evaluation reads the store (tens of ms).
+MAX_REPLAY_EVALUATIONS = 20_000
+MAX_REPLAY_SECONDS = 3650 * 86_400  # the longest retention a table can have (ttl_days)
 
 
 def _load(file: str):  # type: ignore[no-untyped-def]
@@ -79,6 +84,17 @@ def test(
     rule_file = _load(file)
     window = _duration(since, "--since")
     step_seconds = _duration(step, "--step") if step else None
+    evaluations = math.ceil(window / (step_seconds or rule_file.evaluation_interval))
+    if window > MAX_REPLAY_SECONDS or evaluations > MAX_REPLAY_EVALUATIONS:
+        console.print(f"[red]--since {since} with a step of {step_seconds or rule_file.evaluation_interval:g} s is "
+                      f"{evaluations} evaluations over {window / 86_400:g} days;[/] at most "
+                      f"{MAX_REPLAY_EVALUATIONS} over {MAX_REPLAY_SECONDS // 86_400} days (the store's longest "
+                      "retention): shorten --since or lengthen --step", highlight=False)
+        raise typer.Exit(2)
+    if not json_output:
+        err_console.print(f"replaying {evaluations} evaluations (one per "
+                          f"{step_seconds or rule_file.evaluation_interval:g} s of the last {since})…",
+                          highlight=False)
     try:
         settings = Settings.from_env(store_url=store)
     except ValidationError as exc:

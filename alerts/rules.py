@@ -350,4 +350,7 @@ def load_rule_file(path: str | Path) -> RuleFile:
         text = file_path.read_text(encoding="utf-8")
     except OSError as exc:
         raise RuleFileError(str(file_path), [(None, "(file)", f"cannot read: {exc.strerror or exc}")]) from exc
+    except UnicodeDecodeError as exc:
+        raise RuleFileError(str(file_path), [(None, "(file)", f"not UTF-8 text: byte {exc.object[exc.start]:#04x}"
+                                              f" at offset {exc.start}")]) from exc
     return parse_rule_text(text, str(file_path))

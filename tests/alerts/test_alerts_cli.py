@@ -51,3 +51,22 @@ def test_cli_test_rejects_bad_since(tmp_path) -> None:
     result = CliRunner().invoke(app, ["test", "default", "--since", "an hour"])
     assert result.exit_code == 2
     assert "--since" in result.output
+
+
+def test_cli_refuses_a_replay_too_long_to_run_before_opening_the_store(tmp_path) -> None:
+    store = tmp_path / "never-opened"
+    result = CliRunner().invoke(app, ["test", "default", "--since", "100000d", "--step", "1d",
+                                      "--store", f"chdb://{store}"])
+    assert result.exit_code == 2
+    assert "100000 evaluations" in result.output and "shorten --since" in result.output
+    many = CliRunner().invoke(app, ["test", "default", "--since", "30d", "--step", "15s", "--store", f"chdb://{store}"])
+    assert many.exit_code == 2 and "172800 evaluations" in many.output
+    assert not store.exists()
+
+
+def test_cli_check_names_a_rule_file_that_is_not_text(tmp_path) -> None:
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\x00\xff\xfe")
+    result = CliRunner().invoke(app, ["check", str(binary)])
+    assert result.exit_code == 2
+    assert "bin.yaml:?: (file): not UTF-8 text: byte 0xff at offset 1" in result.output
