@@ -229,7 +229,7 @@ def diagnose(
     since: str = typer.Option("15m", help="Window to judge, ending now (e.g. 15m, 1h)."),
     baseline: Optional[str] = typer.Option(None, help="Baseline window just before it (default: same length)."),
     endpoint: Optional[str] = typer.Option(None, help="Only this endpoint (route)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
+    json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON (an error as {\"error\": ...})."),
     server: Optional[str] = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
 ) -> None:
     """Name the bottleneck of the last window against a baseline. Exit 0 healthy, 1 degraded, 2 error."""
@@ -252,15 +252,21 @@ def diagnose(
         response = httpx.get(f"{settings.server_url.rstrip('/')}/api/v1/diagnosis", params=params,
                              headers=headers, timeout=60.0)
     except httpx.HTTPError as exc:
-        console.print(f"[red]cannot reach the inferpath server at {settings.server_url}:[/] {exc}")
+        if json_output:  # scripts read stdout: an error is JSON there too
+            print(json.dumps({"error": f"cannot reach the inferpath server at {settings.server_url}: {exc}"}))
+        else:
+            console.print(f"[red]cannot reach the inferpath server at {settings.server_url}:[/] {exc}")
         raise typer.Exit(2) from exc
     if response.status_code != 200:
         try:
             detail = response.json().get("detail")
             message = "; ".join(d.get("msg", str(d)) for d in detail) if isinstance(detail, list) else str(detail)
-        except ValueError:
+        except (ValueError, AttributeError):
             message = response.text
-        console.print(f"[red]cannot diagnose ({response.status_code}):[/] {message}")
+        if json_output:
+            print(json.dumps({"error": f"cannot diagnose: {message}", "http_status": response.status_code}))
+        else:
+            console.print(f"[red]cannot diagnose ({response.status_code}):[/] {message}")
         raise typer.Exit(2)
     verdict = response.json()
     if json_output:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 from fault_scenarios import SCENARIOS, load_scenario
 from typer.testing import CliRunner
@@ -42,3 +44,16 @@ def test_diagnose_command_exit_codes() -> None:
     assert bad.exit_code == 2 and "--since" in bad.output
     unreachable = runner.invoke(app, ["diagnose", "--since", "15m", "--server", "http://127.0.0.1:9"])
     assert unreachable.exit_code == 2 and "cannot reach" in unreachable.output
+    as_json = runner.invoke(app, ["diagnose", "--since", "15m", "--json", "--server", "http://127.0.0.1:9"])
+    assert as_json.exit_code == 2 and "cannot reach" in json.loads(as_json.stdout)["error"]
+
+
+def test_diagnose_json_prints_a_refusal_as_json(store_url: str) -> None:
+    server = serve_in_thread(Settings(store_url=store_url), port=0)
+    try:  # an empty store: the window cannot be judged (422)
+        result = CliRunner().invoke(app, ["diagnose", "--since", "15m", "--json", "--server", server.url])
+    finally:
+        server.stop()
+    assert result.exit_code == 2
+    refusal = json.loads(result.stdout)
+    assert refusal["http_status"] == 422 and "0 requests" in refusal["error"]
