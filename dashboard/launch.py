@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from inferpath.children import die_with_parent
 from inferpath.config import ENV_SERVER_URL, ENV_TOKEN
 
 APP_PATH = Path(__file__).resolve().with_name("app.py")
@@ -60,7 +61,7 @@ def launch_dashboard(server_url: str, *, port: int = 8501, host: str = "127.0.0.
     try:
         return subprocess.Popen(dashboard_command(port=port, host=host), env=env,
                                 stdout=output, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     finally:
         if log_path:
             output.close()  # the child holds its own descriptor

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from inferpath.children import die_with_parent
+
 
 # Ports handed out by free_port in this process: never twice.
 _handed_out: set[int] = set()
@@ -56,8 +58,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free TCP port found on {host}")
 
 
-def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port") -> None:
-    """Raise ``RuntimeError`` naming ``what`` if ``host:port`` is already taken.
+def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port", option: str = "--port") -> None:
+    """Raise ``RuntimeError`` naming ``what`` (and ``option``, which chooses another) if
+    ``host:port`` is already taken.
 
     A demo that silently talked to someone else's server on its port would report that
     server's data as its own.
@@ -67,7 +70,7 @@ def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port") 
             sock.bind((host, port))
         except OSError as exc:
             raise RuntimeError(f"{what} {host}:{port} is already in use ({exc.strerror}); "
-                               "is `inferpath up` or another demo running? Choose another with --port") from None
+                               f"is `inferpath up` or another demo running? Choose another with {option}") from None
 
 
 @dataclass
@@ -126,8 +129,9 @@ def start_module(name: str, module: str, args: list[str], *, port: int, host: st
     env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "500")
     env.update(extra_env or {})
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    # Stops when this process dies, even by kill -9 (inferpath/children.py).
     process = subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdout=out,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     return ChildService(name, f"http://{host}:{port}", process, log_path)
 
 

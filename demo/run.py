@@ -157,6 +157,12 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     store_url = settings.store_url or default_store_url()
     parse_store_url(store_url)  # a bad URL fails here, naming what is wrong, before anything starts
     server_port = options.port if options.port is not None else settings.port
+    # What can be checked before anything starts is checked now, not after the replay.
+    if options.dashboard and not options.exit_when_done:
+        ensure_port_free(options.dashboard_port, what="the dashboard port", option="--dashboard-port")
+    if options.results_path is not None and not Path(options.results_path).parent.is_dir():
+        raise RuntimeError(f"cannot write the results to {options.results_path}: "
+                           f"folder {Path(options.results_path).parent} does not exist")
     if server_port:
         ensure_port_free(server_port, what="the inferpath server port")
     else:
@@ -230,9 +236,11 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
             if options.dashboard:
                 from inferpath.dashboard.launch import launch_dashboard
 
-                dash = launch_dashboard(server_url, port=options.dashboard_port, token=settings.token)
+                dash_log = log_dir / "dashboard.log"
+                dash = launch_dashboard(server_url, port=options.dashboard_port, token=settings.token,
+                                        log_path=dash_log)
                 outcome.dashboard_url = f"http://127.0.0.1:{options.dashboard_port}"
-                watched.append(ChildService("dashboard", outcome.dashboard_url, dash))
+                watched.append(ChildService("dashboard", outcome.dashboard_url, dash, str(dash_log)))
                 console.print(f"dashboard: [bold]{outcome.dashboard_url}[/]  (Ctrl-C to stop)")
             else:
                 dash = None

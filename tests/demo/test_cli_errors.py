@@ -62,3 +62,18 @@ def test_demo_refuses_a_port_someone_else_serves_on(tmp_path) -> None:
         with pytest.raises(RuntimeError, match=f"{port} is already in use"):
             run_demo(DemoOptions(requests=1, exit_when_done=True, port=port, dashboard=False,
                                  store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
+
+
+def test_demo_checks_the_dashboard_port_and_results_folder_before_starting_anything(tmp_path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"dashboard port 127.0.0.1:{port} is already in use.*--dashboard-port"):
+            run_demo(DemoOptions(requests=1, exit_when_done=False, port=0, dashboard_port=port,
+                                 store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
+    with pytest.raises(RuntimeError, match="cannot write the results to .*folder .*missing does not exist"):
+        run_demo(DemoOptions(requests=1, exit_when_done=True, port=0, dashboard=False,
+                             results_path=tmp_path / "missing" / "results.jsonl",
+                             store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
+    assert not (tmp_path / "store").exists()  # nothing was started
