@@ -80,13 +80,14 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def _auth_dependency(token: str | None):
-    expected = f"Bearer {token}".encode() if token else None
+    expected = token.encode() if token else None
 
     async def require_token(request: Request) -> None:
         if expected is None:
             return
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        # The scheme is case-insensitive (RFC 9110 §11.1); the token is compared in constant time.
+        scheme, _, credentials = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip().encode(), expected):
             raise HTTPException(status_code=401, detail="missing or wrong bearer token",
                                 headers={"WWW-Authenticate": "Bearer"})
 

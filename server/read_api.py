@@ -136,7 +136,9 @@ async def _read(call, *args, **kwargs):
     try:
         return await run_in_threadpool(call, *args, **kwargs)
     except ValueError as exc:
-        param = str(exc).split(" ", 1)[0]
+        # Reader messages start with the argument's name ("step_seconds=1 gives …", "end must …").
+        match = re.match(r"[A-Za-z_][A-Za-z0-9_]*", str(exc))
+        param = match.group(0) if match else "query"
         raise HTTPException(status_code=422, detail=[{"loc": ["query", param], "msg": str(exc),
                                                       "type": "value_error"}]) from None
 

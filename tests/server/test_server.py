@@ -246,6 +246,10 @@ def test_read_api_validates_parameters(client: httpx.Client) -> None:
     assert backwards.status_code == 422 and backwards.json()["detail"][0]["loc"] == ["query", "end"]
     step = client.get("/api/v1/timeseries/ttft", params={"step_seconds": 0})
     assert step.status_code == 422 and "step_seconds" in step.json()["detail"][0]["loc"]
+    # Too many buckets for the window: the reader's refusal names the parameter alone.
+    buckets = client.get("/api/v1/timeseries/ttft", params={"start": "2026-10-31T08:00:00Z",
+                                                           "end": "2026-12-01T08:00:00Z", "step_seconds": 1})
+    assert buckets.status_code == 422 and buckets.json()["detail"][0]["loc"] == ["query", "step_seconds"]
     assert client.get("/api/v1/traces/not-a-trace-id").status_code == 422
     assert client.get("/api/v1/traces/" + "ab" * 16).status_code == 404
     assert client.get("/api/v1/timeseries/gauge").status_code == 422  # metric is required
@@ -290,6 +294,10 @@ def test_bearer_token_guards_ingest_and_reads(shared_data: Path, store_url: str)
             assert http.post("/v1/traces", content=body, headers={**PROTOBUF, **auth}).status_code == 200
             assert http.get("/api/v1/summary", headers=auth).status_code == 200
             assert "inferpath_server_spans_received_total" in http.get("/metrics", headers=auth).text
+            # The scheme is case-insensitive; the token is not, and nothing else passes.
+            assert http.get("/api/v1/summary", headers={"authorization": "bearer s3cret"}).status_code == 200
+            for wrong in ("Bearer S3CRET", "Basic s3cret", "Bearer", "s3cret", "Bearer s3cret extra", "Bearers3cret"):
+                assert http.get("/api/v1/summary", headers={"authorization": wrong}).status_code == 401, wrong
     finally:
         running.stop()
 
