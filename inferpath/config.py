@@ -8,6 +8,7 @@ errors at run time are logged and counted instead (see ``docs/telemetry-contract
 from __future__ import annotations
 
 import os
+import urllib.parse
 from typing import Literal, Mapping
 
 from pydantic import BaseModel, Field, field_validator
@@ -91,6 +92,18 @@ class ScrapeTarget(BaseModel):
 
     url: str
     source: Literal["vllm", "sglang", "tgi", "triton", "trtllm", "dcgm"] = "vllm"
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parsed = urllib.parse.urlsplit(value.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"scrape target must be an http(s)://host[:port]/path URL, got {value!r}")
+        try:
+            parsed.port  # noqa: B018 - raises for a port that is not a number in 0..65535
+        except ValueError as exc:
+            raise ValueError(f"scrape target {value!r}: {exc}") from None
+        return value.strip()
 
 
 def usable_cpus() -> int:

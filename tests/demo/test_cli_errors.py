@@ -77,3 +77,11 @@ def test_demo_checks_the_dashboard_port_and_results_folder_before_starting_anyth
                              results_path=tmp_path / "missing" / "results.jsonl",
                              store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
     assert not (tmp_path / "store").exists()  # nothing was started
+
+
+@pytest.mark.parametrize("args, env", [(["--scrape", "garbage"], {}), ([], {"INFERPATH_SCRAPE_TARGETS": "vllm=garbage"})])
+def test_a_scrape_target_that_is_not_a_url_stops_the_start(args, env) -> None:
+    result = runner.invoke(app, ["up", "--no-dashboard", *args], env=env)
+    assert result.exit_code == 2
+    assert "must be an http(s)://host[:port]/path URL, got 'garbage'" in result.output
+    assert "Traceback" not in result.output
