@@ -130,17 +130,15 @@ def up(
         except (RuleFileError, OSError) as exc:
             console.print(f"[red]invalid alert rules:[/] {exc}")
             raise typer.Exit(2) from exc
+    from inferpath.server.runtime import ListenError, StoreOpenError
+
     try:
         server = serve_in_thread(settings)
-    except OSError as exc:
-        console.print(f"[red]cannot serve on {settings.host}:{settings.port}:[/] {exc.strerror or exc}"
-                      " (is another inferpath server running? choose another with --port)")
+    except ListenError as exc:
+        console.print(exc.strerror, style="red", highlight=False, markup=False)
         raise typer.Exit(2) from exc
     except Exception as exc:  # the store could not be opened: say which and why, no traceback
-        console.print(f"[red]cannot open the store {settings.store_url or '(default)'}:[/] "
-                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                      "\n(an embedded chDB store is owned by one process: is `inferpath up` or "
-                      "`inferpath demo` already using it?)")
+        console.print(str(StoreOpenError(settings.store_url, exc)), style="red", highlight=False, markup=False)
         raise typer.Exit(2) from exc
     from inferpath.server.runtime import tune_gc_for_server
 

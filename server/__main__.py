@@ -10,7 +10,7 @@ import sys
 from pydantic import ValidationError
 
 from inferpath.config import Settings, describe_invalid_settings
-from inferpath.server.runtime import serve_forever
+from inferpath.server.runtime import ListenError, StoreOpenError, serve_forever
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve_forever(settings)
-    except OSError as exc:  # the address is taken or not ours: say which, without a traceback
-        print(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-              " (is another inferpath server running? choose another with --port)", file=sys.stderr)
+    except ListenError as exc:  # the address is taken or not ours: say which, without a traceback
+        print(exc.strerror, file=sys.stderr)
+        return 1
+    except StoreOpenError as exc:  # a path that cannot be made, a server that refuses, a folder in use
+        print(exc, file=sys.stderr)
         return 1
     return 0
 

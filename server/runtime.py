@@ -14,6 +14,7 @@ gracefully: stop accepting, insert what was accepted, assemble what was noted, c
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import socket
@@ -395,7 +396,52 @@ class ServerRuntime:
         return self._closed
 
 
+class StoreOpenError(RuntimeError):
+    """The store could not be opened (or migrated) at start: ``str()`` names the store, the
+    error's type and first line, and for an embedded chDB folder that one process owns it."""
+
+    def __init__(self, store_url: str | None, cause: Exception) -> None:
+        from inferpath.storage.url import default_store_url, parse_store_url
+
+        url = store_url or default_store_url()
+        try:
+            embedded = parse_store_url(url).kind == "chdb"
+        except ValueError:
+            embedded = False
+        text = str(cause)
+        if isinstance(cause, OSError) and cause.strerror:
+            text = cause.strerror + (f": {cause.filename}" if cause.filename else "")
+        hint = ("\n(an embedded chDB store is owned by one process: is `inferpath up` or `inferpath demo` "
+                "already using it?)" if embedded and not isinstance(cause, OSError) else "")
+        super().__init__(f"cannot open the store {store_url or url}: {type(cause).__name__}: "
+                         f"{text.splitlines()[0] if text else ''}{hint}")
+
+
+class ListenError(OSError):
+    """The server's address could not be bound: ``str()`` says which address, why, and what
+    to try (another port when it is taken, another host when it is not this machine's)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        reason = cause.strerror or str(cause)
+        if cause.errno == errno.EADDRINUSE:
+            hint = "is another inferpath server running? choose another with --port"
+        elif isinstance(cause, socket.gaierror) or cause.errno == errno.EADDRNOTAVAIL:
+            hint = "the host must be a name or address of this machine: see --host or INFERPATH_HOST"
+        elif cause.errno == errno.EACCES:
+            hint = "ports below 1024 need privileges; choose another with --port"
+        else:
+            hint = "check --host and --port"
+        super().__init__(cause.errno, f"cannot listen on {host}:{port}: {reason} ({hint})")
+
+
 def _bind(host: str, port: int) -> socket.socket:
+    try:
+        return _bind_socket(host, port)
+    except OSError as exc:
+        raise ListenError(host, port, exc) from exc
+
+
+def _bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket says it is TCP; without it every keep-alive response waits ~40 ms
@@ -513,7 +559,11 @@ def serve_forever(settings: Settings) -> None:
         raise _Terminated()
 
     previous = signal.signal(signal.SIGTERM, _terminated)
-    runtime = ServerRuntime(settings)
+    try:
+        runtime = ServerRuntime(settings)
+    except Exception as exc:
+        signal.signal(signal.SIGTERM, previous)
+        raise StoreOpenError(settings.store_url, exc) from exc
     sock: socket.socket | None = None
     try:
         # Bound here, as in serve_in_thread: the listening socket says it is TCP (so replies

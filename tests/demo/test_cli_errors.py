@@ -85,3 +85,31 @@ def test_a_scrape_target_that_is_not_a_url_stops_the_start(args, env) -> None:
     assert result.exit_code == 2
     assert "must be an http(s)://host[:port]/path URL, got 'garbage'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_start_up_errors_name_their_real_cause(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    def up(*args: str, **env: str) -> str:
+        result = runner.invoke(app, ["up", "--no-dashboard", *args], env=env)
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        return " ".join(result.output.split())
+
+    # A store folder that cannot be made is the store's problem, not the port's.
+    unmakeable = up("--store", "chdb:///proc/forbidden/store", "--port", "0")
+    assert "cannot open the store chdb:///proc/forbidden/store" in unmakeable
+    assert "--port" not in unmakeable and "owned by one process" not in unmakeable
+    # A host that is not this machine's is the host's problem.
+    host = up("--store", f"chdb://{tmp_path}/s1", "--port", "0", INFERPATH_HOST="999.1.1.1")
+    assert "cannot listen on 999.1.1.1:0" in host and "--host" in host and "another inferpath server" not in host
+    # A ClickHouse server that refuses: no word of chDB.
+    refused = up("--store", "http://127.0.0.1:9/db", "--port", "0")
+    assert "cannot open the store http://127.0.0.1:9/db" in refused and "chDB" not in refused
+    # The server module (the demo's child) says the same in one line, without a traceback.
+    env = {**os.environ, "INFERPATH_STORE": "chdb:///proc/forbidden/store"}
+    done = subprocess.run([sys.executable, "-m", "inferpath.server", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("cannot open the store chdb:///proc/forbidden/store")
