@@ -239,7 +239,11 @@ async def diagnosis(request: Request, start: str | None = StartQuery, end: str |
     base_end = parse_time(baseline_end, "baseline_end") or start_dt
     base_start = parse_time(baseline_start, "baseline_start") or max(EARLIEST, base_end - (end_dt - start_dt))
     if base_end <= base_start:
-        raise _invalid("baseline_end", "baseline_end must be after baseline_start")
+        if baseline_start is None and baseline_end is None:  # both derived: the window starts at 1970
+            raise _invalid("start", f"the default baseline (the window's length before start) would begin "
+                                    f"before {EARLIEST.isoformat()}; give baseline_start and baseline_end")
+        raise _invalid("baseline_end", f"baseline_end must be after baseline_start (baseline_start="
+                                       f"{base_start.isoformat()}, baseline_end={base_end.isoformat()})")
     store = request.app.state.runtime.store
     try:
         verdict = await run_in_threadpool(diagnose, store, window_start=start_dt, window_end=end_dt,

@@ -34,6 +34,11 @@ def test_read_api_names_the_slow_tokenizer(store_url: str) -> None:
             params, baseline_start="2001-01-01T00:00:00Z", baseline_end="2001-01-01T00:10:00Z"))
         assert no_baseline.status_code == 422 and "baseline window has 0" in no_baseline.text
         assert no_baseline.json()["detail"][0]["loc"] == ["query", "baseline_start"]
+        # A window at the start of time has no room for the default baseline: say so, naming start.
+        at_epoch = httpx.get(f"{server.url}/api/v1/diagnosis", timeout=30,
+                             params={"start": "1970-01-01T00:00:00Z", "end": "1970-01-01T01:00:00Z"})
+        assert at_epoch.status_code == 422 and at_epoch.json()["detail"][0]["loc"] == ["query", "start"]
+        assert "default baseline" in at_epoch.text
     finally:
         server.stop()
 
