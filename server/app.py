@@ -26,6 +26,7 @@ import logging
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exception_handlers import http_exception_handler
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -52,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 _MEDIA_TYPES = {"protobuf": "application/x-protobuf", "json": "application/json"}
 # google.rpc.Code values used in error bodies.
-_INVALID_ARGUMENT, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNAVAILABLE = 3, 4, 8, 14
+_INVALID_ARGUMENT, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNAVAILABLE, _UNAUTHENTICATED = 3, 4, 8, 14, 16
 
 
 class _BodyTooLarge(Exception):
@@ -106,6 +107,19 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                   description="OTLP/HTTP receiver and read API of inferpath.")
     app.state.runtime = runtime
     registry = make_registry(runtime)
+
+    @app.exception_handler(HTTPException)
+    async def _otlp_status_errors(request: Request, exc: HTTPException) -> Response:
+        # OTLP/HTTP error bodies are google.rpc.Status in the request's encoding (the 401 of
+        # the token guard included); the read API keeps FastAPI's JSON errors.
+        if not request.url.path.startswith("/v1/"):
+            return await http_exception_handler(request, exc)
+        try:
+            fmt: BodyFormat | None = body_format(request.headers.get("content-type"))
+        except UnsupportedMediaTypeError:
+            fmt = None
+        code = _UNAUTHENTICATED if exc.status_code == 401 else _INVALID_ARGUMENT
+        return _status_response(exc.status_code, code, str(exc.detail), fmt, headers=exc.headers)
 
     async def _ingest(request: Request, signal: str) -> Response:
         content_type = request.headers.get("content-type")

@@ -288,6 +288,12 @@ def test_bearer_token_guards_ingest_and_reads(shared_data: Path, store_url: str)
             assert http.get("/healthz").status_code == 200
             refused = http.post("/v1/traces", content=body, headers=PROTOBUF)
             assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+            # An OTLP client gets the OTLP error body: google.rpc.Status, in its own encoding.
+            status = status_pb2.Status.FromString(refused.content)
+            assert status.code == 16 and "bearer token" in status.message
+            as_json = http.post("/v1/metrics", content=b"{}", headers=JSON)
+            assert as_json.status_code == 401 and as_json.json()["code"] == 16
+            assert http.get("/api/v1/summary").json()["detail"] == "missing or wrong bearer token"
             assert http.get("/api/v1/summary").status_code == 401
             assert http.get("/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
             auth = {"authorization": "Bearer s3cret"}
