@@ -99,11 +99,14 @@ class MemoryReleaser:
     """Every ``interval_seconds`` (> 0), returns free allocator pages to the OS (module docstring).
 
     A failed pass is counted (``failures_total``), logged once per failure streak, and tried
-    again next interval; nothing here raises into the server. ``passes_total`` and
-    ``seconds_total`` (time spent in passes) are read by ``/metrics``.
+    again next interval; nothing here raises into the server. ``passes_total``,
+    ``seconds_total`` (time spent in passes) and ``last_stats`` (the embedded store's
+    :class:`AllocatorStats` after a pass, sampled at most every ``stats_interval_seconds``;
+    ``None`` before the first or for a server store) are read by ``/metrics``, which so never
+    waits on the store.
     """
 
-    def __init__(self, store: Any, *, interval_seconds: float) -> None:
+    def __init__(self, store: Any, *, interval_seconds: float, stats_interval_seconds: float = 5.0) -> None:
         if not interval_seconds > 0:
             raise ValueError(f"interval_seconds must be > 0, got {interval_seconds!r}")
         self.store = store
@@ -111,6 +114,9 @@ class MemoryReleaser:
         self.passes_total = 0
         self.failures_total = 0
         self.seconds_total = 0.0
+        self.stats_interval_seconds = stats_interval_seconds
+        self.last_stats: AllocatorStats | None = None
+        self._stats_at = float("-inf")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Whether the store is chDB built with jemalloc (system.build_options); None until asked.
@@ -149,6 +155,9 @@ class MemoryReleaser:
             try:
                 self.release_now()
                 failing = False
+                if time.monotonic() - self._stats_at >= self.stats_interval_seconds:
+                    self._stats_at = time.monotonic()
+                    self.last_stats = allocator_stats(self.store)
             except Exception as exc:  # noqa: BLE001 - the store may be away or closing
                 self.failures_total += 1
                 if not failing:

@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from inferpath.server.ingest import INSERT_SECONDS_BUCKETS
-from inferpath.server.memory import allocator_stats
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferpath.server.runtime import ServerRuntime
@@ -118,25 +117,23 @@ class RuntimeCollector:
             from inferpath.alerts.metrics import alert_metric_families
 
             yield from alert_metric_families(rt.alerts)
-        yield from _embedded_store_memory(rt.store)
+        yield from _embedded_store_memory(rt.memory_releaser)
 
 
-def _embedded_store_memory(store) -> Iterator[Metric]:
-    """chDB's allocator counters (server/memory.py); nothing for a ClickHouse server store,
-    or when the store does not answer (a scrape never fails on them)."""
-    try:
-        stats = allocator_stats(store)
-    except Exception:  # noqa: BLE001 - closed or busy store: leave the gauges out of this scrape
-        return
+def _embedded_store_memory(releaser) -> Iterator[Metric]:
+    """chDB's allocator counters as the memory releaser last sampled them (server/memory.py):
+    a scrape never queries the store, so it answers while the store is slow. Nothing for a
+    ClickHouse server store, or with the releaser off."""
+    stats = releaser.last_stats if releaser is not None else None
     if stats is None:
         return
     for name, doc, value in (
         ("inferpath_embedded_store_allocated_bytes", "Bytes of live allocations of the embedded store's "
-         "allocator (jemalloc stats.allocated).", stats.allocated),
+         "allocator (jemalloc stats.allocated), sampled every few seconds.", stats.allocated),
         ("inferpath_embedded_store_resident_bytes", "Bytes the embedded store's allocator keeps in RAM, free "
-         "pages not yet returned included (jemalloc stats.resident).", stats.resident),
+         "pages not yet returned included (jemalloc stats.resident), sampled every few seconds.", stats.resident),
         ("inferpath_embedded_store_dirty_bytes", "Of the resident bytes, free pages not yet returned to the OS "
-         "(resident - active - metadata).", stats.dirty),
+         "(resident - active - metadata), sampled every few seconds.", stats.dirty),
     ):
         yield GaugeMetricFamily(name, doc, value=value)
 

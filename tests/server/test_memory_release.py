@@ -55,12 +55,13 @@ def test_glibc_trim_is_available_on_linux() -> None:
 
 
 def test_the_server_releases_on_its_interval_and_counts_it(store_url: str) -> None:
-    settings = Settings(store_url=store_url, memory_release_interval_seconds=0.05)
+    settings = Settings(store_url=store_url, memory_release_interval_seconds=0.1)
     with serve_in_thread(settings, port=0) as running:
         assert running.runtime.memory_releaser is not None
         deadline = time.monotonic() + 20.0
         values = metric_values(running.url)
-        while values["inferpath_server_memory_release_passes_total"] < 3 and time.monotonic() < deadline:
+        while ((values["inferpath_server_memory_release_passes_total"] < 3
+                or "inferpath_embedded_store_resident_bytes" not in values) and time.monotonic() < deadline):
             time.sleep(0.05)
             values = metric_values(running.url)
         assert values["inferpath_server_memory_release_passes_total"] >= 3
@@ -71,6 +72,10 @@ def test_the_server_releases_on_its_interval_and_counts_it(store_url: str) -> No
         assert 0 <= values["inferpath_embedded_store_dirty_bytes"] < values["inferpath_embedded_store_resident_bytes"]
         thread_names = {t.name for t in threading.enumerate()}
         assert "inferpath-memory-release" in thread_names
+        # A scrape never waits on the store: it answers while the store is held (a slow insert).
+        with running.runtime.store._lock:
+            held = httpx.get(f"{running.url}/metrics", timeout=5.0)
+        assert held.status_code == 200 and "inferpath_embedded_store_resident_bytes" in held.text
 
 
 def test_interval_zero_turns_the_releaser_off(store_url: str) -> None:
