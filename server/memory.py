@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import re
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-logger = logging.getLogger(__name__)
+from inferpath.storage.periodic import PeriodicPasses
 
 __all__ = ["AllocatorStats", "MemoryReleaser", "allocator_stats", "trim_c_heap"]
 
@@ -95,7 +93,7 @@ def trim_c_heap() -> bool:
     return True
 
 
-class MemoryReleaser:
+class MemoryReleaser(PeriodicPasses):
     """Every ``interval_seconds`` (> 0), returns free allocator pages to the OS (module docstring).
 
     A failed pass is counted (``failures_total``), logged once per failure streak, and tried
@@ -106,19 +104,17 @@ class MemoryReleaser:
     waits on the store.
     """
 
+    thread_name = "inferpath-memory-release"
+    failure_message = "could not return free memory to the OS"
+
     def __init__(self, store: Any, *, interval_seconds: float, stats_interval_seconds: float = 5.0) -> None:
-        if not interval_seconds > 0:
-            raise ValueError(f"interval_seconds must be > 0, got {interval_seconds!r}")
+        super().__init__(interval_seconds)
         self.store = store
-        self.interval_seconds = interval_seconds
         self.passes_total = 0
-        self.failures_total = 0
         self.seconds_total = 0.0
         self.stats_interval_seconds = stats_interval_seconds
         self.last_stats: AllocatorStats | None = None
         self._stats_at = float("-inf")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         # Whether the store is chDB built with jemalloc (system.build_options); None until asked.
         self._purge_jemalloc: bool | None = None if store.url.kind == "chdb" else False
 
@@ -137,30 +133,10 @@ class MemoryReleaser:
             self.seconds_total += time.perf_counter() - started
         self.passes_total += 1
 
-    def start(self) -> None:
-        """Start the thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="inferpath-memory-release", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout_seconds: float = 5.0) -> None:
-        """Stop the thread; a pass in progress finishes first (bounded by ``timeout_seconds``)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_seconds)
-
-    def _run(self) -> None:
-        failing = False
-        while not self._stop.wait(self.interval_seconds):
-            try:
-                self.release_now()
-                failing = False
-                if time.monotonic() - self._stats_at >= self.stats_interval_seconds:
-                    self._stats_at = time.monotonic()
-                    self.last_stats = allocator_stats(self.store)
-            except Exception as exc:  # noqa: BLE001 - the store may be away or closing
-                self.failures_total += 1
-                if not failing:
-                    logger.warning("could not return free memory to the OS (retrying every %.1f s): %s",
-                                   self.interval_seconds, exc)
-                failing = True
+    def run_pass(self) -> None:
+        """The thread's pass: :meth:`release_now`, then the allocator's counters when the last
+        sample is ``stats_interval_seconds`` old."""
+        self.release_now()
+        if time.monotonic() - self._stats_at >= self.stats_interval_seconds:
+            self._stats_at = time.monotonic()
+            self.last_stats = allocator_stats(self.store)

@@ -25,14 +25,13 @@ so the answer covers every request of the window.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence
 
-logger = logging.getLogger(__name__)
+from inferpath.storage.periodic import PeriodicPasses
 
 ROLLUP_TABLE = "inferpath_requests_1m"
 HOURLY_TABLE = "inferpath_requests_1h"
@@ -184,26 +183,24 @@ def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAU
     return RefreshResult(minutes=len(minutes), seconds=time.monotonic() - started, watermark=mark)
 
 
-class RollupRefresher:
+class RollupRefresher(PeriodicPasses):
     """A daemon thread calling :func:`refresh` and then the hop rollup's
     :func:`~inferpath.storage.hop_rollup.refresh_hops` every ``interval_seconds``; a failed
     pass is logged (rate-limited to one line per failure streak) and retried next interval
     (each rollup keeps its own watermark, so a failure redoes only its own work).
     ``passes_total`` / ``failures_total`` / ``last_seconds`` are read by ``/metrics``."""
 
+    thread_name = "inferpath-rollup"
+    failure_message = "rollup refresh failed"
+
     def __init__(self, store, *, interval_seconds: float = 10.0,
                  margin_seconds: float = DEFAULT_MARGIN_SECONDS) -> None:
-        if interval_seconds <= 0:
-            raise ValueError(f"interval_seconds must be > 0, got {interval_seconds!r}")
+        super().__init__(interval_seconds)
         self.store = store
-        self.interval_seconds = interval_seconds
         self.margin_seconds = margin_seconds
         self.passes_total = 0
-        self.failures_total = 0
         self.last_seconds = 0.0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def refresh_now(self) -> RefreshResult:
         """One pass now (request rollups, then hop rollup), serialized with the thread's
@@ -222,30 +219,9 @@ class RollupRefresher:
             self.last_seconds = result.seconds
             return result
 
-    def start(self) -> None:
-        """Start the thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="inferpath-rollup", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout_seconds: float = 10.0) -> None:
-        """Stop the thread; a pass in progress finishes first (bounded by ``timeout_seconds``)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_seconds)
-
-    def _run(self) -> None:
-        failing = False
-        while not self._stop.wait(self.interval_seconds):
-            try:
-                self.refresh_now()
-                failing = False
-            except Exception as exc:  # the store may be away; the next pass retries
-                self.failures_total += 1
-                if not failing:
-                    logger.warning("rollup refresh failed (retrying every %.0f s): %s",
-                                   self.interval_seconds, exc)
-                failing = True
+    def run_pass(self) -> None:
+        """The thread's pass (:class:`PeriodicPasses`)."""
+        self.refresh_now()
 
 
 # ----------------------------------------------------------------------------- reads

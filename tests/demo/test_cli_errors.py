@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -54,21 +56,24 @@ def test_replay_rejects_a_gateway_that_is_not_a_url() -> None:
     assert result.exit_code == 2 and "--gateway" in result.output
 
 
-def test_demo_refuses_a_port_someone_else_serves_on(tmp_path) -> None:
+@contextmanager
+def port_taken() -> Iterator[int]:
+    """A loopback port someone else listens on, for the duration."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
+        yield taken.getsockname()[1]
+
+
+def test_demo_refuses_a_port_someone_else_serves_on(tmp_path) -> None:
+    with port_taken() as port:
         with pytest.raises(RuntimeError, match=f"{port} is already in use"):
             run_demo(DemoOptions(requests=1, exit_when_done=True, port=port, dashboard=False,
                                  store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
 
 
 def test_demo_checks_the_dashboard_port_and_results_folder_before_starting_anything(tmp_path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with port_taken() as port:
         with pytest.raises(RuntimeError, match=f"dashboard port 127.0.0.1:{port} is already in use.*--dashboard-port"):
             run_demo(DemoOptions(requests=1, exit_when_done=False, port=0, dashboard_port=port,
                                  store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
