@@ -11,11 +11,15 @@ tuples; the server only rebuilds the :class:`~inferpath.storage.rows.SpanRow` ob
 
 Wire format on the child's stdin/stdout: frames of an 8-byte little-endian length and a
 pickle (protocol 5). The child first writes one empty frame once its imports are done
-(ready). A request is two frames: ``(content_type, content_encoding, oldest_unix_ns)``
+(ready). A request is two frames: ``(content_type, content_encoding, oldest_unix_ns, native_types)``
 then the raw body (never copied into a pickle). A reply is one frame:
-``("ok", rejected_spans, error_message, [span fields…])``, ``("415", message)``,
-``("400", message)`` or ``("error", message)``. Only the server unpickles what its own child
-wrote.
+``("ok", rejected_spans, error_message, [span fields…], native_block)``, ``("415", message)``,
+``("400", message)`` or ``("error", message)``. ``native_types``: ``None``, or the type
+names of ``otel_traces``' columns in :data:`~inferpath.storage.rows.SPAN_COLUMNS` order; then
+the child also writes the spans as one ClickHouse Native block
+(:class:`~inferpath.storage.native.NativeBlockWriter`), so that the server's drainer only
+joins bytes (``native_block`` is ``None`` when it could not: the server writes it itself).
+Only the server unpickles what its own child wrote.
 
 Failure handling (telemetry never breaks the service it observes): a child found dead is
 replaced before an export reaches it; one that dies, hangs past ``timeout_seconds`` or
@@ -48,7 +52,8 @@ except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
 
 from inferpath.server.otlp import DecodedSpans, OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
-from inferpath.storage.rows import SpanRow
+from inferpath.storage.native import NativeBlockWriter
+from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 
 __all__ = ["DecodeWorkers"]
 
@@ -85,7 +90,26 @@ def _read_frame(stream: BinaryIO) -> bytes | None:
     return _read_exact(stream, _LENGTH.unpack(header)[0])
 
 
-def _reply(content_type: str | None, content_encoding: str | None, oldest_unix_ns: int, body: bytes) -> tuple:
+_writers: dict[tuple[str, ...], NativeBlockWriter] = {}
+
+
+def _native_block(spans: list[SpanRow], native_types: tuple[str, ...] | None) -> bytes | None:
+    """``spans`` as a Native block in ``native_types``; ``None`` when not asked for or not
+    writable (logged; the server then writes it, and answers for a failure)."""
+    if native_types is None:
+        return None
+    try:
+        writer = _writers.get(native_types)
+        if writer is None:
+            writer = _writers[native_types] = NativeBlockWriter(SPAN_COLUMNS, native_types)
+        return writer.block([span.to_insert_row(timestamp_ns=True) for span in spans])
+    except Exception:  # noqa: BLE001 - the server writes the block and answers for a failure
+        logger.exception("could not write the decoded spans as a Native block")
+        return None
+
+
+def _reply(content_type: str | None, content_encoding: str | None, oldest_unix_ns: int,
+           native_types: tuple[str, ...] | None, body: bytes) -> tuple:
     try:
         decoded = decode_trace_request(body, content_type=content_type, content_encoding=content_encoding,
                                        oldest_unix_ns=oldest_unix_ns)
@@ -96,7 +120,8 @@ def _reply(content_type: str | None, content_encoding: str | None, oldest_unix_n
     except Exception as exc:  # noqa: BLE001 - answered as a 400 by the server, as in-process
         logger.exception("unexpected error decoding an OTLP traces body")
         return ("error", str(exc))  # the text the server answers with when it decodes itself
-    return ("ok", decoded.rejected_spans, decoded.error_message, [_span_fields(s) for s in decoded.spans])
+    return ("ok", decoded.rejected_spans, decoded.error_message, [_span_fields(s) for s in decoded.spans],
+            _native_block(decoded.spans, native_types))
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
@@ -110,8 +135,9 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         body = _read_frame(requests) if meta is not None else None
         if body is None:
             return
-        content_type, content_encoding, oldest_unix_ns = pickle.loads(meta)
-        payload = pickle.dumps(_reply(content_type, content_encoding, oldest_unix_ns, body), protocol=5)
+        content_type, content_encoding, oldest_unix_ns, native_types = pickle.loads(meta)
+        payload = pickle.dumps(_reply(content_type, content_encoding, oldest_unix_ns, native_types, body),
+                               protocol=5)
         replies.write(_LENGTH.pack(len(payload)))
         replies.write(payload)
         replies.flush()
@@ -245,6 +271,11 @@ class DecodeWorkers:
     ``decoded_total`` (exports decoded by a worker), ``failures_total`` (workers killed or
     found dead), ``fallbacks_total`` (exports decoded in-process). Raises ``ValueError``
     for ``processes`` < 1 or a timeout ≤ 0.
+
+    ``native_types``: ``None`` (the default), or the type names of ``otel_traces``' columns
+    in :data:`~inferpath.storage.rows.SPAN_COLUMNS` order; then the spans a worker decodes
+    also come back as a Native block (``DecodedSpans.native_block``). An export decoded
+    in-process comes back without one.
     """
 
     def __init__(self, processes: int = 1, *, timeout_seconds: float = 60.0, checkout_wait_seconds: float = 1.0,
@@ -258,6 +289,7 @@ class DecodeWorkers:
         self.checkout_wait_seconds = float(checkout_wait_seconds)
         self.max_spawn_failures = max_spawn_failures
         self.retry_seconds = float(retry_seconds)
+        self.native_types: tuple[str, ...] | None = None
         self.decoded_total = 0
         self.failures_total = 0
         self.fallbacks_total = 0
@@ -351,7 +383,7 @@ class DecodeWorkers:
         errors raised (``UnsupportedMediaTypeError``, ``OTLPDecodeError``). Any other
         failure of the body's decoding raises ``RuntimeError`` naming it; a failure of the
         worker itself is never raised (the export is decoded here instead)."""
-        decoded = self._ask_worker(body, (content_type, content_encoding, oldest_unix_ns))
+        decoded = self._ask_worker(body, (content_type, content_encoding, oldest_unix_ns, self.native_types))
         if decoded is None:
             with self._cond:
                 self.fallbacks_total += 1
@@ -394,7 +426,9 @@ class DecodeWorkers:
             answer = pickle.loads(reply)
             if answer[0] == "ok":
                 from_checked = SpanRow.from_checked
-                answer = DecodedSpans([from_checked(*fields) for fields in answer[3]], answer[1], answer[2])
+                block = answer[4]
+                answer = DecodedSpans([from_checked(*fields) for fields in answer[3]], answer[1], answer[2],
+                                      block if isinstance(block, bytes) else None)
             else:
                 answer = (str(answer[0]), str(answer[1]))
         except Exception as exc:  # noqa: BLE001 - garbled (or from other code, after an upgrade in place)

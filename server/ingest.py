@@ -50,7 +50,7 @@ from typing import Callable, Literal, Sequence
 from inferpath.server.commit_journal import CommitJournal, JournalMember
 from inferpath.storage.store import Store
 
-__all__ = ["CommitResult", "DurableIngest", "TableRows", "dedup_token", "INSERT_SECONDS_BUCKETS"]
+__all__ = ["CommitResult", "DurableIngest", "NativeRows", "TableRows", "dedup_token", "INSERT_SECONDS_BUCKETS"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,17 @@ class TableRows:
     columns: Sequence[str]
     rows: Sequence[tuple]
     checked: bool = False
+
+
+@dataclass(frozen=True)
+class NativeRows:
+    """Rows for one table serialized already: ``data`` holds ``row_count`` rows as ClickHouse
+    Native blocks for ``columns`` (:class:`~inferpath.storage.native.NativeBlockWriter`)."""
+
+    table: str
+    columns: Sequence[str]
+    data: bytes
+    row_count: int
 
 
 @dataclass(frozen=True)
@@ -285,7 +296,8 @@ class DurableIngest:
                 return self._unavailable(now)
         return None
 
-    def insert_block(self, inserts: Sequence[TableRows], token: str | None, exports: int = 1) -> CommitResult:
+    def insert_block(self, inserts: Sequence[TableRows | NativeRows], token: str | None,
+                     exports: int = 1) -> CommitResult:
         """Insert each table's rows as ONE block with dedup token ``{token}:{table}``, counted
         as ``exports`` committed exports; never raises. The insert of the span log's drainer
         (:mod:`inferpath.server.log_ingest`): the same back-off, error classification and
@@ -433,25 +445,30 @@ class DurableIngest:
             for member in group:
                 member.result = result
 
-    def _commit_alone(self, inserts: Sequence[TableRows], token: str | None, exports: int = 1) -> CommitResult:
+    def _commit_alone(self, inserts: Sequence[TableRows | NativeRows], token: str | None,
+                      exports: int = 1) -> CommitResult:
         """Insert each table's rows as one block with token ``{token}:{table}``."""
         committed_rows = 0
         for part in inserts:
-            if not part.rows:
+            count = part.row_count if isinstance(part, NativeRows) else len(part.rows)
+            if not count:
                 continue
             with self._lock:
                 now = self._clock()
                 if now < self._unavailable_until:
                     return self._unavailable(now)
             started = time.monotonic()
+            part_token = None if token is None else f"{token}:{part.table}"
             try:
-                self.store.insert(part.table, part.rows, part.columns,
-                                  dedup_token=None if token is None else f"{token}:{part.table}",
-                                  checked=part.checked)
+                if isinstance(part, NativeRows):
+                    self.store.insert_native(part.table, part.columns, part.data, dedup_token=part_token)
+                else:
+                    self.store.insert(part.table, part.rows, part.columns, dedup_token=part_token,
+                                      checked=part.checked)
             except Exception as exc:  # noqa: BLE001 - answered as 400/503, never raised
                 return self._failed(part.table, exc)
             self._observe(time.monotonic() - started)
-            committed_rows += len(part.rows)
+            committed_rows += count
         with self._lock:
             self._consecutive_failures = 0
             self.commits_total += exports

@@ -54,10 +54,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from inferpath.server.ingest import CommitResult, DurableIngest, TableRows
+from inferpath.server.ingest import CommitResult, DurableIngest, NativeRows
 from inferpath.server.otlp import decode_trace_request
 from inferpath.server.otlp_body import body_format
 from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, SpanLog
+from inferpath.storage.native import NativeBlockWriter
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 
 __all__ = ["LoggedSpanIngest", "token_digest", "body_flags"]
@@ -88,12 +89,13 @@ def body_flags(content_type: str | None, content_encoding: str | None) -> int:
 
 @dataclass
 class _Queued:
-    """Rows of one logged export, waiting for the drainer: log range ``[start, end)``."""
+    """One logged export waiting for the drainer: log range ``[start, end)``, its spans and
+    the same rows as a Native block for ``otel_traces``."""
 
     start: int
     end: int
     spans: list[SpanRow]
-    rows: list[tuple]
+    block: bytes
     enqueued: float  # monotonic seconds
 
 
@@ -135,6 +137,10 @@ class LoggedSpanIngest:
             raise ValueError(f"backlog_wait_seconds must be in 0..60, got {backlog_wait_seconds}")
         self.ingest = ingest
         self.log = log
+        # Rows travel to the store as Native blocks in the table's own column types, written
+        # where the export is decoded (a decode worker, given native_types) or in accept().
+        self.native_types = ingest.store.column_types(SPANS_TABLE, SPAN_COLUMNS)
+        self._writer = NativeBlockWriter(SPAN_COLUMNS, self.native_types)
         self.on_committed = on_committed
         self.insert_rows = insert_rows
         self.linger_seconds = linger_seconds
@@ -235,8 +241,17 @@ class LoggedSpanIngest:
             self.refused_spans_total += 1
             decoded = None
         spans = decoded.spans if decoded is not None else []
-        rows = [span.to_insert_row(timestamp_ns=True) for span in spans]
-        return _Queued(record.start, record.end, spans, rows, time.monotonic())
+        try:
+            block = self._block(spans)
+        except ValueError as exc:  # accepted once, so not expected: count, go on
+            logger.error("span log record at %d could not be serialized again (%s); skipped", record.start, exc)
+            self.refused_spans_total += len(spans)
+            spans, block = [], b""
+        return _Queued(record.start, record.end, spans, block, time.monotonic())
+
+    def _block(self, spans: Sequence[SpanRow]) -> bytes:
+        """``spans`` as one Native block for ``otel_traces``; raises ``ValueError``."""
+        return self._writer.block([span.to_insert_row(timestamp_ns=True) for span in spans])
 
     def _stored_samples(self, samples: list[SpanRow]) -> set[tuple[str, str]]:
         """Which ``(trace_id, span_id)`` of ``samples`` are in ``otel_traces``. When the store
@@ -277,15 +292,17 @@ class LoggedSpanIngest:
         return self._queued_spans
 
     def accept(self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None,
-               content_encoding: str | None) -> CommitResult:
+               content_encoding: str | None, block: bytes | None = None) -> CommitResult:
         """Log one decoded export and queue its rows; ``committed`` once the record is written.
 
-        ``spans``: the export's valid spans; ``token``: its dedup token
+        ``spans``: the export's valid spans; ``block``: the same spans as one Native block in
+        :attr:`native_types` (written here when ``None``); ``token``: its dedup token
         (:func:`~inferpath.server.ingest.dedup_token`); ``body``, ``content_type``,
         ``content_encoding``: as received (the log keeps the body, decoded again only after
         a restart). Answers ``unavailable`` (503) while the store backs off or when the log
         cannot be written, ``overloaded`` (503) when the backlog would still pass
-        ``max_backlog_bytes`` after ``backlog_wait_seconds``. Never raises.
+        ``max_backlog_bytes`` after ``backlog_wait_seconds``, ``invalid`` (400) when the spans
+        cannot be written as a block (not expected: they were validated at decode). Never raises.
         """
         digest = token_digest(token)
         if self.log.knows(digest):
@@ -297,9 +314,10 @@ class LoggedSpanIngest:
         if not spans:
             return CommitResult("committed")  # nothing to store
         spans = list(spans)
-        rows = [span.to_insert_row(timestamp_ns=True) for span in spans]  # outside the lock
         try:
             flags = body_flags(content_type, content_encoding)
+            if block is None:
+                block = self._block(spans)  # outside the lock
         except Exception as exc:  # noqa: BLE001 - decoded already, so not expected: a 400, never raised
             return CommitResult("invalid", str(exc))
         with self._cond:
@@ -333,7 +351,7 @@ class LoggedSpanIngest:
                 self.log_errors_total += 1
                 logger.warning("span log append failed: %s", exc)
                 return CommitResult("unavailable", f"span log unwritable ({type(exc).__name__}); retry later", 1)
-            self._queue.append(_Queued(start, end, spans, rows, time.monotonic()))
+            self._queue.append(_Queued(start, end, spans, block, time.monotonic()))
             self._queued_spans += len(spans)
             self.appended_total += 1
             if len(self._queue) == 1 or self._queued_spans >= self.insert_rows:
@@ -382,11 +400,11 @@ class LoggedSpanIngest:
                     if self._forced_end is not None:
                         if queued.end > self._forced_end:
                             break
-                    elif batch and (rows + len(queued.rows) > self.insert_rows
+                    elif batch and (rows + len(queued.spans) > self.insert_rows
                                     or queued.start < self._single_until):
                         break
                     batch.append(queued)
-                    rows += len(queued.rows)
+                    rows += len(queued.spans)
                 return batch
 
     def _run(self) -> None:
@@ -412,7 +430,7 @@ class LoggedSpanIngest:
             return
         taken = time.monotonic()
         start, end = batch[0].start, batch[-1].end
-        rows = [row for queued in batch for row in queued.rows]
+        rows = sum(len(queued.spans) for queued in batch)
         sample = next(((span.trace_id, span.span_id) for q in batch for span in q.spans[:1]), ("", ""))
         result = CommitResult("committed")
         if rows:
@@ -422,7 +440,8 @@ class LoggedSpanIngest:
                 logger.warning("span log progress unwritable (%s); retrying", exc)
                 self._pause(1.0)
                 return
-            result = self.ingest.insert_block([TableRows(SPANS_TABLE, SPAN_COLUMNS, rows, checked=True)],
+            data = b"".join(queued.block for queued in batch)
+            result = self.ingest.insert_block([NativeRows(SPANS_TABLE, SPAN_COLUMNS, data, rows)],
                                               f"wal-{self.log.log_id}-{start}-{end}", exports=len(batch))
         if result.status == "unavailable":
             return  # back-off opened; the next round waits for it
@@ -433,8 +452,8 @@ class LoggedSpanIngest:
                 self._single_until = end
                 self._forced_end = None
                 return
-            logger.error("the store refused a logged export's %d spans (dropped): %s", len(rows), result.message)
-            self.refused_spans_total += len(rows)
+            logger.error("the store refused a logged export's %d spans (dropped): %s", rows, result.message)
+            self.refused_spans_total += rows
         self.log.done_insert(end)
         spans = [span for queued in batch for span in queued.spans]
         with self._cond:

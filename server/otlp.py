@@ -66,11 +66,14 @@ MAX_STORABLE_UNIX_NS = 2**63 - 1
 @dataclass(frozen=True)
 class DecodedSpans:
     """Result of decoding one trace export: ``spans`` kept, ``rejected_spans`` counted, and
-    ``error_message`` explaining the rejections (empty when none)."""
+    ``error_message`` explaining the rejections (empty when none). ``native_block``: the
+    same spans as one ClickHouse Native block for ``otel_traces``, when the decoder was
+    asked for one (:mod:`inferpath.server.decode_workers`), else ``None``."""
 
     spans: list[SpanRow]
     rejected_spans: int = 0
     error_message: str = ""
+    native_block: bytes | None = None
 
 
 @dataclass(frozen=True)

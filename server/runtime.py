@@ -152,6 +152,9 @@ class ServerRuntime:
         self.span_log_ingest = self._open_span_log(settings)
         # Trace exports decoded in child processes, off this process's GIL (decode_workers.py).
         self.decode_workers = DecodeWorkers(settings.decode_processes) if settings.decode_processes else None
+        if self.decode_workers is not None and self.span_log_ingest is not None:
+            # The workers also write the spans as the drainer's Native blocks (storage/native.py).
+            self.decode_workers.native_types = self.span_log_ingest.native_types
         # Flush work that can take long (after a restart, every recovered trace is read back;
         # a rollup pass over days of backdated traces): waited for only until the timeout.
         self._flush_assembly = _FlushPasses("request assembly", "inferpath-flush-assembly",
@@ -274,7 +277,8 @@ class ServerRuntime:
         retries). Never raises.
         """
         if self.span_log_ingest is not None and body is not None and dedup_token is not None:
-            result = self.span_log_ingest.accept(decoded.spans, dedup_token, body, content_type, content_encoding)
+            result = self.span_log_ingest.accept(decoded.spans, dedup_token, body, content_type, content_encoding,
+                                                 decoded.native_block)
             with self._lock:
                 self.spans_rejected_total += decoded.rejected_spans
                 if result.ok:

@@ -21,6 +21,9 @@ from inferpath.server import decode_workers
 from inferpath.server.decode_workers import DecodeWorkers
 from inferpath.server.otlp import OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
 from inferpath.server.runtime import serve_in_thread
+from inferpath.storage.native import NativeBlockWriter
+from inferpath.storage.rows import SPAN_COLUMNS
+from inferpath.storage.store import Store
 
 from .otlp_factory import trace_body
 
@@ -64,6 +67,28 @@ def test_a_worker_decodes_every_recorded_body_exactly_as_the_server_does(shared_
         workers.close()
 
 
+def test_asked_for_native_blocks_a_worker_writes_the_block_the_server_would(shared_data: Path,
+                                                                              store_url: str) -> None:
+    with Store.open(store_url) as store:
+        types = store.column_types("otel_traces", SPAN_COLUMNS)
+    writer = NativeBlockWriter(SPAN_COLUMNS, types)
+    workers = DecodeWorkers(1)
+    try:
+        body = _bodies(shared_data)[0][0]
+        assert _decode_both(workers, body, PROTOBUF, None)[0].native_block is None  # not asked for
+        workers.native_types = types
+        remote, local = _decode_both(workers, body, PROTOBUF, None)
+        assert remote.spans == local.spans and local.native_block is None
+        assert remote.native_block == writer.block([span.to_insert_row(timestamp_ns=True) for span in local.spans])
+        # Types it cannot write with: the spans still come back, without a block (the server writes it).
+        workers.native_types = tuple("NoSuchType" for _ in SPAN_COLUMNS)
+        remote, _ = _decode_both(workers, body, PROTOBUF, None)
+        assert remote.spans == local.spans and remote.native_block is None
+        assert workers.failures_total == workers.fallbacks_total == 0
+    finally:
+        workers.close()
+
+
 def test_malformed_bodies_raise_the_errors_decoding_in_the_server_raises() -> None:
     workers = DecodeWorkers(1)
     try:
@@ -98,7 +123,7 @@ def test_an_unexpected_decode_error_in_the_worker_is_answered_with_its_text(monk
         raise ZeroDivisionError("a bug in the decoder")
 
     monkeypatch.setattr(decode_workers, "decode_trace_request", broken)
-    assert decode_workers._reply(PROTOBUF, None, 0, b"") == ("error", "a bug in the decoder")
+    assert decode_workers._reply(PROTOBUF, None, 0, None, b"") == ("error", "a bug in the decoder")
 
 
 def test_a_killed_idle_worker_is_replaced_before_an_export_reaches_it() -> None:

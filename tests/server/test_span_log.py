@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inferpath.server.ingest import DurableIngest, TableRows, dedup_token
+from inferpath.server.ingest import DurableIngest, NativeRows, dedup_token
 from inferpath.server.log_ingest import LoggedSpanIngest, token_digest
 from inferpath.server.otlp import decode_trace_request
 from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, HEADER_BYTES, SpanLog
@@ -113,11 +113,11 @@ def test_an_insert_cut_by_a_crash_is_settled_exactly_once_at_restart(store_url: 
         assert all(_accept(log_ingest, body).ok for body, _ in exports)
         # A crash between "B" and "D": the first three exports' insert ran (or not), no "D".
         first = list(log_ingest._queue)[:3]
-        rows = [row for queued in first for row in queued.rows]
+        data = b"".join(queued.block for queued in first)
         log_ingest.log.begin_insert(first[0].start, first[-1].end, first[0].spans[0].trace_id,
                                     first[0].spans[0].span_id)
         if landed:
-            assert ingest.insert_block([TableRows("otel_traces", SPAN_COLUMNS, rows)],
+            assert ingest.insert_block([NativeRows("otel_traces", SPAN_COLUMNS, data, sum(len(q.spans) for q in first))],
                                        f"wal-{log_ingest.log.log_id}-{first[0].start}-{first[-1].end}").ok
         log_ingest.log.close()  # killed: no drain, no close of the ingest
 

@@ -1,0 +1,69 @@
+"""Rows serialized as ClickHouse Native blocks ahead of their insert.
+
+The span ingest path serializes each export's rows where it decodes them (a decode worker
+process, :mod:`inferpath.server.decode_workers`), so that the server's drainer only joins
+bytes and hands them to the store: transposing rows and clickhouse-connect's column writers
+had taken ~3 µs of the server's GIL per span (bench/README.md, ``server_ingest``).
+
+Format: ClickHouse's ``Native`` format (https://clickhouse.com/docs/interfaces/formats/Native),
+a stream of blocks, each ``column count, row count`` (LEB128) and then per column its name,
+its type name and its values. Blocks written by :class:`NativeBlockWriter` carry no
+``INSERT`` statement, so several of them joined are one valid Native stream; ClickHouse
+squashes the blocks of one INSERT into one part per partition as it does for
+clickhouse-connect's own multi-block inserts. The values are written by clickhouse-connect's
+type classes, the same code that ``Client.insert`` runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from clickhouse_connect.datatypes.registry import get_from_name
+from clickhouse_connect.driver.insert import InsertContext
+from clickhouse_connect.driver.transform import NativeTransform
+
+__all__ = ["NativeBlockWriter"]
+
+
+class NativeBlockWriter:
+    """Writes rows for ``column_names`` of types ``type_names`` (ClickHouse type names, as
+    ``DESCRIBE TABLE`` gives them, e.g. ``DateTime64(9)``) as one Native block.
+
+    Raises ``ValueError`` when the two sequences differ in length or a type name is unknown.
+    """
+
+    def __init__(self, column_names: Sequence[str], type_names: Sequence[str]) -> None:
+        names, types = tuple(column_names), tuple(type_names)
+        if len(names) != len(types) or not names:
+            raise ValueError(f"need one type name per column, got {len(names)} columns and {len(types)} types")
+        try:
+            self._types = [get_from_name(name) for name in types]
+        except Exception as exc:  # noqa: BLE001 - the registry raises several kinds
+            raise ValueError(f"unknown ClickHouse type among {types!r}: {exc}") from exc
+        self.column_names = names
+        self.type_names = types
+
+    def block(self, rows: Sequence[Sequence[Any]]) -> bytes:
+        """``rows`` (each in column order; times as the column types take them, e.g. ns
+        ticks for ``DateTime64(9)``) as one Native block; ``b""`` for no rows. Raises
+        ``ValueError`` for a row of the wrong width, or naming the column whose value the
+        type could not write."""
+        if not rows:
+            return b""
+        width = len(self.column_names)
+        if set(map(len, rows)) != {width}:
+            index = next(i for i, row in enumerate(rows) if len(row) != width)
+            raise ValueError(f"row {index} has {len(rows[index])} values for {width} columns")
+        columns = list(zip(*rows))
+        context = InsertContext("native_block", self.column_names, self._types, columns,
+                                column_oriented=True, block_size=len(rows))
+        failures: list[Exception] = []
+        data = b"".join(NativeTransform.build_insert(context, failures.append))
+        if failures:
+            column = getattr(context, "column_name", "?")
+            raise ValueError(f"column {column!r}: {failures[0]}") from failures[0]
+        # The first block starts with the INSERT statement clickhouse-connect sends over HTTP;
+        # it ends at the first newline (identifiers here hold none).
+        if data.startswith(b"INSERT INTO "):
+            data = data[data.index(b"\n") + 1:]
+        return data
