@@ -8,11 +8,13 @@ data is committed to the store or to a durable queue"):
 
 1. :meth:`LoggedSpanIngest.accept` (request thread): the export was decoded already (400 and
    ``partial_success`` answers stay synchronous); its body is appended to the
-   :class:`~inferpath.server.span_log.SpanLog` and its rows queued in memory; 200 follows.
+   :class:`~inferpath.server.span_log.SpanLog` and its spans queued in memory with the same
+   rows as a ClickHouse Native block (written by the decode worker, or here); 200 follows.
    A retry of a logged export (same dedup token) is answered 200 without a second record.
 2. The drainer thread takes the queued exports in log order, up to ``insert_rows`` rows or
    whatever arrived within ``linger_seconds`` of the oldest, writes ``B start end sample``
-   to the log's progress file, inserts them as ONE block into ``otel_traces`` with the
+   to the log's progress file, inserts their joined Native blocks as ONE INSERT into
+   ``otel_traces`` (ClickHouse squashes them into one part per partition) with the
    dedup token ``wal-{log id}-{start}-{end}``, writes ``D end``, and hands the committed
    spans to the request assembler (``on_committed``, called in commit order by a thread of
    its own, so that the next insert need not wait for it; at most two batches wait).
@@ -31,8 +33,9 @@ Bounds: the backlog (bytes logged, not yet inserted) stays under ``max_backlog_b
 ``max_backlog_seconds`` at its measured rate (at least 2000 spans), so that span end →
 visible stays near a second under saturation whatever the machine's speed. An export that
 would pass a bound waits up to ``backlog_wait_seconds`` for room (its client, which holds
-one export in flight, is slowed down), then is answered 503 with ``Retry-After``; the rows queued in
-memory are the backlog's (~10 bytes of Python objects per body byte). While the store
+one export in flight, is slowed down), then is answered 503 with ``Retry-After``; the spans queued in
+memory are the backlog's (~8 bytes of span objects and ~1.7 bytes of Native block per
+protobuf body byte). While the store
 backs off after an error (:class:`~inferpath.server.ingest.DurableIngest`), exports are
 refused with 503 as before instead of being logged: a client holds its own export for free,
 while the log would turn a long outage into a long catch-up; the drainer retries the
