@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from clickhouse_connect.datatypes.registry import get_from_name
+from clickhouse_connect.driver.common import write_leb128
 from clickhouse_connect.driver.insert import InsertContext
-from clickhouse_connect.driver.transform import NativeTransform
 
 __all__ = ["NativeBlockWriter"]
 
@@ -29,7 +29,11 @@ class NativeBlockWriter:
     """Writes rows for ``column_names`` of types ``type_names`` (ClickHouse type names, as
     ``DESCRIBE TABLE`` gives them, e.g. ``DateTime64(9)``) as one Native block.
 
-    Raises ``ValueError`` when the two sequences differ in length or a type name is unknown.
+    The block header and each column's name and type are written here; the values by the
+    type's ``write_column``, with an insert context built without data. (An ``InsertContext``
+    given data keeps a bound method of itself: a reference cycle that holds the rows until
+    Python's cycle collector runs, which on the ingest path can be minutes.) One writer may
+    serve several threads. Raises ``ValueError`` when the two sequences differ in length or a type name is unknown.
     """
 
     def __init__(self, column_names: Sequence[str], type_names: Sequence[str]) -> None:
@@ -42,6 +46,13 @@ class NativeBlockWriter:
             raise ValueError(f"unknown ClickHouse type among {types!r}: {exc}") from exc
         self.column_names = names
         self.type_names = types
+        self._headers = []
+        for name, ch_type in zip(names, self._types):
+            header = bytearray()
+            for text in (name.encode(), ch_type.insert_name.encode()):
+                write_leb128(len(text), header)
+                header += text
+            self._headers.append(bytes(header))
 
     def block(self, rows: Sequence[Sequence[Any]]) -> bytes:
         """``rows`` (each in column order; times as the column types take them, e.g. ns
@@ -54,16 +65,15 @@ class NativeBlockWriter:
         if set(map(len, rows)) != {width}:
             index = next(i for i, row in enumerate(rows) if len(row) != width)
             raise ValueError(f"row {index} has {len(rows[index])} values for {width} columns")
-        columns = list(zip(*rows))
-        context = InsertContext("native_block", self.column_names, self._types, columns,
-                                column_oriented=True, block_size=len(rows))
-        failures: list[Exception] = []
-        data = b"".join(NativeTransform.build_insert(context, failures.append))
-        if failures:
-            column = getattr(context, "column_name", "?")
-            raise ValueError(f"column {column!r}: {failures[0]}") from failures[0]
-        # The first block starts with the INSERT statement clickhouse-connect sends over HTTP;
-        # it ends at the first newline (identifiers here hold none).
-        if data.startswith(b"INSERT INTO "):
-            data = data[data.index(b"\n") + 1:]
-        return data
+        out = bytearray()
+        write_leb128(width, out)
+        write_leb128(len(rows), out)
+        context = InsertContext("native_block", self.column_names, self._types, None, column_oriented=True)
+        for name, ch_type, header, column in zip(self.column_names, self._types, self._headers, zip(*rows)):
+            out += header
+            context.start_column(name)
+            try:
+                ch_type.write_column(column, out, context)
+            except Exception as exc:  # noqa: BLE001 - the type classes raise several kinds
+                raise ValueError(f"column {name!r}: {type(exc).__name__}: {exc}") from exc
+        return bytes(out)

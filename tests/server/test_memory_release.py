@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -48,6 +49,29 @@ def test_a_pass_returns_the_pages_a_large_query_freed(store_url: str) -> None:
         assert rss_after < rss_before - 48 * MB, (rss_before, rss_after)
         assert releaser.passes_total == 1 and releaser.failures_total == 0 and releaser.seconds_total > 0
         assert releaser._purge_jemalloc is True  # this chDB is built with jemalloc
+
+
+def _insert_contexts() -> int:
+    return sum(type(o).__name__ == "InsertContext" for o in gc.get_objects())
+
+
+def test_a_pass_frees_the_rows_an_insert_left_in_a_reference_cycle(store_url: str) -> None:
+    # clickhouse-connect's InsertContext keeps a bound method of itself: after Store.insert the
+    # rows wait for the cycle collector, which the server's thresholds leave idle for minutes.
+    gc.disable()  # as idle as the server's collector: nothing but the pass may collect
+    try:
+        with Store.open(store_url) as store:
+            gc.collect()
+            baseline = _insert_contexts()
+            rows = [(f"{n:032x}", f"{n:016x}", n) for n in range(5000)]
+            store.command("CREATE TABLE cycle_probe (TraceId String, SpanId String, N UInt64) ENGINE = Memory")
+            for _ in range(3):
+                store.insert("cycle_probe", rows, ["TraceId", "SpanId", "N"])
+            assert _insert_contexts() >= baseline + 3  # garbage, still holding their rows
+            MemoryReleaser(store, interval_seconds=60.0).release_now()
+            assert _insert_contexts() == baseline
+    finally:
+        gc.enable()
 
 
 def test_glibc_trim_is_available_on_linux() -> None:
