@@ -10,18 +10,18 @@ the data (in the 10-minute soak of ``bench/server_soak.py``, jemalloc's resident
 (the Python side's free heap pages), so the resident set tracks live memory: what an SRE's
 dashboard and a cgroup memory limit see.
 
-Every :data:`COLLECT_INTERVAL_SECONDS` a pass first runs a collection of Python's young and
-middle generations (``gc.collect(1)``): clickhouse-connect's ``InsertContext`` keeps a bound method of itself,
-so the rows of every insert (the request writer's, the metric writers') wait in a reference
-cycle for the cycle collector, and with the server's thresholds (``tune_gc_for_server``:
-young collections every 100 000 net allocations of tracked objects) and an ingest path that
-allocates few tracked objects, young collections stopped for minutes and the resident set
-grew ~1 MB/s in the 20k spans/s soak (``gc.collect(1)`` there took 67 MB of Python objects
-and 42 MB of glibc heap back at once). A timed collection bounds how long any cycle's memory
-waits, whatever allocates it. Not every second: a collection scans every tracked object
-allocated since the last one (held spans among them, ~50 000 a second at 50k spans/s), and
-once a second it took ~5 % of a core at ~48k spans/s; every 10 s, most of those objects are
-gone before a scan sees them.
+Every :data:`COLLECT_INTERVAL_SECONDS` a pass first runs a collection of Python's youngest
+generation (``gc.collect(0)``). With the server's thresholds (``tune_gc_for_server``: young
+collections every 100 000 net allocations of tracked objects) and an ingest path that
+allocates few tracked objects, young collections had stopped for minutes, and garbage in
+reference cycles waited that long: clickhouse-connect's ``InsertContext`` keeps a bound
+method of itself, so the rows of every insert stayed alive (``Store.insert`` now empties
+them), and the resident set grew ~1 MB/s in the 20k spans/s soak (one collection there gave
+67 MB of Python objects and 42 MB of glibc heap back). A timed young collection bounds how
+long the memory of any new cycle waits, at the cost of one scan of the tracked objects born
+since the last (held spans among them). Only the youngest generation: collecting the middle
+one as well, every 10 s, promoted enough survivors to set off full collections and cost
+~10 µs of CPU per span at ~42k spans/s (bench/README.md, server_ingest).
 
 A ClickHouse server's memory is that server's own: for ``http(s)://`` stores, and for a chDB
 built without jemalloc (``system.build_options``), only glibc is trimmed. A pass costs ~1 ms when there is little to return (one chDB statement); pages
@@ -44,7 +44,7 @@ from inferpath.storage.periodic import PeriodicPasses
 __all__ = ["AllocatorStats", "COLLECT_INTERVAL_SECONDS", "MemoryReleaser", "allocator_stats", "trim_c_heap"]
 
 COLLECT_INTERVAL_SECONDS = 10.0
-"""Seconds between the releaser's collections of Python's young generations (module docstring)."""
+"""Seconds between the releaser's collections of Python's youngest generation (module docstring)."""
 
 # malloc_stats_print's summary line (jemalloc 5.x): "Allocated: N, active: N, metadata: N
 # (n_thp N), resident: N, mapped: N, retained: N" - the counters of jemalloc's stats.* mallctls.
@@ -137,14 +137,14 @@ class MemoryReleaser(PeriodicPasses):
         self._purge_jemalloc: bool | None = None if store.url.kind == "chdb" else False
 
     def release_now(self) -> None:
-        """One pass: collect Python's young and middle generations (at most every
+        """One pass: collect Python's youngest generation (at most every
         :data:`COLLECT_INTERVAL_SECONDS`), purge chDB's jemalloc (embedded store built with
         it), trim glibc's heap. Raises what the store raises."""
         started = time.perf_counter()
         try:
             if time.monotonic() - self._collected_at >= COLLECT_INTERVAL_SECONDS:
                 self._collected_at = time.monotonic()
-                gc.collect(1)  # cyclic garbage first: what it frees, the trim can return
+                gc.collect(0)  # cyclic garbage first: what it frees, the trim can return
             if self._purge_jemalloc is None:
                 rows = self.store.query("SELECT value FROM system.build_options WHERE name = 'USE_JEMALLOC'")
                 self._purge_jemalloc = bool(rows) and str(rows[0][0]).strip().upper() in ("1", "ON", "TRUE")
