@@ -59,6 +59,16 @@ def validate_table_name(table: str) -> str:
     return table
 
 
+def _column_names(column_names: Sequence[str]) -> list[str]:
+    """``column_names`` as a list; raises ``ValueError`` for a name that is not an
+    identifier (or ``Nested.field``)."""
+    names = list(column_names)
+    for name in names:
+        if not isinstance(name, str) or not _COLUMN_NAME.match(name):
+            raise ValueError(f"column name must be an identifier (or Nested.field), got {name!r}")
+    return names
+
+
 def _check_value(value: Any, where: str) -> None:
     """Raise ``ValueError`` for a naive datetime at any depth of lists/tuples/dicts."""
     if isinstance(value, datetime):
@@ -337,10 +347,7 @@ class Store:
         a row (the message names the row index and column); driver errors propagate.
         """
         validate_table_name(table)
-        names = list(column_names)
-        for name in names:
-            if not isinstance(name, str) or not _COLUMN_NAME.match(name):
-                raise ValueError(f"column name must be an identifier (or Nested.field), got {name!r}")
+        names = _column_names(column_names)
         if not rows:
             return 0
         width = len(names)
@@ -372,10 +379,7 @@ class Store:
         for a bad table or column name; driver errors propagate (a block that does not
         match the table's columns is refused by ClickHouse)."""
         validate_table_name(table)
-        names = list(column_names)
-        for name in names:
-            if not isinstance(name, str) or not _COLUMN_NAME.match(name):
-                raise ValueError(f"column name must be an identifier (or Nested.field), got {name!r}")
+        names = _column_names(column_names)
         if not data:
             return
         settings = None if dedup_token is None else {"insert_deduplication_token": str(dedup_token)}
