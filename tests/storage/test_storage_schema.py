@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from inferpath.storage.migrations import apply_migrations, load_migrations
@@ -101,3 +103,39 @@ def test_statements_reject_bad_database() -> None:
         migration.statements("x`; DROP TABLE y; --", 30)
     statements = migration.statements("telemetry", 30)
     assert statements and all("{database}" not in s and "{ttl_days}" not in s for s in statements)
+
+
+def _outdated_parts_cleanup_thread_growth(store: Store, table: str, parts: int) -> int:
+    """Leave ``parts`` outdated parts in ``table`` (single-row inserts, merged in the
+    background and then by one OPTIMIZE) and wait for ClickHouse's cleanup to remove them
+    (~30 s); the growth of the engine's global thread pool meanwhile."""
+    threads = "SELECT value FROM system.metrics WHERE metric = 'GlobalThread'"
+    for n in range(parts):  # distinct rows: identical blocks would be deduplicated
+        store.command(f"INSERT INTO {table} (TraceId, SpanId, Timestamp) VALUES"
+                      f" ('{n:032x}', '{n:016x}', '2025-01-01 12:00:00')")
+    before = store.query(threads)[0][0]
+    store.command(f"OPTIMIZE TABLE {table} FINAL")
+    deadline = time.monotonic() + 90
+    while store.query(f"SELECT count() FROM system.parts WHERE database = currentDatabase() AND table = '{table}'"
+                      " AND NOT active")[0][0]:
+        assert time.monotonic() < deadline, f"{table}: outdated parts not removed within 90 s"
+        time.sleep(0.2)
+    return store.query(threads)[0][0] - before
+
+
+def test_outdated_parts_are_removed_without_a_burst_of_engine_threads(store: Store) -> None:
+    # Concurrent removal (ClickHouse's default from 100 outdated parts) takes up to 128 threads
+    # from the engine's global pool, which keeps them idle for good; schema 014 makes removal
+    # sequential in every inferpath table. The control table has ClickHouse's default.
+    assert _outdated_parts_cleanup_thread_growth(store, "otel_traces", 200) < 10
+    store.command("CREATE TABLE removal_control AS otel_traces")
+    store.command("ALTER TABLE removal_control MODIFY SETTING concurrent_part_removal_threshold = 100")
+    assert _outdated_parts_cleanup_thread_growth(store, "removal_control", 200) >= 20
+
+
+def test_every_table_removes_outdated_parts_sequentially(store: Store) -> None:
+    tables = dict(store.query("SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()"
+                              " AND engine LIKE '%MergeTree' AND name != 'inferpath_schema_migrations'"))
+    assert len(tables) == 12
+    assert {name for name, engine in tables.items()
+            if "concurrent_part_removal_threshold = 1000000" not in engine} == set()
