@@ -130,8 +130,10 @@ def up(
         except (RuleFileError, OSError) as exc:
             console.print(f"[red]invalid alert rules:[/] {exc}")
             raise typer.Exit(2) from exc
+    from inferpath.server.memory import limit_c_heap_arenas
     from inferpath.server.runtime import ListenError, StoreOpenError
 
+    limit_c_heap_arenas()  # this process is the server: before its threads start
     try:
         server = serve_in_thread(settings)
     except ListenError as exc:

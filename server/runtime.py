@@ -29,7 +29,7 @@ from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, 
 from inferpath.server.decode_workers import DecodeWorkers
 from inferpath.server.ingest import CommitResult, DurableIngest, TableRows
 from inferpath.server.log_ingest import LoggedSpanIngest
-from inferpath.server.memory import MemoryReleaser
+from inferpath.server.memory import MemoryReleaser, limit_c_heap_arenas
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans, decode_trace_request
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.server.span_log import SpanLog
@@ -562,6 +562,7 @@ def serve_forever(settings: Settings) -> None:
     def _terminated(signum: int, frame: object) -> None:
         raise _Terminated()
 
+    limit_c_heap_arenas()  # before the runtime starts its threads
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         runtime = ServerRuntime(settings)

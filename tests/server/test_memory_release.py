@@ -133,3 +133,58 @@ def test_failing_passes_are_counted_logged_once_and_never_raise(store_url: str, 
     warnings = [r for r in caplog.records if "could not return free memory" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert not releaser._thread.is_alive()
+
+
+# Counts the glibc malloc arenas of a fresh process after six threads allocated at once:
+# glibc's malloc_info writes one <heap nr="…"> element per arena.
+_ARENAS_SCRIPT = """
+import ctypes, sys, tempfile, threading
+from inferpath.server.memory import limit_c_heap_arenas
+if sys.argv[1] != "default":
+    assert limit_c_heap_arenas(int(sys.argv[1]))
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+started = threading.Barrier(7)
+held = []
+def allocate():
+    held.append([bytes(4096) for _ in range(64)])  # over pymalloc's 512 bytes: glibc malloc
+    started.wait()
+    started.wait()
+threads = [threading.Thread(target=allocate) for _ in range(6)]
+for thread in threads:
+    thread.start()
+started.wait()
+with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+    stream = libc.fopen(out.name.encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    print(open(out.name).read().count("<heap nr="))
+started.wait()
+for thread in threads:
+    thread.join()
+"""
+
+
+@pytest.mark.parametrize("arenas", [1, 2])
+def test_limit_c_heap_arenas_caps_the_arenas_new_threads_get(arenas: int) -> None:
+    import subprocess
+    import sys
+
+    def count(setting: str) -> int:
+        done = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, setting], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout)
+
+    assert count(str(arenas)) == arenas
+    assert count("default") > arenas  # without the cap, the six threads got arenas of their own
+
+
+def test_limit_c_heap_arenas_refuses_zero() -> None:
+    from inferpath.server.memory import limit_c_heap_arenas
+
+    with pytest.raises(ValueError, match="at least 1"):
+        limit_c_heap_arenas(0)
