@@ -258,26 +258,36 @@ class Reader:
 
         Finds the trace's time bounds in ``otel_traces_trace_id_ts`` first, as the
         exporter's documented Grafana query does, so only the trace's days are scanned.
+        Two queries, not the Grafana query's one with scalar subqueries: the bounds are
+        passed as parameters, and an unknown trace costs one small lookup (the single
+        query took 2-3× the CPU of the pair, bench/README.md, server_ingest).
         Each span id appears once (duplicates from client retries are dropped).
         ``trace_id``: 32 hex characters (any case). Returns ``[]`` for an unknown trace.
+        Raises ``ValueError`` for a malformed ``trace_id``.
         """
         if not isinstance(trace_id, str) or not _TRACE_ID.match(trace_id):
             raise ValueError(f"trace_id must be 32 hex characters, got {trace_id!r}")
+        params: dict[str, Any] = {"trace_id": trace_id.lower()}
+        bounds = self.store.query(
+            "SELECT count(), toUInt32(min(Start)), toUInt32(max(End)) FROM otel_traces_trace_id_ts"
+            " WHERE TraceId = {trace_id:String}",
+            params)
+        if not bounds or not bounds[0][0]:
+            return []
+        _, params["trace_start"], params["trace_end"] = bounds[0]  # Unix seconds
         columns = ", ".join(SPAN_COLUMNS)
         sql = (
-            "WITH"
-            " (SELECT min(Start) FROM otel_traces_trace_id_ts WHERE TraceId = {trace_id:String}) AS trace_start,"
-            # Start/End are whole seconds (DateTime): +1 covers the last span's fraction.
-            " (SELECT max(End) + 1 FROM otel_traces_trace_id_ts WHERE TraceId = {trace_id:String}) AS trace_end"
-            f" SELECT {columns} FROM otel_traces"
+            f"SELECT {columns} FROM otel_traces"
             " WHERE TraceId = {trace_id:String}"
-            " AND Timestamp >= trace_start AND Timestamp <= trace_end"
+            # Start/End are whole seconds (DateTime): +1 covers the last span's fraction.
+            " AND Timestamp >= toDateTime64({trace_start:UInt32}, 9, 'UTC')"
+            " AND Timestamp < toDateTime64({trace_end:UInt32} + 1, 9, 'UTC')"
             " ORDER BY Timestamp, SpanId"
             # A span re-sent inside a different export body (so not deduplicated at insert)
             # is shown once.
             " LIMIT 1 BY SpanId"
         )
-        rows = self.store.query(sql, {"trace_id": trace_id.lower()})
+        rows = self.store.query(sql, params)
         return [SpanRow.from_db_row(row) for row in rows]
 
     # ------------------------------------------------------------------ time series

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inferpath.storage.reader import MEASURES, Reader
-from inferpath.storage.rows import GAUGE_COLUMNS, REQUEST_COLUMNS, GaugeRow, RequestRow
+from inferpath.storage.rows import GAUGE_COLUMNS, REQUEST_COLUMNS, SPAN_COLUMNS, GaugeRow, RequestRow, SpanRow
 from inferpath.storage.store import Store
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -130,6 +130,24 @@ def test_trace_id_validation(store: Store) -> None:
     with pytest.raises(ValueError, match="trace_id"):
         Reader(store).trace_spans("' OR 1=1 --")
     assert Reader(store).trace_spans("0" * 32) == []
+
+
+def test_trace_lookup_bounds_cover_fractional_seconds_and_midnight(store: Store) -> None:
+    """The lookup's time bounds come from whole seconds (``otel_traces_trace_id_ts``):
+    spans in the last nanoseconds of the trace's last second, and a trace crossing midnight
+    (two partitions), are all found; a neighbour trace in the same second is not."""
+    midnight = datetime(2025, 1, 2, tzinfo=timezone.utc)
+    starts = [midnight - timedelta(microseconds=1), midnight + timedelta(seconds=1, microseconds=999_999),
+              midnight - timedelta(seconds=3, microseconds=-1)]
+    trace_id, other = secrets.token_hex(16), secrets.token_hex(16)
+    spans = [SpanRow(start, trace_id, secrets.token_hex(8), span_name=f"s{i}", duration_ns=5)
+             for i, start in enumerate(starts)]
+    spans.append(SpanRow(starts[1], other, secrets.token_hex(8), span_name="neighbour"))
+    store.insert("otel_traces", [s.to_insert_row() for s in spans], SPAN_COLUMNS)
+    found = Reader(store).trace_spans(trace_id.upper())
+    assert [s.span_name for s in found] == ["s2", "s0", "s1"]
+    assert [s.timestamp for s in found] == sorted(starts)
+    assert [s.span_name for s in Reader(store).trace_spans(other)] == ["neighbour"]
 
 
 def test_ttft_timeseries_buckets(store: Store) -> None:
