@@ -89,3 +89,13 @@ def test_the_server_benchmarks_remove_their_scratch_folder_and_keep_a_given_one(
     with scratch_folder(str(tmp_path), "unused-") as given:
         (given / "store").mkdir()
     assert given == tmp_path and (tmp_path / "store").is_dir()
+
+
+@pytest.mark.e2e
+def test_read_trace_benchmark_returns_the_reference_spans(tmp_path: Path) -> None:
+    # The benchmark asserts that both sides return the same spans for every lookup.
+    result = _load("read_trace").run(spans=20_000, lookups=5, workdir=str(tmp_path))
+    assert result["stored_spans"] == 20_000 and result["lookups"] == 5
+    for case in ("stored", "unknown"):
+        figures = result["cases"][case]
+        assert figures["inferpath"]["cpu_ms"] > 0 and figures["reference"]["cpu_ms"] > 0
