@@ -26,7 +26,8 @@ import logging
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exception_handlers import http_exception_handler
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -95,6 +96,23 @@ def _auth_dependency(token: str | None):
     return require_token
 
 
+#: Longest text of a client's own input that an error body repeats back (characters).
+MAX_ECHOED_CHARS = 256
+
+
+def _bounded(value):
+    """``value`` (an error detail) with every string longer than :data:`MAX_ECHOED_CHARS`
+    cut there and marked with its full length, so that a 60 000-character parameter is not
+    sent back whole in its 422."""
+    if isinstance(value, str) and len(value) > MAX_ECHOED_CHARS:
+        return f"{value[:MAX_ECHOED_CHARS]}… ({len(value)} characters)"
+    if isinstance(value, dict):
+        return {key: _bounded(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_bounded(item) for item in value]
+    return value
+
+
 def create_app(runtime: ServerRuntime) -> FastAPI:
     """Build the FastAPI application serving ``runtime`` (see the module docstring).
 
@@ -113,6 +131,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         # OTLP/HTTP error bodies are google.rpc.Status in the request's encoding (the 401 of
         # the token guard included); the read API keeps FastAPI's JSON errors.
         if not request.url.path.startswith("/v1/"):
+            exc.detail = _bounded(exc.detail)
             return await http_exception_handler(request, exc)
         try:
             fmt: BodyFormat | None = body_format(request.headers.get("content-type"))
@@ -120,6 +139,12 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             fmt = None
         code = _UNAUTHENTICATED if exc.status_code == 401 else _INVALID_ARGUMENT
         return _status_response(exc.status_code, code, str(exc.detail), fmt, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_errors(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's 422, with over-long inputs cut (the messages name the parameter).
+        return await request_validation_exception_handler(
+            request, RequestValidationError(_bounded(list(exc.errors())), body=None))
 
     async def _ingest(request: Request, signal: str) -> Response:
         content_type = request.headers.get("content-type")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import threading
 import time
@@ -254,6 +255,20 @@ def test_read_api_validates_parameters(client: httpx.Client) -> None:
     assert client.get("/api/v1/traces/" + "ab" * 16).status_code == 404
     assert client.get("/api/v1/timeseries/gauge").status_code == 422  # metric is required
     assert "/api/v1/summary" in client.get("/openapi.json").json()["paths"]
+
+
+def test_error_bodies_do_not_echo_long_inputs_whole(client: httpx.Client) -> None:
+    # A 60 000-character path parameter, query parameter and time: each 422 names the
+    # parameter and repeats at most 256 characters of what was sent, with its length.
+    cases = [("/api/v1/traces/" + "a" * 60_000, None, ["path", "trace_id"]),
+             ("/api/v1/timeseries/gauge", {"metric": "m" * 60_000}, ["query", "metric"]),
+             ("/api/v1/summary", {"start": "9" * 60_000}, ["query", "start"])]
+    for path, params, loc in cases:
+        response = client.get(path, params=params)
+        assert response.status_code == 422, (path, response.text[:300])
+        assert response.json()["detail"][0]["loc"] == loc
+        assert len(response.content) < 2_000, (loc, len(response.content))
+        assert re.search(r"… \(600\d\d characters\)", response.text), response.text[:600]
 
 
 def test_restart_on_the_same_store_keeps_earlier_spans(shared_data: Path, store_url: str) -> None:
