@@ -92,6 +92,11 @@ class DecodedMetrics:
         return len(self.gauges) + len(self.sums) + len(self.histograms)
 
 
+#: Longest metric name kept (characters): the read API's bound on its ``metric`` parameter.
+#: OpenTelemetry's instrument names stop at 255; scraped Prometheus names are shorter still.
+MAX_METRIC_NAME_CHARS = 512
+
+
 class _Rejections:
     """Counts rejected items and keeps the first few reasons for the response message."""
 
@@ -99,16 +104,19 @@ class _Rejections:
         self.noun = noun
         self.count = 0
         self.reasons: list[str] = []
+        self._named = 0  # items that the kept reasons account for
 
-    def add(self, path: str, reason: str) -> None:
-        self.count += 1
+    def add(self, path: str, reason: str, count: int = 1) -> None:
+        """``count`` items rejected for one ``reason`` (e.g. every point of one metric)."""
+        self.count += count
         if len(self.reasons) < _MAX_REASONS:
             self.reasons.append(f"{path}: {reason}")
+            self._named += count
 
     def message(self) -> str:
         if not self.count:
             return ""
-        more = self.count - len(self.reasons)
+        more = self.count - self._named
         tail = f"; and {more} more" if more > 0 else ""
         return f"{self.count} {self.noun} rejected: " + "; ".join(self.reasons) + tail
 
@@ -254,7 +262,8 @@ def decode_metrics_request(body: bytes, *, content_type: str,
     Same media types, encodings and errors as :func:`decode_trace_request`. Data points without
     a timestamp or value, with a NaN or infinite value (histograms: sum, min, max or bounds),
     with a time after 2262 or before ``oldest_unix_ns``, and
-    exponential-histogram / summary points (no table for them), are rejected and counted. Exemplars, flags, scope attributes and schema URLs are not kept
+    exponential-histogram / summary points (no table for them), and the points of a metric
+    whose name is over :data:`MAX_METRIC_NAME_CHARS` characters, are rejected and counted. Exemplars, flags, scope attributes and schema URLs are not kept
     (the storage rows do not carry them; their columns are written empty).
     """
     fmt = body_format(content_type)
@@ -269,6 +278,13 @@ def decode_metrics_request(body: bytes, *, content_type: str,
             scope = scope_metrics.scope
             for k, metric in enumerate(scope_metrics.metrics):
                 path = f"resourceMetrics[{i}].scopeMetrics[{j}].metrics[{k}]"
+                if len(metric.name) > MAX_METRIC_NAME_CHARS:  # stored, it could never be asked for
+                    kind = metric.WhichOneof("data")
+                    points = len(getattr(metric, kind).data_points) if kind else 0
+                    if points:
+                        rejections.add(f"{path}.name", f"{len(metric.name)} characters, at most "
+                                       f"{MAX_METRIC_NAME_CHARS} (its {points} data points)", points)
+                    continue
                 common = dict(resource_attributes=resource_attributes, service_name=service_name,
                               scope_name=scope.name, scope_version=scope.version,
                               metric_name=metric.name, description=metric.description,

@@ -21,6 +21,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
+from inferpath.server.otlp import MAX_METRIC_NAME_CHARS
 from inferpath.storage.hop_rollup import HOP_SLACK, hop_aggregate, hop_plan
 from inferpath.storage.hop_rollup import pairs_sql as hop_pairs_sql
 from inferpath.storage.rollup import QUANTILE_LEVELS as ROLLUP_LEVELS
@@ -196,7 +197,7 @@ async def ttft_timeseries(request: Request, start: str | None = StartQuery, end:
 
 
 @router.get("/timeseries/gauge")
-async def gauge_timeseries(request: Request, metric: str = Query(..., min_length=1, max_length=512),
+async def gauge_timeseries(request: Request, metric: str = Query(..., min_length=1, max_length=MAX_METRIC_NAME_CHARS),
                            start: str | None = StartQuery, end: str | None = EndQuery,
                            step_seconds: int = Query(60, ge=1, le=86_400)) -> dict:
     """Mean of one gauge (canonical signal name) per bucket, service and attribute set."""

@@ -15,6 +15,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from inferpath.server.attributes import any_value_to_string, format_double
 from inferpath.server.otlp import (
+    MAX_METRIC_NAME_CHARS,
     OTLPDecodeError,
     UnsupportedMediaTypeError,
     decode_metrics_request,
@@ -207,6 +208,23 @@ def test_metrics_example_gives_gauge_sum_histogram_rows(shared_data: Path) -> No
     # Exponential histograms have no table: counted as rejected, named in the message.
     assert decoded.rejected_data_points == 1
     assert "metrics[3].exponentialHistogram.dataPoints[0]" in decoded.error_message
+
+
+def test_a_metric_name_the_read_api_cannot_ask_for_is_rejected_and_the_others_kept() -> None:
+    now = 1_764_547_200_000_000_000  # 2025-12-01T00:00:00Z
+    point = {"timeUnixNano": str(now), "asDouble": 1.0}
+    long_name, longest = "n" * (MAX_METRIC_NAME_CHARS + 1), "m" * MAX_METRIC_NAME_CHARS
+    body = json.dumps({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
+        {"name": long_name, "gauge": {"dataPoints": [point, point]}},
+        {"name": longest, "gauge": {"dataPoints": [point]}},
+        {"name": "g", "sum": {"dataPoints": [point], "aggregationTemporality": 2}},
+    ]}]}]}).encode()
+    decoded = decode_metrics_request(body, content_type=JSON, content_encoding=None)
+    assert [g.metric_name for g in decoded.gauges] == [longest]
+    assert [s.metric_name for s in decoded.sums] == ["g"]
+    assert decoded.rejected_data_points == 2
+    assert decoded.error_message == (f"2 data points rejected: resourceMetrics[0].scopeMetrics[0].metrics[0].name: "
+                                     f"{MAX_METRIC_NAME_CHARS + 1} characters, at most {MAX_METRIC_NAME_CHARS} (its 2 data points)")
 
 
 def test_nan_and_infinite_points_are_rejected_naming_them_and_the_finite_ones_kept() -> None:
