@@ -259,8 +259,8 @@ class Reader:
         Finds the trace's time bounds in ``otel_traces_trace_id_ts`` first, as the
         exporter's documented Grafana query does, so only the trace's days are scanned.
         Two queries, not the Grafana query's one with scalar subqueries: the bounds are
-        passed as parameters, and an unknown trace costs one small lookup (~2 ms of CPU;
-        the single query took 2-3× the CPU of the pair; bench/README.md, server_ingest).
+        passed as parameters, and an unknown trace costs one small lookup (a third of the
+        single query's CPU; a stored trace about the same: bench/read_trace.py).
         Each span id appears once (duplicates from client retries are dropped).
         ``trace_id``: 32 hex characters (any case). Returns ``[]`` for an unknown trace.
         Raises ``ValueError`` for a malformed ``trace_id``.
