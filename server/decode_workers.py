@@ -19,7 +19,11 @@ names of ``otel_traces``' columns in :data:`~inferpath.storage.rows.SPAN_COLUMNS
 the child also writes the spans as one ClickHouse Native block
 (:class:`~inferpath.storage.native.NativeBlockWriter`), so that the server's drainer only
 joins bytes (``native_block`` is ``None`` when it could not: the server writes it itself).
-Only the server unpickles what its own child wrote.
+With a block, the span fields are those of each span's
+:func:`~inferpath.server.derive.derivation_view` (what request derivation reads: the block
+is what is stored), which halves what the server unpickles and holds per span
+(bench/README.md, server_ingest); without one, all fields. Only the server unpickles what
+its own child wrote.
 
 Failure handling (telemetry never breaks the service it observes): a child found dead is
 replaced before an export reaches it; one that dies, hangs past ``timeout_seconds`` or
@@ -44,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from typing import BinaryIO
 
 try:
@@ -51,9 +56,10 @@ try:
 except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
 
+from inferpath.server.derive import derivation_attributes, derivation_resource_attributes
 from inferpath.server.otlp import DecodedSpans, OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
 from inferpath.storage.native import NativeBlockWriter
-from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
+from inferpath.storage.rows import SPAN_COLUMNS, UNIX_EPOCH, SpanRow
 
 __all__ = ["DecodeWorkers"]
 
@@ -69,6 +75,33 @@ def _span_fields(span: SpanRow) -> tuple:
             span.span_name, span.span_kind, span.service_name, span.resource_attributes,
             span.scope_name, span.scope_version, span.span_attributes, span.duration_ns,
             span.status_code, span.status_message, span.events, span.links, span.start_ns)
+
+
+def _view_fields(spans: list[SpanRow]) -> list[tuple]:
+    """The fields of each span's :func:`~inferpath.server.derive.derivation_view` that
+    :func:`_view_from_fields` takes: no datetime (rebuilt from the start in ns, as the
+    decoder builds it) and one resource dict per resource, which pickle then sends once."""
+    resources: dict[int, dict[str, str]] = {}
+    fields = []
+    for span in spans:
+        resource = resources.get(id(span.resource_attributes))
+        if resource is None:
+            resource = resources[id(span.resource_attributes)] = derivation_resource_attributes(
+                span.resource_attributes)
+        fields.append((span.trace_id, span.span_id, span.parent_span_id, span.span_name, span.span_kind,
+                       span.service_name, resource, derivation_attributes(span.span_attributes), span.duration_ns,
+                       span.status_code, span.start_ns))
+    return fields
+
+
+def _view_from_fields(trace_id: str, span_id: str, parent_span_id: str, span_name: str, span_kind: str,
+                      service_name: str, resource_attributes: dict[str, str], span_attributes: dict[str, str],
+                      duration_ns: int, status_code: str, start_ns: int) -> SpanRow:
+    """The derivation view :func:`_view_fields` sent (``start_ns`` whole microseconds, as
+    the decoder truncates it)."""
+    return SpanRow.from_checked(UNIX_EPOCH + timedelta(microseconds=start_ns // 1000), trace_id, span_id,
+                                parent_span_id, "", span_name, span_kind, service_name, resource_attributes, "", "",
+                                span_attributes, duration_ns, status_code, "", (), (), start_ns)
 
 
 # --------------------------------------------------------------------------- child side
@@ -120,8 +153,9 @@ def _reply(content_type: str | None, content_encoding: str | None, oldest_unix_n
     except Exception as exc:  # noqa: BLE001 - answered as a 400 by the server, as in-process
         logger.exception("unexpected error decoding an OTLP traces body")
         return ("error", str(exc))  # the text the server answers with when it decodes itself
-    return ("ok", decoded.rejected_spans, decoded.error_message, [_span_fields(s) for s in decoded.spans],
-            _native_block(decoded.spans, native_types))
+    block = _native_block(decoded.spans, native_types)
+    fields = [_span_fields(s) for s in decoded.spans] if block is None else _view_fields(decoded.spans)
+    return ("ok", decoded.rejected_spans, decoded.error_message, fields, block)
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
@@ -425,10 +459,12 @@ class DecodeWorkers:
         try:  # after the check-in: the worker takes the next export meanwhile
             answer = pickle.loads(reply)
             if answer[0] == "ok":
-                from_checked = SpanRow.from_checked
                 block = answer[4]
-                answer = DecodedSpans([from_checked(*fields) for fields in answer[3]], answer[1], answer[2],
-                                      block if isinstance(block, bytes) else None)
+                if not isinstance(block, bytes):
+                    block, build = None, SpanRow.from_checked
+                else:  # derivation views (module docstring)
+                    build = _view_from_fields
+                answer = DecodedSpans([build(*fields) for fields in answer[3]], answer[1], answer[2], block)
             else:
                 answer = (str(answer[0]), str(answer[1]))
         except Exception as exc:  # noqa: BLE001 - garbled (or from other code, after an upgrade in place)

@@ -33,7 +33,8 @@ from typing import Iterable, Sequence
 
 from inferpath.storage.rows import RequestRow, SpanRow
 
-__all__ = ["assemble_request", "seconds_to_ns", "union_ns", "dedup_spans"]
+__all__ = ["assemble_request", "seconds_to_ns", "union_ns", "dedup_spans", "derivation_view",
+           "derivation_attributes", "derivation_resource_attributes"]
 
 STAGE = "inferpath.stage"
 TTFT_SECONDS = "gen_ai.response.time_to_first_chunk"
@@ -48,6 +49,21 @@ INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
 OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
 HTTP_STATUS = ("http.response.status_code", "http.status_code")
 ENDPOINT_CLASS = "inferpath.endpoint_class"
+ENDPOINT = "inferpath.endpoint"
+HTTP_ROUTE = "http.route"
+STREAM_STATUS = "inferpath.stream.status"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+REPLICA = ("inferpath.replica", "service.instance.id", "host.name")
+
+# What assemble_request reads of a span's attributes: these names and every name under
+# ``gen_ai.`` (it looks for any ``gen_ai.`` / ``gen_ai.latency.`` name); of its resource's,
+# these. A test holds this list to the function (tests/server/test_derive.py).
+_DERIVATION_ATTRIBUTE_PREFIX = "gen_ai."
+_ENGINE_ATTRIBUTE_PREFIX = "gen_ai.latency."
+_DERIVATION_ATTRIBUTES = frozenset({STAGE, ITL_SECONDS, ENDPOINT_CLASS, ENDPOINT, HTTP_ROUTE, STREAM_STATUS,
+                                    *HTTP_STATUS})
+_DERIVATION_RESOURCE_ATTRIBUTES = frozenset({ENDPOINT_CLASS, *REPLICA})
 
 
 def seconds_to_ns(seconds: str | float | int | None) -> int | None:
@@ -63,6 +79,32 @@ def seconds_to_ns(seconds: str | float | int | None) -> int | None:
     if not math.isfinite(value) or value < 0:
         return None
     return round(value * 1_000_000_000)
+
+
+def derivation_attributes(attributes: dict[str, str]) -> dict[str, str]:
+    """The entries of a span's attributes that :func:`assemble_request` reads (a new dict):
+    ``gen_ai.*`` and the ``inferpath.*``/HTTP names of ``docs/telemetry-contract.md``."""
+    return {key: value for key, value in attributes.items()
+            if key in _DERIVATION_ATTRIBUTES or key.startswith(_DERIVATION_ATTRIBUTE_PREFIX)}
+
+
+def derivation_resource_attributes(resource_attributes: dict[str, str]) -> dict[str, str]:
+    """The entries of a resource's attributes that :func:`assemble_request` reads (a new
+    dict): the endpoint class and the replica's names."""
+    return {key: value for key, value in resource_attributes.items() if key in _DERIVATION_RESOURCE_ATTRIBUTES}
+
+
+def derivation_view(span: SpanRow) -> SpanRow:
+    """``span`` with only what :func:`assemble_request` reads: ids, name, kind, service,
+    start, duration, status code and the attributes of :func:`derivation_attributes` /
+    :func:`derivation_resource_attributes`; trace state, scope, status message, events and
+    links empty. Any spans and their views give the same request row. A view is for
+    derivation only, never for storage (the decode workers send the server views of the
+    spans they also wrote as a Native block, see :mod:`inferpath.server.decode_workers`)."""
+    return SpanRow.from_checked(
+        span.timestamp, span.trace_id, span.span_id, span.parent_span_id, "", span.span_name, span.span_kind,
+        span.service_name, derivation_resource_attributes(span.resource_attributes), "", "",
+        derivation_attributes(span.span_attributes), span.duration_ns, span.status_code, "", (), (), span.start_ns)
 
 
 def _int_attr(span: SpanRow | None, names: Iterable[str]) -> int | None:
@@ -111,7 +153,7 @@ def _is_engine(span: SpanRow) -> bool:
     if span.span_name == ENGINE_SPAN_NAME:
         return True
     for key in span.span_attributes:  # a loop, not any(generator): this runs for every span
-        if key.startswith("gen_ai.latency."):
+        if key.startswith(_ENGINE_ATTRIBUTE_PREFIX):
             return True
     return False
 
@@ -250,7 +292,7 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     engine = engines[0] if engines else None
     model_clients = [s for s in by_stage.get("model", ()) if s.span_kind == "Client"]
     genai_client = root_client is not None and any(
-        k.startswith("gen_ai.") for k in root_client.span_attributes)
+        k.startswith(_DERIVATION_ATTRIBUTE_PREFIX) for k in root_client.span_attributes)
     if not (gateway or engine or staged or genai_client):
         return None
 
@@ -311,26 +353,24 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     http_status_code = _first(_http_status(gateway), _http_status(root_client)) or 0
     if any(s.status_code == "Error" for s in top) or http_status_code >= 500:
         status = "error"
-    elif any(attrs(s, "inferpath.stream.status") == "incomplete" for s in top):
+    elif any(attrs(s, STREAM_STATUS) == "incomplete" for s in top):
         status = "incomplete"
     else:
         status = "ok"
 
     main = gateway or root_client or engine or by_start[0]
-    endpoint = _first(attrs(gateway, "inferpath.endpoint"), attrs(gateway, "http.route")) or ""
+    endpoint = _first(attrs(gateway, ENDPOINT), attrs(gateway, HTTP_ROUTE)) or ""
     endpoint_class = _first(
         attrs(gateway, ENDPOINT_CLASS),
         gateway.resource_attributes.get(ENDPOINT_CLASS) if gateway is not None else None,
         _first_of(s.resource_attributes.get(ENDPOINT_CLASS) for s in by_start),
         _first_of(s.span_attributes.get(ENDPOINT_CLASS) for s in by_start)) or ""
-    model = _first(*(attrs(s, "gen_ai.request.model") for s in (*model_clients, root_client, gateway, engine)),
-                   attrs(engine, "gen_ai.response.model")) or ""
-    model_version = _first(*(attrs(s, "gen_ai.response.model") for s in (engine, *model_clients, root_client))) or ""
+    model = _first(*(attrs(s, REQUEST_MODEL) for s in (*model_clients, root_client, gateway, engine)),
+                   attrs(engine, RESPONSE_MODEL)) or ""
+    model_version = _first(*(attrs(s, RESPONSE_MODEL) for s in (engine, *model_clients, root_client))) or ""
     replica = ""
     if engine is not None:
-        replica = _first(engine.resource_attributes.get("inferpath.replica"),
-                         engine.resource_attributes.get("service.instance.id"),
-                         engine.resource_attributes.get("host.name")) or ""
+        replica = _first_of(engine.resource_attributes.get(name) for name in REPLICA) or ""
 
     return RequestRow(
         timestamp=by_start[0].timestamp,

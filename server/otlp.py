@@ -68,7 +68,9 @@ class DecodedSpans:
     """Result of decoding one trace export: ``spans`` kept, ``rejected_spans`` counted, and
     ``error_message`` explaining the rejections (empty when none). ``native_block``: the
     same spans as one ClickHouse Native block for ``otel_traces``, when the decoder was
-    asked for one (:mod:`inferpath.server.decode_workers`), else ``None``."""
+    asked for one (:mod:`inferpath.server.decode_workers`), else ``None``. With a block,
+    ``spans`` may be :func:`~inferpath.server.derive.derivation_view` s (what request
+    derivation reads): store the block, never rows built from ``spans``."""
 
     spans: list[SpanRow]
     rejected_spans: int = 0

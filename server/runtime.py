@@ -27,7 +27,7 @@ from typing import Callable
 from inferpath.config import Settings
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
 from inferpath.server.decode_workers import DecodeWorkers
-from inferpath.server.ingest import CommitResult, DurableIngest, TableRows
+from inferpath.server.ingest import CommitResult, DurableIngest, NativeRows, TableRows
 from inferpath.server.log_ingest import LoggedSpanIngest
 from inferpath.server.memory import MemoryReleaser, limit_c_heap_arenas
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans, decode_trace_request
@@ -288,16 +288,21 @@ class ServerRuntime:
                 else:
                     self.spans_refused_total += len(decoded.spans)
             return result
-        rows = [span.to_insert_row(timestamp_ns=True) for span in decoded.spans]
-        result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)], dedup_token)
+        count = len(decoded.spans)
+        if decoded.native_block is not None:  # the spans may be derivation views: store the block
+            result = self.ingest.insert_block(
+                [NativeRows("otel_traces", SPAN_COLUMNS, decoded.native_block, count)], dedup_token)
+        else:
+            rows = [span.to_insert_row(timestamp_ns=True) for span in decoded.spans]
+            result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)], dedup_token)
         with self._lock:
             self.spans_rejected_total += decoded.rejected_spans
             if result.ok:
-                self.spans_received_total += len(rows)
+                self.spans_received_total += count
                 if result.duplicate:
-                    self.spans_duplicate_total += len(rows)
+                    self.spans_duplicate_total += count
             else:
-                self.spans_refused_total += len(rows)
+                self.spans_refused_total += count
         if result.ok:
             # Only committed spans: the assembler may derive rows from them without a read-back.
             self.assembler.note_spans(decoded.spans)

@@ -19,6 +19,7 @@ import pytest
 from inferpath.config import Settings
 from inferpath.server import decode_workers
 from inferpath.server.decode_workers import DecodeWorkers
+from inferpath.server.derive import derivation_view
 from inferpath.server.otlp import OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
 from inferpath.server.runtime import serve_in_thread
 from inferpath.storage.native import NativeBlockWriter
@@ -78,8 +79,13 @@ def test_asked_for_native_blocks_a_worker_writes_the_block_the_server_would(shar
         assert _decode_both(workers, body, PROTOBUF, None)[0].native_block is None  # not asked for
         workers.native_types = types
         remote, local = _decode_both(workers, body, PROTOBUF, None)
-        assert remote.spans == local.spans and local.native_block is None
+        assert local.native_block is None
         assert remote.native_block == writer.block([span.to_insert_row(timestamp_ns=True) for span in local.spans])
+        # With the block, the spans are what request derivation reads (the block is what is stored).
+        assert remote.spans == [derivation_view(span) for span in local.spans] != local.spans
+        assert [(s.timestamp, s.start_ns) for s in remote.spans] == [(s.timestamp, s.start_ns) for s in local.spans]
+        assert len({id(s.resource_attributes) for s in remote.spans}) == len(
+            {id(s.resource_attributes) for s in local.spans})
         # Types it cannot write with: the spans still come back, without a block (the server writes it).
         workers.native_types = tuple("NoSuchType" for _ in SPAN_COLUMNS)
         remote, _ = _decode_both(workers, body, PROTOBUF, None)

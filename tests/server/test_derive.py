@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from inferpath.server.assembler import assemble_request, seconds_to_ns, union_ns
+from inferpath.server.derive import derivation_attributes, derivation_resource_attributes, derivation_view
 from inferpath.storage.rows import SpanRow, datetime_from_unix_ns
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -196,3 +197,62 @@ def test_recorded_vllm_traces_give_rows_with_engine_latencies(vllm_spans_by_trac
         # vLLM's own intervals fit inside its span
         assert row.queue_ns + row.prefill_ns + row.decode_ns <= engine.duration_ns
         assert row.status == "ok" and row.replica
+
+
+class _LookedUp(dict):
+    """An attribute map that records every name looked up in it (get, [], in)."""
+
+    def __init__(self, items: dict, looked_up: set[str]) -> None:
+        super().__init__(items)
+        self.looked_up = looked_up
+
+    def get(self, key, default=None):
+        self.looked_up.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.looked_up.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        self.looked_up.add(key)
+        return super().__contains__(key)
+
+
+def _derivation_cases(vllm_spans_by_trace: dict[str, list[SpanRow]]) -> list[list[SpanRow]]:
+    """Traces that take every branch of assemble_request: the full path, its variants, and
+    the recorded vLLM traces (start-up spans included)."""
+    spans = full_trace()
+    no_engine = [s for s in spans if s.span_name != "llm_request"] + [
+        span("q1", "m1", "Internal", "queue", 70, 10, **{"inferpath.stage": "queue"}),
+        span("d1", "m1", "Internal", "decode", 130, 400, **{"inferpath.stage": "decode"})]
+    client_engine = [spans[0], replace(spans[6], parent_span_id=spans[0].span_id)]
+    routed = [replace(s, span_attributes={k: v for k, v in s.span_attributes.items() if k != "inferpath.endpoint"}
+                      | ({"http.route": "/v1/x", "http.status_code": "503", "inferpath.endpoint_class": "batch"}
+                         if s.span_id == sid("g1") else {})) for s in spans]
+    on_host = replace(spans[6], parent_span_id="", resource_attributes={"host.name": "node-3"})
+    return [spans, no_engine, client_engine, routed, [replace(spans[6], parent_span_id="")], [on_host],
+            *vllm_spans_by_trace.values()]
+
+
+def test_a_derivation_view_gives_the_row_of_the_whole_span(vllm_spans_by_trace) -> None:
+    """The decode workers send the server only each span's derivation view: every name
+    assemble_request looks up must be in it, and the rows must be the same."""
+    cases = _derivation_cases(vllm_spans_by_trace)
+    looked_up: set[str] = set()
+    for spans in cases:
+        recording = [replace(s, span_attributes=_LookedUp(s.span_attributes, looked_up),
+                             resource_attributes=_LookedUp(s.resource_attributes, looked_up)) for s in spans]
+        whole = assemble_request(recording, updated_at=UPDATED)
+        assert whole == assemble_request(spans, updated_at=UPDATED)
+        assert assemble_request([derivation_view(s) for s in spans], updated_at=UPDATED) == whole
+    # Every name it looked up (on any span or resource) is one a view keeps.
+    assert {"inferpath.stage", "gen_ai.latency.time_in_queue", "http.route", "host.name"} <= looked_up
+    assert set(derivation_attributes(dict.fromkeys(looked_up, "x"))) | set(
+        derivation_resource_attributes(dict.fromkeys(looked_up, "x"))) == looked_up
+    # A view drops what derivation does not read.
+    full = full_trace()[1]
+    view = derivation_view(full)
+    assert view.resource_attributes == {"inferpath.endpoint_class": "interactive"}
+    assert "inferpath.stage" in view.span_attributes and (view.start_ns, view.timestamp) == (full.start_ns,
+                                                                                            full.timestamp)
