@@ -21,9 +21,9 @@ the child also writes the spans as one ClickHouse Native block
 joins bytes (``native_block`` is ``None`` when it could not: the server writes it itself).
 With a block, the span fields are those of each span's
 :func:`~inferpath.server.derive.derivation_view` (what request derivation reads: the block
-is what is stored), which halves what the server unpickles and holds per span
-(bench/README.md, server_ingest); without one, all fields. Only the server unpickles what
-its own child wrote.
+is what is stored), so the server unpickles and holds no more than that: no prompt or
+other attribute derivation does not read (bench/README.md, server_ingest); without one,
+all fields. Only the server unpickles what its own child wrote.
 
 Failure handling (telemetry never breaks the service it observes): a child found dead is
 replaced before an export reaches it; one that dies, hangs past ``timeout_seconds`` or
@@ -48,7 +48,6 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
 from typing import BinaryIO
 
 try:
@@ -59,7 +58,7 @@ except ImportError:  # pragma: no cover - not on Windows
 from inferpath.server.derive import derivation_attributes, derivation_resource_attributes
 from inferpath.server.otlp import DecodedSpans, OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
 from inferpath.storage.native import NativeBlockWriter
-from inferpath.storage.rows import SPAN_COLUMNS, UNIX_EPOCH, SpanRow
+from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 
 __all__ = ["DecodeWorkers"]
 
@@ -78,9 +77,8 @@ def _span_fields(span: SpanRow) -> tuple:
 
 
 def _view_fields(spans: list[SpanRow]) -> list[tuple]:
-    """The fields of each span's :func:`~inferpath.server.derive.derivation_view` that
-    :func:`_view_from_fields` takes: no datetime (rebuilt from the start in ns, as the
-    decoder builds it) and one resource dict per resource, which pickle then sends once."""
+    """:func:`_span_fields` of each span's :func:`~inferpath.server.derive.derivation_view`,
+    one view of each resource's attributes for all its spans (pickle then sends it once)."""
     resources: dict[int, dict[str, str]] = {}
     fields = []
     for span in spans:
@@ -88,20 +86,10 @@ def _view_fields(spans: list[SpanRow]) -> list[tuple]:
         if resource is None:
             resource = resources[id(span.resource_attributes)] = derivation_resource_attributes(
                 span.resource_attributes)
-        fields.append((span.trace_id, span.span_id, span.parent_span_id, span.span_name, span.span_kind,
-                       span.service_name, resource, derivation_attributes(span.span_attributes), span.duration_ns,
-                       span.status_code, span.start_ns))
+        fields.append((span.timestamp, span.trace_id, span.span_id, span.parent_span_id, "", span.span_name,
+                       span.span_kind, span.service_name, resource, "", "", derivation_attributes(span.span_attributes),
+                       span.duration_ns, span.status_code, "", (), (), span.start_ns))
     return fields
-
-
-def _view_from_fields(trace_id: str, span_id: str, parent_span_id: str, span_name: str, span_kind: str,
-                      service_name: str, resource_attributes: dict[str, str], span_attributes: dict[str, str],
-                      duration_ns: int, status_code: str, start_ns: int) -> SpanRow:
-    """The derivation view :func:`_view_fields` sent (``start_ns`` whole microseconds, as
-    the decoder truncates it)."""
-    return SpanRow.from_checked(UNIX_EPOCH + timedelta(microseconds=start_ns // 1000), trace_id, span_id,
-                                parent_span_id, "", span_name, span_kind, service_name, resource_attributes, "", "",
-                                span_attributes, duration_ns, status_code, "", (), (), start_ns)
 
 
 # --------------------------------------------------------------------------- child side
@@ -459,12 +447,10 @@ class DecodeWorkers:
         try:  # after the check-in: the worker takes the next export meanwhile
             answer = pickle.loads(reply)
             if answer[0] == "ok":
+                from_checked = SpanRow.from_checked
                 block = answer[4]
-                if not isinstance(block, bytes):
-                    block, build = None, SpanRow.from_checked
-                else:  # derivation views (module docstring)
-                    build = _view_from_fields
-                answer = DecodedSpans([build(*fields) for fields in answer[3]], answer[1], answer[2], block)
+                answer = DecodedSpans([from_checked(*fields) for fields in answer[3]], answer[1], answer[2],
+                                      block if isinstance(block, bytes) else None)
             else:
                 answer = (str(answer[0]), str(answer[1]))
         except Exception as exc:  # noqa: BLE001 - garbled (or from other code, after an upgrade in place)

@@ -56,13 +56,16 @@ REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
 REPLICA = ("inferpath.replica", "service.instance.id", "host.name")
 
-# What assemble_request reads of a span's attributes: these names and every name under
-# ``gen_ai.`` (it looks for any ``gen_ai.`` / ``gen_ai.latency.`` name); of its resource's,
-# these. A test holds this list to the function (tests/server/test_derive.py).
-_DERIVATION_ATTRIBUTE_PREFIX = "gen_ai."
-_ENGINE_ATTRIBUTE_PREFIX = "gen_ai.latency."
-_DERIVATION_ATTRIBUTES = frozenset({STAGE, ITL_SECONDS, ENDPOINT_CLASS, ENDPOINT, HTTP_ROUTE, STREAM_STATUS,
-                                    *HTTP_STATUS})
+# What assemble_request reads of a span's attributes: the values of these names, and whether
+# any ``gen_ai.`` / ``gen_ai.latency.`` name is there at all (a GenAI client call; an
+# engine span); of its resource's, these. A test holds these lists to the function
+# (tests/server/test_derive.py).
+_GENAI_PREFIX = "gen_ai."
+_ENGINE_PREFIX = "gen_ai.latency."
+_DERIVATION_ATTRIBUTES = frozenset({
+    STAGE, TTFT_SECONDS, ITL_SECONDS, ENGINE_TTFT, ENGINE_E2E, ENGINE_QUEUE, ENGINE_PREFILL, ENGINE_DECODE,
+    *INPUT_TOKENS, *OUTPUT_TOKENS, *HTTP_STATUS, ENDPOINT_CLASS, ENDPOINT, HTTP_ROUTE, STREAM_STATUS,
+    REQUEST_MODEL, RESPONSE_MODEL})
 _DERIVATION_RESOURCE_ATTRIBUTES = frozenset({ENDPOINT_CLASS, *REPLICA})
 
 
@@ -82,10 +85,24 @@ def seconds_to_ns(seconds: str | float | int | None) -> int | None:
 
 
 def derivation_attributes(attributes: dict[str, str]) -> dict[str, str]:
-    """The entries of a span's attributes that :func:`assemble_request` reads (a new dict):
-    ``gen_ai.*`` and the ``inferpath.*``/HTTP names of ``docs/telemetry-contract.md``."""
-    return {key: value for key, value in attributes.items()
-            if key in _DERIVATION_ATTRIBUTES or key.startswith(_DERIVATION_ATTRIBUTE_PREFIX)}
+    """The part of a span's attributes that :func:`assemble_request` reads (a new dict):
+    the names it takes values of (``gen_ai.*`` latencies, tokens and models, the
+    ``inferpath.*`` and HTTP names of ``docs/telemetry-contract.md``), and, with the value
+    ``""``, the first other ``gen_ai.latency.*`` name and the first other ``gen_ai.*`` name,
+    whose presence it asks about. A prompt or completion held in ``gen_ai.*`` attributes is
+    not kept."""
+    kept: dict[str, str] = {}
+    engine_mark = genai_mark = False
+    for key, value in attributes.items():
+        if key in _DERIVATION_ATTRIBUTES:
+            kept[key] = value
+        elif key.startswith(_GENAI_PREFIX):
+            if key.startswith(_ENGINE_PREFIX):
+                if not engine_mark:
+                    kept[key], engine_mark = "", True
+            elif not genai_mark:
+                kept[key], genai_mark = "", True
+    return kept
 
 
 def derivation_resource_attributes(resource_attributes: dict[str, str]) -> dict[str, str]:
@@ -153,7 +170,7 @@ def _is_engine(span: SpanRow) -> bool:
     if span.span_name == ENGINE_SPAN_NAME:
         return True
     for key in span.span_attributes:  # a loop, not any(generator): this runs for every span
-        if key.startswith(_ENGINE_ATTRIBUTE_PREFIX):
+        if key.startswith(_ENGINE_PREFIX):
             return True
     return False
 
@@ -292,7 +309,7 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     engine = engines[0] if engines else None
     model_clients = [s for s in by_stage.get("model", ()) if s.span_kind == "Client"]
     genai_client = root_client is not None and any(
-        k.startswith(_DERIVATION_ATTRIBUTE_PREFIX) for k in root_client.span_attributes)
+        k.startswith(_GENAI_PREFIX) for k in root_client.span_attributes)
     if not (gateway or engine or staged or genai_client):
         return None
 

@@ -231,8 +231,14 @@ def _derivation_cases(vllm_spans_by_trace: dict[str, list[SpanRow]]) -> list[lis
                       | ({"http.route": "/v1/x", "http.status_code": "503", "inferpath.endpoint_class": "batch"}
                          if s.span_id == sid("g1") else {})) for s in spans]
     on_host = replace(spans[6], parent_span_id="", resource_attributes={"host.name": "node-3"})
+    # A GenAI client call known only by names the row takes no value of (its prompt among
+    # them), and an engine span known only by a latency name of another engine.
+    prompt = {"gen_ai.prompt.0.content": "x" * 100_000, "gen_ai.system": "openai"}
+    bare_client = span("c9", "", "Client", "chat", 0, 500, service="app", **prompt)
+    other_engine = span("e9", "c9", "Server", "generate", 10, 480, service="tgi",
+                        **{"gen_ai.latency.time_per_output_token": 0.02, "gen_ai.completion.0.content": "y" * 1000})
     return [spans, no_engine, client_engine, routed, [replace(spans[6], parent_span_id="")], [on_host],
-            *vllm_spans_by_trace.values()]
+            [bare_client], [other_engine], [bare_client, other_engine], *vllm_spans_by_trace.values()]
 
 
 def test_a_derivation_view_gives_the_row_of_the_whole_span(vllm_spans_by_trace) -> None:
@@ -246,6 +252,7 @@ def test_a_derivation_view_gives_the_row_of_the_whole_span(vllm_spans_by_trace) 
         whole = assemble_request(recording, updated_at=UPDATED)
         assert whole == assemble_request(spans, updated_at=UPDATED)
         assert assemble_request([derivation_view(s) for s in spans], updated_at=UPDATED) == whole
+    assert assemble_request(cases[6]) is not None and assemble_request(cases[7]) is not None
     # Every name it looked up (on any span or resource) is one a view keeps.
     assert {"inferpath.stage", "gen_ai.latency.time_in_queue", "http.route", "host.name"} <= looked_up
     assert set(derivation_attributes(dict.fromkeys(looked_up, "x"))) | set(
@@ -256,3 +263,7 @@ def test_a_derivation_view_gives_the_row_of_the_whole_span(vllm_spans_by_trace) 
     assert view.resource_attributes == {"inferpath.endpoint_class": "interactive"}
     assert "inferpath.stage" in view.span_attributes and (view.start_ns, view.timestamp) == (full.start_ns,
                                                                                             full.timestamp)
+    # Names whose presence alone counts keep no value: no prompt or completion is held.
+    assert derivation_view(cases[6][0]).span_attributes == {"gen_ai.prompt.0.content": ""}
+    assert derivation_view(cases[7][0]).span_attributes == {"gen_ai.latency.time_per_output_token": "",
+                                                            "gen_ai.completion.0.content": ""}
