@@ -78,16 +78,15 @@ def _span_fields(span: SpanRow) -> tuple:
 
 def _view_fields(spans: list[SpanRow]) -> list[tuple]:
     """:func:`_span_fields` of each span's :func:`~inferpath.server.derive.derivation_view`,
-    one view of each resource's attributes for all its spans (pickle then sends it once)."""
-    resources: dict[int, dict[str, str]] = {}
+    one view of a resource's attributes for all its spans (pickle then sends it once)."""
     fields = []
+    source = view = None
     for span in spans:
-        resource = resources.get(id(span.resource_attributes))
-        if resource is None:
-            resource = resources[id(span.resource_attributes)] = derivation_resource_attributes(
-                span.resource_attributes)
+        if span.resource_attributes is not source:  # spans of one resource come in a row, sharing its map
+            source = span.resource_attributes
+            view = derivation_resource_attributes(source)
         fields.append((span.timestamp, span.trace_id, span.span_id, span.parent_span_id, "", span.span_name,
-                       span.span_kind, span.service_name, resource, "", "", derivation_attributes(span.span_attributes),
+                       span.span_kind, span.service_name, view, "", "", derivation_attributes(span.span_attributes),
                        span.duration_ns, span.status_code, "", (), (), span.start_ns))
     return fields
 

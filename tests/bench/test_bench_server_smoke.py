@@ -99,3 +99,14 @@ def test_read_trace_benchmark_returns_the_reference_spans(tmp_path: Path) -> Non
     for case in ("stored", "unknown"):
         figures = result["cases"][case]
         assert figures["inferpath"]["cpu_ms"] > 0 and figures["reference"]["cpu_ms"] > 0
+
+
+def test_decode_views_benchmark_sends_and_holds_less(tmp_path: Path) -> None:
+    result = _load("decode_views").run(repeat=1, loops=2)
+    for shape in ("light", "heavy"):
+        whole, view = result[shape]["whole"], result[shape]["view"]
+        assert view["reply_bytes_per_span"] < whole["reply_bytes_per_span"]
+        assert view["held_bytes_per_span"] < whole["held_bytes_per_span"]
+        assert whole["server_cpu_us_per_span"] > 0 and view["server_cpu_us_per_span"] > 0
+    # The heavy spans' 2 kB prompt is neither sent nor held.
+    assert result["heavy"]["view"]["held_bytes_per_span"] < 0.6 * result["heavy"]["whole"]["held_bytes_per_span"]
