@@ -223,6 +223,10 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
     inserts = _metric(metrics, "inferpath_ingest_insert_seconds_count")
     exports = _metric(metrics, "inferpath_ingest_commits_total")
+    # Whether request assembly kept up: traces derived from held spans or read back, held
+    # traces let go over the bounds, span batches held back for room.
+    assembly = {name: int(_metric(metrics, f"inferpath_assembler_{name}_total")) for name in (
+        "rows_from_memory", "rows_from_store", "held_span_evictions", "room_waits")}
     server.send_signal(signal.SIGTERM)
     server.wait(300)
     acked_spans = len(acked) * spans_per_request
@@ -248,7 +252,7 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         # sensitive to other load than rates.
         "server_cpu_us_per_span": round(server_cpu / acked_spans * 1e6, 1) if acked_spans else None,
         "raw_insert_cpu_us_per_span": round(ref_cpu / ref_spans * 1e6, 1) if ref_spans else None,
-        "exports_per_insert": round(exports / inserts, 2) if inserts else None,
+        "exports_per_insert": round(exports / inserts, 2) if inserts else None, "assembly": assembly,
         "visible_p50_seconds": round(_p(visible_seconds, 0.5), 4),
         "visible_p99_seconds": round(_p(visible_seconds, 0.99), 4), "probes": len(visible_seconds),
         "load_average_min": min(loads), "load_average_max": max(loads),
