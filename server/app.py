@@ -217,7 +217,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         decoded, result = outcome
         if isinstance(decoded, DecodedSpans):
             response = ExportTraceServiceResponse()
-            if decoded.rejected_spans:
+            if decoded.rejected_spans or decoded.error_message:  # a warning alone has a count of 0
                 response.partial_success.rejected_spans = decoded.rejected_spans
                 response.partial_success.error_message = decoded.error_message
         else:

@@ -66,7 +66,8 @@ MAX_STORABLE_UNIX_NS = 2**63 - 1
 @dataclass(frozen=True)
 class DecodedSpans:
     """Result of decoding one trace export: ``spans`` kept, ``rejected_spans`` counted, and
-    ``error_message`` explaining the rejections (empty when none). ``native_block``: the
+    ``error_message`` explaining the rejections and any warnings about kept spans (empty
+    when none; OTLP's ``partial_success`` carries it, with a count of 0 for warnings alone). ``native_block``: the
     same spans as one ClickHouse Native block for ``otel_traces``, when the decoder was
     asked for one (:mod:`inferpath.server.decode_workers`), else ``None``. With a block,
     ``spans`` may be :func:`~inferpath.server.derive.derivation_view` s (what request
@@ -107,6 +108,10 @@ class _Rejections:
         self.count = 0
         self.reasons: list[str] = []
         self._named = 0  # items that the kept reasons account for
+        # Kept items with something the receiver could not take as sent (e.g. an unknown
+        # span kind): OTLP's partial_success carries such warnings with a count of 0.
+        self.warnings: list[str] = []
+        self.warned = 0
 
     def add(self, path: str, reason: str, count: int = 1) -> None:
         """``count`` items rejected for one ``reason`` (e.g. every point of one metric)."""
@@ -115,12 +120,24 @@ class _Rejections:
             self.reasons.append(f"{path}: {reason}")
             self._named += count
 
+    def warn(self, warning: str) -> None:
+        """One kept item with ``warning`` (its path and what was taken instead)."""
+        self.warned += 1
+        if len(self.warnings) < _MAX_REASONS:
+            self.warnings.append(warning)
+
     def message(self) -> str:
-        if not self.count:
-            return ""
-        more = self.count - self._named
-        tail = f"; and {more} more" if more > 0 else ""
-        return f"{self.count} {self.noun} rejected: " + "; ".join(self.reasons) + tail
+        parts = []
+        if self.count:
+            more = self.count - self._named
+            tail = f"; and {more} more" if more > 0 else ""
+            parts.append(f"{self.count} {self.noun} rejected: " + "; ".join(self.reasons) + tail)
+        if self.warned:
+            more = self.warned - len(self.warnings)
+            tail = f"; and {more} more" if more > 0 else ""
+            parts.append(f"kept with {self.warned} warning{'s' if self.warned > 1 else ''}: "
+                         + "; ".join(self.warnings) + tail)
+        return ". ".join(parts)
 
 
 def _check_id(raw: bytes, length: int, path: str) -> None:
@@ -167,12 +184,18 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
     length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with an
     all-zero id, no start time, end before start, a time after 2262 (past DateTime64(9)) or a
     start before ``oldest_unix_ns`` (the store's retention: the TTL would drop the row
-    silently) are rejected and counted, with the reason in ``error_message``.
+    silently) are rejected and counted, with the reason in ``error_message``. A span whose
+    kind or status code OTLP does not define (a number, or an OTLP/JSON name) is kept with
+    the default (``Unspecified``, ``Unset``) and a warning in ``error_message``.
     """
     fmt = body_format(content_type)
     payload = decompress(body, content_encoding)
-    request = parse_message(payload, fmt, ExportTraceServiceRequest(), "traces")
     rejections = _Rejections("spans")
+    warnings: list[str] = []
+    request = parse_message(payload, fmt, ExportTraceServiceRequest(), "traces", warnings)
+    for warning in warnings:
+        rejections.warn(warning)
+    unknown: list[str] = []  # enum fields of the span being built that hold an unknown number
     spans: list[SpanRow] = []
     for i, resource_spans in enumerate(request.resource_spans):
         resource_attributes = attributes_to_map(resource_spans.resource.attributes)
@@ -205,15 +228,20 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
                         continue
                     links, events = span.links, span.events
                 spans.append(_span_row(span, trace_id, span_id, parent_span_id, start_ns, end_ns, events, links,
-                                       service_name, resource_attributes, scope_name, scope_version))
+                                       service_name, resource_attributes, scope_name, scope_version, unknown))
+                if unknown:
+                    path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                    rejections.warn("; ".join(f"{path}.{what}, stored as the default" for what in unknown))
+                    unknown.clear()
     return DecodedSpans(spans, rejections.count, rejections.message())
 
 
 def _span_row(span, trace_id: bytes, span_id: bytes, parent_span_id: bytes, start_ns: int, end_ns: int,
               events, links, service_name: str, resource_attributes: dict[str, str],
-              scope_name: str, scope_version: str) -> SpanRow:
+              scope_name: str, scope_version: str, unknown: list[str]) -> SpanRow:
     """``span`` as a row; the ids, times, events and links are those already read from it
-    (each field read from the message builds a new Python object)."""
+    (each field read from the message builds a new Python object). A kind or status code
+    number OTLP does not define is stored as the default and named in ``unknown``."""
     # No events or links (most spans): the shared empty tuple, which the garbage collector
     # does not track, instead of two new lists per span held for assembly.
     events = [(datetime_from_unix_ns(event.time_unix_nano), event.name,
@@ -223,6 +251,13 @@ def _span_row(span, trace_id: bytes, span_id: bytes, parent_span_id: bytes, star
     # Every field was checked by _check_id/_span_problem (ids of 16/8 bytes, not zero; end
     # not before start; times storable): build the row without re-validating it.
     status = span.status
+    kind, code = SPAN_KIND_NAMES.get(span.kind), STATUS_CODE_NAMES.get(status.code)
+    if kind is None:
+        kind = "Unspecified"
+        unknown.append(f"kind: unknown span kind {span.kind}")
+    if code is None:
+        code = "Unset"
+        unknown.append(f"status.code: unknown status code {status.code}")
     return SpanRow.from_checked(
         _EPOCH + timedelta(microseconds=start_ns // 1000),
         trace_id.hex(),
@@ -230,14 +265,14 @@ def _span_row(span, trace_id: bytes, span_id: bytes, parent_span_id: bytes, star
         parent_span_id.hex(),
         span.trace_state,
         span.name,
-        SPAN_KIND_NAMES.get(span.kind, "Unspecified"),
+        kind,
         service_name,
         resource_attributes,
         scope_name,
         scope_version,
         attributes_to_map(span.attributes),
         end_ns - start_ns,
-        STATUS_CODE_NAMES.get(status.code, "Unset"),
+        code,
         status.message,
         events,
         links,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 __all__ = [
     "OTLPDecodeError",
@@ -145,12 +146,40 @@ def _convert_ids(obj: dict, path: str, fields: tuple[tuple[str, str, int], ...])
 _SPAN_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16),
              ("parentSpanId", "parent_span_id", 16))
 _LINK_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16))
+_SPAN_KINDS = frozenset(Span.SpanKind.keys())
+_STATUS_CODES = frozenset(Status.StatusCode.keys())
 _METRIC_KINDS = (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"),
                  ("exponentialHistogram", "exponential_histogram"), ("summary", "summary"))
 
 
-def _hex_ids_to_base64(document: dict, signal: Literal["traces", "metrics"]) -> None:
-    """Rewrite OTLP/JSON hex ids in place to the base64 that proto3 JSON parsing expects."""
+def _known_enum(value: Any, names: frozenset[str]) -> bool:
+    """Whether proto3 JSON parsing takes ``value`` for an enum with ``names``: a name, or a
+    number (an int or its text; an unknown number is kept and checked after parsing). Other
+    types are left to the parser, which fails the body naming the field."""
+    if not isinstance(value, str) or value in names:
+        return True
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _drop_unknown_enum(obj: dict, camel: str, snake: str, names: frozenset[str], path: str, what: str,
+                       warnings: list[str] | None) -> None:
+    """Remove an enum name the parser would drop silently (``ignore_unknown_fields`` covers
+    unknown enum names too), saying so in ``warnings``: the item is kept with the default."""
+    key, value = _get(obj, camel, snake)
+    if key is not None and not _known_enum(value, names):
+        del obj[key]
+        if warnings is not None:
+            warnings.append(f"{path}.{camel}: unknown {what} {value[:64]!r}, stored as the default")
+
+
+def _hex_ids_to_base64(document: dict, signal: Literal["traces", "metrics"],
+                       warnings: list[str] | None = None) -> None:
+    """Rewrite OTLP/JSON hex ids in place to the base64 that proto3 JSON parsing expects;
+    drop unknown span kind and status code names (:func:`_drop_unknown_enum`)."""
     if signal == "traces":
         for rpath, resource in _objects(
                 _list_at(document, "resourceSpans", "resource_spans", ""), "resourceSpans"):
@@ -158,6 +187,11 @@ def _hex_ids_to_base64(document: dict, signal: Literal["traces", "metrics"]) -> 
                     _list_at(resource, "scopeSpans", "scope_spans", rpath), f"{rpath}.scopeSpans"):
                 for path, span in _objects(_list_at(scope, "spans", "spans", spath), f"{spath}.spans"):
                     _convert_ids(span, path, _SPAN_IDS)
+                    _drop_unknown_enum(span, "kind", "kind", _SPAN_KINDS, path, "span kind", warnings)
+                    status = span.get("status")
+                    if isinstance(status, dict):
+                        _drop_unknown_enum(status, "code", "code", _STATUS_CODES, f"{path}.status", "status code",
+                                           warnings)
                     for lpath, link in _objects(_list_at(span, "links", "links", path), f"{path}.links"):
                         _convert_ids(link, lpath, _LINK_IDS)
         return
@@ -179,12 +213,14 @@ def _hex_ids_to_base64(document: dict, signal: Literal["traces", "metrics"]) -> 
 
 
 def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
-                  signal: Literal["traces", "metrics"]) -> Message:
+                  signal: Literal["traces", "metrics"], warnings: list[str] | None = None) -> Message:
     """Fill ``message`` (an ``Export*ServiceRequest``) from a decompressed body.
 
     JSON follows the OTLP/JSON mapping: lowerCamelCase (snake_case also accepted), enums as
     ints or names, 64-bit ints as strings or numbers, ids as hex; unknown fields are ignored
-    as the specification requires. Raises :class:`OTLPDecodeError` naming the problem.
+    as the specification requires. An unknown span kind or status code name leaves the
+    default, with a message appended to ``warnings`` naming its path. Raises
+    :class:`OTLPDecodeError` naming the problem.
     """
     name = type(message).__name__
     if fmt == "protobuf":
@@ -200,7 +236,7 @@ def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
             raise OTLPDecodeError(f"body is not valid JSON: {exc}") from None
         if not isinstance(document, dict):
             raise OTLPDecodeError(f"JSON body must be an object ({name}), got {type(document).__name__}")
-        _hex_ids_to_base64(document, signal)
+        _hex_ids_to_base64(document, signal, warnings)
         try:
             json_format.ParseDict(document, message, ignore_unknown_fields=True)
         except json_format.ParseError as exc:

@@ -167,6 +167,40 @@ def test_invalid_spans_are_rejected_and_counted_while_valid_ones_are_kept() -> N
     assert "spans[2]: endTimeUnixNano is before startTimeUnixNano" in decoded.error_message
 
 
+def test_unknown_span_kinds_and_status_codes_keep_the_span_with_a_warning() -> None:
+    base = {"traceId": "5B8EFFF798038103D269B633813FC60C", "name": "s", "startTimeUnixNano": "100",
+            "endTimeUnixNano": "200"}
+    spans = [dict(base, spanId="EEE19B7EC3C1B171", kind="SPAN_KIND_SERVER", status={"code": "STATUS_CODE_ERROR"}),
+             dict(base, spanId="EEE19B7EC3C1B172", kind="SPAN_KIND_BOGUS"),
+             dict(base, spanId="EEE19B7EC3C1B173", kind=9, status={"code": "STATUS_CODE_MAYBE"}),
+             dict(base, spanId="EEE19B7EC3C1B174", kind="3", status={"code": 7})]
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
+    decoded = decode_trace_request(body, content_type=JSON, content_encoding=None)
+    assert [(s.span_kind, s.status_code) for s in decoded.spans] == [
+        ("Server", "Error"), ("Unspecified", "Unset"), ("Unspecified", "Unset"), ("Client", "Unset")]
+    assert decoded.rejected_spans == 0
+    message = decoded.error_message
+    assert message.startswith("kept with 4 warnings: ")
+    for warning in ("spans[1].kind: unknown span kind 'SPAN_KIND_BOGUS', stored as the default",
+                    "spans[2].status.code: unknown status code 'STATUS_CODE_MAYBE', stored as the default",
+                    "spans[2].kind: unknown span kind 9, stored as the default",
+                    "spans[3].status.code: unknown status code 7, stored as the default"):
+        assert warning in message
+    assert "spans[0]" not in message
+    # The same numbers in a protobuf body, with a rejected span beside them: both are said.
+    request = ExportTraceServiceRequest()
+    json_format.ParseDict({"resourceSpans": [{"scopeSpans": [{"spans": [
+        dict(base, traceId=base64.b64encode(bytes.fromhex(base["traceId"])).decode(),
+             spanId=base64.b64encode(bytes.fromhex("EEE19B7EC3C1B17" + str(n))).decode(), kind=kind,
+             startTimeUnixNano=start)
+        for n, kind, start in ((1, 6, "100"), (2, 1, "0"))]}]}]}, request)
+    decoded = decode_trace_request(request.SerializeToString(), content_type=PROTOBUF, content_encoding=None)
+    assert [s.span_kind for s in decoded.spans] == ["Unspecified"] and decoded.rejected_spans == 1
+    assert decoded.error_message == (
+        "1 spans rejected: resourceSpans[0].scopeSpans[0].spans[1]: startTimeUnixNano is missing. "
+        "kept with 1 warning: resourceSpans[0].scopeSpans[0].spans[0].kind: unknown span kind 6, stored as the default")
+
+
 @pytest.mark.parametrize(
     ("value", "text"),
     [(1.0, "1"), (0.0, "0"), (2.5e-05, "0.000025"), (1e-07, "1e-7"), (1.5e-07, "1.5e-7"),

@@ -180,6 +180,17 @@ def test_gzip_body_and_partial_success(client: httpx.Client) -> None:
     (span,) = client.get("/api/v1/traces/0102030405060708090a0b0c0d0e0f10").json()["spans"]
     assert span["duration_ns"] == 500_000_000
     assert "inferpath_server_spans_rejected_total 1.0" in client.get("/metrics").text
+    # A warning alone: the span is kept, partial_success says why with a count of 0.
+    odd = dict(valid, spanId="0102030405060709", kind="SPAN_KIND_SIDEWAYS")
+    response = client.post("/v1/traces", content=json.dumps(
+        {"resourceSpans": [{"scopeSpans": [{"spans": [odd]}]}]}).encode(), headers=JSON)
+    assert response.status_code == 200
+    partial = response.json()["partialSuccess"]
+    assert int(partial.get("rejectedSpans", 0)) == 0
+    assert "spans[0].kind: unknown span kind 'SPAN_KIND_SIDEWAYS', stored as the default" in partial["errorMessage"]
+    flush(client)
+    spans = client.get("/api/v1/traces/0102030405060708090a0b0c0d0e0f10").json()["spans"]
+    assert {span["span_kind"] for span in spans if span["span_id"] == "0102030405060709"} == {"Unspecified"}
 
 
 def test_unsupported_media_and_oversized_bodies(store_url: str) -> None:
