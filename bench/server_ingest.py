@@ -18,7 +18,10 @@ In one run, alternating so that both sides see the same background load of the m
 
 Phases run reference, server, reference, … , server, reference (``--rounds`` server
 phases; one round = one sustained run of ``--seconds``). The load average (1 min) is read
-at the start and end of each phase. After a graceful stop, the server's store is opened
+at the start and end of each phase; each server phase also records its CPU seconds split
+into the server process's user and system time, the decode workers', this process's (the
+exporters and the probe) and the machine's busy and idle time (``cpu_split_seconds``):
+idle near 0 means the run was bound by the machine's two cores. After a graceful stop, the server's store is opened
 here and counted: acknowledged spans missing (loss) and spans stored twice must both be 0.
 
 ``python bench/server_ingest.py [--seconds 60] [--clients 4] [--spans-per-request 1000]
@@ -95,9 +98,36 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def _process_cpu_seconds(pid: int) -> float:
+def _process_user_system_seconds(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _process_cpu_seconds(pid: int) -> float:
+    return sum(_process_user_system_seconds(pid))
+
+
+def _cpu_split(pid: int) -> dict[str, float]:
+    """User and system CPU seconds of the server process and of its decode workers, and the
+    machine's busy and idle seconds (all cores, ``/proc/stat``), Linux."""
+    out = dict.fromkeys(("server_user", "server_system", "workers_user", "workers_system"), 0.0)
+    try:
+        out["server_user"], out["server_system"] = _process_user_system_seconds(pid)
+        for child in children(pid):
+            try:
+                user, system = _process_user_system_seconds(child)
+            except (OSError, ValueError, IndexError):  # exited meanwhile
+                continue
+            out["workers_user"] += user
+            out["workers_system"] += system
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return {key: float("nan") for key in (*out, "machine_busy", "machine_idle")}
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    out["machine_busy"], out["machine_idle"] = (sum(ticks[:8]) - idle) / tick, idle / tick
+    return out
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -180,6 +210,7 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
 
         loads.append(os.getloadavg()[0])
         cpu_before = _cpu_seconds(server.pid)
+        split_before, bench_before = _cpu_split(server.pid), time.process_time()
         started = time.monotonic()
         threads = [threading.Thread(target=exporter) for _ in range(clients)] + [threading.Thread(target=probe)]
         for thread in threads:
@@ -188,11 +219,14 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
             thread.join()
         elapsed = time.monotonic() - started
         cpu = _cpu_seconds(server.pid) - cpu_before
+        split = {key: round(value - split_before[key], 2) for key, value in _cpu_split(server.pid).items()}
+        # This process: the exporters and the probe (and Python's own threads' overhead).
+        split["bench_clients"] = round(time.process_time() - bench_before, 2)
         loads.append(os.getloadavg()[0])
         spans = (len(acked) - acked_before) * spans_per_request
         phases.append({"side": "server", "seconds": round(elapsed, 2), "spans": spans,
                        "spans_per_second": round(spans / elapsed), "cpu_seconds": round(cpu, 2),
-                       "load_average": loads[-1]})
+                       "cpu_split_seconds": split, "load_average": loads[-1]})
 
     ref_cursor = [0]
 
