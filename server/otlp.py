@@ -121,21 +121,25 @@ class _Rejections:
             self._named += count
 
     def warn(self, warning: str) -> None:
-        """One kept item with ``warning`` (its path and what was taken instead)."""
+        """One kept item with ``warning`` (its path and what was taken instead; one entry
+        per item, however many of its fields it names)."""
         self.warned += 1
         if len(self.warnings) < _MAX_REASONS:
             self.warnings.append(warning)
+
+    def _nouns(self, count: int) -> str:
+        return self.noun if count != 1 else self.noun[:-1]  # "spans", "data points"
 
     def message(self) -> str:
         parts = []
         if self.count:
             more = self.count - self._named
             tail = f"; and {more} more" if more > 0 else ""
-            parts.append(f"{self.count} {self.noun} rejected: " + "; ".join(self.reasons) + tail)
+            parts.append(f"{self.count} {self._nouns(self.count)} rejected: " + "; ".join(self.reasons) + tail)
         if self.warned:
             more = self.warned - len(self.warnings)
             tail = f"; and {more} more" if more > 0 else ""
-            parts.append(f"kept with {self.warned} warning{'s' if self.warned > 1 else ''}: "
+            parts.append(f"{self.warned} {self._nouns(self.warned)} kept with a warning: "
                          + "; ".join(self.warnings) + tail)
         return ". ".join(parts)
 
@@ -191,11 +195,11 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
     fmt = body_format(content_type)
     payload = decompress(body, content_encoding)
     rejections = _Rejections("spans")
-    warnings: list[str] = []
+    # Warnings per span path: from the OTLP/JSON checks (unknown enum names), then from
+    # building each span (undefined enum numbers); said only for spans that are kept.
+    warnings: dict[str, list[str]] = {}
     request = parse_message(payload, fmt, ExportTraceServiceRequest(), "traces", warnings)
-    for warning in warnings:
-        rejections.warn(warning)
-    unknown: list[str] = []  # enum fields of the span being built that hold an unknown number
+    unknown: list[str] = []  # of the span being built
     spans: list[SpanRow] = []
     for i, resource_spans in enumerate(request.resource_spans):
         resource_attributes = attributes_to_map(resource_spans.resource.attributes)
@@ -225,13 +229,17 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
                     problem = _span_problem(span, oldest_unix_ns)
                     if problem:
                         rejections.add(path, problem)
+                        if warnings:
+                            warnings.pop(path, None)
                         continue
                     links, events = span.links, span.events
                 spans.append(_span_row(span, trace_id, span_id, parent_span_id, start_ns, end_ns, events, links,
                                        service_name, resource_attributes, scope_name, scope_version, unknown))
-                if unknown:
+                if unknown or warnings:
                     path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
-                    rejections.warn("; ".join(f"{path}.{what}, stored as the default" for what in unknown))
+                    found = warnings.pop(path, []) + unknown
+                    if found:
+                        rejections.warn("; ".join(f"{path}.{warning}" for warning in found))
                     unknown.clear()
     return DecodedSpans(spans, rejections.count, rejections.message())
 
@@ -254,10 +262,10 @@ def _span_row(span, trace_id: bytes, span_id: bytes, parent_span_id: bytes, star
     kind, code = SPAN_KIND_NAMES.get(span.kind), STATUS_CODE_NAMES.get(status.code)
     if kind is None:
         kind = "Unspecified"
-        unknown.append(f"kind: unknown span kind {span.kind}")
+        unknown.append(f"kind: unknown span kind {span.kind}, stored as the default")
     if code is None:
         code = "Unset"
-        unknown.append(f"status.code: unknown status code {status.code}")
+        unknown.append(f"status.code: unknown status code {status.code}, stored as the default")
     return SpanRow.from_checked(
         _EPOCH + timedelta(microseconds=start_ns // 1000),
         trace_id.hex(),

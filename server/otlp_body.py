@@ -10,11 +10,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import zlib
 from typing import Any, Literal
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 __all__ = [
@@ -152,53 +156,96 @@ _METRIC_KINDS = (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"),
                  ("exponentialHistogram", "exponential_histogram"), ("summary", "summary"))
 
 
-def _known_enum(value: Any, names: frozenset[str]) -> bool:
-    """Whether proto3 JSON parsing takes ``value`` for an enum with ``names``: a name, or a
-    number (an int or its text; an unknown number is kept and checked after parsing). Other
-    types are left to the parser, which fails the body naming the field."""
-    if not isinstance(value, str) or value in names:
-        return True
-    try:
-        int(value)
-    except ValueError:
-        return False
-    return True
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INTEGER_TEXT = re.compile(r"\s*-?[0-9]{1,10}\s*")  # what int() takes, at most int32's digits
+_SHOWN = 64  # characters of an offending value quoted in a message
 
 
-def _drop_unknown_enum(obj: dict, camel: str, snake: str, names: frozenset[str], path: str, what: str,
-                       warnings: list[str] | None) -> None:
-    """Remove an enum name the parser would drop silently (``ignore_unknown_fields`` covers
-    unknown enum names too), saying so in ``warnings``: the item is kept with the default."""
+def _enum_value(value: Any, names: frozenset[str], path: str, what: str) -> tuple[Any, str | None]:
+    """Check an OTLP/JSON enum value (proto3 JSON: a name or an integer, also as text) at
+    ``path``. Returns ``(value for the parser, warning)``: a known name or an int32 number
+    passes (an undefined number is kept and warned about after parsing, as in protobuf);
+    an unknown name gives ``(None, warning)``: the default is kept, since the parser would
+    drop it silently (``ignore_unknown_fields`` covers enum names too). An integral float
+    passes as its int. Raises :class:`OTLPDecodeError` for another type (bool, fraction,
+    object, array) or a number outside int32, which the parser would truncate, wrap or
+    quote whole."""
+    if isinstance(value, str):
+        if value in names:
+            return value, None
+        if _INTEGER_TEXT.fullmatch(value):
+            value = int(value)
+        else:
+            return None, f"unknown {what} {value[:_SHOWN]!r}, stored as the default"
+    elif isinstance(value, float) and value.is_integer() and _INT32[0] <= value <= _INT32[1]:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OTLPDecodeError(f"{path}: expected a {what} name or integer, got {type(value).__name__}"
+                              f" ({repr(value)[:_SHOWN]})")
+    if not _INT32[0] <= value <= _INT32[1]:
+        raise OTLPDecodeError(f"{path}: {what} {str(value)[:_SHOWN]} is outside the int32 range of an enum")
+    return value, None
+
+
+def _check_enum(obj: dict, camel: str, names: frozenset[str], path: str, what: str, found: list[str],
+                label: str) -> None:
+    """:func:`_enum_value` of ``obj[camel]`` in place (``null`` is the default); a warning
+    is appended to ``found`` as ``"{label}: …"`` (``label``: the field's path in the span)."""
+    value = obj.get(camel)
+    if value is None:
+        return
+    checked, warning = _enum_value(value, names, f"{path}.{camel}", what)
+    if warning is None:
+        obj[camel] = checked
+    else:
+        del obj[camel]
+        found.append(f"{label}: {warning}")
+
+
+def _object_at(obj: dict, camel: str, snake: str, path: str) -> dict | None:
+    """The message at ``obj[camel]`` (or its snake_case key): ``None`` when absent or
+    ``null``; raises :class:`OTLPDecodeError` for anything but an object (the parser would
+    drop it silently)."""
     key, value = _get(obj, camel, snake)
-    if key is not None and not _known_enum(value, names):
-        del obj[key]
-        if warnings is not None:
-            warnings.append(f"{path}.{camel}: unknown {what} {value[:64]!r}, stored as the default")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise OTLPDecodeError(f"{path}.{camel}: expected an object, got {type(value).__name__}")
+    return value
 
 
-def _hex_ids_to_base64(document: dict, signal: Literal["traces", "metrics"],
-                       warnings: list[str] | None = None) -> None:
-    """Rewrite OTLP/JSON hex ids in place to the base64 that proto3 JSON parsing expects;
-    drop unknown span kind and status code names (:func:`_drop_unknown_enum`)."""
+def _prepare_json(document: dict, signal: Literal["traces", "metrics"],
+                  warnings: dict[str, list[str]] | None = None) -> None:
+    """Make an OTLP/JSON document ready for proto3 JSON parsing, in place: hex ids to the
+    base64 it expects; span kinds and status codes checked (:func:`_enum_value`), unknown
+    names removed with a warning in ``warnings[span path]``; resources, scopes and statuses
+    that are not objects refused. Raises :class:`OTLPDecodeError` naming the path."""
     if signal == "traces":
         for rpath, resource in _objects(
                 _list_at(document, "resourceSpans", "resource_spans", ""), "resourceSpans"):
+            _object_at(resource, "resource", "resource", rpath)
             for spath, scope in _objects(
                     _list_at(resource, "scopeSpans", "scope_spans", rpath), f"{rpath}.scopeSpans"):
+                _object_at(scope, "scope", "scope", spath)
                 for path, span in _objects(_list_at(scope, "spans", "spans", spath), f"{spath}.spans"):
                     _convert_ids(span, path, _SPAN_IDS)
-                    _drop_unknown_enum(span, "kind", "kind", _SPAN_KINDS, path, "span kind", warnings)
-                    status = span.get("status")
-                    if isinstance(status, dict):
-                        _drop_unknown_enum(status, "code", "code", _STATUS_CODES, f"{path}.status", "status code",
-                                           warnings)
+                    found: list[str] = []
+                    _check_enum(span, "kind", _SPAN_KINDS, path, "span kind", found, "kind")
+                    status = _object_at(span, "status", "status", path)
+                    if status is not None:
+                        _check_enum(status, "code", _STATUS_CODES, f"{path}.status", "status code", found,
+                                    "status.code")
+                    if found and warnings is not None:
+                        warnings[path] = found
                     for lpath, link in _objects(_list_at(span, "links", "links", path), f"{path}.links"):
                         _convert_ids(link, lpath, _LINK_IDS)
         return
     for rpath, resource in _objects(
             _list_at(document, "resourceMetrics", "resource_metrics", ""), "resourceMetrics"):
+        _object_at(resource, "resource", "resource", rpath)
         for spath, scope in _objects(
                 _list_at(resource, "scopeMetrics", "scope_metrics", rpath), f"{rpath}.scopeMetrics"):
+            _object_at(scope, "scope", "scope", spath)
             for mpath, metric in _objects(_list_at(scope, "metrics", "metrics", spath), f"{spath}.metrics"):
                 for camel, snake in _METRIC_KINDS:
                     key, data = _get(metric, camel, snake)
@@ -212,15 +259,55 @@ def _hex_ids_to_base64(document: dict, signal: Literal["traces", "metrics"],
                             _convert_ids(exemplar, epath, _LINK_IDS)
 
 
+_PARSE_STEP = re.compile(r"Failed to parse (\w+) field: ")
+
+
+def _parse_error(exc: json_format.ParseError, skip: int = 0) -> str:
+    """protobuf's nested ``Failed to parse X field: …`` as ``X.Y: reason`` (the first
+    ``skip`` field names dropped), the reason cut to 200 characters."""
+    text, fields = str(exc), []
+    while match := _PARSE_STEP.match(text):
+        fields.append(match.group(1))
+        text = text[match.end():]
+    reason = text.rstrip(".")
+    reason = reason if len(reason) <= 200 else f"{reason[:200]}… ({len(reason)} characters)"
+    fields = fields[skip:]
+    return f"{'.'.join(fields)}: {reason}" if fields else reason
+
+
+def _located(document: dict, signal: Literal["traces", "metrics"]) -> str | None:
+    """After the whole document failed to parse: ``path (fields): reason`` of the first span,
+    metric, resource or scope that fails alone (``None`` if none does). Only on the error
+    path, so a malformed body is answered with the index of the item to fix."""
+    top, scopes, items, item_type = (("resourceSpans", "scopeSpans", "spans", Span) if signal == "traces"
+                                     else ("resourceMetrics", "scopeMetrics", "metrics", Metric))
+    for i, resource in enumerate(document.get(top) or ()):
+        candidates = [(f"{top}[{i}].resource", resource.get("resource"), Resource)]
+        for j, scope in enumerate(resource.get(scopes) or ()):
+            candidates.append((f"{top}[{i}].{scopes}[{j}].scope", scope.get("scope"), InstrumentationScope))
+            candidates.extend((f"{top}[{i}].{scopes}[{j}].{items}[{k}]", item, item_type)
+                              for k, item in enumerate(scope.get(items) or ()))
+        for path, value, message_type in candidates:
+            if not isinstance(value, dict):
+                continue
+            try:
+                json_format.ParseDict(value, message_type(), ignore_unknown_fields=True)
+            except json_format.ParseError as exc:
+                return f"{path}.{_parse_error(exc)}"
+            except (RecursionError, TypeError, ValueError, AttributeError):
+                continue
+    return None
+
+
 def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
-                  signal: Literal["traces", "metrics"], warnings: list[str] | None = None) -> Message:
+                  signal: Literal["traces", "metrics"], warnings: dict[str, list[str]] | None = None) -> Message:
     """Fill ``message`` (an ``Export*ServiceRequest``) from a decompressed body.
 
     JSON follows the OTLP/JSON mapping: lowerCamelCase (snake_case also accepted), enums as
     ints or names, 64-bit ints as strings or numbers, ids as hex; unknown fields are ignored
     as the specification requires. An unknown span kind or status code name leaves the
-    default, with a message appended to ``warnings`` naming its path. Raises
-    :class:`OTLPDecodeError` naming the problem.
+    default, with a message in ``warnings[span path]`` (``resourceSpans[i].scopeSpans[j].spans[k]``).
+    Raises :class:`OTLPDecodeError` naming the problem.
     """
     name = type(message).__name__
     if fmt == "protobuf":
@@ -236,11 +323,12 @@ def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
             raise OTLPDecodeError(f"body is not valid JSON: {exc}") from None
         if not isinstance(document, dict):
             raise OTLPDecodeError(f"JSON body must be an object ({name}), got {type(document).__name__}")
-        _hex_ids_to_base64(document, signal, warnings)
+        _prepare_json(document, signal, warnings)
         try:
             json_format.ParseDict(document, message, ignore_unknown_fields=True)
         except json_format.ParseError as exc:
-            raise OTLPDecodeError(f"invalid OTLP/JSON {name}: {exc}") from None
+            raise OTLPDecodeError(f"invalid OTLP/JSON {name}: {_located(document, signal) or _parse_error(exc)}"
+                                  ) from None
     except RecursionError:  # the parsers recurse per level of nesting; OTLP needs fewer than 20
         raise OTLPDecodeError("JSON body is nested too deeply to decode") from None
     return message

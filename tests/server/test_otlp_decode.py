@@ -173,20 +173,24 @@ def test_unknown_span_kinds_and_status_codes_keep_the_span_with_a_warning() -> N
     spans = [dict(base, spanId="EEE19B7EC3C1B171", kind="SPAN_KIND_SERVER", status={"code": "STATUS_CODE_ERROR"}),
              dict(base, spanId="EEE19B7EC3C1B172", kind="SPAN_KIND_BOGUS"),
              dict(base, spanId="EEE19B7EC3C1B173", kind=9, status={"code": "STATUS_CODE_MAYBE"}),
-             dict(base, spanId="EEE19B7EC3C1B174", kind="3", status={"code": 7})]
+             dict(base, spanId="EEE19B7EC3C1B174", kind="3", status={"code": 7}),
+             dict(base, spanId="EEE19B7EC3C1B175", kind=2.0, status={"code": None}),
+             # rejected for its time: its unknown kind is not also reported as kept
+             dict(base, spanId="EEE19B7EC3C1B176", kind="SPAN_KIND_BOGUS", startTimeUnixNano="0")]
     body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
     decoded = decode_trace_request(body, content_type=JSON, content_encoding=None)
     assert [(s.span_kind, s.status_code) for s in decoded.spans] == [
-        ("Server", "Error"), ("Unspecified", "Unset"), ("Unspecified", "Unset"), ("Client", "Unset")]
-    assert decoded.rejected_spans == 0
-    message = decoded.error_message
-    assert message.startswith("kept with 4 warnings: ")
-    for warning in ("spans[1].kind: unknown span kind 'SPAN_KIND_BOGUS', stored as the default",
-                    "spans[2].status.code: unknown status code 'STATUS_CODE_MAYBE', stored as the default",
-                    "spans[2].kind: unknown span kind 9, stored as the default",
-                    "spans[3].status.code: unknown status code 7, stored as the default"):
-        assert warning in message
-    assert "spans[0]" not in message
+        ("Server", "Error"), ("Unspecified", "Unset"), ("Unspecified", "Unset"), ("Client", "Unset"),
+        ("Server", "Unset")]
+    assert decoded.rejected_spans == 1
+    prefix = "resourceSpans[0].scopeSpans[0]"
+    assert decoded.error_message == (
+        f"1 span rejected: {prefix}.spans[5]: startTimeUnixNano is missing. 3 spans kept with a warning: "
+        f"{prefix}.spans[1].kind: unknown span kind 'SPAN_KIND_BOGUS', stored as the default; "
+        # one span, two fields: one warning naming both
+        f"{prefix}.spans[2].status.code: unknown status code 'STATUS_CODE_MAYBE', stored as the default; "
+        f"{prefix}.spans[2].kind: unknown span kind 9, stored as the default; "
+        f"{prefix}.spans[3].status.code: unknown status code 7, stored as the default")
     # The same numbers in a protobuf body, with a rejected span beside them: both are said.
     request = ExportTraceServiceRequest()
     json_format.ParseDict({"resourceSpans": [{"scopeSpans": [{"spans": [
@@ -197,8 +201,45 @@ def test_unknown_span_kinds_and_status_codes_keep_the_span_with_a_warning() -> N
     decoded = decode_trace_request(request.SerializeToString(), content_type=PROTOBUF, content_encoding=None)
     assert [s.span_kind for s in decoded.spans] == ["Unspecified"] and decoded.rejected_spans == 1
     assert decoded.error_message == (
-        "1 spans rejected: resourceSpans[0].scopeSpans[0].spans[1]: startTimeUnixNano is missing. "
-        "kept with 1 warning: resourceSpans[0].scopeSpans[0].spans[0].kind: unknown span kind 6, stored as the default")
+        f"1 span rejected: {prefix}.spans[1]: startTimeUnixNano is missing. "
+        f"1 span kept with a warning: {prefix}.spans[0].kind: unknown span kind 6, stored as the default")
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("kind", 3.5, "spans[0].kind: expected a span kind name or integer, got float (3.5)"),
+    ("kind", True, "spans[0].kind: expected a span kind name or integer, got bool"),
+    ("kind", {"a": 1}, "spans[0].kind: expected a span kind name or integer, got dict"),
+    ("kind", 4294967298, "spans[0].kind: span kind 4294967298 is outside the int32 range of an enum"),
+    ("kind", "3" * 4299, "spans[0].kind: unknown span kind '" + "3" * 64 + "'"),  # not a number: a name
+    ("kind", 1e308, "spans[0].kind: expected a span kind name or integer, got float"),
+    ("status", 2, "spans[0].status: expected an object, got int"),
+    ("status", {"code": True}, "spans[0].status.code: expected a status code name or integer, got bool"),
+    ("name", 5, "spans[0].name: expected string or bytes-like object"),
+    ("attributes", [{"key": "a", "value": {"intValue": "abc"}}], "spans[0].attributes.value.intValue: invalid literal"),
+])
+def test_wrong_types_are_a_400_naming_the_span_and_field(field: str, value, says: str) -> None:
+    span = {"traceId": "5B8EFFF798038103D269B633813FC60C", "spanId": "EEE19B7EC3C1B171", "name": "s",
+            "startTimeUnixNano": "100", "endTimeUnixNano": "200", field: value}
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    if "unknown span kind" in says:  # the one kept, with a warning cut to 64 characters
+        decoded = decode_trace_request(body, content_type=JSON, content_encoding=None)
+        assert says in decoded.error_message and len(decoded.error_message) < 300
+        return
+    with pytest.raises(OTLPDecodeError) as error:
+        decode_trace_request(body, content_type=JSON, content_encoding=None)
+    assert f"resourceSpans[0].scopeSpans[0].{says}" in str(error.value) and len(str(error.value)) < 400
+
+
+@pytest.mark.parametrize("where", ["resource", "scope"])
+def test_a_resource_or_scope_that_is_not_an_object_is_a_400(where: str) -> None:
+    span = {"traceId": "5B8EFFF798038103D269B633813FC60C", "spanId": "EEE19B7EC3C1B171", "name": "s",
+            "startTimeUnixNano": "100", "endTimeUnixNano": "200"}
+    scope_spans = {"spans": [span], **({"scope": "x"} if where == "scope" else {})}
+    resource_spans = {"scopeSpans": [scope_spans], **({"resource": "x"} if where == "resource" else {})}
+    body = json.dumps({"resourceSpans": [resource_spans]}).encode()
+    path = "resourceSpans[0].resource" if where == "resource" else "resourceSpans[0].scopeSpans[0].scope"
+    with pytest.raises(OTLPDecodeError, match=re.escape(f"{path}: expected an object, got str")):
+        decode_trace_request(body, content_type=JSON, content_encoding=None)
 
 
 @pytest.mark.parametrize(
