@@ -13,7 +13,7 @@ Wire format on the child's stdin/stdout: frames of an 8-byte little-endian lengt
 pickle (protocol 5). The child first writes one empty frame once its imports are done
 (ready). A request is two frames: ``(content_type, content_encoding, oldest_unix_ns, native_types)``
 then the raw body (never copied into a pickle). A reply is one frame:
-``("ok", rejected_spans, error_message, [span fields…], native_block)``, ``("415", message)``,
+``("ok", rejected_spans, error_message, [span fields…], native_block, warned_spans)``, ``("415", message)``,
 ``("400", message)`` or ``("error", message)``. ``native_types``: ``None``, or the type
 names of ``otel_traces``' columns in :data:`~inferpath.storage.rows.SPAN_COLUMNS` order; then
 the child also writes the spans as one ClickHouse Native block
@@ -142,7 +142,7 @@ def _reply(content_type: str | None, content_encoding: str | None, oldest_unix_n
         return ("error", str(exc))  # the text the server answers with when it decodes itself
     block = _native_block(decoded.spans, native_types)
     fields = [_span_fields(s) for s in decoded.spans] if block is None else _view_fields(decoded.spans)
-    return ("ok", decoded.rejected_spans, decoded.error_message, fields, block)
+    return ("ok", decoded.rejected_spans, decoded.error_message, fields, block, decoded.warned_spans)
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
@@ -449,7 +449,7 @@ class DecodeWorkers:
                 from_checked = SpanRow.from_checked
                 block = answer[4]
                 answer = DecodedSpans([from_checked(*fields) for fields in answer[3]], answer[1], answer[2],
-                                      block if isinstance(block, bytes) else None)
+                                      block if isinstance(block, bytes) else None, int(answer[5]))
             else:
                 answer = (str(answer[0]), str(answer[1]))
         except Exception as exc:  # noqa: BLE001 - garbled (or from other code, after an upgrade in place)

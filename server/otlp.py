@@ -77,6 +77,7 @@ class DecodedSpans:
     rejected_spans: int = 0
     error_message: str = ""
     native_block: bytes | None = None
+    warned_spans: int = 0  # of ``spans``, those kept with a warning in ``error_message``
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
                     if found:
                         rejections.warn("; ".join(f"{path}.{warning}" for warning in found))
                     unknown.clear()
-    return DecodedSpans(spans, rejections.count, rejections.message())
+    return DecodedSpans(spans, rejections.count, rejections.message(), warned_spans=rejections.warned)
 
 
 def _span_row(span, trace_id: bytes, span_id: bytes, parent_span_id: bytes, start_ns: int, end_ns: int,

@@ -177,6 +177,7 @@ class ServerRuntime:
         self.spans_received_total = 0
         self.spans_duplicate_total = 0  # of them, spans of retried exports answered without an insert
         self.spans_rejected_total = 0
+        self.spans_warned_total = 0
         # Valid items answered 503 (the client retries) or 400 (the store refused their data):
         # refused, in the OpenTelemetry Collector's words; nothing acknowledged is in them.
         self.spans_refused_total = 0
@@ -281,6 +282,7 @@ class ServerRuntime:
                                                  decoded.native_block)
             with self._lock:
                 self.spans_rejected_total += decoded.rejected_spans
+                self.spans_warned_total += decoded.warned_spans
                 if result.ok:
                     self.spans_received_total += len(decoded.spans)
                     if result.duplicate:
@@ -297,6 +299,7 @@ class ServerRuntime:
             result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)], dedup_token)
         with self._lock:
             self.spans_rejected_total += decoded.rejected_spans
+            self.spans_warned_total += decoded.warned_spans
             if result.ok:
                 self.spans_received_total += count
                 if result.duplicate:

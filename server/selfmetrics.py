@@ -36,6 +36,8 @@ class RuntimeCollector:
              "retries), answered 200 without a second insert.", rt.spans_duplicate_total),
             ("inferpath_server_spans_rejected", "Invalid spans rejected (OTLP partial success).",
              rt.spans_rejected_total),
+            ("inferpath_server_spans_warned", "Spans kept with a warning (OTLP partial success; e.g. an undefined"
+             " span kind stored as Unspecified), counted on every delivery.", rt.spans_warned_total),
             ("inferpath_server_spans_refused", "Valid spans not accepted: answered 503 (busy, span log backlog "
              "full, store unavailable; the client retries) or 400 (the store refused their data).",
              rt.spans_refused_total),

@@ -39,9 +39,12 @@ def _bodies(shared_data: Path) -> list[tuple[bytes, str, str | None]]:
                 + sorted((folder / "startup_otlp").glob("*.pb"))]
     assert recorded
     as_json = (shared_data / "otlp_traces" / "otel_proto_examples_trace.json").read_bytes()
+    # The same example with an undefined span kind: kept, with a warning that travels too.
+    odd = json.loads(as_json)
+    odd["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["kind"] = "SPAN_KIND_BOGUS"
     return ([(body, PROTOBUF, None) for body in recorded]
             + [(as_json, "application/json", None), (gzip.compress(recorded[0]), PROTOBUF, "gzip"),
-               (trace_body(10, 100)[0], PROTOBUF, None)])
+               (trace_body(10, 100)[0], PROTOBUF, None), (json.dumps(odd).encode(), "application/json", None)])
 
 
 def _decode_both(workers: DecodeWorkers, body: bytes, content_type: str, encoding: str | None, oldest: int = 0):
@@ -55,6 +58,7 @@ def test_a_worker_decodes_every_recorded_body_exactly_as_the_server_does(shared_
         for body, content_type, encoding in _bodies(shared_data):
             remote, local = _decode_both(workers, body, content_type, encoding)
             assert remote == local and remote.spans
+            assert remote.warned_spans == (1 if b"SPAN_KIND_BOGUS" in body else 0)
             assert [s.start_ns for s in remote.spans] == [s.start_ns for s in local.spans]
             # Spans of one resource share its attribute map, as they do when decoded here.
             assert len({id(s.resource_attributes) for s in remote.spans}) == len(

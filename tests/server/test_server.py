@@ -191,6 +191,7 @@ def test_gzip_body_and_partial_success(client: httpx.Client) -> None:
     flush(client)
     spans = client.get("/api/v1/traces/0102030405060708090a0b0c0d0e0f10").json()["spans"]
     assert {span["span_kind"] for span in spans if span["span_id"] == "0102030405060709"} == {"Unspecified"}
+    assert "inferpath_server_spans_warned_total 1.0" in client.get("/metrics").text
 
 
 def test_unsupported_media_and_oversized_bodies(store_url: str) -> None:
