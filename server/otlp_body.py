@@ -262,28 +262,35 @@ def _prepare_json(document: dict, signal: Literal["traces", "metrics"],
 _PARSE_STEP = re.compile(r"Failed to parse (\w+) field: ")
 
 
-def _parse_error(exc: json_format.ParseError, skip: int = 0) -> str:
-    """protobuf's nested ``Failed to parse X field: …`` as ``X.Y: reason`` (the first
-    ``skip`` field names dropped), the reason cut to 200 characters."""
+def _parse_error(exc: json_format.ParseError) -> tuple[list[str], str]:
+    """protobuf's nested ``Failed to parse X field: Failed to parse Y field: reason.`` as
+    ``(["X", "Y"], "reason")``, the reason cut to 200 characters."""
     text, fields = str(exc), []
     while match := _PARSE_STEP.match(text):
         fields.append(match.group(1))
         text = text[match.end():]
     reason = text.rstrip(".")
-    reason = reason if len(reason) <= 200 else f"{reason[:200]}… ({len(reason)} characters)"
-    fields = fields[skip:]
-    return f"{'.'.join(fields)}: {reason}" if fields else reason
+    return fields, (reason if len(reason) <= 200 else f"{reason[:200]}… ({len(reason)} characters)")
+
+
+def _described(path: str, fields: list[str], reason: str) -> str:
+    """``path.field.field: reason`` (either part may be empty)."""
+    where = ".".join(part for part in (path, *fields) if part)
+    return f"{where}: {reason}" if where else reason
 
 
 def _located(document: dict, signal: Literal["traces", "metrics"]) -> str | None:
-    """After the whole document failed to parse: ``path (fields): reason`` of the first span,
+    """After the whole document failed to parse: ``path.field…: reason`` of the first span,
     metric, resource or scope that fails alone (``None`` if none does). Only on the error
     path, so a malformed body is answered with the index of the item to fix."""
-    top, scopes, items, item_type = (("resourceSpans", "scopeSpans", "spans", Span) if signal == "traces"
-                                     else ("resourceMetrics", "scopeMetrics", "metrics", Metric))
-    for i, resource in enumerate(document.get(top) or ()):
+    top, scopes, items, item_type = (
+        ("resourceSpans", "scopeSpans", "spans", Span) if signal == "traces"
+        else ("resourceMetrics", "scopeMetrics", "metrics", Metric))
+    snake = {"resourceSpans": "resource_spans", "scopeSpans": "scope_spans",
+             "resourceMetrics": "resource_metrics", "scopeMetrics": "scope_metrics"}
+    for i, resource in enumerate(_get(document, top, snake[top])[1] or ()):
         candidates = [(f"{top}[{i}].resource", resource.get("resource"), Resource)]
-        for j, scope in enumerate(resource.get(scopes) or ()):
+        for j, scope in enumerate(_get(resource, scopes, snake[scopes])[1] or ()):
             candidates.append((f"{top}[{i}].{scopes}[{j}].scope", scope.get("scope"), InstrumentationScope))
             candidates.extend((f"{top}[{i}].{scopes}[{j}].{items}[{k}]", item, item_type)
                               for k, item in enumerate(scope.get(items) or ()))
@@ -293,7 +300,7 @@ def _located(document: dict, signal: Literal["traces", "metrics"]) -> str | None
             try:
                 json_format.ParseDict(value, message_type(), ignore_unknown_fields=True)
             except json_format.ParseError as exc:
-                return f"{path}.{_parse_error(exc)}"
+                return _described(path, *_parse_error(exc))
             except (RecursionError, TypeError, ValueError, AttributeError):
                 continue
     return None
@@ -327,8 +334,8 @@ def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
         try:
             json_format.ParseDict(document, message, ignore_unknown_fields=True)
         except json_format.ParseError as exc:
-            raise OTLPDecodeError(f"invalid OTLP/JSON {name}: {_located(document, signal) or _parse_error(exc)}"
-                                  ) from None
+            located = _located(document, signal) or _described("", *_parse_error(exc))
+            raise OTLPDecodeError(f"invalid OTLP/JSON {name}: {located}") from None
     except RecursionError:  # the parsers recurse per level of nesting; OTLP needs fewer than 20
         raise OTLPDecodeError("JSON body is nested too deeply to decode") from None
     return message

@@ -330,3 +330,14 @@ def test_nan_and_infinite_points_are_rejected_naming_them_and_the_finite_ones_ke
     assert "metrics[0].gauge.dataPoints[3]: asDouble is -inf" in message
     assert "metrics[2].histogram.dataPoints[0]: sum is not a finite number" in message
     assert message.endswith("and 2 more")  # the two other histogram points (bounds, max)
+
+
+def test_a_type_error_outside_spans_is_located_too() -> None:
+    span = {"traceId": "5B8EFFF798038103D269B633813FC60C", "spanId": "EEE19B7EC3C1B171", "name": "s",
+            "startTimeUnixNano": "100", "endTimeUnixNano": "200"}
+    # snake_case keys, a resource attribute of the wrong type: the resource is named
+    body = json.dumps({"resource_spans": [{"resource": {"attributes": [{"key": "k", "value": {"intValue": "x"}}]},
+                                           "scope_spans": [{"spans": [span]}]}]}).encode()
+    with pytest.raises(OTLPDecodeError, match=re.escape(
+            "resourceSpans[0].resource.attributes.value.intValue: invalid literal")):
+        decode_trace_request(body, content_type=JSON, content_encoding=None)
