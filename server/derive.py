@@ -377,11 +377,13 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
 
     main = gateway or root_client or engine or by_start[0]
     endpoint = _first(attrs(gateway, ENDPOINT), attrs(gateway, HTTP_ROUTE)) or ""
-    endpoint_class = _first(
-        attrs(gateway, ENDPOINT_CLASS),
-        gateway.resource_attributes.get(ENDPOINT_CLASS) if gateway is not None else None,
-        _first_of(s.resource_attributes.get(ENDPOINT_CLASS) for s in by_start),
-        _first_of(s.span_attributes.get(ENDPOINT_CLASS) for s in by_start)) or ""
+    # Lazily, in order (``or`` skips ``None`` and ``""`` as _first does): the two walks over
+    # every span run only when the gateway names no class.
+    endpoint_class = (
+        attrs(gateway, ENDPOINT_CLASS)
+        or (gateway.resource_attributes.get(ENDPOINT_CLASS) if gateway is not None else None)
+        or _first_of(s.resource_attributes.get(ENDPOINT_CLASS) for s in by_start)
+        or _first_of(s.span_attributes.get(ENDPOINT_CLASS) for s in by_start)) or ""
     model = _first(*(attrs(s, REQUEST_MODEL) for s in (*model_clients, root_client, gateway, engine)),
                    attrs(engine, RESPONSE_MODEL)) or ""
     model_version = _first(*(attrs(s, RESPONSE_MODEL) for s in (engine, *model_clients, root_client))) or ""
