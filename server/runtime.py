@@ -446,6 +446,9 @@ class ListenError(OSError):
         super().__init__(cause.errno, f"cannot listen on {host}:{port}: {reason} ({hint})")
 
 
+_LISTEN_BACKLOG = 2048  # uvicorn's default
+
+
 def _bind(host: str, port: int) -> socket.socket:
     try:
         return _bind_socket(host, port)
@@ -461,6 +464,10 @@ def _bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listening from here on (uvicorn's backlog; its own listen() later keeps it): the port
+    # is logged before uvicorn starts accepting, and a client that connects in between
+    # waits in the backlog instead of being refused.
+    sock.listen(_LISTEN_BACKLOG)
     sock.set_inheritable(True)
     return sock
 

@@ -91,3 +91,16 @@ def test_an_export_cut_off_mid_body_is_logged_without_an_error_traceback(store_u
             time.sleep(0.05)
         assert httpx.get(f"{running.url}/healthz", timeout=5).status_code == 200
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
+def test_the_bound_socket_accepts_connections_before_the_server_serves() -> None:
+    """The port is logged between binding and uvicorn's start: a client that connects in
+    that window must wait in the backlog, not be refused."""
+    from inferpath.server.runtime import _bind_socket
+
+    sock = _bind_socket("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass
+    finally:
+        sock.close()
