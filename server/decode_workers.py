@@ -55,7 +55,7 @@ try:
 except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
 
-from inferpath.server.derive import derivation_attributes, derivation_resource_attributes
+from inferpath.server.derive import derivation_resource_attributes, derivation_view_fields
 from inferpath.server.otlp import DecodedSpans, OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
 from inferpath.storage.native import NativeBlockWriter
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
@@ -85,9 +85,7 @@ def _view_fields(spans: list[SpanRow]) -> list[tuple]:
         if span.resource_attributes is not source:  # spans of one resource come in a row, sharing its map
             source = span.resource_attributes
             view = derivation_resource_attributes(source)
-        fields.append((span.timestamp, span.trace_id, span.span_id, span.parent_span_id, "", span.span_name,
-                       span.span_kind, span.service_name, view, "", "", derivation_attributes(span.span_attributes),
-                       span.duration_ns, span.status_code, "", (), (), span.start_ns))
+        fields.append(derivation_view_fields(span, view))
     return fields
 
 

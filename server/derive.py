@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 
 from inferpath.storage.rows import RequestRow, SpanRow
 
-__all__ = ["assemble_request", "seconds_to_ns", "union_ns", "dedup_spans", "derivation_view",
+__all__ = ["assemble_request", "seconds_to_ns", "union_ns", "dedup_spans", "derivation_view", "derivation_view_fields",
            "derivation_attributes", "derivation_resource_attributes"]
 
 STAGE = "inferpath.stage"
@@ -111,6 +111,15 @@ def derivation_resource_attributes(resource_attributes: dict[str, str]) -> dict[
     return {key: value for key, value in resource_attributes.items() if key in _DERIVATION_RESOURCE_ATTRIBUTES}
 
 
+def derivation_view_fields(span: SpanRow, resource_attributes: dict[str, str]) -> tuple:
+    """The arguments of :meth:`SpanRow.from_checked` for ``span``'s :func:`derivation_view`,
+    with ``resource_attributes`` already :func:`derivation_resource_attributes` of its
+    resource's (so that the spans of one resource can share one)."""
+    return (span.timestamp, span.trace_id, span.span_id, span.parent_span_id, "", span.span_name, span.span_kind,
+            span.service_name, resource_attributes, "", "", derivation_attributes(span.span_attributes),
+            span.duration_ns, span.status_code, "", (), (), span.start_ns)
+
+
 def derivation_view(span: SpanRow) -> SpanRow:
     """``span`` with only what :func:`assemble_request` reads: ids, name, kind, service,
     start, duration, status code and the attributes of :func:`derivation_attributes` /
@@ -118,10 +127,7 @@ def derivation_view(span: SpanRow) -> SpanRow:
     links empty. Any spans and their views give the same request row. A view is for
     derivation only, never for storage (the decode workers send the server views of the
     spans they also wrote as a Native block, see :mod:`inferpath.server.decode_workers`)."""
-    return SpanRow.from_checked(
-        span.timestamp, span.trace_id, span.span_id, span.parent_span_id, "", span.span_name, span.span_kind,
-        span.service_name, derivation_resource_attributes(span.resource_attributes), "", "",
-        derivation_attributes(span.span_attributes), span.duration_ns, span.status_code, "", (), (), span.start_ns)
+    return SpanRow.from_checked(*derivation_view_fields(span, derivation_resource_attributes(span.resource_attributes)))
 
 
 def _int_attr(span: SpanRow | None, names: Iterable[str]) -> int | None:
