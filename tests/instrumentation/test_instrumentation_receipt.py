@@ -517,7 +517,9 @@ def test_a_new_connections_first_read_is_stamped_even_with_the_headers_in_it(spa
         error_ms = (first_ns - written * 1e9) / 1e6
         assert abs(error_ms) < 1.0, error_ms
     ttft = span.attributes["gen_ai.response.time_to_first_chunk"]
-    assert 0.29 < ttft < 0.32, ttft  # not ~0.6 s, the end of the hold-up
+    # 300 ms plus the request's own send: a loaded machine stretches that by tens of ms,
+    # never to ~0.6 s, the end of the hold-up (what a read stamped when taken would give).
+    assert 0.29 < ttft < 0.45, ttft
 
 
 @pytest.mark.skipif(not receipt._HAS_KERNEL_STAMPS, reason="kernel receive timestamps: Linux x86-64/arm64")
