@@ -21,7 +21,13 @@ them), and the resident set grew ~1 MB/s in the 20k spans/s soak (one collection
 long the memory of any new cycle waits, at the cost of one scan of the tracked objects born
 since the last (held spans among them). Only the youngest generation: collecting the middle
 one as well, every 10 s, promoted enough survivors to set off full collections and cost
-~10 µs of CPU per span at ~42k spans/s (bench/README.md, server_ingest).
+~10 µs of CPU per span at ~42k spans/s (bench/README.md, server_ingest). Once a minute, not
+every 10 s: CPython lowers the young count on the deallocation of any tracked object, so at
+a steady load (held spans born as old ones are let go) the count stays near zero while the
+young list gathers every span held since the last collection; a timed young collection
+scanned them all, 146-450 ms on the interpreter lock every 10 s at ~28k spans/s. Held spans
+live seconds, so a collection a minute scans at most what the held-span bounds hold, six
+times less often; cyclic garbage (now without rows) waits up to a minute.
 
 Before its threads start, a server process caps glibc's malloc arenas
 (:func:`limit_c_heap_arenas`, :data:`SERVER_MALLOC_ARENAS`): glibc gives each new thread
@@ -55,7 +61,7 @@ __all__ = ["AllocatorStats", "COLLECT_INTERVAL_SECONDS", "MemoryReleaser", "SERV
 SERVER_MALLOC_ARENAS = 2
 """glibc malloc arenas a server process uses at most (module docstring)."""
 
-COLLECT_INTERVAL_SECONDS = 10.0
+COLLECT_INTERVAL_SECONDS = 60.0
 """Seconds between the releaser's collections of Python's youngest generation (module docstring)."""
 
 # malloc_stats_print's summary line (jemalloc 5.x): "Allocated: N, active: N, metadata: N

@@ -74,6 +74,34 @@ def test_a_pass_frees_the_rows_an_insert_left_in_a_reference_cycle(store_url: st
         gc.enable()
 
 
+def test_a_pass_collects_the_young_generation_at_most_once_per_interval(store_url: str) -> None:
+    from inferpath.server import memory
+
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    with Store.open(store_url) as store:
+        releaser = MemoryReleaser(store, interval_seconds=60.0)
+        gc.callbacks.append(count)
+        try:
+            gc.disable()  # only the releaser collects meanwhile
+            releaser.release_now()
+            first = list(collections)
+            releaser.release_now()
+            releaser.release_now()
+            second = collections[len(first):]
+            releaser._collected_at -= memory.COLLECT_INTERVAL_SECONDS  # the interval has passed
+            releaser.release_now()
+            third = collections[len(first) + len(second):]
+        finally:
+            gc.enable()
+            gc.callbacks.remove(count)
+    assert first == [0] and second == [] and third == [0]
+
+
 def test_glibc_trim_is_available_on_linux() -> None:
     assert trim_c_heap() is True
 
