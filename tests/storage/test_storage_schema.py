@@ -110,15 +110,17 @@ def _outdated_parts_cleanup_thread_growth(store: Store, table: str, parts: int) 
     background and then by one OPTIMIZE) and wait for ClickHouse's cleanup to remove them;
     the growth of the engine's global thread pool meanwhile."""
     threads = "SELECT value FROM system.metrics WHERE metric = 'GlobalThread'"
-    # Outdated parts are let go 1 s after they are replaced, and looked for every 10 s
-    # (ClickHouse's defaults: 480 s and every 30 s); how many threads remove them is unchanged.
-    store.command(f"ALTER TABLE {table} MODIFY SETTING old_parts_lifetime = 1, cleanup_delay_period = 10,"
+    # Cleanup looks every 10 s (ClickHouse's default: 30 s); outdated parts are kept until all
+    # are there, then let go at once, so one cleanup removes them all however slow the inserts.
+    # How many threads removal takes is unchanged.
+    store.command(f"ALTER TABLE {table} MODIFY SETTING old_parts_lifetime = 3600, cleanup_delay_period = 10,"
                   " cleanup_delay_period_random_add = 0")
     for n in range(parts):  # distinct rows: identical blocks would be deduplicated
         store.command(f"INSERT INTO {table} (TraceId, SpanId, Timestamp) VALUES"
                       f" ('{n:032x}', '{n:016x}', '2025-01-01 12:00:00')")
     before = store.query(threads)[0][0]
     store.command(f"OPTIMIZE TABLE {table} FINAL")
+    store.command(f"ALTER TABLE {table} MODIFY SETTING old_parts_lifetime = 1")
     deadline = time.monotonic() + 90
     while store.query(f"SELECT count() FROM system.parts WHERE database = currentDatabase() AND table = '{table}'"
                       " AND NOT active")[0][0]:
