@@ -14,7 +14,13 @@ In one run, alternating so that both sides see the same background load of the m
    the store, or to the server's span log, whose un-inserted backlog is bounded to ~0.5 s
    of inserts; loss and duplicates are counted after the server drained it at stop).
    Meanwhile a probe posts a one-span trace every 200 ms, with the span's end = now, and
-   polls ``GET /api/v1/traces/{id}`` until it is there: span end → visible latency.
+   polls ``GET /api/v1/traces/{id}`` every ``--probe-poll-seconds`` until it is there: span
+   end → visible latency, an upper bound that overshoots by less than one poll interval.
+   The probe is a reader of the server under test, and not a light one: a lookup of a trace
+   not yet there costs the server ~5-8 ms of CPU, one that finds it 15-70 ms (bench/README.md),
+   so polling every 25 ms took ~12 % of the machine from ingest; every 100 ms (the default)
+   the answer is 75 ms coarser and the probe takes a quarter of that. ``--no-probe`` runs
+   without it (``visible_*`` are then null).
 
 Phases run reference, server, reference, … , server, reference (``--rounds`` server
 phases; one round = one sustained run of ``--seconds``). The load average (1 min) is read
@@ -25,7 +31,7 @@ idle near 0 means the run was bound by the machine's two cores. After a graceful
 here and counted: acknowledged spans missing (loss) and spans stored twice must both be 0.
 
 ``python bench/server_ingest.py [--seconds 60] [--clients 4] [--spans-per-request 1000]
-[--rounds 1] [--reference-seconds 5]``
+[--rounds 1] [--reference-seconds 5] [--probe-poll-seconds 0.1 | --no-probe]``
 """
 
 from __future__ import annotations
@@ -147,18 +153,23 @@ def _cpu_seconds(pid: int) -> float:
 
 def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, bodies: int | None = None,
         workdir: str | None = None, rounds: int = 1, reference_seconds: float = 5.0,
-        max_rate: float = 60_000.0) -> dict:
+        max_rate: float = 60_000.0, probe_poll_seconds: float | None = 0.1) -> dict:
     """Run the benchmark; returns the figures as a dict (also printed by ``main``).
 
     ``max_rate`` (spans/s) sizes the pool of distinct pre-built bodies; if the server drains
-    it, ``all_bodies_used`` says so and the rate is a lower bound.
+    it, ``all_bodies_used`` says so and the rate is a lower bound. ``probe_poll_seconds``:
+    the visibility probe's poll interval (> 0), ``None`` for no probe. Raises
+    ``ValueError`` for a poll interval ≤ 0.
     """
+    if probe_poll_seconds is not None and not probe_poll_seconds > 0:
+        raise ValueError(f"probe_poll_seconds must be > 0 or None, got {probe_poll_seconds}")
     with scratch_folder(workdir, "inferpath-bench-") as folder:
-        return _run(folder, seconds, clients, spans_per_request, bodies, rounds, reference_seconds, max_rate)
+        return _run(folder, seconds, clients, spans_per_request, bodies, rounds, reference_seconds, max_rate,
+                    probe_poll_seconds)
 
 
 def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bodies: int | None, rounds: int,
-         reference_seconds: float, max_rate: float) -> dict:
+         reference_seconds: float, max_rate: float, probe_poll_seconds: float | None) -> dict:
     spans_per_trace = 10
     count = bodies or max(clients * 4, int(seconds * max_rate / spans_per_request) + clients)
     prepared = [trace_body(spans_per_trace=spans_per_trace, traces=spans_per_request // spans_per_trace)
@@ -172,6 +183,7 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
     next_body = iter(range(count))
     lock = threading.Lock()
     visible_seconds: list[float] = []
+    probe_reads = [0]
     loads: list[float] = []
     phases: list[dict] = []
 
@@ -203,8 +215,11 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
                     body, ids = trace_body(spans_per_trace=1, start_ns=ended_ns - 560_000_000, service_name="probe")
                     trace_id = next(iter(ids))
                     http.post("/v1/traces", content=body, headers=PROTOBUF)
-                    while http.get(f"/api/v1/traces/{trace_id}").status_code != 200:
-                        time.sleep(0.025)
+                    while True:
+                        probe_reads[0] += 1
+                        if http.get(f"/api/v1/traces/{trace_id}").status_code == 200:
+                            break
+                        time.sleep(probe_poll_seconds)
                     visible_seconds.append((time.time_ns() - ended_ns) / 1e9)
                     time.sleep(0.2)
 
@@ -212,7 +227,9 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         cpu_before = _cpu_seconds(server.pid)
         split_before, bench_before = _cpu_split(server.pid), time.process_time()
         started = time.monotonic()
-        threads = [threading.Thread(target=exporter) for _ in range(clients)] + [threading.Thread(target=probe)]
+        threads = [threading.Thread(target=exporter) for _ in range(clients)]
+        if probe_poll_seconds is not None:
+            threads.append(threading.Thread(target=probe))
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -287,8 +304,9 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         "server_cpu_us_per_span": round(server_cpu / acked_spans * 1e6, 1) if acked_spans else None,
         "raw_insert_cpu_us_per_span": round(ref_cpu / ref_spans * 1e6, 1) if ref_spans else None,
         "exports_per_insert": round(exports / inserts, 2) if inserts else None, "assembly": assembly,
-        "visible_p50_seconds": round(_p(visible_seconds, 0.5), 4),
-        "visible_p99_seconds": round(_p(visible_seconds, 0.99), 4), "probes": len(visible_seconds),
+        "visible_p50_seconds": round(_p(visible_seconds, 0.5), 4) if visible_seconds else None,
+        "visible_p99_seconds": round(_p(visible_seconds, 0.99), 4) if visible_seconds else None,
+        "probes": len(visible_seconds), "probe_poll_seconds": probe_poll_seconds, "probe_reads": probe_reads[0],
         "load_average_min": min(loads), "load_average_max": max(loads),
         "all_bodies_used": len(acked) == count, "phases": phases,
     }
@@ -302,13 +320,20 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="server phases, each between two reference phases")
     parser.add_argument("--reference-seconds", type=float, default=5.0, help="insert time per reference phase")
     parser.add_argument("--max-rate", type=float, default=60_000.0, help="spans/s the body pool is sized for")
+    parser.add_argument("--probe-poll-seconds", type=float, default=0.1,
+                        help="the visibility probe's poll interval (> 0)")
+    parser.add_argument("--no-probe", action="store_true", help="run without the visibility probe")
     args = parser.parse_args()
+    if not args.probe_poll_seconds > 0:
+        parser.error(f"--probe-poll-seconds must be > 0, got {args.probe_poll_seconds}")
     result = run(args.seconds, args.clients, args.spans_per_request, rounds=args.rounds,
-                 reference_seconds=args.reference_seconds, max_rate=args.max_rate)
+                 reference_seconds=args.reference_seconds, max_rate=args.max_rate,
+                 probe_poll_seconds=None if args.no_probe else args.probe_poll_seconds)
     print(json.dumps(result, indent=2))
     print(f"server {result['server_spans_per_second']} spans/s vs raw clickhouse-connect "
           f"{result['raw_insert_spans_per_second']} spans/s: ratio {result['ratio']}; lost {result['lost_spans']}, "
-          f"stored twice {result['stored_twice']}; span end -> visible p99 {result['visible_p99_seconds']} s; "
+          f"stored twice {result['stored_twice']}; span end -> visible p99 {result['visible_p99_seconds']} s "
+          f"(poll {result['probe_poll_seconds']} s); "
           f"load average {result['load_average_min']:.1f}-{result['load_average_max']:.1f}")
     return 0
 

@@ -28,6 +28,12 @@ def test_ingest_benchmark_runs_without_loss(tmp_path: Path) -> None:
     assert result["acked_spans"] > 0 and result["lost_spans"] == 0 and result["stored_twice"] == 0
     assert result["server_spans_per_second"] > 0 and result["raw_insert_spans_per_second"] > 0
     assert result["probes"] >= 1 and result["visible_p99_seconds"] < 30
+    assert result["probe_poll_seconds"] == 0.1 and result["probe_reads"] >= result["probes"]
+
+
+def test_ingest_benchmark_refuses_a_probe_poll_interval_that_is_not_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="probe_poll_seconds must be > 0"):
+        _load("server_ingest").run(seconds=1.0, workdir=str(tmp_path), probe_poll_seconds=0.0)
 
 
 @pytest.mark.e2e
