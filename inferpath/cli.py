@@ -142,7 +142,7 @@ def up(
     except Exception as exc:  # the store could not be opened: say which and why, no traceback
         console.print(str(StoreOpenError(settings.store_url, exc)), style="red", highlight=False, markup=False)
         raise typer.Exit(2) from exc
-    from inferpath.server.runtime import tune_gc_for_server
+    from inferpath.server.memory import tune_gc_for_server
 
     tune_gc_for_server()  # this process is the server (the dashboard runs in its own)
     console.print(f"inferpath server on {server.url} (store {server.runtime.store.url})")

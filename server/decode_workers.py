@@ -56,6 +56,7 @@ except ImportError:  # pragma: no cover - not on Windows
     fcntl = None  # type: ignore[assignment]
 
 from inferpath.server.derive import derivation_resource_attributes, derivation_view_fields
+from inferpath.server.memory import tune_gc_for_server
 from inferpath.server.otlp import DecodedSpans, OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
 from inferpath.storage.native import NativeBlockWriter
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
@@ -473,6 +474,7 @@ def _main() -> int:
     # which is what ends this loop; the child must not die of the signal first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s decode worker: %(message)s")
+    tune_gc_for_server()  # the server's collector settings: a worker allocates as its ingest does
     serve(sys.stdin.buffer, sys.stdout.buffer)
     return 0
 

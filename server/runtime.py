@@ -29,7 +29,7 @@ from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, 
 from inferpath.server.decode_workers import DecodeWorkers
 from inferpath.server.ingest import CommitResult, DurableIngest, NativeRows, TableRows
 from inferpath.server.log_ingest import LoggedSpanIngest
-from inferpath.server.memory import MemoryReleaser, limit_c_heap_arenas
+from inferpath.server.memory import MemoryReleaser, limit_c_heap_arenas, tune_gc_for_server
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans, decode_trace_request
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.server.span_log import SpanLog
@@ -47,7 +47,7 @@ from inferpath.storage.rows import (
 from inferpath.storage.store import Store
 from inferpath.storage.writer import BatchWriter
 
-__all__ = ["ServerRuntime", "RunningServer", "serve_in_thread", "serve_forever", "tune_gc_for_server"]
+__all__ = ["ServerRuntime", "RunningServer", "serve_in_thread", "serve_forever"]
 
 logger = logging.getLogger(__name__)
 
@@ -545,23 +545,6 @@ def serve_in_thread(settings: Settings, *, port: int | None = None) -> RunningSe
 
 class _Terminated(Exception):
     """SIGTERM re-raised by uvicorn after its graceful shutdown."""
-
-
-def tune_gc_for_server() -> None:
-    """Garbage-collector settings for a process that is (mostly) the server: what start-up
-    allocated is frozen out of the collector's scans, young collections run every 100 000
-    net allocations instead of 700 and middle ones every 20 young ones instead of 10. Ingest
-    allocates many short-lived objects per span; with the defaults, collections took about a
-    third of the server's CPU under a steady OTLP load. Measured at ~45k spans/s over 30 s
-    (bench/README.md, server_ingest): 20 000 / 10 spent 3.5 s in collections (148 young ones
-    of ~16 ms, 13 middle ones of ~80 ms), 100 000 / 20 spent 1.3 s (11 young ones of ~120 ms),
-    250 000 / 20 1.1 s but in pauses of ~220 ms. Cycles are still collected, later; objects
-    without cycles are freed by reference counting as before."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(100_000, 20, 10)
 
 
 def serve_forever(settings: Settings) -> None:

@@ -116,3 +116,15 @@ def test_decode_views_benchmark_sends_and_holds_less(tmp_path: Path) -> None:
         assert whole["server_cpu_us_per_span"] > 0 and view["server_cpu_us_per_span"] > 0
     # The heavy spans' 2 kB prompt is neither sent nor held.
     assert result["heavy"]["view"]["held_bytes_per_span"] < 0.6 * result["heavy"]["whole"]["held_bytes_per_span"]
+
+
+def test_worker_gc_benchmark_measures_both_settings_and_restores_the_thresholds(tmp_path: Path) -> None:
+    import gc
+
+    before = gc.get_threshold()
+    result = _load("worker_gc").run(repeat=1, loops=3, workdir=str(tmp_path))
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    assert result["default"]["thresholds"] == [700, 10, 10] and result["tuned"]["thresholds"] == [100_000, 20, 10]
+    # A 1000-span export allocates thousands of tracked objects: the defaults collect during it.
+    assert result["default"]["collections_per_export"] >= 1
+    assert result["default"]["cpu_us_per_span"] > 0 and result["tuned"]["cpu_us_per_span"] > 0

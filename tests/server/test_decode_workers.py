@@ -3,9 +3,11 @@ decoding in the server, and a worker that dies, hangs or never starts costs no e
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from inferpath.config import Settings
 from inferpath.server import decode_workers
 from inferpath.server.decode_workers import DecodeWorkers
 from inferpath.server.derive import derivation_view
+from inferpath.server.memory import SERVER_GC_THRESHOLDS
 from inferpath.server.otlp import OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
 from inferpath.server.runtime import serve_in_thread
 from inferpath.storage.native import NativeBlockWriter
@@ -97,6 +100,43 @@ def test_asked_for_native_blocks_a_worker_writes_the_block_the_server_would(shar
         assert workers.failures_total == workers.fallbacks_total == 0
     finally:
         workers.close()
+
+
+def test_a_worker_process_runs_with_the_servers_collector_settings(monkeypatch) -> None:
+    seen = []
+    monkeypatch.setattr(decode_workers, "serve", lambda requests, replies: seen.append(
+        (gc.get_threshold(), gc.get_freeze_count() > 0)))
+    thresholds, sigint = gc.get_threshold(), signal.getsignal(signal.SIGINT)
+    try:
+        assert decode_workers._main() == 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+        signal.signal(signal.SIGINT, sigint)
+    assert seen == [(SERVER_GC_THRESHOLDS, True)]
+
+
+def test_a_workers_replies_leave_no_cyclic_garbage(shared_data: Path, store_url: str) -> None:
+    # With the server's thresholds a worker's young collections hardly ever run (each
+    # reply's objects are freed as they were allocated), so a cycle per reply would pile up.
+    with Store.open(store_url) as store:
+        types = store.column_types("otel_traces", SPAN_COLUMNS)
+    cases = [*_bodies(shared_data), (b"\xff\x01", PROTOBUF, None), (b"{", "application/json", None),
+             (b"x", "text/plain", None), (b"x", PROTOBUF, "br")]
+    replies = [decode_workers._reply(content_type, encoding, 0, types, body) for body, content_type, encoding in cases]
+    assert {reply[0] for reply in replies} == {"ok", "400", "415"}
+    del replies
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(3):
+            for body, content_type, encoding in cases:
+                pickle.dumps(decode_workers._reply(content_type, encoding, 0, types, body), protocol=5)
+        assert gc.collect() == 0
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def test_malformed_bodies_raise_the_errors_decoding_in_the_server_raises() -> None:
