@@ -15,11 +15,12 @@ generation (``gc.collect(0)``). With the server's thresholds (``tune_gc_for_serv
 collections every 100 000 net allocations of tracked objects) and an ingest path that
 allocates few tracked objects, young collections had stopped for minutes, and garbage in
 reference cycles waited that long: clickhouse-connect's ``InsertContext`` keeps a bound
-method of itself, so the rows of every insert stayed alive (``Store.insert`` now empties
-them), and the resident set grew ~1 MB/s in the 20k spans/s soak (one collection there gave
-67 MB of Python objects and 42 MB of glibc heap back). A timed young collection bounds how
-long the memory of any new cycle waits, at the cost of one scan of the tracked objects born
-since the last (held spans among them). Only the youngest generation: collecting the middle
+method of itself, so the rows of every insert stayed alive, and the resident set grew
+~1 MB/s in the 20k spans/s soak (one collection there gave 67 MB of Python objects and
+42 MB of glibc heap back). ``Store.insert`` now breaks that cycle, and a test holds inserts
+to leaving no cyclic garbage; the timed young collection stays as the net for any other
+cycle (an exception's traceback, a library's), bounding how long its memory waits, at the
+cost of one scan of the tracked objects born since the last (held spans among them). Only the youngest generation: collecting the middle
 one as well, every 10 s, promoted enough survivors to set off full collections and cost
 ~10 µs of CPU per span at ~42k spans/s (bench/README.md, server_ingest). Once a minute, not
 every 10 s: CPython lowers the young count on the deallocation of any tracked object, so at
