@@ -266,6 +266,44 @@ def _http_status(span: SpanRow | None) -> int | None:
     return _int_attr(span, HTTP_STATUS)
 
 
+_NO_ATTRIBUTES: dict[str, str] = {}
+
+
+def _first_value(spans: Iterable[SpanRow | None], key: str) -> str | None:
+    """The first non-empty value of attribute ``key`` among ``spans`` in order (``None``
+    entries skipped), or ``None``. Loops, not ``_first_of(generator)``: this runs for every
+    trace, and a generator costs more than the lookups."""
+    for span in spans:
+        if span is not None:
+            value = span.span_attributes.get(key)
+            if value:  # attribute values are strings: skips None and ""
+                return value
+    return None
+
+
+def _first_resource_value(spans: Iterable[SpanRow], key: str) -> str | None:
+    """The first non-empty value of resource attribute ``key`` among ``spans`` in order, or
+    ``None``; a resource's map shared by consecutive spans is looked at once."""
+    seen = None
+    for span in spans:
+        attributes = span.resource_attributes
+        if attributes is not seen:
+            seen = attributes
+            value = attributes.get(key)
+            if value:
+                return value
+    return None
+
+
+def _first_int(spans: Iterable[SpanRow | None], names: Sequence[str]) -> int | None:
+    """The first :func:`_int_attr` of ``names`` that is not ``None`` among ``spans`` in order."""
+    for span in spans:
+        value = _int_attr(span, names)
+        if value is not None:
+            return value
+    return None
+
+
 def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = None) -> RequestRow | None:
     """Derive the ``inferpath_requests`` row of one trace from its spans.
 
@@ -319,32 +357,35 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     if not (gateway or engine or staged or genai_client):
         return None
 
-    attrs = lambda span, key: span.span_attributes.get(key) if span is not None else None  # noqa: E731
+    # The attributes of the spans that play a role ({} for a role no span plays).
+    client_attrs = root_client.span_attributes if root_client is not None else _NO_ATTRIBUTES
+    gateway_attrs = gateway.span_attributes if gateway is not None else _NO_ATTRIBUTES
+    engine_attrs = engine.span_attributes if engine is not None else _NO_ATTRIBUTES
 
     # Client-side view of the end user.
-    client_ttft_ns = seconds_to_ns(attrs(root_client, TTFT_SECONDS))
+    client_ttft_ns = seconds_to_ns(client_attrs.get(TTFT_SECONDS))
     client_e2e_ns = root_client.duration_ns if root_client is not None else None
 
     # Server-side TTFT/E2E: the gateway's, else the engine's own measurement.
     if gateway is not None:
-        ttft_ns = seconds_to_ns(attrs(gateway, TTFT_SECONDS))
+        ttft_ns = seconds_to_ns(gateway_attrs.get(TTFT_SECONDS))
         e2e_ns = gateway.duration_ns
     else:
-        ttft_ns = seconds_to_ns(attrs(engine, ENGINE_TTFT))
-        e2e_ns = seconds_to_ns(attrs(engine, ENGINE_E2E))
+        ttft_ns = seconds_to_ns(engine_attrs.get(ENGINE_TTFT))
+        e2e_ns = seconds_to_ns(engine_attrs.get(ENGINE_E2E))
 
-    engine_queue_ns = seconds_to_ns(attrs(engine, ENGINE_QUEUE))
-    engine_prefill_ns = seconds_to_ns(attrs(engine, ENGINE_PREFILL))
-    engine_decode_ns = seconds_to_ns(attrs(engine, ENGINE_DECODE))
+    engine_queue_ns = seconds_to_ns(engine_attrs.get(ENGINE_QUEUE))
+    engine_prefill_ns = seconds_to_ns(engine_attrs.get(ENGINE_PREFILL))
+    engine_decode_ns = seconds_to_ns(engine_attrs.get(ENGINE_DECODE))
     queue_ns = engine_queue_ns if engine_queue_ns is not None else _stage_union(by_stage.get("queue"))
     prefill_ns = engine_prefill_ns if engine_prefill_ns is not None else _stage_union(by_stage.get("prefill"))
     decode_ns = engine_decode_ns if engine_decode_ns is not None else _stage_union(by_stage.get("decode"))
 
-    input_tokens = _first_of(_int_attr(s, INPUT_TOKENS) for s in
-                             (gateway, root_client, *model_clients, *by_stage.get("tokenize", ()), engine))
-    output_tokens = _first_of(_int_attr(s, OUTPUT_TOKENS) for s in (gateway, root_client, *model_clients, engine))
+    input_tokens = _first_int((gateway, root_client, *model_clients, *by_stage.get("tokenize", ()), engine),
+                              INPUT_TOKENS)
+    output_tokens = _first_int((gateway, root_client, *model_clients, engine), OUTPUT_TOKENS)
 
-    itl_ns = seconds_to_ns(attrs(gateway, ITL_SECONDS))
+    itl_ns = seconds_to_ns(gateway_attrs.get(ITL_SECONDS))
     if itl_ns is None and engine is not None:
         engine_tokens = _int_attr(engine, OUTPUT_TOKENS)
         if engine_decode_ns is not None and engine_tokens is not None and engine_tokens >= 2:
@@ -376,23 +417,23 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     http_status_code = _first(_http_status(gateway), _http_status(root_client)) or 0
     if any(s.status_code == "Error" for s in top) or http_status_code >= 500:
         status = "error"
-    elif any(attrs(s, STREAM_STATUS) == "incomplete" for s in top):
+    elif any(s.span_attributes.get(STREAM_STATUS) == "incomplete" for s in top):
         status = "incomplete"
     else:
         status = "ok"
 
     main = gateway or root_client or engine or by_start[0]
-    endpoint = _first(attrs(gateway, ENDPOINT), attrs(gateway, HTTP_ROUTE)) or ""
-    # Lazily, in order (``or`` skips ``None`` and ``""`` as _first does): the two walks over
-    # every span run only when the gateway names no class.
+    # Lazily, in order (``or`` skips ``None`` and ``""`` as _first does: values are strings).
+    endpoint = gateway_attrs.get(ENDPOINT) or gateway_attrs.get(HTTP_ROUTE) or ""
+    # The two walks over every span run only when the gateway names no class.
     endpoint_class = (
-        attrs(gateway, ENDPOINT_CLASS)
+        gateway_attrs.get(ENDPOINT_CLASS)
         or (gateway.resource_attributes.get(ENDPOINT_CLASS) if gateway is not None else None)
-        or _first_of(s.resource_attributes.get(ENDPOINT_CLASS) for s in by_start)
-        or _first_of(s.span_attributes.get(ENDPOINT_CLASS) for s in by_start)) or ""
-    model = _first(*(attrs(s, REQUEST_MODEL) for s in (*model_clients, root_client, gateway, engine)),
-                   attrs(engine, RESPONSE_MODEL)) or ""
-    model_version = _first(*(attrs(s, RESPONSE_MODEL) for s in (engine, *model_clients, root_client))) or ""
+        or _first_resource_value(by_start, ENDPOINT_CLASS)
+        or _first_value(by_start, ENDPOINT_CLASS)) or ""
+    model = (_first_value((*model_clients, root_client, gateway, engine), REQUEST_MODEL)
+             or engine_attrs.get(RESPONSE_MODEL) or "")
+    model_version = _first_value((engine, *model_clients, root_client), RESPONSE_MODEL) or ""
     replica = ""
     if engine is not None:
         replica = _first_of(engine.resource_attributes.get(name) for name in REPLICA) or ""
