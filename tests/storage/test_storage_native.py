@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from clickhouse_connect.datatypes.registry import get_from_name
+from clickhouse_connect.driver.common import write_leb128
+from clickhouse_connect.driver.insert import InsertContext
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
@@ -73,6 +76,42 @@ def test_column_types_are_the_tables_own_and_a_missing_column_is_named(store: St
         store.column_types("otel_traces", ["Timestamp", "NoSuchColumn"])
     with pytest.raises(ValueError):
         store.column_types("otel_traces; DROP TABLE x", ["Timestamp"])
+
+
+def _clickhouse_connect_block(names: list[str], type_names: list[str], rows: list[tuple]) -> bytes:
+    """The Native block of ``rows`` with every column written by clickhouse-connect's type
+    classes (no shortcut), the reference for the writer's output."""
+    types = [get_from_name(name) for name in type_names]
+    out = bytearray()
+    write_leb128(len(names), out)
+    write_leb128(len(rows), out)
+    for name, ch_type, column in zip(names, types, zip(*rows)):
+        for text in (name.encode(), ch_type.insert_name.encode()):
+            write_leb128(len(text), out)
+            out += text
+        context = InsertContext("reference", names, types, None, column_oriented=True)
+        context.start_column(name)
+        ch_type.write_column(column, out, context)
+    return bytes(out)
+
+
+def test_empty_array_columns_are_written_byte_for_byte_as_clickhouse_connect_writes_them(
+        store: Store, shared_data: Path) -> None:
+    types = list(store.column_types("otel_traces", SPAN_COLUMNS))
+    writer = NativeBlockWriter(SPAN_COLUMNS, types)
+    rows = _span_rows(shared_data)
+    plain = [row for row in rows if not any(row[SPAN_COLUMNS.index(c)] for c in ("Events.Name", "Links.TraceId"))]
+    assert plain and len(plain) < len(rows)
+    # Every array empty (the shortcut), some not (the type's writer), one row, and lists or
+    # "" instead of tuples: the same bytes either way.
+    lists = [tuple(list(v) if isinstance(v, tuple) else v for v in row) for row in plain]
+    strings = [tuple("" if v == () else v for v in row) for row in plain]
+    for sample in (plain, rows, plain[:1], lists, strings):
+        assert writer.block(sample) == _clickhouse_connect_block(list(SPAN_COLUMNS), types, sample)
+    # A value without a length is refused as clickhouse-connect refuses it, naming the column.
+    arrays = NativeBlockWriter(["Tags", "Times"], ["Array(LowCardinality(String))", "Array(DateTime64(9))"])
+    with pytest.raises(ValueError, match="column 'Tags'"):
+        arrays.block([((), ()), (None, ())])
 
 
 def test_bad_rows_and_types_are_refused_naming_what_was_wrong() -> None:
