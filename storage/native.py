@@ -65,13 +65,17 @@ class NativeBlockWriter:
             prefix = None
             if type_name.startswith("Array("):
                 sample = bytearray()
-                self._write(name, ch_type, ((),), sample)
+                self._write(name, ch_type, ((),), sample, self._context())
                 if sample.endswith(bytes(8)):
                     prefix = bytes(sample[:-8])
             self._empty_array_prefixes.append(prefix)
 
-    def _write(self, name: str, ch_type: Any, column: Sequence[Any], out: bytearray) -> None:
-        context = InsertContext("native_block", self.column_names, self._types, None, column_oriented=True)
+    def _context(self) -> InsertContext:
+        # Built without data: given data, an InsertContext keeps a bound method of itself.
+        return InsertContext("native_block", self.column_names, self._types, None, column_oriented=True)
+
+    @staticmethod
+    def _write(name: str, ch_type: Any, column: Sequence[Any], out: bytearray, context: InsertContext) -> None:
         context.start_column(name)
         try:
             ch_type.write_column(column, out, context)
@@ -93,6 +97,7 @@ class NativeBlockWriter:
         write_leb128(width, out)
         write_leb128(len(rows), out)
         zero_offsets = bytes(8 * len(rows))
+        context = self._context()
         for name, ch_type, header, empty_prefix, column in zip(
                 self.column_names, self._types, self._headers, self._empty_array_prefixes, zip(*rows)):
             out += header
@@ -100,7 +105,7 @@ class NativeBlockWriter:
                 out += empty_prefix
                 out += zero_offsets
             else:
-                self._write(name, ch_type, column, out)
+                self._write(name, ch_type, column, out, context)
         return bytes(out)
 
 
