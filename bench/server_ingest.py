@@ -18,9 +18,9 @@ In one run, alternating so that both sides see the same background load of the m
    end → visible latency, an upper bound that overshoots by less than one poll interval.
    The probe is a reader of the server under test, and not a light one: a lookup of a trace
    not yet there costs the server ~5-8 ms of CPU, one that finds it 15-70 ms (bench/README.md),
-   so polling every 25 ms took ~12 % of the machine from ingest; every 100 ms (the default)
-   the answer is 75 ms coarser and the probe takes a quarter of that. ``--no-probe`` runs
-   without it (``visible_*`` are then null).
+   so polling every 25 ms (~650 lookups a minute) took ~6 % of the machine from ingest;
+   every 100 ms (the default) the answer is ≤ 75 ms coarser and the lookups half as many
+   (``probe_reads``). ``--no-probe`` runs without it (``visible_*`` are then null).
 
 Phases run reference, server, reference, … , server, reference (``--rounds`` server
 phases; one round = one sustained run of ``--seconds``). The load average (1 min) is read
