@@ -161,9 +161,13 @@ def _time_problem(name: str, unix_ns: int, oldest_unix_ns: int) -> str | None:
 
 
 def _span_problem(span, oldest_unix_ns: int = 0) -> str | None:
-    if not span.trace_id or span.trace_id == _ZERO_TRACE_ID:
+    if not span.trace_id:
+        return "traceId is missing"
+    if span.trace_id == _ZERO_TRACE_ID:
         return "traceId is all zeros"
-    if not span.span_id or span.span_id == _ZERO_SPAN_ID:
+    if not span.span_id:
+        return "spanId is missing"
+    if span.span_id == _ZERO_SPAN_ID:
         return "spanId is all zeros"
     if span.start_time_unix_nano == 0:
         return "startTimeUnixNano is missing"
@@ -186,9 +190,9 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
     ``content_type``: ``application/x-protobuf`` or ``application/json``; ``content_encoding``:
     ``gzip`` or ``None``/``identity``. Raises :class:`UnsupportedMediaTypeError` for other media
     types or encodings, :class:`OTLPDecodeError` for a malformed body or an id of the wrong
-    length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with an
-    all-zero id, no start time, end before start, a time after 2262 (past DateTime64(9)) or a
-    start before ``oldest_unix_ns`` (the store's retention: the TTL would drop the row
+    length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with a
+    missing or all-zero id, no start time, end before start, a time after 2262 (past
+    DateTime64(9)) or a start before ``oldest_unix_ns`` (the store's retention: the TTL would drop the row
     silently) are rejected and counted, with the reason in ``error_message``. A span whose
     kind or status code OTLP does not define (a number, or an OTLP/JSON name) is kept with
     the default (``Unspecified``, ``Unset``) and a warning in ``error_message``.

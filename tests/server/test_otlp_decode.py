@@ -157,14 +157,19 @@ def test_invalid_spans_are_rejected_and_counted_while_valid_ones_are_kept() -> N
             "status": {"code": 2, "message": "boom"}}
     zero_trace = dict(good, traceId="0" * 32, name="zero")
     backwards = dict(good, spanId="EEE19B7EC3C1B175", startTimeUnixNano="300", name="backwards")
-    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [zero_trace, good, backwards]}]}]}).encode()
+    no_trace = {key: value for key, value in good.items() if key != "traceId"}
+    no_span = dict(good, spanId=None)
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [zero_trace, good, backwards, no_trace,
+                                                                    no_span]}]}]}).encode()
     decoded = decode_trace_request(body, content_type=JSON, content_encoding=None)
     assert [s.span_name for s in decoded.spans] == ["good"]
     assert decoded.spans[0].span_kind == "Client" and decoded.spans[0].status_code == "Error"
     assert decoded.spans[0].status_message == "boom" and decoded.spans[0].duration_ns == 100
-    assert decoded.rejected_spans == 2
+    assert decoded.rejected_spans == 4
     assert "spans[0]: traceId is all zeros" in decoded.error_message
     assert "spans[2]: endTimeUnixNano is before startTimeUnixNano" in decoded.error_message
+    assert "spans[3]: traceId is missing" in decoded.error_message
+    assert "spans[4]: spanId is missing" in decoded.error_message
 
 
 def test_unknown_span_kinds_and_status_codes_keep_the_span_with_a_warning() -> None:
