@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -151,6 +152,24 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
+def _check_arguments(seconds: float, clients: int, spans_per_request: int, rounds: int, reference_seconds: float,
+                     max_rate: float, probe_poll_seconds: float | None) -> None:
+    """Raise ``ValueError`` naming the first argument out of range: times and rates must be
+    finite and > 0, ``clients`` and ``rounds`` ≥ 1, ``spans_per_request`` a positive multiple
+    of 10 (bodies hold whole 10-span traces)."""
+    positive = {"seconds": seconds, "reference_seconds": reference_seconds, "max_rate": max_rate}
+    if probe_poll_seconds is not None:
+        positive["probe_poll_seconds"] = probe_poll_seconds
+    for name, value in positive.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    for name, value in (("clients", clients), ("rounds", rounds)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if spans_per_request < 10 or spans_per_request % 10:
+        raise ValueError(f"spans_per_request must be a positive multiple of 10, got {spans_per_request}")
+
+
 def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, bodies: int | None = None,
         workdir: str | None = None, rounds: int = 1, reference_seconds: float = 5.0,
         max_rate: float = 60_000.0, probe_poll_seconds: float | None = 0.1) -> dict:
@@ -159,10 +178,9 @@ def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, 
     ``max_rate`` (spans/s) sizes the pool of distinct pre-built bodies; if the server drains
     it, ``all_bodies_used`` says so and the rate is a lower bound. ``probe_poll_seconds``:
     the visibility probe's poll interval (> 0), ``None`` for no probe. Raises
-    ``ValueError`` for a poll interval ≤ 0.
+    ``ValueError`` naming the first argument out of range (:func:`_check_arguments`).
     """
-    if probe_poll_seconds is not None and not probe_poll_seconds > 0:
-        raise ValueError(f"probe_poll_seconds must be > 0 or None, got {probe_poll_seconds}")
+    _check_arguments(seconds, clients, spans_per_request, rounds, reference_seconds, max_rate, probe_poll_seconds)
     with scratch_folder(workdir, "inferpath-bench-") as folder:
         return _run(folder, seconds, clients, spans_per_request, bodies, rounds, reference_seconds, max_rate,
                     probe_poll_seconds)
@@ -324,11 +342,15 @@ def main() -> int:
                         help="the visibility probe's poll interval (> 0)")
     parser.add_argument("--no-probe", action="store_true", help="run without the visibility probe")
     args = parser.parse_args()
-    if not args.probe_poll_seconds > 0:
-        parser.error(f"--probe-poll-seconds must be > 0, got {args.probe_poll_seconds}")
+    probe_poll_seconds = None if args.no_probe else args.probe_poll_seconds
+    try:
+        _check_arguments(args.seconds, args.clients, args.spans_per_request, args.rounds, args.reference_seconds,
+                         args.max_rate, probe_poll_seconds)
+    except ValueError as exc:
+        parser.error(str(exc))
     result = run(args.seconds, args.clients, args.spans_per_request, rounds=args.rounds,
                  reference_seconds=args.reference_seconds, max_rate=args.max_rate,
-                 probe_poll_seconds=None if args.no_probe else args.probe_poll_seconds)
+                 probe_poll_seconds=probe_poll_seconds)
     print(json.dumps(result, indent=2))
     print(f"server {result['server_spans_per_second']} spans/s vs raw clickhouse-connect "
           f"{result['raw_insert_spans_per_second']} spans/s: ratio {result['ratio']}; lost {result['lost_spans']}, "

@@ -63,12 +63,18 @@ def _round(bodies: list[bytes], native_types: tuple[str, ...], loops: int) -> tu
     return seconds / (loops * SPANS_PER_EXPORT) * 1e6, collections[0]
 
 
+def _check_arguments(repeat: int, loops: int) -> None:
+    """Raise ``ValueError`` naming the first of ``repeat``, ``loops`` below 1."""
+    for name, value in (("repeat", repeat), ("loops", loops)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def run(repeat: int = 5, loops: int = 100, workdir: str | None = None) -> dict:
     """Both settings; ``{"default": figures, "tuned": figures, "tuned_over_default": ratio}``.
     Leaves the process with the thresholds it had and nothing frozen. Raises ``ValueError``
     for ``repeat`` or ``loops`` < 1."""
-    if repeat < 1 or loops < 1:
-        raise ValueError(f"repeat and loops must be >= 1, got {repeat}, {loops}")
+    _check_arguments(repeat, loops)
     with scratch_folder(workdir, "inferpath-bench-") as folder, Store.open(f"chdb://{folder / 'store'}") as store:
         native_types = store.column_types("otel_traces", SPAN_COLUMNS)
     bodies = [trace_body(spans_per_trace=10, traces=SPANS_PER_EXPORT // 10)[0] for _ in range(min(loops, 20))]
@@ -95,6 +101,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5, help="rounds per setting (best kept)")
     parser.add_argument("--loops", type=int, default=100, help="exports per round")
     args = parser.parse_args()
+    try:
+        _check_arguments(args.repeat, args.loops)
+    except ValueError as exc:
+        parser.error(str(exc))
     result = run(args.repeat, args.loops)
     print(json.dumps(result, indent=2))
     print(f"worker CPU per span: default thresholds {result['default']['cpu_us_per_span']} µs, the server's "

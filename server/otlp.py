@@ -192,8 +192,8 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
     types or encodings, :class:`OTLPDecodeError` for a malformed body or an id of the wrong
     length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with a
     missing or all-zero id, no start time, end before start, a time after 2262 (past
-    DateTime64(9)) or a start before ``oldest_unix_ns`` (the store's retention: the TTL would drop the row
-    silently) are rejected and counted, with the reason in ``error_message``. A span whose
+    DateTime64(9)) or a start before ``oldest_unix_ns`` (the store's retention: the TTL
+    would drop the row silently) are rejected and counted, with the reason in ``error_message``. A span whose
     kind or status code OTLP does not define (a number, or an OTLP/JSON name) is kept with
     the default (``Unspecified``, ``Unset``) and a warning in ``error_message``.
     """

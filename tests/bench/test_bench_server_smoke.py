@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -31,9 +32,23 @@ def test_ingest_benchmark_runs_without_loss(tmp_path: Path) -> None:
     assert result["probe_poll_seconds"] == 0.1 and result["probe_reads"] >= result["probes"]
 
 
-def test_ingest_benchmark_refuses_a_probe_poll_interval_that_is_not_positive(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="probe_poll_seconds must be > 0"):
-        _load("server_ingest").run(seconds=1.0, workdir=str(tmp_path), probe_poll_seconds=0.0)
+@pytest.mark.parametrize("bad, message", [
+    ({"probe_poll_seconds": 0.0}, "probe_poll_seconds must be a finite number > 0, got 0.0"),
+    ({"probe_poll_seconds": float("inf")}, "probe_poll_seconds must be a finite number > 0, got inf"),
+    ({"seconds": float("nan")}, "seconds must be a finite number > 0, got nan"),
+    ({"clients": 0}, "clients must be >= 1, got 0"),
+    ({"spans_per_request": 15}, "spans_per_request must be a positive multiple of 10, got 15"),
+])
+def test_ingest_benchmark_refuses_arguments_out_of_range_naming_them(tmp_path: Path, bad: dict,
+                                                                     message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _load("server_ingest").run(**{"seconds": 1.0, "workdir": str(tmp_path), **bad})
+    assert not any(tmp_path.iterdir())  # refused before anything started
+
+
+def test_worker_gc_benchmark_refuses_rounds_below_one() -> None:
+    with pytest.raises(ValueError, match="loops must be >= 1, got 0"):
+        _load("worker_gc").run(repeat=1, loops=0)
 
 
 @pytest.mark.e2e
