@@ -193,9 +193,10 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
     length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with a
     missing or all-zero id, no start time, end before start, a time after 2262 (past
     DateTime64(9)) or a start before ``oldest_unix_ns`` (the store's retention: the TTL
-    would drop the row silently) are rejected and counted, with the reason in ``error_message``. A span whose
-    kind or status code OTLP does not define (a number, or an OTLP/JSON name) is kept with
-    the default (``Unspecified``, ``Unset``) and a warning in ``error_message``.
+    would drop the row silently) are rejected and counted, with the reason in
+    ``error_message``. A span whose kind or status code OTLP does not define (a number, or
+    an OTLP/JSON name) is kept with the default (``Unspecified``, ``Unset``) and a warning
+    in ``error_message``.
     """
     fmt = body_format(content_type)
     payload = decompress(body, content_encoding)
