@@ -9,17 +9,25 @@ import sys
 
 from pydantic import ValidationError
 
-from inferpath.config import Settings, describe_invalid_settings
+from inferpath.config import ENV_HOST, ENV_PORT, ENV_SCRAPE_TARGETS, ENV_STORE, Settings, describe_invalid_settings
 from inferpath.server.runtime import ListenError, StoreOpenError, serve_forever
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inferpath.server")
-    parser.add_argument("--host", default=None)
-    parser.add_argument("--port", type=int, default=None)
-    parser.add_argument("--store", default=None, help="chdb:///path or http(s)://host:port/db")
+    defaults = Settings.model_fields
+    parser = argparse.ArgumentParser(prog="python -m inferpath.server",
+                                     description="The inferpath server alone: OTLP/HTTP receiver, request assembly,"
+                                                 " read API. Each flag overrides its INFERPATH_* variable.")
+    parser.add_argument("--host", default=None,
+                        help=f"listen address (default {ENV_HOST} or {defaults['host'].default})")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"listen port (default {ENV_PORT} or {defaults['port'].default}; 0: any free port)")
+    parser.add_argument("--store", default=None,
+                        help=f"chdb:///path or http(s)://host:port/db (default {ENV_STORE} or embedded chDB"
+                             " in the user data folder)")
     parser.add_argument("--scrape", action="append", default=None,
-                        help="scrape target SOURCE=URL, e.g. vllm=http://127.0.0.1:8000/metrics (repeatable)")
+                        help="scrape target SOURCE=URL, e.g. vllm=http://127.0.0.1:8000/metrics (repeatable;"
+                             f" default {ENV_SCRAPE_TARGETS} or none)")
     args = parser.parse_args(argv)
     overrides: dict[str, object] = {"host": args.host, "port": args.port, "store_url": args.store}
     if args.scrape:

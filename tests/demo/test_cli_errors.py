@@ -118,3 +118,15 @@ def test_start_up_errors_name_their_real_cause(tmp_path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("cannot open the store chdb:///proc/forbidden/store")
+
+
+def test_server_module_help_names_defaults_and_variables(capsys) -> None:
+    from inferpath.server.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    for expected in ("INFERPATH_HOST or 127.0.0.1", "INFERPATH_PORT or 4318", "INFERPATH_STORE or embedded chDB",
+                     "INFERPATH_SCRAPE_TARGETS or none"):
+        assert expected in text
