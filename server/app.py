@@ -6,7 +6,8 @@ Endpoints (OpenAPI document at ``/openapi.json``, browsable at ``/docs``):
   200 with an ``Export*ServiceResponse`` in the request's encoding (``partial_success`` when
   items were rejected) only once the rows are committed to the store; 400 for a malformed
   body (or rows the store refuses), 408 when the body has not arrived within
-  ``settings.body_read_timeout_seconds``, 413 over ``settings.max_body_bytes``, 415 for another
+  ``settings.body_read_timeout_seconds``, 413 over ``settings.max_body_bytes`` (or a compressed
+  body inflating past ``MAX_DECOMPRESSED_BYTES``, 64 MiB), 415 for another
   media type or encoding, 503 with ``Retry-After`` when too many exports are in flight or
   the store is unavailable (:mod:`inferpath.server.ingest`).
   Error bodies are ``google.rpc.Status`` in the request's encoding (JSON when unknown), as
@@ -36,6 +37,7 @@ from starlette.requests import ClientDisconnect
 
 import inferpath
 from inferpath.server.otlp import (
+    BodyTooLargeError,
     DecodedMetrics,
     DecodedSpans,
     OTLPDecodeError,
@@ -209,6 +211,8 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             runtime.count_bad_request()
             if isinstance(outcome, UnsupportedMediaTypeError):
                 return _status_response(415, _INVALID_ARGUMENT, str(outcome), fmt)
+            if isinstance(outcome, BodyTooLargeError):
+                return _status_response(413, _RESOURCE_EXHAUSTED, str(outcome), fmt)
             if isinstance(outcome, OTLPDecodeError):
                 return _status_response(400, _INVALID_ARGUMENT, str(outcome), fmt)
             # A body must never take the server down.

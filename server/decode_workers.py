@@ -14,7 +14,7 @@ pickle (protocol 5). The child first writes one empty frame once its imports are
 (ready). A request is two frames: ``(content_type, content_encoding, oldest_unix_ns, native_types)``
 then the raw body (never copied into a pickle). A reply is one frame:
 ``("ok", rejected_spans, error_message, [span fields…], native_block, warned_spans)``, ``("415", message)``,
-``("400", message)`` or ``("error", message)``. ``native_types``: ``None``, or the type
+``("413", message)``, ``("400", message)`` or ``("error", message)``. ``native_types``: ``None``, or the type
 names of ``otel_traces``' columns in :data:`~inferpath.storage.rows.SPAN_COLUMNS` order; then
 the child also writes the spans as one ClickHouse Native block
 (:class:`~inferpath.storage.native.NativeBlockWriter`), so that the server's drainer only
@@ -57,7 +57,13 @@ except ImportError:  # pragma: no cover - not on Windows
 
 from inferpath.server.derive import derivation_resource_attributes, derivation_view_fields
 from inferpath.server.memory import tune_gc_for_server
-from inferpath.server.otlp import DecodedSpans, OTLPDecodeError, UnsupportedMediaTypeError, decode_trace_request
+from inferpath.server.otlp import (
+    BodyTooLargeError,
+    DecodedSpans,
+    OTLPDecodeError,
+    UnsupportedMediaTypeError,
+    decode_trace_request,
+)
 from inferpath.storage.native import NativeBlockWriter
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 
@@ -134,6 +140,8 @@ def _reply(content_type: str | None, content_encoding: str | None, oldest_unix_n
                                        oldest_unix_ns=oldest_unix_ns)
     except UnsupportedMediaTypeError as exc:
         return ("415", str(exc))
+    except BodyTooLargeError as exc:
+        return ("413", str(exc))
     except OTLPDecodeError as exc:
         return ("400", str(exc))
     except Exception as exc:  # noqa: BLE001 - answered as a 400 by the server, as in-process
@@ -400,9 +408,10 @@ class DecodeWorkers:
                              oldest_unix_ns: int = 0) -> DecodedSpans:
         """Decode one ``/v1/traces`` body in a worker; see
         :func:`inferpath.server.otlp.decode_trace_request` for arguments, results and the
-        errors raised (``UnsupportedMediaTypeError``, ``OTLPDecodeError``). Any other
-        failure of the body's decoding raises ``RuntimeError`` naming it; a failure of the
-        worker itself is never raised (the export is decoded here instead)."""
+        errors raised (``UnsupportedMediaTypeError``, ``BodyTooLargeError``,
+        ``OTLPDecodeError``). Any other failure of the body's decoding raises
+        ``RuntimeError`` naming it; a failure of the worker itself is never raised (the
+        export is decoded here instead)."""
         decoded = self._ask_worker(body, (content_type, content_encoding, oldest_unix_ns, self.native_types))
         if decoded is None:
             with self._cond:
@@ -414,6 +423,8 @@ class DecodeWorkers:
         kind, message = decoded
         if kind == "415":
             raise UnsupportedMediaTypeError(message)
+        if kind == "413":
+            raise BodyTooLargeError(message)
         if kind == "400":
             raise OTLPDecodeError(message)
         raise RuntimeError(message)

@@ -24,6 +24,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from inferpath.server.attributes import attributes_to_map
 from inferpath.server.otlp_body import (
+    BodyTooLargeError,
     OTLPDecodeError,
     UnsupportedMediaTypeError,
     body_format,
@@ -40,6 +41,7 @@ from inferpath.storage.rows import (
 )
 
 __all__ = [
+    "BodyTooLargeError",
     "OTLPDecodeError",
     "UnsupportedMediaTypeError",
     "DecodedSpans",

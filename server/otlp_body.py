@@ -24,6 +24,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 __all__ = [
     "OTLPDecodeError",
     "UnsupportedMediaTypeError",
+    "BodyTooLargeError",
     "BodyFormat",
     "body_format",
     "decompress",
@@ -44,6 +45,11 @@ class OTLPDecodeError(ValueError):
 
 class UnsupportedMediaTypeError(OTLPDecodeError):
     """A ``Content-Type`` or ``Content-Encoding`` the receiver does not speak (HTTP 415)."""
+
+
+class BodyTooLargeError(OTLPDecodeError):
+    """A compressed body that inflates past the limit (HTTP 413, as a raw body over
+    ``max_body_bytes`` is)."""
 
 
 def body_format(content_type: str | None) -> BodyFormat:
@@ -67,8 +73,9 @@ def decompress(body: bytes, content_encoding: str | None,
                max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
     """Undo ``Content-Encoding`` (``gzip``, ``deflate`` or ``identity``/none).
 
-    Raises :class:`OTLPDecodeError` for a corrupt stream or one inflating past ``max_bytes``,
-    :class:`UnsupportedMediaTypeError` for an unknown encoding.
+    Raises :class:`BodyTooLargeError` for a stream inflating past ``max_bytes``,
+    :class:`OTLPDecodeError` for a corrupt one, :class:`UnsupportedMediaTypeError` for an
+    unknown encoding.
     """
     encoding = (content_encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
@@ -89,7 +96,7 @@ def decompress(body: bytes, content_encoding: str | None,
             raise OTLPDecodeError(f"body is not valid {encoding}: {exc}") from None
         size += len(out)
         if size > max_bytes:
-            raise OTLPDecodeError(f"{encoding} body inflates past {max_bytes} bytes")
+            raise BodyTooLargeError(f"{encoding} body inflates past {max_bytes} bytes")
         if not inflater.eof:
             raise OTLPDecodeError(f"body is not valid {encoding}: stream is truncated")
         parts.append(out)

@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 import time
+import zlib
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from inferpath.collectors.prometheus import scrape_samples
 from inferpath.config import Settings
 from inferpath.server.otlp import decode_trace_request
+from inferpath.server.otlp_body import MAX_DECOMPRESSED_BYTES
 from inferpath.server.runtime import RunningServer, serve_in_thread
 
 from .otlp_factory import trace_body
@@ -204,6 +206,35 @@ def test_unsupported_media_and_oversized_bodies(store_url: str) -> None:
             big = http.post("/v1/traces", content=b" " * 4096, headers=JSON)
             assert big.status_code == 413 and "max_body_bytes=1024" in big.json()["message"]
             assert http.get("/healthz").json()["status"] == "ok"
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("decode_processes", [0, 1])
+def test_bodies_inflating_past_the_limit_are_413_as_oversized_raw_bodies_are(store_url: str,
+                                                                            decode_processes: int) -> None:
+    # 64 MiB + 1 byte: one gzip member, two members of half that each (RFC 1952 allows
+    # several; the limit is on their sum), and zlib-wrapped deflate. Traces are decoded in a
+    # worker process (decode_processes=1) or in the request thread (0); metrics in the server.
+    limit = MAX_DECOMPRESSED_BYTES
+    half = gzip.compress(b"\0" * (limit // 2 + 1))
+    bodies = {"gzip": gzip.compress(b"\0" * (limit + 1)), "deflate": zlib.compress(b"\0" * (limit + 1))}
+    running = start(store_url, decode_processes=decode_processes)
+    try:
+        with httpx.Client(base_url=running.url, timeout=60.0) as http:
+            for path in ("/v1/traces", "/v1/metrics"):
+                for encoding, body in [*bodies.items(), ("gzip", half + half)]:
+                    answer = http.post(path, content=body, headers={**PROTOBUF, "content-encoding": encoding})
+                    assert answer.status_code == 413, (path, encoding, answer.status_code)
+                    status = status_pb2.Status.FromString(answer.content)
+                    assert status.code == 8 and f"{encoding} body inflates past {limit} bytes" in status.message
+                # At the limit exactly the body is decoded (and, all zeros, found malformed).
+                exact = http.post(path, content=gzip.compress(b"\0" * limit),
+                                  headers={**PROTOBUF, "content-encoding": "gzip"})
+                assert exact.status_code == 400, exact.status_code
+            trace, _ = trace_body(spans_per_trace=2)
+            ok = http.post("/v1/traces", content=gzip.compress(trace), headers={**PROTOBUF, "content-encoding": "gzip"})
+            assert ok.status_code == 200
     finally:
         running.stop()
 
