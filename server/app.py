@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 
 import inferpath
+from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.server.otlp import (
     BodyTooLargeError,
     DecodedMetrics,
@@ -83,6 +84,12 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def _peer(request: Request) -> str:
+    """The client's address as ``host:port`` (``"unknown"`` when the transport has none)."""
+    client = request.client
+    return f"{client.host}:{client.port}" if client is not None else "unknown"
+
+
 def _auth_dependency(token: str | None):
     expected = token.encode() if token else None
 
@@ -127,6 +134,19 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                   description="OTLP/HTTP receiver and read API of inferpath.")
     app.state.runtime = runtime
     registry = make_registry(runtime)
+    # What the server refused or dropped of a client's exports, said in the server's log too
+    # (the exporter's log is on another machine): one line per 10 s for each of the two logs
+    # at most, each saying how many it did not print.
+    refusals = RateLimitedLog(logger, interval_seconds=10.0)
+    partial_rejections = RateLimitedLog(logger, interval_seconds=10.0)
+
+    def _refused(request: Request, signal: str, http_status: int, code: int, message: str,
+                 fmt: BodyFormat | None, headers: dict[str, str] | None = None) -> Response:
+        """Count and log a 4xx answer to an OTLP export, and build it."""
+        runtime.count_bad_request()
+        refusals.warning("OTLP %s export from %s answered %d: %s", signal, _peer(request), http_status,
+                         _bounded(message))
+        return _status_response(http_status, code, message, fmt, headers=headers)
 
     @app.exception_handler(HTTPException)
     async def _otlp_status_errors(request: Request, exc: HTTPException) -> Response:
@@ -140,6 +160,9 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         except UnsupportedMediaTypeError:
             fmt = None
         code = _UNAUTHENTICATED if exc.status_code == 401 else _INVALID_ARGUMENT
+        if exc.status_code == 401:  # not a malformed export: logged, not counted as one
+            refusals.warning("OTLP export to %s from %s answered 401: %s", request.url.path, _peer(request),
+                             exc.detail)
         return _status_response(exc.status_code, code, str(exc.detail), fmt, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -153,8 +176,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         try:
             fmt: BodyFormat | None = body_format(content_type)
         except UnsupportedMediaTypeError as exc:
-            runtime.count_bad_request()
-            return _status_response(415, _INVALID_ARGUMENT, str(exc), None)
+            return _refused(request, signal, 415, _INVALID_ARGUMENT, str(exc), None)
         # Admission before the body is read: a refused export holds no memory here. A body
         # of unknown length reserves the most it may be.
         declared = request.headers.get("content-length", "")
@@ -167,19 +189,15 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                 body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes),
                                               settings.body_read_timeout_seconds)
             except asyncio.TimeoutError:  # a stalled upload must not hold its in-flight slot
-                runtime.count_bad_request()
-                logger.info("an OTLP %s export's body did not arrive within %.0f s; answered 408",
-                            signal, settings.body_read_timeout_seconds)
-                return _status_response(408, _DEADLINE_EXCEEDED,
-                                        f"body not received within body_read_timeout_seconds="
-                                        f"{settings.body_read_timeout_seconds:g}", fmt,
-                                        headers={"Connection": "close"})
+                return _refused(request, signal, 408, _DEADLINE_EXCEEDED,
+                                f"body not received within body_read_timeout_seconds="
+                                f"{settings.body_read_timeout_seconds:g}", fmt, headers={"Connection": "close"})
             except _BodyTooLarge:
-                runtime.count_bad_request()
-                return _status_response(413, _RESOURCE_EXHAUSTED,
-                                        f"body exceeds max_body_bytes={settings.max_body_bytes}", fmt)
+                return _refused(request, signal, 413, _RESOURCE_EXHAUSTED,
+                                f"body exceeds max_body_bytes={settings.max_body_bytes}", fmt)
             except ClientDisconnect:  # the exporter gave up mid-upload (its timeout): nothing to answer
-                logger.info("an OTLP %s export ended before its whole body arrived (client disconnected)", signal)
+                refusals.log(logging.INFO, "OTLP %s export from %s ended before its whole body arrived"
+                             " (client disconnected)", signal, _peer(request))
                 return Response(status_code=400)
             return await _decode_and_commit(request, signal, body, content_type, fmt)
 
@@ -208,16 +226,15 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
 
         outcome = await run_in_threadpool(decode_and_commit)
         if isinstance(outcome, Exception):
-            runtime.count_bad_request()
             if isinstance(outcome, UnsupportedMediaTypeError):
-                return _status_response(415, _INVALID_ARGUMENT, str(outcome), fmt)
+                return _refused(request, signal, 415, _INVALID_ARGUMENT, str(outcome), fmt)
             if isinstance(outcome, BodyTooLargeError):
-                return _status_response(413, _RESOURCE_EXHAUSTED, str(outcome), fmt)
+                return _refused(request, signal, 413, _RESOURCE_EXHAUSTED, str(outcome), fmt)
             if isinstance(outcome, OTLPDecodeError):
-                return _status_response(400, _INVALID_ARGUMENT, str(outcome), fmt)
+                return _refused(request, signal, 400, _INVALID_ARGUMENT, str(outcome), fmt)
             # A body must never take the server down.
             logger.error("unexpected error decoding an OTLP %s body", signal, exc_info=outcome)
-            return _status_response(400, _INVALID_ARGUMENT, f"could not decode body: {outcome}", fmt)
+            return _refused(request, signal, 400, _INVALID_ARGUMENT, f"could not decode body: {outcome}", fmt)
         decoded, result = outcome
         if isinstance(decoded, DecodedSpans):
             response = ExportTraceServiceResponse()
@@ -230,10 +247,15 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                 response.partial_success.rejected_data_points = decoded.rejected_data_points
                 response.partial_success.error_message = decoded.error_message
         if result.status == "invalid":
-            runtime.count_bad_request()
-            return _status_response(400, _INVALID_ARGUMENT, result.message, fmt)
+            return _refused(request, signal, 400, _INVALID_ARGUMENT, result.message, fmt)
         if not result.ok:
             return _unavailable(result, fmt)
+        rejected = response.partial_success.rejected_spans if isinstance(decoded, DecodedSpans) \
+            else response.partial_success.rejected_data_points
+        if rejected:
+            partial_rejections.warning("OTLP %s export from %s: %d %s rejected, the rest stored: %s", signal,
+                                       _peer(request), rejected, "spans" if signal == "traces" else "data points",
+                                       _bounded(response.partial_success.error_message))
         return Response(encode_message(response, fmt), media_type=_MEDIA_TYPES[fmt])
 
     @app.post("/v1/traces", dependencies=[guard], tags=["otlp"])

@@ -16,27 +16,10 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
+from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.storage.store import Store, validate_table_name
 
 logger = logging.getLogger(__name__)
-
-
-class _RateLimitedLog:
-    """Log at most one line per ``interval_seconds``; say how many were suppressed."""
-
-    def __init__(self, interval_seconds: float = 10.0) -> None:
-        self._interval_seconds = interval_seconds
-        self._last = float("-inf")
-        self._suppressed = 0
-
-    def warning(self, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._last < self._interval_seconds:
-            self._suppressed += 1
-            return
-        suffix = f" ({self._suppressed} similar messages suppressed)" if self._suppressed else ""
-        self._last, self._suppressed = now, 0
-        logger.warning(message + suffix, *args)
 
 
 class BatchWriter:
@@ -93,7 +76,7 @@ class BatchWriter:
         self._insert_dropped_total = 0  # rows dropped by the worker after failed inserts
         self._closing = False
         self._cond = threading.Condition()
-        self._log = _RateLimitedLog()
+        self._log = RateLimitedLog(logger)
         self._thread = threading.Thread(
             target=self._run, name=f"inferpath-writer-{table}", daemon=True
         )
