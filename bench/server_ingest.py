@@ -30,6 +30,11 @@ exporters and the probe) and the machine's busy and idle time (``cpu_split_secon
 idle near 0 means the run was bound by the machine's two cores. After a graceful stop, the server's store is opened
 here and counted: acknowledged spans missing (loss) and spans stored twice must both be 0.
 
+The machine's own speed varies from day to day by up to 2× (a shared virtual machine):
+``python_loop_ms`` is the best of five timings of ``sum(range(1_000_000))`` in this process,
+taken before the first phase and after the last, so that runs of different days can be
+compared (the raw reference moves with it).
+
 ``python bench/server_ingest.py [--seconds 60] [--clients 4] [--spans-per-request 1000]
 [--rounds 1] [--reference-seconds 5] [--probe-poll-seconds 0.1 | --no-probe]``
 """
@@ -186,9 +191,21 @@ def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, 
                     probe_poll_seconds)
 
 
+def python_loop_ms() -> float:
+    """Best of five CPU timings of ``sum(range(1_000_000))``, in ms: the interpreter's speed
+    on this machine now."""
+    best = math.inf
+    for _ in range(5):
+        started = time.process_time()
+        sum(range(1_000_000))
+        best = min(best, time.process_time() - started)
+    return round(best * 1000, 1)
+
+
 def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bodies: int | None, rounds: int,
          reference_seconds: float, max_rate: float, probe_poll_seconds: float | None) -> dict:
     spans_per_trace = 10
+    loop_ms = [python_loop_ms()]
     count = bodies or max(clients * 4, int(seconds * max_rate / spans_per_request) + clients)
     prepared = [trace_body(spans_per_trace=spans_per_trace, traces=spans_per_request // spans_per_trace)
                 for _ in range(count)]
@@ -298,6 +315,7 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         "rows_from_memory", "rows_from_store", "held_span_evictions", "room_waits")}
     server.send_signal(signal.SIGTERM)
     server.wait(300)
+    loop_ms.append(python_loop_ms())
     acked_spans = len(acked) * spans_per_request
     expected = {s for i in acked for spans in prepared[i][1].values() for s in spans}
     with Store.open(store_url) as store:
@@ -325,7 +343,7 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         "visible_p50_seconds": round(_p(visible_seconds, 0.5), 4) if visible_seconds else None,
         "visible_p99_seconds": round(_p(visible_seconds, 0.99), 4) if visible_seconds else None,
         "probes": len(visible_seconds), "probe_poll_seconds": probe_poll_seconds, "probe_reads": probe_reads[0],
-        "load_average_min": min(loads), "load_average_max": max(loads),
+        "load_average_min": min(loads), "load_average_max": max(loads), "python_loop_ms": loop_ms,
         "all_bodies_used": len(acked) == count, "phases": phases,
     }
 
@@ -356,7 +374,8 @@ def main() -> int:
           f"{result['raw_insert_spans_per_second']} spans/s: ratio {result['ratio']}; lost {result['lost_spans']}, "
           f"stored twice {result['stored_twice']}; span end -> visible p99 {result['visible_p99_seconds']} s "
           f"(poll {result['probe_poll_seconds']} s); "
-          f"load average {result['load_average_min']:.1f}-{result['load_average_max']:.1f}")
+          f"load average {result['load_average_min']:.1f}-{result['load_average_max']:.1f}; "
+          f"python loop {result['python_loop_ms'][0]}/{result['python_loop_ms'][1]} ms")
     return 0
 
 

@@ -30,6 +30,7 @@ def test_ingest_benchmark_runs_without_loss(tmp_path: Path) -> None:
     assert result["server_spans_per_second"] > 0 and result["raw_insert_spans_per_second"] > 0
     assert result["probes"] >= 1 and result["visible_p99_seconds"] < 30
     assert result["probe_poll_seconds"] == 0.1 and result["probe_reads"] >= result["probes"]
+    assert len(result["python_loop_ms"]) == 2 and all(0 < ms < 10_000 for ms in result["python_loop_ms"])
 
 
 @pytest.mark.parametrize("bad, message", [
