@@ -199,7 +199,14 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                 refusals.log(logging.INFO, "OTLP %s export from %s ended before its whole body arrived"
                              " (client disconnected)", signal, _peer(request))
                 return Response(status_code=400)
-            return await _decode_and_commit(request, signal, body, content_type, fmt)
+            span_log = runtime.span_log_ingest if signal == "traces" else None
+            if span_log is None:
+                return await _decode_and_commit(request, signal, body, content_type, fmt)
+            room = span_log.reserve(len(body))  # a 503 now, not after decoding what cannot fit
+            if isinstance(room, CommitResult):
+                return _unavailable(room, fmt)
+            with room:
+                return await _decode_and_commit(request, signal, body, content_type, fmt)
 
     def _unavailable(result: CommitResult, fmt: BodyFormat | None) -> Response:
         return _status_response(503, _UNAVAILABLE, result.message, fmt,

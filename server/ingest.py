@@ -50,7 +50,7 @@ from typing import Callable, Literal, Sequence
 from inferpath.server.commit_journal import CommitJournal, JournalMember
 from inferpath.storage.store import Store
 
-__all__ = ["CommitResult", "DurableIngest", "NativeRows", "TableRows", "dedup_token", "INSERT_SECONDS_BUCKETS"]
+__all__ = ["CommitResult", "DurableIngest", "NativeRows", "Reservation", "TableRows", "dedup_token", "INSERT_SECONDS_BUCKETS"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,18 +149,21 @@ class _Pending:
         return (self.token or "", "", "")
 
 
-class _Admission:
-    def __init__(self, ingest: "DurableIngest", body_bytes: int) -> None:
-        self._ingest = ingest
+class Reservation:
+    """Room held for one export (bytes in flight, backlog room); ``release`` gives it back,
+    once, also as a context manager's exit."""
+
+    def __init__(self, release: Callable[[int], None], body_bytes: int) -> None:
+        self._release = release
         self._body_bytes = body_bytes
         self._released = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._ingest._release(self._body_bytes)
+            self._release(self._body_bytes)
 
-    def __enter__(self) -> "_Admission":
+    def __enter__(self) -> "Reservation":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -266,7 +269,7 @@ class DurableIngest:
         return CommitResult("unavailable", f"store unavailable ({self.last_store_error}); retry later",
                             wait)
 
-    def admit(self, body_bytes: int) -> _Admission | CommitResult:
+    def admit(self, body_bytes: int) -> Reservation | CommitResult:
         """Reserve room for one export of ``body_bytes``; a :class:`CommitResult` (503) when
         the store is backing off or the in-flight limits are reached. Release the returned
         admission (context manager) when the export is answered. Never raises."""
@@ -285,7 +288,7 @@ class DurableIngest:
             self.inflight_bytes += body_bytes
             self.peak_inflight_requests = max(self.peak_inflight_requests, self.inflight_requests)
             self.peak_inflight_bytes = max(self.peak_inflight_bytes, self.inflight_bytes)
-        return _Admission(self, body_bytes)
+        return Reservation(self._release, body_bytes)
 
     def refusal(self) -> CommitResult | None:
         """The 503 answer while the store backs off after an error (``unavailable``, with the

@@ -38,8 +38,9 @@ class RuntimeCollector:
              rt.spans_rejected_total),
             ("inferpath_server_spans_warned", "Spans kept with a warning (OTLP partial success; e.g. an undefined"
              " span kind stored as Unspecified), counted on every delivery.", rt.spans_warned_total),
-            ("inferpath_server_spans_refused", "Valid spans not accepted: answered 503 (busy, span log backlog "
-             "full, store unavailable; the client retries) or 400 (the store refused their data).",
+            ("inferpath_server_spans_refused", "Valid spans not accepted after decoding: answered 503 (busy, span "
+             "log backlog full, store unavailable; the client retries) or 400 (the store refused their data). "
+             "Exports refused before decoding are counted by inferpath_span_log_refused_backlog_full_total.",
              rt.spans_refused_total),
             ("inferpath_server_spans_dropped", "Spans acknowledged with 200 and lost afterwards (logged spans the "
              "store refused for their data); 0 by design.", rt.spans_dropped_total),
@@ -172,7 +173,7 @@ def _span_log_metrics(log_ingest) -> Iterator[Metric]:
          log_ingest.appended_total),
         ("inferpath_span_log_duplicate_exports", "Retries of logged exports answered 200 without a record.",
          log_ingest.duplicate_exports_total),
-        ("inferpath_span_log_refused_backlog_full", "Exports refused with 503: the backlog bound was reached.",
+        ("inferpath_span_log_refused_backlog_full", "Exports refused with 503: the backlog bound was reached (before decoding, or after it).",
          log_ingest.backlog_full_total),
         ("inferpath_span_log_append_errors", "Appends that failed (answered 503).", log_ingest.log_errors_total),
         ("inferpath_span_log_inserts", "Inserts made by the log's drainer.", log_ingest.inserts_total),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inferpath.server.ingest import DurableIngest, NativeRows, dedup_token
+from inferpath.server.ingest import DurableIngest, NativeRows, Reservation, dedup_token
 from inferpath.server.log_ingest import LoggedSpanIngest, token_digest
 from inferpath.server.otlp import decode_trace_request
 from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, HEADER_BYTES, SpanLog
@@ -155,6 +155,42 @@ def test_the_backlog_bound_refuses_with_503_until_the_drainer_catches_up(store_u
         assert _span_counts(store) == (600, 600)
         # Small exports: everything queued went in as few inserts, not one per export.
         assert log_ingest.inserts_total <= 3
+
+
+def test_exports_being_decoded_hold_backlog_room_and_one_that_cannot_fit_is_refused_at_once(
+        store_url: str, tmp_path: Path) -> None:
+    exports = _exports(3, spans=100)
+    size = len(exports[0][0])
+    with Store.open(store_url) as store:
+        ingest = DurableIngest(store, group_commit=False)
+        log_ingest = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=2 * size,
+                                      backlog_wait_seconds=0)
+        # Alone, an export gets room whatever its size.
+        huge = log_ingest.reserve(100 * size)
+        assert isinstance(huge, Reservation) and log_ingest.reserved_bytes == 100 * size
+        refused = log_ingest.reserve(1)
+        assert refused.status == "overloaded" and refused.retry_after_seconds >= 1
+        assert f"{100 * size} bytes being decoded, 1 more; max_backlog_bytes={2 * size}" in refused.message
+        huge.release()
+        huge.release()  # once only
+        assert log_ingest.reserved_bytes == 0
+        # Two fit; the third does not, until one of them is answered.
+        first, second = log_ingest.reserve(size), log_ingest.reserve(size)
+        assert log_ingest.reserve(size).status == "overloaded"
+        with first:
+            assert _accept(log_ingest, exports[0][0]).ok  # logged: its bytes are now backlog too
+        assert log_ingest.backlog_bytes >= size and log_ingest.reserved_bytes == size
+        assert log_ingest.reserve(size).status == "overloaded"  # backlog + second + this > 2 * size
+        with second:
+            assert _accept(log_ingest, exports[1][0]).status == "overloaded"  # the backlog's own bound
+        log_ingest.start()
+        assert log_ingest.flush(30) and log_ingest.backlog_bytes == 0
+        with log_ingest.reserve(size) as third:
+            assert isinstance(third, Reservation) and _accept(log_ingest, exports[2][0]).ok
+        assert log_ingest.flush(30)
+        assert log_ingest.backlog_full_total == 4  # three refused reservations, one refused accept
+        log_ingest.close()
+        assert _span_counts(store) == (200, 200)
 
 
 def test_exports_of_other_media_types_and_encodings_are_decoded_again_from_the_log(

@@ -123,7 +123,8 @@ def test_a_full_backlog_answers_503_with_retry_after_and_recovers(store_url: str
         expected = {s for body in (first, second) for spans in body[1].values() for s in spans}
         assert expected <= stored and len(stored) == len(expected) + 2
         refused = running.runtime.spans_refused_total
-        assert refused % 1000 == 0 and refused >= 1000 and running.runtime.spans_dropped_total == 0
+        # Refused before decoding: no spans known, so none counted as refused (the export is, above).
+        assert refused % 1000 == 0 and running.runtime.spans_dropped_total == 0
 
 
 @pytest.mark.parametrize("span_log", [True, False])
@@ -141,3 +142,25 @@ def test_a_retried_export_is_counted_as_a_duplicate_not_as_inserted(store_url: s
     assert flushed["ok"] and flushed["spans_inserted_total"] == 6 == stored
     assert _metric(metrics, "inferpath_server_spans_received_total") == 12
     assert _metric(metrics, "inferpath_server_spans_duplicate_total") == 6
+
+
+def test_a_trace_export_that_cannot_fit_the_backlog_is_refused_before_it_is_decoded(store_url: str) -> None:
+    with serve_in_thread(Settings(store_url=store_url, span_log_max_backlog_bytes=64 * 1024, decode_processes=0),
+                         port=0) as running:
+        log_ingest = running.runtime.span_log_ingest
+        body, _ = trace_body(spans_per_trace=10, traces=10)
+        with httpx.Client(base_url=running.url, timeout=30) as http:
+            held = log_ingest.reserve(64 * 1024 - len(body) // 2)  # another export, still being decoded
+            try:
+                refused = http.post("/v1/traces", content=body, headers=PROTOBUF)
+                assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+                assert "being decoded" in refused.text and "max_backlog_bytes=65536" in refused.text
+                # Not decoded: a malformed body of that size gets the same 503, not its 400.
+                garbage = http.post("/v1/traces", content=b"\xff" * len(body), headers=PROTOBUF)
+                assert garbage.status_code == 503, garbage.text
+            finally:
+                held.release()
+            assert log_ingest.reserved_bytes == 0
+            assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+            assert log_ingest.reserved_bytes == 0  # released once answered
+            assert _metric(http.get("/metrics").text, "inferpath_span_log_refused_backlog_full_total") == 2
