@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -137,6 +138,15 @@ def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
                        outcome.timings_seconds, verdict=verdict)
 
 
+def up_command(store_url: str, dashboard_port: int) -> str:
+    """The ``inferpath up`` command line that serves ``store_url``'s dashboard on
+    ``dashboard_port`` (shell-quoted; the port flag only when it is not the default)."""
+    words = ["inferpath", "up", "--store", store_url]
+    if dashboard_port != DemoOptions.dashboard_port:
+        words += ["--dashboard-port", str(dashboard_port)]
+    return shlex.join(words)
+
+
 def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcome:
     """Run the demo end to end; returns what it measured. Raises ``RuntimeError`` if a part fails to start."""
     from inferpath.instrumentation.provider import configure
@@ -257,8 +267,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
                 if dash is not None:
                     dash.terminate()
         else:
-            console.print(f"dashboard: run `inferpath up --store {store_url}` and open "
-                          f"http://127.0.0.1:{settings.dashboard_port}")
+            console.print(f"dashboard: run `{up_command(store_url, options.dashboard_port)}` and open "
+                          f"http://127.0.0.1:{options.dashboard_port}")
         return outcome
     finally:
         for child in reversed(children):

@@ -33,7 +33,7 @@ class RateLimitedLog:
                 self._suppressed += 1
                 return False
             suppressed, self._last, self._suppressed = self._suppressed, now, 0
-        suffix = f" ({suppressed} similar messages suppressed)" if suppressed else ""
+        suffix = f" ({suppressed} similar message{'s' * (suppressed != 1)} suppressed)" if suppressed else ""
         self._logger.log(level, message + suffix, *args)
         return True
 

@@ -257,12 +257,10 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             return _refused(request, signal, 400, _INVALID_ARGUMENT, result.message, fmt)
         if not result.ok:
             return _unavailable(result, fmt)
-        rejected = response.partial_success.rejected_spans if isinstance(decoded, DecodedSpans) \
-            else response.partial_success.rejected_data_points
-        if rejected:
-            partial_rejections.warning("OTLP %s export from %s: %d %s rejected, the rest stored: %s", signal,
-                                       _peer(request), rejected, "spans" if signal == "traces" else "data points",
-                                       _bounded(response.partial_success.error_message))
+        partial = response.partial_success
+        if partial.rejected_spans if isinstance(decoded, DecodedSpans) else partial.rejected_data_points:
+            partial_rejections.warning("OTLP %s export from %s stored without what it rejected: %s", signal,
+                                       _peer(request), _bounded(partial.error_message))
         return Response(encode_message(response, fmt), media_type=_MEDIA_TYPES[fmt])
 
     @app.post("/v1/traces", dependencies=[guard], tags=["otlp"])

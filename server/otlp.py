@@ -316,8 +316,9 @@ def decode_metrics_request(body: bytes, *, content_type: str,
     a timestamp or value, with a NaN or infinite value (histograms: sum, min, max or bounds),
     with a time after 2262 or before ``oldest_unix_ns``, and
     exponential-histogram / summary points (no table for them), and the points of a metric
-    whose name is over :data:`MAX_METRIC_NAME_CHARS` characters, are rejected and counted. Exemplars, flags, scope attributes and schema URLs are not kept
-    (the storage rows do not carry them; their columns are written empty).
+    whose name is empty or over :data:`MAX_METRIC_NAME_CHARS` characters, are rejected and
+    counted. Exemplars, flags, scope attributes and schema URLs are not kept (the storage
+    rows do not carry them; their columns are written empty).
     """
     fmt = body_format(content_type)
     payload = decompress(body, content_encoding)
@@ -331,12 +332,15 @@ def decode_metrics_request(body: bytes, *, content_type: str,
             scope = scope_metrics.scope
             for k, metric in enumerate(scope_metrics.metrics):
                 path = f"resourceMetrics[{i}].scopeMetrics[{j}].metrics[{k}]"
-                if len(metric.name) > MAX_METRIC_NAME_CHARS:  # stored, it could never be asked for
+                # Stored, such a metric could never be asked for.
+                if not metric.name or len(metric.name) > MAX_METRIC_NAME_CHARS:
                     kind = metric.WhichOneof("data")
                     points = len(getattr(metric, kind).data_points) if kind else 0
                     if points:
-                        rejections.add(f"{path}.name", f"{len(metric.name)} characters, at most "
-                                       f"{MAX_METRIC_NAME_CHARS} (its {points} data points)", points)
+                        problem = (f"{len(metric.name)} characters, at most {MAX_METRIC_NAME_CHARS}" if metric.name
+                                   else "missing")
+                        rejections.add(f"{path}.name", f"{problem} (its {points} data point{'s' * (points != 1)})",
+                                       points)
                     continue
                 common = dict(resource_attributes=resource_attributes, service_name=service_name,
                               scope_name=scope.name, scope_version=scope.version,

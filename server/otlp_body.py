@@ -62,7 +62,7 @@ def body_format(content_type: str | None) -> BodyFormat:
         return "protobuf"
     if media == "application/json":
         return "json"
-    if not media:
+    if not media and not (content_type or "").strip():
         raise UnsupportedMediaTypeError("missing Content-Type: use application/x-protobuf or application/json")
     raise UnsupportedMediaTypeError(
         f"unsupported Content-Type {content_type!r}: use application/x-protobuf or application/json"

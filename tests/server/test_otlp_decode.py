@@ -144,9 +144,12 @@ def test_wrong_protobuf_id_length_names_the_span() -> None:
 def test_unknown_media_type_and_encoding_are_unsupported() -> None:
     with pytest.raises(UnsupportedMediaTypeError, match="Content-Type"):
         decode_trace_request(b"{}", content_type="text/plain", content_encoding=None)
-    for missing in (None, "", " ; charset=utf-8"):
+    for missing in (None, "", "  "):
         with pytest.raises(UnsupportedMediaTypeError, match="^missing Content-Type"):
             decode_trace_request(b"{}", content_type=missing, content_encoding=None)
+    for no_media in (" ; charset=utf-8", ";;;==="):  # sent, but without a media type: named as sent
+        with pytest.raises(UnsupportedMediaTypeError, match=f"^unsupported Content-Type {re.escape(repr(no_media))}"):
+            decode_trace_request(b"{}", content_type=no_media, content_encoding=None)
     with pytest.raises(UnsupportedMediaTypeError, match="Content-Encoding"):
         decode_trace_request(b"{}", content_type=JSON, content_encoding="br")
 
@@ -298,13 +301,16 @@ def test_a_metric_name_the_read_api_cannot_ask_for_is_rejected_and_the_others_ke
         {"name": long_name, "gauge": {"dataPoints": [point, point]}},
         {"name": longest, "gauge": {"dataPoints": [point]}},
         {"name": "g", "sum": {"dataPoints": [point], "aggregationTemporality": 2}},
+        {"gauge": {"dataPoints": [point]}},  # no name: the read API's metric parameter needs one
     ]}]}]}).encode()
     decoded = decode_metrics_request(body, content_type=JSON, content_encoding=None)
     assert [g.metric_name for g in decoded.gauges] == [longest]
     assert [s.metric_name for s in decoded.sums] == ["g"]
-    assert decoded.rejected_data_points == 2
-    assert decoded.error_message == (f"2 data points rejected: resourceMetrics[0].scopeMetrics[0].metrics[0].name: "
-                                     f"{MAX_METRIC_NAME_CHARS + 1} characters, at most {MAX_METRIC_NAME_CHARS} (its 2 data points)")
+    assert decoded.rejected_data_points == 3
+    assert decoded.error_message == (
+        f"3 data points rejected: resourceMetrics[0].scopeMetrics[0].metrics[0].name: {MAX_METRIC_NAME_CHARS + 1}"
+        f" characters, at most {MAX_METRIC_NAME_CHARS} (its 2 data points); "
+        "resourceMetrics[0].scopeMetrics[0].metrics[3].name: missing (its 1 data point)")
 
 
 def test_nan_and_infinite_points_are_rejected_naming_them_and_the_finite_ones_kept() -> None:

@@ -30,8 +30,12 @@ def test_rate_limited_log_says_what_it_suppressed(caplog: pytest.LogCaptureFixtu
         assert log.log(logging.INFO, "third %d", 3) is False
         time.sleep(0.35)
         assert log.log(logging.INFO, "fourth %d", 4) is True
+        assert log.warning("fifth") is False
+        time.sleep(0.35)
+        assert log.warning("sixth") is True
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (logging.WARNING, "first 1"), (logging.INFO, "fourth 4 (2 similar messages suppressed)")]
+        (logging.WARNING, "first 1"), (logging.INFO, "fourth 4 (2 similar messages suppressed)"),
+        (logging.WARNING, "sixth (1 similar message suppressed)")]
 
 
 def test_rate_limited_log_with_no_interval_logs_every_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -75,7 +79,7 @@ def test_refused_and_partly_rejected_exports_are_logged_once_per_interval(store_
     refused, rejected = lines
     assert refused.startswith("OTLP traces export from 127.0.0.1:") and " answered 400: " in refused
     assert rejected.startswith("OTLP traces export from 127.0.0.1:")
-    assert "1 spans rejected, the rest stored: " in rejected and "spanId is all zeros" in rejected
+    assert "stored without what it rejected: 1 span rejected: " in rejected and "spanId is all zeros" in rejected
 
 
 def test_an_export_without_the_token_is_logged(store_url: str, caplog: pytest.LogCaptureFixture) -> None:
