@@ -384,6 +384,12 @@ class ServerRuntime:
             if self._closed:
                 return
             self._closed = True
+        started = time.monotonic()
+        backlog = self.span_log_ingest.backlog_spans if self.span_log_ingest is not None else 0
+        pending = self.assembler.pending_traces
+        if backlog or pending:  # the work that can make a stop take seconds, said before it starts
+            logger.info("stopping: inserting %d spans still in the span log, assembling %d pending traces",
+                        backlog, pending)
         self.scrape_loop.stop()
         if self.memory_releaser is not None:
             self.memory_releaser.stop()
@@ -401,6 +407,8 @@ class ServerRuntime:
                 writer.close(timeout_seconds)
             self.ingest.close()  # the group-commit journal file
             self.store.close()
+            if backlog or pending:
+                logger.info("stopped in %.1f s", time.monotonic() - started)
 
     @property
     def closed(self) -> bool:

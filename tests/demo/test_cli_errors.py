@@ -128,5 +128,6 @@ def test_server_module_help_names_defaults_and_variables(capsys) -> None:
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
     for expected in ("INFERPATH_HOST or 127.0.0.1", "INFERPATH_PORT or 4318", "INFERPATH_STORE or embedded chDB",
-                     "INFERPATH_SCRAPE_TARGETS or none"):
+                     "INFERPATH_SCRAPE_TARGETS or none", "INFERPATH_TOKEN (a bearer token",
+                     "INFERPATH_MAX_BODY_BYTES (413 above it, default 16777216 bytes)", "inferpath/config.py"):
         assert expected in text

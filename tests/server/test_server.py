@@ -430,3 +430,20 @@ def _now():
     from datetime import datetime, timezone
 
     return datetime.now(timezone.utc)
+
+
+def test_a_stop_with_work_left_says_what_it_does_and_how_long_it_took(store_url: str, caplog) -> None:
+    caplog.set_level("INFO", logger="inferpath.server.runtime")
+    # Settling takes 30 s: the trace is still logged or pending at the stop, right after its 200.
+    running = serve_in_thread(Settings(store_url=store_url, assembly_settle_seconds=30.0), port=0)
+    body, _ = trace_body(spans_per_trace=3, traces=2)
+    with httpx.Client(base_url=running.url, timeout=30.0) as http:
+        assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+    running.stop()
+    lines = [r.getMessage() for r in caplog.records if r.name == "inferpath.server.runtime"]
+    stopping = [line for line in lines if line.startswith("stopping: ")]
+    assert len(stopping) == 1, lines
+    said = re.fullmatch(r"stopping: inserting (\d+) spans still in the span log, assembling (\d+) pending traces",
+                        stopping[0])
+    assert said and int(said[1]) + int(said[2]) > 0, stopping
+    assert any(re.fullmatch(r"stopped in \d+\.\d s", line) for line in lines), lines
