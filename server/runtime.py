@@ -457,27 +457,39 @@ class ListenError(OSError):
 _LISTEN_BACKLOG = 2048  # uvicorn's default
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
     try:
-        return _bind_socket(host, port)
+        return _bind_socket(host, port, listen=listen)
     except OSError as exc:
         raise ListenError(host, port, exc) from exc
 
 
-def _bind_socket(host: str, port: int) -> socket.socket:
+def _bind_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and, unless ``listen`` is False, listening. Bound
+    only, it already holds the address (a port another server listens on fails here, with
+    ``EADDRINUSE``) while connections are still refused; ``listen`` later."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket says it is TCP; without it every keep-alive response waits ~40 ms
     # for the delayed ACK of its header segment (Nagle).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.set_inheritable(True)
+        if listen:
+            _listen(sock)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen(sock: socket.socket) -> None:
     # Listening from here on (uvicorn's backlog; its own listen() later keeps it): the port
     # is logged before uvicorn starts accepting, and a client that connects in between
     # waits in the backlog instead of being refused.
     sock.listen(_LISTEN_BACKLOG)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _uvicorn_server(app, settings: Settings):
@@ -569,17 +581,23 @@ def serve_forever(settings: Settings) -> None:
         raise _Terminated()
 
     limit_c_heap_arenas()  # before the runtime starts its threads
+    # Bound here, as in serve_in_thread: the listening socket says it is TCP (so replies are
+    # not held back by Nagle), and the log names the real port when 0 was asked for. Bound
+    # before the store opens, so that a taken port stops the start before a store folder is
+    # made or migrated; listening only once the store is open.
+    sock: socket.socket | None = _bind(settings.host, settings.port, listen=False)
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         runtime = ServerRuntime(settings)
     except Exception as exc:
         signal.signal(signal.SIGTERM, previous)
+        sock.close()
         raise StoreOpenError(settings.store_url, exc) from exc
-    sock: socket.socket | None = None
     try:
-        # Bound here, as in serve_in_thread: the listening socket says it is TCP (so replies
-        # are not held back by Nagle), and the log names the real port when 0 was asked for.
-        sock = _bind(settings.host, settings.port)
+        try:
+            _listen(sock)  # fails only if another server bound the port meanwhile
+        except OSError as exc:
+            raise ListenError(settings.host, settings.port, exc) from exc
         runtime.start()
         tune_gc_for_server()
         server = _uvicorn_server(create_app(runtime), settings)

@@ -71,6 +71,7 @@ def test_the_foreground_server_binds_the_same_way_and_logs_the_port_it_got(tmp_p
                                  "--store", f"chdb://{tmp_path / 'b'}"], capture_output=True, text=True, timeout=120)
         assert second.returncode == 1
         assert f"cannot listen on 127.0.0.1:{port}" in second.stderr and "Traceback" not in second.stderr
+        assert not (tmp_path / "b").exists()  # refused before a store folder was made
     finally:
         server.terminate()
         server.wait(60)
