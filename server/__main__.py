@@ -29,10 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m inferpath.server",
         description="The inferpath server alone: OTLP/HTTP receiver, request assembly, read API. Each flag"
                     " overrides its INFERPATH_* variable.",
-        epilog=f"Other settings come from the environment only, e.g. {ENV_TOKEN} (a bearer token that ingest, reads and"
-               f" /metrics then require), {ENV_MAX_BODY_BYTES} (413 above it, default"
-               f" {Settings.model_fields['max_body_bytes'].default} bytes), {ENV_TTL_DAYS}; all of them: the"
-               " Settings class in inferpath/config.py.")
+        epilog=f"Other settings come from the environment only, e.g. {ENV_TOKEN} (a bearer token that ingest,"
+               f" reads and /metrics then require), {ENV_MAX_BODY_BYTES} (413 above it, default"
+               f" {defaults['max_body_bytes'].default} bytes), {ENV_TTL_DAYS}; all of them: the Settings class in"
+               " inferpath/config.py.")
     parser.add_argument("--host", default=None,
                         help=f"listen address (default {ENV_HOST} or {defaults['host'].default})")
     parser.add_argument("--port", type=int, default=None,

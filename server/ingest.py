@@ -50,7 +50,8 @@ from typing import Callable, Literal, Sequence
 from inferpath.server.commit_journal import CommitJournal, JournalMember
 from inferpath.storage.store import Store
 
-__all__ = ["CommitResult", "DurableIngest", "NativeRows", "Reservation", "TableRows", "dedup_token", "INSERT_SECONDS_BUCKETS"]
+__all__ = ["CommitResult", "DurableIngest", "NativeRows", "Reservation", "TableRows", "dedup_token",
+           "INSERT_SECONDS_BUCKETS"]
 
 logger = logging.getLogger(__name__)
 
