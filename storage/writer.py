@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Sequence
+from typing import Sequence
 
 from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.storage.store import Store, validate_table_name
