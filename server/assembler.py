@@ -26,7 +26,8 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-from inferpath.server.derive import assemble_request, seconds_to_ns, union_ns
+from inferpath.ratelimited_log import RateLimitedLog
+from inferpath.server.derive import DerivationCounts, assemble_request, seconds_to_ns, union_ns
 from inferpath.server.span_buffer import STORE_NEWEST_START_SQL, STORED_BEFORE_CUTOFF_SQL, SpanBuffer, trace_id_ints
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
@@ -95,7 +96,10 @@ class RequestAssembler:
     ``assembled_from_memory_total`` / ``assembled_from_store_total`` (traces by source),
     ``held_spans_evicted_traces_total`` (held traces let go early because of the bounds),
     ``room_waits_total`` / ``room_wait_seconds_total`` (callers of :meth:`note_spans` held
-    back, and for how long in all, monotonic clock).
+    back, and for how long in all, monotonic clock), ``derivation_counts``
+    (:class:`~inferpath.server.sources.DerivationCounts`: TTFT conflicts between sources of
+    one span, malformed chunk events and first-token times ignored; counted at every
+    derivation of a trace, so a trace re-derived for a late span counts again).
     """
 
     def __init__(
@@ -141,6 +145,8 @@ class RequestAssembler:
         self.assembled_from_store_total = 0
         self.room_waits_total = 0
         self.room_wait_seconds_total = 0.0
+        self.derivation_counts = DerivationCounts()
+        self._ignored_timings_log = RateLimitedLog(logger, interval_seconds=10.0)
         single_writer = store.url.kind == "chdb"
         if hold_spans and not single_writer:
             raise ValueError("hold_spans needs embedded chDB: a ClickHouse server may have other writers")
@@ -286,11 +292,13 @@ class RequestAssembler:
                 self._retry_later(due, stamp)
                 return 0
             updated_at = datetime.now(timezone.utc)
+            counts = self.derivation_counts
+            ignored_before = counts.ignored_timings_total
             rows = []
             for trace_id in due:
                 self._attempts.pop(trace_id, None)
                 try:
-                    row = assemble_request(spans_by_trace.get(trace_id, []), updated_at=updated_at)
+                    row = assemble_request(spans_by_trace.get(trace_id, []), updated_at=updated_at, counts=counts)
                 except Exception:  # noqa: BLE001 - one odd trace must not stop the others
                     self.errors_total += 1
                     logger.exception("could not assemble trace %s", trace_id)
@@ -304,6 +312,11 @@ class RequestAssembler:
                     for trace_id in memory:
                         buffer.assembled(trace_id, trace_id in self._pending, stamp)
                     self._room.notify_all()
+            ignored = counts.ignored_timings_total - ignored_before
+            if ignored:
+                self._ignored_timings_log.warning(
+                    "ignored %d malformed chunk event(s) or first-token time(s) (before the span's start, after "
+                    "its end, or unparsable); the span's other measures were kept", ignored)
             self.assembled_from_memory_total += len(memory)
             self.assembled_from_store_total += len(due) - len(memory)
             if rows and self.writer.submit(rows):

@@ -31,9 +31,11 @@ import math
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
+from inferpath.server import sources
+from inferpath.server.sources import DerivationCounts, TTFTReading, seconds_to_ns, span_ttft
 from inferpath.storage.rows import RequestRow, SpanRow
 
-__all__ = ["assemble_request", "seconds_to_ns", "union_ns", "dedup_spans", "derivation_view", "derivation_view_fields",
+__all__ = ["assemble_request", "DerivationCounts", "seconds_to_ns", "union_ns", "dedup_spans", "derivation_view", "derivation_view_fields",
            "derivation_attributes", "derivation_resource_attributes"]
 
 STAGE = "inferpath.stage"
@@ -45,8 +47,8 @@ ENGINE_E2E = "gen_ai.latency.e2e"
 ENGINE_QUEUE = "gen_ai.latency.time_in_queue"
 ENGINE_PREFILL = "gen_ai.latency.time_in_model_prefill"
 ENGINE_DECODE = "gen_ai.latency.time_in_model_decode"
-INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
-OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
+INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", sources.OPENINFERENCE_INPUT_TOKENS)
+OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", sources.OPENINFERENCE_OUTPUT_TOKENS)
 HTTP_STATUS = ("http.response.status_code", "http.status_code")
 ENDPOINT_CLASS = "inferpath.endpoint_class"
 ENDPOINT = "inferpath.endpoint"
@@ -65,23 +67,8 @@ _ENGINE_PREFIX = "gen_ai.latency."
 _DERIVATION_ATTRIBUTES = frozenset({
     STAGE, TTFT_SECONDS, ITL_SECONDS, ENGINE_TTFT, ENGINE_E2E, ENGINE_QUEUE, ENGINE_PREFILL, ENGINE_DECODE,
     *INPUT_TOKENS, *OUTPUT_TOKENS, *HTTP_STATUS, ENDPOINT_CLASS, ENDPOINT, HTTP_ROUTE, STREAM_STATUS,
-    REQUEST_MODEL, RESPONSE_MODEL})
+    REQUEST_MODEL, RESPONSE_MODEL, *sources.SOURCE_ATTRIBUTES})
 _DERIVATION_RESOURCE_ATTRIBUTES = frozenset({ENDPOINT_CLASS, *REPLICA})
-
-
-def seconds_to_ns(seconds: str | float | int | None) -> int | None:
-    """Seconds (a float or its text, as OTel attributes carry it) → integer nanoseconds,
-    rounded to nearest. ``None``, unparsable, negative, NaN or infinite input gives ``None``
-    ("not measured"), never a made-up zero."""
-    if seconds is None or seconds == "":
-        return None
-    try:
-        value = float(seconds)
-    except (TypeError, ValueError):
-        return None
-    if not math.isfinite(value) or value < 0:
-        return None
-    return round(value * 1_000_000_000)
 
 
 def derivation_attributes(attributes: dict[str, str]) -> dict[str, str]:
@@ -116,15 +103,16 @@ def derivation_view_fields(span: SpanRow, resource_attributes: dict[str, str]) -
     with ``resource_attributes`` already :func:`derivation_resource_attributes` of its
     resource's (so that the spans of one resource can share one)."""
     return (span.timestamp, span.trace_id, span.span_id, span.parent_span_id, "", span.span_name, span.span_kind,
-            span.service_name, resource_attributes, "", "", derivation_attributes(span.span_attributes),
-            span.duration_ns, span.status_code, "", (), (), span.start_ns)
+            span.service_name, resource_attributes, span.scope_name, "", derivation_attributes(span.span_attributes),
+            span.duration_ns, span.status_code, "", sources.timing_events(span), (), span.start_ns)
 
 
 def derivation_view(span: SpanRow) -> SpanRow:
     """``span`` with only what :func:`assemble_request` reads: ids, name, kind, service,
-    start, duration, status code and the attributes of :func:`derivation_attributes` /
-    :func:`derivation_resource_attributes`; trace state, scope, status message, events and
-    links empty. Any spans and their views give the same request row. A view is for
+    scope name, start, duration, status code, the attributes of :func:`derivation_attributes` /
+    :func:`derivation_resource_attributes` and the timing events of
+    :func:`~inferpath.server.sources.timing_events` (without attributes); trace state,
+    scope version, status message, other events and links empty. Any spans and their views give the same request row. A view is for
     derivation only, never for storage (the decode workers send the server views of the
     spans they also wrote as a Native block, see :mod:`inferpath.server.decode_workers`)."""
     return SpanRow.from_checked(*derivation_view_fields(span, derivation_resource_attributes(span.resource_attributes)))
@@ -228,8 +216,8 @@ def _self_ns(span: SpanRow, descendants: Sequence[SpanRow], lo_ns: int, hi_ns: i
 
 
 def _span_ttft_ns(span: SpanRow) -> int | None:
-    attributes = span.span_attributes
-    return seconds_to_ns(_first(attributes.get(TTFT_SECONDS), attributes.get(ENGINE_TTFT)))
+    reading = span_ttft(span)
+    return reading.ttft_ns if reading is not None else None
 
 
 def _hop_ttft_part_ns(client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int) -> int:
@@ -304,7 +292,8 @@ def _first_int(spans: Iterable[SpanRow | None], names: Sequence[str]) -> int | N
     return None
 
 
-def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = None) -> RequestRow | None:
+def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = None,
+                     counts: DerivationCounts | None = None) -> RequestRow | None:
     """Derive the ``inferpath_requests`` row of one trace from its spans.
 
     ``spans``: the spans of ONE trace, in any order, possibly with duplicates (deduplicated
@@ -313,6 +302,10 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     ``updated_at``: the row version (default: now, UTC). Every derivation is the one in
     ``docs/telemetry-contract.md``; measures a trace does not carry stay ``None``. TTFT and
     ITL follow AIPerf's definitions (ITL = (E2E − TTFT) / (output tokens − 1), ≥ 2 tokens).
+    TTFTs come from the sources of :mod:`inferpath.server.sources` in their precedence;
+    ``ttft_source`` names the one of the TTFT readers show (client's, else server's) and
+    ``missing_measures`` says why a measure is missing. ``counts`` (optional) adds up TTFT
+    conflicts and ignored malformed timings met on the way.
     Raises ``ValueError`` if the spans belong to more than one trace.
     """
     by_id: dict[str, SpanRow] = {}
@@ -327,6 +320,7 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     by_start = sorted(unique, key=_start_key)
     # One pass sorts the spans into the roles below (each list in start order).
     root_clients: list[SpanRow] = []
+    llm_calls: list[SpanRow] = []  # model calls other instrumentations mark (INTERNAL spans)
     engines: list[SpanRow] = []
     by_stage: dict[str, list[SpanRow]] = {}
     staged = False
@@ -340,20 +334,32 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
                 by_stage[stage] = [s]
             else:
                 group.append(s)
-        if s.span_kind == "Client" and s.parent_span_id not in by_id:
+        if sources.is_llm_call(s):
+            llm_calls.append(s)
+            if s.parent_span_id not in by_id:
+                root_clients.append(s)
+        elif s.span_kind == "Client" and s.parent_span_id not in by_id:
             root_clients.append(s)
         if _is_engine(s):
             engines.append(s)
 
+    if not root_clients and llm_calls:
+        # A model call another instrumentation marks, inside the app's own spans: the outermost.
+        root_clients = [min(llm_calls, key=lambda s: (_depth(s, by_id), s.start_ns))]
     # Prefer the root client that carries a TTFT (the end user's streaming call).
-    root_client = next((s for s in root_clients if TTFT_SECONDS in s.span_attributes),
-                       root_clients[0] if root_clients else None)
+    root_client = root_clients[0] if root_clients else None
+    client_reading: TTFTReading | None = None
+    for candidate in root_clients:
+        client_reading = span_ttft(candidate, counts)
+        if client_reading is not None:
+            root_client = candidate
+            break
     gateways = [s for s in by_stage.get("gateway", ()) if s.span_kind == "Server"]
     gateway = min(gateways, key=lambda s: (_depth(s, by_id), s.start_ns)) if gateways else None
     engine = engines[0] if engines else None
     model_clients = [s for s in by_stage.get("model", ()) if s.span_kind == "Client"]
-    genai_client = root_client is not None and any(
-        k.startswith(_GENAI_PREFIX) for k in root_client.span_attributes)
+    genai_client = root_client is not None and (sources.is_llm_call(root_client) or any(
+        k.startswith(_GENAI_PREFIX) for k in root_client.span_attributes))
     if not (gateway or engine or staged or genai_client):
         return None
 
@@ -363,16 +369,18 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     engine_attrs = engine.span_attributes if engine is not None else _NO_ATTRIBUTES
 
     # Client-side view of the end user.
-    client_ttft_ns = seconds_to_ns(client_attrs.get(TTFT_SECONDS))
+    client_ttft_ns = client_reading.ttft_ns if client_reading is not None else None
     client_e2e_ns = root_client.duration_ns if root_client is not None else None
 
     # Server-side TTFT/E2E: the gateway's, else the engine's own measurement.
     if gateway is not None:
-        ttft_ns = seconds_to_ns(gateway_attrs.get(TTFT_SECONDS))
+        server_reading = span_ttft(gateway, counts)
         e2e_ns = gateway.duration_ns
     else:
-        ttft_ns = seconds_to_ns(engine_attrs.get(ENGINE_TTFT))
+        server_reading = span_ttft(engine, counts)
         e2e_ns = seconds_to_ns(engine_attrs.get(ENGINE_E2E))
+    ttft_ns = server_reading.ttft_ns if server_reading is not None else None
+    shown_reading = client_reading or server_reading
 
     engine_queue_ns = seconds_to_ns(engine_attrs.get(ENGINE_QUEUE))
     engine_prefill_ns = seconds_to_ns(engine_attrs.get(ENGINE_PREFILL))
@@ -384,12 +392,22 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     input_tokens = _first_int((gateway, root_client, *model_clients, *by_stage.get("tokenize", ()), engine),
                               INPUT_TOKENS)
     output_tokens = _first_int((gateway, root_client, *model_clients, engine), OUTPUT_TOKENS)
+    if (input_tokens is None or output_tokens is None) and root_client is not None:
+        langfuse_input, langfuse_output = sources.langfuse_usage_tokens(root_client)
+        input_tokens = input_tokens if input_tokens is not None else langfuse_input
+        output_tokens = output_tokens if output_tokens is not None else langfuse_output
 
     itl_ns = seconds_to_ns(gateway_attrs.get(ITL_SECONDS))
     if itl_ns is None and engine is not None:
         engine_tokens = _int_attr(engine, OUTPUT_TOKENS)
         if engine_decode_ns is not None and engine_tokens is not None and engine_tokens >= 2:
             itl_ns = round(engine_decode_ns / (engine_tokens - 1))
+    if itl_ns is None and root_client is not None:
+        # Client-only rows (another instrumentation, no server span): the client's own ITL,
+        # else AIPerf's (E2E − TTFT) / (output tokens − 1) on the client's measures.
+        itl_ns = seconds_to_ns(client_attrs.get(ITL_SECONDS))
+        if itl_ns is None and client_ttft_ns is not None and output_tokens is not None and output_tokens >= 2:
+            itl_ns = round(max(0, client_e2e_ns - client_ttft_ns) / (output_tokens - 1))
 
     model_ns = union_ns((s.start_ns, s.end_ns) for s in model_clients) if model_clients else None
 
@@ -432,7 +450,8 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         or _first_resource_value(by_start, ENDPOINT_CLASS)
         or _first_value(by_start, ENDPOINT_CLASS)) or ""
     model = (_first_value((*model_clients, root_client, gateway, engine), REQUEST_MODEL)
-             or engine_attrs.get(RESPONSE_MODEL) or "")
+             or engine_attrs.get(RESPONSE_MODEL)
+             or client_attrs.get(sources.OPENINFERENCE_MODEL) or client_attrs.get(sources.LANGFUSE_MODEL) or "")
     model_version = _first_value((engine, *model_clients, root_client), RESPONSE_MODEL) or ""
     replica = ""
     if engine is not None:
@@ -467,6 +486,12 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         postprocess_ns=_stage_union(by_stage.get("postprocess")),
         gateway_ttft_ns=gateway_ttft_ns,
         network_ttft_ns=network_ttft_ns,
+        ttft_source=shown_reading.source if shown_reading is not None else "",
+        missing_measures=sources.missing_measures(
+            client=root_client, gateway=gateway, engine=engine,
+            ttft_ns=client_ttft_ns if client_ttft_ns is not None else ttft_ns,
+            e2e_ns=client_e2e_ns if client_e2e_ns is not None else e2e_ns,
+            output_tokens=output_tokens, itl_ns=itl_ns),
         span_count=len(unique),
         updated_at=updated_at or datetime.now(timezone.utc),
     )

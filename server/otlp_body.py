@@ -209,6 +209,25 @@ def _check_enum(obj: dict, camel: str, names: frozenset[str], path: str, what: s
         found.append(f"{label}: {warning}")
 
 
+_UNSIGNED_TEXT = re.compile(r"^\d+$")
+
+
+def _check_event_time(event: dict, label: str, found: list[str]) -> None:
+    """An event whose ``timeUnixNano`` is not a whole number (``"abc"``, ``1.5``, ``true``)
+    loses that field, with a warning in ``found``: the event is kept without a time (as a
+    protobuf event without one), and its span and the export's other spans are not lost
+    over it. Request derivation ignores and counts events without a valid time."""
+    key, value = _get(event, "timeUnixNano", "time_unix_nano")
+    if key is None or value is None:
+        return
+    if isinstance(value, bool) or not (
+            (isinstance(value, int) and value >= 0)
+            or (isinstance(value, float) and value.is_integer() and value >= 0)
+            or (isinstance(value, str) and _UNSIGNED_TEXT.match(value))):
+        del event[key]
+        found.append(f"{label}.timeUnixNano: {value!r} is not a time in ns; the event is kept without a time")
+
+
 def _object_at(obj: dict, camel: str, snake: str, path: str) -> dict | None:
     """The message at ``obj[camel]`` (or its snake_case key): ``None`` when absent or
     ``null``; raises :class:`OTLPDecodeError` for anything but an object (the parser would
@@ -242,6 +261,8 @@ def _prepare_json(document: dict, signal: Literal["traces", "metrics"],
                     if status is not None:
                         _check_enum(status, "code", _STATUS_CODES, f"{path}.status", "status code", found,
                                     "status.code")
+                    for epath, event in _objects(_list_at(span, "events", "events", path), f"{path}.events"):
+                        _check_event_time(event, epath[len(path) + 1:], found)
                     if found and warnings is not None:
                         warnings[path] = found
                     for lpath, link in _objects(_list_at(span, "links", "links", path), f"{path}.links"):

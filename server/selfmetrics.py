@@ -55,6 +55,12 @@ class RuntimeCollector:
             ("inferpath_assembler_rows", "Request rows derived by the assembler.",
              rt.assembler.rows_written_total),
             ("inferpath_assembler_errors", "Failed request-assembly passes.", rt.assembler.errors_total),
+            ("inferpath_assembler_ttft_conflicts", "Spans whose TTFT sources disagreed by more than 1 ms (the "
+             "first source in precedence was kept, see docs/interop.md; counted at each derivation).",
+             rt.assembler.derivation_counts.ttft_conflicts_total),
+            ("inferpath_assembler_ignored_timings", "Chunk events or first-token times ignored as malformed "
+             "(before the span's start, after its end, unparsable; counted at each derivation).",
+             rt.assembler.derivation_counts.ignored_timings_total),
             ("inferpath_scrape_samples", "Samples scraped from engine and GPU exporters.",
              rt.scrape_loop.samples_total),
             ("inferpath_assembler_rows_from_memory", "Traces assembled from spans held in memory (one may yield no request row).",

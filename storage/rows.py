@@ -341,7 +341,10 @@ class RequestRow:
     ``timestamp``: earliest span start (aware). Every ``*_ns`` field is a duration in
     nanoseconds or ``None`` when the trace did not measure it. ``gateway_ttft_ns`` /
     ``network_ttft_ns``: the parts of ``gateway_ns`` / ``network_ns`` that fall before the
-    first token (schema 012; ``None`` when ``ttft_ns`` is). ``status``: ``ok``,
+    first token (schema 012; ``None`` when ``ttft_ns`` is). ``ttft_source``: where the TTFT
+    readers show (``client_ttft_ns``, else ``ttft_ns``) came from, ``missing_measures``: why
+    a measure is missing, ``"measure: reason"`` joined by ``"; "`` (schema 015, see
+    ``server/sources.py``; ``""`` in rows stored before). ``status``: ``ok``,
     ``error`` or ``incomplete``. ``updated_at``: version for ReplacingMergeTree (newest
     wins under ``FINAL``); defaults to now.
     """
@@ -374,6 +377,8 @@ class RequestRow:
     postprocess_ns: int | None = None
     gateway_ttft_ns: int | None = None
     network_ttft_ns: int | None = None
+    ttft_source: str = ""
+    missing_measures: str = ""
     span_count: int = 0
     updated_at: datetime = field(default_factory=_now_utc)
 
