@@ -32,7 +32,7 @@ _lock = threading.Lock()
 def instrument(
     app: Any = None,
     *,
-    service_name: str,
+    service_name: str | None = None,
     endpoint_class: str = "interactive",
     endpoint: str | None = None,
     otlp_endpoint: str | None = None,
@@ -44,10 +44,16 @@ def instrument(
     """Trace ``app`` (a FastAPI/Starlette application) or, with ``app=None``, every FastAPI
     app created afterwards. Idempotent: a second call adds nothing.
 
-    ``service_name`` and ``endpoint_class`` (``interactive`` | ``bulk``) go on the resource;
+    ``service_name`` and ``endpoint_class`` (``interactive`` | ``bulk``) go on the resource
+    (``service_name=None``: ``OTEL_SERVICE_NAME``, else ``service.name`` of
+    ``OTEL_RESOURCE_ATTRIBUTES``, else the SDK's default);
     ``endpoint`` fixes the span attribute ``inferpath.endpoint`` (default: the matched route
-    template); ``otlp_endpoint`` is the OTLP/HTTP base URL (default
-    ``INFERPATH_OTLP_ENDPOINT``); ``span_exporter`` replaces the OTLP exporter.
+    template); ``otlp_endpoint`` is the OTLP/HTTP base URL (default:
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``, else
+    ``INFERPATH_OTLP_ENDPOINT``; headers from ``OTEL_EXPORTER_OTLP_HEADERS``, the sampler
+    from ``OTEL_TRACES_SAMPLER``: the SDK's precedence, explicit argument first);
+    ``span_exporter`` replaces the OTLP exporter. With ``OTEL_SDK_DISABLED=true`` nothing
+    is set up or traced (one log line).
     ``integrations``: ``None`` (default: all without an app, none with one), ``True`` /
     ``False``, or the registry names to turn on (``"httpx"``, ``"openai"``, ``"tiktoken"``,
     ...; see ``registry.INTEGRATIONS``). Prompt and completion text is never recorded
@@ -74,12 +80,15 @@ def instrument(
         unknown = sorted(set(names) - known)
         if unknown:
             raise ValueError(f"integrations: unknown name(s) {unknown}; known: {sorted(known)}")
+    if provider.sdk_disabled():
+        _logger.info("inferpath: OTEL_SDK_DISABLED is true; nothing is instrumented")
+        return
     content.configure_content_capture(capture_content, redact_content)
     with _lock:
         if not provider.is_configured():
             provider.configure(service_name, endpoint_class=endpoint_class,
                                otlp_endpoint=otlp_endpoint, span_exporter=span_exporter)
-        elif not service_name or not isinstance(service_name, str):
+        elif service_name is not None and (not service_name or not isinstance(service_name, str)):
             raise ValueError("service_name must be a non-empty string")
         if app is not None:
             from inferpath.instrumentation.fastapi import instrument_app

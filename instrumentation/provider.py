@@ -20,6 +20,16 @@ Every span inferpath emits goes through the provider that :func:`configure` buil
   dropped and counted in :func:`dropped_spans_total`, never blocking the request path.
   The gateway's lean server span (``server_span.py``) ends into the same processor, so
   its drops and export failures are counted the same way.
+* **OpenTelemetry's own configuration.** Each setting follows the SDK's precedence: an
+  explicit argument, then the standard ``OTEL_*`` variable, then inferpath's default. The
+  SDK reads the variables itself: the OTLP exporter built without an endpoint takes
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as is) or ``OTEL_EXPORTER_OTLP_ENDPOINT``
+  (``/v1/traces`` appended, as the specification says for the generic variable) and
+  ``OTEL_EXPORTER_OTLP_[TRACES_]HEADERS``; ``Resource.create`` takes ``OTEL_SERVICE_NAME``
+  and ``OTEL_RESOURCE_ATTRIBUTES``; the provider built without a sampler takes
+  ``OTEL_TRACES_SAMPLER`` / ``…_ARG`` and honours ``OTEL_SDK_DISABLED``. Only when neither
+  endpoint variable is set does inferpath pass its own (``INFERPATH_OTLP_ENDPOINT``, else
+  ``http://127.0.0.1:4318``). The export timeout stays inferpath's bounded one.
 * **Export failures.** Spans whose export failed (collector down, timeout) are counted in
   :func:`export_failed_spans_total`; the failure is logged at most once per
   :data:`LOG_INTERVAL_SECONDS` (with the count since the last line), and the OTLP
@@ -39,7 +49,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    OTEL_SDK_DISABLED,
+)
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -158,7 +173,7 @@ class _FailureCountingExporter(SpanExporter):
 
 @dataclass
 class _Settings:
-    service_name: str
+    service_name: str | None
     endpoint_class: str
     otlp_endpoint: str | None
     span_exporter: SpanExporter | None
@@ -185,9 +200,32 @@ _dropped_before_total = 0  # drops of providers that were shut down or left in a
 _failed_before_total = 0  # export failures of providers that were shut down
 
 
+def sdk_disabled() -> bool:
+    """True when ``OTEL_SDK_DISABLED`` is ``true`` (any case), as the SDK reads it."""
+    return os.environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true"
+
+
+def traces_endpoint(otlp_endpoint: str | None) -> str | None:
+    """The URL inferpath hands the OTLP exporter: ``{otlp_endpoint}/v1/traces`` for an
+    explicit base URL; ``None`` when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (the SDK's exporter then reads them itself);
+    else ``INFERPATH_OTLP_ENDPOINT`` (default ``http://127.0.0.1:4318``) + ``/v1/traces``."""
+    base = otlp_endpoint
+    if base is None:
+        if os.environ.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").strip() or os.environ.get(
+                OTEL_EXPORTER_OTLP_ENDPOINT, "").strip():
+            return None
+        from inferpath.config import Settings
+
+        base = Settings.from_env().otlp_endpoint
+    return base.rstrip("/") + "/v1/traces"
+
+
 def _validate(settings: _Settings) -> None:
-    if not isinstance(settings.service_name, str) or not settings.service_name.strip():
-        raise ValueError("service_name must be a non-empty string")
+    if settings.service_name is not None and (
+            not isinstance(settings.service_name, str) or not settings.service_name.strip()):
+        raise ValueError("service_name must be a non-empty string (or None: OTEL_SERVICE_NAME, "
+                         "else the SDK's default)")
     if settings.endpoint_class not in ENDPOINT_CLASSES:
         raise ValueError(
             f"endpoint_class must be one of {ENDPOINT_CLASSES}, got {settings.endpoint_class!r}"
@@ -217,24 +255,25 @@ def _validate(settings: _Settings) -> None:
 def _build(settings: _Settings) -> _State:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    attributes: dict[str, Any] = dict(settings.resource_attributes)
-    attributes.update({
-        "service.name": settings.service_name,
-        "service.instance.id": str(uuid.uuid4()),
-        ATTR_ENDPOINT_CLASS: settings.endpoint_class,
-    })
+    # Resource.create merges the SDK's defaults, OTEL_RESOURCE_ATTRIBUTES and
+    # OTEL_SERVICE_NAME under the attributes given here, so only explicit settings and
+    # what the environment lacks are given. (Not Resource.create({}) to look: recent SDKs
+    # put a process-wide service.instance.id there, which a forked child would share.)
+    from_environment = OTELResourceDetector().detect().attributes
+    attributes: dict[str, Any] = {ATTR_ENDPOINT_CLASS: settings.endpoint_class}
+    if SERVICE_INSTANCE_ID not in from_environment:
+        attributes[SERVICE_INSTANCE_ID] = str(uuid.uuid4())
+    attributes.update(settings.resource_attributes)
+    if settings.service_name is not None:
+        attributes[SERVICE_NAME] = settings.service_name
     # Our own atexit hook (below) bounds the final flush; the SDK's would wait up to 30 s.
+    # No sampler given: the SDK reads OTEL_TRACES_SAMPLER (default: parent-based, always on).
     provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
     exporter = settings.span_exporter
     if exporter is None:
-        base = settings.otlp_endpoint
-        if base is None:
-            from inferpath.config import Settings
-
-            base = Settings.from_env().otlp_endpoint
-        exporter = OTLPSpanExporter(
-            endpoint=base.rstrip("/") + "/v1/traces", timeout=settings.export_timeout_seconds
-        )
+        # Headers: the exporter reads OTEL_EXPORTER_OTLP_[TRACES_]HEADERS itself.
+        exporter = OTLPSpanExporter(endpoint=traces_endpoint(settings.otlp_endpoint),
+                                    timeout=settings.export_timeout_seconds)
     delay_ms = settings.schedule_delay_seconds * 1000.0
     exporter = _FailureCountingExporter(exporter)
     processor = BatchSpanProcessor(
@@ -272,7 +311,7 @@ def _install_global(provider: TracerProvider) -> None:
 
 
 def configure(
-    service_name: str,
+    service_name: str | None,
     *,
     endpoint_class: str = "interactive",
     otlp_endpoint: str | None = None,
@@ -285,13 +324,16 @@ def configure(
     """Build (or return the already built) inferpath tracer provider.
 
     ``otlp_endpoint`` is the base URL of an OTLP/HTTP receiver; spans are posted as
-    protobuf to ``{otlp_endpoint}/v1/traces`` (default: ``INFERPATH_OTLP_ENDPOINT``, see
-    :class:`inferpath.config.Settings`). ``span_exporter`` replaces the OTLP exporter
+    protobuf to ``{otlp_endpoint}/v1/traces`` (default: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``,
+    else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else ``INFERPATH_OTLP_ENDPOINT``,
+    see :func:`traces_endpoint`). ``service_name`` ``None``: ``OTEL_SERVICE_NAME`` or
+    ``service.name`` of ``OTEL_RESOURCE_ATTRIBUTES``, else the SDK's ``unknown_service``. ``span_exporter`` replaces the OTLP exporter
     (tests pass the SDK's ``InMemorySpanExporter``). Spans are batched every
     ``schedule_delay_seconds``; at most ``max_queue_size`` wait, the rest are dropped and
     counted (:func:`dropped_spans_total`). The resource carries ``service.name``,
-    ``service.instance.id`` (uuid4 per process) and ``inferpath.endpoint_class``, plus
-    ``resource_attributes``.
+    ``service.instance.id`` (uuid4 per process unless ``OTEL_RESOURCE_ATTRIBUTES`` names one)
+    and ``inferpath.endpoint_class``, plus ``resource_attributes`` and those of
+    ``OTEL_RESOURCE_ATTRIBUTES`` (explicit ones win). The sampler is ``OTEL_TRACES_SAMPLER``'s.
 
     Calling again with the same arguments returns the same provider; with different ones
     the old provider is flushed, shut down and replaced (see the module docstring).
