@@ -343,9 +343,14 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         if _is_engine(s):
             engines.append(s)
 
-    if not root_clients and llm_calls:
-        # A model call another instrumentation marks, inside the app's own spans: the outermost.
-        root_clients = [min(llm_calls, key=lambda s: (_depth(s, by_id), s.start_ns))]
+    gateways = [s for s in by_stage.get("gateway", ()) if s.span_kind == "Server"]
+    if not root_clients and not gateways:
+        # A model call inside the app's own spans (an LLM span of OpenInference or Langfuse, or
+        # a GenAI CLIENT span outside inferpath's stages), with no gateway: the outermost one.
+        nested = llm_calls or [s for s in by_start if s.span_kind == "Client" and STAGE not in s.span_attributes
+                               and any(k.startswith(_GENAI_PREFIX) for k in s.span_attributes)]
+        if nested:
+            root_clients = [min(nested, key=lambda s: (_depth(s, by_id), s.start_ns))]
     # Prefer the root client that carries a TTFT (the end user's streaming call).
     root_client = root_clients[0] if root_clients else None
     client_reading: TTFTReading | None = None
@@ -354,7 +359,6 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         if client_reading is not None:
             root_client = candidate
             break
-    gateways = [s for s in by_stage.get("gateway", ()) if s.span_kind == "Server"]
     gateway = min(gateways, key=lambda s: (_depth(s, by_id), s.start_ns)) if gateways else None
     engine = engines[0] if engines else None
     model_clients = [s for s in by_stage.get("model", ()) if s.span_kind == "Client"]

@@ -224,3 +224,14 @@ def test_an_otlp_json_event_time_that_is_no_number_costs_only_that_time() -> Non
         assert (row.client_ttft_ns, counts.ignored_timings_total) == (59 * MS, 1)
     fine = decode_trace_request(export(str(T0_NS + 5 * MS)), content_type="application/json", content_encoding=None)
     assert (fine.warned_spans, assemble_request(fine.spans).client_ttft_ns) == (0, 16 * MS)
+
+
+def test_a_genai_client_span_inside_the_apps_own_span_is_the_model_call() -> None:
+    app = span("ap", "Internal", "handle_question", 100.0)
+    call = replace(openllmetry(), parent_span_id=sid("ap"))
+    row = assemble_request([app, call], updated_at=UPDATED)
+    assert (row.client_ttft_ns, row.client_e2e_ns, row.ttft_source) == (59 * MS, 82 * MS, "openllmetry.chunk_events")
+    # Behind an inferpath gateway the end user's call is unknown: the model call is not it.
+    gateway = span("gw", "Server", "POST /ask", 100.0, **{"inferpath.stage": "gateway"})
+    inner = replace(openinference(), parent_span_id=sid("gw"))
+    assert assemble_request([gateway, inner], updated_at=UPDATED).client_ttft_ns is None
