@@ -660,6 +660,36 @@ def cmd_summary(args: argparse.Namespace) -> None:
             print(label, json.dumps(window_stats(run_dir, w), default=str))
 
 
+def scrub_paths(run_dir: Path, keep_dir: Path) -> None:
+    """vLLM's start-up spans carry ``code.filepath``, an absolute path into the venv it runs
+    from. Those values become ``<venv>/lib/...``; only the bodies holding such a path are
+    re-serialized (their originals are kept in ``keep_dir``), all others stay byte for byte."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    for path in sorted((run_dir / "otlp").glob("*.pb")):
+        body = path.read_bytes()
+        if b"code.filepath" not in body:
+            continue
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        changed = False
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    for attribute in span.attributes:
+                        value = attribute.value.string_value
+                        if attribute.key == "code.filepath" and value.startswith("/"):
+                            tail = value.split("/lib/python", 1)
+                            attribute.value.string_value = ("<venv>/lib/python" + tail[1]) if len(tail) == 2 \
+                                else "<path>/" + Path(value).name
+                            changed = True
+        if changed:
+            keep_dir.mkdir(parents=True, exist_ok=True)
+            if not (keep_dir / path.name).exists():
+                (keep_dir / path.name).write_bytes(body)
+            path.write_bytes(request.SerializeToString())
+
+
 def cmd_pack(args: argparse.Namespace) -> None:
     work = Path(args.work_dir)
     run_dir = work / args.name
@@ -670,6 +700,12 @@ def cmd_pack(args: argparse.Namespace) -> None:
         window = (meta["phases"][0]["start_unix_ns"], meta["phases"][-1]["end_unix_ns"])
     baseline = _window(meta, args.baseline_phase)
     assert window is not None
+    if args.window_through_drain:
+        # The overload outlives the arrivals: the window runs on until the last request ended.
+        results = json.loads((run_dir / "client_results.json").read_text())
+        ends = [r["start_unix_ns"] + int(r["e2e"] * 1e9) for r in results
+                if r.get("e2e") is not None and window[0] <= r["start_unix_ns"] < window[1]]
+        window = (window[0], max([window[1], *ends]) + 1_000_000_000)
     truth = {"name": args.name, "expected_top_cause": args.cause,
              "window": {"start_unix_ns": window[0], "end_unix_ns": window[1]},
              "baseline": None if baseline is None else {"start_unix_ns": baseline[0], "end_unix_ns": baseline[1]},
@@ -712,6 +748,9 @@ def cmd_pack(args: argparse.Namespace) -> None:
         f"({load['requests']} requests), arrival gaps kept and played {phases}; prompt {load['prompt_words']} words, "
         f"`max_tokens` {load['max_tokens']}, endpoint {load['endpoint']}"
         + (", `ignore_eos`" if load["ignore_eos"] else "") + ".", ""]
+    lines += ["`otlp/*.pb` are the bodies as received, byte for byte, except the few holding vLLM's start-up "
+              "spans: their `code.filepath` values (absolute paths into the recording machine's venv) were "
+              "rewritten to `<venv>/lib/...` and those bodies re-serialized.", ""]
     if args.note:
         lines += [args.note, ""]
     lines += ["Client-side and scrape summary (window" + (" / baseline" if bs else "") + "):", "",
@@ -723,6 +762,7 @@ def cmd_pack(args: argparse.Namespace) -> None:
         lines.append(f"| {label} | {_fmt(ws[key])}" + (f" | {_fmt(bs[key])} |" if bs else " |"))
     lines += ["", f"Why: {args.why}", ""]
     (run_dir / "README.md").write_text("\n".join(lines))
+    scrub_paths(run_dir, work / f"{args.name}.otlp-original")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tar_path = out / f"{args.name}.tar.gz"
@@ -783,6 +823,8 @@ def main(argv: list[str] | None = None) -> None:
     pack.add_argument("--note", default=None, help="an extra paragraph for the README")
     pack.add_argument("--window-phase", type=int, default=None, help="default: the whole load")
     pack.add_argument("--baseline-phase", type=int, default=None)
+    pack.add_argument("--window-through-drain", action="store_true",
+                      help="end the window when the last request started in it ended, not with the phase")
     pack.add_argument("--out-dir", default=str(DEFAULT_OUT))
     pack.set_defaults(func=cmd_pack)
     args = parser.parse_args(argv)
