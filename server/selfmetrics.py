@@ -107,7 +107,11 @@ class RuntimeCollector:
         families = {
             "inserted": CounterMetricFamily("inferpath_writer_rows_inserted", "Rows inserted.", labels=["table"]),
             "dropped": CounterMetricFamily("inferpath_writer_rows_dropped",
-                                           "Rows dropped (queue full or insert failed).", labels=["table"]),
+                                           "Rows dropped (queue full, insert failed, or rejected).",
+                                           labels=["table"]),
+            "rejected": CounterMetricFamily("inferpath_writer_rows_rejected",
+                                            "Rows dropped because the store cannot hold a value of theirs "
+                                            "(logged with the reason).", labels=["table"]),
             "errors": CounterMetricFamily("inferpath_writer_insert_errors", "Failed insert calls.",
                                           labels=["table"]),
             "queue": GaugeMetricFamily("inferpath_writer_queue_rows", "Rows waiting to be inserted.",
@@ -116,6 +120,7 @@ class RuntimeCollector:
         for table, writer in rt.writers.items():
             families["inserted"].add_metric([table], writer.rows_inserted_total)
             families["dropped"].add_metric([table], writer.rows_dropped_total)
+            families["rejected"].add_metric([table], writer.rows_rejected_total)
             families["errors"].add_metric([table], writer.insert_errors_total)
             families["queue"].add_metric([table], writer.queue_rows)
         yield from families.values()

@@ -5,8 +5,11 @@ Both backends go through clickhouse-connect with the same SQL. Differences are s
 - Time: the session runs with ``session_timezone='UTC'`` and the client formats and decodes
   datetimes as UTC, so ``toDate``/``toStartOfInterval`` and every returned datetime are UTC
   whatever the host's ``TZ`` is. Results come back timezone-aware (UTC). Naive datetimes
-  passed in, as insert values or query parameters, raise ``ValueError`` instead of being
-  read in some implicit zone.
+  passed in, as insert values or query parameters, are refused (``ValueError``) instead of
+  being read in some implicit zone.
+- Values: every inserted value goes through one converter for its column's type
+  (``values.py``): NaN and NA become NULL, numeric text a number, and a row that cannot be
+  stored is named, never half-written by the driver.
 - Concurrency: each call runs on a connection of its own. Embedded chDB is one engine per
   process that serves any number of connection handles at once, so the store keeps a small
   pool of them (:data:`CHDB_MAX_CONNECTIONS`, opened as calls overlap): an insert does not
@@ -32,6 +35,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from inferpath.storage.migrations import apply_migrations, validate_ttl_days
 from inferpath.storage.url import StoreURL, default_store_url, parse_store_url
+from inferpath.storage.values import Rejection, RowsRejected, convert_columns
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +74,8 @@ def _column_names(column_names: Sequence[str]) -> list[str]:
 
 
 def _check_value(value: Any, where: str) -> None:
-    """Raise ``ValueError`` for a naive datetime at any depth of lists/tuples/dicts."""
+    """Raise ``ValueError`` for a naive datetime at any depth of lists/tuples/dicts (query
+    parameters; inserted values go through ``values.convert_columns``)."""
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError(f"{where} is a naive datetime {value!r}; pass a timezone-aware datetime")
@@ -80,33 +85,6 @@ def _check_value(value: Any, where: str) -> None:
     elif isinstance(value, dict):
         for item in value.values():
             _check_value(item, where)
-
-
-_UTC_ZONES = frozenset({timezone.utc})
-
-
-def _check_column(column: Sequence[Any], name: str) -> None:
-    """Raise ``ValueError`` (naming row index and column) for a naive datetime in ``column``,
-    at any depth of lists/tuples; dict values are not inspected (as in :func:`_check_value`).
-
-    The common columns cost one C-level pass: no datetimes and no containers at all, or
-    datetimes all in UTC, or lists that are all empty.
-    """
-    types = set(map(type, column))
-    if datetime in types or any(issubclass(t, datetime) for t in types):
-        if types == {datetime} and set(map(_tzinfo, column)) <= _UTC_ZONES:
-            return
-    elif list in types or tuple in types:
-        if not any(column):
-            return
-    elif not any(issubclass(t, (datetime, list, tuple)) for t in types):
-        return
-    for index, value in enumerate(column):
-        if isinstance(value, (datetime, list, tuple)):
-            _check_value(value, f"row {index} column {name!r}")
-
-
-_tzinfo = operator.attrgetter("tzinfo")  # C-level: one Python call per row was ~1/3 of the check
 
 
 def _to_utc(value: Any) -> Any:
@@ -332,46 +310,71 @@ class Store:
         return dict(parameters)
 
     def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str],
-               *, dedup_token: str | None = None, checked: bool = False) -> int:
+               *, dedup_token: str | None = None, checked: bool = False,
+               rejected: list[Rejection] | None = None) -> int:
         """Insert ``rows`` (each a sequence in ``column_names`` order) into ``table``.
 
+        Every value goes through :func:`~inferpath.storage.values.convert_columns`, the one
+        converter into storage, for its column's type: NaN and ``pandas.NA`` become NULL,
+        numeric text and NumPy values numbers, and so on (rules in ``storage/values.py``).
+        A row that cannot be stored (a naive datetime, text that is not a number in a number
+        column, a missing value in a non-Nullable column, the wrong number of values) is
+        rejected by row index, column and reason: with ``rejected=None`` (default) the call
+        raises :class:`~inferpath.storage.values.RowsRejected` (a ``ValueError``) and inserts
+        nothing; with a list, the :class:`~inferpath.storage.values.Rejection` of each is
+        appended to it and every other row is inserted.
         ``dedup_token``: ClickHouse ``insert_deduplication_token``; a later insert with the
         same token into the same table is skipped by ClickHouse (tables created with a
         deduplication window, see ``schema/005_insert_dedup.sql``), so a client's retry of
         an insert that did commit stores nothing twice.
         ``checked``: the caller built every value itself from checked ones (the OTLP
-        decoder's span rows: times are aware UTC or ns ints by construction), so the scan for
-        naive datetimes is skipped; it costs ~0.9 µs per 22-column span row on the ingest path.
+        decoder's span rows: times are aware UTC or ns ints by construction), so the
+        conversion is skipped; its scan costs ~0.9 µs per 22-column span row on the ingest path.
         Returns the number of rows inserted. Raises ``ValueError`` for a bad table or column
-        name, a row of the wrong length, or (unless ``checked``) a naive datetime anywhere in
-        a row (the message names the row index and column); driver errors propagate.
+        name; driver errors propagate.
         """
         validate_table_name(table)
         names = _column_names(column_names)
         if not rows:
             return 0
-        width = len(names)
+        width, total_rows = len(names), len(rows)
+        rejections: list[Rejection] = []
         if set(map(len, rows)) != {width}:
-            index = next(i for i, row in enumerate(rows) if len(row) != width)
-            raise ValueError(f"row {index} has {len(rows[index])} values for {width} columns")
-        # Checked and sent column by column: the transposition and the type scans run in C,
-        # and clickhouse-connect serializes columns without transposing rows itself.
-        columns = list(zip(*rows))
-        if not checked:
-            for name, column in zip(names, columns):
-                _check_column(column, name)
+            rejections = [Rejection(i, None, f"has {len(row)} values for {width} columns")
+                          for i, row in enumerate(rows) if len(row) != width]
+            if rejected is None:
+                raise RowsRejected(rejections, total_rows)
+            wrong = {r.row for r in rejections}
+            kept_index = [i for i in range(len(rows)) if i not in wrong]
+            rows = [rows[i] for i in kept_index]
+        else:
+            kept_index = None
         settings = None if dedup_token is None else {"insert_deduplication_token": str(dedup_token)}
+        # Converted and sent column by column: the transposition and the type scans run in C,
+        # and clickhouse-connect serializes columns without transposing rows itself.
+        columns: list = list(zip(*rows))
         try:
             with self._connection() as client:
                 context = client.create_insert_context(table, column_names=names, column_oriented=True,
                                                        settings=settings)
                 try:
-                    client.insert(data=columns, context=context)
+                    if not checked:
+                        columns, found = convert_columns(columns, names, context.column_types)
+                        if found and kept_index is not None:  # back to the caller's row numbers
+                            found = [Rejection(kept_index[r.row], r.column, r.reason) for r in found]
+                        rejections.extend(found)
+                        if rejections and rejected is None:
+                            raise RowsRejected(sorted(rejections, key=_row_of), total_rows)
+                    if rejected is not None:
+                        rejected.extend(sorted(rejections, key=_row_of))
+                    inserted = len(columns[0]) if columns else 0
+                    if inserted:
+                        client.insert(data=columns, context=context)
                 finally:
                     _untie_insert_context(context)
         finally:
             columns.clear()  # should another cycle hold the context, it holds no rows
-        return len(rows)
+        return inserted
 
     def insert_native(self, table: str, column_names: Sequence[str], data: bytes,
                       *, dedup_token: str | None = None) -> None:
@@ -450,6 +453,9 @@ class Store:
                 {"db": self.database, "table": table},
             )
         ]
+
+
+_row_of = operator.attrgetter("row")
 
 
 def _untie_insert_context(context: Any) -> None:

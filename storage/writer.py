@@ -5,7 +5,9 @@ in-memory queue; a daemon thread inserts them in batches of up to ``max_batch_ro
 every ``flush_interval_seconds``. A full queue drops the new rows and counts them (the
 OpenTelemetry SDK's BatchSpanProcessor habit): telemetry never blocks or breaks the
 observed service. A failed insert is retried a bounded number of times, then its rows
-are dropped and counted.
+are dropped and counted. A row the store cannot hold (``storage/values.py``: a naive
+datetime, text that is not a number, …) is rejected alone, counted and logged with its
+reason; the other rows of its batch are inserted.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import threading
 import time
 from collections import deque
 from typing import Sequence
+
+from inferpath.storage.values import Rejection
 
 from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.storage.store import Store, validate_table_name
@@ -26,10 +30,11 @@ class BatchWriter:
     """Queue rows for ``table`` and insert them in batches from a daemon thread.
 
     Rows are tuples in ``column_names`` order. Counters (plain ints, read without locking):
-    ``rows_inserted_total``, ``rows_dropped_total`` (queue full, closed, or insert failed
-    ``max_insert_attempts`` times), ``insert_errors_total`` (failed insert calls, retries
-    included), ``last_insert_seconds`` (wall time of the last successful insert, monotonic
-    clock), and the property ``queue_rows``.
+    ``rows_inserted_total``, ``rows_dropped_total`` (queue full, closed, rejected, or insert
+    failed ``max_insert_attempts`` times), ``rows_rejected_total`` (the dropped rows the store
+    could not hold, each logged with its reason), ``insert_errors_total`` (failed insert
+    calls, retries included), ``last_insert_seconds`` (wall time of the last successful
+    insert, monotonic clock), and the property ``queue_rows``.
     Raises ``ValueError`` at construction for a bad table name or limits.
     """
 
@@ -65,6 +70,7 @@ class BatchWriter:
 
         self.rows_inserted_total = 0
         self.rows_dropped_total = 0
+        self.rows_rejected_total = 0
         self.insert_errors_total = 0
         self.last_insert_seconds = 0.0
 
@@ -77,6 +83,7 @@ class BatchWriter:
         self._closing = False
         self._cond = threading.Condition()
         self._log = RateLimitedLog(logger)
+        self._rejected_log = RateLimitedLog(logger)
         self._thread = threading.Thread(
             target=self._run, name=f"inferpath-writer-{table}", daemon=True
         )
@@ -188,23 +195,37 @@ class BatchWriter:
     def _insert_with_retries(self, batch: list[tuple], closing: bool) -> None:
         for attempt in range(1, self.max_insert_attempts + 1):
             started = time.monotonic()
+            rejected: list[Rejection] = []
             try:
-                self.store.insert(self.table, batch, self.column_names)
+                inserted = self.store.insert(self.table, batch, self.column_names, rejected=rejected)
             except Exception as exc:  # noqa: BLE001 - counted and logged, never raised
                 self.insert_errors_total += 1
                 self._log.warning(
                     "insert of %d rows into %s failed (attempt %d/%d): %s",
                     len(batch), self.table, attempt, self.max_insert_attempts, exc,
                 )
-                # A ValueError is a bad row, not a transient fault: retrying cannot help.
+                # A ValueError is a bad call, not a transient fault: retrying cannot help.
                 if isinstance(exc, ValueError) or attempt == self.max_insert_attempts:
                     break
                 if not closing:
                     time.sleep(min(self.retry_backoff_seconds * 2 ** (attempt - 1), 5.0))
                 continue
             self.last_insert_seconds = time.monotonic() - started
-            self.rows_inserted_total += len(batch)
+            self.rows_inserted_total += inserted
+            if rejected:
+                self._count_rejected(rejected, len(batch))
             return
         with self._cond:
             self.rows_dropped_total += len(batch)
             self._insert_dropped_total += len(batch)
+
+    def _count_rejected(self, rejected: list[Rejection], batch_rows: int) -> None:
+        rows = len({r.row for r in rejected})
+        with self._cond:
+            self.rows_rejected_total += rows
+            self.rows_dropped_total += rows
+            self._insert_dropped_total += rows
+        self._rejected_log.warning(
+            "%d of %d rows for %s cannot be stored and were dropped (the others were inserted): %s",
+            rows, batch_rows, self.table, "; ".join(map(str, rejected[:5])) + ("; …" if len(rejected) > 5 else ""),
+        )

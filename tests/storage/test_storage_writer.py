@@ -89,10 +89,11 @@ def test_bad_rows_are_not_retried(store: Store) -> None:
                          retry_backoff_seconds=0.01)
     try:
         bad = list(_rows(1)[0])
-        bad[0] = datetime(2025, 1, 1)  # naive: Store.insert raises ValueError
-        assert writer.submit([tuple(bad)]) is True
+        bad[0] = datetime(2025, 1, 1)  # naive: the store rejects this row alone
+        assert writer.submit([tuple(bad)] + _rows(2)) is True
         assert writer.flush(timeout_seconds=20) is False
-        assert (writer.insert_errors_total, writer.rows_dropped_total) == (1, 1)
+        assert (writer.insert_errors_total, writer.rows_rejected_total, writer.rows_dropped_total) == (0, 1, 1)
+        assert writer.rows_inserted_total == 2 and _count(store) == 2
     finally:
         writer.close()
 
