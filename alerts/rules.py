@@ -31,6 +31,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from inferpath.timespec import parse_duration_seconds
+
 __all__ = [
     "RuleFileError", "RuleFile", "Rule", "Receiver", "load_rule_file", "parse_rule_text",
     "parse_duration_seconds", "DEFAULT_RULES_PATH", "REQUEST_MEASURES", "GROUP_BY_COLUMNS",
@@ -47,37 +49,10 @@ REQUEST_MEASURES: tuple[str, ...] = (
 GROUP_BY_COLUMNS: tuple[str, ...] = ("endpoint", "endpoint_class", "model", "replica", "service_name")
 """Columns of ``inferpath_requests`` a request rule may split its alerts by (``by:``)."""
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-_DURATION_UNITS_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _RULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def parse_duration_seconds(value: Any) -> float:
-    """``"1h30m"``, ``"90s"``, ``"250ms"`` or a number (seconds) → seconds (float, ≥ 0).
-
-    Units as Prometheus durations: ms, s, m, h, d, w. Raises ``ValueError`` otherwise.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration like 30s, 5m or 1h, got {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"a duration must not be negative, got {value!r}")
-        return float(value)
-    if not isinstance(value, str):
-        raise ValueError(f"expected a duration like 30s, 5m or 1h, got {value!r}")
-    text = value.strip()
-    if text == "0":
-        return 0.0
-    position, total = 0, 0.0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != position:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS_SECONDS[match.group(2)]
-        position = match.end()
-    if position != len(text) or not text:
-        raise ValueError(f"expected a duration like 30s, 5m or 1h30m, got {value!r}")
-    return total
 
 
 Seconds = Annotated[float, BeforeValidator(parse_duration_seconds)]

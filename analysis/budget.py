@@ -20,15 +20,18 @@ fits in the target, adding GPUs will not bring the endpoint under it; when it do
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from inferpath.analysis.diagnosis import (
-    GPU_HEADROOM_RATIO, MIN_CAUSE_SHARE, MIN_REQUESTS, TAIL_QUANTILE, InsufficientDataError, kv_pressure,
-)
 from inferpath.analysis.breakdown import request_breakdown
+from inferpath.analysis.causes import GPU_HEADROOM_RATIO
+from inferpath.analysis.engine_state import engine_state
 from inferpath.analysis.percentiles import quantile
 from inferpath.analysis.signals import GPU_UTILIZATION_RATIO, SignalWindows
-from inferpath.analysis.verdict import Cause, Degradation, Evidence, Verdict, Window
+from inferpath.analysis.verdict import (
+    MIN_CAUSE_SHARE, MIN_REQUESTS, TAIL_QUANTILE, Cause, Degradation, Evidence, InsufficientDataError, Verdict,
+    Window,
+)
 
 MOVABLE: dict[str, tuple[str, str]] = {
     "tokenize": ("tokenization", "move tokenization in-process (a Rust tokenizer in the serving process, "
@@ -38,6 +41,69 @@ MOVABLE: dict[str, tuple[str, str]] = {
 }
 """Stage → (cause, the change that takes it off the critical path)."""
 ENGINE_STAGES = ("queue", "prefill")
+
+
+@dataclass(frozen=True)
+class BudgetItem:
+    """One stage that can leave the TTFT critical path: ``stage``, its ``cause``, ``action``
+    in words, ``recoverable_ns`` (its mean in the tail band)."""
+
+    stage: str
+    cause: str
+    action: str
+    recoverable_ns: float
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Where the time over a TTFT objective goes (the tail band's mean stages).
+
+    ``limit_ns``: the objective; ``p99_ns``: the measured p99; ``over_ns``: the excess;
+    ``tail_mean_ns``: mean TTFT of the tail band; ``stage_mean_ns``: stage → mean ns in the
+    tail band; ``items``: movable stages with what each recovers (largest first);
+    ``recoverable_ns``: their sum; ``engine_ns``: queue + prefill mean; ``engine_fits``:
+    the engine's part alone is within the objective (more GPUs cannot be the fix)."""
+
+    limit_ns: float
+    p99_ns: float
+    over_ns: float
+    tail_mean_ns: float
+    stage_mean_ns: dict[str, float]
+    items: list[BudgetItem] = field(default_factory=list)
+    recoverable_ns: float = 0.0
+    engine_ns: float = 0.0
+    engine_fits: bool = True
+
+    def text(self) -> str:
+        """``TTFT p99 900 ms against a 600 ms objective (300 ms over): tokenization in-process
+        and retrieval in parallel recover about 300 ms; queue + prefill take 560 ms, within it``."""
+        head = (f"TTFT p99 {_ms(self.p99_ns)} against a {_ms(self.limit_ns)} objective "
+                f"({_ms(self.over_ns)} over)")
+        moves = "; ".join(f"{item.action}: about {_ms(item.recoverable_ns)}" for item in self.items)
+        engine = (f"queue + prefill take {_ms(self.engine_ns)}, "
+                  + ("within the objective" if self.engine_fits else "over the objective on their own"))
+        return head + (f": {moves} (about {_ms(self.recoverable_ns)} in all)" if moves else "") + f"; {engine}"
+
+
+def ttft_budget(stage_mean_ns: Mapping[str, float], *, tail_mean_ns: float, p99_ns: float,
+                limit_ns: float) -> Budget:
+    """The :class:`Budget` of a TTFT p99 over ``limit_ns`` from the tail band's mean stage
+    times (ns, stage name → mean; ``rest`` allowed). Stages under :data:`MIN_CAUSE_SHARE`
+    of the excess are left out. Raises ``ValueError`` for a limit ≤ 0."""
+    if limit_ns <= 0:
+        raise ValueError(f"limit_ns must be > 0, got {limit_ns}")
+    over = max(0.0, p99_ns - limit_ns)
+    items = []
+    for stage, (cause, action) in MOVABLE.items():
+        spent = float(stage_mean_ns.get(stage, 0.0))
+        if spent > 0 and over > 0 and spent / over >= MIN_CAUSE_SHARE:
+            items.append(BudgetItem(stage, cause, action, spent))
+    items.sort(key=lambda item: -item.recoverable_ns)
+    engine_ns = float(sum(stage_mean_ns.get(s, 0.0) for s in ENGINE_STAGES))
+    return Budget(limit_ns=float(limit_ns), p99_ns=float(p99_ns), over_ns=over, tail_mean_ns=float(tail_mean_ns),
+                  stage_mean_ns={k: float(v) for k, v in stage_mean_ns.items()}, items=items,
+                  recoverable_ns=math.fsum(i.recoverable_ns for i in items), engine_ns=engine_ns,
+                  engine_fits=engine_ns <= limit_ns)
 
 
 def _ms(ns: float) -> str:
@@ -77,37 +143,35 @@ def diagnose_against_target(
     edge = quantile([b.total_ns for b in breakdowns], TAIL_QUANTILE)
     tail = [b for b in breakdowns if b.total_ns >= edge]
     mean = {stage: math.fsum(b.stage_ns[stage] for b in tail) / len(tail) for stage in tail[0].stage_ns}
-    excess = p99 - ttft_target_ns
-    engine_ns = sum(mean.get(s, 0.0) for s in ENGINE_STAGES)
+    budget = ttft_budget(mean, tail_mean_ns=mean_total(tail), p99_ns=p99, limit_ns=ttft_target_ns)
+    verdict.budget = budget
     utilization = signals.current.stat(GPU_UTILIZATION_RATIO)
 
     def evidence(measure: str, value: float, text: str, unit: str = "ns", statistic: str = "mean of tail band"):
         return Evidence(measure, statistic, unit, None, value, None, window, text)
 
-    recoverable = 0.0
-    for stage, (name, action) in MOVABLE.items():
-        spent = mean.get(stage, 0.0)
-        if spent <= 0 or spent / excess < MIN_CAUSE_SHARE:
-            continue
-        recoverable += spent
-        cause = Cause(cause=name, share=spent / excess, added_ns=spent, stages=[stage])
-        cause.evidence.append(evidence(f"{stage}_ns", spent, f"{stage} takes {_ms(spent)} of the slowest "
-                                       f"{1 - TAIL_QUANTILE:.0%} requests' {_ms(mean_total(tail))} TTFT, "
+    for item in budget.items:
+        cause = Cause(cause=item.cause, share=min(1.0, item.recoverable_ns / budget.over_ns),
+                      added_ns=item.recoverable_ns, stages=[item.stage])
+        cause.evidence.append(evidence(f"{item.stage}_ns", item.recoverable_ns,
+                                       f"{item.stage} takes {_ms(item.recoverable_ns)} of the slowest "
+                                       f"{1 - TAIL_QUANTILE:.0%} requests' {_ms(budget.tail_mean_ns)} TTFT, "
                                        "on the critical path"))
-        cause.would_help.append(f"{action}: recovers about {_ms(spent)}")
+        cause.would_help.append(f"{item.action}: recovers about {_ms(item.recoverable_ns)}")
         verdict.causes.append(cause)
-    if engine_ns > ttft_target_ns:
-        kv = kv_pressure(signals, len(rows), 0)
-        cause = Cause(cause="gpu_memory" if kv else "gpu_compute", share=(engine_ns - ttft_target_ns) / excess,
-                      added_ns=engine_ns - ttft_target_ns, stages=list(ENGINE_STAGES))
-        cause.evidence.append(evidence("queue_ns+prefill_ns", engine_ns,
-                                       f"queue + prefill alone take {_ms(engine_ns)}, over the target"))
+    if not budget.engine_fits:
+        memory = engine_state(signals.current).memory_pressure
+        cause = Cause(cause="gpu_memory" if memory else "gpu_compute",
+                      share=min(1.0, (budget.engine_ns - ttft_target_ns) / budget.over_ns),
+                      added_ns=budget.engine_ns - ttft_target_ns, stages=list(ENGINE_STAGES))
+        cause.evidence.append(evidence("queue_ns+prefill_ns", budget.engine_ns,
+                                       f"queue + prefill alone take {_ms(budget.engine_ns)}, over the target"))
         cause.would_help.append("add GPUs or replicas, or shorten prompts: the engine alone exceeds the target")
         verdict.causes.append(cause)
     verdict.causes.sort(key=lambda c: -c.added_ns)
     gpu_text = f"GPU utilization {utilization:.0%}; " if utilization is not None else ""
-    if engine_ns <= ttft_target_ns and verdict.causes:
-        not_gpu = (f"adding GPUs will not help: {gpu_text}queue + prefill take {_ms(engine_ns)}, "
+    if budget.engine_fits and verdict.causes:
+        not_gpu = (f"adding GPUs will not help: {gpu_text}queue + prefill take {_ms(budget.engine_ns)}, "
                    f"within the {_ms(ttft_target_ns)} target")
         for cause in verdict.causes:
             cause.would_not_help.append(not_gpu)
@@ -115,10 +179,10 @@ def diagnose_against_target(
                 cause.evidence.append(evidence(GPU_UTILIZATION_RATIO, utilization, f"GPU utilization {utilization:.0%}",
                                                unit="ratio", statistic="mean"))
     names = " + ".join(c.cause for c in verdict.causes) or "no single stage"
-    verdict.summary = (f"TTFT p99 {_ms(p99)} against a {_ms(ttft_target_ns)} target ({_ms(excess)} over): "
-                       f"{names}" + (", not GPU" if engine_ns <= ttft_target_ns else "")
-                       + (f"; moving them off the critical path would recover about {_ms(recoverable)}"
-                          if recoverable else ""))
+    verdict.summary = (f"TTFT p99 {_ms(p99)} against a {_ms(ttft_target_ns)} target ({_ms(budget.over_ns)} over): "
+                       f"{names}" + (", not GPU" if budget.engine_fits else "")
+                       + (f"; moving them off the critical path would recover about {_ms(budget.recoverable_ns)}"
+                          if budget.recoverable_ns else ""))
     return verdict
 
 
@@ -127,4 +191,4 @@ def mean_total(tail: Sequence[Any]) -> float:
     return math.fsum(b.total_ns for b in tail) / len(tail)
 
 
-__all__ = ["ENGINE_STAGES", "MOVABLE", "diagnose_against_target", "mean_total"]
+__all__ = ["ENGINE_STAGES", "MOVABLE", "Budget", "BudgetItem", "diagnose_against_target", "mean_total", "ttft_budget"]

@@ -1,26 +1,31 @@
-"""Name the bottleneck: compare a window with a baseline and walk the troubleshooting order.
+"""Name the bottleneck of any window: against latency objectives, and against a baseline when given.
 
 The order an SRE would follow, and what each step looks at:
 
-1. Which measure degraded (TTFT, ITL, E2E), at p99, against the baseline window.
-2. Where the added time sits. For the slowest requests of each window (the *tail band*,
-   at or above the window's p90 of the measure) the mean time of every stage is compared.
-   Means add up (the measure = stages + rest) where percentiles do not, so each stage's
-   growth is a share of the growth of the tail's mean; the tail is used rather than all
-   requests because the p99 is what degraded.
-3. Why a stage grew, from the engine and GPU state of the same windows:
-   queue time → KV-cache pressure (``gpu_memory``), else a saturated GPU (``gpu_compute``:
-   utilization ≥ 90%, or a slower median decode step, :func:`decode_slower`),
-   else a batch grown larger or a hold on every request, i.e. a batching window
-   (``batching``, :func:`queue_held`), else plain ``queueing``;
-   prefill → ``gpu_memory`` under KV pressure (preempted sequences are recomputed), else
-   ``gpu_compute``; decode (ITL) → ``gpu_memory`` under KV pressure, else ``batching`` when
-   the running batch grew, else ``gpu_compute``; tokenize → ``tokenization``; retrieval →
-   ``retrieval``; network → ``network_hop``; gateway self time and rest → ``unexplained``.
-4. Cold start: requests served by a replica absent from the baseline within its first
-   :data:`COLD_START_WINDOW_SECONDS` are charged to ``cold_start`` as a whole.
+1. **Is the window healthy?** Every endpoint class meets its latency objectives
+   (:mod:`~inferpath.analysis.objectives`, e.g. interactive TTFT p99 ≤ 1 s), its tail does
+   not diverge from its average (p99 ≥ 5× mean), and, with a baseline that itself met the
+   objectives, no measure regressed against it (p99 up by half and by 10 ms or more).
+   A baseline that breaks the objectives is reported as such and never makes the window
+   healthy.
+2. **Which measure**: TTFT first (every stage before the first token lives in it), else E2E
+   (an ITL objective or regression shows up as decode time).
+3. **Where the time sits**: in the *tail band* (requests at or above the window's p90 of the
+   measure) the mean of every stage is taken. Means add up (measure = stages + rest) where
+   percentiles do not. Against a healthy baseline the causes share the *growth* of the tail's
+   mean; otherwise they share the tail's time itself, which is what an always-slow endpoint
+   needs to know.
+4. **Why**: each stage's time goes to the first cause of the registry
+   (:mod:`~inferpath.analysis.causes`) that claims it, from the engine's own state at the same
+   moments (:mod:`~inferpath.analysis.engine_state`: when requests waited in the engine, was
+   the batch at its limit, the KV cache full, or was there room?).
+5. **Cold start**: requests that arrived before their replica was ready, or that a replica
+   served measurably slower than its own steady state right after it started, are charged
+   to ``cold_start`` whole (:func:`cold_start_rows`).
 
-Causes below :data:`MIN_CAUSE_SHARE` are dropped; the rest are ordered by share.
+Causes below :data:`MIN_CAUSE_SHARE` are dropped; the rest come ordered by share, each with
+its evidence and advice, and advice that another cause of the same verdict contradicts is
+dropped (:func:`~inferpath.analysis.causes.consistent_advice`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
 from inferpath.analysis.breakdown import REST, measure_stages
+from inferpath.analysis.budget import ttft_budget
+from inferpath.analysis.causes import (
+    BY_NAME, COLD_START_HELP, COLD_START_NOT_HELP, Advice, Context, cause_of, consistent_advice,
+)
+from inferpath.analysis.engine_state import EngineState, engine_state
+from inferpath.analysis.objectives import (
+    DEFAULT_OBJECTIVES, ObjectiveResult, Objectives, TailResult, tail_diverges,
+)
 from inferpath.analysis.request_window import (
     WINDOW_COLUMNS, RowsWindow, StoredWindow, TailSums, as_window, prefetch_quantiles, prepare_attribution,
 )
@@ -38,43 +51,36 @@ from inferpath.analysis.signals import (
     SignalWindows, StoredSignalWindows, WindowSignals,
 )
 from inferpath.analysis.startup import ReplicaStartup, StoredStartups
-from inferpath.analysis.verdict import Cause, Degradation, Evidence, Verdict, Window
+from inferpath.analysis.verdict import (
+    MIN_CAUSE_SHARE, MIN_REQUESTS, TAIL_QUANTILE, BaselineInfo, Cause, Degradation, Evidence,
+    InsufficientDataError, Verdict, Window,
+)
 from inferpath.storage.rows import unix_ns_from_datetime
 
-MIN_REQUESTS = 20
-"""Requests needed per window: below 20, the "p99" is just the maximum of a handful."""
 DEGRADED_RATIO = 1.5
-"""A p99 must rise by half to count as degraded: run-to-run p99 noise over a few hundred
+"""A p99 must rise by half to count as a regression: run-to-run p99 noise over a few hundred
 requests of an unchanged service stays within about ±30%."""
 MIN_DEGRADATION_NS = 10_000_000
 """...and by at least 10 ms, so a 2 ms → 4 ms ITL wobble is not a finding."""
-TAIL_QUANTILE = 0.9
-"""The tail band: requests at or above the window's p90 of the measure."""
-MIN_CAUSE_SHARE = 0.10
-"""Causes explaining under 10% of the increase are within the noise of the attribution."""
-KV_PRESSURE_RATIO = 0.90
-"""KV-cache usage at which a paged-attention engine (vLLM) has no room for a burst and
-starts to queue new sequences and preempt running ones."""
-KV_HIGH_RATIO = 0.60
-"""KV-cache usage that, doubled from the baseline and with requests waiting, means the queue
-head does not fit: long prompts need many blocks at once, so a pool can refuse the next
-sequence well below 90% full (the live vLLM capture queued 52 requests at 63-70%)."""
-GPU_SATURATED_RATIO = 0.90
-"""Utilization above which the GPU has no idle time left to absorb more work."""
-GPU_HEADROOM_RATIO = 0.60
-"""Utilization below which more GPUs cannot be the fix: the ones there are idle 40% of the time."""
 BATCH_GROWTH_RATIO = 1.5
 """Running requests (batch size) up by half: each decode step now carries 1.5× the tokens."""
 HELD_QUEUE_RATIO = 0.5
-"""A batching window (or any fixed scheduling delay) holds *every* request: the median queue
-time rises by at least half as much as the p90 does. Queueing behind bursts lengthens the
-slow end far more than the median."""
+"""A hold on every request (a batching window, a fixed scheduling delay) raises the median
+queue time by at least half as much as the p90; queueing behind bursts lengthens the slow end
+far more than the median. Without a baseline: the median queue time is at least half the p90."""
 MIN_HELD_QUEUE_NS = 10_000_000
-"""...and the median must rise by 10 ms at least to be a hold rather than noise."""
-COLD_START_WINDOW_SECONDS = 60.0
-"""Requests within a minute of a replica's first request still meet model loading, CUDA
-graph capture and cold caches."""
+"""...and the median must be (or rise by) 10 ms at least to be a hold rather than noise."""
+COLD_START_LOOKBACK_SECONDS = 120.0
+"""How far before a window a replica's readiness is still looked for: a replica that became
+ready shortly before the window may still serve its first, slow requests inside it."""
+COLD_RECOVERY_RUN = 3
+"""A starting replica has warmed up once this many of its requests in a row are no slower
+than its steady state (its later requests' p90)."""
+COLD_MIN_SLOW = 3
+"""...and its start is only called cold when at least this many requests before that were."""
 
+COLD_MAX_WARM_UP_REQUESTS = 500
+"""A warm-up is looked for among a replica's first 500 requests (bounds the search's cost)."""
 
 DIAGNOSIS_COLUMNS: tuple[str, ...] = WINDOW_COLUMNS
 """The request columns the rules read."""
@@ -82,94 +88,7 @@ DIAGNOSIS_COLUMNS: tuple[str, ...] = WINDOW_COLUMNS
 Rows = Sequence[Mapping[str, Any]] | RowsWindow | StoredWindow
 """A window's requests: request-row dicts, or a :mod:`~inferpath.analysis.request_window` window."""
 Signals = SignalWindows | StoredSignalWindows
-"""Both windows' engine/GPU signals, held or read from the store on first use."""
-
-
-class InsufficientDataError(ValueError):
-    """A window holds too few requests to compare percentiles; the message names the window,
-    and ``window`` says which: ``"current"`` or ``"baseline"``."""
-
-    def __init__(self, message: str, window: str = "current") -> None:
-        super().__init__(message)
-        self.window = window
-
-
-# ---------------------------------------------------------------------------- rules on signals
-
-def kv_pressure(signals: Signals, current_requests: int, baseline_requests: int) -> bool:
-    """KV cache under pressure in the current window: usage p90 ≥ :data:`KV_PRESSURE_RATIO`;
-    or usage p90 ≥ :data:`KV_HIGH_RATIO`, at least double the baseline's, with a deeper queue
-    (the queue head is waiting for blocks); or more preemptions per request than in the
-    baseline (an engine preempts only when it runs out of KV blocks)."""
-    usage = signals.current.stat(KV_CACHE_USAGE_RATIO, "p90")
-    if usage is not None and usage >= KV_PRESSURE_RATIO:
-        return True
-    before = signals.baseline.stat(KV_CACHE_USAGE_RATIO, "p90")
-    depth, depth_before = signals.current.stat(QUEUE_DEPTH), signals.baseline.stat(QUEUE_DEPTH)
-    if (usage is not None and before is not None and depth is not None and depth_before is not None
-            and usage >= KV_HIGH_RATIO and usage >= 2 * before and depth > depth_before):
-        return True
-    current = (signals.current.preemptions or 0.0) / max(current_requests, 1)
-    baseline = (signals.baseline.preemptions or 0.0) / max(baseline_requests, 1)
-    return current > 0 and current > baseline
-
-
-def gpu_saturated(signals: Signals) -> bool:
-    """Mean GPU utilization of the current window ≥ :data:`GPU_SATURATED_RATIO`."""
-    utilization = signals.current.stat(GPU_UTILIZATION_RATIO)
-    return utilization is not None and utilization >= GPU_SATURATED_RATIO
-
-
-def batch_grew(signals: Signals) -> bool:
-    """Mean running requests grew by :data:`BATCH_GROWTH_RATIO` or more over the baseline."""
-    current = signals.current.stat(RUNNING_REQUESTS)
-    baseline = signals.baseline.stat(RUNNING_REQUESTS)
-    if current is None or baseline is None or baseline <= 0:
-        return False
-    return current >= BATCH_GROWTH_RATIO * baseline
-
-
-def queue_held(current_rows: Rows, baseline_rows: Rows) -> bool:
-    """Queue time grew for the typical request, not just the tail: the p50 of ``queue_ns`` rose
-    by ≥ :data:`MIN_HELD_QUEUE_NS` and by ≥ :data:`HELD_QUEUE_RATIO` of the p90's rise — the
-    signature of a batching window that holds each request before its prefill."""
-    current, baseline = as_window(current_rows), as_window(baseline_rows)
-    if not current.measured("queue_ns") or not baseline.measured("queue_ns"):
-        return False
-    p50_rise = current.quantile("queue_ns", 0.5) - baseline.quantile("queue_ns", 0.5)
-    p90_rise = current.quantile("queue_ns", 0.9) - baseline.quantile("queue_ns", 0.9)
-    return p50_rise >= MIN_HELD_QUEUE_NS and p50_rise >= HELD_QUEUE_RATIO * p90_rise
-
-
-def decode_slower(current_rows: Rows, baseline_rows: Rows) -> bool:
-    """The typical decode step got slower: median ITL rose by :data:`DEGRADED_RATIO` and
-    by 1 ms at least. A decode step is one GPU pass over the
-    batch, so a slower median step means the GPU itself is slower or busier (a saturated or
-    shared GPU) — a batching window leaves it unchanged. GPU utilization alone cannot tell:
-    a continuously batching engine shows high utilization at any load."""
-    now, before = as_window(current_rows).quantile("itl_ns", 0.5), as_window(baseline_rows).quantile("itl_ns", 0.5)
-    if now is None or before is None:
-        return False
-    return before > 0 and now >= DEGRADED_RATIO * before and now - before >= 1_000_000
-
-
-def stage_cause(stage: str, *, kv: bool, saturated: bool, batch: bool, held: bool = False) -> str:
-    """The cause a stage's growth is charged to, given the engine state (module docstring);
-    ``held``: :func:`queue_held` (queue growth then goes to ``batching``)."""
-    if stage == "tokenize":
-        return "tokenization"
-    if stage == "retrieval":
-        return "retrieval"
-    if stage == "network":
-        return "network_hop"
-    if stage == "queue":
-        return ("gpu_memory" if kv else "gpu_compute" if saturated
-                else "batching" if batch or held else "queueing")
-    if stage == "prefill":
-        return "gpu_memory" if kv else "gpu_compute"
-    if stage == "decode":
-        return "gpu_memory" if kv else "batching" if batch else "gpu_compute"
-    return "unexplained"
+"""The windows' engine/GPU signals, held or read from the store on first use."""
 
 
 # ---------------------------------------------------------------------------- measures
@@ -186,136 +105,301 @@ def degradation(measure: str, current_rows: Rows, baseline_rows: Rows) -> Degrad
     return Degradation(measure, base, cur, ratio, degraded)
 
 
-def _window_of(rows: Rows) -> Window | None:
-    spans = [span for span in as_window(rows).replica_spans().values() if span is not None]
-    return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+def judge_objectives(rows: Rows, objectives: Objectives) -> tuple[list[ObjectiveResult], list[TailResult]]:
+    """Each objective of each endpoint class present in ``rows``, and each class's TTFT tail
+    (E2E where no row has a TTFT) against its mean (:func:`~inferpath.analysis.objectives.tail_diverges`)."""
+    window = as_window(rows)
+    results: list[ObjectiveResult] = []
+    tails: list[TailResult] = []
+    measures = sorted({o.measure for objs in objectives.by_class.values() for o in objs} | {"ttft", "e2e"})
+    levels = sorted({0.5, 0.9, 0.99, *(o.quantile for objs in objectives.by_class.values() for o in objs)})
+    stats = window.class_stats(measures, levels)
+    classes = sorted({name for per in stats.values() for name in per})
+    for name in classes:
+        for objective in objectives.for_class(name):
+            got = stats[objective.measure].get(name)
+            value = got.quantiles_ns.get(objective.quantile) if got else None
+            results.append(ObjectiveResult(name, objective.measure, objective.quantile, objective.limit_ns, value,
+                                           got.count if got else 0,
+                                           None if value is None else value <= objective.limit_ns))
+        tail_measure = "ttft" if name in stats["ttft"] else "e2e"
+        got = stats[tail_measure].get(name)
+        if got is not None and got.count:
+            p99 = got.quantiles_ns[0.99]
+            limit = next((o.limit_ns for o in objectives.for_class(name)
+                          if o.measure == tail_measure and o.quantile == 0.99), None)
+            tails.append(TailResult(name, tail_measure, got.mean_ns, p99,
+                                    p99 / got.mean_ns if got.mean_ns > 0 else math.inf,
+                                    tail_diverges(p99, got.mean_ns, limit)))
+    return results, tails
 
 
-def cold_start_rows(current_rows: Rows, baseline_rows: Rows,
-                    startups: Sequence[ReplicaStartup] = ()) -> dict[str, list[Mapping[str, Any]]]:
-    """Per starting replica: its requests within :data:`COLD_START_WINDOW_SECONDS` of its start.
+# ---------------------------------------------------------------------------- rules on measures
 
-    A replica is starting when it is absent from the baseline (its start: its first request in
-    the current window) or when one of ``startups`` (start-up spans, :mod:`.startup`) names it
-    became ready at most :data:`COLD_START_WINDOW_SECONDS` before the current window's first
-    request and serves in it (its start: ``ready_at``) — the latter also
-    catches a replica restarted under the same name.
+def decode_slower(current_rows: Rows, baseline_rows: Rows) -> bool:
+    """The typical decode step got slower: median ITL rose by :data:`DEGRADED_RATIO` and by
+    1 ms at least. A decode step is one GPU pass over the batch, so a slower median step for
+    the same traffic means the GPU itself is slower or busier; a batching window leaves it
+    unchanged."""
+    now, before = as_window(current_rows).quantile("itl_ns", 0.5), as_window(baseline_rows).quantile("itl_ns", 0.5)
+    if now is None or before is None:
+        return False
+    return before > 0 and now >= DEGRADED_RATIO * before and now - before >= 1_000_000
+
+
+def batch_grew(signals: Signals) -> bool:
+    """Mean running requests grew by :data:`BATCH_GROWTH_RATIO` or more over the baseline."""
+    current, baseline = signals.current.stat(RUNNING_REQUESTS), signals.baseline.stat(RUNNING_REQUESTS)
+    if current is None or baseline is None or baseline <= 0:
+        return False
+    return current >= BATCH_GROWTH_RATIO * baseline
+
+
+def queue_held(current_rows: Rows, baseline_rows: Rows | None = None) -> bool:
+    """Queue time holds the typical request, not just the tail. With a baseline: the p50 of
+    ``queue_ns`` rose by ≥ :data:`MIN_HELD_QUEUE_NS` and by ≥ :data:`HELD_QUEUE_RATIO` of the
+    p90's rise. Without: the p50 is ≥ :data:`MIN_HELD_QUEUE_NS` and ≥ that ratio of the p90."""
+    current = as_window(current_rows)
+    if not current.measured("queue_ns"):
+        return False
+    p50, p90 = current.quantile("queue_ns", 0.5), current.quantile("queue_ns", 0.9)
+    if baseline_rows is not None:
+        baseline = as_window(baseline_rows)
+        if not baseline.measured("queue_ns"):
+            return False
+        p50 -= baseline.quantile("queue_ns", 0.5)
+        p90 -= baseline.quantile("queue_ns", 0.9)
+    return p50 >= MIN_HELD_QUEUE_NS and p50 >= HELD_QUEUE_RATIO * p90
+
+
+# ---------------------------------------------------------------------------- cold start
+
+def cold_start_rows(current_rows: Rows, baseline_rows: Rows | None = None,
+                    startups: Sequence[ReplicaStartup] = (), measure: str = "ttft",
+                    ) -> dict[str, list[Mapping[str, Any]]]:
+    """Per starting replica, the requests its start made slow.
+
+    A replica is *starting* when one of ``startups`` (its start-up spans) says it became
+    ready during the window or up to :data:`COLD_START_LOOKBACK_SECONDS` before it, or when
+    it serves in the window and not in the baseline (its start: its first request). Charged
+    to its start are: (a) requests that arrived before it was ready (they waited for it);
+    (b) its first requests after that, up to the first :data:`COLD_RECOVERY_RUN` in a row
+    that are no slower than its steady state (the p90 of ``measure`` over its requests after
+    that warm-up), when at least :data:`COLD_MIN_SLOW` of them were slower. A replica whose
+    first requests are its fastest (a queue building up later) is not a cold start,
+    however soon after readiness they came.
+
+    A start-up that names no replica serving the window (vLLM sets no instance id by
+    default) applies to every replica, as when one engine serves the window.
     """
     current = as_window(current_rows)
-    known = as_window(baseline_rows).replicas()
     startups = list(startups)
-    if not startups and current.replicas() <= known:
-        return {}  # no replica is new and none restarted: no spans to read
+    if not startups and (baseline_rows is None or current.replicas() <= as_window(baseline_rows).replicas()):
+        return {}  # no start-up and no new replica: nothing to read
+    column = f"{measure}_ns" if current.measured(f"{measure}_ns") else "e2e_ns"
     spans = current.replica_spans()
-    limit = timedelta(seconds=COLD_START_WINDOW_SECONDS)
     measured = [span for span in spans.values() if span is not None]
-    started: dict[str, datetime] = {}
-    if measured:
-        first, last = min(s[0] for s in measured), max(s[1] for s in measured)
-        for startup in startups:
-            if startup.replica and startup.replica in spans and first - limit <= startup.ready_at <= last:
-                started[startup.replica] = min(startup.ready_at, started.get(startup.replica, startup.ready_at))
-    started.update({replica: span[0] for replica, span in spans.items()
-                    if replica and replica not in known and replica not in started and span is not None})
+    if not measured:
+        return {}
+    first, last = min(s[0] for s in measured), max(s[1] for s in measured)
+    ready: dict[Any, datetime] = {}
+    lookback = timedelta(seconds=COLD_START_LOOKBACK_SECONDS)
+    for startup in startups:
+        if not first - lookback <= startup.ready_at <= last:
+            continue
+        targets = [startup.replica] if startup.replica in spans else list(spans)
+        for replica in targets:
+            ready[replica] = min(startup.ready_at, ready.get(replica, startup.ready_at))
+    if baseline_rows is not None:
+        known = as_window(baseline_rows).replicas()
+        for replica, span in spans.items():
+            if replica and replica not in known and replica not in ready and span is not None:
+                ready[replica] = span[0]
+    if not ready:
+        return {}
     out: dict[str, list[Mapping[str, Any]]] = {}
-    for row in current.rows_of(started):
-        replica = row.get("replica")
-        if replica in started and timedelta(0) <= row["timestamp"] - started[replica] <= limit:
-            out.setdefault(replica, []).append(row)
+    rows = current.rows_of(ready)
+    by_replica: dict[Any, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("replica") in ready and row.get(column) is not None:
+            by_replica.setdefault(row.get("replica"), []).append(row)
+    for replica, served in by_replica.items():
+        served.sort(key=lambda r: r["timestamp"])
+        at = ready[replica]
+        waited = [r for r in served if r["timestamp"] < at]
+        after = [r for r in served if r["timestamp"] >= at]
+        slow = _warm_up_rows(after, column)
+        if waited or slow:
+            out[str(replica)] = waited + slow
     return out
+
+
+def _warm_up_rows(rows: Sequence[Mapping[str, Any]], column: str) -> list[Mapping[str, Any]]:
+    """The slow requests of a warm-up at the start of ``rows`` (time order), per
+    :func:`cold_start_rows` (b); empty when the replica started warm."""
+    from inferpath.analysis.percentiles import quantile
+
+    values = [float(r[column]) for r in rows]
+    for end in range(COLD_MIN_SLOW, min(len(values) - COLD_RECOVERY_RUN, COLD_MAX_WARM_UP_REQUESTS)):
+        steady = values[end:]
+        if len(steady) < max(COLD_RECOVERY_RUN, MIN_REQUESTS // 4):
+            break
+        reference = quantile(steady, 0.9)
+        if all(v <= reference for v in values[end:end + COLD_RECOVERY_RUN]):
+            slow = [r for r, v in zip(rows[:end], values[:end]) if v > reference]
+            return list(slow) if len(slow) >= COLD_MIN_SLOW else []
+    return []
 
 
 # ---------------------------------------------------------------------------- the core
 
 def diagnose_from(
     current_rows: Rows,
-    baseline_rows: Rows,
+    baseline_rows: Rows | None = None,
     signals: Signals | None = None,
     *,
+    objectives: Objectives = DEFAULT_OBJECTIVES,
     current_window: Window | None = None,
     baseline_window: Window | None = None,
     startups: Sequence[ReplicaStartup] = (),
+    configured_batch_limit: float | None = None,
 ) -> Verdict:
-    """Diagnose ``current_rows`` against ``baseline_rows`` (request-row dicts, see
-    :mod:`inferpath.analysis.breakdown`, or windows of :mod:`inferpath.analysis.request_window`)
-    with the engine/GPU ``signals`` of both windows.
+    """Diagnose ``current_rows`` (request-row dicts, see :mod:`inferpath.analysis.breakdown`,
+    or a :mod:`~inferpath.analysis.request_window` window) against ``objectives`` and, when
+    given, ``baseline_rows`` (module docstring).
 
-    ``startups``: engine start-ups read from start-up spans (:func:`.startup.fetch_startups`),
-    used to recognise and measure cold starts. Windows default to the span of the rows'
-    timestamps. Raises
-    :class:`InsufficientDataError` when a window has fewer than :data:`MIN_REQUESTS`
-    requests with an E2E latency.
+    ``signals``: the engine/GPU signals of both windows (``baseline`` empty without one);
+    ``startups``: engine start-ups from start-up spans (:func:`.startup.fetch_startups`);
+    ``configured_batch_limit``: the engine's batch limit (requests) when known, else the
+    observed peak is used. Raises :class:`InsufficientDataError` when the window has fewer
+    than :data:`MIN_REQUESTS` requests with an E2E latency. A baseline with too few is
+    dropped with a note.
     """
     signals = signals or SignalWindows()
-    current_rows, baseline_rows = as_window(current_rows), as_window(baseline_rows)
-    for name, rows in (("current", current_rows), ("baseline", baseline_rows)):
-        measured = rows.measured("e2e_ns")
-        if measured < MIN_REQUESTS:
-            raise InsufficientDataError(
-                f"{name} window has {measured} requests with an E2E latency; at least {MIN_REQUESTS} are needed",
-                window=name,
-            )
-    windows = (current_window or _window_of(current_rows), baseline_window or _window_of(baseline_rows))
-    degradations = [degradation(m, current_rows, baseline_rows) for m in ("ttft", "itl", "e2e")]
-    by_measure = {d.measure: d for d in degradations}
-    verdict = Verdict(healthy=True, summary="", measure=None, degradations=degradations, causes=[],
-                      current_window=windows[0], baseline_window=windows[1],
-                      current_requests=len(current_rows), baseline_requests=len(baseline_rows))
-    degraded = [d for d in degradations if d.degraded]
-    if not degraded:
-        verdict.summary = "healthy: " + "; ".join(_degradation_text(d) for d in degradations if d.ratio)
+    current = as_window(current_rows)
+    measured = current.measured("e2e_ns")
+    if measured < MIN_REQUESTS:
+        raise InsufficientDataError(
+            f"insufficient data: {measured} requests with an E2E latency in the window, need {MIN_REQUESTS}; "
+            "widen the window or wait for more traffic", window="current", count=measured)
+    notes: list[str] = []
+    baseline = as_window(baseline_rows) if baseline_rows is not None else None
+    if baseline is not None and baseline.measured("e2e_ns") < MIN_REQUESTS:
+        notes.append(f"baseline ignored: it has {baseline.measured('e2e_ns')} requests with an E2E latency, "
+                     f"need {MIN_REQUESTS}; judged on the objectives alone")
+        baseline, baseline_window = None, None
+    window = current_window or _window_of(current)
+    results, tails = judge_objectives(current, objectives)
+    verdict = Verdict(healthy=True, summary="", measure=None, degradations=[], causes=[],
+                      current_window=window, baseline_window=None, current_requests=len(current),
+                      baseline_requests=0, objectives=results, tail=tails, notes=notes)
+    if not current.measured("ttft_ns"):
+        notes.append("TTFT not measured in this window (no source sent first-token timing): judged on E2E")
+    regressed: list[Degradation] = []
+    baseline_ok = False
+    if baseline is not None:
+        base_results, _ = judge_objectives(baseline, objectives)
+        baseline_ok = all(r.met is not False for r in base_results)
+        verdict.baseline = BaselineInfo(baseline_window or _window_of(baseline), len(baseline), baseline_ok,
+                                        base_results)
+        verdict.baseline_window, verdict.baseline_requests = verdict.baseline.window, len(baseline)
+        verdict.degradations = [degradation(m, current, baseline) for m in ("ttft", "itl", "e2e")]
+        regressed = [d for d in verdict.degradations if d.degraded]
+        if not baseline_ok:
+            notes.append("the baseline itself breaks the objectives: it is not used to call this window healthy, "
+                         "and causes share the window's own time")
+    broken = [r for r in results if r.met is False]
+    diverged = [t for t in tails if t.diverged]
+    if not broken and not diverged and not (baseline_ok and regressed):
+        verdict.summary = "healthy: " + _health_text(results, tails, verdict.degradations)
         return verdict
     verdict.healthy = False
-    # The troubleshooting order: TTFT first. Every stage before the first token (CPU stages,
-    # hops, queue, prefill) lives in it, and attributing over E2E would mix in decode noise.
-    # ITL or E2E degrading alone shows up as added decode time, so it is attributed over E2E.
-    verdict.measure = "ttft" if by_measure["ttft"].degraded else "e2e"
-    verdict.causes = attribute(verdict.measure, current_rows, baseline_rows, signals, windows, startups)
-    worst = max(degraded, key=lambda d: d.ratio or 0)
-    verdict.summary = _degradation_text(worst) + (
-        f"; top cause: {verdict.causes[0].cause} ({verdict.causes[0].share:.0%} of the increase)"
-        if verdict.causes else "; no single cause explains the increase"
-    )
+    ttft_flagged = (any(r.measure == "ttft" for r in broken) or any(t.measure == "ttft" for t in diverged)
+                    or any(d.measure == "ttft" for d in regressed))
+    measure = "ttft" if ttft_flagged and current.measured("ttft_ns") else "e2e"
+    verdict.measure = measure
+    by_change = baseline is not None and baseline_ok and any(d.measure == measure and d.degraded for d in regressed)
+    verdict.basis = "baseline" if by_change else "objectives"
+    context = _context(current, baseline if baseline is not None else None, signals, configured_batch_limit)
+    verdict.engine = context.engine
+    notes.extend(_missing_signal_notes(context, signals))
+    verdict.causes, tail_means = attribute(measure, current, baseline if by_change else None, context, signals,
+                                           (window, verdict.baseline_window), startups)
+    ttft_broken = [r for r in broken if r.measure == "ttft" and r.quantile == 0.99]
+    if ttft_broken and tail_means is not None and measure == "ttft":
+        worst = max(ttft_broken, key=lambda r: r.over_ns)
+        verdict.budget = ttft_budget(tail_means[0], tail_mean_ns=tail_means[1], p99_ns=worst.value_ns or 0.0,
+                                     limit_ns=worst.limit_ns)
+    verdict.summary = _degraded_summary(verdict, broken, diverged, regressed)
     return verdict
 
 
+def _window_of(rows: RowsWindow | StoredWindow) -> Window | None:
+    spans = [span for span in rows.replica_spans().values() if span is not None]
+    return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+
+
+def _context(current: RowsWindow | StoredWindow, baseline: RowsWindow | StoredWindow | None, signals: Signals,
+             configured_batch_limit: float | None) -> Context:
+    other = signals.baseline if baseline is not None else None
+    state = engine_state(signals.current, other=other, configured_limit=configured_batch_limit)
+    return Context(
+        engine=state, gpu_utilization=signals.current.stat(GPU_UTILIZATION_RATIO),
+        decode_slower=baseline is not None and decode_slower(current, baseline),
+        batch_grew=baseline is not None and batch_grew(signals),
+        queue_held=queue_held(current, baseline), has_baseline=baseline is not None)
+
+
+def _missing_signal_notes(context: Context, signals: Signals) -> list[str]:
+    notes = []
+    if not context.engine.reported:
+        notes.append("the engine's queue depth is not exported (scrape its /metrics with inferpath collect): "
+                     "engine capacity cannot be told from an upstream queue")
+    elif signals.current.stat(RUNNING_REQUESTS) is None:
+        notes.append("the engine's running-batch size is not exported: a full batch cannot be told from a hold")
+    if signals.current.stat(KV_CACHE_USAGE_RATIO) is None and context.engine.reported:
+        notes.append("KV-cache usage is not exported")
+    return notes
+
+
 def attribute(
-    measure: str, current_rows: Rows, baseline_rows: Rows,
-    signals: Signals, windows: tuple[Window | None, Window | None],
-    startups: Sequence[ReplicaStartup] = (),
-) -> list[Cause]:
-    """Share the growth of the tail band's mean ``measure`` among causes (module docstring)."""
+    measure: str, current_rows: Rows, baseline_rows: Rows | None, context: Context, signals: Signals,
+    windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup] = (),
+) -> tuple[list[Cause], tuple[dict[str, float], float] | None]:
+    """Share the tail band's mean ``measure`` (its growth over ``baseline_rows`` when given)
+    among causes (module docstring). Returns the causes and the tail band's mean stage
+    times and mean total (ns) of the current window, or ``None`` when it has no tail."""
     stages = measure_stages(measure)
-    current_rows, baseline_rows = as_window(current_rows), as_window(baseline_rows)
+    current = as_window(current_rows)
+    baseline = as_window(baseline_rows) if baseline_rows is not None else None
     column = f"{measure}_ns"
-    # The edges come from each window's quantile, so only the tail (a tenth) is summed, and
-    # in integer ns: a stored window sums in the store and gives the same numbers.
-    current_edge = current_rows.quantile(column, TAIL_QUANTILE)
-    baseline_edge = baseline_rows.quantile(column, TAIL_QUANTILE)
-    if current_edge is None or baseline_edge is None:
-        return []
-    # Stored windows read both bands' sums and the queue time's quantiles in one scan.
-    prepare_attribution(current_rows, baseline_rows, measure, current_edge, baseline_edge)
-    cold = {r.get("trace_id") for rows in cold_start_rows(current_rows, baseline_rows, startups).values()
-            for r in rows}
-    current_tail = current_rows.tail_sums(measure, current_edge, cold)
-    baseline_tail = baseline_rows.tail_sums(measure, baseline_edge)
-    if not current_tail.count or not baseline_tail.count:
-        return []
+    current_edge = current.quantile(column, TAIL_QUANTILE)
+    baseline_edge = baseline.quantile(column, TAIL_QUANTILE) if baseline is not None else None
+    if current_edge is None or (baseline is not None and baseline_edge is None):
+        return [], None
+    if baseline is not None:
+        prepare_attribution(current, baseline, measure, current_edge, baseline_edge)  # type: ignore[arg-type]
+    cold_rows = cold_start_rows(current, baseline, startups, measure)
+    cold = {r.get("trace_id") for rows in cold_rows.values() for r in rows}
+    current_tail = current.tail_sums(measure, current_edge, cold)
+    if not current_tail.count:
+        return [], None
     n = current_tail.count
-    base_mean = {s: baseline_tail.stage_ns[s] / baseline_tail.count for s in (*stages, REST)}
-    base_total = baseline_tail.total_ns / baseline_tail.count
-    context = {
-        "kv": kv_pressure(signals, len(current_rows), len(baseline_rows)),
-        "saturated": gpu_saturated(signals) or decode_slower(current_rows, baseline_rows),
-        "batch": batch_grew(signals),
-        "held": queue_held(current_rows, baseline_rows),
-    }
+    tail_means = ({s: current_tail.stage_ns[s] / n for s in (*stages, REST)}, current_tail.total_ns / n)
+    if baseline is not None:
+        baseline_tail = baseline.tail_sums(measure, baseline_edge)  # type: ignore[arg-type]
+        if not baseline_tail.count:
+            return [], tail_means
+        base_mean = {s: baseline_tail.stage_ns[s] / baseline_tail.count for s in (*stages, REST)}
+        base_total = baseline_tail.total_ns / baseline_tail.count
+    else:
+        baseline_tail = None
+        base_mean, base_total = dict.fromkeys((*stages, REST), 0.0), 0.0
     added: dict[str, float] = {}
     stages_of: dict[str, list[str]] = {}
     if current_tail.kept_count:
         for stage in (*stages, REST):
-            cause = stage_cause(stage, **context)
+            cause = cause_of(stage, context)
             kept = current_tail.kept_stage_ns[stage] - current_tail.kept_count * base_mean[stage]
             added[cause] = added.get(cause, 0.0) + kept / n
             if stage not in stages_of.setdefault(cause, []):
@@ -325,197 +409,191 @@ def attribute(
         added["cold_start"] = (current_tail.excluded_total_ns - cold_count * base_total) / n
     total_added = current_tail.total_ns / n - base_total
     if total_added <= 0:
-        return []
+        return [], tail_means
     causes = [
-        Cause(cause=name, share=value / total_added, added_ns=value,
-              stages=[s for s in stages_of.get(name, []) if _grew(s, current_tail, baseline_tail)])
+        Cause(cause=name, share=min(1.0, value / total_added), added_ns=value,
+              stages=[s for s in stages_of.get(name, [])
+                      if _grew(s, current_tail, baseline_tail) and current_tail.stage_ns[s] > 0])
         for name, value in added.items() if value / total_added >= MIN_CAUSE_SHARE
     ]
     causes.sort(key=lambda c: -c.share)
-    # The columns the evidence quotes, read for both windows at once.
-    prefetch_quantiles(current_rows, baseline_rows,
-                       [column for cause in causes for column in _EVIDENCE_COLUMNS.get(cause.cause, ())])
+    if baseline is not None:
+        prefetch_quantiles(current, baseline, [c for cause in causes for c in _evidence_columns(cause.cause)])
     for cause in causes:
-        _explain(cause, measure, current_rows, baseline_rows, signals, windows, startups)
-    return causes
+        _explain(cause, measure, current, baseline, context, signals, windows, startups, cold_rows)
+    fixed = consistent_advice([c._advice_help for c in causes],  # type: ignore[attr-defined]
+                              [c._advice_not for c in causes])  # type: ignore[attr-defined]
+    for cause, not_help in zip(causes, fixed):
+        cause.would_help = [a.text for a in cause._advice_help]  # type: ignore[attr-defined]
+        cause.would_not_help = [a.text for a in not_help]
+        del cause._advice_help, cause._advice_not  # type: ignore[attr-defined]
+    return causes, tail_means
 
 
-def _grew(stage: str, current_tail: TailSums, baseline_tail: TailSums) -> bool:
+def _grew(stage: str, current_tail: TailSums, baseline_tail: TailSums | None) -> bool:
+    if baseline_tail is None:
+        return True
     return current_tail.stage_ns[stage] / current_tail.count > baseline_tail.stage_ns[stage] / baseline_tail.count
+
+
+def _evidence_columns(cause: str) -> tuple[str, ...]:
+    rule = BY_NAME.get(cause)
+    return rule.evidence_columns if rule else ()
 
 
 # ---------------------------------------------------------------------------- evidence and advice
 
 def _ms(ns: float | None) -> str:
-    return "n/a" if ns is None else f"{ns / 1e6:.0f} ms" if ns >= 1e7 else f"{ns / 1e6:.1f} ms"
-
-
-def _degradation_text(d: Degradation) -> str:
-    name = d.measure.upper()
-    if d.ratio is None:
-        return f"{name} not measured in both windows"
-    return f"{name} p99 {_ms(d.baseline_p99_ns)} → {_ms(d.current_p99_ns)} ({d.ratio:.1f}×)"
-
-
-_CPU_STAGE = {"tokenization": "tokenize_ns", "retrieval": "retrieval_ns", "network_hop": "network_ns"}
-_EVIDENCE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "tokenization": ("tokenize_ns",), "retrieval": ("retrieval_ns",), "network_hop": ("network_ns", "gateway_ns"),
-    "queueing": ("queue_ns",), "gpu_compute": ("queue_ns", "prefill_ns", "itl_ns"), "gpu_memory": ("queue_ns",),
-    "batching": ("queue_ns", "itl_ns", "decode_ns"),
-}
-"""The request columns whose quantiles :func:`_explain` quotes per cause."""
-_HELP = {
-    "tokenization": "use a fast (Rust) tokenizer, cache tokenized prompts and tokenize off the event loop",
-    "retrieval": "cache retrieval results, shrink top-k or the index, and give the retriever its own workers",
-    "network_hop": "remove the extra hop or co-locate the gateway with the model server; keep connections alive",
-    "queueing": "add replicas or raise the engine's concurrent-sequence limit; rate-limit bulk traffic",
-    "gpu_compute": "add GPUs or replicas, or move bulk traffic to replicas of its own",
-    "gpu_memory": "give the KV cache more room (fewer concurrent sequences, shorter max length, prefix "
-                  "caching, a quantized KV cache) or add replicas",
-    "batching": "cap the batch for interactive endpoints (a smaller batch window or fewer running sequences) "
-                "and serve bulk traffic from separate replicas",
-    "cold_start": "keep warm replicas (a minimum replica count), preload weights, and route to a replica "
-                  "only once it is ready",
-}
+    return "n/a" if ns is None else f"{ns / 1e9:.2f} s" if ns >= 1e10 else (
+        f"{ns / 1e6:.0f} ms" if ns >= 1e7 else f"{ns / 1e6:.1f} ms")
 
 
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-def _explain(cause: Cause, measure: str, current_rows: RowsWindow | StoredWindow,
-             baseline_rows: RowsWindow | StoredWindow, signals: Signals,
-             windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup] = ()) -> None:
-    """Fill ``cause.evidence``, ``would_help`` and ``would_not_help`` with the numbers."""
+def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
+             baseline: RowsWindow | StoredWindow | None, context: Context, signals: Signals,
+             windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup],
+             cold_rows: Mapping[str, list[Mapping[str, Any]]]) -> None:
+    """Fill ``cause.evidence`` and the advice (as :class:`Advice`, made consistent by the caller)."""
     current_window, baseline_window = windows
+    state: EngineState = context.engine
 
-    def evidence(measure_name: str, statistic: str, unit: str, base: float | None, cur: float | None,
-                 text: str) -> None:
-        cause.evidence.append(Evidence(measure_name, statistic, unit, base, cur, baseline_window, current_window, text))
+    def evidence(name: str, statistic: str, unit: str, base: float | None, cur: float | None, text: str) -> None:
+        cause.evidence.append(Evidence(name, statistic, unit, base, cur, baseline_window, current_window, text))
 
-    def stage_p99(column: str) -> str:
-        b, c = baseline_rows.quantile(column, 0.99), current_rows.quantile(column, 0.99)
+    def stage_p99(column: str) -> None:
+        b = baseline.quantile(column, 0.99) if baseline is not None else None
+        c = current.quantile(column, 0.99)
+        if c is None and b is None:
+            return
         name = column.removesuffix("_ns")
-        evidence(column, "p99", "ns", b, c, f"{name} p99 {_ms(b)} → {_ms(c)}")
-        return f"{name} went from {_ms(b)} to {_ms(c)} at p99"
+        evidence(column, "p99", "ns", b, c, f"{name} p99 {_ms(b)} → {_ms(c)}" if baseline is not None
+                 else f"{name} p99 {_ms(c)}")
 
-    def signal(name: str, which: str, unit: str = "ratio") -> tuple[float | None, float | None]:
-        b, c = signals.baseline.stat(name, which), signals.current.stat(name, which)
-        if b is not None or c is not None:
-            fmt = _percent if unit == "ratio" else (lambda v: "n/a" if v is None else f"{v:.1f}")
-            evidence(name, which, unit, b, c, f"{name} {which} {fmt(b)} → {fmt(c)}")
-        return b, c
+    def signal(name: str, which: str, unit: str = "ratio") -> None:
+        b = signals.baseline.stat(name, which) if baseline is not None else None
+        c = signals.current.stat(name, which)
+        if b is None and c is None:
+            return
+        fmt = _percent if unit == "ratio" else (lambda v: "n/a" if v is None else f"{v:.1f}")
+        evidence(name, which, unit, b, c, f"{name} {which} {fmt(b)} → {fmt(c)}" if baseline is not None
+                 else f"{name} {which} {fmt(c)}")
 
-    d = degradation(measure, current_rows, baseline_rows)
-    rise = f"{measure.upper()} p99 rose" + (f" {d.ratio:.1f}×" if d.ratio else "")
+    basis = "of the increase" if baseline is not None else f"of the slowest {1 - TAIL_QUANTILE:.0%}'s {measure.upper()}"
     evidence(f"{measure}_ns", "mean of tail band", "ns", None, cause.added_ns,
-             f"{cause.cause} added {_ms(cause.added_ns)} per request in the slowest "
-             f"{1 - TAIL_QUANTILE:.0%} ({cause.share:.0%} of the increase)")
-    _, util = signal(GPU_UTILIZATION_RATIO, "mean")
-    gpus_idle = util is not None and util < GPU_HEADROOM_RATIO
-    if cause.cause in _HELP:
-        cause.would_help.append(_HELP[cause.cause])
-
-    if cause.cause in _CPU_STAGE:
-        moved = stage_p99(_CPU_STAGE[cause.cause])
-        reason = (f"utilization {util:.0%} while {rise}" if gpus_idle
-                  else "the time is spent before the request reaches the engine")
-        cause.would_not_help.append(f"adding GPUs will not help: {reason}; {moved}")
-        if cause.cause == "network_hop":
-            stage_p99("gateway_ns")
-    elif cause.cause == "queueing":
-        stage_p99("queue_ns")
-        signal(QUEUE_DEPTH, "mean", "requests")
-        cause.would_not_help.append("faster tokenization or retrieval will not help: requests wait in the engine queue")
-        if gpus_idle:
-            cause.would_help.append(f"the GPUs have headroom (utilization {util:.0%}): "
-                                    "raise the engine's batch limit before adding GPUs")
-    elif cause.cause == "gpu_compute":
-        stage_p99("queue_ns")
-        stage_p99("prefill_ns")
-        b50, c50 = baseline_rows.quantile("itl_ns", 0.5), current_rows.quantile("itl_ns", 0.5)
-        evidence("itl_ns", "p50", "ns", b50, c50, f"median decode step (ITL p50) {_ms(b50)} → {_ms(c50)}")
-        signal(QUEUE_DEPTH, "mean", "requests")
-        cause.would_not_help.append("tuning the tokenizer, retrieval or the network will not help: "
-                                    f"the engine is the bottleneck (GPU utilization {_percent(util)})")
-    elif cause.cause == "gpu_memory":
-        stage_p99("queue_ns")
-        _, kv = signal(KV_CACHE_USAGE_RATIO, "p90")
-        signal(QUEUE_DEPTH, "mean", "requests")
-        before, after = signals.baseline.preemptions, signals.current.preemptions
+             f"{cause.cause} {'added' if baseline is not None else 'takes'} {_ms(cause.added_ns)} per request in "
+             f"the slowest {1 - TAIL_QUANTILE:.0%} ({cause.share:.0%} {basis})")
+    rule = BY_NAME.get(cause.cause)
+    helps: list[Advice] = list(rule.would_help(context)) if rule else []
+    not_helps: list[Advice] = list(rule.would_not_help(context)) if rule else []
+    for column in _evidence_columns(cause.cause):
+        stage_p99(column)
+    if cause.cause in ("gpu_memory", "gpu_compute", "batching", "queueing"):
+        evidence("engine_waiting_steps", "count", "count", None, float(state.waiting_steps), state.text())
+        signal(QUEUE_DEPTH, "max", "requests")
+        signal(RUNNING_REQUESTS, "max", "requests")
+        signal(KV_CACHE_USAGE_RATIO, "p90")
+        signal(GPU_UTILIZATION_RATIO, "mean")
+    if cause.cause == "gpu_memory":
+        before = signals.baseline.preemptions if baseline is not None else None
+        after = signals.current.preemptions
         evidence("preemptions_total", "total", "count", before, after,
-                 f"preemptions {before or 0:.0f} → {after or 0:.0f}")
-        idle = f" while GPU utilization is {util:.0%}" if util is not None else ""
-        cause.would_not_help.append(f"more compute alone will not help: KV-cache usage p90 {_percent(kv)} "
-                                    f"and {after or 0:.0f} preemptions{idle}")
-    elif cause.cause == "batching":
-        if "queue" in cause.stages:
-            b50, c50 = baseline_rows.quantile("queue_ns", 0.5), current_rows.quantile("queue_ns", 0.5)
-            evidence("queue_ns", "p50", "ns", b50, c50,
-                     f"every request waits longer before its prefill: queue p50 {_ms(b50)} → {_ms(c50)}")
-            idle = f" while GPU utilization is {util:.0%}" if util is not None else ""
-            cause.would_help.append("shorten or remove the batching window: it holds each request before "
-                                    f"prefill{idle}")
-        stage_p99("itl_ns")
-        stage_p99("decode_ns")
-        before, after = signal(RUNNING_REQUESTS, "mean", "requests")
-        grown = f": running requests went from {before:.0f} to {after:.0f}" if before and after else ""
-        cause.would_not_help.append(f"adding GPUs will not help while each one runs oversized batches{grown}")
-    elif cause.cause == "cold_start":
-        serving = current_rows.replicas()
+                 f"preemptions {before or 0:.0f} → {after or 0:.0f}" if baseline is not None
+                 else f"{after or 0:.0f} preemptions in the window")
+    if cause.cause == "gpu_compute" and baseline is not None:
+        b50, c50 = baseline.quantile("itl_ns", 0.5), current.quantile("itl_ns", 0.5)
+        evidence("itl_ns", "p50", "ns", b50, c50, f"median decode step (ITL p50) {_ms(b50)} → {_ms(c50)}")
+    if cause.cause == "batching" and "queue" in cause.stages:
+        b50 = baseline.quantile("queue_ns", 0.5) if baseline is not None else None
+        c50 = current.quantile("queue_ns", 0.5)
+        evidence("queue_ns", "p50", "ns", b50, c50, f"every request waits before its prefill: queue p50 "
+                 + (f"{_ms(b50)} → {_ms(c50)}" if baseline is not None else _ms(c50)))
+    if cause.cause == "cold_start":
+        helps, not_helps = list(COLD_START_HELP), list(COLD_START_NOT_HELP)
+        serving = {str(r) for r in current.replicas()}
         for startup in startups:
-            if startup.replica in serving:
+            if startup.replica in serving or not startup.replica:
                 evidence("loading_seconds", "total", "seconds", None, startup.loading_seconds, startup.text())
-        for replica, rows in cold_start_rows(current_rows, baseline_rows, startups).items():
+        for replica, rows in cold_rows.items():
             p99 = RowsWindow(rows).quantile(f"{measure}_ns", 0.99)
-            evidence(f"{measure}_ns", "p99", "ns", d.baseline_p99_ns, p99,
-                     f"new replica {replica}: {len(rows)} requests in its first "
-                     f"{COLD_START_WINDOW_SECONDS:.0f} s, {measure.upper()} p99 {_ms(p99)}")
-        cause.would_not_help.append("more steady-state capacity will not help requests that land on a starting replica")
-    else:
-        cause.would_help.append(f"instrument the missing stages: {_ms(cause.added_ns)} per slow request "
-                                "is in no stage span")
+            evidence(f"{measure}_ns", "p99", "ns", None, p99,
+                     f"replica {replica or '(unnamed)'}: {len(rows)} requests slowed by its start "
+                     f"(waiting for it to be ready, or before it warmed up), {measure.upper()} p99 {_ms(p99)}")
+    cause._advice_help, cause._advice_not = helps, not_helps  # type: ignore[attr-defined]
+
+
+def _health_text(results: Sequence[ObjectiveResult], tails: Sequence[TailResult],
+                 degradations: Sequence[Degradation]) -> str:
+    parts = [f"{r.endpoint_class or 'unlabelled'} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
+             f"≤ {_ms(r.limit_ns)}" for r in results if r.met]
+    parts += [_degradation_text(d) for d in degradations if d.ratio]
+    return "; ".join(parts) or "objectives hold"
+
+
+def _degradation_text(d: Degradation) -> str:
+    name = d.measure.upper()
+    if d.ratio is None:
+        return f"{name} not measured in both windows"
+    return f"{name} p99 {_ms(d.baseline_p99_ns)} → {_ms(d.current_p99_ns)} ({d.ratio:.1f}× the baseline)"
+
+
+def _degraded_summary(verdict: Verdict, broken: Sequence[ObjectiveResult], diverged: Sequence[TailResult],
+                      regressed: Sequence[Degradation]) -> str:
+    parts = [f"{r.endpoint_class or 'unlabelled'} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
+             f"over its {_ms(r.limit_ns)} objective" for r in broken]
+    parts += [f"{t.measure.upper()} p99 {t.ratio:.1f}× the mean ({t.endpoint_class or 'unlabelled'})" for t in diverged]
+    parts += [_degradation_text(d) for d in regressed]
+    top = verdict.causes[0] if verdict.causes else None
+    basis = "of the increase" if verdict.basis == "baseline" else "of the slow requests' time"
+    return "degraded: " + "; ".join(parts) + (f"; top cause: {top.cause} ({top.share:.0%} {basis})" if top
+                               else "; no single cause explains it")
 
 
 # ---------------------------------------------------------------------------- from a store
 
 def diagnose(
     store: Any, *, window_start: datetime, window_end: datetime,
-    baseline_start: datetime, baseline_end: datetime, endpoint: str | None = None,
+    baseline_start: datetime | None = None, baseline_end: datetime | None = None,
+    endpoint: str | None = None, objectives: Objectives = DEFAULT_OBJECTIVES,
 ) -> Verdict:
-    """Diagnose requests in ``[window_start, window_end)`` against ``[baseline_start, baseline_end)``.
+    """Diagnose the ``ok`` requests in ``[window_start, window_end)`` (optionally of one
+    ``endpoint``) against ``objectives`` and, when both baseline bounds are given, against
+    ``[baseline_start, baseline_end)``.
 
-    Reads the ``ok`` requests (optionally of one ``endpoint``) of both windows as a
-    :meth:`~inferpath.analysis.request_window.StoredWindow.pair` (counts, quantiles and tail
-    sums aggregated in the store, both windows per scan; only starting replicas' rows are
-    read) and, when a measure degraded, the canonical engine/GPU signals of both windows
-    (:class:`~inferpath.analysis.signals.StoredSignalWindows`) and the start-up spans, then
-    applies :func:`diagnose_from`. Datetimes
-    must be timezone-aware. Raises ``ValueError`` for an empty or reversed window and
-    :class:`InsufficientDataError` for too few requests.
+    Counts, quantiles and tail sums are aggregated in the store
+    (:class:`~inferpath.analysis.request_window.StoredWindow`); the engine/GPU signals and
+    start-up spans are read only when the window is not healthy. Datetimes must be
+    timezone-aware. Raises ``ValueError`` for a reversed window or a baseline with one bound,
+    :class:`InsufficientDataError` under :data:`MIN_REQUESTS` requests in the window.
     """
-    for name, start, end in (("window", window_start, window_end), ("baseline", baseline_start, baseline_end)):
-        if unix_ns_from_datetime(end) <= unix_ns_from_datetime(start):
-            raise ValueError(f"{name}_end must be after {name}_start")
-    current_rows, baseline_rows = StoredWindow.pair(store, (window_start, window_end),
-                                                    (baseline_start, baseline_end), endpoint=endpoint)
-    # Signals and start-ups are read on first use: a healthy verdict, or one window with too
-    # few requests, needs neither.
-    signals = StoredSignalWindows(store, (window_start, window_end), (baseline_start, baseline_end))
-    # A replica may finish loading a little before it takes its first request (readiness
-    # probes, load-balancer updates): look back one cold-start window.
-    lookback = timedelta(seconds=COLD_START_WINDOW_SECONDS)
+    if unix_ns_from_datetime(window_end) <= unix_ns_from_datetime(window_start):
+        raise ValueError("window_end must be after window_start")
+    if (baseline_start is None) != (baseline_end is None):
+        raise ValueError("give both baseline_start and baseline_end, or neither")
+    baseline_window = None
+    if baseline_start is not None and baseline_end is not None:
+        if unix_ns_from_datetime(baseline_end) <= unix_ns_from_datetime(baseline_start):
+            raise ValueError("baseline_end must be after baseline_start")
+        baseline_window = (baseline_start, baseline_end)
+        current_rows, baseline_rows = StoredWindow.pair(store, (window_start, window_end), baseline_window,
+                                                        endpoint=endpoint)
+    else:
+        current_rows, baseline_rows = StoredWindow(store, start=window_start, end=window_end, endpoint=endpoint), None
+    signals = StoredSignalWindows(store, (window_start, window_end), baseline_window)
+    lookback = timedelta(seconds=COLD_START_LOOKBACK_SECONDS)
     startups = StoredStartups(store, window_start - 2 * lookback, window_end,
                               ready_from=window_start - lookback, ready_before=window_end)
-    return diagnose_from(current_rows, baseline_rows, signals,
-                         current_window=(window_start, window_end), baseline_window=(baseline_start, baseline_end),
+    return diagnose_from(current_rows, baseline_rows, signals, objectives=objectives,
+                         current_window=(window_start, window_end), baseline_window=baseline_window,
                          startups=startups)
 
 
 __all__ = [
-    "BATCH_GROWTH_RATIO", "COLD_START_WINDOW_SECONDS", "DEGRADED_RATIO", "GPU_HEADROOM_RATIO",
-    "GPU_SATURATED_RATIO", "HELD_QUEUE_RATIO", "KV_HIGH_RATIO", "InsufficientDataError", "MIN_HELD_QUEUE_NS", "KV_PRESSURE_RATIO", "MIN_CAUSE_SHARE",
-    "MIN_DEGRADATION_NS", "MIN_REQUESTS", "SignalWindows", "TAIL_QUANTILE", "WindowSignals", "attribute",
-    "batch_grew", "cold_start_rows", "degradation", "diagnose", "diagnose_from", "gpu_saturated",
-    "kv_pressure", "queue_held", "decode_slower", "stage_cause",
+    "BATCH_GROWTH_RATIO", "COLD_MIN_SLOW", "COLD_RECOVERY_RUN", "COLD_START_LOOKBACK_SECONDS", "DEGRADED_RATIO",
+    "DIAGNOSIS_COLUMNS", "HELD_QUEUE_RATIO", "InsufficientDataError", "MIN_CAUSE_SHARE", "MIN_DEGRADATION_NS",
+    "MIN_HELD_QUEUE_NS", "MIN_REQUESTS", "SignalWindows", "TAIL_QUANTILE", "WindowSignals", "attribute",
+    "batch_grew", "cold_start_rows", "decode_slower", "degradation", "diagnose", "diagnose_from",
+    "judge_objectives", "queue_held",
 ]

@@ -34,7 +34,7 @@ from inferpath.analysis.breakdown import (
 )
 from inferpath.analysis.percentiles import sorted_quantile
 
-WINDOW_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "ttft_ns", "e2e_ns", "itl_ns",
+WINDOW_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "endpoint_class", "ttft_ns", "e2e_ns", "itl_ns",
                                    *(f"{stage}_ns" for stage in STAGES), *TTFT_PHASE_COLUMNS.values())
 """The request columns the diagnosis reads (the TTFT-phase parts of gateway and network too:
 a TTFT tail is attributed with them, as the breakdown does)."""
@@ -63,6 +63,16 @@ class TailSums:
     kept_count: int
     kept_stage_ns: dict[str, int]
     excluded_total_ns: int
+
+
+@dataclass(frozen=True)
+class ClassStats:
+    """One measure over one endpoint class of a window: ``count`` rows with it, ``mean_ns``,
+    ``quantiles_ns`` (quantile → exact value, type 7, ns)."""
+
+    count: int
+    mean_ns: float
+    quantiles_ns: dict[float, float]
 
 
 class RowsWindow:
@@ -115,6 +125,22 @@ class RowsWindow:
             for name in names:
                 kept_sums[name] += item.stage_ns[name]
         return TailSums(count, total, sums, kept, kept_sums, excluded_total)
+
+    def class_stats(self, measures: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[str, "ClassStats"]]:
+        """Measure → endpoint class → :class:`ClassStats` of ``<measure>_ns`` (rows without it skipped)."""
+        out: dict[str, dict[str, ClassStats]] = {}
+        for measure in measures:
+            grouped: dict[str, list[float]] = {}
+            for row in self.rows:
+                value = row.get(f"{measure}_ns")
+                if value is not None:
+                    grouped.setdefault(str(row.get("endpoint_class") or ""), []).append(float(value))
+            per_class = out.setdefault(measure, {})
+            for name, values in grouped.items():
+                values.sort()
+                per_class[name] = ClassStats(len(values), sum(values) / len(values),
+                                             {q: sorted_quantile(values, q) for q in quantiles})
+        return out
 
     def replicas(self) -> set[Any]:
         """The replicas serving the window's rows."""
@@ -342,6 +368,28 @@ class StoredWindow:
         kept_sum = {s: int(v) for s, v in zip(stages, row[3 + n:3 + 2 * n])}
         return int(row[0]), int(row[1]), stage_sum, int(row[2 + n]), kept_sum, int(row[3 + 2 * n])
 
+    def class_stats(self, measures: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[str, "ClassStats"]]:
+        """Measure → endpoint class → :class:`ClassStats` of ``<measure>_ns``: one ``GROUP BY``
+        over the window for every measure."""
+        columns = []
+        for measure in measures:
+            if f"{measure}_ns" not in MEASURED_COLUMNS:
+                raise ValueError(f"measure: {measure!r} has no column in {MEASURED_COLUMNS}")
+            columns.append(f"{measure}_ns")
+        levels = ", ".join(repr(float(q)) for q in quantiles) or "0.5"
+        aggregates = ", ".join(f"countIf({c} IS NOT NULL), avgIf({c}, {c} IS NOT NULL), "
+                               f"quantilesExactInclusiveIf({levels})({c}, {c} IS NOT NULL)" for c in columns)
+        rows = self.store.query(f"SELECT endpoint_class, {aggregates} FROM inferpath_requests FINAL"
+                                f" WHERE {self._where} GROUP BY endpoint_class{FINAL_SETTINGS}", self._parameters)
+        out: dict[str, dict[str, ClassStats]] = {measure: {} for measure in measures}
+        for row in rows:
+            for index, measure in enumerate(measures):
+                count, mean, values = row[1 + 3 * index: 4 + 3 * index]
+                if count:
+                    out[measure][str(row[0])] = ClassStats(int(count), float(mean),
+                                                           {q: float(v) for q, v in zip(quantiles, values)})
+        return out
+
     def replicas(self) -> set[Any]:
         """The replicas serving the window's rows (read with the first pass)."""
         return set(self._aggregates.replicas[self._index])
@@ -404,5 +452,5 @@ def as_window(rows: RequestWindow | Sequence[Mapping[str, Any]]) -> RequestWindo
     return RowsWindow(rows)
 
 
-__all__ = ["FIRST_COLUMNS", "MEASURED_COLUMNS", "QUANTILE_LEVELS", "RequestWindow", "RowsWindow", "StoredWindow",
+__all__ = ["ClassStats", "FIRST_COLUMNS", "MEASURED_COLUMNS", "QUANTILE_LEVELS", "RequestWindow", "RowsWindow", "StoredWindow",
            "TailSums", "WINDOW_COLUMNS", "as_window", "prefetch_quantiles", "prepare_attribution"]

@@ -173,10 +173,15 @@ class SignalStats:
 class WindowSignals:
     """Engine and GPU state over one window: ``gauges`` maps canonical gauge name ->
     :class:`SignalStats` (absent when never reported); ``preemptions`` is the preemption
-    counter's increase over the window (``None`` when not reported)."""
+    counter's increase over the window (``None`` when not reported); ``steps`` the aligned
+    queue / running / KV values step by step."""
 
     gauges: dict[str, SignalStats] = field(default_factory=dict)
     preemptions: float | None = None
+    steps: list[tuple[float | None, float | None, float | None]] = field(default_factory=list)
+    """Per aligned step: (queue depth, running requests, KV-cache usage ratio), ``None``
+    where not reported: what :mod:`~inferpath.analysis.engine_state` reads to tell what
+    held requests back at the same moment."""
 
     def stat(self, name: str, which: str = "mean") -> float | None:
         """``which`` (mean, p90, max) of gauge ``name``, or ``None`` when not reported."""
@@ -191,7 +196,19 @@ class WindowSignals:
             stats = SignalStats.of([float(v) for v in series])
             if stats is not None:
                 gauges[name] = stats
-        return cls(gauges=gauges, preemptions=preemptions)
+        return cls(gauges=gauges, preemptions=preemptions, steps=aligned_steps(
+            {name: [None if v is None else float(v) for v in series] for name, series in values.items()}))
+
+
+def aligned_steps(columns: Mapping[str, Sequence[float | None]]) -> list[tuple[float | None, float | None, float | None]]:
+    """(queue depth, running, KV usage) per step from aligned gauge columns of equal length;
+    empty when the engine reported none of the three."""
+    picked = [list(columns.get(name) or []) for name in (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO)]
+    length = max((len(c) for c in picked), default=0)
+    if not length:
+        return []
+    padded = [c + [None] * (length - len(c)) for c in picked]
+    return list(zip(*padded))
 
 
 @dataclass
@@ -206,9 +223,10 @@ class StoredSignalWindows:
     """The :class:`SignalWindows` of two windows of ``store``, read with
     :func:`fetch_signal_windows` on first use of :attr:`current` or :attr:`baseline` (a
     diagnosis that finds nothing degraded reads neither). ``current`` / ``baseline``:
-    ``(start, end)`` timezone-aware datetimes."""
+    ``(start, end)`` timezone-aware datetimes; ``baseline`` ``None`` when the diagnosis has
+    none (its signals are then empty)."""
 
-    def __init__(self, store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime],
+    def __init__(self, store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime] | None,
                  *, service_name: str | None = None) -> None:
         self.store, self.service_name = store, service_name
         self._windows = (current, baseline)
@@ -216,7 +234,12 @@ class StoredSignalWindows:
 
     def _get(self) -> SignalWindows:
         if self._read is None:
-            self._read = fetch_signal_windows(self.store, *self._windows, service_name=self.service_name)
+            current, baseline = self._windows
+            if baseline is None:
+                self._read = SignalWindows(current=fetch_window_signals(self.store, *current,
+                                                                        service_name=self.service_name))
+            else:
+                self._read = fetch_signal_windows(self.store, current, baseline, service_name=self.service_name)
         return self._read
 
     @property
@@ -284,11 +307,12 @@ def fetch_window_signals(
     origin = _datetime_of_ns(origin_ns, start)
     options = {"lookback_seconds": lookback_seconds, "service_name": service_name}
     result = WindowSignals()
-    for name, aligned in fetch_gauge_columns(store, GAUGES, start=origin, end=end, step_ns=step_ns, steps=steps,
-                                             **options).items():
+    columns = fetch_gauge_columns(store, GAUGES, start=origin, end=end, step_ns=step_ns, steps=steps, **options)
+    for name, aligned in columns.items():
         stats = SignalStats.of([v for v in aligned if v is not None])
         if stats is not None:
             result.gauges[name] = stats
+    result.steps = aligned_steps(columns)
     if end_ns > start_ns:
         result.preemptions = fetch_counter_increases(store, PREEMPTIONS_TOTAL, start=start, end=end,
                                                      step_ns=end_ns - start_ns, steps=1, **options)[0]
@@ -339,6 +363,7 @@ def fetch_signal_windows(
             stats = SignalStats.of([v for v in aligned[offset:offset + count] if v is not None])
             if stats is not None:
                 signals.gauges[name] = stats
+        signals.steps = aligned_steps({name: aligned[offset:offset + count] for name, aligned in columns.items()})
         out.append(signals)
     length_ns = _unix_ns(current[1], "end") - _unix_ns(current[0], "start")
     if baseline[1] == current[0] and baseline[1] - baseline[0] == current[1] - current[0] and length_ns > 0:
@@ -366,12 +391,15 @@ def fetch_window_signals_rows(
     lookback_ns = int(lookback_seconds * 1e9)
     points = range(origin_ns + step_ns - 1, end_ns, step_ns)
     result = WindowSignals()
+    columns = {}
     for name in GAUGES:
         series = fetch_series(store, name, start, end, lookback_seconds=lookback_seconds, service_name=service_name)
         aligned = [combined_asof(series, t, COMBINE[name], lookback_ns) for t in points]
+        columns[name] = aligned
         stats = SignalStats.of([v for v in aligned if v is not None])
         if stats is not None:
             result.gauges[name] = stats
+    result.steps = aligned_steps(columns)
     counters = fetch_series(store, PREEMPTIONS_TOTAL, start, end, table="otel_metrics_sum",
                             lookback_seconds=lookback_seconds, service_name=service_name)
     increases = [c for c in (s.counter_increase(start_ns, end_ns, lookback_ns) for s in counters.values())
@@ -396,6 +424,7 @@ __all__ = [
     "SignalWindows",
     "StoredSignalWindows",
     "WindowSignals",
+    "aligned_steps",
     "alignment_grid",
     "combined_asof",
     "fetch_series",

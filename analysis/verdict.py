@@ -21,6 +21,23 @@ retriever is not a tokenizer problem); ``unexplained`` is time that no stage spa
 
 Window = tuple[datetime, datetime]
 
+MIN_REQUESTS = 20
+"""Requests needed in a window: below 20, the "p99" is just the maximum of a handful."""
+TAIL_QUANTILE = 0.9
+"""The tail band: requests at or above the window's p90 of the measure."""
+MIN_CAUSE_SHARE = 0.10
+"""Causes explaining under 10% of the time attributed are within the noise of the attribution."""
+
+
+class InsufficientDataError(ValueError):
+    """A window holds too few requests to judge percentiles. The message says
+    ``insufficient data: N requests ..., need M``; ``window`` is ``"current"`` or
+    ``"baseline"``, ``count`` and ``needed`` the numbers."""
+
+    def __init__(self, message: str, window: str = "current", count: int = 0, needed: int = MIN_REQUESTS) -> None:
+        super().__init__(message)
+        self.window, self.count, self.needed = window, count, needed
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -80,6 +97,18 @@ class Cause:
 
 
 @dataclass
+class BaselineInfo:
+    """The baseline window of a verdict: ``window``, ``requests``, ``meets_objectives``
+    (its own objectives held; a baseline that breaks them is never used to call the window
+    healthy) and ``objectives`` (its results)."""
+
+    window: Window | None
+    requests: int
+    meets_objectives: bool
+    objectives: list[Any] = field(default_factory=list)
+
+
+@dataclass
 class Verdict:
     """The outcome of a diagnosis.
 
@@ -87,6 +116,16 @@ class Verdict:
     share (``"e2e"`` or ``"ttft"``; ``None`` when healthy). ``degradations``: TTFT, ITL, E2E
     comparisons. ``causes``: ordered by share, largest first. ``summary``: one line.
     ``current_requests`` / ``baseline_requests``: requests diagnosed in each window.
+
+    ``objectives``: each objective judged per endpoint class (:class:`~inferpath.analysis.
+    objectives.ObjectiveResult`); ``tail``: p99 against the mean per class
+    (:class:`~inferpath.analysis.objectives.TailResult`); ``baseline``: ``None`` without a
+    baseline, else :class:`BaselineInfo`; ``engine``: the engine's state while requests
+    waited (:class:`~inferpath.analysis.engine_state.EngineState`, ``None`` when not read);
+    ``budget``: where the time over a broken TTFT objective goes
+    (:class:`~inferpath.analysis.budget.Budget`); ``notes``: what could not be judged and
+    why (missing signals or measures); ``basis``: ``"objectives"`` (causes share the tail's
+    time) or ``"baseline"`` (causes share its growth over the baseline).
     """
 
     healthy: bool
@@ -98,6 +137,13 @@ class Verdict:
     baseline_window: Window | None
     current_requests: int
     baseline_requests: int
+    objectives: list[Any] = field(default_factory=list)
+    tail: list[Any] = field(default_factory=list)
+    baseline: "BaselineInfo | None" = None
+    engine: Any = None
+    budget: Any = None
+    notes: list[str] = field(default_factory=list)
+    basis: str = "objectives"
 
     @property
     def top_cause(self) -> str | None:
@@ -110,6 +156,12 @@ def verdict_to_dict(verdict: Verdict) -> dict[str, Any]:
     datetimes as ISO 8601 strings, NaN/inf as ``None``), plus ``top_cause``."""
     out = _plain(verdict)
     out["top_cause"] = verdict.top_cause
+    engine = verdict.engine
+    if engine is not None and out.get("engine") is not None:
+        out["engine"].update(bound=engine.bound, memory_pressure=engine.memory_pressure,
+                             waiting_share=engine.waiting_share, text=engine.text())
+    if verdict.budget is not None and out.get("budget") is not None:
+        out["budget"]["text"] = verdict.budget.text()
     return out
 
 
@@ -120,6 +172,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, frozenset | set):
+        return sorted(_plain(v) for v in value)
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, float) and not math.isfinite(value):
@@ -127,4 +181,4 @@ def _plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["CAUSES", "Cause", "Degradation", "Evidence", "Verdict", "Window", "verdict_to_dict"]
+__all__ = ["CAUSES", "MIN_CAUSE_SHARE", "MIN_REQUESTS", "TAIL_QUANTILE", "BaselineInfo", "InsufficientDataError", "Cause", "Degradation", "Evidence", "Verdict", "Window", "verdict_to_dict"]

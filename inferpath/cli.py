@@ -206,94 +206,16 @@ def replay_cmd(
     raise typer.Exit(1 if failed else 0)
 
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _parse_duration_seconds(text: str, option: str) -> float:
-    """``15m``, ``2h``, ``90s``, ``1d`` → seconds; exits 2 naming the option otherwise."""
-    text = text.strip().lower()
-    unit = text[-1:] if text[-1:] in _DURATION_UNITS else "s"
-    number = text[:-1] if text[-1:] in _DURATION_UNITS else text
-    try:
-        value = float(number) * _DURATION_UNITS[unit]
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        console.print(f"[red]{option} must be a positive duration like 15m, 2h or 90s; got {text!r}")
-        raise typer.Exit(2)
-    return value
-
-
-@app.command()
-def diagnose(
-    since: str = typer.Option("15m", help="Window to judge, ending now (e.g. 15m, 1h)."),
-    baseline: Optional[str] = typer.Option(None, help="Baseline window just before it (default: same length)."),
-    endpoint: Optional[str] = typer.Option(None, help="Only this endpoint (route)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON (an error as {\"error\": ...})."),
-    server: Optional[str] = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
-) -> None:
-    """Name the bottleneck of the last window against a baseline. Exit 0 healthy, 1 degraded, 2 error."""
-    import json
-    from datetime import datetime, timedelta, timezone
-
-    import httpx
-
-    settings = _settings(server_url=server)
-    window = _parse_duration_seconds(since, "--since")
-    base = _parse_duration_seconds(baseline, "--baseline") if baseline else window
-    end = datetime.now(timezone.utc)
-    start = end - timedelta(seconds=window)
-    params = {"start": start.isoformat(), "end": end.isoformat(),
-              "baseline_start": (start - timedelta(seconds=base)).isoformat(), "baseline_end": start.isoformat()}
-    if endpoint:
-        params["endpoint"] = endpoint
-    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
-    try:
-        response = httpx.get(f"{settings.server_url.rstrip('/')}/api/v1/diagnosis", params=params,
-                             headers=headers, timeout=60.0)
-    except httpx.HTTPError as exc:
-        if json_output:  # scripts read stdout: an error is JSON there too
-            print(json.dumps({"error": f"cannot reach the inferpath server at {settings.server_url}: {exc}"}))
-        else:
-            console.print(f"[red]cannot reach the inferpath server at {settings.server_url}:[/] {exc}")
-        raise typer.Exit(2) from exc
-    if response.status_code != 200:
-        try:
-            detail = response.json().get("detail")
-            message = "; ".join(d.get("msg", str(d)) for d in detail) if isinstance(detail, list) else str(detail)
-        except (ValueError, AttributeError):
-            message = response.text
-        if json_output:
-            print(json.dumps({"error": f"cannot diagnose: {message}", "http_status": response.status_code}))
-        else:
-            console.print(f"[red]cannot diagnose ({response.status_code}):[/] {message}")
-        raise typer.Exit(2)
-    verdict = response.json()
-    if json_output:
-        print(json.dumps(verdict, indent=2))
-    else:
-        from rich.table import Table
-
-        console.print(f"[bold]{verdict.get('summary', '')}[/]")
-        table = Table(title="causes, by share of the added latency")
-        for column in ("cause", "share", "evidence", "would help", "would not help"):
-            table.add_column(column)
-        for cause in verdict.get("causes", []):
-            table.add_row(cause["cause"], f"{cause['share'] * 100:.0f}%",
-                          "\n".join(e["text"] for e in cause.get("evidence", [])),
-                          "\n".join(cause.get("would_help", [])), "\n".join(cause.get("would_not_help", [])))
-        if verdict.get("causes"):
-            console.print(table)
-    raise typer.Exit(0 if verdict.get("healthy") else 1)
-
-
 def _mount_components() -> None:
     # Component commands live with their component; each is imported here, where Typer needs
     # its options, and imports its own heavy dependencies only when run.
     from inferpath.alerts.cli import app as alerts_app
     from inferpath.collectors.cli import collect
+    from inferpath.diagnose_cli import diagnose, import_cmd
 
     app.command("collect")(collect)
+    app.command("diagnose")(diagnose)
+    app.command("import")(import_cmd)
     app.add_typer(alerts_app, name="alerts")
 
 

@@ -28,6 +28,7 @@ ENV_DECODE_PROCESSES = "INFERPATH_DECODE_PROCESSES"
 ENV_MAX_BODY_BYTES = "INFERPATH_MAX_BODY_BYTES"
 ENV_SERVER_URL = "INFERPATH_SERVER_URL"
 ENV_ALERT_RULES = "INFERPATH_ALERT_RULES"
+ENV_OBJECTIVES_FILE = "INFERPATH_OBJECTIVES_FILE"
 ENV_TTL_DAYS = "INFERPATH_TTL_DAYS"
 ENV_MAX_INFLIGHT_REQUESTS = "INFERPATH_MAX_INFLIGHT_REQUESTS"
 ENV_MAX_INFLIGHT_BYTES = "INFERPATH_MAX_INFLIGHT_BYTES"
@@ -56,6 +57,7 @@ _ENV_BY_FIELD = {
     "max_body_bytes": ENV_MAX_BODY_BYTES,
     "server_url": ENV_SERVER_URL,
     "alert_rules": ENV_ALERT_RULES,
+    "objectives_file": ENV_OBJECTIVES_FILE,
     "ttl_days": ENV_TTL_DAYS,
     "max_inflight_requests": ENV_MAX_INFLIGHT_REQUESTS,
     "max_inflight_bytes": ENV_MAX_INFLIGHT_BYTES,
@@ -166,6 +168,8 @@ class Settings(BaseModel):
     # Alert rules evaluated inside the server: a YAML file path, "default" (the shipped pack)
     # or None/"off" for no evaluator.
     alert_rules: str | None = None
+    # YAML file of latency objectives per endpoint class (analysis/objectives.py); None: defaults.
+    objectives_file: str | None = None
     # Retention of every table (days); rows older than this are rejected at ingest, with a reason.
     ttl_days: int = Field(30, ge=1, le=3650)
     # Per-minute rollups of request rows (storage/rollup.py): rebuilt every interval; read for

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import json
 import re
 import types
 import typing
@@ -225,34 +226,85 @@ async def trace(request: Request,
 
 
 @router.get("/diagnosis")
-async def diagnosis(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                    baseline_start: str | None = Query(None, description="Baseline start (default: the "
-                                                       "window of the same length just before start)."),
-                    baseline_end: str | None = Query(None, description="Baseline end (default: start)."),
-                    endpoint: str | None = None) -> dict:
-    """The verdict for the window against its baseline: named causes, evidence, what would help.
+async def diagnosis(request: Request,
+                    start: str = Query(..., description="Window start: ISO-8601 with offset or Unix seconds."),
+                    end: str = Query(..., description="Window end: ISO-8601 with offset or Unix seconds."),
+                    baseline_start: str | None = Query(None, description="Baseline start (optional; give "
+                                                       "baseline_end with it)."),
+                    baseline_end: str | None = Query(None, description="Baseline end (optional)."),
+                    endpoint: str | None = None,
+                    ttft_p99_seconds: float | None = Query(None, gt=0, le=3600, description="TTFT p99 objective "
+                                                           "for every endpoint class (default: the objectives "
+                                                           "file, else 1 s interactive / 10 s bulk)."),
+                    itl_p99_seconds: float | None = Query(None, gt=0, le=3600, description="ITL p99 objective "
+                                                          "for every endpoint class."),
+                    objectives: str | None = Query(None, max_length=16_384, description="Objectives per "
+                                                   "endpoint class as JSON, the objectives file's shape, e.g. "
+                                                   '{"interactive": {"ttft_p99_seconds": 0.6}}.')) -> dict:
+    """The verdict for the window: healthy or not against the latency objectives per endpoint
+    class, named causes with evidence, what would help; against the baseline too when given.
 
-    422 when a window is reversed or holds too few requests to judge.
+    422 naming the parameter when a window is reversed, starts in the future, has one
+    baseline bound, or holds too few requests to judge (``insufficient data: N requests …``);
+    404 for an endpoint with no requests stored.
     """
     from inferpath.analysis import diagnose, verdict_to_dict
 
-    start_dt, end_dt = _window(start, end)
-    base_end = parse_time(baseline_end, "baseline_end") or start_dt
-    base_start = parse_time(baseline_start, "baseline_start") or max(EARLIEST, base_end - (end_dt - start_dt))
-    if base_end <= base_start:
-        if baseline_start is None and baseline_end is None:  # both derived: the window starts at 1970
-            raise _invalid("start", f"the default baseline (the window's length before start) would begin "
-                                    f"before {EARLIEST.isoformat()}; give baseline_start and baseline_end")
+    start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
+    if start_dt is None or end_dt is None:
+        raise _invalid("start" if start_dt is None else "end", "start and end are required")
+    if end_dt <= start_dt:
+        raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, end={end_dt.isoformat()})")
+    if start_dt > datetime.now(timezone.utc):
+        raise _invalid("start", f"start {start_dt.isoformat()} is in the future: no request can be in the window")
+    base_start, base_end = parse_time(baseline_start, "baseline_start"), parse_time(baseline_end, "baseline_end")
+    if (base_start is None) != (base_end is None):
+        missing = "baseline_end" if base_end is None else "baseline_start"
+        raise _invalid(missing, "give baseline_start and baseline_end together, or neither for a verdict "
+                                "against the objectives alone")
+    if base_start is not None and base_end is not None and base_end <= base_start:
         raise _invalid("baseline_end", f"baseline_end must be after baseline_start (baseline_start="
                                        f"{base_start.isoformat()}, baseline_end={base_end.isoformat()})")
-    store = request.app.state.runtime.store
+    runtime = request.app.state.runtime
+    if objectives is not None:
+        from inferpath.analysis.objectives import objectives_from_mapping
+
+        try:
+            chosen = objectives_from_mapping(json.loads(objectives), origin="objectives")
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            raise _invalid("objectives", str(exc)) from None
+    else:
+        try:
+            chosen = runtime_objectives(runtime.settings)
+        except ValueError as exc:
+            raise HTTPException(status_code=500, detail=f"the server's objectives file is invalid: {exc}") from None
+    if ttft_p99_seconds is not None:
+        chosen = chosen.with_limit("ttft", ttft_p99_seconds)
+    if itl_p99_seconds is not None:
+        chosen = chosen.with_limit("itl", itl_p99_seconds)
+    store = runtime.store
+    if endpoint is not None:
+        known = await run_in_threadpool(store.query, "SELECT count() FROM inferpath_requests WHERE endpoint = "
+                                        "{endpoint:String}", {"endpoint": endpoint})
+        if not known or not known[0][0]:
+            raise HTTPException(status_code=404, detail=[{"loc": ["query", "endpoint"], "type": "not_found",
+                                                          "msg": f"no request of endpoint {endpoint!r} is stored"}])
     try:
         verdict = await run_in_threadpool(diagnose, store, window_start=start_dt, window_end=end_dt,
-                                          baseline_start=base_start, baseline_end=base_end, endpoint=endpoint)
+                                          baseline_start=base_start, baseline_end=base_end, endpoint=endpoint,
+                                          objectives=chosen)
     except ValueError as exc:  # InsufficientDataError included: name the window it is about
         param = "baseline_start" if getattr(exc, "window", "current") == "baseline" else "start"
         raise _invalid(param, str(exc)) from None
     return verdict_to_dict(verdict)
+
+
+def runtime_objectives(settings):  # type: ignore[no-untyped-def]
+    """The objectives of ``settings.objectives_file`` (defaults when unset); ``ValueError``
+    naming the file when it is invalid."""
+    from inferpath.analysis.objectives import load_objectives
+
+    return load_objectives(settings.objectives_file)
 
 
 @router.post("/flush")

@@ -238,11 +238,15 @@ def test_a_healthy_verdict_or_a_thin_window_costs_one_query(tmp_path) -> None:
         windows = load_scenario(store, SCENARIOS["healthy"])
         counting = CountingStore(store)
         verdict = diagnose(counting, **windows)
-        assert verdict.healthy and len(counting.sql) == 1
+        # Both windows' compared measures in one scan, then each window's objectives per class.
+        assert verdict.healthy and len(counting.sql) == 3
         counting.sql.clear()
-        with pytest.raises(InsufficientDataError, match="baseline window has 0 requests"):
-            diagnose(counting, window_start=windows["window_start"], window_end=windows["window_end"],
-                     baseline_start=T0 - timedelta(hours=2), baseline_end=T0 - timedelta(hours=1))
+        thin = diagnose(counting, window_start=windows["window_start"], window_end=windows["window_end"],
+                        baseline_start=T0 - timedelta(hours=2), baseline_end=T0 - timedelta(hours=1))
+        assert thin.healthy and "baseline ignored" in thin.notes[0] and len(counting.sql) == 2
+        counting.sql.clear()
+        with pytest.raises(InsufficientDataError, match="insufficient data: 0 requests"):
+            diagnose(counting, window_start=T0 - timedelta(hours=2), window_end=T0 - timedelta(hours=1))
         assert len(counting.sql) == 1
 
 
@@ -259,9 +263,10 @@ def test_a_diagnosis_over_two_wide_windows_equals_the_diagnosis_of_their_rows(tm
     assert not got["healthy"] and got["top_cause"] == "gpu_memory"
     assert any(gauge_rollup.GAUGE_ROLLUP_TABLE in sql for sql in counting.sql)
     # One replica in both windows and no start-up: the cold-start rule reads no replica spans;
-    # request rows are read by two scans (compared measures; the tail band's stages).
+    # request rows are read by two scans (compared measures; the tail band's stages)
     assert not any("GROUP BY replica" in sql for sql in counting.sql)
-    assert sum("FROM inferpath_requests" in sql for sql in counting.sql) == 2
+    # and the objectives per class, one scan per window.
+    assert sum("FROM inferpath_requests" in sql for sql in counting.sql) == 4
     kv = next(e for c in got["causes"] for e in c["evidence"] if e["measure"] == "kv_cache_usage_ratio")
     assert kv["current"] >= 0.9 > kv["baseline"]
 

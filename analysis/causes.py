@@ -1,0 +1,222 @@
+"""The registry of causes: which stage's time each one claims, on what evidence, and the advice.
+
+Each :class:`CauseRule` is one entry: its name (a :data:`~inferpath.analysis.verdict.CAUSES`
+name), the stages whose time it may claim, a predicate over the :class:`Context` (the
+engine's state and the request measures of the same windows), the evidence it quotes and
+what would and would not help. A stage's time goes to the *first* rule in
+:data:`REGISTRY` that lists the stage and whose predicate holds, so the order is the
+troubleshooting order: memory before compute (a full KV pool wastes compute on preempted
+sequences), capacity before batching (a batch at its limit is not a window to shorten), a
+named scheduler hold before plain queueing. Adding a cause is one entry here and its test.
+
+The rules, from the guidance the project is built on:
+
+- ``gpu_memory``: KV cache near full or preempting while requests wait, running below its limit.
+- ``gpu_compute``: the running batch at its limit while requests wait (capacity), with or
+  without GPU utilization; high utilization or a slower median decode step confirm it.
+- ``batching``: requests held while the engine has free slots and KV room (a batching
+  window, or a hold on every request: the median queue time rose with the tail's).
+- ``queueing``: queue time with no request waiting in the engine (the wait is upstream: a
+  gateway or client queue), or when the engine exports no queue depth to tell.
+- CPU stages and hops (``tokenization``, ``retrieval``, ``network_hop``) claim their stage.
+- ``unexplained``: gateway self time and time no stage span covers.
+
+``cold_start`` is not a stage rule: requests of a starting replica are charged to it whole
+(:mod:`~inferpath.analysis.diagnosis`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from inferpath.analysis.engine_state import EngineState
+
+GPU_SATURATED_RATIO = 0.90
+"""Mean GPU utilization above which the GPU has no idle time left to absorb more work."""
+GPU_HEADROOM_RATIO = 0.60
+"""Utilization below which more GPUs cannot be the fix: the ones there are idle 40% of the time."""
+
+
+@dataclass
+class Context:
+    """What the rules read about one diagnosis.
+
+    ``engine``: the window's :class:`~inferpath.analysis.engine_state.EngineState`;
+    ``gpu_utilization``: mean ratio, ``None`` when not exported; ``decode_slower``: the
+    median decode step slowed against the baseline (``False`` without one); ``batch_grew``:
+    the mean running batch grew by half against the baseline; ``queue_held``: the median
+    queue time rose with the tail's (a hold on every request); ``has_baseline``."""
+
+    engine: EngineState
+    gpu_utilization: float | None = None
+    decode_slower: bool = False
+    batch_grew: bool = False
+    queue_held: bool = False
+    has_baseline: bool = False
+
+    @property
+    def gpu_saturated(self) -> bool:
+        """High, steady utilization, or a slower median decode step for the same work."""
+        util = self.gpu_utilization
+        return (util is not None and util >= GPU_SATURATED_RATIO) or self.decode_slower
+
+    @property
+    def gpus_idle(self) -> bool:
+        """Utilization is reported and below :data:`GPU_HEADROOM_RATIO`."""
+        return self.gpu_utilization is not None and self.gpu_utilization < GPU_HEADROOM_RATIO
+
+
+ADD_CAPACITY = "add_capacity"
+"""Action tags: advice that one cause gives and another would deny is dropped from the
+denial (:func:`consistent_advice`), so one verdict never says both."""
+RAISE_BATCH_LIMIT, SHRINK_BATCH_WINDOW, KV_ROOM = "raise_batch_limit", "shrink_batch_window", "kv_room"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One line of advice and the action it is about (``None`` for no specific action)."""
+
+    text: str
+    action: str | None = None
+
+
+@dataclass(frozen=True)
+class CauseRule:
+    """One registry entry (module docstring). ``claims(stage, context)`` says whether the
+    rule takes that stage's time; ``would_help`` / ``would_not_help`` build the advice from
+    the context."""
+
+    name: str
+    stages: frozenset[str]
+    claims: Callable[[str, Context], bool]
+    would_help: Callable[[Context], list[Advice]] = field(default=lambda _: [])
+    would_not_help: Callable[[Context], list[Advice]] = field(default=lambda _: [])
+    evidence_columns: tuple[str, ...] = ()
+
+
+def _always(_stage: str, _context: Context) -> bool:
+    return True
+
+
+def _memory(stage: str, c: Context) -> bool:
+    if not c.engine.memory_pressure:
+        return False
+    # Queue time is memory's only when memory (not slots) held the queue; prefill and decode
+    # grow under preemption (preempted sequences are recomputed and re-queued).
+    return stage != "queue" or c.engine.bound in ("memory", None)
+
+
+def _compute(stage: str, c: Context) -> bool:
+    if stage == "queue":
+        if c.engine.bound == "slots":
+            return True
+        return c.gpu_saturated and c.engine.bound in ("held", None)
+    if stage == "decode":  # a batch grown past its baseline is the batching rule's, unless it is full
+        return not (c.batch_grew and c.engine.bound != "slots")
+    return True  # prefill: the GPU's own pass over the prompt
+
+
+def _batching(stage: str, c: Context) -> bool:
+    if stage == "queue":
+        return c.engine.bound == "held" or (c.engine.bound is None and c.queue_held)
+    return c.batch_grew  # decode: more sequences per step
+
+
+def _gpu_text(c: Context) -> str:
+    return "" if c.gpu_utilization is None else f" (GPU utilization {c.gpu_utilization:.0%})"
+
+
+REGISTRY: tuple[CauseRule, ...] = (
+    CauseRule(
+        "tokenization", frozenset({"tokenize"}), _always,
+        lambda c: [Advice("use a fast (Rust) tokenizer, cache tokenized prompts and tokenize off the event loop")],
+        lambda c: [Advice("adding GPUs will not help: the time is spent before the request reaches the engine"
+                          + _gpu_text(c), ADD_CAPACITY)],
+        ("tokenize_ns",)),
+    CauseRule(
+        "retrieval", frozenset({"retrieval"}), _always,
+        lambda c: [Advice("cache retrieval results, shrink top-k or the index, give the retriever its own "
+                          "workers, or run it in parallel with the first model pass")],
+        lambda c: [Advice("adding GPUs will not help: the time is spent before the request reaches the engine"
+                          + _gpu_text(c), ADD_CAPACITY)],
+        ("retrieval_ns",)),
+    CauseRule(
+        "network_hop", frozenset({"network"}), _always,
+        lambda c: [Advice("remove the extra hop or co-locate the gateway with the model server; keep "
+                          "connections alive")],
+        lambda c: [Advice("adding GPUs will not help: the time is spent between the services", ADD_CAPACITY)],
+        ("network_ns", "gateway_ns")),
+    CauseRule(
+        "gpu_memory", frozenset({"queue", "prefill", "decode"}), _memory,
+        lambda c: [Advice("give the KV cache more room: more KV memory per replica, fewer concurrent "
+                          "sequences, a shorter max length, prefix caching or a quantized KV cache", KV_ROOM),
+                   Advice("or add replicas, so each holds fewer sequences' KV blocks", ADD_CAPACITY)],
+        lambda c: [Advice("more compute alone (a faster GPU, a larger batch limit) will not help: "
+                          "sequences wait for KV blocks, not for compute", RAISE_BATCH_LIMIT),
+                   Advice("shrinking the batch window will not help: the engine is not holding requests",
+                          SHRINK_BATCH_WINDOW)],
+        ("queue_ns",)),
+    CauseRule(
+        "gpu_compute", frozenset({"queue", "prefill", "decode"}), _compute,
+        lambda c: [Advice("add replicas (or GPUs), and move bulk traffic to replicas of its own", ADD_CAPACITY),
+                   Advice("or raise the engine's batch limit (max-num-seqs) where KV memory allows",
+                          RAISE_BATCH_LIMIT)],
+        lambda c: [Advice("shrinking the batch window will not help: the batch is full and requests wait "
+                          "for a free slot", SHRINK_BATCH_WINDOW),
+                   Advice("tuning the tokenizer, retrieval or the network will not help: the engine is "
+                          "the bottleneck" + _gpu_text(c))],
+        ("queue_ns", "prefill_ns", "itl_ns")),
+    CauseRule(
+        "batching", frozenset({"queue", "decode"}), _batching,
+        lambda c: [Advice("shorten or remove the batching window, or cap the batch for interactive "
+                          "endpoints; serve bulk traffic from separate replicas", SHRINK_BATCH_WINDOW)],
+        lambda c: [Advice("adding GPUs will not help: the engine has free slots and KV room while "
+                          "requests wait" + _gpu_text(c), ADD_CAPACITY)],
+        ("queue_ns", "itl_ns", "decode_ns")),
+    CauseRule(
+        "queueing", frozenset({"queue"}), _always,
+        lambda c: [Advice("find the queue in front of the engine (gateway workers, client pools, a "
+                          "rate limiter) and widen it, or rate-limit bulk traffic")
+                   if c.engine.reported else
+                   Advice("export the engine's queue depth and running batch (its /metrics) so capacity "
+                          "can be told from an upstream queue")],
+        lambda c: ([Advice("faster tokenization or retrieval will not help: requests wait in a queue")]
+                   + ([Advice("adding GPUs will not help: no request waits in the engine", ADD_CAPACITY)]
+                      if c.engine.reported and not c.engine.waiting_steps else [])),
+        ("queue_ns",)),
+    CauseRule(
+        "unexplained", frozenset({"gateway", "rest", "model", "postprocess", "other"}), _always,
+        lambda c: [Advice("instrument the missing stages (inferpath.stage around the code the time is in)")],
+        lambda c: [], ()),
+)
+"""Every cause that can claim stage time, in the troubleshooting order (module docstring)."""
+
+BY_NAME = {rule.name: rule for rule in REGISTRY}
+
+
+def cause_of(stage: str, context: Context) -> str:
+    """The name of the first rule in :data:`REGISTRY` that claims ``stage``'s time;
+    ``unexplained`` when none lists the stage."""
+    for rule in REGISTRY:
+        if stage in rule.stages and rule.claims(stage, context):
+            return rule.name
+    return "unexplained"
+
+
+COLD_START_HELP = [Advice("keep warm replicas (a minimum replica count), preload weights, and route to a "
+                          "replica only once it is ready")]
+COLD_START_NOT_HELP = [Advice("more steady-state capacity will not help requests that land on a starting replica")]
+
+
+def consistent_advice(helps: list[list[Advice]], not_helps: list[list[Advice]]) -> list[list[Advice]]:
+    """``not_helps`` with every item dropped whose action another cause recommends in ``helps``."""
+    recommended = {a.action for items in helps for a in items if a.action}
+    return [[a for a in items if a.action is None or a.action not in recommended] for items in not_helps]
+
+
+__all__ = [
+    "ADD_CAPACITY", "BY_NAME", "COLD_START_HELP", "COLD_START_NOT_HELP", "GPU_HEADROOM_RATIO",
+    "GPU_SATURATED_RATIO", "KV_ROOM", "RAISE_BATCH_LIMIT", "REGISTRY", "SHRINK_BATCH_WINDOW", "Advice",
+    "CauseRule", "Context", "cause_of", "consistent_advice",
+]

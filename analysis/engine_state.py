@@ -1,0 +1,150 @@
+"""What held requests back inside the engine, read from its own gauges at the same moments.
+
+A continuously batching engine (vLLM, SGLang, TGI, TRT-LLM) admits a waiting request into
+the running batch as soon as it has both a free sequence slot and enough free KV-cache
+blocks for it. So at any moment when requests wait in the engine's queue, exactly one of
+three things is true, and the engine's gauges tell which:
+
+- **slots**: the running batch is at its limit (``max-num-seqs`` in vLLM). The engine is at
+  its compute capacity: more replicas or a larger batch limit help; a shorter batching
+  window does not.
+- **memory**: slots are free but the next request's KV blocks are not: usage is near full,
+  or running sequences were preempted (vLLM preempts only when it runs out of blocks). A
+  long prompt may not fit well below 100% usage, so preemptions count as evidence too.
+- **held**: slots and KV blocks are free and the request still waits: the scheduler holds it
+  (a batching window, or a per-step token budget). That is not a capacity problem.
+
+The slot limit is the configured one where a source reports it, else the largest running
+batch seen in the window and its baseline: an engine that queued while running stayed
+below its own earlier peak was not out of slots; in a window with preemptions the observed
+peak is what memory allowed, so waiting steps there count as memory-bound. Each aligned step (the signal grid of
+:mod:`~inferpath.analysis.signals`, one scrape interval) is one observation; the verdict
+quotes the counts, so the evidence can be checked against the raw scrapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from inferpath.analysis.percentiles import quantile
+from inferpath.analysis.signals import WindowSignals
+
+KV_FULL_RATIO = 0.9
+"""KV-cache usage at which a paged pool has no room left for a new sequence's prompt (vLLM's
+scheduler also keeps a small watermark of blocks free, so usage rarely reads 1.0)."""
+WAITING_MIN = 1.0
+"""A step counts as *waiting* when at least one request is in the engine's queue."""
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """The engine's state over one window, from aligned steps.
+
+    ``steps``: steps with a queue depth; ``waiting_steps``: of those, steps with a request
+    waiting; ``slot_bound_steps`` / ``memory_bound_steps`` / ``held_steps``: waiting steps
+    split by what held the queue (module docstring; they add up to ``waiting_steps`` when
+    running is reported, else all are 0); ``slot_limit``: running-batch limit used (requests);
+    ``limit_source``: ``"configured"`` or ``"observed max"``; ``running_max`` /
+    ``queue_max``: largest values seen; ``kv_waiting_p90``: p90 of KV usage over waiting
+    steps (ratio, ``None`` when not reported); ``preemptions``: counter increase over the
+    window (``None`` when not reported)."""
+
+    steps: int
+    waiting_steps: int
+    slot_bound_steps: int
+    memory_bound_steps: int
+    held_steps: int
+    slot_limit: float | None
+    limit_source: str
+    running_max: float | None
+    queue_max: float | None
+    kv_waiting_p90: float | None
+    kv_max: float | None
+    preemptions: float | None
+
+    @property
+    def reported(self) -> bool:
+        """The engine reported its queue depth in this window."""
+        return self.steps > 0
+
+    @property
+    def waiting_share(self) -> float:
+        """Share (ratio) of steps with requests waiting in the engine."""
+        return self.waiting_steps / self.steps if self.steps else 0.0
+
+    @property
+    def bound(self) -> str | None:
+        """What held the queue in most waiting steps: ``"slots"``, ``"memory"``, ``"held"``,
+        or ``None`` when nothing waited or running was not reported. Memory wins a tie with
+        slots: a batch at its limit *and* a full KV pool need KV room first (more slots
+        would only preempt more)."""
+        counts = {"memory": self.memory_bound_steps, "slots": self.slot_bound_steps, "held": self.held_steps}
+        if not self.waiting_steps or not any(counts.values()):
+            return None
+        return max(counts, key=lambda k: counts[k])
+
+    @property
+    def memory_pressure(self) -> bool:
+        """KV usage near full while requests waited, or any preemption in the window."""
+        return bool((self.preemptions or 0) > 0
+                    or (self.kv_waiting_p90 is not None and self.kv_waiting_p90 >= KV_FULL_RATIO))
+
+    def text(self) -> str:
+        """The counts in words, e.g. ``requests waited in 41 of 60 steps: batch at its limit of
+        4 in 39, KV full in 0, held with room in 2``."""
+        if not self.reported:
+            return "the engine reported no queue depth"
+        if not self.waiting_steps:
+            return f"no request waited in the engine in {self.steps} steps"
+        limit = "n/a" if self.slot_limit is None else f"{self.slot_limit:.0f}"
+        return (f"requests waited in the engine in {self.waiting_steps} of {self.steps} steps (queue max "
+                f"{self.queue_max or 0:.0f}): running batch at its limit of {limit} ({self.limit_source}) in "
+                f"{self.slot_bound_steps}, KV cache full or preempting in {self.memory_bound_steps}, held with "
+                f"free slots and KV in {self.held_steps}")
+
+
+def engine_state(window: WindowSignals, *, other: WindowSignals | None = None,
+                 configured_limit: float | None = None) -> EngineState:
+    """Classify ``window``'s waiting steps (module docstring). ``other``: the baseline's
+    signals, whose running peak also bounds the observed slot limit; ``configured_limit``:
+    the engine's configured batch limit (requests) when known."""
+    steps = [s for s in window.steps if s[0] is not None]
+    running = [s[1] for s in window.steps if s[1] is not None]
+    if other is not None:
+        running_other = [s[1] for s in other.steps if s[1] is not None]
+    else:
+        running_other = []
+    peak = max([*running, *running_other], default=None)
+    limit, source = (float(configured_limit), "configured") if configured_limit else (peak, "observed max")
+    waiting = [s for s in steps if s[0] >= WAITING_MIN]  # type: ignore[operator]
+    preempted = (window.preemptions or 0) > 0
+    slot = memory = held = 0
+    for _, run, kv in waiting:
+        if run is None or limit is None:
+            continue
+        if (kv is not None and kv >= KV_FULL_RATIO) or (preempted and (source != "configured" or run < limit)):
+            # Preempted sequences mean the pool ran out of blocks; a peak observed under
+            # preemption is what memory allowed, not the configured batch limit.
+            memory += 1
+        elif run >= limit:
+            slot += 1
+        else:
+            held += 1
+    kv_waiting = [s[2] for s in waiting if s[2] is not None]
+    kv_all = [s[2] for s in window.steps if s[2] is not None]
+    return EngineState(
+        steps=len(steps), waiting_steps=len(waiting), slot_bound_steps=slot, memory_bound_steps=memory,
+        held_steps=held, slot_limit=limit, limit_source=source,
+        running_max=max(running, default=None), queue_max=max((s[0] for s in steps), default=None),  # type: ignore[type-var]
+        kv_waiting_p90=quantile(kv_waiting, 0.9) if kv_waiting else None,
+        kv_max=max(kv_all, default=None), preemptions=window.preemptions)
+
+
+def steps_of(queue: Sequence[float | None], running: Sequence[float | None],
+             kv: Sequence[float | None]) -> list[tuple[float | None, float | None, float | None]]:
+    """Aligned steps from three equal-length columns (tests, other sources)."""
+    return list(zip(queue, running, kv))
+
+
+__all__ = ["KV_FULL_RATIO", "WAITING_MIN", "EngineState", "engine_state", "steps_of"]

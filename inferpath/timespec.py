@@ -1,0 +1,73 @@
+"""Durations and points in time as people type them: one parser for every command and file.
+
+- Durations (:func:`parse_duration_seconds`): Prometheus' syntax, ``90s``, ``15m``, ``1h30m``,
+  ``250ms``, ``1d``, ``2w``, or a plain number of seconds.
+- Points in time (:func:`parse_time`): ISO-8601 with an offset (``2026-12-03T10:00:00Z``),
+  ``now``, a time relative to now (``-30m``, ``-1h30m``), or Unix seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_DURATION_UNITS_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_NUMBER = re.compile(r"^\d+(\.\d+)?$")
+
+
+def parse_duration_seconds(value: Any) -> float:
+    """``"1h30m"``, ``"90s"``, ``"250ms"`` or a number (seconds) → seconds (float, ≥ 0).
+
+    Units as Prometheus durations: ms, s, m, h, d, w; a bare number is seconds. Raises
+    ``ValueError`` otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like 30s, 5m or 1h, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0 or value != value:
+            raise ValueError(f"a duration must be a non-negative number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a duration like 30s, 5m or 1h, got {value!r}")
+    text = value.strip().lower()
+    if _NUMBER.match(text):
+        return float(text)
+    position, total = 0, 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS_SECONDS[match.group(2)]
+        position = match.end()
+    if position != len(text) or not text:
+        raise ValueError(f"expected a duration like 30s, 5m or 1h30m, got {value!r}")
+    return total
+
+
+def parse_time(value: str, *, now: datetime | None = None) -> datetime:
+    """A point in time → aware UTC datetime (module docstring for the forms).
+
+    ``now`` is the reference of relative times (default: the current time). Raises
+    ``ValueError`` for an empty value, a naive ISO time (no offset) or anything else."""
+    text = value.strip() if isinstance(value, str) else ""
+    reference = now or datetime.now(timezone.utc)
+    if not text:
+        raise ValueError("expected a time: ISO-8601 with an offset, now, -30m or Unix seconds")
+    if text.lower() == "now":
+        return reference
+    if text.startswith("-"):
+        return reference - timedelta(seconds=parse_duration_seconds(text[1:]))
+    if _NUMBER.match(text):
+        return datetime.fromtimestamp(float(text), tz=timezone.utc)
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expected ISO-8601 with an offset (2026-12-03T10:00:00Z), now, -30m or Unix "
+                         f"seconds; got {value!r}") from None
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise ValueError(f"{value!r} has no time zone: add Z or an offset such as +01:00")
+    return parsed.astimezone(timezone.utc)
+
+
+__all__ = ["parse_duration_seconds", "parse_time"]

@@ -1,0 +1,279 @@
+"""Load a recorded incident into a server, so it can be diagnosed after the fact.
+
+A recording is what a collector and an OTLP receiver would have seen, kept as files:
+
+- Prometheus text scrapes with their times, either one file per scrape named
+  ``metrics_<unix_ns>.prom`` (optionally ``.gz``), or one exposition whose samples carry
+  timestamps (the form ``promtool tsdb create-blocks-from openmetrics`` backfills from:
+  OpenMetrics ends with ``# EOF`` and its timestamps are seconds; Prometheus text timestamps
+  are milliseconds);
+- OTLP/HTTP trace bodies as they were posted: ``*.pb`` (protobuf ``ExportTraceServiceRequest``)
+  or ``*.json`` (OTLP/JSON) in ``otlp/``, ``startup_otlp/`` or ``traces/``.
+
+A folder in that layout, or a ``.tar.gz``/``.tgz`` of one, is read. The engine kind of the
+scrapes (vLLM, SGLang, TGI, Triton, TRT-LLM, dcgm-exporter) is recognised from the metric
+names. Each scrape goes through the collectors' own parser and catalog and is posted as OTLP
+metrics stamped with its recorded time, exactly as ``inferpath collect`` would have posted it;
+each trace body is posted to ``/v1/traces`` as it was. Times are kept, unless the recording
+is older than the store keeps data (its TTL): then everything moves by one offset so it ends
+an hour ago, and the offset is reported so windows can be moved with it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+SCRAPE_FILE = re.compile(r"^metrics_(\d{10,20})\.prom(\.gz)?$")
+TRACE_FOLDERS = ("startup_otlp", "otlp", "traces")
+SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("vllm:", "vllm"), ("sglang:", "sglang"), ("tgi_", "tgi"), ("nv_inference", "triton"),
+    ("trtllm_", "trtllm"), ("DCGM_FI_", "dcgm"),
+)
+"""Metric-name prefix → collector source, for recognising what a scrape came from."""
+PROTOBUF = {"content-type": "application/x-protobuf"}
+HOUR_NS = 3600 * 10**9
+DAY_NS = 24 * HOUR_NS
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be read; the message names the file and what was wrong."""
+
+
+@dataclass
+class Recording:
+    """The files of one recording: ``scrapes`` as (unix ns, Prometheus text without
+    timestamps), oldest first; ``trace_files`` the OTLP bodies in posting order;
+    ``ground_truth`` the parsed ``ground_truth.json`` when present (recordings made for
+    tests carry one)."""
+
+    root: Path
+    scrapes: list[tuple[int, str]] = field(default_factory=list)
+    trace_files: list[Path] = field(default_factory=list)
+    ground_truth: dict[str, Any] | None = None
+
+    def time_range_ns(self) -> tuple[int, int] | None:
+        """(first, last) scrape time in unix ns, ``None`` without scrapes."""
+        return (self.scrapes[0][0], self.scrapes[-1][0]) if self.scrapes else None
+
+
+@dataclass
+class ImportResult:
+    """What :func:`import_recording` posted: counts, the ``offset_ns`` added to every time,
+    the engine ``source`` recognised and the time range (aware UTC datetimes) after the offset."""
+
+    scrapes: int
+    trace_bodies: int
+    offset_ns: int
+    source: str | None
+    start: datetime | None
+    end: datetime | None
+    flushed: bool
+
+
+def open_recording(path: str | Path, *, workdir: str | Path | None = None) -> Recording:
+    """Read the recording at ``path`` (a folder or a ``.tar.gz``; module docstring). A
+    tarball is unpacked under ``workdir`` (default: a new temporary folder). Raises
+    :class:`RecordingError` for a missing path, an unsafe or unreadable archive, or a folder
+    with neither scrapes nor trace bodies."""
+    root = Path(path)
+    if not root.exists():
+        raise RecordingError(f"{root}: no such file or folder")
+    if root.is_file():
+        if not root.name.endswith((".tar.gz", ".tgz", ".tar")):
+            if root.name.endswith((".prom", ".om", ".txt", ".prom.gz")):
+                return Recording(root=root.parent, scrapes=_timestamped_scrapes(root, _read_text(root)))
+            raise RecordingError(f"{root}: expected a folder, a .tar.gz of one, or an exposition file")
+        root = _unpack(root, Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="inferpath-recording-")))
+    recording = Recording(root=root)
+    for file in sorted(root.rglob("*")):
+        if not file.is_file():
+            continue
+        match = SCRAPE_FILE.match(file.name)
+        if match:
+            recording.scrapes.append((int(match.group(1)), _read_text(file)))
+        elif file.suffix in (".om",) or file.name.endswith((".om.gz",)):
+            recording.scrapes.extend(_timestamped_scrapes(file, _read_text(file)))
+        elif file.parent.name in TRACE_FOLDERS and file.suffix in (".pb", ".json"):
+            recording.trace_files.append(file)
+        elif file.name == "ground_truth.json":
+            try:
+                recording.ground_truth = json.loads(file.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise RecordingError(f"{file}: not valid JSON ({exc})") from None
+    recording.scrapes.sort(key=lambda item: item[0])
+    # Start-up traces first (the engine loaded before it served), then by receive time.
+    recording.trace_files.sort(key=lambda f: (TRACE_FOLDERS.index(f.parent.name), f.name))
+    if not recording.scrapes and not recording.trace_files:
+        raise RecordingError(f"{root}: no scrapes (metrics_<unix_ns>.prom, *.om) and no OTLP trace bodies "
+                             f"(otlp/*.pb, otlp/*.json) found")
+    return recording
+
+
+def _unpack(archive: Path, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(into, filter="data")  # refuses absolute paths, .. and links out of `into`
+    except (tarfile.TarError, OSError) as exc:
+        raise RecordingError(f"{archive}: cannot unpack ({exc})") from None
+    entries = [p for p in into.iterdir()]
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else into
+
+
+def _read_text(file: Path) -> str:
+    try:
+        data = file.read_bytes()
+        if file.name.endswith(".gz"):
+            data = gzip.decompress(data)
+        return data.decode("utf-8")
+    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+        raise RecordingError(f"{file}: cannot be read as text ({exc})") from None
+
+
+def _timestamped_scrapes(file: Path, text: str) -> list[tuple[int, str]]:
+    """Split an exposition whose samples carry timestamps into one text per timestamp."""
+    openmetrics = text.rstrip().endswith("# EOF")
+    comments: list[str] = []
+    groups: dict[int, list[str]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("# EOF"):
+            continue
+        if line.startswith("#"):
+            comments.append(line)
+            continue
+        parts = line.rsplit(" ", 2)
+        if len(parts) != 3 or not _is_number(parts[1]) or not _is_number(parts[2]):
+            raise RecordingError(f"{file}:{number}: a sample without a timestamp; a single exposition must "
+                                 "carry one on every sample (or use one metrics_<unix_ns>.prom file per scrape)")
+        stamp = float(parts[2])
+        at_ns = int(round(stamp * 1e9)) if openmetrics else int(stamp) * 1_000_000
+        groups.setdefault(at_ns, []).append(f"{parts[0]} {parts[1]}")
+    head = "\n".join(c for c in comments if c.startswith(("# HELP", "# TYPE")))
+    return [(at, head + "\n" + "\n".join(lines) + "\n") for at, lines in sorted(groups.items())]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def detect_source(text: str) -> str | None:
+    """The collector source whose metric names fill most of ``text``, ``None`` if none."""
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        for prefix, source in SOURCE_PREFIXES:
+            if line.startswith(prefix):
+                counts[source] = counts.get(source, 0) + 1
+                break
+    return max(counts, key=lambda s: counts[s]) if counts else None
+
+
+def choose_offset_ns(recording: Recording, *, ttl_days: int, now_ns: int, shift: str = "auto") -> int:
+    """The offset added to every time: 0 for ``shift="none"``; for ``"now"`` the one that makes
+    the recording end an hour ago; for ``"auto"`` that one only when the recording would
+    otherwise be older than ``ttl_days`` less a day (its rows would be dropped on insert).
+    Raises ``ValueError`` for another ``shift``."""
+    if shift not in ("auto", "none", "now"):
+        raise ValueError(f"shift must be auto, none or now, got {shift!r}")
+    last = _last_time_ns(recording)
+    if shift == "none" or last is None:
+        return 0
+    to_now = now_ns - HOUR_NS - last
+    if shift == "now" or last < now_ns - (ttl_days - 1) * DAY_NS:
+        return to_now
+    return 0
+
+
+def _last_time_ns(recording: Recording) -> int | None:
+    if recording.scrapes:
+        return recording.scrapes[-1][0]
+    ends = [span.end_time_unix_nano for body in _trace_requests(recording) for span in _spans(body)]
+    return max(ends) if ends else None
+
+
+def _trace_requests(recording: Recording) -> Iterator[Any]:
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    for file in recording.trace_files:
+        request = ExportTraceServiceRequest()
+        try:
+            if file.suffix == ".json":
+                json_format.Parse(file.read_text(encoding="utf-8"), request, ignore_unknown_fields=True)
+            else:
+                request.ParseFromString(file.read_bytes())
+        except Exception as exc:  # protobuf raises DecodeError / ParseError, both without a common base here
+            raise RecordingError(f"{file}: not an OTLP ExportTraceServiceRequest ({exc})") from None
+        yield request
+
+
+def _spans(request: Any) -> Iterator[Any]:
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            yield from scope_spans.spans
+
+
+def import_recording(recording: Recording, client: httpx.Client, *, offset_ns: int = 0,
+                     source: str | None = None) -> ImportResult:
+    """Post ``recording`` to the inferpath server behind ``client`` (module docstring) with
+    every time moved by ``offset_ns``, then flush it so it is readable. ``source``: the
+    collector source of the scrapes (default: recognised from each scrape). Raises
+    :class:`RecordingError` when a file cannot be read or the server refuses a body
+    (its answer is quoted)."""
+    from inferpath.collectors.otlp_export import build_request
+    from inferpath.collectors.pipeline import parse_scrape
+
+    bodies = 0
+    for request in _trace_requests(recording):
+        if offset_ns:
+            for span in _spans(request):
+                span.start_time_unix_nano += offset_ns
+                span.end_time_unix_nano += offset_ns
+                for event in span.events:
+                    event.time_unix_nano += offset_ns
+        _post(client, "/v1/traces", request.SerializeToString(), "trace body")
+        bodies += 1
+    seen_source = None
+    for at_ns, text in recording.scrapes:
+        kind = source or detect_source(text)
+        if kind is None:
+            continue
+        seen_source = seen_source or kind
+        stamp = datetime.fromtimestamp((at_ns + offset_ns) // 1000 / 1e6, tz=timezone.utc)
+        try:
+            scraped = parse_scrape(text, kind, timestamp=stamp)
+        except ValueError as exc:
+            raise RecordingError(f"scrape at {at_ns}: {exc}") from None
+        _post(client, "/v1/metrics", build_request([(kind, scraped.all())]).SerializeToString(), "scrape")
+    flushed = client.post("/api/v1/flush", params={"timeout_seconds": 120}).json().get("ok") is True
+    span = recording.time_range_ns()
+    start = end = None
+    if span is not None:
+        start = datetime.fromtimestamp((span[0] + offset_ns) / 1e9, tz=timezone.utc)
+        end = datetime.fromtimestamp((span[1] + offset_ns) / 1e9, tz=timezone.utc)
+    return ImportResult(len(recording.scrapes), bodies, offset_ns, seen_source, start, end, flushed)
+
+
+def _post(client: httpx.Client, path: str, body: bytes, what: str) -> None:
+    response = client.post(path, content=body, headers=PROTOBUF)
+    if response.status_code != 200:
+        raise RecordingError(f"the server refused a {what} ({response.status_code}): {response.text[:300]}")
+
+
+__all__ = ["ImportResult", "Recording", "RecordingError", "SOURCE_PREFIXES", "choose_offset_ns", "detect_source",
+           "import_recording", "open_recording"]
