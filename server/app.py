@@ -9,7 +9,10 @@ Endpoints (OpenAPI document at ``/openapi.json``, browsable at ``/docs``):
   ``settings.body_read_timeout_seconds``, 413 over ``settings.max_body_bytes`` (or a compressed
   body inflating past ``MAX_DECOMPRESSED_BYTES``, 64 MiB), 415 for another
   media type or encoding, 503 with ``Retry-After`` when too many exports are in flight or
-  the store is unavailable (:mod:`inferpath.server.ingest`).
+  the store is unavailable (:mod:`inferpath.server.ingest`). A JSON body that is not the
+  path's export (a logs export's ``resourceLogs`` posted to ``/v1/traces``) is a 400 naming
+  what it holds; ``{}`` is a valid empty export.
+- ``POST /v1/logs``: 501 (gRPC's UNIMPLEMENTED) with a message that logs are not accepted.
   Error bodies are ``google.rpc.Status`` in the request's encoding (JSON when unknown), as
   the OTLP specification asks, with a message naming the problem.
 - ``GET /api/v1/...``: the read API (:mod:`inferpath.server.read_api`).
@@ -58,6 +61,10 @@ logger = logging.getLogger(__name__)
 _MEDIA_TYPES = {"protobuf": "application/x-protobuf", "json": "application/json"}
 # google.rpc.Code values used in error bodies.
 _INVALID_ARGUMENT, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNAVAILABLE, _UNAUTHENTICATED = 3, 4, 8, 14, 16
+_UNIMPLEMENTED = 12
+
+LOGS_NOT_ACCEPTED = ("inferpath does not accept OTLP logs: it stores traces (POST /v1/traces) and metrics "
+                     "(POST /v1/metrics); send logs to an OpenTelemetry Collector or a log backend instead")
 
 
 class _BodyTooLarge(Exception):
@@ -142,7 +149,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
 
     def _refused(request: Request, signal: str, http_status: int, code: int, message: str,
                  fmt: BodyFormat | None, headers: dict[str, str] | None = None) -> Response:
-        """Count and log a 4xx answer to an OTLP export, and build it."""
+        """Count and log a refusal (4xx, or the 501 of ``/v1/logs``) of an OTLP export, and build it."""
         runtime.count_bad_request()
         refusals.warning("OTLP %s export from %s answered %d: %s", signal, _peer(request), http_status,
                          _bounded(message))
@@ -272,6 +279,22 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     async def otlp_metrics(request: Request) -> Response:
         """OTLP/HTTP metrics export (``ExportMetricsServiceRequest``)."""
         return await _ingest(request, "metrics")
+
+    # OTLP/HTTP names no status for a signal the server does not take; OTLP/gRPC does: a
+    # server without the service answers UNIMPLEMENTED, which its table lists as not
+    # retryable, and google.rpc.Code maps UNIMPLEMENTED to HTTP 501. OTLP/HTTP exporters
+    # retry only 429, 502, 503 and 504, so a 501 ends each logs export at once; unlike a
+    # 404 (what a mistyped path gets, and what a Collector without a logs pipeline answers,
+    # with no body) it says that the path is right and names the signal as what is refused.
+    @app.post("/v1/logs", dependencies=[guard], tags=["otlp"], status_code=501)
+    async def otlp_logs(request: Request) -> Response:
+        """OTLP/HTTP logs export: not accepted; 501 with a ``google.rpc.Status`` (code
+        UNIMPLEMENTED) saying so, in the request's encoding. The body is not read."""
+        try:
+            fmt: BodyFormat | None = body_format(request.headers.get("content-type"))
+        except UnsupportedMediaTypeError:
+            fmt = None
+        return _refused(request, "logs", 501, _UNIMPLEMENTED, LOGS_NOT_ACCEPTED, fmt)
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict:

@@ -334,13 +334,53 @@ def _located(document: dict, signal: Literal["traces", "metrics"]) -> str | None
     return None
 
 
+# The one field at the top of each signal's Export*ServiceRequest (lowerCamelCase, snake_case).
+_TOP_LEVEL_FIELDS = {"traces": ("resourceSpans", "resource_spans"),
+                     "metrics": ("resourceMetrics", "resource_metrics")}
+# Top-level fields of every OTLP export, to say which signal a misrouted body carries.
+_SIGNAL_OF_FIELD = {"resourceSpans": ("traces", "/v1/traces"), "resource_spans": ("traces", "/v1/traces"),
+                    "resourceMetrics": ("metrics", "/v1/metrics"), "resource_metrics": ("metrics", "/v1/metrics"),
+                    "resourceLogs": ("logs", "/v1/logs"), "resource_logs": ("logs", "/v1/logs"),
+                    "resourceProfiles": ("profiles", "/v1development/profiles"),
+                    "resource_profiles": ("profiles", "/v1development/profiles")}
+_SHOWN_KEYS = 5
+
+
+def _check_top_level(document: dict, signal: Literal["traces", "metrics"], name: str) -> None:
+    """Refuse a JSON object that is not this signal's export at all.
+
+    OTLP/JSON receivers must ignore unknown fields, and the JSON parser does, so an OTLP logs
+    export (``resourceLogs``) posted to ``/v1/traces`` parsed as an *empty* trace export and
+    was answered 200 while its data was thrown away. An empty object is a valid empty export
+    (the specification asks for success), and unknown fields next to ``resourceSpans`` stay
+    ignored; an object with fields but not this signal's one is not an export of it.
+    Raises :class:`OTLPDecodeError` naming what was found.
+    """
+    expected = _TOP_LEVEL_FIELDS[signal]
+    if not document or any(field in document for field in expected):
+        return
+    keys = sorted(map(str, document))
+    shown = ", ".join(repr(k[:64]) for k in keys[:_SHOWN_KEYS]) + (
+        f" and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else "")
+    other = next((_SIGNAL_OF_FIELD[k] for k in keys if k in _SIGNAL_OF_FIELD), None)
+    hint = ""
+    if other is not None:
+        accepted = other[0] in _TOP_LEVEL_FIELDS
+        hint = (f": an OTLP {other[0]} export, which belongs at {other[1]}"
+                + ("" if accepted else " (inferpath accepts traces and metrics only)"))
+    raise OTLPDecodeError(
+        f"JSON body is not an {name}: no {expected[0]} at the top level, found {shown}{hint}")
+
+
 def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
                   signal: Literal["traces", "metrics"], warnings: dict[str, list[str]] | None = None) -> Message:
     """Fill ``message`` (an ``Export*ServiceRequest``) from a decompressed body.
 
     JSON follows the OTLP/JSON mapping: lowerCamelCase (snake_case also accepted), enums as
     ints or names, 64-bit ints as strings or numbers, ids as hex; unknown fields are ignored
-    as the specification requires. An unknown span kind or status code name leaves the
+    as the specification requires, except that a non-empty object without this signal's
+    top-level field (``resourceSpans``/``resourceMetrics``; e.g. a logs export's
+    ``resourceLogs``) is refused as not an export of it. An unknown span kind or status code name leaves the
     default, with a message in ``warnings[span path]`` (``resourceSpans[i].scopeSpans[j].spans[k]``).
     Raises :class:`OTLPDecodeError` naming the problem.
     """
@@ -358,6 +398,7 @@ def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
             raise OTLPDecodeError(f"body is not valid JSON: {exc}") from None
         if not isinstance(document, dict):
             raise OTLPDecodeError(f"JSON body must be an object ({name}), got {type(document).__name__}")
+        _check_top_level(document, signal, name)
         _prepare_json(document, signal, warnings)
         try:
             json_format.ParseDict(document, message, ignore_unknown_fields=True)
