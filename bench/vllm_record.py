@@ -219,6 +219,8 @@ class Scraper(threading.Thread):
                 except httpx.HTTPError:
                     pass  # not up yet (a cold start), or busy: no scrape this second
                 next_at += 1.0
+                if next_at < time.monotonic():  # a stalled scrape: no burst of catch-up scrapes
+                    next_at = time.monotonic() + 1.0
                 self.stop_event.wait(max(0.0, next_at - time.monotonic()))
 
 
