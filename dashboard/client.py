@@ -41,10 +41,12 @@ class ReadApiError(RuntimeError):
     ``url`` is the request URL, ``status_code`` the HTTP status (``None`` when no answer came).
     """
 
-    def __init__(self, message: str, *, url: str, status_code: int | None = None) -> None:
+    def __init__(self, message: str, *, url: str, status_code: int | None = None, detail: str | None = None) -> None:
         super().__init__(message)
         self.url = url
         self.status_code = status_code
+        self.detail = detail or message
+        """The server's own words (its ``detail``), without the request line and status."""
 
 
 def format_time(value: TimeLike) -> str:
@@ -165,9 +167,10 @@ class ReadApiClient:
             raise ReadApiError(f"inferpath server at {self.server_url} is unreachable: "
                                f"{type(error).__name__}: {error}", url=url) from error
         if response.status_code >= 400:
+            detail = _detail(response)
             raise ReadApiError(
-                f"GET {path} answered HTTP {response.status_code}: {_detail(response)}",
-                url=str(response.url), status_code=response.status_code)
+                f"GET {path} answered HTTP {response.status_code}: {detail}",
+                url=str(response.url), status_code=response.status_code, detail=detail)
         try:
             return response.json()
         except ValueError as error:

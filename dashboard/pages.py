@@ -285,36 +285,43 @@ def gauge_panel_figure(gauge: pd.DataFrame, tz: str, *, title: str, y_title: str
 
 
 def diagnosis_panels(ctx: Context) -> None:
-    """The verdict for the window against the window of the same length before it."""
+    """The verdict for the window against the latency objectives: causes, evidence, budget."""
     _caption(ctx)
     window = ctx.window
     try:
         verdict = load_diagnosis(ctx.server_url, ctx.token, window.start, window.end)
     except ReadApiError as error:
-        st.error(str(error))
+        st.error(f"No verdict: the inferpath server could not answer ({error.detail}). Check that "
+                 f"`inferpath up` is running at {ctx.server_url}, then reload.")
         return
     if NO_VERDICT_KEY in verdict:
-        st.info(f"No verdict for this window: {verdict[NO_VERDICT_KEY]}")
+        st.info(f"No verdict for this window: {verdict[NO_VERDICT_KEY]}. Widen the window in the sidebar.")
         return
     (st.success if verdict.get("healthy") else st.warning)(verdict.get("summary", ""))
-    st.caption(f"{verdict.get('current_requests')} requests in the window, "
-               f"{verdict.get('baseline_requests')} in the baseline before it")
-    degradations = pd.DataFrame(verdict.get("degradations", []))
-    if not degradations.empty:
-        for column in ("baseline_p99_ns", "current_p99_ns"):
-            degradations[column.replace("_ns", "_ms")] = degradations[column] * figures.MS_PER_NS
-        st.subheader("p99 against the baseline")
-        st.dataframe(degradations[["measure", "baseline_p99_ms", "current_p99_ms", "ratio",
-                                   "degraded"]], hide_index=True, width="stretch")
+    st.caption(f"{verdict.get('current_requests')} requests in the window")
+    objectives = pd.DataFrame(verdict.get("objectives", []))
+    if not objectives.empty:
+        objectives["value_ms"] = objectives["value_ns"] * figures.MS_PER_NS
+        objectives["objective_ms"] = objectives["limit_ns"] * figures.MS_PER_NS
+        objectives["percentile"] = (objectives["quantile"] * 100).map(lambda q: f"p{q:g}")
+        st.subheader("latency objectives")
+        st.dataframe(objectives[["endpoint_class", "measure", "percentile", "value_ms", "objective_ms", "met",
+                                 "requests"]], hide_index=True, width="stretch")
+    budget = verdict.get("budget")
+    if budget:
+        st.markdown(f"**Budget:** {budget.get('text', '')}")
+    basis = "of the increase" if verdict.get("basis") == "baseline" else "of the slow requests' time"
     for cause in verdict.get("causes", []):
-        st.subheader(f"{cause['cause']}: {cause['share'] * 100:.0f}% of the increase "
-                     f"(+{cause['added_ns'] * figures.MS_PER_NS:.0f} ms per tail request)")
+        st.subheader(f"{cause['cause']}: {min(1.0, cause['share']) * 100:.0f}% {basis} "
+                     f"({cause['added_ns'] * figures.MS_PER_NS:.0f} ms per tail request)")
         for line in cause.get("evidence", []):
             st.markdown(f"- {line['text']}")
         for line in cause.get("would_help", []):
             st.markdown(f"- would help: {line}")
         for line in cause.get("would_not_help", []):
             st.markdown(f"- would not help: {line}")
+    for note in verdict.get("notes", []):
+        st.caption(f"note: {note}")
 
 
 def alerts_panels(ctx: Context) -> None:

@@ -73,7 +73,7 @@ NO_VERDICT_KEY = "no_verdict"
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
 def load_diagnosis(server_url: str, token: str | None, start: datetime,
                    end: datetime) -> dict[str, Any]:
-    """The verdict for the window against the one just before it.
+    """The verdict for the window against the latency objectives.
 
     HTTP 422 (too few requests in a window) is an answer, not a failure: it comes back as
     ``{NO_VERDICT_KEY: reason}`` and is cached like a verdict, so a window without one does
@@ -84,7 +84,7 @@ def load_diagnosis(server_url: str, token: str | None, start: datetime,
             return client.diagnosis(start, end)
         except ReadApiError as error:
             if error.status_code == 422:
-                return {NO_VERDICT_KEY: str(error)}
+                return {NO_VERDICT_KEY: error.detail}
             raise
 
 

@@ -1,0 +1,75 @@
+"""Recordings of a real vLLM engine, loaded through ``inferpath import``'s code and diagnosed.
+
+Each ``tests/data/vllm_recordings/<name>.tar.gz`` holds one real run (the engine's scrapes
+with their times, the OTLP bodies it posted, the load client's own measurements) and its
+ground truth, read from the raw scrapes when it was made (``ground_truth.json``, README
+beside the tarballs). The verdict over the ground truth's window (and baseline, when the run
+has one) must name that cause, or be healthy where the run was.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferpath.analysis import diagnose
+from inferpath.config import Settings
+from inferpath.server.recording import choose_offset_ns, import_recording, open_recording
+from inferpath.server.runtime import serve_in_thread
+
+pytestmark = pytest.mark.e2e
+
+RECORDINGS = sorted((Path(__file__).resolve().parents[1] / "data" / "vllm_recordings").glob("*.tar.gz"))
+
+
+def _at(unix_ns: int, offset_ns: int) -> datetime:
+    return datetime.fromtimestamp((unix_ns + offset_ns) / 1e9, tz=timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory):
+    """One server over one store with every recording imported (their times do not overlap)."""
+    root = tmp_path_factory.mktemp("recordings")
+    server = serve_in_thread(Settings(store_url=f"chdb://{root / 'store'}", assembly_settle_seconds=0.2), port=0)
+    loaded = {}
+    try:
+        with httpx.Client(base_url=server.url, timeout=120.0) as client:
+            for path in RECORDINGS:
+                recording = open_recording(path, workdir=root / path.name.split(".")[0])
+                offset = choose_offset_ns(recording, ttl_days=server.runtime.settings.ttl_days,
+                                          now_ns=time.time_ns())
+                result = import_recording(recording, client, offset_ns=offset)
+                assert result.flushed and result.source == "vllm"
+                loaded[path.name.split(".")[0]] = (recording.ground_truth, offset)
+        yield server, loaded
+    finally:
+        server.stop()
+
+
+def test_there_are_recordings_of_each_kind() -> None:
+    names = {p.name.split(".")[0] for p in RECORDINGS}
+    assert {"healthy_low_load", "kv_starved"} <= names
+
+
+@pytest.mark.parametrize("name", [p.name.split(".")[0] for p in RECORDINGS])
+def test_the_verdict_names_the_recorded_cause(imported, name: str) -> None:
+    server, loaded = imported
+    truth, offset = loaded[name]
+    assert truth is not None, f"{name}: the recording has no ground_truth.json"
+    window, baseline = truth["window"], truth.get("baseline")
+    verdict = diagnose(server.runtime.store, window_start=_at(window["start_unix_ns"], offset),
+                       window_end=_at(window["end_unix_ns"], offset),
+                       baseline_start=_at(baseline["start_unix_ns"], offset) if baseline else None,
+                       baseline_end=_at(baseline["end_unix_ns"], offset) if baseline else None)
+    expected = truth["expected_top_cause"]
+    if expected == "healthy":
+        assert verdict.healthy, verdict.summary
+    else:
+        assert not verdict.healthy, verdict.summary
+        assert verdict.top_cause == expected, (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
+        advice = [h for c in verdict.causes for h in c.would_help]
+        assert advice, verdict.summary
