@@ -364,7 +364,7 @@ async def one_request(client: httpx.AsyncClient, url: str, item: dict[str, Any],
                                     if first_ns is None:
                                         first_ns = now
                 break
-            except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
                 # The engine is not listening yet (a cold start): try again in 0.2 s.
                 if result["chunks"] or time.monotonic() > connect_deadline:
                     raise
