@@ -9,7 +9,7 @@ of a busy window.
 
 Engine and GPU signals are read from the canonical gauges the collectors write
 (``otel_metrics_gauge``: ``queue_depth``, ``kv_cache_usage_ratio``,
-``gpu_utilization_ratio``; ``otel_metrics_sum``: ``preemptions_total``). Non-finite samples
+``gpu_utilization_ratio``, ``gpu_up``; ``otel_metrics_sum``: ``preemptions_total``). Non-finite samples
 (a device that cannot report a value) are ignored, so a missing value never reads as 0.
 """
 
@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from inferpath.alerts.rules import (
     ErrorRateRule,
+    GpuLostRule,
     IdleGpuLatencyRule,
     KvPressureRule,
     QuantileOverSloRule,
@@ -41,6 +42,7 @@ EVIDENCE_KEYS: dict[str, tuple[str, ...]] = {
     "kv_pressure": ("samples", "kv_cache_usage_ratio", "preemptions", "window_seconds"),
     "idle_gpu_latency": ("samples", "quantile_seconds", "quantile", "slo_seconds", "gpu_utilization_ratio",
                          "utilization_samples", "window_seconds"),
+    "gpu_lost": ("samples", "gpu_up", "gpu", "model", "window_seconds"),
 }
 """Names each kind puts in :attr:`Sample.evidence`; annotations may use ``{{ evidence.NAME }}``."""
 
@@ -251,6 +253,35 @@ def _idle_gpu_latency(store: Any, rule: IdleGpuLatencyRule, at: datetime) -> lis
     return samples
 
 
+def _gpu_lost(store: Any, rule: GpuLostRule, at: datetime) -> list[Sample]:
+    # One group per GPU (device key of collectors/identity.py); its latest gpu_up decides.
+    sql = (
+        "SELECT Attributes['host'] AS host, Attributes['UUID'] AS uuid, Attributes['GPU_I_ID'] AS instance,"
+        " argMax(Attributes['gpu'], TimeUnix), argMax(Attributes['modelName'], TimeUnix),"
+        " argMax(Value, TimeUnix), count()"
+        f" FROM otel_metrics_gauge WHERE {_METRIC_RANGE}"
+        " GROUP BY host, uuid, instance ORDER BY host, uuid, instance"
+    )
+    rows = store.query(sql, _window(rule, at) | {"metric": "gpu_up"})
+    if not rows:
+        return [Sample({}, None, False, "unknown", {"samples": 0, "gpu_up": None, "gpu": None, "model": None,
+                                                     "window_seconds": rule.window},
+                       "gpu_up not reported in the window (no NVML collector?)")]
+    samples = []
+    for host, uuid, instance, index, model, up, count in rows:
+        labels = {"host": str(host), "UUID": str(uuid), "gpu": str(index)}
+        if instance:
+            labels["GPU_I_ID"] = str(instance)
+        value = _finite(up)
+        evidence = {"samples": int(count), "gpu_up": value, "gpu": str(index), "model": str(model),
+                    "window_seconds": rule.window}
+        lost = value is not None and value < 0.5
+        where = f"GPU {index} ({uuid}) on {host}"
+        samples.append(Sample(labels, value, lost, "ok", evidence,
+                              f"{where} no longer answers its collector (gpu_up 0)" if lost else f"{where} answers"))
+    return samples
+
+
 _BY_KIND = {
     "tail_divergence": _tail_divergence,
     "quantile_over_slo": _quantile_over_slo,
@@ -258,6 +289,7 @@ _BY_KIND = {
     "queue_growing": _queue_growing,
     "kv_pressure": _kv_pressure,
     "idle_gpu_latency": _idle_gpu_latency,
+    "gpu_lost": _gpu_lost,
 }
 
 

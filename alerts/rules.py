@@ -196,9 +196,20 @@ class IdleGpuLatencyRule(_RequestRule):
     min_utilization_samples: int = Field(3, ge=1)
 
 
+class GpuLostRule(_RuleBase):
+    """Fires for each GPU (host, ``UUID``, MIG ``GPU_I_ID``) whose latest ``gpu_up`` sample in
+    the window is 0: its collector can no longer read it (NVML ``GPU_IS_LOST``, a GPU that no
+    longer enumerates, or the driver gone). One alert per GPU, labelled ``host``, ``UUID``,
+    ``gpu`` (index) and ``GPU_I_ID`` for a MIG instance. A window without ``gpu_up`` samples
+    (no NVML collector) is ``unknown``, never "fine"."""
+
+    kind: Literal["gpu_lost"]
+    window: PositiveSeconds = 120.0
+
+
 Rule = Annotated[
     Union[TailDivergenceRule, QuantileOverSloRule, ErrorRateRule, QueueGrowingRule, KvPressureRule,
-          IdleGpuLatencyRule],
+          IdleGpuLatencyRule, GpuLostRule],
     Field(discriminator="kind"),
 ]
 
@@ -271,7 +282,8 @@ def _node_line(root: yaml.Node | None, loc: tuple[Any, ...]) -> tuple[int | None
     return line, ".".join(path).replace(".[", "[") or "(file)"
 
 
-_TAGS = {"tail_divergence", "quantile_over_slo", "error_rate", "queue_growing", "kv_pressure", "idle_gpu_latency"}
+_TAGS = {"tail_divergence", "quantile_over_slo", "error_rate", "queue_growing", "kv_pressure", "idle_gpu_latency",
+         "gpu_lost"}
 
 
 def parse_rule_text(text: str, source: str = "<rules>") -> RuleFile:

@@ -60,7 +60,8 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
     Signal("gpu_clock_event_reasons", "1", "gauge", "device",
            "Bitmask of active clock-event (throttle) reasons, nvmlClocksEventReason* bits."),
     Signal("gpu_process_memory_used_bytes", "By", "gauge", "device", "GPU memory used by one process (process.pid)."),
-    Signal("gpu_up", "1", "gauge", "device", "1 while the GPU answers, 0 once it is lost."),
+    Signal("gpu_up", "1", "gauge", "device",
+           "1 while the GPU answers, 0 once it is lost or cannot be read (also while the driver is gone)."),
     # Engine state.
     Signal("queue_depth", "{request}", "gauge", "sum", "Requests waiting to be scheduled by the engine."),
     Signal("running_requests", "{request}", "gauge", "sum", "Requests in the engine's running batch."),

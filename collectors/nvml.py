@@ -17,9 +17,19 @@ Failure rules:
   (never 0) and is not asked again for ``retry_unsupported_seconds`` (default 10 min): MIG
   instances, for one, never support utilization.
 - ``NVML_ERROR_GPU_IS_LOST`` marks that GPU lost: it reports ``gpu_up`` 0 and no other
-  field, and is not queried again; the other GPUs keep reporting.
-- No nvidia-ml-py, no library or no driver: one warning naming the cause, the poller is
-  disabled (``enabled`` False, ``disabled_reason``) and :meth:`poll` returns ``[]``.
+  field, and is not queried again (until NVML is started again); the other GPUs keep
+  reporting. A GPU that cannot even be enumerated (``nvmlDeviceGetHandleByIndex`` or its UUID
+  fails: lost, or any other NVML error) is reported the same way, under the identity it had
+  at the last enumeration, or as ``UUID="unknown-gpu-<index>"`` when it never answered: a
+  GPU never silently disappears from the samples.
+- No nvidia-ml-py: one warning, the poller is disabled for good (``enabled`` False,
+  ``disabled_reason``) and :meth:`poll` returns ``[]``.
+- ``nvmlInit`` failing (no library, driver not loaded, no permission), or the driver going
+  away later (``UNINITIALIZED``/``DRIVER_NOT_LOADED`` from any call): ``enabled`` is False,
+  ``disabled_reason`` says why, GPUs seen before report ``gpu_up`` 0, and each later poll
+  retries ``nvmlInit`` once its backoff has passed (``init_retry_seconds`` doubling up to
+  ``init_retry_max_seconds``), counted in ``init_retries_total`` and
+  ``init_failures_total``. A driver that loads after the agent started is picked up.
 - Any other NVML error leaves that field out of this poll and is counted in
   ``errors_total`` (logged at most once a minute).
 
@@ -33,7 +43,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -52,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 GPU_MIG_UUID = "mig_uuid"
 PROCESS_PID = "process.pid"
+UNKNOWN_GPU_UUID = "unknown-gpu-{index}"
+"""``UUID`` of a GPU that failed at its first enumeration (its real UUID was never read)."""
 _LOG_INTERVAL_SECONDS = 60.0
 _SOURCE_METRIC = "nvml"
 
@@ -83,6 +95,7 @@ class Device:
     pci_bus_id: str
     mig_instance_id: int | None = None
     mig_uuid: str = ""
+    unreadable: str = ""  # why the device could not be enumerated (handle None); "" when it could
 
 
 def _text(value: Any) -> str:
@@ -93,18 +106,21 @@ class NvmlAdapter:
     """The only code that calls NVML. ``pynvml``: the nvidia-ml-py module, or a fake of it.
 
     Translates ``NVMLError`` into :class:`FieldNotSupported`, :class:`GpuLost` and
-    :class:`NvmlUnavailable`; other NVML errors propagate as they are.
+    :class:`NvmlUnavailable` (the driver gone: ``UNINITIALIZED``, ``DRIVER_NOT_LOADED``,
+    ``LIBRARY_NOT_FOUND``); other NVML errors propagate as they are. ``initialized``: True
+    between a successful :meth:`init` and :meth:`shutdown` (or the driver going away).
     """
 
     def __init__(self, pynvml: Any) -> None:
         self.nvml = pynvml
         self.calls_total = 0
+        self.initialized = False
         self._not_supported = pynvml.NVML_ERROR_NOT_SUPPORTED
         self._lost = pynvml.NVML_ERROR_GPU_IS_LOST
         self._not_found = pynvml.NVML_ERROR_NOT_FOUND
-        self._unavailable = {getattr(pynvml, name) for name in (
-            "NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_NO_PERMISSION",
-            "NVML_ERROR_UNINITIALIZED") if hasattr(pynvml, name)}
+        self._driver_gone = {getattr(pynvml, name) for name in (
+            "NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_UNINITIALIZED")
+            if hasattr(pynvml, name)}
         # Newer drivers renamed throttle reasons "clocks event reasons"; use what exists.
         self._event_reasons = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
                                or getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons"))
@@ -120,24 +136,33 @@ class NvmlAdapter:
                 raise FieldNotSupported(str(exc)) from None
             if code == self._lost:
                 raise GpuLost(str(exc)) from None
+            if code in self._driver_gone:
+                self.initialized = False
+                raise NvmlUnavailable(f"NVML stopped answering: {exc}") from None
             raise
 
     def init(self) -> None:
         """``nvmlInit``; raises :class:`NvmlUnavailable` with the driver's words when it fails."""
+        self.calls_total += 1
         try:
-            self.call(self.nvml.nvmlInit)
+            self.nvml.nvmlInit()
         except self.nvml.NVMLError as exc:
             raise NvmlUnavailable(f"NVML could not start: {exc}") from exc
+        self.initialized = True
 
     def shutdown(self) -> None:
         """``nvmlShutdown``, ignoring errors (the driver may be gone already)."""
+        self.initialized = False
         try:
-            self.call(self.nvml.nvmlShutdown)
+            self.calls_total += 1
+            self.nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - shutting down anyway
             logger.debug("nvmlShutdown failed", exc_info=True)
 
     def devices(self) -> list[Device]:
-        """Every GPU, or its MIG instances where MIG is enabled. A lost GPU is skipped."""
+        """Every GPU, or its MIG instances where MIG is enabled. A GPU that cannot be
+        enumerated (lost, or another NVML error) is listed with ``handle`` None, ``uuid`` ""
+        and the error in ``unreadable``; :class:`NvmlUnavailable` (driver gone) propagates."""
         nvml = self.nvml
         found: list[Device] = []
         for index in range(self.call(nvml.nvmlDeviceGetCount)):
@@ -146,8 +171,11 @@ class NvmlAdapter:
                 uuid = _text(self.call(nvml.nvmlDeviceGetUUID, handle))
                 name = _text(self.call(nvml.nvmlDeviceGetName, handle))
                 bus_id = _text(self.call(nvml.nvmlDeviceGetPciInfo, handle).busId)
-            except GpuLost:
-                logger.warning("GPU %d is lost; skipping it", index)
+            except GpuLost as exc:
+                found.append(Device(None, index, "", "", "", unreadable=f"GPU is lost ({exc})"))
+                continue
+            except nvml.NVMLError as exc:
+                found.append(Device(None, index, "", "", "", unreadable=f"cannot be read ({exc})"))
                 continue
             found.append(Device(handle, index, uuid, name, bus_id))
             found.extend(self._mig_devices(handle, index, uuid, name, bus_id))
@@ -231,16 +259,25 @@ class NvmlPoller:
     ``host``: the ``host`` attribute (default: this machine's name). ``interval_seconds``:
     the poll period the caller should keep (default 1 s). ``process_interval_seconds``:
     period of the per-process memory query. ``retry_unsupported_seconds``: how long a
-    NotSupported field is not asked again. ``monotonic``/``wall_clock``: clocks (tests).
+    NotSupported field is not asked again. ``init_retry_seconds``/``init_retry_max_seconds``:
+    first and longest wait between ``nvmlInit`` retries while NVML does not start (doubling).
+    ``monotonic``/``wall_clock``: clocks (tests). An adapter that is not initialised is
+    started by the first :meth:`poll`. Counters: ``polls_total``, ``errors_total``,
+    ``init_retries_total`` (``nvmlInit`` attempts made by polls, after a failed or no start),
+    ``init_failures_total``.
     """
 
     def __init__(self, adapter: NvmlAdapter | None, *, host: str | None = None, interval_seconds: float = 1.0,
                  process_interval_seconds: float = 10.0, retry_unsupported_seconds: float = 600.0,
                  topology_refresh_seconds: float = 60.0, disabled_reason: str = "",
+                 init_retry_seconds: float = 5.0, init_retry_max_seconds: float = 300.0,
                  monotonic: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         if interval_seconds <= 0:
             raise ValueError(f"interval_seconds: must be > 0, got {interval_seconds}")
+        if not 0 < init_retry_seconds <= init_retry_max_seconds:
+            raise ValueError(f"init_retry_seconds: must be > 0 and <= init_retry_max_seconds, got "
+                             f"{init_retry_seconds} and {init_retry_max_seconds}")
         self.adapter = adapter
         self.host = host or socket.gethostname()
         self.interval_seconds = interval_seconds
@@ -259,25 +296,35 @@ class NvmlPoller:
         self.lost: set[str] = set()
         self.polls_total = 0
         self.errors_total = 0
+        self.init_retry_seconds = init_retry_seconds
+        self.init_retry_max_seconds = init_retry_max_seconds
+        self.init_retries_total = 0
+        self.init_failures_total = 0
+        self._init_backoff_s = init_retry_seconds
+        self._next_init_at = float("-inf")  # an adapter given uninitialised starts at the first poll
         self._last_log_s = float("-inf")
+        self._last_init_log_s = float("-inf")
 
     @classmethod
     def from_system(cls, **kwargs: Any) -> "NvmlPoller":
         """A poller over the real driver: imports ``pynvml`` and calls ``nvmlInit``.
 
-        Never raises for a missing package, library or driver: it logs one warning and
-        returns a disabled poller. ``kwargs`` as for the constructor.
+        Never raises for a missing package, library or driver: it logs one warning. Without
+        nvidia-ml-py the poller is disabled for good; when ``nvmlInit`` fails, later polls
+        retry it with backoff (class docstring). ``kwargs`` as for the constructor.
         """
         try:
             import pynvml  # noqa: PLC0415 - optional dependency, imported only when polling
         except ImportError:
             return cls._disabled("nvidia-ml-py is not installed (pip install 'inferpath[collectors]')", kwargs)
         adapter = NvmlAdapter(pynvml)
+        poller = cls(adapter, **kwargs)
         try:
             adapter.init()
         except NvmlUnavailable as exc:
-            return cls._disabled(f"{exc} (no NVIDIA driver on this machine?)", kwargs)
-        return cls(adapter, **kwargs)
+            poller.init_failures_total += 1
+            poller._init_failed(exc, poller._monotonic(), first=True)
+        return poller
 
     @classmethod
     def _disabled(cls, reason: str, kwargs: dict) -> "NvmlPoller":
@@ -286,8 +333,9 @@ class NvmlPoller:
 
     @property
     def enabled(self) -> bool:
-        """False when NVML is unavailable (see ``disabled_reason``)."""
-        return self.adapter is not None
+        """True while NVML is started and devices are read; False when it is unavailable (see
+        ``disabled_reason``; polls keep retrying ``nvmlInit`` unless nvidia-ml-py is missing)."""
+        return self.adapter is not None and self.adapter.initialized
 
     def close(self) -> None:
         """Shut NVML down; the poller is disabled afterwards."""
@@ -303,24 +351,83 @@ class NvmlPoller:
         self.polls_total += 1
         now = self._monotonic()
         timestamp = self._wall_clock()
+        if not self.adapter.initialized and not self._start(now):
+            return self._all_down(self._devices, timestamp)
         try:
             if now - self._devices_at >= self.topology_refresh_seconds:
                 self._refresh_devices(now)
+        except NvmlUnavailable as exc:
+            self._init_failed(exc, now)
+            return self._all_down(self._devices, timestamp)
         except Exception as exc:  # noqa: BLE001 - a collector never stops its loop
             self._failed("listing devices", exc)
-            return []
+            return self._all_down(self._devices, timestamp)
         with_processes = now - self._processes_at >= self.process_interval_seconds
         if with_processes:
             self._processes_at = now
         samples: list[Sample] = []
         readers = [(field_name, getattr(self.adapter, method), outputs) for field_name, method, outputs in _READERS]
-        for device in self._devices:
-            self._poll_device(device, readers, timestamp, now, with_processes, samples)
+        for position, device in enumerate(self._devices):
+            try:
+                self._poll_device(device, readers, timestamp, now, with_processes, samples)
+            except NvmlUnavailable as exc:  # the driver went away mid-poll: the rest cannot be read
+                self._init_failed(exc, now)
+                samples.extend(self._all_down(self._devices[position:], timestamp))
+                break
         return samples
+
+    def _all_down(self, devices: list[Device], timestamp: datetime) -> list[Sample]:
+        """``gpu_up`` 0 for each of ``devices`` (known, but unreadable now)."""
+        return [Sample("gpu_up", 0.0, "gauge", "1", self._attributes[(d.uuid, d.mig_instance_id)], timestamp,
+                       _SOURCE_METRIC) for d in devices]
+
+    def _start(self, now: float) -> bool:
+        """Retry ``nvmlInit`` when its backoff has passed; True once NVML is started."""
+        if now < self._next_init_at:
+            return False
+        self.init_retries_total += 1
+        try:
+            self.adapter.init()
+        except NvmlUnavailable as exc:
+            self.init_failures_total += 1
+            self._init_failed(exc, now)
+            return False
+        logger.info("NVML started after %d %s", self.init_retries_total,
+                    "retry" if self.init_retries_total == 1 else "retries")
+        self.disabled_reason = ""
+        self._init_backoff_s = self.init_retry_seconds
+        self.lost.clear()  # a restarted driver enumerates its GPUs afresh
+        self._devices_at = float("-inf")
+        return True
+
+    def _init_failed(self, exc: Exception, now: float, *, first: bool = False) -> None:
+        """NVML is not usable: say why, schedule the next ``nvmlInit`` with backoff."""
+        if self.adapter is not None:
+            self.adapter.initialized = False
+        wait = self._init_backoff_s
+        self._next_init_at = now + wait
+        self._init_backoff_s = min(wait * 2, self.init_retry_max_seconds)
+        self.disabled_reason = f"{exc} (no NVIDIA driver on this machine?)" if first else str(exc)
+        if first or now - self._last_init_log_s >= _LOG_INTERVAL_SECONDS:
+            self._last_init_log_s = now
+            logger.warning("NVML collector off: %s; retrying nvmlInit in %.0f s (backoff up to %.0f s)",
+                           self.disabled_reason, wait, self.init_retry_max_seconds)
 
     def _refresh_devices(self, now: float) -> None:
         devices = self.adapter.devices()
-        # A lost GPU no longer enumerates; keep it listed so that it keeps reporting gpu_up 0.
+        known_gpus = {d.index: d for d in self._devices if d.mig_instance_id is None}
+        for position, device in enumerate(devices):
+            if device.unreadable:
+                # Keep the identity it had, so its series continue and turn gpu_up 0.
+                known = known_gpus.get(device.index)
+                device = (replace(known, handle=None, unreadable=device.unreadable) if known is not None
+                          else replace(device, uuid=UNKNOWN_GPU_UUID.format(index=device.index)))
+                devices[position] = device
+                self._mark_lost(device, device.uuid, device.unreadable)
+                for instance in self._devices:  # its MIG instances went with it
+                    if instance.index == device.index and instance.mig_instance_id is not None:
+                        self._mark_lost(instance, instance.mig_uuid, device.unreadable)
+        # A lost GPU may no longer enumerate; keep it listed so that it keeps reporting gpu_up 0.
         listed = {(d.uuid, d.mig_instance_id) for d in devices}
         devices += [d for d in self._devices
                     if (d.mig_uuid or d.uuid) in self.lost and (d.uuid, d.mig_instance_id) not in listed]
@@ -333,7 +440,7 @@ class NvmlPoller:
             if d.mig_instance_id is not None:
                 attributes[GPU_MIG_INSTANCE_ID] = str(d.mig_instance_id)
                 attributes[GPU_MIG_UUID] = d.mig_uuid
-            self._attributes[(d.uuid, d.mig_instance_id)] = attributes
+            self._attributes[(d.uuid, d.mig_instance_id)] = {k: v for k, v in attributes.items() if v}
 
     def _poll_device(self, device: Device, readers: list, timestamp: datetime, now: float, with_processes: bool,
                      samples: list[Sample]) -> None:
@@ -363,6 +470,8 @@ class NvmlPoller:
                 self._mark_lost(device, lost_key)
                 samples.append(Sample("gpu_up", 0.0, "gauge", "1", attributes, timestamp, _SOURCE_METRIC))
                 return
+            except NvmlUnavailable:
+                raise
             except Exception as exc:  # noqa: BLE001 - one failing field must not stop the poll
                 self._failed(f"{field_name} of GPU {device.uuid}", exc)
                 continue
@@ -383,6 +492,8 @@ class NvmlPoller:
         except GpuLost:
             self._mark_lost(device, device.mig_uuid or device.uuid)
             return
+        except NvmlUnavailable:
+            raise
         except Exception as exc:  # noqa: BLE001
             self._failed(f"processes of GPU {device.uuid}", exc)
             return
@@ -391,10 +502,11 @@ class NvmlPoller:
             samples.append(Sample(name, convert(used), "gauge", "By", {**attributes, PROCESS_PID: str(pid)},
                                   timestamp, "nvmlDeviceGetComputeRunningProcesses.usedGpuMemory"))
 
-    def _mark_lost(self, device: Device, lost_key: str) -> None:
+    def _mark_lost(self, device: Device, lost_key: str, reason: str = "GPU is lost") -> None:
         if lost_key not in self.lost:
             self.lost.add(lost_key)
-            logger.error("GPU %s (index %d) is lost; the other GPUs keep reporting", lost_key, device.index)
+            logger.error("GPU %s (index %d): %s; reported as gpu_up 0, the other GPUs keep reporting",
+                         lost_key, device.index, reason)
 
     def _failed(self, what: str, exc: Exception) -> None:
         self.errors_total += 1

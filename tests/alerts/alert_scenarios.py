@@ -62,7 +62,8 @@ def signal_rows(start: datetime, seconds: int, *, queue_depth: Callable[[float],
                 kv_cache_usage_ratio: float | None = 0.5, gpu_utilization_ratio: float | None = 0.6,
                 preemptions_per_minute: float = 0.0, seed: int = 1, gpus: int = 2) -> tuple[list, list]:
     """Samples every second: per engine queue depth, KV usage, preemption counter; per GPU
-    utilization (``None``: the device cannot report it, stored as NaN as NVML gives no value)."""
+    utilization (``None``: the device cannot report it, stored as NaN as NVML gives no value)
+    and ``gpu_up`` 1."""
     rng = random.Random(seed)
     gauges, sums = [], []
     counter = 0.0
@@ -79,6 +80,8 @@ def signal_rows(start: datetime, seconds: int, *, queue_depth: Callable[[float],
                      else min(1.0, max(0.0, rng.gauss(gpu_utilization_ratio, 0.02))))
             gauges.append(GaugeRow({"host.name": "node-0"}, "dcgm", "gpu_utilization_ratio", "", "1",
                                    {"gpu": str(gpu)}, None, ts, value))
+            gauges.append(GaugeRow({"host.name": "node-0"}, "nvml", "gpu_up", "", "1",
+                                   {"host": "node-0", "UUID": f"GPU-{gpu:08d}", "gpu": str(gpu)}, None, ts, 1.0))
         counter += preemptions_per_minute / 60.0
         sums.append(SumRow(resource, "vllm", "preemptions_total", "", "1", {"engine": "0"}, start, ts,
                            float(int(counter))))
@@ -86,9 +89,11 @@ def signal_rows(start: datetime, seconds: int, *, queue_depth: Callable[[float],
 
 
 def insert_signals(store: Any, gauges: list, sums: list) -> None:
-    """Insert gauge and sum rows."""
+    """Insert gauge and sum rows. Gauges go in as they are (``checked``): a NaN value stays
+    NaN, as another writer of the table (the Collector's ClickHouse exporter) may store it;
+    inferpath's own writers refuse it (storage/values.py)."""
     if gauges:
-        store.insert("otel_metrics_gauge", [g.to_insert_row() for g in gauges], GAUGE_COLUMNS)
+        store.insert("otel_metrics_gauge", [g.to_insert_row() for g in gauges], GAUGE_COLUMNS, checked=True)
     if sums:
         store.insert("otel_metrics_sum", [s.to_insert_row() for s in sums], SUM_COLUMNS)
 

@@ -1,7 +1,9 @@
 """A stand-in for the ``pynvml`` module (nvidia-ml-py) at the hardware boundary.
 
-Same function names, constants and ``NVMLError`` (with ``.value``) as nvidia-ml-py; the
-readings are recorded values of real idle GPUs:
+Same function names as nvidia-ml-py, and its own constants and exception classes (imported
+from it: ``NVMLError(code)`` builds the real subclass, e.g. ``NVMLError_GpuIsLost``, as
+the library does). As on real hardware, a lost GPU fails from ``nvmlDeviceGetHandleByIndex``
+on. The readings are recorded values of real idle GPUs:
 
 - ``L40S``: the nvidia-smi table and dcgm-exporter scrape of one L40S in
   ``../shared/data`` (31-32 C, 35.686 W from dcgm / 25 W in nvidia-smi, 0 of 46068 MiB used,
@@ -21,35 +23,27 @@ from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import pynvml
+from pynvml import (  # noqa: F401 - re-exported: the fake module has the real names
+    NVML_CLOCK_MEM,
+    NVML_CLOCK_SM,
+    NVML_DEVICE_MIG_DISABLE,
+    NVML_DEVICE_MIG_ENABLE,
+    NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNINITIALIZED,
+    NVML_ERROR_UNKNOWN,
+    NVML_SUCCESS,
+    NVML_TEMPERATURE_GPU,
+    NVMLError,
+)
+
 MIB = 1024 * 1024
-
-NVML_SUCCESS = 0
-NVML_ERROR_UNINITIALIZED = 1
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_NO_PERMISSION = 4
-NVML_ERROR_NOT_FOUND = 6
-NVML_ERROR_DRIVER_NOT_LOADED = 9
-NVML_ERROR_LIBRARY_NOT_FOUND = 12
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_UNKNOWN = 999
-NVML_TEMPERATURE_GPU = 0
-NVML_CLOCK_SM = 1
-NVML_CLOCK_MEM = 2
-NVML_DEVICE_MIG_DISABLE = 0
-NVML_DEVICE_MIG_ENABLE = 1
 CLOCKS_EVENT_REASON_GPU_IDLE = 0x1
-
-
-class NVMLError(Exception):
-    """As nvidia-ml-py's: ``value`` is the NVML return code."""
-
-    def __init__(self, value: int) -> None:
-        super().__init__(value)
-        self.value = value
-
-    def __str__(self) -> str:
-        return {3: "Not Supported", 15: "GPU is lost", 12: "NVML Shared Library Not Found",
-                9: "Driver Not Loaded", 6: "Not Found"}.get(self.value, f"NVML error {self.value}")
 
 
 @dataclass
@@ -108,19 +102,27 @@ def mig_instance(parent: FakeGpu, gpu_instance_id: int, slice_fraction: float) -
 
 class FakePynvml:
     """The module object. ``gpus``: devices by index; ``init_error``: an NVML code nvmlInit fails
-    with; ``latency_seconds``: busy-wait per call (benchmarks). ``calls`` counts calls by name."""
+    with, ``init_error_times`` times (``None``: every time); ``latency_seconds``: busy-wait per
+    call (benchmarks). ``calls`` counts calls by name. ``NVMLError_*`` classes are pynvml's."""
 
     NVMLError = NVMLError
 
-    def __init__(self, gpus: list[FakeGpu], *, init_error: int | None = None, latency_seconds: float = 0.0) -> None:
+    def __init__(self, gpus: list[FakeGpu], *, init_error: int | None = None, init_error_times: int | None = None,
+                 latency_seconds: float = 0.0) -> None:
         self.gpus = gpus
         self.init_error = init_error
+        self.init_error_times = init_error_times
         self.latency_seconds = latency_seconds
         self.calls: Counter[str] = Counter()
         self.call_seconds = 0.0
         for name, value in globals().items():
             if name.startswith("NVML_"):
                 setattr(self, name, value)
+
+    def __getattr__(self, name: str):
+        if name.startswith("NVMLError_"):  # the library's exception subclasses
+            return getattr(pynvml, name)
+        raise AttributeError(name)
 
     def _enter(self, name: str, gpu: FakeGpu | None = None) -> None:
         self.calls[name] += 1
@@ -137,7 +139,9 @@ class FakePynvml:
 
     def nvmlInit(self) -> None:
         self._enter("nvmlInit")
-        if self.init_error is not None:
+        if self.init_error is not None and self.init_error_times != 0:
+            if self.init_error_times is not None:
+                self.init_error_times -= 1
             raise NVMLError(self.init_error)
 
     def nvmlShutdown(self) -> None:
@@ -148,7 +152,7 @@ class FakePynvml:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
-        self._enter("nvmlDeviceGetHandleByIndex")
+        self._enter("nvmlDeviceGetHandleByIndex", self.gpus[index])
         return self.gpus[index]
 
     def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:

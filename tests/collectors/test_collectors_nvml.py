@@ -183,3 +183,98 @@ def test_unexpected_nvml_error_skips_the_field_and_is_counted():
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="interval_seconds"):
         NvmlPoller(None, interval_seconds=0)
+
+
+def _four_gpus() -> list:
+    return [l40s(uuid=f"GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc4{i}", pci_bus_id=f"00000000:00:0{i + 4}.0")
+            for i in range(4)]
+
+
+def test_a_gpu_lost_before_it_enumerates_is_reported_not_dropped(caplog):
+    """nvmlDeviceGetHandleByIndex(2) raises NVMLError_GpuIsLost: GPU 2 is a gpu_up 0 sample,
+    not only a log line (it was left out of the samples)."""
+    import pynvml
+
+    gpus = _four_gpus()
+    gpus[2].lost = True
+    fake = FakePynvml(gpus)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):  # the library's own class, as on real hardware
+        fake.nvmlDeviceGetHandleByIndex(2)
+    with caplog.at_level(logging.ERROR, logger="inferpath.collectors.nvml"):
+        samples = _poller(fake).poll()
+    devices = _by_device(samples)
+    for i in (0, 1, 3):
+        assert set(devices[("node-a", gpus[i].uuid, "")]) == GPU_FIELDS
+        assert devices[("node-a", gpus[i].uuid, "")]["gpu_up"] == 1.0
+    assert devices[("node-a", "unknown-gpu-2", "")] == {"gpu_up": 0.0}
+    [lost] = [s for s in samples if s.attributes.get("UUID") == "unknown-gpu-2"]
+    assert lost.attributes == {"host": "node-a", "UUID": "unknown-gpu-2", "gpu": "2"}
+    assert any("index 2" in r.message and "GPU is lost" in r.message for r in caplog.records)
+
+
+def test_a_gpu_that_stops_enumerating_keeps_its_identity_and_turns_gpu_up_zero():
+    gpus = _four_gpus()
+    fake = FakePynvml(gpus)
+    clock = Clock()
+    poller = _poller(fake, clock, topology_refresh_seconds=5.0)
+    assert _by_device(poller.poll())[("node-a", gpus[2].uuid, "")]["gpu_up"] == 1.0
+    gpus[2].lost = True
+    for _ in range(6):  # through a device-list refresh, where index 2 now fails to enumerate
+        clock.now += 1.0
+        devices = _by_device(poller.poll())
+        assert devices[("node-a", gpus[2].uuid, "")] == {"gpu_up": 0.0}
+        assert len(devices) == 4
+
+
+def test_nvml_init_failing_once_is_retried_with_backoff_and_counted(caplog, monkeypatch):
+    """nvmlInit raising NVMLError_DriverNotLoaded once used to switch NVML off for the life of
+    the process; now later polls retry it, with backoff, and count the retries."""
+    import sys
+
+    fake = FakePynvml([l40s()], init_error=NVML_ERROR_DRIVER_NOT_LOADED, init_error_times=3)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    clock = Clock()
+    with caplog.at_level(logging.WARNING, logger="inferpath.collectors.nvml"):
+        poller = NvmlPoller.from_system(host="node-a", monotonic=clock, wall_clock=lambda: T0,
+                                        init_retry_seconds=5.0, init_retry_max_seconds=60.0)
+    assert not poller.enabled and "Driver Not Loaded" in poller.disabled_reason
+    tried_at = []
+    for _ in range(40):
+        before = fake.calls["nvmlInit"]
+        samples = poller.poll()
+        if fake.calls["nvmlInit"] > before:
+            tried_at.append(clock.now - 1000.0)
+        if samples:
+            break
+        clock.now += 1.0
+    # Failed at 0 (from_system), retried at 5 and 15 (failed), then at 35 (started).
+    assert tried_at == [5.0, 15.0, 35.0]
+    assert poller.enabled and poller.disabled_reason == ""
+    assert (poller.init_retries_total, poller.init_failures_total) == (3, 3)
+    assert set(_by_device(samples)[("node-a", l40s().uuid, "")]) == GPU_FIELDS
+
+
+def test_a_driver_that_goes_away_turns_known_gpus_down_and_is_started_again():
+    gpus = [l40s(), l4()]
+    fake = FakePynvml(gpus)
+    clock = Clock()
+    poller = _poller(fake, clock, init_retry_seconds=2.0)
+    assert len(_by_device(poller.poll())) == 2
+    original = fake.nvmlDeviceGetMemoryInfo
+
+    def driver_gone(handle):
+        raise fake.NVMLError(fake.NVML_ERROR_UNINITIALIZED)
+
+    fake.nvmlDeviceGetMemoryInfo = driver_gone
+    clock.now += 1.0
+    devices = _by_device(poller.poll())
+    assert {key: values["gpu_up"] for key, values in devices.items()} == {
+        ("node-a", gpus[0].uuid, ""): 0.0, ("node-a", gpus[1].uuid, ""): 0.0}
+    assert not poller.enabled
+    fake.nvmlDeviceGetMemoryInfo = original
+    clock.now += 1.0
+    assert {v["gpu_up"] for v in _by_device(poller.poll()).values()} == {0.0}  # backoff not over
+    clock.now += 1.0
+    devices = _by_device(poller.poll())
+    assert poller.enabled and poller.init_retries_total == 1
+    assert all(set(values) == GPU_FIELDS and values["gpu_up"] == 1.0 for values in devices.values())
