@@ -102,6 +102,70 @@ def finished_stream_status(meter: Any, *, only_if_chat: bool = False) -> tuple[s
     return STATUS_COMPLETE, None
 
 
+_OTEL_SCALARS = (bool, str, int, float)
+
+
+def _scalar_value(value: Any) -> Any:
+    """``value`` as a Python scalar when it is a NumPy scalar, ``Decimal`` or ``bytes``."""
+    kind = type(value)
+    if kind in _OTEL_SCALARS:
+        return value
+    module = kind.__module__
+    if (module == "numpy" or module.startswith("numpy.")) and hasattr(value, "item") \
+            and getattr(value, "ndim", 0) == 0:
+        if getattr(value, "itemsize", 8) < 8 and kind.__name__.startswith("float"):
+            # np.float32(0.7).item() is 0.699999988...; its shortest text is the value meant.
+            return float(str(value))
+        return value.item()  # np.int64(5) -> 5, np.bool_(True) -> True, np.float64 -> float
+    for plain in _OTEL_SCALARS:  # a subclass (an IntEnum, a str subclass): the plain type
+        if isinstance(value, plain):
+            return plain(value)
+    if kind.__name__ == "Decimal":
+        return float(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return value
+
+
+def attribute_value(value: Any) -> Any:
+    """``value`` as OpenTelemetry takes it: bool, str, int, float, or a homogeneous sequence
+    of one of them; ``None`` when it cannot be an attribute (``None`` itself).
+
+    NumPy scalars and arrays (and ``Decimal``, ``bytes``) become Python values: the SDK
+    refuses them with an "Invalid type" warning. A sequence mixing ints and floats becomes
+    floats; one mixing other types, a mapping or any other object becomes its ``str()``.
+    """
+    if value is None:
+        return None
+    value = _scalar_value(value)
+    if isinstance(value, _OTEL_SCALARS):
+        return value
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # NumPy/pandas arrays
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        items = [_scalar_value(item) for item in value]
+        kinds = {type(item) for item in items if item is not None}
+        if kinds <= {int, float} and float in kinds:
+            return [None if item is None else float(item) for item in items]
+        if len(kinds) <= 1 and kinds <= set(_OTEL_SCALARS):
+            return items
+    return str(value)
+
+
+def coerce_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """``attributes`` with every value through :func:`attribute_value`; ``None`` values left
+    out. Never raises: a value whose conversion fails is kept as ``<unconvertible TYPE>``."""
+    out = {}
+    for key, value in attributes.items():
+        try:
+            coerced = attribute_value(value)
+        except Exception:  # noqa: BLE001 - an odd user object must not break the request path
+            coerced = f"<unconvertible {type(value).__name__}>"
+        if coerced is not None:
+            out[key] = coerced
+    return out
+
+
 def set_attributes_safely(span: Span, attributes: dict[str, Any]) -> None:
     """Set attributes, swallowing telemetry errors (never raise into the request path)."""
     try:

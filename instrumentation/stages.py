@@ -25,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
-from inferpath.instrumentation.semconv import ERROR_TYPE, STAGE, STAGES
+from inferpath.instrumentation.semconv import ERROR_TYPE, STAGE, STAGES, coerce_attributes
 
 __all__ = ["stage", "Stage", "STAGES"]
 
@@ -48,7 +48,9 @@ class Stage:
 
     def __init__(self, name: str, attributes: dict[str, Any]) -> None:
         self.name = name
-        self.attributes = {STAGE: name, **attributes}
+        # Coerced once here, where user values enter: NumPy scalars (np.float32(0.7)) would
+        # be refused by the SDK with an "Invalid type" warning on every span.
+        self.attributes = {STAGE: name, **coerce_attributes(attributes)}
 
     # -- span lifecycle, every step guarded ------------------------------------------
     def _start(self) -> tuple[Span, object | None]:
@@ -133,7 +135,9 @@ def stage(name: str, **attributes: Any) -> Stage:
 
     ``name`` is one of :data:`STAGES` (``gateway``, ``tokenize``, ``retrieval``, ``queue``,
     ``prefill``, ``decode``, ``model``, ``network``, ``postprocess``, ``other``).
-    ``attributes`` become span attributes (dotted names via ``**{"a.b": 1}``). Entering
+    ``attributes`` become span attributes (dotted names via ``**{"a.b": 1}``); NumPy scalars
+    and arrays become Python values, ``None`` values are left out, other objects become
+    their ``str()`` (:func:`~inferpath.instrumentation.semconv.attribute_value`). Entering
     yields the span, so more attributes can be set inside.
 
     Raises ``ValueError`` (at the call site, a setup error) for an unknown stage name.

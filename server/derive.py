@@ -55,6 +55,9 @@ ENDPOINT = "inferpath.endpoint"
 HTTP_ROUTE = "http.route"
 STREAM_STATUS = "inferpath.stream.status"
 REQUEST_MODEL = "gen_ai.request.model"
+UNKNOWN_MODEL = "unknown"
+"""``model`` of a request whose spans name none (docs/telemetry-contract.md): an explicit
+label that groups, filters and reads as what it is, where ``''`` looked like a missing column."""
 RESPONSE_MODEL = "gen_ai.response.model"
 REPLICA = ("inferpath.replica", "service.instance.id", "host.name")
 
@@ -455,7 +458,8 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         or _first_value(by_start, ENDPOINT_CLASS)) or ""
     model = (_first_value((*model_clients, root_client, gateway, engine), REQUEST_MODEL)
              or engine_attrs.get(RESPONSE_MODEL)
-             or client_attrs.get(sources.OPENINFERENCE_MODEL) or client_attrs.get(sources.LANGFUSE_MODEL) or "")
+             or client_attrs.get(sources.OPENINFERENCE_MODEL) or client_attrs.get(sources.LANGFUSE_MODEL)
+             or UNKNOWN_MODEL)
     model_version = _first_value((engine, *model_clients, root_client), RESPONSE_MODEL) or ""
     replica = ""
     if engine is not None:

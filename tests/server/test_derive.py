@@ -267,3 +267,21 @@ def test_a_derivation_view_gives_the_row_of_the_whole_span(vllm_spans_by_trace) 
     assert derivation_view(cases[6][0]).span_attributes == {"gen_ai.prompt.0.content": ""}
     assert derivation_view(cases[7][0]).span_attributes == {"gen_ai.latency.time_per_output_token": "",
                                                             "gen_ai.completion.0.content": ""}
+
+
+def test_a_request_whose_spans_name_no_model_is_labelled_unknown() -> None:
+    """A gateway and an engine span without gen_ai.request/response.model (an app that does
+    not say which model it called): the row's model is the documented ``unknown``, not ''."""
+    stage = "inferpath.stage"
+    spans = [
+        span("g1", "", "Server", "POST /v1/chat/completions", 0, 500,
+             resource={"inferpath.endpoint_class": "interactive"},
+             **{stage: "gateway", "gen_ai.response.time_to_first_chunk": 0.1, "http.response.status_code": 200}),
+        span("e1", "g1", "Server", "llm_request", 10, 480, service="engine",
+             **{"gen_ai.latency.time_to_first_token": 0.08, "gen_ai.latency.e2e": 0.48}),
+    ]
+    row = assemble_request(spans, updated_at=UPDATED)
+    assert row.model == "unknown"
+    named = [replace(spans[0], span_attributes={**spans[0].span_attributes, "gen_ai.request.model": "tiny"}),
+             spans[1]]
+    assert assemble_request(named, updated_at=UPDATED).model == "tiny"
