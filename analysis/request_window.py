@@ -34,7 +34,28 @@ from inferpath.analysis.breakdown import (
 )
 from inferpath.analysis.percentiles import sorted_quantile
 
-WINDOW_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "endpoint_class", "ttft_ns", "e2e_ns", "itl_ns",
+MEASURE_SQL: dict[str, str] = {"ttft_ns": "coalesce(ttft_ns, client_ttft_ns)",
+                               "e2e_ns": "coalesce(e2e_ns, client_e2e_ns)"}
+"""A request's TTFT and E2E as the diagnosis reads them: the server-side measure, else the
+client's own (a row with only client spans, e.g. OpenLLMetry or the GenAI instrumentations
+in the caller, is judged on what its client measured; all its time is then ``rest``)."""
+
+
+def column_sql(column: str) -> str:
+    """SQL of ``column`` as the diagnosis reads it (:data:`MEASURE_SQL`)."""
+    return MEASURE_SQL.get(column, column)
+
+
+def with_client_measures(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``row`` with ``ttft_ns`` / ``e2e_ns`` taken from ``client_*`` where the server-side one is missing."""
+    missing = [c for c in MEASURE_SQL if row.get(c) is None and row.get(f"client_{c}") is not None]
+    if not missing:
+        return row
+    return {**row, **{c: row[f"client_{c}"] for c in missing}}
+
+
+WINDOW_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "endpoint_class", "ttft_ns", "e2e_ns",
+                                   "client_ttft_ns", "client_e2e_ns", "itl_ns",
                                    *(f"{stage}_ns" for stage in STAGES), *TTFT_PHASE_COLUMNS.values())
 """The request columns the diagnosis reads (the TTFT-phase parts of gateway and network too:
 a TTFT tail is attributed with them, as the breakdown does)."""
@@ -80,7 +101,7 @@ class RowsWindow:
     keys are fine). Each column is sorted once, on first use."""
 
     def __init__(self, rows: Iterable[Mapping[str, Any]] = ()) -> None:
-        self.rows = list(rows)
+        self.rows = [with_client_measures(row) for row in rows]
         self._sorted: dict[str, list[float]] = {}
 
     def __len__(self) -> int:
@@ -204,8 +225,8 @@ class _StoredAggregates:
     def _quantile_aggregates(self, columns: Sequence[str]) -> list[str]:
         levels = ", ".join(repr(q) for q in QUANTILE_LEVELS)
         return [aggregate for column in columns for condition in self.conditions for aggregate in (
-            f"countIf({column} IS NOT NULL AND {condition})",
-            f"quantilesExactInclusiveIf({levels})({column}, {condition})")]
+            f"countIf({column_sql(column)} IS NOT NULL AND {condition})",
+            f"quantilesExactInclusiveIf({levels})({column_sql(column)}, {condition})")]
 
     def _select(self, head: list[str], columns: Sequence[str], parameters: Mapping[str, Any] | None = None) -> tuple:
         aggregates = ", ".join([*head, *self._quantile_aggregates(columns)])
@@ -242,9 +263,9 @@ class _StoredAggregates:
         tail_layout: list[tuple[int, str, float, tuple[str, ...]]] = []
         for index, (measure, edge) in sorted((tails or {}).items()):
             stages = measure_stages(measure)
-            in_tail = f"({self.conditions[index]} AND {measure}_ns >= {{edge_{index}:Float64}})"
+            in_tail = f"({self.conditions[index]} AND {column_sql(f'{measure}_ns')} >= {{edge_{index}:Float64}})"
             parameters[f"edge_{index}"] = float(edge)
-            head += [f"countIf({in_tail})", f"sumIf(assumeNotNull({measure}_ns), {in_tail})",
+            head += [f"countIf({in_tail})", f"sumIf(assumeNotNull({column_sql(f'{measure}_ns')}), {in_tail})",
                      *(f"sumIf({stage_sql(measure, s)}, {in_tail})" for s in stages)]
             tail_layout.append((index, measure, float(edge), stages))
         if spans and self.spans is None:
@@ -307,8 +328,8 @@ class StoredWindow:
             self._aggregates.load_rest([column])
         if key not in cache:
             value = self.store.query(
-                f"SELECT quantileExactInclusive({float(q)!r})({column}) FROM inferpath_requests FINAL"
-                f" WHERE {self._where} AND {column} IS NOT NULL{FINAL_SETTINGS}", self._parameters)[0][0]
+                f"SELECT quantileExactInclusive({float(q)!r})({column_sql(column)}) FROM inferpath_requests FINAL"
+                f" WHERE {self._where} AND {column_sql(column)} IS NOT NULL{FINAL_SETTINGS}", self._parameters)[0][0]
             cache[key] = float(value) if self.measured(column) else None
         return cache[key]
 
@@ -317,8 +338,8 @@ class StoredWindow:
         if column not in MEASURED_COLUMNS:
             raise ValueError(f"column: {column!r} is not one of {MEASURED_COLUMNS}")
         sql = (f"SELECT {', '.join(WINDOW_COLUMNS)} FROM inferpath_requests FINAL"
-               f" WHERE {self._where} AND {column} >= {{edge:Float64}} ORDER BY timestamp{FINAL_SETTINGS}")
-        return self.store.query_dicts(sql, self._parameters | {"edge": float(edge)})
+               f" WHERE {self._where} AND {column_sql(column)} >= {{edge:Float64}} ORDER BY timestamp{FINAL_SETTINGS}")
+        return [with_client_measures(r) for r in self.store.query_dicts(sql, self._parameters | {"edge": float(edge)})]
 
     def tail_sums(self, measure: str, edge: float, exclude: Iterable[str] = ()) -> TailSums:
         """:class:`TailSums` of the rows whose ``<measure>_ns`` is ``≥ edge``, summed in the
@@ -347,7 +368,7 @@ class StoredWindow:
         """(count, total, stage sums, kept count, kept stage sums, excluded total) of the band,
         over the rows whose ``trace_id`` is in ``only`` when given."""
         stages = measure_stages(measure)
-        column = f"{measure}_ns"
+        column = column_sql(f"{measure}_ns")
         stage_values = ", ".join(f"{stage_sql(measure, s)} AS {s}" for s in stages)
         sums = ", ".join(f"sum({s})" for s in stages)
         kept_sums = ", ".join(f"sumIf({s}, kept)" for s in stages)
@@ -375,7 +396,7 @@ class StoredWindow:
         for measure in measures:
             if f"{measure}_ns" not in MEASURED_COLUMNS:
                 raise ValueError(f"measure: {measure!r} has no column in {MEASURED_COLUMNS}")
-            columns.append(f"{measure}_ns")
+            columns.append(column_sql(f"{measure}_ns"))
         levels = ", ".join(repr(float(q)) for q in quantiles) or "0.5"
         aggregates = ", ".join(f"countIf({c} IS NOT NULL), avgIf({c}, {c} IS NOT NULL), "
                                f"quantilesExactInclusiveIf({levels})({c}, {c} IS NOT NULL)" for c in columns)
@@ -405,10 +426,10 @@ class StoredWindow:
         wanted = sorted(str(r) for r in set(replicas) if r is not None)
         if not wanted:
             return []
-        return self.store.query_dicts(
+        return [with_client_measures(r) for r in self.store.query_dicts(
             f"SELECT {', '.join(WINDOW_COLUMNS)} FROM inferpath_requests FINAL WHERE {self._where}"
             f" AND replica IN {{replicas:Array(String)}} ORDER BY timestamp{FINAL_SETTINGS}",
-            self._parameters | {"replicas": wanted})
+            self._parameters | {"replicas": wanted})]
 
 
 def prepare_attribution(current: "RequestWindow", baseline: "RequestWindow", measure: str,
@@ -452,5 +473,5 @@ def as_window(rows: RequestWindow | Sequence[Mapping[str, Any]]) -> RequestWindo
     return RowsWindow(rows)
 
 
-__all__ = ["ClassStats", "FIRST_COLUMNS", "MEASURED_COLUMNS", "QUANTILE_LEVELS", "RequestWindow", "RowsWindow", "StoredWindow",
+__all__ = ["ClassStats", "MEASURE_SQL", "column_sql", "with_client_measures", "FIRST_COLUMNS", "MEASURED_COLUMNS", "QUANTILE_LEVELS", "RequestWindow", "RowsWindow", "StoredWindow",
            "TailSums", "WINDOW_COLUMNS", "as_window", "prefetch_quantiles", "prepare_attribution"]

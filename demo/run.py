@@ -138,6 +138,23 @@ def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
                        outcome.timings_seconds, verdict=verdict)
 
 
+def print_demo_verdict(console: Console, verdict: dict | None, answer: httpx.Response) -> None:
+    """The verdict for the replayed window under the table: summary, top cause and its first
+    action; or why there is none, as a sentence."""
+    if verdict is None:
+        try:
+            detail = answer.json()["detail"][0]["msg"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            detail = answer.text[:200]
+        console.print(f"verdict: none for this window ({detail})", highlight=False)
+        return
+    style = "green" if verdict.get("healthy") else "red"
+    console.print(f"[bold {style}]verdict:[/] {verdict.get('summary', '')}", soft_wrap=True, highlight=False)
+    causes = verdict.get("causes") or []
+    if causes and causes[0].get("would_help"):
+        console.print(f"would help: {causes[0]['would_help'][0]}", soft_wrap=True, highlight=False)
+
+
 def up_command(store_url: str, dashboard_port: int) -> str:
     """The ``inferpath up`` command line that serves ``store_url``'s dashboard on
     ``dashboard_port`` (shell-quoted; the port flag only when it is not the default)."""
@@ -236,10 +253,17 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
                           headers={"Authorization": f"Bearer {settings.token}"} if settings.token else {}) as c:
             summary = c.get("/api/v1/summary", params={"start": window_start.isoformat(),
                                                        "end": window_end.isoformat()}).json()
+            answer = c.get("/api/v1/diagnosis", params={"start": window_start.isoformat(),
+                                                         "end": window_end.isoformat()})
         summary_rows = summary["measures"] if isinstance(summary, dict) else summary
         console.print(summary_table(summary_rows, f"{stored} requests stored of {len(results)} replayed"))
+        verdict = answer.json() if answer.status_code == 200 else None
+        print_demo_verdict(console, verdict, answer)
         console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
-        outcome = DemoOutcome(server_url, window_start, window_end, results, summary_rows, stored, timings)
+        outcome = DemoOutcome(server_url, window_start, window_end, results, summary_rows, stored, timings,
+                              verdict=verdict)
+        console.print(f"diagnose this window again: inferpath diagnose --from {window_start.isoformat()} "
+                      f"--to {window_end.isoformat()} --store {store_url}", soft_wrap=True, highlight=False)
 
         if not options.exit_when_done:
             watched = list(children)

@@ -234,3 +234,19 @@ def test_verdict_to_dict_is_json_ready(scenario_rows) -> None:
     assert data["baseline"]["meets_objectives"] is True and data["engine"]["bound"] is None
     assert {o["measure"] for o in data["objectives"]} == {"ttft", "itl"}
     assert all(0.0 <= c["share"] <= 1.0 for c in data["causes"])
+
+
+def test_rows_with_only_a_client_measurement_get_a_verdict_not_a_refusal() -> None:
+    # What OpenLLMetry or the GenAI instrumentations in a caller send: client spans, no server span.
+    rng = random.Random(5)
+    rows = []
+    for i in range(40):
+        ttft = int(rng.uniform(1.2, 2.5) * 1e9)
+        rows.append({"timestamp": T0 + timedelta(seconds=i), "trace_id": f"{i:032x}", "replica": "",
+                     "endpoint_class": "interactive", "ttft_ns": None, "e2e_ns": None,
+                     "client_ttft_ns": ttft, "client_e2e_ns": ttft + 300 * MS})
+    verdict = diagnose_from(rows)
+    assert not verdict.healthy and verdict.measure == "ttft"
+    assert verdict.objectives[0].value_ns > 1e9 and verdict.objectives[0].requests == 40
+    assert verdict.top_cause == "unexplained"
+    assert any("queue depth is not exported" in note for note in verdict.notes)

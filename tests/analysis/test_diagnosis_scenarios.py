@@ -44,8 +44,10 @@ def test_cpu_faults_say_gpus_will_not_help_with_the_utilization(store_url: str) 
     with Store.open(store_url) as store:
         verdict = diagnose(store, **load_scenario(store, SCENARIOS["slow_tokenizer"]))
     text = verdict.causes[0].would_not_help[0]
-    assert text.startswith("adding GPUs will not help: utilization 55% while TTFT p99 rose")
-    assert "tokenize went from" in text
+    assert text.startswith("adding GPUs will not help: the time is spent before the request reaches the engine")
+    assert "(GPU utilization 55%)" in text
+    tokenize = next(e for e in verdict.causes[0].evidence if e.measure == "tokenize_ns")
+    assert tokenize.text.startswith("tokenize p99") and tokenize.current > 5 * tokenize.baseline
 
 
 def test_kv_pressure_evidence_carries_usage_and_preemptions(store_url: str) -> None:

@@ -40,7 +40,7 @@ def test_diagnosis_names_the_injected_fault(name: str, tmp_path: Path) -> None:
         assert top["evidence"] and top["would_help"], top
     if name == "cold-start":
         texts = " ".join(e["text"] for e in verdict["causes"][0]["evidence"])
-        assert "loaded in" in texts and "new replica" in texts, texts
+        assert "loaded in" in texts and "slowed by its start" in texts, texts
 
 
 def test_confusion_table(request: pytest.FixtureRequest) -> None:
