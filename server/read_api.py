@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import json
+import math
 import re
 import types
 import typing
@@ -651,3 +652,78 @@ async def alerts_view(request: Request, start: str | None = StartQuery, end: str
         return {"configured": False, "start": start_dt, "end": end_dt, "history": history}
     return {"configured": True, "start": start_dt, "end": end_dt,
             **(await run_in_threadpool(evaluator.snapshot)), "history": history}
+
+
+@router.get("/objectives")
+async def objectives_view(request: Request) -> dict:
+    """The latency objectives this server judges windows against, per endpoint class:
+    ``{"by_class": {"interactive": [{"measure", "quantile", "limit_seconds"}, ...]},
+    "default_class", "source"}`` (``source``: the objectives file, or ``defaults``); 500
+    naming the file when it is invalid."""
+    from inferpath.analysis.objectives import DEFAULT_CLASS
+
+    settings = request.app.state.runtime.settings
+    try:
+        chosen = runtime_objectives(settings)
+    except ValueError as exc:
+        raise HTTPException(status_code=500, detail=f"the server's objectives file is invalid: {exc}") from None
+    return {"by_class": {name: [{"measure": o.measure, "quantile": o.quantile, "limit_seconds": o.limit_seconds}
+                                for o in objectives] for name, objectives in chosen.by_class.items()},
+            "default_class": DEFAULT_CLASS, "source": settings.objectives_file or "defaults"}
+
+
+SIGNAL_VIEW_METRICS = ("queue_depth", "running_requests", "kv_cache_usage_ratio", "batch_size",
+                       "gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_memory_total_bytes",
+                       "gpu_power_watts")
+"""Gauges of ``/views/signals``: the engine's and the GPUs' saturation and their capacity."""
+
+
+def signals_view_body(store, start: datetime, end: datetime, *, step_seconds: int) -> dict:
+    """Per gauge of :data:`SIGNAL_VIEW_METRICS` and per step (epoch-aligned buckets, as
+    ``/views/latency``): the largest and the mean sample of each series in the step,
+    combined across series as :data:`inferpath.analysis.signals.COMBINE` says (queue and
+    memory summed, KV usage the fullest engine, utilization the mean GPU). A step without
+    a sample is absent: never a held value, never 0. Each signal also says how many series
+    reported it (``series``, e.g. 4 GPUs) and when its last sample in the window was
+    (``last_time``), so a reader can mark a series that stopped as stale. A signal without
+    any sample in the window is absent from ``signals``."""
+    from inferpath.analysis.signals import COMBINE
+
+    sql = (
+        "SELECT MetricName, toDateTime64(intDiv(toUnixTimestamp(TimeUnix), {step:UInt32}) * {step:UInt32}, 0, 'UTC')"
+        " AS bucket, ServiceName, Attributes, max(Value), avg(Value), max(TimeUnix)"
+        " FROM otel_metrics_gauge WHERE MetricName IN {names:Array(String)}"
+        " AND TimeUnix >= {start:DateTime64(9, 'UTC')} AND TimeUnix < {end:DateTime64(9, 'UTC')}"
+        " GROUP BY MetricName, bucket, ServiceName, Attributes ORDER BY MetricName, bucket"
+    )
+    grouped: dict[str, dict] = {}
+    for name, bucket, service, attributes, high, mean, last in store.query(sql, {
+            "names": list(SIGNAL_VIEW_METRICS), "start": start, "end": end, "step": step_seconds}):
+        signal = grouped.setdefault(name, {"series": set(), "last_time": last, "steps": {}})
+        signal["series"].add((service, tuple(sorted(dict(attributes).items()))))
+        signal["last_time"] = max(signal["last_time"], last)
+        signal["steps"].setdefault(bucket, []).append((float(high), float(mean)))
+    out = {}
+    for name, signal in grouped.items():
+        # Counts, bytes and watts add up across engines and GPUs when the analysis says nothing.
+        combine = COMBINE.get(name, math.fsum)
+        out[name] = {
+            "combine": "max" if combine is max else "sum" if combine is math.fsum else "mean",
+            "series": len(signal["series"]), "last_time": signal["last_time"],
+            "points": [{"time": bucket, "max": combine([h for h, _ in values]),
+                        "mean": combine([m for _, m in values])}
+                       for bucket, values in sorted(signal["steps"].items())]}
+    return {"signals": out}
+
+
+@router.get("/views/signals")
+async def signals_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
+                       step_seconds: int | None = StepQuery, max_points: int = MaxPointsQuery) -> dict:
+    """Engine and GPU saturation per step: the max and the mean of each gauge in the step
+    (queue depth, running requests, KV usage, batch size, GPU utilization, memory used and
+    total, power), the number of series summed and the last sample time per signal."""
+    start_dt, end_dt = _window(start, end)
+    step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
+    body = await _read(signals_view_body, request.app.state.runtime.store, start_dt, end_dt,
+                       step_seconds=step)
+    return {"start": start_dt, "end": end_dt, "step_seconds": step, **body}
