@@ -78,9 +78,9 @@ COLD_RECOVERY_RUN = 3
 than its steady state (its later requests' p90)."""
 COLD_MIN_SLOW = 3
 """...and its start is only called cold when at least this many requests before that were."""
-
-COLD_MAX_WARM_UP_REQUESTS = 500
-"""A warm-up is looked for among a replica's first 500 requests (bounds the search's cost)."""
+COLD_PEER_RATIO = 2.0
+"""A starting replica whose median is twice its warm peers' in the same window is still cold,
+even when its own warm-up outlasts the window (so its later requests cannot show its steady state)."""
 
 DIAGNOSIS_COLUMNS: tuple[str, ...] = WINDOW_COLUMNS
 """The request columns the rules read."""
@@ -184,8 +184,10 @@ def cold_start_rows(current_rows: Rows, baseline_rows: Rows | None = None,
     it serves in the window and not in the baseline (its start: its first request). Charged
     to its start are: (a) requests that arrived before it was ready (they waited for it);
     (b) its first requests after that, up to the first :data:`COLD_RECOVERY_RUN` in a row
-    that are no slower than its steady state (the p90 of ``measure`` over its requests after
-    that warm-up), when at least :data:`COLD_MIN_SLOW` of them were slower. A replica whose
+    that are no slower than its steady state (the p90 of ``measure`` over the later half of
+    its requests), when at least :data:`COLD_MIN_SLOW` of them were slower; or, when warm
+    replicas serve the same window, its requests above their p90 when its median is
+    :data:`COLD_PEER_RATIO` × theirs or more. A replica whose
     first requests are its fastest (a queue building up later) is not a cold start,
     however soon after readiness they came.
 
@@ -223,31 +225,53 @@ def cold_start_rows(current_rows: Rows, baseline_rows: Rows | None = None,
     for row in rows:
         if row.get("replica") in ready and row.get(column) is not None:
             by_replica.setdefault(row.get("replica"), []).append(row)
+    # Warm replicas serving the same window under the same balancing show what steady looks like.
+    peers = current.quantiles_excluding(list(ready), column, (0.5, 0.9)) if set(spans) - set(ready) else None
     for replica, served in by_replica.items():
         served.sort(key=lambda r: r["timestamp"])
         at = ready[replica]
         waited = [r for r in served if r["timestamp"] < at]
         after = [r for r in served if r["timestamp"] >= at]
         slow = _warm_up_rows(after, column)
+        if not slow and peers is not None and after:
+            slow = _slower_than_peers(after, column, peers)
         if waited or slow:
             out[str(replica)] = waited + slow
     return out
 
 
-def _warm_up_rows(rows: Sequence[Mapping[str, Any]], column: str) -> list[Mapping[str, Any]]:
-    """The slow requests of a warm-up at the start of ``rows`` (time order), per
-    :func:`cold_start_rows` (b); empty when the replica started warm."""
+def _slower_than_peers(rows: Sequence[Mapping[str, Any]], column: str, peers: Sequence[float]
+                       ) -> list[Mapping[str, Any]]:
+    """A starting replica whose median is :data:`COLD_PEER_RATIO` × its warm peers' median or
+    more, in the same window: its requests above the peers' p90 (``peers``: their p50, p90)."""
     from inferpath.analysis.percentiles import quantile
 
     values = [float(r[column]) for r in rows]
-    for end in range(COLD_MIN_SLOW, min(len(values) - COLD_RECOVERY_RUN, COLD_MAX_WARM_UP_REQUESTS)):
-        steady = values[end:]
-        if len(steady) < max(COLD_RECOVERY_RUN, MIN_REQUESTS // 4):
-            break
-        reference = quantile(steady, 0.9)
-        if all(v <= reference for v in values[end:end + COLD_RECOVERY_RUN]):
+    peer_median, peer_p90 = peers
+    if peer_median <= 0 or quantile(values, 0.5) < COLD_PEER_RATIO * peer_median:
+        return []
+    slow = [r for r, v in zip(rows, values) if v > peer_p90]
+    return slow if len(slow) >= COLD_MIN_SLOW else []
+
+
+def _warm_up_rows(rows: Sequence[Mapping[str, Any]], column: str) -> list[Mapping[str, Any]]:
+    """The slow requests of a warm-up at the start of ``rows`` (time order), per
+    :func:`cold_start_rows` (b); empty when the replica started warm. The steady state is the
+    later half of its requests (at least :data:`MIN_REQUESTS` // 4 of them)."""
+    from inferpath.analysis.percentiles import quantile
+
+    values = [float(r[column]) for r in rows]
+    half = len(values) // 2
+    if len(values) - half < max(COLD_RECOVERY_RUN, MIN_REQUESTS // 4):
+        return []
+    reference = quantile(values[half:], 0.9)
+    run = 0
+    for index, value in enumerate(values[:half + COLD_RECOVERY_RUN]):
+        run = run + 1 if value <= reference else 0
+        if run == COLD_RECOVERY_RUN:
+            end = index + 1 - COLD_RECOVERY_RUN
             slow = [r for r, v in zip(rows[:end], values[:end]) if v > reference]
-            return list(slow) if len(slow) >= COLD_MIN_SLOW else []
+            return slow if len(slow) >= COLD_MIN_SLOW else []
     return []
 
 

@@ -177,6 +177,15 @@ class RowsWindow:
                 spans[replica] = (ts, ts) if span is None else (min(span[0], ts), max(span[1], ts))
         return spans
 
+    def quantiles_excluding(self, replicas: Iterable[Any], column: str,
+                            quantiles: Sequence[float]) -> list[float] | None:
+        """Exact quantiles of ``column`` over the rows of every replica but ``replicas``;
+        ``None`` when those rows have no value."""
+        unwanted = set(replicas)
+        values = sorted(float(r[column]) for r in self.rows
+                        if r.get("replica") not in unwanted and r.get(column) is not None)
+        return [sorted_quantile(values, q) for q in quantiles] if values else None
+
     def rows_of(self, replicas: Iterable[Any]) -> list[Mapping[str, Any]]:
         """The rows of ``replicas``, in row order."""
         wanted = set(replicas)
@@ -420,6 +429,20 @@ class StoredWindow:
         if self._aggregates.spans is None:
             self._aggregates.load_rest(spans=True)
         return self._aggregates.spans[self._index]  # type: ignore[index]
+
+    def quantiles_excluding(self, replicas: Iterable[Any], column: str,
+                            quantiles: Sequence[float]) -> list[float] | None:
+        """Exact quantiles of ``column`` over the rows of every replica but ``replicas``, in
+        the store; ``None`` when those rows have no value."""
+        if column not in MEASURED_COLUMNS:
+            raise ValueError(f"column: {column!r} is not one of {MEASURED_COLUMNS}")
+        levels = ", ".join(repr(float(q)) for q in quantiles)
+        expression = column_sql(column)
+        count, values = self.store.query(
+            f"SELECT count(), quantilesExactInclusive({levels})({expression}) FROM inferpath_requests FINAL"
+            f" WHERE {self._where} AND {expression} IS NOT NULL AND replica NOT IN {{unwanted:Array(String)}}"
+            f"{FINAL_SETTINGS}", self._parameters | {"unwanted": sorted(str(r) for r in replicas)})[0]
+        return [float(v) for v in values] if count else None
 
     def rows_of(self, replicas: Iterable[Any]) -> list[Mapping[str, Any]]:
         """The rows (dicts of :data:`WINDOW_COLUMNS`) of ``replicas``, oldest first."""

@@ -15,7 +15,9 @@ from inferpath.demo.scenarios import SCENARIOS, ScenarioOptions, ScenarioOutcome
 
 pytestmark = pytest.mark.e2e
 
-SCENARIO_SECONDS_MAX = 60.0
+SCENARIO_SECONDS_MAX = 180.0
+"""A guard against a hung phase, not a speed target: a quiet run takes ~27 s, one beside a
+CPU-burning neighbour up to about twice that."""
 _outcomes: dict[str, ScenarioOutcome] = {}
 
 
