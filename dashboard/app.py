@@ -5,7 +5,8 @@ through :func:`inferpath.dashboard.launch.launch_dashboard`. The server URL and 
 from ``--server-url``/``--token``, else ``INFERPATH_SERVER_URL``/``INFERPATH_TOKEN``.
 
 Query parameters preselect the sidebar, so a view can be linked or bookmarked:
-``?range=15m|1h|6h`` or ``?start=<ISO or unix s>&end=<...>`` (a custom range);
+``?range=15m|1h|6h`` or ``?start=<ISO or unix s>&end=<...>`` (a custom range, shown in
+the sidebar to the second and editable there);
 ``?endpoint_class=interactive``; ``?refresh=0`` (off) or seconds (fractions allowed from
 the URL, for tests and benchmarks); ``?tz=Europe/Berlin`` (default: the browser's zone);
 ``?points=600`` (most points per plotted series, at most 10,000); ``?trace_id=...`` on
@@ -86,9 +87,36 @@ def parse_refresh(text: str | None) -> float | None:
     return int(value) if value == int(value) else value
 
 
-def _same_minute(picked: datetime, url_value: datetime | None) -> bool:
-    return url_value is not None and picked.replace(second=0, microsecond=0) == \
-        url_value.astimezone(picked.tzinfo).replace(second=0, microsecond=0)
+TIME_INPUT_FORMAT = "%Y-%m-%d %H:%M:%S"
+# Exact times, to the second, in the chosen zone (a date-time picker holds whole minutes,
+# which cannot name a 9-second incident).
+
+
+def parse_wall_time(text: str, zone: ZoneInfo) -> datetime:
+    """``2026-12-03 04:49:01`` (wall time in ``zone``; ``T`` separator, fractions and an
+    explicit offset or ``Z`` also accepted) as an aware datetime; ``ValueError`` with a
+    sentence saying how to write it."""
+    cleaned = text.strip().replace("Z", "+00:00")
+    try:
+        value = datetime.fromisoformat(cleaned)
+    except ValueError:
+        raise ValueError(f"{text.strip()!r} is not a time: write it as YYYY-MM-DD HH:MM:SS, "
+                         f"e.g. {datetime.now(zone):{TIME_INPUT_FORMAT}}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=zone)
+
+
+def _time_input(label: str, default: datetime, zone: ZoneInfo, *, key: str) -> datetime:
+    # The default (the URL's time, or now) shown in the zone; a bad entry is named and the
+    # default kept, so the page still draws.
+    shown = default.astimezone(zone)
+    text = st.sidebar.text_input(label, value=shown.strftime(TIME_INPUT_FORMAT) +
+                                 (f".{shown.microsecond:06d}".rstrip("0") if shown.microsecond else ""),
+                                 key=key, help="Exact to the second, in the chosen time zone.")
+    try:
+        return parse_wall_time(text, zone)
+    except ValueError as error:
+        st.sidebar.warning(f"{label}: {error}")
+        return default
 
 
 def sidebar_controls() -> dict:
@@ -114,22 +142,10 @@ def sidebar_controls() -> dict:
                                  format_func=RANGE_LABELS.get, key="range_key")
     if range_key == CUSTOM:
         zone = ZoneInfo(tz)
-        now = datetime.now(timezone.utc)
-
-        def local(value: datetime) -> datetime:
-            return value.astimezone(zone).replace(tzinfo=None, microsecond=0)
-
-        url_start, url_end = custom_start, custom_end
-        picked_start = st.sidebar.datetime_input(
-            f"Start ({tz})", value=local(custom_start or now - timedelta(hours=1)),
-            step=timedelta(minutes=1), key="custom_start").replace(tzinfo=zone)
-        picked_end = st.sidebar.datetime_input(
-            f"End ({tz})", value=local(custom_end or now), step=timedelta(minutes=1),
-            key="custom_end").replace(tzinfo=zone)
-        # The inputs hold whole minutes; while they still show the URL's range, keep its
-        # seconds rather than cutting the end of a short window off.
-        custom_start = url_start if _same_minute(picked_start, url_start) else picked_start
-        custom_end = url_end if _same_minute(picked_end, url_end) else picked_end
+        now = datetime.now(timezone.utc).replace(microsecond=0)
+        custom_start = _time_input(f"Start ({tz})", custom_start or now - timedelta(hours=1),
+                                   zone, key="custom_start")
+        custom_end = _time_input(f"End ({tz})", custom_end or now, zone, key="custom_end")
     requested_class = params.get("endpoint_class", "all")
     endpoint_class = st.sidebar.selectbox(
         "Endpoint class", ENDPOINT_CLASSES,

@@ -240,7 +240,7 @@ class ReadApiClient:
         return to_frame(rows_of(body, url="/api/v1/requests"))
 
 
-    def view(self, name: Literal["latency", "correlate", "breakdown", "fleet"], start: TimeLike,
+    def view(self, name: Literal["latency", "correlate", "breakdown", "fleet", "signals"], start: TimeLike,
              end: TimeLike, **params: Any) -> dict[str, Any]:
         """One dashboard view, ``GET /api/v1/views/{name}``, as the server's JSON object.
 
@@ -267,17 +267,37 @@ class ReadApiClient:
         return to_frame(rows_of(body.get("spans") if isinstance(body, dict) else body,
                                 url="/api/v1/traces"))
 
-    def diagnosis(self, start: TimeLike, end: TimeLike) -> dict[str, Any]:
-        """The verdict for ``[start, end)`` against the window just before it
-        (``GET /api/v1/diagnosis``); 422 (too few requests) raises :class:`ReadApiError`."""
-        return self._get("/api/v1/diagnosis", {"start": format_time(start),
-                                               "end": format_time(end)})
+    def diagnosis(self, start: TimeLike, end: TimeLike, *, endpoint: str | None = None,
+                  baseline_start: TimeLike | None = None,
+                  baseline_end: TimeLike | None = None) -> dict[str, Any]:
+        """The verdict for ``[start, end)`` against the latency objectives, and against the
+        baseline window when both its bounds are given (``GET /api/v1/diagnosis``); 422
+        (too few requests) raises :class:`ReadApiError` whose ``detail`` is the server's
+        sentence."""
+        return self._get("/api/v1/diagnosis", {
+            "start": format_time(start), "end": format_time(end), "endpoint": endpoint,
+            "baseline_start": None if baseline_start is None else format_time(baseline_start),
+            "baseline_end": None if baseline_end is None else format_time(baseline_end)})
 
-    def alerts(self) -> Any | None:
-        """``GET /api/v1/alerts`` as sent, or ``None`` when the server has no alerts route
-        (404): alerting is not configured there."""
+    def objectives(self) -> dict[str, Any] | None:
+        """The server's latency objectives per endpoint class (``GET /api/v1/objectives``:
+        ``{"by_class": {class: [{measure, quantile, limit_seconds}]}, "default_class"}``), or
+        ``None`` from a server without the route (404)."""
         try:
-            return self._get("/api/v1/alerts", {})
+            return self._get("/api/v1/objectives", {})
+        except ReadApiError as error:
+            if error.status_code == 404:
+                return None
+            raise
+
+    def alerts(self, start: TimeLike | None = None, end: TimeLike | None = None) -> Any | None:
+        """``GET /api/v1/alerts`` for the window (firing now, state changes of the window)
+        as sent, or ``None`` when the server has no alerts route (404): alerting is not
+        configured there."""
+        try:
+            return self._get("/api/v1/alerts", {
+                "start": None if start is None else format_time(start),
+                "end": None if end is None else format_time(end)})
         except ReadApiError as error:
             if error.status_code == 404:
                 return None
@@ -291,5 +311,15 @@ def _detail(response: httpx.Response) -> str:
     except ValueError:
         return response.text[:200] or response.reason_phrase
     if isinstance(body, dict) and "detail" in body:
-        return str(body["detail"])[:300]
+        return detail_text(body["detail"])
     return str(body)[:300]
+
+
+def detail_text(detail: Any) -> str:
+    """The server's reason as a sentence: FastAPI's ``[{"loc": [...], "msg": ...}]`` becomes
+    its messages joined by "; " (never the JSON), a string stays as it is."""
+    if isinstance(detail, list) and detail and all(isinstance(d, dict) and "msg" in d for d in detail):
+        return "; ".join(str(d["msg"]) for d in detail)[:600]
+    if isinstance(detail, dict) and "msg" in detail:
+        return str(detail["msg"])[:600]
+    return str(detail)[:600]

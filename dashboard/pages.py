@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from urllib.parse import urlencode
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from inferpath.dashboard import charts, figures, fleet, waterfall
+from inferpath.dashboard import charts, figures, fleet, messages, saturation, spikes, waterfall
+from inferpath.dashboard import verdict as verdict_view
 from inferpath.dashboard.client import ReadApiError
 from inferpath.dashboard.memo import memo_figure
 from inferpath.dashboard.queries import (
-    NO_VERDICT_KEY, load_alerts, load_diagnosis, load_gauge, load_requests, load_summary,
-    load_trace, load_view,
+    NO_VERDICT_KEY, load_alerts, load_diagnosis, load_gauge, load_objectives, load_requests,
+    load_summary, load_trace, load_view,
 )
 from inferpath.dashboard.timerange import TimeWindow
 
@@ -81,11 +83,92 @@ def _requests_table(rows: pd.DataFrame, tz: str) -> None:
                      for column in table.columns if column.endswith("_ms")}})
 
 
+def _explain(error: ReadApiError, what: str, ctx: Context) -> str:
+    return messages.explain(error, what=what, server_url=ctx.server_url)
+
+
+def _evidence_href(ctx: Context) -> str:
+    # The Diagnosis page for the same window, to the second, with live refresh off.
+    query = {"start": _iso(ctx.window.start), "end": _iso(ctx.window.end), "tz": ctx.tz,
+             "refresh": "0", **({"endpoint_class": ctx.endpoint_class} if ctx.endpoint_class else {})}
+    return "diagnosis?" + urlencode(query)
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _verdict(ctx: Context) -> tuple[dict | None, str | None]:
+    """(verdict, why there is none): the diagnosis of the window, or the sentence saying
+    why it has none (too few requests, or the server failed)."""
+    window = ctx.window
+    try:
+        verdict = load_diagnosis(ctx.server_url, ctx.token, window.start, window.end)
+    except ReadApiError as error:
+        return None, _explain(error, "the verdict", ctx)
+    if NO_VERDICT_KEY in verdict:
+        return None, messages.no_verdict(verdict[NO_VERDICT_KEY])
+    return verdict, None
+
+
+def _objectives(ctx: Context) -> dict | None:
+    try:
+        return load_objectives(ctx.server_url, ctx.token)
+    except ReadApiError:
+        return None  # the lines are a help, not the page: the verdict still judges
+
+
+def _baseline_ms(ctx: Context, verdict: dict | None) -> dict[tuple[str, str], float | None]:
+    """(class, measure) → p99 in ms over the window of the same length just before this one,
+    for the tiles' "before"; empty where that window has no requests or fails to load."""
+    window = ctx.window
+    before_start = window.start - (window.end - window.start)
+    out: dict[tuple[str, str], float | None] = {}
+    for klass in verdict_view.classes_of(verdict):
+        try:
+            summary = load_summary(ctx.server_url, ctx.token, before_start, window.start,
+                                   None if klass == figures.UNCLASSIFIED else klass)
+        except ReadApiError:
+            continue
+        by_measure = summary.set_index("measure") if not summary.empty else None
+        for measure in ("ttft", "itl", "e2e"):
+            for name in (f"client_{measure}", measure):
+                if by_measure is not None and name in by_measure.index \
+                        and by_measure.at[name, "count"] and not pd.isna(by_measure.at[name, "p99_seconds"]):
+                    out[(klass, measure)] = by_measure.at[name, "p99_seconds"] * figures.MS_PER_SECOND
+                    break
+    return out
+
+
+def _tiles(ctx: Context, verdict: dict | None, summary: pd.DataFrame) -> None:
+    request_count = summary.attrs.get("request_count")
+    tiles = verdict_view.objective_tiles(verdict, _baseline_ms(ctx, verdict) if verdict else {})
+    if not tiles:  # no verdict: the window's own numbers, not judged
+        headline = figures.stage_latency_table(summary).set_index("stage") if not summary.empty else None
+        for label, stage in (("TTFT p99", "TTFT (server)"), ("E2E p99", "E2E (server)")):
+            value = headline.at[stage, "p99_ms"] if headline is not None and stage in headline.index else None
+            tiles.append(verdict_view.Tile(label, None if value is None or pd.isna(value) else value,
+                                           None, None, "unknown", "not judged: no verdict"))
+    columns = st.columns(1 + len(tiles))
+    columns[0].markdown(verdict_view.tile_html(verdict_view.Tile(
+        "requests", None, None, None, "unknown",
+        value_text="–" if request_count is None else f"{request_count:,}")), unsafe_allow_html=True)
+    for column, tile in zip(columns[1:], tiles):
+        column.markdown(verdict_view.tile_html(tile), unsafe_allow_html=True)
+
+
 def overview_panels(ctx: Context) -> None:
-    """Per endpoint class: TTFT, ITL, E2E (p50, p95, p99, mean), request and error rates,
-    p99/mean ratio over time; the per-stage latency table of the window."""
+    """The verdict first: a banner (healthy or degraded against the objectives, the top
+    cause, the one action, a link to the evidence), tiles coloured against the objectives
+    and the window before, TTFT p99 with its objective over queue depth, KV usage and the
+    running batch; then per endpoint class TTFT, ITL, E2E, rates and p99/mean, and the
+    per-stage latency table."""
     _caption(ctx)
     window = ctx.window
+    verdict, why_not = _verdict(ctx)
+    banner = verdict_view.banner_of(verdict, no_verdict=why_not)
+    st.markdown(verdict_view.banner_html(banner, evidence_href=_evidence_href(ctx) if verdict else None),
+                unsafe_allow_html=True)
     params = (("endpoint_class", ctx.endpoint_class), ("max_points", ctx.max_points),
               ("step_seconds", window.step_seconds))
     try:
@@ -93,22 +176,24 @@ def overview_panels(ctx: Context) -> None:
         summary = load_summary(ctx.server_url, ctx.token, window.start, window.end,
                                ctx.endpoint_class)
     except ReadApiError as error:
-        st.error(str(error))
+        st.error(_explain(error, "the latency of this window", ctx))
         return
+    _tiles(ctx, verdict, summary)
+    try:
+        signals = load_view(ctx.server_url, ctx.token, "signals", window.start, window.end,
+                            (("max_points", ctx.max_points), ("step_seconds", window.step_seconds)))
+    except ReadApiError as error:
+        st.warning(_explain(error, "the engine and GPU signals", ctx))
+        signals = {}
+    limits = verdict_view.objective_limits(_objectives(ctx), ctx.endpoint_class)
+    st.plotly_chart(memo_figure(saturation.overview_figure, view, signals, ctx.tz,
+                                ttft_limits_ms=limits, slot_limit=verdict_view.slot_limit(verdict),
+                                window_end=window.end),
+                    width="stretch", key="overview_saturation")
     table = figures.stage_latency_table(summary)
-    headline = table.set_index("stage") if not table.empty else None
-    columns = st.columns(4)
-    request_count = summary.attrs.get("request_count")
-    columns[0].metric("requests", "–" if request_count is None else f"{request_count}")
-    for column, (label, stage, stat) in zip(columns[1:], [
-            ("TTFT p50", "TTFT (server)", "p50_ms"), ("TTFT p99", "TTFT (server)", "p99_ms"),
-            ("E2E p99", "E2E (server)", "p99_ms")]):
-        value = headline.at[stage, stat] if headline is not None and stage in headline.index \
-            else None
-        column.metric(label, "–" if value is None or pd.isna(value) else f"{value:.0f} ms")
     by_class = memo_figure(charts.latency_by_class, view, ctx.tz)
     if not by_class:
-        st.info("No requests in this window.")
+        st.info("No requests in this window: widen or move the window in the sidebar.")
     elif "ddsketch" in (view.get("percentiles"), summary.attrs.get("percentiles")):
         st.caption("Percentiles over this wide window come from per-minute sketches (within 0.5 % "
                    "of the exact value); counts and means are exact.")
@@ -123,36 +208,72 @@ def overview_panels(ctx: Context) -> None:
                         for s in ("avg", "p50", "p95", "p99")}})
 
 
+def spike_threshold(ctx: Context, objectives: dict | None) -> spikes.Threshold | None:
+    """The window's spike threshold (:mod:`.spikes`): from the 15 minutes before it and the
+    TTFT objective of the chosen class (the strictest class's when all are shown)."""
+    limits = verdict_view.objective_limits(objectives, ctx.endpoint_class)
+    before_start, before_end = spikes.reference_window(ctx.window.start)
+    try:
+        summary = load_summary(ctx.server_url, ctx.token, before_start, before_end, ctx.endpoint_class)
+    except ReadApiError:
+        summary = pd.DataFrame()
+    reference = requests = None
+    if not summary.empty and "ttft" in set(summary["measure"]):
+        row = summary.set_index("measure").loc["ttft"]
+        reference = None if pd.isna(row["p99_seconds"]) else float(row["p99_seconds"])
+        requests = int(row["count"])
+    return spikes.spike_threshold(
+        objective_seconds=min(limits.values()) / figures.MS_PER_SECOND if limits else None,
+        reference_p99_seconds=reference, reference_requests=requests)
+
+
+def _strictest(limits: dict[str, float]) -> dict[str, float]:
+    # The correlate view mixes classes: draw the objective its spikes are judged against.
+    return dict([min(limits.items(), key=lambda item: item[1])]) if limits else {}
+
+
 def correlate_panels(ctx: Context) -> None:
     """TTFT p99/mean beside queue, batch, KV cache, preemptions and GPU state on one time
-    axis; detected spikes shaded; the slowest traces of the chosen spike."""
+    axis (max per step, mean dotted, capacity dashed, missing and stale marked); spikes
+    against a threshold fixed before the window; the slowest traces of the chosen spike."""
     _caption(ctx)
     window = ctx.window
+    step_params = (("max_points", ctx.max_points), ("step_seconds", window.step_seconds))
     try:
-        view = load_view(ctx.server_url, ctx.token, "correlate", window.start, window.end,
-                         (("max_points", ctx.max_points), ("step_seconds", window.step_seconds)))
+        view = load_view(ctx.server_url, ctx.token, "correlate", window.start, window.end, step_params)
+        signals = load_view(ctx.server_url, ctx.token, "signals", window.start, window.end, step_params)
     except ReadApiError as error:
-        st.error(str(error))
+        st.error(_explain(error, "the correlation of latency and engine state", ctx))
         return
+    objectives = _objectives(ctx)
+    threshold = spike_threshold(ctx, objectives)
+    found = spikes.find_spikes(view.get("points", []), step_seconds=float(view.get("step_seconds", 1)),
+                               threshold=threshold)
     st.subheader("Latency and engine state")
-    st.plotly_chart(memo_figure(charts.correlate_figure, view, ctx.tz), width="stretch",
-                    key="correlate")
-    spikes = view.get("spikes", [])
+    st.plotly_chart(memo_figure(saturation.correlate_figure, view, signals, ctx.tz, spikes=found,
+                                window_end=window.end,
+                                ttft_limits_ms=_strictest(verdict_view.objective_limits(
+                                    objectives, ctx.endpoint_class))),
+                    width="stretch", key="correlate")
     st.subheader("Spikes")
-    if not spikes:
-        st.info(f"No TTFT spike in this window (a spike: p99 above "
-                f"{view.get('spike_factor', 3):g}× the median of the steps before it).")
+    if threshold is None:
+        st.info("No spike threshold: there are no objectives from the server and too few requests "
+                "in the 15 minutes before the window. Move the window's start later.")
         return
-    labels = [charts.spike_label(spike, ctx.tz) for spike in spikes]
-    chosen = st.selectbox("Spike", range(len(spikes)), format_func=labels.__getitem__,
-                          key="spike")
-    spike = spikes[chosen]
+    st.caption(f"A spike: a step whose TTFT p99 is above {threshold.seconds * figures.MS_PER_SECOND:.0f} ms, "
+               f"{threshold.basis}; it does not change with the zoom.")
+    if not found:
+        st.info("No TTFT spike in this window.")
+        return
+    labels = [saturation.spike_label(spike, ctx.tz) for spike in found]
+    chosen = st.selectbox("Spike", range(len(found)), format_func=labels.__getitem__, key="spike")
+    spike = found[chosen]
     start = pd.Timestamp(spike["start"]).to_pydatetime()
     end = pd.Timestamp(spike["end"]).to_pydatetime()
     try:
         rows = load_requests(ctx.server_url, ctx.token, start, end, SPIKE_TRACES_LIMIT)
     except ReadApiError as error:
-        st.error(str(error))
+        st.error(_explain(error, "the requests of this spike", ctx))
         return
     st.caption(f"The {SPIKE_TRACES_LIMIT} slowest requests that started in the spike")
     _requests_table(rows, ctx.tz)
@@ -166,7 +287,7 @@ def breakdown_panels(ctx: Context) -> None:
         view = load_view(ctx.server_url, ctx.token, "breakdown", window.start, window.end,
                          (("endpoint_class", ctx.endpoint_class),))
     except ReadApiError as error:
-        st.error(str(error))
+        st.error(_explain(error, "the stage breakdown", ctx))
         return
     st.caption(f"{view.get('request_count', 0)} successful requests in the window")
     for measure in ("ttft", "e2e"):
@@ -193,10 +314,10 @@ def requests_panels(ctx: Context) -> None:
     try:
         rows = load_requests(ctx.server_url, ctx.token, window.start, window.end, SLOWEST_LIMIT)
     except ReadApiError as error:
-        st.error(str(error))
+        st.error(_explain(error, "the slowest requests", ctx))
         return
     if rows.empty:
-        st.info("No requests in this window.")
+        st.info("No requests in this window: widen or move the window in the sidebar.")
     _requests_table(rows, ctx.tz)
 
 
@@ -209,11 +330,16 @@ def trace_page(server_url: str, token: str | None, tz: str) -> None:
         return
     try:
         spans = load_trace(server_url, token, trace_id)
-    except ValueError as error:
-        st.warning(str(error))
+    except ValueError:
+        st.warning(f"{trace_id!r} is not a trace id: a trace id is 32 hexadecimal digits. Open a "
+                   f"trace from any list of requests, or paste its id.")
         return
     except ReadApiError as error:
-        (st.warning if error.status_code == 404 else st.error)(str(error))
+        if error.status_code == 404:
+            st.warning(f"Trace {trace_id} not found: no span of it is stored. It may not have "
+                       f"arrived yet (reload in a few seconds) or be older than the retention.")
+        else:
+            st.error(messages.explain(error, what="this trace", server_url=server_url))
         return
     rows = waterfall.span_rows(spans)
     start = charts.wall_time([rows["timestamp"].min()], tz)[0]
@@ -241,7 +367,7 @@ def fleet_panels(ctx: Context) -> None:
     try:
         view = load_view(ctx.server_url, ctx.token, "fleet", window.start, window.end)
     except ReadApiError as error:
-        st.error(str(error))
+        st.error(_explain(error, "the GPUs and engines", ctx))
         return
     gpus, engines, missing = fleet.fleet_tables(view)
     st.subheader("GPUs")
@@ -265,7 +391,7 @@ def fleet_panels(ctx: Context) -> None:
             gauge = load_gauge(ctx.server_url, ctx.token, metric, window.start, window.end,
                                window.step_seconds)
         except ReadApiError as error:
-            st.error(f"{title}: {error}")
+            st.error(_explain(error, title, ctx))
             continue
         figure = memo_figure(gauge_panel_figure, gauge, ctx.tz, title=title, y_title=y_title,
                              scale=scale, step_seconds=window.step_seconds)
@@ -291,11 +417,10 @@ def diagnosis_panels(ctx: Context) -> None:
     try:
         verdict = load_diagnosis(ctx.server_url, ctx.token, window.start, window.end)
     except ReadApiError as error:
-        st.error(f"No verdict: the inferpath server could not answer ({error.detail}). Check that "
-                 f"`inferpath up` is running at {ctx.server_url}, then reload.")
+        st.error(_explain(error, "the verdict", ctx))
         return
     if NO_VERDICT_KEY in verdict:
-        st.info(f"No verdict for this window: {verdict[NO_VERDICT_KEY]}. Widen the window in the sidebar.")
+        st.info(messages.no_verdict(verdict[NO_VERDICT_KEY]))
         return
     (st.success if verdict.get("healthy") else st.warning)(verdict.get("summary", ""))
     st.caption(f"{verdict.get('current_requests')} requests in the window")
@@ -325,30 +450,69 @@ def diagnosis_panels(ctx: Context) -> None:
 
 
 def alerts_panels(ctx: Context) -> None:
-    """Alerts firing now and their history, from ``/api/v1/alerts`` when the server has it."""
+    """Alerts firing and pending now, the rules' status, and the state changes of the
+    window (``/api/v1/alerts?start=&end=``), each as a table."""
     _caption(ctx)
+    window = ctx.window
     try:
-        body = load_alerts(ctx.server_url, ctx.token)
+        body = load_alerts(ctx.server_url, ctx.token, window.start, window.end)
     except ReadApiError as error:
-        st.error(str(error))
+        st.error(_explain(error, "the alerts", ctx))
         return
     if body is None:
-        st.info("Alerts are not configured: this server has no /api/v1/alerts. Define alert "
+        st.info("Alerts are not configured: this server has no alerts route. Define alert "
                 "rules and run the alert evaluator to see firing alerts and their history here.")
         return
-    sections = body if isinstance(body, dict) else {"alerts": body}
+    sections = body if isinstance(body, dict) else {"history": body if isinstance(body, list) else []}
     if sections.get("configured") is False:
         st.info("No alert evaluator runs in this server: set INFERPATH_ALERT_RULES to a rule file "
-                "(or `default`). Past state changes, if any, are listed below.")
-    shown = False
-    for key in ("firing", "pending", "alerts", "history", "rules"):
+                "(or `default`) and restart it. Past state changes of the window, if any, are "
+                "listed below.")
+    for key, title, empty in (
+            ("firing", "Firing now", "No alert is firing."),
+            ("pending", "Pending now", "No alert is pending."),
+            ("rules", "Rules", "No rules are loaded."),
+            ("history", "State changes in this window", "No alert changed state in this window.")):
         rows = sections.get(key)
-        if isinstance(rows, list):
-            shown = True
-            st.subheader(key.capitalize())
-            if rows:
-                st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        if not isinstance(rows, list):
+            continue
+        st.subheader(title)
+        table = alerts_table(key, rows, ctx.tz)
+        if table.empty:
+            st.info(empty)
+        else:
+            st.dataframe(table, hide_index=True, width="stretch")
+
+
+def alerts_table(key: str, rows: list, tz: str) -> pd.DataFrame:
+    """One ``/alerts`` section as a flat table: labels and annotations as ``k=v`` text,
+    times in the wall time of ``tz``, a rule's samples as a count and its active ones; no
+    nested JSON reaches the page."""
+    flat = []
+    for row in rows:
+        if not isinstance(row, dict):
+            flat.append({"value": str(row)})
+            continue
+        out = {}
+        for name, value in row.items():
+            if name == "samples" and isinstance(value, list):
+                out["series"] = len(value)
+                out["active"] = sum(1 for v in value if isinstance(v, dict) and v.get("active"))
+                reasons = sorted({str(v["reason"]) for v in value if isinstance(v, dict) and v.get("reason")})
+                if reasons:
+                    out["reason"] = "; ".join(reasons)
+            elif isinstance(value, dict):
+                out[name] = ", ".join(f"{k}={v}" for k, v in sorted(value.items()))
+            elif isinstance(value, list):
+                out[name] = ", ".join(str(v) for v in value)
             else:
-                st.info(f"No {key} alerts." if key != "rules" else "No rules.")
-    if not shown:
-        st.json(body)
+                out[name] = value
+        flat.append(out)
+    table = pd.DataFrame(flat)
+    for column in table.columns:
+        if column in ("active_at", "fired_at", "keep_firing_since", "time", "timestamp", "at",
+                      "resolved_at", "changed_at"):
+            stamps = pd.to_datetime(table[column], utc=True, errors="coerce", format="ISO8601")
+            if stamps.notna().any():
+                table[column] = stamps.dt.tz_convert(tz).dt.strftime("%Y-%m-%d %H:%M:%S").fillna("")
+    return table

@@ -76,8 +76,9 @@ def load_diagnosis(server_url: str, token: str | None, start: datetime,
     """The verdict for the window against the latency objectives.
 
     HTTP 422 (too few requests in a window) is an answer, not a failure: it comes back as
-    ``{NO_VERDICT_KEY: reason}`` and is cached like a verdict, so a window without one does
-    not ask the server again on every rerun. Other failures raise ``ReadApiError``.
+    ``{NO_VERDICT_KEY: reason}`` (the server's sentence, never its JSON) and is cached like
+    a verdict, so a window without one does not ask the server again on every rerun. Other
+    failures raise ``ReadApiError``.
     """
     with _client(server_url, token) as client:
         try:
@@ -88,8 +89,20 @@ def load_diagnosis(server_url: str, token: str | None, start: datetime,
             raise
 
 
-@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_alerts(server_url: str, token: str | None) -> Any | None:
-    """``/alerts`` as sent, ``None`` when the server has no alerts route."""
+OBJECTIVES_TTL_SECONDS = 60
+"""The objectives change only when the server restarts with another file."""
+
+
+@st.cache_data(ttl=OBJECTIVES_TTL_SECONDS, max_entries=16, show_spinner=False)
+def load_objectives(server_url: str, token: str | None) -> dict[str, Any] | None:
+    """The server's latency objectives per class, ``None`` from a server without the route."""
     with _client(server_url, token) as client:
-        return client.alerts()
+        return client.objectives()
+
+
+@st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
+def load_alerts(server_url: str, token: str | None, start: datetime | None = None,
+                end: datetime | None = None) -> Any | None:
+    """``/alerts`` for the window as sent, ``None`` when the server has no alerts route."""
+    with _client(server_url, token) as client:
+        return client.alerts(start, end)
