@@ -247,7 +247,7 @@ columns. A trace whose re-assembly moved its start across midnight would count t
 
 REQUEST_QUERY_COLUMNS: tuple[str, ...] = (
     "timestamp", "trace_id", "service_name", "endpoint", "endpoint_class", "model", "replica",
-    "status", "input_tokens", "output_tokens", "ttft_ns", "e2e_ns", "itl_ns",
+    "status", "input_tokens", "output_tokens", "ttft_ns", "e2e_ns", "client_ttft_ns", "client_e2e_ns", "itl_ns",
     *(f"{stage}_ns" for stage in STAGES), "model_ns", "postprocess_ns", *TTFT_PHASE_COLUMNS.values(),
 )
 

@@ -263,10 +263,10 @@ def test_a_diagnosis_over_two_wide_windows_equals_the_diagnosis_of_their_rows(tm
     assert not got["healthy"] and got["top_cause"] == "gpu_memory"
     assert any(gauge_rollup.GAUGE_ROLLUP_TABLE in sql for sql in counting.sql)
     # One replica in both windows and no start-up: the cold-start rule reads no replica spans;
-    # request rows are read by two scans (compared measures; the tail band's stages)
+    # request rows are read by three scans (compared measures; the tail band's stages; the
+    # evidence's quantiles) and the objectives per class, one scan per window.
     assert not any("GROUP BY replica" in sql for sql in counting.sql)
-    # and the objectives per class, one scan per window.
-    assert sum("FROM inferpath_requests" in sql for sql in counting.sql) == 4
+    assert sum("FROM inferpath_requests" in sql for sql in counting.sql) == 5
     kv = next(e for c in got["causes"] for e in c["evidence"] if e["measure"] == "kv_cache_usage_ratio")
     assert kv["current"] >= 0.9 > kv["baseline"]
 
