@@ -59,6 +59,9 @@ class DemoServer:
     start: datetime
     end: datetime
     scenario: str | None
+    fault_start: datetime | None = None
+    fault_end: datetime | None = None
+    """The fault phase of the scenario (``None`` for the plain demo)."""
 
 
 # Module scope: embedded chDB allows one open data folder per process, so this store must be
@@ -79,6 +82,7 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer
         outcome = run_scenario("kv-pressure", ScenarioOptions(
             requests_per_phase=40, store_url=store_url, log_dir=base / "logs"), log=lambda _: None)
         start, end, scenario = outcome.baseline_window[0], outcome.fault_window[1], "kv-pressure"
+        fault = outcome.fault_window
     else:
         from inferpath.demo.run import DemoOptions, run_demo
 
@@ -86,9 +90,10 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer
                                        store_url=store_url, port=0, dashboard=False,
                                        log_dir=base / "logs"))
         start, end, scenario = outcome.window_start, outcome.window_end, None
+        fault = (None, None)
     running = serve_in_thread(Settings(store_url=store_url), port=0)
     try:
         yield DemoServer(running.url, start.replace(microsecond=0) - timedelta(seconds=10),
-                         end.replace(microsecond=0) + timedelta(seconds=10), scenario)
+                         end.replace(microsecond=0) + timedelta(seconds=10), scenario, *fault)
     finally:
         running.stop()

@@ -78,3 +78,22 @@ def test_errors_name_the_url_and_the_reason(fed_server: FedServer) -> None:
     assert down.value.status_code is None and nowhere in str(down.value)
     with pytest.raises(ValueError, match="server_url"):
         ReadApiClient("127.0.0.1:4318")
+
+
+def test_signals_view_gives_the_max_per_step_and_who_reported(fed_server: FedServer) -> None:
+    with ReadApiClient(fed_server.url) as client:
+        coarse = client.view("signals", fed_server.start, fed_server.end, step_seconds=10)
+        fine = client.view("signals", fed_server.start, fed_server.end, step_seconds=1)
+        objectives = client.objectives()
+    queue = coarse["signals"]["queue_depth"]
+    assert queue["series"] == 1 and queue["combine"] == "sum" and queue["last_time"]
+    # The burst's raw peak (56 waiting in one scrape) survives 10-second steps as their max,
+    # where the step mean dilutes it.
+    assert max(p["max"] for p in queue["points"]) == 56
+    assert max(p["mean"] for p in queue["points"]) < 56
+    assert max(p["max"] for p in fine["signals"]["queue_depth"]["points"]) == 56
+    assert coarse["signals"]["kv_cache_usage_ratio"]["combine"] == "max"
+    # The capture has no GPU exporter: absent, not zero.
+    assert "gpu_utilization_ratio" not in coarse["signals"]
+    assert objectives["default_class"] == "interactive"
+    assert {"measure": "ttft", "quantile": 0.99, "limit_seconds": 1.0} in objectives["by_class"]["interactive"]
