@@ -69,7 +69,8 @@ class Recording:
 @dataclass
 class ImportResult:
     """What :func:`import_recording` posted: counts, the ``offset_ns`` added to every time,
-    the engine ``source`` recognised and the time range (aware UTC datetimes) after the offset."""
+    the engine ``source`` recognised and the time range covering every scrape and span
+    (aware UTC datetimes, after the offset; ``end`` exclusive)."""
 
     scrapes: int
     trace_bodies: int
@@ -239,13 +240,16 @@ def import_recording(recording: Recording, client: httpx.Client, *, offset_ns: i
     from inferpath.collectors.pipeline import parse_scrape
 
     bodies = 0
+    span_range: list[int] = []
     for request in _trace_requests(recording):
-        if offset_ns:
-            for span in _spans(request):
+        for span in _spans(request):
+            if offset_ns:
                 span.start_time_unix_nano += offset_ns
                 span.end_time_unix_nano += offset_ns
                 for event in span.events:
                     event.time_unix_nano += offset_ns
+            span_range = [min(span_range[0], span.start_time_unix_nano), max(span_range[1], span.end_time_unix_nano)] \
+                if span_range else [span.start_time_unix_nano, span.end_time_unix_nano]
         _post(client, "/v1/traces", request.SerializeToString(), "trace body")
         bodies += 1
     seen_source = None
@@ -261,11 +265,12 @@ def import_recording(recording: Recording, client: httpx.Client, *, offset_ns: i
             raise RecordingError(f"scrape at {at_ns}: {exc}") from None
         _post(client, "/v1/metrics", build_request([(kind, scraped.all())]).SerializeToString(), "scrape")
     flushed = client.post("/api/v1/flush", params={"timeout_seconds": 120}).json().get("ok") is True
-    span = recording.time_range_ns()
+    scraped = recording.time_range_ns()
+    bounds = [*span_range, *((scraped[0] + offset_ns, scraped[1] + offset_ns) if scraped else ())]
     start = end = None
-    if span is not None:
-        start = datetime.fromtimestamp((span[0] + offset_ns) / 1e9, tz=timezone.utc)
-        end = datetime.fromtimestamp((span[1] + offset_ns) / 1e9, tz=timezone.utc)
+    if bounds:  # the end is exclusive in a window: one microsecond past the last time
+        start = datetime.fromtimestamp(min(bounds) // 1000 / 1e6, tz=timezone.utc)
+        end = datetime.fromtimestamp((max(bounds) // 1000 + 1) / 1e6, tz=timezone.utc)
     return ImportResult(len(recording.scrapes), bodies, offset_ns, seen_source, start, end, flushed)
 
 

@@ -1,0 +1,103 @@
+"""Recordings read from files and loaded into a real server: folders, tarballs, expositions with timestamps."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from inferpath.cli import app
+from inferpath.server.recording import (
+    RecordingError, choose_offset_ns, detect_source, open_recording,
+)
+
+DAY_NS = 86_400 * 10**9
+
+
+def _capture(shared_data: Path) -> Path:
+    return shared_data / "vllm_live_capture"
+
+
+def test_the_shared_capture_reads_as_a_recording(shared_data: Path) -> None:
+    recording = open_recording(_capture(shared_data))
+    assert len(recording.scrapes) == 69 and len(recording.trace_files) >= 17
+    assert [at for at, _ in recording.scrapes] == sorted(at for at, _ in recording.scrapes)
+    assert detect_source(recording.scrapes[0][1]) == "vllm"
+    # Start-up bodies are posted before the requests' bodies.
+    folders = [f.parent.name for f in recording.trace_files]
+    assert folders == sorted(folders, key=["startup_otlp", "otlp", "traces"].index)
+
+
+def test_an_exposition_with_timestamps_splits_into_one_scrape_per_time(tmp_path: Path, shared_data: Path) -> None:
+    first = next(iter(sorted(_capture(shared_data).glob("metrics_*.prom"))))
+    samples = [line for line in first.read_text().splitlines() if line.startswith("vllm:num_requests")]
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    for stamp in (1_700_000_000.0, 1_700_000_001.5):
+        lines += [f"{line} {stamp}" for line in samples]
+    path = tmp_path / "incident.om"
+    path.write_text("\n".join(lines) + "\n# EOF\n")
+    recording = open_recording(path)
+    assert [at for at, _ in recording.scrapes] == [1_700_000_000 * 10**9, 1_700_000_001_500 * 10**6]
+    assert all(text.count("vllm:num_requests_running{") == 1 for _, text in recording.scrapes)
+    # Prometheus text (no # EOF) has millisecond timestamps.
+    path.write_text("\n".join(f"{line} 1700000000000" for line in samples) + "\n")
+    assert open_recording(path).scrapes[0][0] == 1_700_000_000 * 10**9
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (None, "no such file"),
+    ("", "no scrapes"),
+    ("vllm:num_requests_running 1\n", "a sample without a timestamp"),
+])
+def test_bad_recordings_are_named(tmp_path: Path, content: str | None, words: str) -> None:
+    target = tmp_path / "absent"
+    if content == "":
+        target.mkdir()
+    elif content is not None:
+        target = tmp_path / "bad.om"
+        target.write_text(content)
+    with pytest.raises(RecordingError, match=words):
+        open_recording(target)
+
+
+def test_a_tarball_may_not_write_outside_its_folder(tmp_path: Path) -> None:
+    archive = tmp_path / "evil.tar.gz"
+    outside = tmp_path / "escaped.txt"
+    payload = tmp_path / "payload.txt"
+    payload.write_text("x")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(payload, arcname="../escaped.txt")
+    with pytest.raises(RecordingError, match="cannot unpack"):
+        open_recording(archive, workdir=tmp_path / "unpacked")
+    assert not outside.exists()
+
+
+def test_times_move_only_when_the_store_would_drop_them(shared_data: Path) -> None:
+    recording = open_recording(_capture(shared_data))
+    last = recording.scrapes[-1][0]
+    assert choose_offset_ns(recording, ttl_days=30, now_ns=last + DAY_NS) == 0
+    old = choose_offset_ns(recording, ttl_days=30, now_ns=last + 40 * DAY_NS)
+    assert old == 40 * DAY_NS - 3600 * 10**9
+    assert choose_offset_ns(recording, ttl_days=30, now_ns=last + DAY_NS, shift="now") == DAY_NS - 3600 * 10**9
+    with pytest.raises(ValueError, match="shift"):
+        choose_offset_ns(recording, ttl_days=30, now_ns=last, shift="later")
+
+
+def test_inferpath_import_then_diagnose_on_the_store(tmp_path: Path, shared_data: Path) -> None:
+    store = f"chdb://{tmp_path / 'store'}"
+    runner = CliRunner()
+    imported = runner.invoke(app, ["import", str(_capture(shared_data)), "--store", store])
+    assert imported.exit_code == 0, imported.output
+    assert "imported 69 scrapes (vllm)" in imported.output and "inferpath diagnose --from" in imported.output
+    command = imported.output.split("inferpath diagnose ", 1)[1].split()
+    verdict = runner.invoke(app, ["diagnose", *command[:4], "--store", store, "--json"])
+    assert verdict.exit_code in (0, 1), verdict.output
+    body = json.loads(verdict.stdout[verdict.stdout.index("{"):])
+    # Every request row inside the printed window: the 120 llm_request spans of the run and the
+    # one trace (three spans, one traceparent) of the earlier start in startup_otlp/.
+    assert body["current_requests"] == 121
+    missing = runner.invoke(app, ["import", str(tmp_path / "nothing"), "--store", store])
+    assert missing.exit_code == 2 and "no such file" in missing.output
