@@ -250,3 +250,14 @@ def test_rows_with_only_a_client_measurement_get_a_verdict_not_a_refusal() -> No
     assert verdict.objectives[0].value_ns > 1e9 and verdict.objectives[0].requests == 40
     assert verdict.top_cause == "unexplained"
     assert any("queue depth is not exported" in note for note in verdict.notes)
+
+
+def test_in_a_small_window_one_stalled_request_is_not_a_regression() -> None:
+    base = [{"ttft_ns": (100 + i) * MS} for i in range(60)]
+    one_stall = [{"ttft_ns": (100 + i) * MS} for i in range(59)] + [{"ttft_ns": 900 * MS}]
+    assert degradation("ttft", one_stall, base).ratio > DEGRADED_RATIO
+    assert not degradation("ttft", one_stall, base).degraded       # p99 is the stalled request
+    slower = [{"ttft_ns": (300 + i) * MS} for i in range(60)]
+    assert degradation("ttft", slower, base).degraded                # the whole tail moved
+    many_base = base * 2
+    assert degradation("ttft", one_stall * 2, many_base).degraded is False or len(many_base) >= 100
