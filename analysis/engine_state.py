@@ -8,9 +8,9 @@ three things is true, and the engine's gauges tell which:
 - **slots**: the running batch is at its limit (``max-num-seqs`` in vLLM). The engine is at
   its compute capacity: more replicas or a larger batch limit help; a shorter batching
   window does not.
-- **memory**: slots are free but the next request's KV blocks are not: usage is near full,
-  or running sequences were preempted (vLLM preempts only when it runs out of blocks). A
-  long prompt may not fit well below 100% usage, so preemptions count as evidence too.
+- **memory**: slots are free but the next request's KV blocks are not: the free share of the
+  pool is smaller than what one average running sequence holds (:func:`kv_full_at`), or
+  running sequences were preempted (vLLM preempts only when it runs out of blocks).
 - **held**: slots and KV blocks are free and the request still waits: the scheduler holds it
   (a batching window, or a per-step token budget). That is not a capacity problem.
 
@@ -35,6 +35,16 @@ KV_FULL_RATIO = 0.9
 scheduler also keeps a small watermark of blocks free, so usage rarely reads 1.0)."""
 WAITING_MIN = 1.0
 """A step counts as *waiting* when at least one request is in the engine's queue."""
+
+
+def kv_full_at(running: float) -> float:
+    """KV usage (ratio) at which one more sequence does not fit beside ``running`` ones: the
+    free share is below what an average running sequence holds, ``usage / running``, i.e.
+    usage ≥ running / (running + 1); capped at :data:`KV_FULL_RATIO`. Two sequences fill a
+    pool at 67 %, sixteen only at 90 %."""
+    if running < 1:
+        return KV_FULL_RATIO
+    return min(KV_FULL_RATIO, running / (running + 1.0))
 
 
 @dataclass(frozen=True)
@@ -86,8 +96,9 @@ class EngineState:
 
     @property
     def memory_pressure(self) -> bool:
-        """KV usage near full while requests waited, or any preemption in the window."""
-        return bool((self.preemptions or 0) > 0
+        """Any preemption in the window, any waiting step held by a full KV pool, or KV usage
+        near full while requests waited."""
+        return bool((self.preemptions or 0) > 0 or self.memory_bound_steps > 0
                     or (self.kv_waiting_p90 is not None and self.kv_waiting_p90 >= KV_FULL_RATIO))
 
     def text(self) -> str:
@@ -123,7 +134,7 @@ def engine_state(window: WindowSignals, *, other: WindowSignals | None = None,
     for _, run, kv in waiting:
         if run is None or limit is None:
             continue
-        if (kv is not None and kv >= KV_FULL_RATIO) or (preempted and (source != "configured" or run < limit)):
+        if (kv is not None and kv >= kv_full_at(run)) or (preempted and (source != "configured" or run < limit)):
             # Preempted sequences mean the pool ran out of blocks; a peak observed under
             # preemption is what memory allowed, not the configured batch limit.
             memory += 1
@@ -147,4 +158,4 @@ def steps_of(queue: Sequence[float | None], running: Sequence[float | None],
     return list(zip(queue, running, kv))
 
 
-__all__ = ["KV_FULL_RATIO", "WAITING_MIN", "EngineState", "engine_state", "steps_of"]
+__all__ = ["KV_FULL_RATIO", "WAITING_MIN", "EngineState", "engine_state", "kv_full_at", "steps_of"]

@@ -261,3 +261,15 @@ def test_in_a_small_window_one_stalled_request_is_not_a_regression() -> None:
     assert degradation("ttft", slower, base).degraded                # the whole tail moved
     # With 120 requests a p99 is two requests deep: two stalls at 900 ms are a regression.
     assert degradation("ttft", one_stall * 2, base * 2).degraded
+
+
+def test_a_pool_is_full_when_one_more_average_sequence_does_not_fit() -> None:
+    from inferpath.analysis.engine_state import kv_full_at
+
+    assert kv_full_at(2) == pytest.approx(2 / 3) and kv_full_at(16) == 0.9 and kv_full_at(0) == 0.9
+    # The demo's kv-pressure fault: two sequences hold 86% of a 160-block pool, no preemption yet.
+    two_fill_it = _engine(queue=[3, 4, 5], running=[2, 2, 1], kv=[0.86, 0.85, 0.5])
+    assert two_fill_it.bound == "memory" and two_fill_it.memory_bound_steps == 3
+    assert cause_of("queue", _context(two_fill_it)) == "gpu_memory"
+    # Sixteen sequences at 86%: there is room for a seventeenth.
+    assert _engine(queue=[3, 4], running=[12, 13], kv=[0.86, 0.86]).memory_bound_steps == 0
