@@ -18,8 +18,7 @@ logged and swallowed.
 Clocks: the span's start is the wall clock at entry; its end is start + the monotonic time
 elapsed, so the span duration equals the E2E measured on the monotonic clock.
 
-Cost (``bench/bench_gateway.py``): the span is a :class:`~.server_span.LeanServerSpan`
-(the SDK's ``ReadableSpan`` built once, at the end) wherever the provider allows it. Around
+Cost (``bench/bench_gateway.py``): the span is the SDK's own (``Tracer.start_span``). Around
 it the middleware reads only the ``traceparent``/``tracestate`` headers
 (``traceparent.py``), gives the span its sampler-relevant attributes at start and the rest
 in one ``set_attributes`` at the end, looks the span name up in a per-route cache, and
@@ -37,11 +36,10 @@ from typing import Any, Awaitable, Callable, MutableMapping
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
-from inferpath.instrumentation.server_span import start_server_span
 from inferpath.instrumentation.streaming import ChatStreamMeter
 from inferpath.instrumentation.traceparent import parent_context
 
@@ -126,8 +124,9 @@ class _ServerRequest:
         attributes[sc.HTTP_REQUEST_METHOD] = method
         attributes[sc.URL_PATH] = str(scope.get("path") or "")
         attributes[sc.URL_SCHEME] = str(scope.get("scheme") or "http")
-        self.span: Span = start_server_span(provider.get_tracer(), method, parent, attributes,
-                                            start_wall_ns)
+        self.span: Span = provider.get_tracer().start_span(
+            method, context=parent, kind=SpanKind.SERVER, attributes=attributes,
+            start_time=start_wall_ns)
         self.token = otel_context.attach(trace.set_span_in_context(self.span, parent))
         next(_started)
 

@@ -18,8 +18,6 @@ Every span inferpath emits goes through the provider that :func:`configure` buil
   a fresh provider (new id, new export worker) on its first span.
 * **Drops.** The batch queue is bounded (``max_queue_size``); a span that does not fit is
   dropped and counted in :func:`dropped_spans_total`, never blocking the request path.
-  The gateway's lean server span (``server_span.py``) ends into the same processor, so
-  its drops and export failures are counted the same way.
 * **OpenTelemetry's own configuration.** Each setting follows the SDK's precedence: an
   explicit argument, then the standard ``OTEL_*`` variable, then inferpath's default. The
   SDK reads the variables itself: the OTLP exporter built without an endpoint takes
