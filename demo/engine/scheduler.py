@@ -1,22 +1,10 @@
-"""A continuous-batching scheduler with a paged KV-cache block pool and recompute preemption.
+"""The emulated engine: the continuous-batching scheduler driven in real time.
 
-This is the emulated GPU engine's core. Nothing runs on a GPU: every engine step sleeps for
-the time that SplitwiseSim's measured profile (see :mod:`.profile`) gives for that step, and
-the scheduling around the steps follows vLLM's (V0-style, prefill first):
-
-1. Admission (FCFS): the head of the waiting queue is admitted while ``max_num_seqs`` allows,
-   the step's prompt-token budget (``max_num_batched_tokens``) allows, and the free KV blocks
-   cover its tokens plus a 1 % watermark (vLLM's default ``watermark``, which keeps freshly
-   admitted sequences from being preempted at once). The queue head blocks the ones behind
-   it, as in vLLM.
-2. If anything was admitted, one prefill step runs over their prompt tokens in total and
-   each admitted sequence emits its first token; running sequences do not decode meanwhile.
-3. Otherwise one decode step runs for the whole running batch, each sequence emitting one
-   token. Before the step every sequence must hold ``ceil(tokens_in_kv / block_size)``
-   blocks; when one more block is needed and none is free, the most recently admitted
-   running sequence is preempted by recompute: its blocks are freed and it goes back to the
-   front of the waiting queue, to be prefilled again over its prompt and the tokens it has
-   already emitted (which are not emitted again).
+What each step does (admission, prefill first, decode, KV blocks, recompute preemption) is
+decided by :class:`inferpath.analysis.continuous_batching.ContinuousBatcher`, the one engine
+model that the what-if simulator (:mod:`inferpath.analysis.whatif`) also runs, on a virtual
+clock. Here nothing runs on a GPU either: every engine step sleeps for the time that
+SplitwiseSim's measured profile (see :mod:`.profile`) gives for that step.
 
 Every step time is ``profile time x slowdown x time_scale``; ``time_scale`` < 1 runs the whole
 emulation faster (all measured durations shrink with it) and the slowdown factors are the
@@ -31,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import math
 import time
@@ -39,12 +26,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from inferpath.analysis.continuous_batching import ContinuousBatcher, Emitted, RequestMetrics, Sequence
 from inferpath.demo.engine.profile import PerfProfile
 from inferpath.demo.engine.specs import gpu_spec, model_spec
 
 logger = logging.getLogger(__name__)
 
-_WATERMARK_RATIO = 0.01  # vLLM's default CacheConfig.watermark
 _VOCAB_SIZE = 32_000  # Llama-2's vocabulary; token ids are placeholders, not model output
 _UTILIZATION_WINDOW_SECONDS = 1.0
 _BACK_TO_BACK_SECONDS = 0.005
@@ -123,68 +110,6 @@ class EngineConfig:
         return model_spec(self.model).kv_bytes_per_token * self.block_size_tokens
 
 
-@dataclass
-class RequestMetrics:
-    """Lifecycle timestamps of one request, with vLLM's intervals derived from them.
-
-    Timestamps are ``time.perf_counter()`` seconds (monotonic); ``arrival_wall_ns`` is the wall
-    clock at arrival. Intervals follow vLLM's definitions (``docs/design/metrics.md``,
-    "Interval calculations"; ``vllm/v1/metrics/stats.py``); preemptions do not reset them.
-    """
-
-    request_id: str
-    prompt_tokens: int
-    max_tokens: int
-    arrival_s: float
-    arrival_wall_ns: int
-    first_scheduled_s: float | None = None
-    first_token_s: float | None = None
-    finished_s: float | None = None
-    completion_tokens: int = 0
-    num_preemptions: int = 0
-
-    @property
-    def queue_seconds(self) -> float:
-        """Queue interval: arrival -> first scheduled (time spent WAITING before any compute)."""
-        return _span(self.arrival_s, self.first_scheduled_s)
-
-    @property
-    def prefill_seconds(self) -> float:
-        """Prefill interval: first scheduled -> first output token."""
-        return _span(self.first_scheduled_s, self.first_token_s)
-
-    @property
-    def decode_seconds(self) -> float:
-        """Decode interval: first output token -> last output token."""
-        return _span(self.first_token_s, self.finished_s)
-
-    @property
-    def inference_seconds(self) -> float:
-        """Inference interval: first scheduled -> last output token (prefill + decode)."""
-        return _span(self.first_scheduled_s, self.finished_s)
-
-    @property
-    def ttft_seconds(self) -> float:
-        """Time to first token: arrival -> first output token."""
-        return _span(self.arrival_s, self.first_token_s)
-
-    @property
-    def e2e_seconds(self) -> float:
-        """End-to-end latency: arrival -> last output token (request finished)."""
-        return _span(self.arrival_s, self.finished_s)
-
-    @property
-    def finished_wall_ns(self) -> int:
-        """Wall-clock finish: arrival wall time plus the monotonic E2E (one clock for the span)."""
-        return self.arrival_wall_ns + round(self.e2e_seconds * 1e9)
-
-
-def _span(start: float | None, end: float | None) -> float:
-    if start is None or end is None:
-        return 0.0
-    return max(0.0, end - start)
-
-
 @dataclass(frozen=True)
 class TokenEvent:
     """One output token.
@@ -232,18 +157,12 @@ class RequestAborted(RuntimeError):
     """Raised by a :class:`RequestStream` when the engine stopped before the request finished."""
 
 
-_WAITING, _RUNNING, _DONE = "waiting", "running", "done"
 _ABORT = object()
 
 
 @dataclass(eq=False)
-class _Sequence:
-    metrics: RequestMetrics
+class _Sequence(Sequence):
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    state: str = _WAITING
-    generated: int = 0
-    blocks: int = 0
-    admit_order: int = 0
     token_seed: int = 0
 
 
@@ -304,11 +223,8 @@ class Engine:
         self._model = model_spec(config.model)
         self._gpu = gpu_spec(config.hardware)
         self._clock = clock
-        self._waiting: collections.deque[_Sequence] = collections.deque()
-        self._running: list[_Sequence] = []
+        self.batcher = ContinuousBatcher(config)
         self._by_id: dict[str, _Sequence] = {}
-        self._free_blocks = config.num_kv_blocks
-        self._admit_counter = itertools.count(1)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._busy: collections.deque[tuple[float, float]] = collections.deque()
@@ -316,10 +232,26 @@ class Engine:
         self._last_step_end_s = float("-inf")
         self._batch_size = 0
         self._first_request_s: float | None = None
-        self.num_preemptions_total = 0
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.num_requests_finished_total = 0
+
+    @property
+    def num_preemptions_total(self) -> int:
+        """Preemptions since start (vLLM's ``num_preemptions_total``)."""
+        return self.batcher.num_preemptions_total
+
+    @property
+    def prompt_tokens_total(self) -> int:
+        """Prompt tokens prefilled since start, recomputed ones included."""
+        return self.batcher.prompt_tokens_total
+
+    @property
+    def generation_tokens_total(self) -> int:
+        """Output tokens emitted since start."""
+        return self.batcher.generation_tokens_total
+
+    @property
+    def num_requests_finished_total(self) -> int:
+        """Requests finished since start."""
+        return self.batcher.num_requests_finished_total
 
     # --- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -351,7 +283,7 @@ class Engine:
         for name, value in (("prompt_tokens", prompt_tokens), ("max_tokens", max_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        need = self._blocks_for(prompt_tokens + max_tokens)
+        need = self.batcher.blocks_for(prompt_tokens + max_tokens)
         if need > self.config.num_kv_blocks:
             raise ValueError(
                 f"prompt_tokens + max_tokens: {prompt_tokens + max_tokens} tokens need {need} KV blocks, "
@@ -364,7 +296,7 @@ class Engine:
             self._first_request_s = metrics.arrival_s  # the cold period starts with the first request
         seq = _Sequence(metrics=metrics, token_seed=hash(rid) & 0xFFFF)
         self._by_id[rid] = seq
-        self._waiting.append(seq)
+        self.batcher.add(seq)
         self._wake.set()
         return RequestStream(self, seq)
 
@@ -383,10 +315,7 @@ class Engine:
         ``ValueError`` naming the field for a count < 1."""
         if not isinstance(num_kv_blocks, int) or isinstance(num_kv_blocks, bool) or num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks: must be an integer >= 1, got {num_kv_blocks!r}")
-        self._free_blocks += num_kv_blocks - self.config.num_kv_blocks
-        self.config.num_kv_blocks = num_kv_blocks
-        while self._free_blocks < 0 and self._running:
-            self._preempt(max(self._running, key=lambda s: s.admit_order))
+        self.batcher.resize_kv_pool(num_kv_blocks)
         self._wake.set()
 
     RECONFIGURABLE = ("time_scale", "prefill_slowdown", "decode_slowdown", "batch_window_seconds", "num_kv_blocks")
@@ -420,22 +349,19 @@ class Engine:
         return cfg.time_scale * (cfg.cold_slowdown if cold else 1.0)
 
     def _batch_window_wait_seconds(self) -> float:
-        window = self.config.batch_window_seconds
-        if window <= 0 or not self._waiting:
-            return 0.0
-        return max(0.0, self._waiting[0].metrics.arrival_s + window - self._clock())
+        return self.batcher.batch_window_wait_seconds(self._clock())
 
     # --- stats -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """The live snapshot (see :class:`EngineStats` for each field's definition)."""
         cfg = self.config
-        used_blocks = cfg.num_kv_blocks - self._free_blocks
+        used_blocks = self.batcher.used_blocks
         utilization = self._utilization_ratio()
         idle, busy_w = self._gpu.idle_watts, self.profile.power_ratio(max(self._batch_size, 1)) * self._gpu.tdp_watts
         memory = (self._model.weights_bytes + used_blocks * cfg.kv_block_bytes) // cfg.tensor_parallel
         return EngineStats(
-            num_requests_waiting=len(self._waiting),
-            num_requests_running=len(self._running),
+            num_requests_waiting=len(self.batcher.waiting),
+            num_requests_running=len(self.batcher.running),
             kv_cache_usage_perc=used_blocks / cfg.num_kv_blocks,
             num_preemptions_total=self.num_preemptions_total,
             batch_size=self._batch_size if self._step_started_s is not None else 0,
@@ -466,27 +392,21 @@ class Engine:
 
     # --- the loop --------------------------------------------------------------------
     async def _run(self) -> None:
+        batcher = self.batcher
         while True:
-            if not self._waiting and not self._running:
+            if not batcher.waiting and not batcher.running:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            admitted = self._admit()
+            step = batcher.plan_step(self._clock())
             cfg = self.config
-            if admitted:
-                tokens = sum(s.metrics.prompt_tokens + s.generated for s in admitted)
-                self.prompt_tokens_total += tokens
-                step = self.profile.prefill_seconds(tokens) * cfg.prefill_slowdown * self.step_multiplier()
-                await self._step(step, len(admitted))
-                self._emit([s for s in admitted if s.state == _RUNNING])
-            elif self._running:
-                self._reserve_decode_blocks()
-                batch = list(self._running)
-                if not batch:
-                    continue
-                step = self.profile.decode_step_seconds(len(batch)) * cfg.decode_slowdown * self.step_multiplier()
-                await self._step(step, len(batch))
-                self._emit([s for s in batch if s.state == _RUNNING])
+            if step is not None:
+                if step.kind == "prefill":
+                    seconds = self.profile.prefill_seconds(step.tokens) * cfg.prefill_slowdown
+                else:
+                    seconds = self.profile.decode_step_seconds(step.tokens) * cfg.decode_slowdown
+                await self._step(seconds * self.step_multiplier(), len(step.sequences))
+                self._emit(batcher.finish_step(step, self._clock()))
             elif (hold := self._batch_window_wait_seconds()) > 0:
                 # Nothing runs while the batching window of the queue head is open.
                 await asyncio.sleep(hold)
@@ -513,82 +433,17 @@ class Engine:
             while self._busy and self._busy[0][1] < end - _UTILIZATION_WINDOW_SECONDS:
                 self._busy.popleft()
 
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.config.block_size_tokens)
-
-    def _admit(self) -> list[_Sequence]:
-        cfg = self.config
-        watermark = math.ceil(_WATERMARK_RATIO * cfg.num_kv_blocks)
-        budget = cfg.max_num_batched_tokens
-        admitted: list[_Sequence] = []
+    def _emit(self, emitted: list[Emitted]) -> None:
         now = self._clock()
-        if self._batch_window_wait_seconds() > 0 and len(self._waiting) < cfg.max_num_seqs:
-            return admitted
-        while self._waiting and len(self._running) < cfg.max_num_seqs:
-            seq = self._waiting[0]
-            tokens = seq.metrics.prompt_tokens + seq.generated
-            need = self._blocks_for(tokens)
-            reserve = watermark if self._running else 0
-            if need + reserve > self._free_blocks or (admitted and tokens > budget):
-                break
-            self._waiting.popleft()
-            self._free_blocks -= need
-            seq.blocks, seq.state, seq.admit_order = need, _RUNNING, next(self._admit_counter)
-            if seq.metrics.first_scheduled_s is None:
-                seq.metrics.first_scheduled_s = now
-            self._running.append(seq)
-            budget -= tokens
-            admitted.append(seq)
-        return admitted
-
-    def _reserve_decode_blocks(self) -> None:
-        # Oldest first, so that when blocks run out the youngest gives way (vLLM's policy).
-        for seq in list(self._running):
-            if seq.state != _RUNNING:
-                continue
-            need = self._blocks_for(seq.metrics.prompt_tokens + seq.generated)
-            while seq.state == _RUNNING and seq.blocks < need:
-                if self._free_blocks > 0:
-                    self._free_blocks -= 1
-                    seq.blocks += 1
-                else:
-                    self._preempt(max(self._running, key=lambda s: s.admit_order))
-
-    def _preempt(self, seq: _Sequence) -> None:
-        self._free_blocks += seq.blocks
-        seq.blocks, seq.state = 0, _WAITING
-        self._running.remove(seq)
-        self._waiting.appendleft(seq)
-        seq.metrics.num_preemptions += 1
-        self.num_preemptions_total += 1
-        logger.debug("preempted %s after %d tokens", seq.metrics.request_id, seq.generated)
-
-    def _emit(self, sequences: list[_Sequence]) -> None:
-        now = self._clock()
-        for seq in sequences:
-            index = seq.generated
-            seq.generated += 1
-            self.generation_tokens_total += 1
-            metrics = seq.metrics
-            metrics.completion_tokens = seq.generated
-            if metrics.first_token_s is None:
-                metrics.first_token_s = now
-            finished = seq.generated >= metrics.max_tokens
-            if finished:
-                metrics.finished_s = now
-                self.num_requests_finished_total += 1
-                self._release(seq)
-            token_id = (seq.token_seed + index * 7919) % _VOCAB_SIZE
-            seq.events.put_nowait(TokenEvent(index, token_id, finished, now, metrics if finished else None))
+        for token in emitted:
+            seq = token.sequence
+            assert isinstance(seq, _Sequence)
+            if token.finished:
+                self._by_id.pop(seq.metrics.request_id, None)
+            token_id = (seq.token_seed + token.index * 7919) % _VOCAB_SIZE
+            seq.events.put_nowait(TokenEvent(token.index, token_id, token.finished, now,
+                                             seq.metrics if token.finished else None))
 
     def _release(self, seq: _Sequence) -> None:
-        if seq.state == _RUNNING:
-            self._running.remove(seq)
-        elif seq.state == _WAITING:
-            try:
-                self._waiting.remove(seq)
-            except ValueError:
-                pass
-        self._free_blocks += seq.blocks
-        seq.blocks, seq.state = 0, _DONE
+        self.batcher.release(seq)
         self._by_id.pop(seq.metrics.request_id, None)
