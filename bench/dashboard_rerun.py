@@ -8,8 +8,9 @@ widgets and every element it emits, without a browser's drawing), page by page
 (Overview, Correlate, Breakdown, Slowest requests, Trace, GPUs and engines, Diagnosis,
 Alerts):
 
-- reference: the page's read-API calls made uncached, exactly as the page makes them (same
-  routes, same parameters, one fresh ``ReadApiClient`` per call as the loaders use);
+- reference: the page's read-API calls made uncached, exactly as the page made them in its
+  cold run (recorded at the client: same routes, same parameters; one fresh
+  ``ReadApiClient`` per call as the loaders use);
 - cached rerun: ``AppTest.run()`` on that page right after a run that filled the caches;
 - uncached rerun (for scale): ``st.cache_data.clear()`` (the loaders) and
   ``st.cache_resource.clear()`` (the figure memo, :mod:`inferpath.dashboard.memo`), then
@@ -240,72 +241,43 @@ def load_gauges(folder: Path, stack: list, points: int = 5000) -> Dataset:
                    max_points=points)
 
 
-def page_calls(dataset: Dataset, server_url: str) -> dict[str, Callable[[], Any]]:
-    """Per page title: a function making that page's read-API calls uncached, with the
-    parameters the page passes (see :mod:`inferpath.dashboard.pages`); returns the calls made."""
-    from inferpath.dashboard import pages
+class RecordedCalls:
+    """Records the read-API requests (path, parameters) a page makes while active, by
+    wrapping :meth:`ReadApiClient._get` in this process (the bench's own, never a user's)."""
+
+    def __init__(self) -> None:
+        from inferpath.dashboard.client import ReadApiClient
+
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.active = False
+        original = ReadApiClient._get
+
+        def recording(client, path, params):  # type: ignore[no-untyped-def]
+            if self.active:
+                self.calls.append((path, dict(params)))
+            return original(client, path, params)
+
+        self._original, self._client = original, ReadApiClient
+        ReadApiClient._get = recording  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        self._client._get = self._original  # type: ignore[method-assign]
+
+
+def replay_calls(calls: list[tuple[str, dict[str, Any]]], server_url: str) -> int:
+    """Make ``calls`` uncached against ``server_url``, one fresh client per call as each
+    cached loader opens its own; a 4xx answer (e.g. "too few requests") is what the page
+    shows, not a failure. Returns the number of calls."""
     from inferpath.dashboard.client import ReadApiClient, ReadApiError
-    from inferpath.dashboard.timerange import step_seconds_for
 
-    start, end, max_points = dataset.start, dataset.end, dataset.max_points
-    step = step_seconds_for((end - start).total_seconds(), target_buckets=max_points)
-
-    def call(method: str, *args, **kwargs):
-        # One client per call, as each cached loader opens its own.
+    for path, params in calls:
         with ReadApiClient(server_url) as client:
             try:
-                return getattr(client, method)(*args, **kwargs)
+                client.get_json(path, params)
             except ReadApiError as error:
-                if error.status_code != 422:  # "too few requests": the page shows it
+                if error.status_code is None or error.status_code >= 500:
                     raise
-                return None
-
-    def overview():
-        call("view", "latency", start, end, endpoint_class=None, max_points=max_points,
-             step_seconds=step)
-        call("summary", start, end, endpoint_class=None)
-        return 2
-
-    def correlate():
-        view = call("view", "correlate", start, end, max_points=max_points, step_seconds=step)
-        if not view.get("spikes"):
-            return 1
-        spike = view["spikes"][0]  # the page preselects the first spike
-        call("requests", datetime.fromisoformat(spike["start"]),
-             datetime.fromisoformat(spike["end"]), limit=pages.SPIKE_TRACES_LIMIT, order="slowest")
-        return 2
-
-    def breakdown():
-        call("view", "breakdown", start, end, endpoint_class=None)
-        return 1
-
-    def slowest():
-        call("requests", start, end, limit=pages.SLOWEST_LIMIT, order="slowest")
-        return 1
-
-    def trace():
-        if not dataset.trace_id:
-            return 0  # the page asks for an id and queries nothing
-        call("trace", dataset.trace_id)
-        return 1
-
-    def fleet():
-        call("view", "fleet", start, end)
-        for metric, *_ in pages.ENGINE_GAUGES:
-            call("gauge_timeseries", metric, start, end, step_seconds=step)
-        return 1 + len(pages.ENGINE_GAUGES)
-
-    def diagnosis():
-        call("diagnosis", start, end)
-        return 1
-
-    def alerts():
-        call("alerts")
-        return 1
-
-    return {"Overview": overview, "Correlate": correlate, "Breakdown": breakdown,
-            "Slowest requests": slowest, "Trace": trace, "GPUs and engines": fleet,
-            "Diagnosis": diagnosis, "Alerts": alerts}
+    return len(calls)
 
 
 PAGE_PATHS = {"Overview": "", "Correlate": "correlate", "Breakdown": "breakdown",
@@ -382,7 +354,7 @@ def measure_script(dataset: Dataset, relay: CountingRelay, rounds: int,
 
     # Clearing caches outside a script run and AppTest's bare runtime log one line per call.
     set_log_level("error")
-    calls = page_calls(dataset, dataset.server_url)
+    recorder = RecordedCalls()
     saved = {name: os.environ.get(name) for name in ("INFERPATH_SERVER_URL", "INFERPATH_TOKEN")}
     os.environ["INFERPATH_SERVER_URL"] = relay.url
     os.environ.pop("INFERPATH_TOKEN", None)
@@ -398,9 +370,13 @@ def measure_script(dataset: Dataset, relay: CountingRelay, rounds: int,
                 st.cache_data.clear()
                 st.cache_resource.clear()  # the figure memo too: a cold page
                 before = relay.connections_total
+                recorder.calls.clear()
+                recorder.active = True
                 started = time.perf_counter()
                 app.run()
                 figures.uncached_seconds.append(time.perf_counter() - started)
+                recorder.active = False
+                page_requests = list(recorder.calls)
                 figures.uncached_connections += relay.connections_total - before
                 before = relay.connections_total
                 started = time.perf_counter()
@@ -409,11 +385,12 @@ def measure_script(dataset: Dataset, relay: CountingRelay, rounds: int,
                 figures.cached_connections += relay.connections_total - before
                 check_page(app, title)
                 started = time.perf_counter()
-                figures.calls = calls[title]()
+                figures.calls = replay_calls(page_requests, dataset.server_url)
                 figures.raw_seconds.append(time.perf_counter() - started)
             results.append(figures)
         return results
     finally:
+        recorder.close()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -444,6 +421,36 @@ def _open_in_browser(page, url: str, title: str) -> None:
     _rerun_seconds(page)  # warm: the first rerun after a page load
 
 
+def recorded_page_calls(dataset: Dataset, relay: CountingRelay,
+                        titles: list[str]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """Per page title: the read-API requests its cold run makes (one AppTest run each)."""
+    import streamlit as st
+
+    recorder = RecordedCalls()
+    saved = os.environ.get("INFERPATH_SERVER_URL")
+    os.environ["INFERPATH_SERVER_URL"] = relay.url
+    try:
+        app = open_app(dataset)
+        out = {}
+        for title in titles:
+            select_page(app, title)
+            st.cache_data.clear()
+            st.cache_resource.clear()
+            recorder.calls.clear()
+            recorder.active = True
+            app.run()
+            recorder.active = False
+            check_page(app, title)
+            out[title] = list(recorder.calls)
+        return out
+    finally:
+        recorder.close()
+        if saved is None:
+            os.environ.pop("INFERPATH_SERVER_URL", None)
+        else:
+            os.environ["INFERPATH_SERVER_URL"] = saved
+
+
 def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles: list[str],
                     folder: Path, attempts: int = 6) -> list[PageFigures]:
     """Chromium on ``streamlit run``: per page, interleaved rounds of the floor app's rerun
@@ -465,7 +472,7 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
     )
     from inferpath.demo.processes import free_port
 
-    calls = page_calls(dataset, dataset.server_url)
+    calls = recorded_page_calls(dataset, relay, titles)
     port, floor_port = free_port(), free_port()
     url, floor_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{floor_port}"
     floor_script = folder / "floor_app.py"
@@ -502,7 +509,7 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
                             break
                         figures.cached_connections += relay.connections_total - before
                     started = time.perf_counter()
-                    figures.calls = calls[title]()
+                    figures.calls = replay_calls(calls[title], dataset.server_url)
                     figures.raw_seconds.append(time.perf_counter() - started)
                 if not figures.cached_seconds:
                     raise RuntimeError(f"page {title!r}: no rerun was served from the cache")
