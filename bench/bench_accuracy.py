@@ -17,12 +17,13 @@ The reference is the server's write: the error holds everything between that wri
 inferpath's stamp (kernel delivery, the client's event loop reaching the socket, the read
 path), so a stalled client shows up in it, as it would in a service.
 
-Each case runs three times, interleaved: "kernel", the kernel's receive timestamp of the
-connection's raw socket read (``SO_TIMESTAMPNS``; ``instrumentation/receipt.py``, the
-default); "raw read", the moment of that read in user space, or the earlier moment a probe
-saw the bytes waiting (``receipt.kernel_stamps = False``); "after httpx", when the bytes
-come out of httpx (``receipt.enabled = False``, the first behaviour). So the three compare
-under the same load. Printed beside each case: load average, the client's GC pauses
+Each case runs three times, interleaved: "default", when the bytes come out of httpx
+(inferpath's default, which touches nothing in the host); "kernel", the opt-in
+``instrument(..., kernel_receive_timestamps=True)``: the kernel's receive timestamp of the
+connection's raw socket read (``SO_TIMESTAMPNS``; ``instrumentation/receipt.py``); "raw
+read", the opt-in where the kernel gives no timestamp: the moment of that read in user
+space, or the earlier moment a probe saw the bytes waiting (``receipt.kernel_stamps =
+False``). So the three compare under the same load; the case's summary is the default's. Printed beside each case: load average, the client's GC pauses
 (``gc.callbacks``), the server's lag behind its schedule, and the client loop's lag (a 1 ms
 ticker, with ``--diagnose`` only, as it adds its own wakeups).
 
@@ -54,7 +55,8 @@ Harness settings, all printed (why: bench/README.md, Instrumentation, "Accuracy"
         [--ttft-ms A] [--itl-ms B] [--rounds R] [--pin] [--nice N] [--realtime]
         [--exporter otlp|memory] [--gc-freeze] [--diagnose]
 
-Target (issue 3): |error| <= 1 ms at p50 and <= 3 ms at p99, at concurrency 1 and 64.
+Targets of the default: |TTFT error| p99 <= 3 ms at concurrency 1 and <= 10 ms at 64, on a
+quiet machine. The opt-in keeps p99 well under 1 ms in both.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ asyncio.run(main())
 '''
 
 #: stamp -> (receipt.enabled, receipt.kernel_stamps)
-STAMPS = {"kernel": (True, True), "raw read": (True, False), "after httpx": (False, False)}
+STAMPS = {"default": (False, False), "kernel": (True, True), "raw read": (True, False)}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -300,10 +302,10 @@ def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c
                         print(_line(case, row), flush=True)
                         entry = report.setdefault(case, {"rounds": []})
                         entry["rounds"].append(row)
-                        if enabled and kernel:
+                        if not enabled:
                             entry.update({k: v for k, v in row.items() if k != "rounds"})
         finally:
-            receipt.enabled = receipt.kernel_stamps = True
+            receipt.enabled, receipt.kernel_stamps = False, True
             if gc_freeze:
                 gc.unfreeze()
             if pauses in gc.callbacks:
@@ -330,7 +332,7 @@ def _line(case: str, row: dict) -> str:
             f"{row['gc_max_ms']:.1f} ms")
     if "loop_lag_p99_ms" in row:
         text += f"; loop lag p99 {row['loop_lag_p99_ms']:.2f} ms, max {row['loop_lag_max_ms']:.1f}"
-    return text + " (target p50 <= 1, p99 <= 3)"
+    return text + " (default's target: p99 <= 3 at concurrency 1, <= 10 at 64)"
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:

@@ -32,6 +32,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
+from inferpath.instrumentation import receipt
 from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter, TokenTimeline
 
@@ -75,8 +76,8 @@ class ChatCompletionStream:
         )
         # This call makes its own span; the httpx integration must not make a second one.
         self._request.extensions["inferpath.traced"] = True
-        # A connection this call opens is stamped from its first read (receipt.py).
-        self._request.extensions["trace"] = trace_connect(self._request.extensions.get("trace"))
+        if receipt.enabled:  # opt-in: a connection this call opens is stamped from its first read
+            self._request.extensions["trace"] = trace_connect(self._request.extensions.get("trace"))
         self._payload = payload
         self._stage = stage
         self._on_chunk = on_chunk
@@ -137,8 +138,8 @@ class ChatCompletionStream:
             await self._open()
         try:
             while not self._pending:
-                receipt = self._receipt
-                if receipt is not None:
+                clock = self._receipt
+                if clock is not None:
                     probe()  # other streams' bytes that arrived during this task's turn
                 try:
                     data = await self._bytes.__anext__()
@@ -146,11 +147,11 @@ class ChatCompletionStream:
                     self._finish_complete(self._last_chunk_ns or self._last_read_ns)
                     break
                 received_ns = time.perf_counter_ns()
-                if receipt is not None:
+                if clock is not None:
                     probe()
-                    # The raw socket read that delivered these bytes, not this task's turn
-                    # on the event loop (receipt.py says why the two differ under load).
-                    received_ns = receipt.stamp_ns(received_ns, self._start_perf_ns)
+                    # Opt-in: the kernel's receipt of these bytes, not this task's turn on
+                    # the event loop (receipt.py says why the two differ under load).
+                    received_ns = clock.stamp_ns(received_ns, self._start_perf_ns)
                 self._last_read_ns = received_ns
                 chunks = self.meter.feed(data, received_ns)
                 if chunks:

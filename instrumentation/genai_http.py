@@ -41,6 +41,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import content, provider
 from inferpath.instrumentation import semconv as sc
+from inferpath.instrumentation import receipt
 from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter
 
@@ -143,7 +144,7 @@ class _ModelCall:
             if content_type.startswith("text/event-stream"):
                 # Chunks are decoded for a caller only when their text is captured.
                 self.meter = ChatStreamMeter(start_ns=self.start_perf_ns, decode_chunks=self.capture)
-                # Async clients: stamp chunks at the connection's raw read (receipt.py).
+                # Opt-in, async clients: stamp chunks at the kernel's receipt (receipt.py).
                 self.receipt = receipt_clock(response)
             elif "json" in content_type:
                 self.json_body = bytearray()
@@ -399,11 +400,11 @@ def _wrap_async(original: Any, stream_class: type) -> Any:
         call = _start_call(request)
         if call is None:
             return await original(self, request)
-        try:
-            # A connection this call opens is stamped from its first read (receipt.py).
-            request.extensions["trace"] = trace_connect(request.extensions.get("trace"))
-        except Exception:
-            pass
+        if receipt.enabled:  # opt-in: a connection this call opens is stamped from its first read
+            try:
+                request.extensions["trace"] = trace_connect(request.extensions.get("trace"))
+            except Exception:
+                pass
         try:
             response = await original(self, request)
         except BaseException as error:

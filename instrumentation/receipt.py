@@ -1,8 +1,21 @@
-"""Receipt time of a response's bytes, taken at the raw socket read of its connection.
+"""Opt-in: receipt time of a response's bytes, taken by the kernel or at the raw socket read.
 
-A streamed chunk reaches the code that measures it only after the event loop has run the
-task that waits on the connection, and that task's turn comes after every other task woken
-in the same loop iteration: with 64 streams whose tokens arrive together, the last one's
+Off by default. By default a streamed chunk is stamped when its bytes come out of httpx
+(``time.perf_counter_ns`` at the read, before any parsing), which touches nothing in the
+host and is within the accuracy targets on a quiet machine (TTFT p99 ≤ 3 ms at
+concurrency 1, ≤ 10 ms at 64; ``bench/bench_accuracy.py``). ``instrument(...,
+kernel_receive_timestamps=True)`` (or :func:`enable`) turns this module on, for whoever
+needs tighter figures under load; it then changes the host as follows: the class of
+anyio's protocol object of each streamed connection is swapped for a stamping subclass,
+the class of the connection's socket for one reading with ``recvmsg``, ``SO_TIMESTAMPNS``
+is set on those sockets, and one UDP socket stays open for the process's life so that the
+kernel keeps receive timestamping on for the host. It also reads private attributes of
+anyio (``_protocol``, ``_transport``) and asyncio (``_sock``). ``enable(False)`` (and
+``uninstrument()``) stops installing it on new connections.
+
+Why the default stamp can be late: a streamed chunk reaches the code that measures it only
+after the event loop has run the task that waits on the connection, and that task's turn
+comes after every other task woken in the same loop iteration: with 64 streams whose tokens arrive together, the last one's
 turn comes 64 × (httpcore + h11 + httpx per-read work, 50-150 µs) later. Stamping there puts
 that queueing into TTFT and ITL. The earliest point in user space is the transport's read
 callback, which asyncio runs straight after ``epoll`` for every ready socket before any
@@ -72,11 +85,13 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["ReceiptClock", "receipt_clock", "trace_connect", "probe", "enabled", "kernel_stamps"]
+__all__ = ["ReceiptClock", "receipt_clock", "trace_connect", "probe", "enable", "enabled",
+           "kernel_stamps"]
 
-#: Escape hatch (and the benchmark's switch): False makes :func:`receipt_clock` return
-#: None, so every stamp is taken when the body piece comes out of httpx.
-enabled = True
+#: The opt-in (see the module docstring; :func:`enable` sets it). False (the default):
+#: :func:`receipt_clock` returns None and every stamp is taken when the body piece comes
+#: out of httpx.
+enabled = False
 
 #: False: connections installed from now on are stamped at the raw read (and the probe),
 #: without the kernel's receive timestamp.
@@ -368,6 +383,14 @@ def _stamping_class(cls: type) -> type:
                                            "__module__": cls.__module__})
     _stamping_classes[cls] = stamping
     return stamping
+
+
+def enable(on: bool = True) -> None:
+    """Turn kernel receive timestamps (and the raw-read stamp where the kernel has none) on
+    or off for connections reached from now on. Connections already stamped keep their
+    stamping classes until they close."""
+    global enabled
+    enabled = bool(on)
 
 
 def receipt_clock(response: Any) -> ReceiptClock | None:

@@ -1,5 +1,6 @@
-"""Chunks are stamped at their receipt: the kernel's, else the connection's raw socket read,
-not at the reading task's turn.
+"""The opt-in (``kernel_receive_timestamps``): chunks are stamped at their receipt, the
+kernel's, else the connection's raw socket read, not at the reading task's turn. By default
+nothing of it is installed (the first tests here).
 
 Eight streams on loopback get their first token while the client's event loop is blocked;
 when it unblocks, the eight reads happen in one loop iteration and each task then spends
@@ -28,6 +29,67 @@ STREAMS = 8
 BUSY_SECONDS = 0.004
 SCRIPT = [(5, frame(ROLE)), (300, frame(content("a"))), (320, frame(content("b"))),
           (340, frame(FINISH) + frame(usage(2)) + frame("[DONE]"))]
+
+
+@pytest.fixture(autouse=True)
+def opted_in(monkeypatch) -> None:
+    """Every test here but the default's runs with the opt-in on (a test may turn it off)."""
+    monkeypatch.setattr(receipt, "enabled", True)
+
+
+async def _one_stream(url: str) -> tuple:
+    """One streamed completion; (the stream, its connection's socket's class and
+    ``SO_TIMESTAMPNS`` value, its anyio protocol)."""
+    import socket as socket_module
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        stream = stream_chat_completion(client, url, {"model": "m", "messages": []})
+        async with stream:
+            async for _ in stream:
+                anyio_stream = receipt._stream_of(stream.response.extensions["network_stream"])
+                sock = anyio_stream._transport._sock
+                timestamping = sock.getsockopt(socket_module.SOL_SOCKET, receipt._SO_TIMESTAMPNS)
+            return stream, type(sock), timestamping, anyio_stream._protocol
+
+
+def test_by_default_nothing_in_the_host_is_touched(spans, monkeypatch) -> None:
+    """Default: no connect hook on the request, no class swapped, no socket option set, no
+    holder socket opened; the chunks are stamped when httpx returns them."""
+    import socket as socket_module
+
+    from anyio._backends._asyncio import StreamProtocol
+
+    monkeypatch.setattr(receipt, "enabled", False)
+    monkeypatch.setattr(receipt, "_holder", None)
+    with ScriptedSSEServer(SCRIPT) as server:
+        stream, socket_class, timestamping, protocol = asyncio.run(_one_stream(server.url))
+    assert stream._receipt is None
+    assert "trace" not in stream._request.extensions
+    assert type(protocol) is StreamProtocol
+    assert not hasattr(protocol, receipt._ATTRIBUTE)
+    assert socket_class is socket_module.socket and timestamping == 0
+    assert receipt._holder is None
+    assert 0.28 < stream.timeline.ttft_seconds < 0.4
+
+
+@pytest.mark.skipif(not receipt._HAS_KERNEL_STAMPS, reason="kernel receive timestamps: Linux x86-64/arm64")
+def test_instrument_opts_in_and_uninstrument_opts_out(spans, monkeypatch) -> None:
+    import inferpath
+
+    monkeypatch.setattr(receipt, "enabled", False)
+    try:
+        inferpath.instrument(integrations=False, kernel_receive_timestamps=True)
+        assert receipt.enabled
+        with ScriptedSSEServer(SCRIPT) as server:
+            stream, socket_class, timestamping, protocol = asyncio.run(_one_stream(server.url))
+        assert isinstance(stream._receipt, ReceiptClock) and stream._receipt.fd >= 0
+        assert socket_class is receipt._KernelStampedSocket and timestamping == 1
+        assert type(protocol).__mro__[1].__name__ == "StreamProtocol"
+        assert "trace" in stream._request.extensions
+        inferpath.uninstrument()
+        assert not receipt.enabled
+    finally:
+        inferpath.uninstrument()
 
 
 def _busy(seconds: float) -> None:
