@@ -1,0 +1,517 @@
+"""What if: replay a stored window through the engine model under a changed configuration.
+
+The engine model is the continuous-batching scheduler the demo engine runs
+(:mod:`inferpath.analysis.continuous_batching`), driven here on a virtual clock, with
+step times, KV pool and batch limit calibrated from the window itself (:mod:`.whatif_calibration`):
+
+1. Every answer first replays the OBSERVED configuration (the same arrivals, on the same
+   replicas) and compares it with what was observed: TTFT p50/p99, queue time and ITL per
+   endpoint class. The largest relative error is the calibration error; over
+   :data:`MAX_CALIBRATION_ERROR` the answer is refused (:class:`WhatIfRefused`), because a
+   model that cannot reproduce the window cannot be trusted to change it.
+2. Then the change (:class:`Change`: replicas, batch slots, KV blocks, batch window, arrival
+   rate) is replayed with the same calibration, and its figures are put beside the observed.
+
+Definitions (as the request rows store them, vLLM's intervals): TTFT = arrival at the engine's
+API → first token; queue = waiting for the first schedule; ITL = decode time / (output − 1).
+A request's API-side time before it reaches the scheduler (``ttft − queue − prefill``) is kept
+per request and added to its simulated TTFT unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+from inferpath.analysis.continuous_batching import ContinuousBatcher, RequestMetrics
+from inferpath.analysis.continuous_batching import Sequence as BatchSequence
+from inferpath.analysis.percentiles import quantile
+from inferpath.analysis.whatif_calibration import Calibration, InsufficientSignalsError, TraceRequest
+
+MAX_CALIBRATION_ERROR = 0.30
+"""The replay of the observed configuration must come within 30 % of what was observed."""
+EXTRAPOLATION_FACTOR = 1.5
+"""A change that takes a quantity beyond 1.5x the largest value observed is an extrapolation."""
+QUEUE_FLOOR_SECONDS = 0.05
+"""Queue or TTFT figures under 50 ms are compared in absolute terms (a relative error of a
+near-zero figure says nothing)."""
+
+
+class WhatIfRefused(ValueError):
+    """The prediction cannot be trusted or made; the message says why (exit 2 in the CLI,
+    422 from the read API)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """A configuration change to predict. ``None`` keeps the observed value.
+
+    ``replicas``: engines behind a round-robin gateway; ``max_num_seqs``: batch slots per
+    engine; ``kv_blocks`` / ``kv_blocks_factor``: the KV pool per engine in blocks, absolute or
+    as a multiple of the calibrated one; ``batch_window_seconds``: how long the queue head is
+    held for more requests to join its prefill; ``rate_factor``: arrivals k times as dense (the
+    window's pattern compressed by k and repeated to fill the same length).
+    """
+
+    replicas: int | None = None
+    max_num_seqs: int | None = None
+    kv_blocks: int | None = None
+    kv_blocks_factor: float | None = None
+    batch_window_seconds: float | None = None
+    rate_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "max_num_seqs", "kv_blocks"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        for name in ("kv_blocks_factor", "rate_factor"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name}: must be a number > 0, got {value!r}")
+        if self.batch_window_seconds is not None and (not math.isfinite(self.batch_window_seconds)
+                                                      or self.batch_window_seconds < 0):
+            raise ValueError(f"batch_window_seconds: must be >= 0, got {self.batch_window_seconds!r}")
+        if self.kv_blocks is not None and self.kv_blocks_factor is not None:
+            raise ValueError("kv_blocks: give a block count or a factor, not both")
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing is changed (the answer is the replay alone)."""
+        return all(getattr(self, f) is None for f in self.__dataclass_fields__)
+
+    def describe(self) -> str:
+        """The change in words, e.g. ``replicas 2, max_num_seqs 16``."""
+        parts = []
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
+        return ", ".join(parts) or "none (the observed configuration)"
+
+
+@dataclass
+class EngineSettings:
+    """The configuration of each simulated engine, read by the scheduler at every step."""
+
+    num_kv_blocks: int
+    block_size_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    batch_window_seconds: float = 0.0
+
+
+@dataclass
+class SimulatedRequest:
+    """One replayed request: its class and the simulated intervals, seconds."""
+
+    endpoint_class: str
+    ttft_seconds: float
+    queue_seconds: float
+    itl_seconds: float | None
+    preemptions: int
+    tokens: int = 1
+
+
+@dataclass
+class SimulationResult:
+    """What a replay produced: per request figures, ``kv_usage_mean_ratio`` (time-weighted
+    over the busy engines' run, the fullest engine's pool) and ``kv_usage_max_ratio``,
+    ``preemptions_total``, ``rejected`` (requests that could never fit one engine's pool),
+    ``unfinished`` (still running when the simulation stopped) and ``steps`` run."""
+
+    requests: list[SimulatedRequest]
+    kv_usage_mean_ratio: float
+    kv_usage_max_ratio: float
+    preemptions_total: int
+    rejected: int
+    unfinished: int
+    steps: int
+    token_weighted_itl_seconds: float | None = None
+
+
+class _Replica:
+    __slots__ = ("batcher", "step", "step_end", "wake", "kv_area", "kv_max", "last_t")
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.batcher = ContinuousBatcher(replace(settings))
+        self.step = None
+        self.step_end = math.inf
+        self.wake = math.inf
+        self.kv_area = 0.0
+        self.kv_max = 0.0
+        self.last_t = 0.0
+
+
+def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibration: Calibration, *,
+             replicas: int, assignment: Sequence[int] | None = None,
+             horizon_seconds: float | None = None) -> SimulationResult:
+    """Replay ``requests`` (arrival seconds from the window start, tokens) on ``replicas``
+    engines of ``settings`` on a virtual clock; step times from ``calibration.step_time``.
+
+    ``assignment``: the replica of each request (the observed routing); ``None`` routes round
+    robin. Requests whose prompt and output can never fit one pool are rejected (counted), as
+    vLLM rejects them. ``horizon_seconds`` stops the clock (default: 20x the window, enough to
+    drain any queue that drains at all).
+    """
+    step_time = calibration.step_time
+    engines = [_Replica(settings) for _ in range(replicas)]
+    order = sorted(range(len(requests)), key=lambda i: requests[i].engine_arrival_seconds)
+    horizon = horizon_seconds if horizon_seconds is not None else 20 * max(calibration.window_seconds, 1.0) + 60
+    metrics: list[RequestMetrics | None] = [None] * len(requests)
+    rejected = steps = 0
+    heap: list[tuple[float, int]] = []  # (time an engine wants attention, engine index)
+
+    def start_next(k: int, now: float) -> None:
+        engine = engines[k]
+        step = engine.batcher.plan_step(now)
+        engine.step = step
+        if step is None:
+            hold = engine.batcher.batch_window_wait_seconds(now)
+            engine.step_end = math.inf
+            if hold > 0:
+                engine.wake = now + hold
+                heapq.heappush(heap, (engine.wake, k))
+            return
+        if step.kind == "prefill":
+            seconds = step_time.prefill_seconds(step.tokens)
+        else:
+            seconds = step_time.decode_step_seconds(step.tokens)
+        engine.step_end = now + seconds
+        heapq.heappush(heap, (engine.step_end, k))
+
+    def account_kv(engine: _Replica, now: float) -> None:
+        usage = engine.batcher.used_blocks / engine.batcher.config.num_kv_blocks
+        engine.kv_area += usage * (now - engine.last_t)
+        engine.kv_max = max(engine.kv_max, usage)
+        engine.last_t = now
+
+    next_request = 0
+    rr = 0
+    now = 0.0
+    while now <= horizon:
+        arrival = requests[order[next_request]].engine_arrival_seconds if next_request < len(order) else math.inf
+        event = heap[0][0] if heap else math.inf
+        if arrival == math.inf and event == math.inf:
+            break
+        if arrival <= event:
+            now = arrival
+            i = order[next_request]
+            next_request += 1
+            request = requests[i]
+            if assignment is not None:
+                k = assignment[i] % replicas
+            else:
+                k, rr = rr, (rr + 1) % replicas
+            engine = engines[k]
+            if not engine.batcher.fits(request.prompt_tokens, request.output_tokens):
+                rejected += 1
+                continue
+            m = RequestMetrics(str(i), request.prompt_tokens, request.output_tokens, now, 0)
+            metrics[i] = m
+            engine.batcher.add(BatchSequence(m))
+            if engine.step is None:
+                account_kv(engine, now)
+                start_next(k, now)
+            continue
+        now, k = heapq.heappop(heap)
+        engine = engines[k]
+        if engine.step is None:
+            if now >= engine.wake:
+                engine.wake = math.inf
+                account_kv(engine, now)
+                start_next(k, now)
+            continue
+        if now < engine.step_end:
+            continue  # a stale wake-up
+        steps += 1
+        engine.batcher.finish_step(engine.step, now)
+        account_kv(engine, now)
+        start_next(k, now)
+
+    out: list[SimulatedRequest] = []
+    unfinished = 0
+    for i, m in enumerate(metrics):
+        if m is None:
+            continue
+        if m.finished_s is None:
+            unfinished += 1
+            continue
+        request = requests[i]
+        itl = m.decode_seconds / (m.max_tokens - 1) if m.max_tokens > 1 else None
+        out.append(SimulatedRequest(request.endpoint_class, request.api_seconds + m.ttft_seconds,
+                                    m.queue_seconds, itl, m.num_preemptions, m.max_tokens))
+    busy = [e for e in engines if e.last_t > 0]
+    return SimulationResult(
+        requests=out,
+        kv_usage_mean_ratio=max((e.kv_area / e.last_t for e in busy), default=0.0),
+        kv_usage_max_ratio=max((e.kv_max for e in engines), default=0.0),
+        preemptions_total=sum(e.batcher.num_preemptions_total for e in engines),
+        rejected=rejected, unfinished=unfinished, steps=steps,
+        token_weighted_itl_seconds=(math.fsum(r.itl_seconds * (r.tokens - 1) for r in out if r.itl_seconds is not None)
+                                    / max(1, sum(r.tokens - 1 for r in out if r.itl_seconds is not None))) or None)
+
+
+# --------------------------------------------------------------------------- figures
+
+@dataclass
+class ClassFigures:
+    """Latency figures of one endpoint class (seconds): TTFT p50/p99, mean queue time,
+    median ITL, and the request count."""
+
+    requests: int
+    ttft_p50_seconds: float | None
+    ttft_p99_seconds: float | None
+    queue_mean_seconds: float | None
+    itl_p50_seconds: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"requests": self.requests, "ttft_p50_seconds": self.ttft_p50_seconds,
+                "ttft_p99_seconds": self.ttft_p99_seconds, "queue_mean_seconds": self.queue_mean_seconds,
+                "itl_p50_seconds": self.itl_p50_seconds}
+
+
+ALL_CLASSES = "all"
+
+
+def figures(ttft: Sequence[tuple[str, float]], queue: Sequence[tuple[str, float]],
+            itl: Sequence[tuple[str, float]]) -> dict[str, ClassFigures]:
+    """Per class figures (and ``all``) from (class, seconds) pairs."""
+    classes = sorted({c for c, _ in ttft}) + [ALL_CLASSES]
+    out: dict[str, ClassFigures] = {}
+    for cls in classes:
+        pick = (lambda pairs: [v for c, v in pairs if c == cls]) if cls != ALL_CLASSES else (
+            lambda pairs: [v for _, v in pairs])
+        t, q, i = pick(ttft), pick(queue), pick(itl)
+        if cls != ALL_CLASSES and len(classes) == 2:
+            continue  # one class: "all" says it
+        out[cls] = ClassFigures(len(t), quantile(t, 0.5) if t else None, quantile(t, 0.99) if t else None,
+                                math.fsum(q) / len(q) if q else None, quantile(i, 0.5) if i else None)
+    return out
+
+
+def simulated_figures(result: SimulationResult) -> dict[str, ClassFigures]:
+    """:func:`figures` of a simulation."""
+    reqs = result.requests
+    return figures([(r.endpoint_class, r.ttft_seconds) for r in reqs],
+                   [(r.endpoint_class, r.queue_seconds) for r in reqs],
+                   [(r.endpoint_class, r.itl_seconds) for r in reqs if r.itl_seconds is not None])
+
+
+def observed_figures(calibration: Calibration) -> dict[str, ClassFigures]:
+    """:func:`figures` of the window as observed."""
+    reqs = calibration.requests
+    return figures([(r.endpoint_class, r.observed_ttft_seconds) for r in reqs],
+                   [(r.endpoint_class, r.observed_queue_seconds) for r in reqs],
+                   [(r.endpoint_class, r.observed_itl_seconds) for r in reqs if r.observed_itl_seconds is not None])
+
+
+def relative_error(predicted: float | None, observed: float | None, floor: float = 0.0) -> float | None:
+    """``(predicted − observed) / max(observed, floor)``; ``None`` when either is missing.
+    With a ``floor`` both are compared above it, so two near-zero figures agree."""
+    if predicted is None or observed is None:
+        return None
+    if floor and predicted < floor and observed < floor:
+        return 0.0
+    return (predicted - observed) / max(observed, floor, 1e-12)
+
+
+def calibration_errors(replayed: Mapping[str, ClassFigures], observed: Mapping[str, ClassFigures]) -> dict[str, dict[str, float]]:
+    """Relative error of each replayed figure against the observed, per class."""
+    out: dict[str, dict[str, float]] = {}
+    for cls, obs in observed.items():
+        rep = replayed.get(cls)
+        if rep is None:
+            continue
+        errors = {
+            "ttft_p50": relative_error(rep.ttft_p50_seconds, obs.ttft_p50_seconds, QUEUE_FLOOR_SECONDS),
+            "ttft_p99": relative_error(rep.ttft_p99_seconds, obs.ttft_p99_seconds, QUEUE_FLOOR_SECONDS),
+            "queue_mean": relative_error(rep.queue_mean_seconds, obs.queue_mean_seconds, 10 * QUEUE_FLOOR_SECONDS),
+            "itl_p50": relative_error(rep.itl_p50_seconds, obs.itl_p50_seconds),
+        }
+        out[cls] = {k: v for k, v in errors.items() if v is not None}
+    return out
+
+
+# --------------------------------------------------------------------------- the answer
+
+@dataclass
+class WhatIf:
+    """The answer: the change, the calibration (its source and notes), observed / replayed /
+    predicted figures per class, the replay's errors, KV usage, warnings."""
+
+    change: Change
+    calibration: Calibration
+    observed: dict[str, ClassFigures]
+    replayed: dict[str, ClassFigures]
+    predicted: dict[str, ClassFigures]
+    errors: dict[str, dict[str, float]]
+    max_error: float
+    kv: dict[str, float | None]
+    settings: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    simulated_steps: int = 0
+
+
+def rate_scaled(requests: Sequence[TraceRequest], factor: float, window_seconds: float) -> list[TraceRequest]:
+    """Arrivals ``factor`` times as dense over the same window: the pattern compressed by the
+    factor, then repeated (each copy shifted by the compressed length) until the window is full."""
+    if factor == 1.0:
+        return list(requests)
+    length = window_seconds / factor
+    copies = math.ceil(factor)
+    out = []
+    for copy in range(copies):
+        for r in requests:
+            at = r.engine_arrival_seconds / factor + copy * length
+            if at < window_seconds:
+                out.append(replace(r, arrival_seconds=r.arrival_seconds / factor + copy * length,
+                                   engine_arrival_seconds=at))
+    return out
+
+
+DECODE_LEVEL_ROUNDS = 2
+
+
+def fit_decode_level(cal: Calibration, settings: EngineSettings,
+                     observed: Mapping[str, ClassFigures]) -> SimulationResult:
+    """Fit the decode step time's level by replay, and return the replay.
+
+    The least-squares fit gives the step time's dependence on the batch; its level is then
+    scaled until the replay's median ITL meets the observed one (at most
+    :data:`DECODE_LEVEL_ROUNDS` rounds). Why: an engine that mixes prefill chunks into decode
+    steps (vLLM V1) shows them in every request's ITL, while the model runs prefills as
+    steps of their own, so the raw fit counts that time twice. ``cal.step_time`` is updated.
+    """
+    assignment = [r.replica_index for r in cal.requests]
+    replay = simulate(cal.requests, settings, cal, replicas=cal.replicas, assignment=assignment)
+    # Throughput follows the mean step, not the median: the token-weighted mean ITL is matched.
+    decoding = [r for r in cal.requests if r.observed_itl_seconds is not None]
+    target = (math.fsum(r.observed_itl_seconds * (r.output_tokens - 1) for r in decoding)  # type: ignore[operator]
+              / max(1, sum(r.output_tokens - 1 for r in decoding)))
+    for _ in range(DECODE_LEVEL_ROUNDS):
+        got = replay.token_weighted_itl_seconds
+        if not target or not got or abs(got / target - 1) < 0.02:
+            break
+        cal.step_time = cal.step_time.scaled_decode(target / got)
+        replay = simulate(cal.requests, settings, cal, replicas=cal.replicas, assignment=assignment)
+    return replay
+
+
+def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_CALIBRATION_ERROR) -> WhatIf:
+    """Replay the observed configuration, check it against the observed figures, then replay
+    the change (module docstring). Raises :class:`WhatIfRefused` naming the figure and class
+    when the replay is off by more than ``max_error``, or naming the missing signal when the
+    change needs one the window lacks (e.g. ``kv_blocks`` without a KV-usage gauge)."""
+    cal = calibration
+    if (change.kv_blocks is not None or change.kv_blocks_factor is not None) and cal.num_kv_blocks is None:
+        raise WhatIfRefused("cannot predict a KV change: the window has no KV-cache usage signal "
+                            "(kv_cache_usage_ratio) to calibrate the pool from")
+    observed_settings = cal.engine_settings()
+    observed = observed_figures(cal)
+    replay = fit_decode_level(cal, observed_settings, observed)
+    replayed = simulated_figures(replay)
+    errors = calibration_errors(replayed, observed)
+    worst = max((abs(v) for e in errors.values() for v in e.values()), default=0.0)
+    if worst > max_error:
+        name, cls = max(((k, c) for c, e in errors.items() for k in e), key=lambda kc: abs(errors[kc[1]][kc[0]]))
+        raise WhatIfRefused(
+            f"calibration off by {errors[cls][name] * 100:+.0f}% on {name} ({cls}): the replay of the observed "
+            f"configuration gives {_figure(replayed[cls], name)}, observed {_figure(observed[cls], name)}; "
+            f"a prediction from it cannot be trusted (limit ±{max_error * 100:.0f}%)")
+
+    settings = replace(observed_settings)
+    warnings: list[str] = []
+    if change.max_num_seqs is not None:
+        settings.max_num_seqs = change.max_num_seqs
+    if change.kv_blocks is not None:
+        settings.num_kv_blocks = change.kv_blocks
+    elif change.kv_blocks_factor is not None:
+        settings.num_kv_blocks = max(1, round(settings.num_kv_blocks * change.kv_blocks_factor))
+    if change.batch_window_seconds is not None:
+        settings.batch_window_seconds = change.batch_window_seconds
+    replicas = change.replicas or cal.replicas
+    requests = cal.requests
+    if change.rate_factor is not None:
+        requests = rate_scaled(cal.requests, change.rate_factor, cal.window_seconds)
+    if change.is_empty:
+        predicted_run = replay
+    else:
+        assignment = None if (change.replicas or change.rate_factor) else [r.replica_index for r in requests]
+        predicted_run = simulate(requests, settings, cal, replicas=replicas, assignment=assignment)
+        warnings += _extrapolation_warnings(cal, predicted_run, settings, replicas, change)
+    if predicted_run.unfinished:
+        warnings.append(f"{predicted_run.unfinished} requests had not finished when the simulation stopped "
+                        f"(the queue grows without bound): their TTFT is missing from the figures")
+    if predicted_run.rejected:
+        warnings.append(f"{predicted_run.rejected} requests never fit one engine's KV pool and were rejected")
+    return WhatIf(
+        change=change, calibration=cal, observed=observed, replayed=replayed,
+        predicted=simulated_figures(predicted_run), errors=errors, max_error=worst,
+        kv={"observed_mean_ratio": cal.observed_kv_mean_ratio, "observed_max_ratio": cal.observed_kv_max_ratio,
+            "replayed_mean_ratio": replay.kv_usage_mean_ratio if cal.num_kv_blocks else None,
+            "replayed_max_ratio": replay.kv_usage_max_ratio if cal.num_kv_blocks else None,
+            "predicted_mean_ratio": predicted_run.kv_usage_mean_ratio if cal.num_kv_blocks else None,
+            "predicted_max_ratio": predicted_run.kv_usage_max_ratio if cal.num_kv_blocks else None,
+            "observed_preemptions": cal.observed_preemptions, "replayed_preemptions": replay.preemptions_total,
+            "predicted_preemptions": predicted_run.preemptions_total},
+        settings={"replicas": replicas, "max_num_seqs": settings.max_num_seqs,
+                  "num_kv_blocks": settings.num_kv_blocks if cal.num_kv_blocks else None,
+                  "block_size_tokens": settings.block_size_tokens if cal.num_kv_blocks else None,
+                  "batch_window_seconds": settings.batch_window_seconds,
+                  "rate_factor": change.rate_factor or 1.0},
+        warnings=warnings, notes=list(cal.notes), simulated_steps=replay.steps + (
+            0 if predicted_run is replay else predicted_run.steps))
+
+
+def _figure(figs: ClassFigures, name: str) -> str:
+    value = {"ttft_p50": figs.ttft_p50_seconds, "ttft_p99": figs.ttft_p99_seconds,
+             "queue_mean": figs.queue_mean_seconds, "itl_p50": figs.itl_p50_seconds}[name]
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def _extrapolation_warnings(cal: Calibration, run: SimulationResult, settings: EngineSettings, replicas: int,
+                            change: Change) -> list[str]:
+    out = []
+    per_engine_rate = (change.rate_factor or 1.0) / replicas * cal.replicas
+    if per_engine_rate > EXTRAPOLATION_FACTOR:
+        out.append(f"extrapolates: {per_engine_rate:.1f}x the observed arrival rate per engine; the step "
+                   f"times were fitted on the observed load only")
+    top = cal.step_time.max_batch_observed
+    if settings.max_num_seqs > EXTRAPOLATION_FACTOR * top and change.max_num_seqs is not None:
+        out.append(f"extrapolates: up to {settings.max_num_seqs} sequences per step, the decode step time was "
+                   f"fitted on batches of at most {top:.0f} (linear in the batch size beyond)")
+    if cal.num_kv_blocks and settings.num_kv_blocks > 4 * cal.num_kv_blocks:
+        out.append(f"extrapolates: {settings.num_kv_blocks} KV blocks, more than 4x the calibrated "
+                   f"{cal.num_kv_blocks}")
+    return out
+
+
+def what_if_to_dict(answer: WhatIf) -> dict[str, Any]:
+    """The answer as JSON-ready data (the read API's body)."""
+    cal = answer.calibration
+    return {
+        "change": {k: getattr(answer.change, k) for k in answer.change.__dataclass_fields__},
+        "change_text": answer.change.describe(),
+        "settings": answer.settings,
+        "calibration": cal.as_dict(),
+        "observed": {c: f.as_dict() for c, f in answer.observed.items()},
+        "replayed": {c: f.as_dict() for c, f in answer.replayed.items()},
+        "predicted": {c: f.as_dict() for c, f in answer.predicted.items()},
+        "calibration_errors": answer.errors,
+        "max_calibration_error": answer.max_error,
+        "kv": answer.kv,
+        "warnings": answer.warnings,
+        "notes": answer.notes,
+        "simulated_steps": answer.simulated_steps,
+    }
+
+
+__all__ = [
+    "ALL_CLASSES", "Change", "ClassFigures", "EngineSettings", "InsufficientSignalsError", "MAX_CALIBRATION_ERROR",
+    "SimulationResult", "WhatIf", "WhatIfRefused", "calibration_errors", "rate_scaled", "simulate", "what_if",
+    "what_if_to_dict",
+]
