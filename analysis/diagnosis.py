@@ -326,8 +326,13 @@ def diagnose_from(
     verdict = Verdict(healthy=True, summary="", measure=None, degradations=[], causes=[],
                       current_window=window, baseline_window=None, current_requests=len(current),
                       baseline_requests=0, objectives=results, tail=tails, notes=notes)
-    if not current.measured("ttft_ns"):
-        notes.append("TTFT not measured in this window (no source sent first-token timing): judged on E2E")
+    without_ttft = len(current) - current.measured("ttft_ns")
+    if without_ttft:
+        reasons = current.missing_reasons()
+        why = "; ".join(f"{text} ({count} requests)" for text, count in reasons)
+        notes.append(f"{without_ttft} of {len(current)} requests have no TTFT"
+                     + (f": {why}" if why else " (their source sent no first-token timing)")
+                     + ("; judged on E2E" if not current.measured("ttft_ns") else ""))
     regressed: list[Degradation] = []
     baseline_ok = False
     if baseline is not None:

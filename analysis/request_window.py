@@ -177,6 +177,16 @@ class RowsWindow:
                 spans[replica] = (ts, ts) if span is None else (min(span[0], ts), max(span[1], ts))
         return spans
 
+    def missing_reasons(self, limit: int = 3) -> list[tuple[str, int]]:
+        """The most common ``missing_measures`` texts of the window's rows (why a measure
+        could not be taken from their source) with their counts, most common first."""
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            text = row.get("missing_measures") or ""
+            if text:
+                counts[text] = counts.get(text, 0) + 1
+        return sorted(counts.items(), key=lambda item: -item[1])[:limit]
+
     def quantiles_excluding(self, replicas: Iterable[Any], column: str,
                             quantiles: Sequence[float]) -> list[float] | None:
         """Exact quantiles of ``column`` over the rows of every replica but ``replicas``;
@@ -429,6 +439,14 @@ class StoredWindow:
         if self._aggregates.spans is None:
             self._aggregates.load_rest(spans=True)
         return self._aggregates.spans[self._index]  # type: ignore[index]
+
+    def missing_reasons(self, limit: int = 3) -> list[tuple[str, int]]:
+        """The most common ``missing_measures`` texts of the window's rows with their counts."""
+        rows = self.store.query(
+            "SELECT missing_measures, count() AS n FROM inferpath_requests FINAL"
+            f" WHERE {self._where} AND missing_measures != '' GROUP BY missing_measures"
+            f" ORDER BY n DESC LIMIT {int(limit)}{FINAL_SETTINGS}", self._parameters)
+        return [(str(text), int(n)) for text, n in rows]
 
     def quantiles_excluding(self, replicas: Iterable[Any], column: str,
                             quantiles: Sequence[float]) -> list[float] | None:
