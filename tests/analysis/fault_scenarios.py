@@ -146,3 +146,20 @@ def load_scenario(store: Any, scenario: Scenario) -> dict[str, datetime]:
         "baseline_start": baseline_start, "baseline_end": current_start,
         "window_start": current_start, "window_end": current_start + WINDOW,
     }
+
+
+def budget_rows(count: int, tokenize_ms: float, retrieval_ms: float, prefill_ms: float) -> list[dict]:
+    """The guidance's worked example as request rows: an interactive endpoint whose TTFT is
+    gateway 8 ms + tokenize + retrieval + queue 20 ms + prefill + network 2 ms + 10 ms
+    nobody instruments (each ±3%), then 400 ms of decode."""
+    rng = random.Random(3)
+    rows = []
+    for i in range(count):
+        stages = {"gateway_ns": 8 * MS, "tokenize_ns": int(tokenize_ms * MS * rng.uniform(0.97, 1.03)),
+                  "retrieval_ns": int(retrieval_ms * MS * rng.uniform(0.97, 1.03)), "queue_ns": 20 * MS,
+                  "prefill_ns": int(prefill_ms * MS * rng.uniform(0.97, 1.03)), "network_ns": 2 * MS}
+        ttft = sum(stages.values()) + 10 * MS
+        rows.append({"timestamp": T0 + timedelta(seconds=i), "trace_id": f"{i:032x}", "replica": "r",
+                     "endpoint_class": "interactive", "ttft_ns": ttft, "e2e_ns": ttft + 400 * MS,
+                     "decode_ns": 400 * MS, **stages})
+    return rows

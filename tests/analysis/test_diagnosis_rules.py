@@ -7,7 +7,7 @@ import random
 from datetime import timedelta
 
 import pytest
-from fault_scenarios import MS, T0
+from fault_scenarios import MS, T0, budget_rows
 
 from inferpath.analysis.causes import REGISTRY, Context, cause_of
 from inferpath.analysis.diagnosis import (
@@ -170,23 +170,9 @@ def test_healthy_without_a_baseline_and_insufficient_windows(scenario_rows) -> N
     assert thin_baseline.healthy and "baseline ignored" in thin_baseline.notes[0]
 
 
-def _budget_rows(count: int, tokenize_ms: float, retrieval_ms: float, prefill_ms: float) -> list[dict]:
-    rng = random.Random(3)
-    rows = []
-    for i in range(count):
-        stages = {"gateway_ns": 8 * MS, "tokenize_ns": int(tokenize_ms * MS * rng.uniform(0.97, 1.03)),
-                  "retrieval_ns": int(retrieval_ms * MS * rng.uniform(0.97, 1.03)), "queue_ns": 20 * MS,
-                  "prefill_ns": int(prefill_ms * MS * rng.uniform(0.97, 1.03)), "network_ns": 2 * MS}
-        ttft = sum(stages.values()) + 10 * MS
-        rows.append({"timestamp": T0 + timedelta(seconds=i), "trace_id": f"{i:032x}", "replica": "r",
-                     "endpoint_class": "interactive", "ttft_ns": ttft, "e2e_ns": ttft + 400 * MS,
-                     "decode_ns": 400 * MS, **stages})
-    return rows
-
-
 def test_without_a_baseline_a_broken_objective_carries_its_budget() -> None:
     # The guidance's worked example: TTFT 900 ms against a 600 ms objective.
-    rows = _budget_rows(200, tokenize_ms=150, retrieval_ms=150, prefill_ms=560)
+    rows = budget_rows(200, tokenize_ms=150, retrieval_ms=150, prefill_ms=560)
     verdict = diagnose_from(rows, objectives=DEFAULT_OBJECTIVES.with_limit("ttft", 0.6))
     assert not verdict.healthy and verdict.measure == "ttft" and verdict.basis == "objectives"
     assert "interactive TTFT p99" in verdict.summary and "over its 600 ms objective" in verdict.summary
@@ -201,7 +187,7 @@ def test_without_a_baseline_a_broken_objective_carries_its_budget() -> None:
 
 
 def test_a_baseline_that_breaks_the_objectives_never_makes_the_window_healthy() -> None:
-    slow = _budget_rows(100, tokenize_ms=5, retrieval_ms=5, prefill_ms=1500)
+    slow = budget_rows(100, tokenize_ms=5, retrieval_ms=5, prefill_ms=1500)
     verdict = diagnose_from(slow, slow)  # unchanged, but both over the 1 s objective
     assert not verdict.healthy and verdict.baseline is not None and not verdict.baseline.meets_objectives
     assert verdict.basis == "objectives" and any("baseline itself breaks" in n for n in verdict.notes)
