@@ -300,6 +300,54 @@ async def diagnosis(request: Request,
     return verdict_to_dict(verdict)
 
 
+@router.get("/whatif")
+async def whatif(request: Request,
+                 start: str = Query(..., description="Window start: ISO-8601 with offset or Unix seconds."),
+                 end: str = Query(..., description="Window end: ISO-8601 with offset or Unix seconds."),
+                 replicas: int | None = Query(None, ge=1, le=1024, description="Engines behind a round-robin gateway."),
+                 max_num_seqs: int | None = Query(None, ge=1, le=65_536, description="Batch slots per engine."),
+                 kv_blocks: str | None = Query(None, max_length=32, description="KV blocks per engine: a count "
+                                               "(96) or a factor of the calibrated pool (x2)."),
+                 batch_window_ms: float | None = Query(None, ge=0, le=60_000, description="Hold the queue head "
+                                                       "this long for more requests to join its prefill."),
+                 rate: str | None = Query(None, max_length=32, description="Arrival rate factor, e.g. x2."),
+                 max_calibration_error: float = Query(0.30, gt=0, le=10, description="Refuse when the replay of "
+                                                      "the observed configuration is off by more than this.")) -> dict:
+    """Predict TTFT, queue time, ITL and KV usage per endpoint class under a changed engine
+    configuration, from the window's own requests and engine signals, beside what was observed
+    and beside the replay of the observed configuration (``analysis/whatif.py``).
+
+    422 naming the parameter for a bad window or change, or with the reason when the window
+    cannot be calibrated (no engine spans, too few requests) or the replay is off by more than
+    ``max_calibration_error``.
+    """
+    from inferpath.analysis.whatif import Change, WhatIfRefused, parse_factor_or_count, predict, what_if_to_dict
+
+    start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
+    if start_dt is None or end_dt is None:
+        raise _invalid("start" if start_dt is None else "end", "start and end are required")
+    if end_dt <= start_dt:
+        raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, end={end_dt.isoformat()})")
+    blocks = factor = rate_factor = None
+    try:
+        if kv_blocks is not None:
+            blocks, factor = parse_factor_or_count(kv_blocks, "kv_blocks")
+        if rate is not None:
+            count, rate_factor = parse_factor_or_count(rate, "rate")
+            rate_factor = rate_factor if rate_factor is not None else float(count)  # type: ignore[arg-type]
+        change = Change(replicas=replicas, max_num_seqs=max_num_seqs, kv_blocks=blocks, kv_blocks_factor=factor,
+                        batch_window_seconds=None if batch_window_ms is None else batch_window_ms / 1000.0,
+                        rate_factor=rate_factor)
+    except ValueError as exc:
+        raise _invalid(str(exc).split(":", 1)[0].replace("rate_factor", "rate"), str(exc)) from None
+    try:
+        answer = await run_in_threadpool(predict, request.app.state.runtime.store, start_dt, end_dt, change,
+                                         max_error=max_calibration_error)
+    except WhatIfRefused as exc:
+        raise _invalid("start", f"no prediction: {exc}") from None
+    return what_if_to_dict(answer)
+
+
 def runtime_objectives(settings):  # type: ignore[no-untyped-def]
     """The objectives of ``settings.objectives_file`` (defaults when unset); ``ValueError``
     naming the file when it is invalid."""
