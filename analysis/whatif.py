@@ -467,6 +467,36 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
             0 if predicted_run is replay else predicted_run.steps))
 
 
+def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: float = MAX_CALIBRATION_ERROR) -> WhatIf:
+    """Calibrate from the stored window ``[start, end)`` (aware datetimes) and answer
+    :func:`what_if`. Raises :class:`WhatIfRefused` (a missing signal, or calibration off)."""
+    from inferpath.analysis.whatif_calibration import fetch_calibration
+
+    try:
+        calibration = fetch_calibration(store, start, end)
+    except InsufficientSignalsError as exc:
+        raise WhatIfRefused(str(exc)) from None
+    return what_if(calibration, change, max_error=max_error)
+
+
+def parse_factor_or_count(text: str, name: str) -> tuple[int | None, float | None]:
+    """``"96"`` → (96, None); ``"x2"``, ``"×2"`` or ``"2x"`` → (None, 2.0). Raises ``ValueError``
+    naming ``name`` otherwise."""
+    value = text.strip().lower().replace("×", "x")
+    try:
+        if value.startswith("x") or value.endswith("x"):
+            factor = float(value.strip("x"))
+            if not math.isfinite(factor) or factor <= 0:
+                raise ValueError
+            return None, factor
+        count = int(value)
+        if count < 1:
+            raise ValueError
+        return count, None
+    except ValueError:
+        raise ValueError(f"{name}: expected a count like 96 or a factor like x2, got {text!r}") from None
+
+
 def _figure(figs: ClassFigures, name: str) -> str:
     value = {"ttft_p50": figs.ttft_p50_seconds, "ttft_p99": figs.ttft_p99_seconds,
              "queue_mean": figs.queue_mean_seconds, "itl_p50": figs.itl_p50_seconds}[name]
@@ -512,6 +542,7 @@ def what_if_to_dict(answer: WhatIf) -> dict[str, Any]:
 
 __all__ = [
     "ALL_CLASSES", "Change", "ClassFigures", "EngineSettings", "InsufficientSignalsError", "MAX_CALIBRATION_ERROR",
-    "SimulationResult", "WhatIf", "WhatIfRefused", "calibration_errors", "rate_scaled", "simulate", "what_if",
+    "SimulationResult", "WhatIf", "WhatIfRefused", "calibration_errors", "parse_factor_or_count", "predict",
+    "rate_scaled", "simulate", "what_if",
     "what_if_to_dict",
 ]

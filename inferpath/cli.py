@@ -212,10 +212,12 @@ def _mount_components() -> None:
     from inferpath.alerts.cli import app as alerts_app
     from inferpath.collectors.cli import collect
     from inferpath.diagnose_cli import diagnose, import_cmd
+    from inferpath.whatif_cli import whatif
 
     app.command("collect")(collect)
     app.command("diagnose")(diagnose)
     app.command("import")(import_cmd)
+    app.command("whatif")(whatif)
     app.add_typer(alerts_app, name="alerts")
 
 

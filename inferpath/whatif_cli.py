@@ -1,0 +1,116 @@
+"""``inferpath whatif``: what a configuration change would do to TTFT, from a stored window.
+
+It asks a server's ``GET /api/v1/whatif`` (the one at ``--server``, or one started in this
+process over ``--store``, as ``diagnose`` does) and prints, per endpoint class, the observed
+figures, the replay of the observed configuration (how far the model can be trusted) and
+the prediction. Exit 0 with a prediction, 2 without one (bad usage, no server, a window that
+cannot be calibrated, or a replay off by more than the limit, 30 % by default).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+
+from inferpath.diagnose_cli import _fail, console, server_for
+
+
+def whatif(
+    from_: str = typer.Option(..., "--from", help="Window start: ISO-8601 with offset, -30m, now or Unix seconds."),
+    to: Optional[str] = typer.Option(None, "--to", help="Window end (default now)."),
+    replicas: Optional[int] = typer.Option(None, min=1, help="Engines behind a round-robin gateway."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="Batch slots per engine."),
+    kv_blocks: Optional[str] = typer.Option(None, "--kv-blocks", help="KV blocks per engine: a count (96) or a "
+                                                                       "factor of the calibrated pool (x2)."),
+    batch_window_ms: Optional[float] = typer.Option(None, "--batch-window-ms", min=0.0,
+                                                    help="Hold the queue head this long for more requests."),
+    rate: Optional[str] = typer.Option(None, help="Arrival rate factor, e.g. x2 (the window's pattern, denser)."),
+    max_calibration_error: float = typer.Option(0.30, "--max-calibration-error", min=0.01,
+                                                help="Refuse when the replay is off by more than this."),
+    json_output: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+    server: Optional[str] = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
+    store: Optional[str] = typer.Option(None, help="Read this store directly (chdb:///path or http://host:8123/db)."),
+) -> None:
+    """Predict TTFT p50/p99, queue time, ITL and KV usage per endpoint class under a changed
+    configuration, replaying the window through the engine model calibrated on it. Exit 0
+    with a prediction, 2 without."""
+    from datetime import datetime, timezone
+
+    import httpx
+
+    from inferpath.timespec import parse_time
+
+    now = datetime.now(timezone.utc)
+    try:
+        start = parse_time(from_, now=now)
+        end = parse_time(to, now=now) if to else now
+    except ValueError as exc:
+        _fail(f"--from/--to: {exc}", json_output)
+        raise
+    if end <= start:
+        _fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
+    params: dict[str, Any] = {"start": start.isoformat(), "end": end.isoformat(),
+                              "max_calibration_error": max_calibration_error}
+    for name, value in (("replicas", replicas), ("max_num_seqs", max_num_seqs), ("kv_blocks", kv_blocks),
+                        ("batch_window_ms", batch_window_ms), ("rate", rate)):
+        if value is not None:
+            params[name] = value
+    with server_for(server, store, fallback_to_default_store=True, json_output=json_output) as (url, headers):
+        try:
+            response = httpx.get(f"{url}/api/v1/whatif", params=params, headers=headers, timeout=300.0)
+        except httpx.HTTPError as exc:
+            _fail(f"the inferpath server at {url} did not answer: {exc}", json_output)
+    if response.status_code != 200:
+        try:
+            detail = response.json().get("detail")
+            message = "; ".join(d.get("msg", str(d)) for d in detail) if isinstance(detail, list) else str(detail)
+        except (ValueError, AttributeError):
+            message = response.text
+        _fail(message if message.startswith("no prediction") else f"no prediction: {message}", json_output,
+              http_status=response.status_code)
+    answer = response.json()
+    if json_output:
+        print(json.dumps(answer, indent=2))
+    else:
+        print_whatif(answer)
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else (f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s")
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def print_whatif(answer: dict[str, Any]) -> None:
+    """The answer for a person: the change, the calibration's error, one table per class."""
+    from rich.table import Table
+
+    console.print(f"[bold]what if: {answer['change_text']}[/]", highlight=False)
+    worst = answer.get("max_calibration_error") or 0.0
+    console.print(f"replay of the observed configuration: within {worst * 100:.0f}% of what was observed",
+                  highlight=False)
+    for cls, observed in answer["observed"].items():
+        replayed, predicted = answer["replayed"].get(cls, {}), answer["predicted"].get(cls, {})
+        table = Table(title=f"{cls or 'unclassified'} ({observed['requests']} requests)")
+        for column in ("", "observed", "replayed", "predicted"):
+            table.add_column(column, justify="right" if column else "left")
+        for key, label in (("ttft_p50_seconds", "TTFT p50"), ("ttft_p99_seconds", "TTFT p99"),
+                           ("queue_mean_seconds", "queue (mean)"), ("itl_p50_seconds", "ITL p50")):
+            table.add_row(label, _s(observed.get(key)), _s(replayed.get(key)), _s(predicted.get(key)))
+        console.print(table)
+    kv = answer.get("kv", {})
+    console.print(f"KV usage mean: observed {_ratio(kv.get('observed_mean_ratio'))}, replayed "
+                  f"{_ratio(kv.get('replayed_mean_ratio'))}, predicted {_ratio(kv.get('predicted_mean_ratio'))}; "
+                  f"preemptions: observed {kv.get('observed_preemptions')}, predicted {kv.get('predicted_preemptions')}",
+                  highlight=False, soft_wrap=True)
+    for warning in answer.get("warnings", []):
+        console.print(f"[yellow]warning: {warning}[/]", soft_wrap=True, highlight=False)
+    for note in answer.get("notes", []):
+        console.print(f"note: {note}", soft_wrap=True, highlight=False)
+
+
+__all__ = ["print_whatif", "whatif"]
