@@ -16,18 +16,17 @@ itself (see ``asgi.py``), so it makes no second SERVER span either, whenever it 
 
 from __future__ import annotations
 
-import functools
 import logging
 import weakref
 from typing import Any
 
 from inferpath.instrumentation.asgi import InferpathASGIMiddleware
+from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 
 __all__ = ["instrument_app", "uninstrument_app", "uninstrument_all_apps", "is_instrumented",
            "instrument_library", "uninstrument_library"]
 
 _logger = logging.getLogger(__name__)
-_ORIGINAL_INIT = "_inferpath_original_init"
 _NATIVE_TRACING = "_inferpath_native_tracing"
 # Every app given the middleware, so a global uninstrument can find them again.
 _instrumented_apps: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -115,21 +114,14 @@ def instrument_library(*, endpoint_class: str | None = None, endpoint: str | Non
     """Instrument every ``fastapi.FastAPI`` constructed from now on (idempotent)."""
     import fastapi
 
-    cls = fastapi.FastAPI
-    if hasattr(cls, _ORIGINAL_INIT):
-        return
-    original = cls.__init__
-
-    @functools.wraps(original)
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+    def init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
+        wrapped(*args, **kwargs)
         try:
-            instrument_app(self, endpoint_class=endpoint_class, endpoint=endpoint)
+            instrument_app(instance, endpoint_class=endpoint_class, endpoint=endpoint)
         except Exception:
             _logger.warning("inferpath: could not instrument a new FastAPI app", exc_info=True)
 
-    setattr(cls, _ORIGINAL_INIT, original)
-    cls.__init__ = init  # type: ignore[method-assign]
+    wrap_methods(fastapi.FastAPI, {"__init__": init})
 
 
 def uninstrument_library() -> None:
@@ -137,8 +129,4 @@ def uninstrument_library() -> None:
     apps already built)."""
     import fastapi
 
-    cls = fastapi.FastAPI
-    original = cls.__dict__.get(_ORIGINAL_INIT)
-    if original is not None:
-        cls.__init__ = original  # type: ignore[method-assign]
-        delattr(cls, _ORIGINAL_INIT)
+    unwrap_methods(fastapi.FastAPI)

@@ -42,6 +42,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from inferpath.instrumentation import content, provider
 from inferpath.instrumentation import semconv as sc
 from inferpath.instrumentation import receipt
+from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter
 
@@ -58,7 +59,6 @@ _MAX_REQUEST_BODY_BYTES = 1024 * 1024
 
 _lock = threading.Lock()
 _owners: set[str] = set()
-_originals: dict[str, Any] = {}
 # Started/ended counters: ``next()`` on an itertools counter is atomic under the GIL and
 # takes no lock, so ending a span from ``__del__`` (any thread, any moment) cannot deadlock.
 _started = itertools.count()
@@ -377,13 +377,15 @@ def _stream_classes(library: Any) -> tuple[type, type]:
             type("TracedAsyncStream", (_TracedAsyncStream, library.AsyncByteStream), {}))
 
 
-def _wrap_sync(original: Any, stream_class: type) -> Any:
-    def handle_request(self: Any, request: Any) -> Any:
+def _traced_sync(stream_class: type) -> Any:
+    """wrapt wrapper of ``HTTPTransport.handle_request``."""
+    def handle_request(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+        request = args[0] if args else kwargs["request"]
         call = _start_call(request)
         if call is None:
-            return original(self, request)
+            return wrapped(*args, **kwargs)
         try:
-            response = original(self, request)
+            response = wrapped(*args, **kwargs)
         except BaseException as error:
             call.end(sc.STATUS_INCOMPLETE, sc.REASON_ERROR, error=error)
             raise
@@ -391,22 +393,23 @@ def _wrap_sync(original: Any, stream_class: type) -> Any:
         response.stream = stream_class(response.stream, call)
         return response
 
-    handle_request.__wrapped__ = original  # type: ignore[attr-defined]
     return handle_request
 
 
-def _wrap_async(original: Any, stream_class: type) -> Any:
-    async def handle_async_request(self: Any, request: Any) -> Any:
+def _traced_async(stream_class: type) -> Any:
+    """wrapt wrapper of ``AsyncHTTPTransport.handle_async_request``."""
+    async def handle_async_request(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+        request = args[0] if args else kwargs["request"]
         call = _start_call(request)
         if call is None:
-            return await original(self, request)
+            return await wrapped(*args, **kwargs)
         if receipt.enabled:  # opt-in: a connection this call opens is stamped from its first read
             try:
                 request.extensions["trace"] = trace_connect(request.extensions.get("trace"))
             except Exception:
                 pass
         try:
-            response = await original(self, request)
+            response = await wrapped(*args, **kwargs)
         except BaseException as error:
             reason = sc.REASON_CANCELLED if _is_cancel(error) else sc.REASON_ERROR
             call.end(sc.STATUS_INCOMPLETE, reason, error=error)
@@ -415,7 +418,6 @@ def _wrap_async(original: Any, stream_class: type) -> Any:
         response.stream = stream_class(response.stream, call)
         return response
 
-    handle_async_request.__wrapped__ = original  # type: ignore[attr-defined]
     return handle_async_request
 
 
@@ -437,17 +439,11 @@ def instrument_library(*, owner: str = "httpx", **_options: Any) -> None:
     be turned off separately: the wrap is removed when the last owner leaves."""
     with _lock:
         _owners.add(owner)
-        if _originals:
-            return
         for library in _libraries():
             sync_stream, async_stream = _stream_classes(library)
-            name = library.__name__
-            _originals[name] = (library, library.HTTPTransport.handle_request,
-                                library.AsyncHTTPTransport.handle_async_request)
-            library.HTTPTransport.handle_request = _wrap_sync(
-                library.HTTPTransport.handle_request, sync_stream)
-            library.AsyncHTTPTransport.handle_async_request = _wrap_async(
-                library.AsyncHTTPTransport.handle_async_request, async_stream)
+            wrap_methods(library.HTTPTransport, {"handle_request": _traced_sync(sync_stream)})
+            wrap_methods(library.AsyncHTTPTransport,
+                         {"handle_async_request": _traced_async(async_stream)})
 
 
 def uninstrument_library(*, owner: str = "httpx") -> None:
@@ -456,7 +452,6 @@ def uninstrument_library(*, owner: str = "httpx") -> None:
         _owners.discard(owner)
         if _owners:
             return
-        for name in list(_originals):
-            library, sync_original, async_original = _originals.pop(name)
-            library.HTTPTransport.handle_request = sync_original
-            library.AsyncHTTPTransport.handle_async_request = async_original
+        for library in _libraries():
+            unwrap_methods(library.HTTPTransport)
+            unwrap_methods(library.AsyncHTTPTransport)

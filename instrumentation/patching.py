@@ -1,47 +1,74 @@
-"""Wrapping and restoring methods of a library's class: the one mechanism the library-wide
-integrations (tokenizers, transformers, tiktoken, qdrant) share.
+"""The one patching mechanism of the integrations: ``wrapt`` function wrappers on a class.
 
-The originals are kept on the class itself, under :data:`ORIGINALS_ATTRIBUTE`, so patching is
-idempotent (a class that holds them is already patched) and restoring needs no state here.
+Every library-wide integration (``FastAPI.__init__``, ``ThreadPoolExecutor.submit``, the
+httpx/httpx2 transports, tokenizers, transformers, tiktoken, qdrant) wraps with
+:func:`wrap_methods` and unwraps with :func:`unwrap_methods`, as OpenTelemetry's contrib
+instrumentors do: the wrapper is a transparent proxy (name, signature, ``inspect``'s
+answers, method binding, ``__wrapped__``), and unwrapping puts back exactly what the class
+held (or removes the wrapper of an inherited method). A wrapper has wrapt's signature
+``wrapper(wrapped, instance, args, kwargs)``; ``wrapped`` is already bound to ``instance``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+import threading
+from typing import Any, Callable, Mapping
 
-ORIGINALS_ATTRIBUTE = "_inferpath_originals"
+import wrapt
+
+__all__ = ["wrap_methods", "unwrap_methods", "is_wrapped"]
+
+Wrapper = Callable[[Any, Any, tuple, dict], Any]
+
+_lock = threading.Lock()
+# (class, method name) -> what the class itself held before wrapping (_INHERITED: nothing).
+_originals: dict[tuple[type, str], Any] = {}
+_INHERITED = object()
 
 
-def patch_methods(cls: type, names: Iterable[str], wrap: Callable[[str, Any], Any], *,
-                  inherited: bool = False) -> bool:
-    """Replace each method ``name`` of ``cls`` by ``wrap(name, original)``.
+def is_wrapped(cls: type, name: str) -> bool:
+    """True while :func:`wrap_methods` has ``cls.name`` wrapped."""
+    return (cls, name) in _originals
+
+
+def wrap_methods(cls: type, wrappers: Mapping[str, Wrapper], *, inherited: bool = False) -> bool:
+    """Wrap each method of ``cls`` named in ``wrappers`` with its wrapper.
 
     Only methods defined on ``cls`` itself are wrapped, unless ``inherited`` (then any
-    attribute ``getattr`` finds). Returns ``False`` if ``cls`` was already patched. If a
-    ``setattr`` fails (an immutable extension type raises ``TypeError``), everything
-    wrapped so far is restored and the error re-raised.
+    attribute ``getattr`` finds; the wrapper goes on ``cls``). Returns ``False`` if ``cls``
+    already has one of them wrapped (idempotent). If a wrap fails (an immutable extension
+    type raises ``TypeError``), everything wrapped so far is unwrapped and the error
+    re-raised.
     """
-    if ORIGINALS_ATTRIBUTE in cls.__dict__:
-        return False
-    if inherited:
-        originals = {name: getattr(cls, name) for name in names if hasattr(cls, name)}
-    else:
-        originals = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
-    setattr(cls, ORIGINALS_ATTRIBUTE, originals)
-    try:
-        for name, original in originals.items():
-            setattr(cls, name, wrap(name, original))
-    except Exception:
-        restore_methods(cls)
-        raise
-    return True
+    with _lock:
+        if any((cls, name) in _originals for name in wrappers):
+            return False
+        done: list[str] = []
+        try:
+            for name, wrapper in wrappers.items():
+                own = cls.__dict__.get(name, _INHERITED)
+                if own is _INHERITED and not (inherited and hasattr(cls, name)):
+                    continue
+                wrapt.wrap_function_wrapper(cls, name, wrapper)
+                _originals[(cls, name)] = own
+                done.append(name)
+        except Exception:
+            _unwrap(cls, done)
+            raise
+        return True
 
 
-def restore_methods(cls: type) -> None:
-    """Put back the methods :func:`patch_methods` replaced on ``cls`` (no-op if unpatched)."""
-    originals = cls.__dict__.get(ORIGINALS_ATTRIBUTE)
-    if originals is None:
-        return
-    for name, original in originals.items():
-        setattr(cls, name, original)
-    delattr(cls, ORIGINALS_ATTRIBUTE)
+def unwrap_methods(cls: type, names: Any = None) -> None:
+    """Undo :func:`wrap_methods` on ``cls`` (``names``: only those; no-op where unwrapped)."""
+    with _lock:
+        _unwrap(cls, [name for (owner, name) in list(_originals)
+                      if owner is cls and (names is None or name in names)])
+
+
+def _unwrap(cls: type, names: list[str]) -> None:
+    for name in names:
+        own = _originals.pop((cls, name))
+        if own is _INHERITED:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, own)

@@ -12,7 +12,6 @@ A call inside an open ``inferpath.stage("retrieval")`` adds no second span.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from typing import Any
@@ -23,7 +22,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
-from inferpath.instrumentation.patching import patch_methods, restore_methods
+from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 
 __all__ = ["instrument_library", "uninstrument_library", "documents_returned"]
 
@@ -89,19 +88,19 @@ def _end(span: Any, token: Any, result: Any, error: BaseException | None) -> Non
         _logger.warning("inferpath: could not end a retrieval span", exc_info=True)
 
 
-def _patched(name: str, original: Any) -> Any:
-    if inspect.iscoroutinefunction(original):
-        @functools.wraps(original)
-        async def async_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _traced(name: str, is_async: bool) -> Any:
+    """The wrapt wrapper of read method ``name`` (a coroutine function when ``is_async``)."""
+    if is_async:
+        async def async_method(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
             if _in_retrieval_stage():
-                return await original(self, *args, **kwargs)
+                return await wrapped(*args, **kwargs)
             try:
                 span, token = _start(name, args, kwargs)
             except Exception:
                 _logger.warning("inferpath: could not start a retrieval span", exc_info=True)
-                return await original(self, *args, **kwargs)
+                return await wrapped(*args, **kwargs)
             try:
-                result = await original(self, *args, **kwargs)
+                result = await wrapped(*args, **kwargs)
             except BaseException as error:
                 _end(span, token, None, error)
                 raise
@@ -110,17 +109,16 @@ def _patched(name: str, original: Any) -> Any:
 
         return async_method
 
-    @functools.wraps(original)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def method(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
         if _in_retrieval_stage():
-            return original(self, *args, **kwargs)
+            return wrapped(*args, **kwargs)
         try:
             span, token = _start(name, args, kwargs)
         except Exception:
             _logger.warning("inferpath: could not start a retrieval span", exc_info=True)
-            return original(self, *args, **kwargs)
+            return wrapped(*args, **kwargs)
         try:
-            result = original(self, *args, **kwargs)
+            result = wrapped(*args, **kwargs)
         except BaseException as error:
             _end(span, token, None, error)
             raise
@@ -139,10 +137,11 @@ def _classes() -> tuple[type, ...]:
 def instrument_library(**_options: Any) -> None:
     """Wrap the read methods of ``QdrantClient`` and ``AsyncQdrantClient`` (idempotent)."""
     for cls in _classes():
-        patch_methods(cls, _METHODS, _patched)
+        wrap_methods(cls, {name: _traced(name, inspect.iscoroutinefunction(cls.__dict__[name]))
+                           for name in _METHODS if name in cls.__dict__})
 
 
 def uninstrument_library() -> None:
     """Restore the original methods."""
     for cls in _classes():
-        restore_methods(cls)
+        unwrap_methods(cls)

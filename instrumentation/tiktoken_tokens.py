@@ -19,14 +19,13 @@ so each call inside a trace is one ``tokenize`` span. Wrapping never loads an en
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from inferpath.instrumentation.patching import patch_methods, restore_methods
+from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 from inferpath.instrumentation.tokenizers import run_traced
 
 __all__ = ["TokenCount", "count_tokens", "load_cached_encoding", "instrument_library",
@@ -118,32 +117,25 @@ def count_tokens(text: str, encoding_name: str = "cl100k_base") -> TokenCount:
 _METHODS = ("encode", "encode_ordinary", "encode_batch", "encode_ordinary_batch")
 
 
-def _patched(name: str, original: Any) -> Any:
-    if name.endswith("_batch"):
-        @functools.wraps(original)
-        def batch_method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return run_traced(original, (self, *args), kwargs,
-                              lambda result: sum(len(ids) for ids in result), batch_size=len,
-                              require_parent=True)
+def _traced(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    return run_traced(wrapped, args, kwargs, len, require_parent=True)
 
-        return batch_method
 
-    @functools.wraps(original)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return run_traced(original, (self, *args), kwargs, len, require_parent=True)
-
-    return method
+def _traced_batch(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    return run_traced(wrapped, args, kwargs, lambda result: sum(len(ids) for ids in result),
+                      batch_size=len, require_parent=True)
 
 
 def instrument_library(**_options: Any) -> None:
     """Wrap ``tiktoken.Encoding``'s encode methods (idempotent)."""
     import tiktoken
 
-    patch_methods(tiktoken.Encoding, _METHODS, _patched)
+    wrap_methods(tiktoken.Encoding, {name: _traced_batch if name.endswith("_batch") else _traced
+                                     for name in _METHODS})
 
 
 def uninstrument_library() -> None:
     """Restore ``tiktoken.Encoding``'s methods."""
     import tiktoken
 
-    restore_methods(tiktoken.Encoding)
+    unwrap_methods(tiktoken.Encoding)

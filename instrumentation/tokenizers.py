@@ -11,7 +11,6 @@ loads a tokenizer, so nothing here can trigger a download.
 from __future__ import annotations
 
 import contextvars
-import functools
 import logging
 from typing import Any, Callable
 
@@ -20,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
-from inferpath.instrumentation.patching import patch_methods, restore_methods
+from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 
 __all__ = ["instrument_tokenizer", "InstrumentedTokenizer", "run_traced", "instrument_library",
            "uninstrument_library"]
@@ -131,19 +130,14 @@ def instrument_tokenizer(tokenizer: Any) -> InstrumentedTokenizer:
 _PATCHED_METHODS = ("encode", "encode_batch", "encode_batch_fast")
 
 
-def _patched(name: str, original: Any) -> Any:
-    batch = name != "encode"
+def _traced(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    return run_traced(wrapped, args, kwargs, lambda result: len(result.ids), require_parent=True)
 
-    @functools.wraps(original)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if batch:
-            return run_traced(original, (self, *args), kwargs,
-                              lambda result: sum(len(encoding.ids) for encoding in result),
-                              batch_size=len, require_parent=True)
-        return run_traced(original, (self, *args), kwargs, lambda result: len(result.ids),
-                          require_parent=True)
 
-    return method
+def _traced_batch(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    return run_traced(wrapped, args, kwargs,
+                      lambda result: sum(len(encoding.ids) for encoding in result),
+                      batch_size=len, require_parent=True)
 
 
 def instrument_library(**_options: Any) -> None:
@@ -155,11 +149,12 @@ def instrument_library(**_options: Any) -> None:
     """
     import tokenizers
 
-    patch_methods(tokenizers.Tokenizer, _PATCHED_METHODS, _patched, inherited=True)
+    wrap_methods(tokenizers.Tokenizer, {name: _traced if name == "encode" else _traced_batch
+                                        for name in _PATCHED_METHODS}, inherited=True)
 
 
 def uninstrument_library() -> None:
     """Restore the original ``tokenizers.Tokenizer`` methods."""
     import tokenizers
 
-    restore_methods(tokenizers.Tokenizer)
+    unwrap_methods(tokenizers.Tokenizer)

@@ -9,11 +9,10 @@ warm-up) are not traced. Loading a tokenizer
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
-from inferpath.instrumentation.patching import patch_methods, restore_methods
+from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 from inferpath.instrumentation.tokenizers import run_traced
 
 __all__ = ["instrument_library", "uninstrument_library", "count_input_ids"]
@@ -38,25 +37,21 @@ def count_input_ids(result: Any) -> int:
     raise TypeError(f"no input_ids in a {type(result)!r}")
 
 
-def _patched(original: Any) -> Any:
-    @functools.wraps(original)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return run_traced(original, (self, *args), kwargs, count_input_ids,
-                          attributes={"inferpath.tokenize.library": "transformers"},
-                          require_parent=True)
-
-    return method
+def _traced(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
+    return run_traced(wrapped, args, kwargs, count_input_ids,
+                      attributes={"inferpath.tokenize.library": "transformers"},
+                      require_parent=True)
 
 
 def instrument_library(**_options: Any) -> None:
     """Wrap ``transformers``' tokenizer entry points (idempotent)."""
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase as cls
 
-    patch_methods(cls, _METHODS, lambda _name, original: _patched(original))
+    wrap_methods(cls, dict.fromkeys(_METHODS, _traced))
 
 
 def uninstrument_library() -> None:
     """Restore the original methods."""
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase as cls
 
-    restore_methods(cls)
+    unwrap_methods(cls)

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind
 import inferpath
 from inferpath.demo.assets import tokenizer_json_text
 from inferpath.instrumentation import registry, threads
-from inferpath.instrumentation.context import run_in_executor
+from inferpath.instrumentation.threads import wrap_executor
 from inferpath.instrumentation.queues import QueueTicket, TracedQueue
 from inferpath.instrumentation.stages import stage
 
@@ -173,7 +173,8 @@ def test_context_helpers_still_work_without_the_integration(spans) -> None:
     async def main() -> None:
         with ThreadPoolExecutor(max_workers=1) as pool:
             async with stage("gateway"):
-                await run_in_executor(pool, lambda: stage("tokenize")(lambda: None)())
+                await asyncio.get_running_loop().run_in_executor(
+                    wrap_executor(pool), lambda: stage("tokenize")(lambda: None)())
 
     asyncio.run(main())
     finished = spans.finished(wait_for=2)
