@@ -110,6 +110,9 @@ def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
                                  row=5, col=1)
         figure.update_yaxes(title_text="ratio", rangemode="tozero", row=5, col=1)
         figure.update_xaxes(title_text=f"time ({tz})", row=5, col=1)
+        if len(x):  # the window's own span: a row with nothing drawn must not widen it to 1970-2030
+            bounds = pd.Series(x)
+            figure.update_xaxes(range=[bounds.iloc[0], bounds.iloc[-1] + pd.Timedelta(seconds=step)])
         figure.update_layout(height=1000, barmode="overlay", hovermode="x unified",
                              margin={"l": 60, "r": 20, "t": 40, "b": 40},
                              legend={"orientation": "h", "y": -0.06})

@@ -68,6 +68,19 @@ def test_latency_figures_per_class_with_rates_and_tail_ratio() -> None:
     assert "no ITL measured" in [a.text for a in figure.layout.annotations]
 
 
+def test_a_class_with_no_ttft_or_itl_keeps_the_windows_time_axis() -> None:
+    # Client-only rows of an instrumentation that records no TTFT: every TTFT and ITL point null.
+    points = [{"bucket": (pd.Timestamp(T0) + pd.Timedelta(seconds=10 * i)).isoformat(), "endpoint_class": "interactive", "requests": 3, "errors": 0,
+               **{f"{m}_{s}_seconds": None for m in ("ttft", "itl") for s in ("avg", "p50", "p95", "p99")},
+               **{f"e2e_{s}_seconds": 0.3 for s in ("avg", "p50", "p95", "p99")}} for i in range(6)]
+    figure = charts.latency_by_class({"step_seconds": 10, "points": points}, "UTC")["interactive"]
+    start, end = (pd.Timestamp(v) for v in figure.layout.xaxis.range)
+    assert start == pd.Timestamp(charts.wall_time([T0], "UTC")[0])
+    assert end - start == pd.Timedelta(seconds=60)
+    texts = [a.text for a in figure.layout.annotations]
+    assert "no TTFT measured" in texts and "no ITL measured" in texts
+
+
 def test_band_shares_and_hops_tables() -> None:
     bands = [{"group": "p0-50", "count": 5, "total_mean_ns": 1e8,
               "stage_share": {"queue": 0.5, "prefill": 0.6, "rest": -0.1},
