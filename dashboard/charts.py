@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from inferpath.dashboard.figures import MS_PER_NS, MS_PER_SECOND, NO_DATA, UNCLASSIFIED
+from inferpath.dashboard.figures import MS_PER_NS, MS_PER_SECOND, NO_DATA, UNCLASSIFIED, wall_time
 
 _STATS = [("p50", "solid"), ("p95", "dashdot"), ("p99", "dash"), ("avg", "dot")]
 _COLORS = {"ttft": "#1f77b4", "itl": "#2ca02c", "e2e": "#9467bd"}
@@ -33,23 +33,6 @@ SPIKE_FILL = "rgba(214, 39, 40, 0.15)"
 STAGE_COLORS = {"gateway": "#8c564b", "tokenize": "#e377c2", "retrieval": "#bcbd22",
                 "queue": "#d62728", "prefill": "#ff7f0e", "decode": "#1f77b4",
                 "network": "#17becf", "rest": "#c7c7c7"}
-
-
-def wall_time(values: pd.Series | Sequence[Any], tz: str) -> pd.Series:
-    """UTC instants (aware, ISO strings or unix seconds) as naive wall-clock times in ``tz``.
-
-    Plotly draws a timestamp's wall time and ignores its offset, so converting to the
-    chosen zone and then dropping the offset is what makes the axis read correctly.
-    Raises ``zoneinfo``/pandas errors for an unknown zone name.
-    """
-    series = pd.Series(values)
-    if series.empty:
-        return pd.Series(pd.DatetimeIndex([]), index=series.index)
-    if pd.api.types.is_numeric_dtype(series):
-        stamps = pd.to_datetime(series, unit="s", utc=True)
-    else:
-        stamps = pd.to_datetime(series, utc=True, format="ISO8601")
-    return stamps.dt.tz_convert(tz).dt.tz_localize(None)
 
 
 def _no_data(figure: go.Figure, row: int, why: str = NO_DATA) -> None:

@@ -1,7 +1,8 @@
 """Plotly figures and display tables of the dashboard, as pure functions of DataFrames.
 
 Inputs are the frames :mod:`inferpath.dashboard.client` returns (durations in seconds, UTC
-timestamps). Display is in milliseconds; the seconds-to-milliseconds conversion lives here
+timestamps). Display is in milliseconds and in the wall time of the chosen zone; both
+conversions (seconds to milliseconds, instants to wall time: :func:`wall_time`) live here
 and nowhere else. Missing data is never drawn as zero: an empty panel carries a "no data"
 annotation, and a bucket without samples is a gap in its line (``NaN``), not a dip to 0.
 Nothing here imports Streamlit, so every builder is testable on small frames.
@@ -9,7 +10,7 @@ Nothing here imports Streamlit, so every builder is testable on small frames.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,75 +39,45 @@ _REQUEST_IDENTITY_ORDER = ["status", "endpoint", "endpoint_class", "model", "inp
                            "output_tokens", "trace_id"]
 STAGE_TABLE_COLUMNS = ["stage", "count", "avg_ms", "p50_ms", "p95_ms", "p99_ms"]
 
-_CLASS_COLORS = {"interactive": "#1f77b4", "bulk": "#ff7f0e"}
-_FALLBACK_COLORS = ["#d62728", "#9467bd", "#8c564b", "#e377c2"]
 # Gauges get their own hues so an engine series is never mistaken for an endpoint class.
 _GAUGE_COLORS = ["#2ca02c", "#17becf", "#7f7f7f", "#bcbd22", "#393b79", "#637939"]
-_STAT_STYLES = [("p50_seconds", "p50", "solid"), ("p99_seconds", "p99", "dash"),
-                ("avg_seconds", "avg", "dot")]
 
 
-def ttft_with_queue_depth(ttft_df: pd.DataFrame, queue_df: pd.DataFrame, *,
-                          step_seconds: float | None = None) -> go.Figure:
-    """TTFT p50/p99/average per endpoint class over time, above the engine's queue depth.
+def wall_time(values: pd.Series | Sequence[Any], tz: str) -> pd.Series:
+    """Instants (aware in any zone, naive meaning UTC, ISO strings or unix seconds) as naive
+    wall-clock times in ``tz``.
 
-    ``ttft_df``: rows ``bucket`` (UTC), ``endpoint_class``, ``avg_seconds``, ``p50_seconds``,
-    ``p99_seconds`` (the read API's ``/timeseries/ttft``). ``queue_df``: rows ``bucket``,
-    ``service_name``, ``attributes``, ``value`` (requests waiting; ``/timeseries/gauge``
-    with ``metric=queue_depth``). Both panels share one time axis so a TTFT rise lines up
-    with the queue that caused it. With ``step_seconds``, buckets missing inside a series
-    become gaps. An empty input gives its panel a "no data" annotation. TTFT in ms.
+    Plotly draws a timestamp's wall time and ignores its offset, so converting to the
+    chosen zone and then dropping the offset is what makes the axis read correctly. Every
+    figure and table that shows a time converts it here, once. Raises ``zoneinfo``/pandas
+    errors for an unknown zone name.
     """
-    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
-                           row_heights=[0.62, 0.38],
-                           subplot_titles=("Time to first token", "Engine queue depth"))
-    ttft = _non_empty(ttft_df, ["p50_seconds", "p99_seconds", "avg_seconds"])
-    if ttft.empty:
-        _annotate_no_data(figure, row=1)
+    series = pd.Series(values)
+    if series.empty:
+        return pd.Series(pd.DatetimeIndex([]), index=series.index)
+    if pd.api.types.is_numeric_dtype(series):
+        stamps = pd.to_datetime(series, unit="s", utc=True)
+    elif isinstance(series.dtype, pd.DatetimeTZDtype) or pd.api.types.is_datetime64_dtype(series):
+        stamps = pd.to_datetime(series, utc=True)
     else:
-        # Spans without the resource attribute (e.g. vLLM's own) have no class: say so.
-        ttft["endpoint_class"] = (ttft["endpoint_class"].fillna("").astype(str)
-                                  .replace("", UNCLASSIFIED))
-        for index, (endpoint_class, rows) in enumerate(ttft.groupby("endpoint_class",
-                                                                    sort=True)):
-            rows = _fill_gaps(rows, step_seconds)
-            color = _CLASS_COLORS.get(endpoint_class,
-                                      _FALLBACK_COLORS[index % len(_FALLBACK_COLORS)])
-            for column, stat, dash in _STAT_STYLES:
-                if column not in rows or rows[column].isna().all():
-                    continue
-                figure.add_trace(go.Scatter(
-                    x=rows["bucket"], y=rows[column] * MS_PER_SECOND, mode="lines+markers",
-                    name=f"{endpoint_class} {stat}", legendgroup=endpoint_class,
-                    line={"color": color, "dash": dash}, marker={"size": 4},
-                    connectgaps=False,
-                    hovertemplate=f"{endpoint_class} {stat}: %{{y:.1f}} ms<extra></extra>",
-                ), row=1, col=1)
-    _add_gauge_traces(figure, queue_df, row=2, step_seconds=step_seconds,
-                      unit_label="requests waiting")
-    figure.update_yaxes(title_text="TTFT (ms)", rangemode="tozero", row=1, col=1)
-    figure.update_yaxes(title_text="requests waiting", rangemode="tozero", row=2, col=1)
-    figure.update_xaxes(title_text="time (UTC)", row=2, col=1)
-    if not figure.data:
-        figure.update_xaxes(showticklabels=False)
-    figure.update_layout(height=560, margin={"l": 60, "r": 20, "t": 40, "b": 40},
-                         legend={"orientation": "h", "y": -0.15}, hovermode="x unified")
-    return figure
+        stamps = pd.to_datetime(series, utc=True, format="ISO8601")
+    return stamps.dt.tz_convert(tz).dt.tz_localize(None)
 
 
-def gauge_over_time(gauge_df: pd.DataFrame, *, title: str, y_title: str,
+def gauge_over_time(gauge_df: pd.DataFrame, tz: str, *, title: str, y_title: str,
                     scale: float = 1.0, step_seconds: float | None = None) -> go.Figure:
     """One canonical gauge (KV-cache usage, running requests, ...) per series over time.
 
-    ``gauge_df``: rows ``bucket``, ``service_name``, ``attributes``, ``value``; ``scale``
-    multiplies values for display (e.g. 100 for a ratio shown in percent). Empty input
-    gives a "no data" annotation.
+    ``gauge_df``: rows ``bucket`` (aware instants in any zone; UTC as the read API sends
+    them), ``service_name``, ``attributes``, ``value``; drawn in the wall time of ``tz``,
+    which the time axis names. ``scale`` multiplies values for display (e.g. 100 for a
+    ratio shown in percent). Empty input gives a "no data" annotation.
     """
     figure = make_subplots(rows=1, cols=1, subplot_titles=(title,))
-    _add_gauge_traces(figure, gauge_df, row=1, step_seconds=step_seconds, unit_label=y_title,
-                      scale=scale)
+    _add_gauge_traces(figure, gauge_df, tz, row=1, step_seconds=step_seconds,
+                      unit_label=y_title, scale=scale)
     figure.update_yaxes(title_text=y_title, rangemode="tozero")
-    figure.update_xaxes(title_text="time (UTC)", showticklabels=bool(figure.data))
+    figure.update_xaxes(title_text=f"time ({tz})", showticklabels=bool(figure.data))
     figure.update_layout(height=300, margin={"l": 60, "r": 20, "t": 40, "b": 40},
                          legend={"orientation": "h", "y": -0.3})
     return figure
@@ -136,15 +107,17 @@ def stage_latency_table(summary_df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
-def requests_table(requests_df: pd.DataFrame) -> pd.DataFrame:
+def requests_table(requests_df: pd.DataFrame, tz: str) -> pd.DataFrame:
     """Request rows for display: ``*_ns`` durations become ``*_ms`` columns, leading.
 
-    Order: ``timestamp``, the durations (end-to-end and TTFT first, then the stages), then
-    status, endpoint, class, model, tokens, ``trace_id`` and the rest. Duration columns
+    ``timestamp`` becomes the wall time of ``tz`` (:func:`wall_time`). Order: ``timestamp``,
+    the durations (end-to-end and TTFT first, then the stages), then status, endpoint, class, model, tokens, ``trace_id`` and the rest. Duration columns
     that are null in every row (stages this deployment does not report) are left out;
     single nulls stay null, never 0.
     """
     table = requests_df.copy()
+    if "timestamp" in table:
+        table["timestamp"] = wall_time(table["timestamp"], tz)
     durations = []
     for column in list(table.columns):
         if column.endswith("_ns"):
@@ -178,7 +151,7 @@ def series_label(service_name: object, attributes: object) -> str:
     return label
 
 
-def _add_gauge_traces(figure: go.Figure, gauge_df: pd.DataFrame, *, row: int,
+def _add_gauge_traces(figure: go.Figure, gauge_df: pd.DataFrame, tz: str, *, row: int,
                       step_seconds: float | None, unit_label: str, scale: float = 1.0) -> None:
     gauge = _non_empty(gauge_df, ["value"])
     if gauge.empty:
@@ -188,10 +161,11 @@ def _add_gauge_traces(figure: go.Figure, gauge_df: pd.DataFrame, *, row: int,
     attributes = gauge["attributes"] if "attributes" in gauge else pd.Series(None, index=gauge.index)
     gauge["_series"] = [series_label(s, a) for s, a in zip(service, attributes)]
     for index, (label, rows) in enumerate(gauge.groupby("_series", sort=True)):
+        # Gaps are found on the instants (a DST change repeats wall times), then shown as wall time.
         rows = _fill_gaps(rows, step_seconds)
         # A gauge holds its value until the next sample: draw steps, not slopes.
         figure.add_trace(go.Scatter(
-            x=rows["bucket"], y=rows["value"] * scale, mode="lines", name=label,
+            x=wall_time(rows["bucket"], tz), y=rows["value"] * scale, mode="lines", name=label,
             line={"shape": "hv", "color": _GAUGE_COLORS[index % len(_GAUGE_COLORS)]},
             connectgaps=False,
             hovertemplate=f"{label}: %{{y:.3g}} {unit_label}<extra></extra>",

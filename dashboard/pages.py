@@ -72,9 +72,7 @@ def _trace_links(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
 
 
 def _requests_table(rows: pd.DataFrame, tz: str) -> None:
-    table = figures.requests_table(rows)
-    if "timestamp" in table:
-        table["timestamp"] = charts.wall_time(table["timestamp"], tz)
+    table = figures.requests_table(rows, tz)
     table, link_config = _trace_links(table)
     st.dataframe(table, hide_index=True, width="stretch", height=36 * (min(len(table), 25) + 1) + 4,
                  column_config={**link_config, **{
@@ -393,21 +391,9 @@ def fleet_panels(ctx: Context) -> None:
         except ReadApiError as error:
             st.error(_explain(error, title, ctx))
             continue
-        figure = memo_figure(gauge_panel_figure, gauge, ctx.tz, title=title, y_title=y_title,
-                             scale=scale, step_seconds=window.step_seconds)
+        figure = memo_figure(figures.gauge_over_time, gauge, ctx.tz, title=title,
+                             y_title=y_title, scale=scale, step_seconds=window.step_seconds)
         st.plotly_chart(figure, width="stretch", key=f"gauge_{metric}")
-
-
-def gauge_panel_figure(gauge: pd.DataFrame, tz: str, *, title: str, y_title: str, scale: float,
-                       step_seconds: int) -> go.Figure:
-    """One gauge of the GPUs and engines page: ``gauge`` (UTC ``bucket`` rows as
-    :meth:`ReadApiClient.gauge_timeseries` returns) drawn in the wall time of ``tz``."""
-    if not gauge.empty:
-        gauge = gauge.assign(bucket=charts.wall_time(gauge["bucket"], tz))
-    figure = figures.gauge_over_time(gauge, title=title, y_title=y_title, scale=scale,
-                                     step_seconds=step_seconds)
-    figure.update_xaxes(title_text=f"time ({tz})")
-    return figure
 
 
 def diagnosis_panels(ctx: Context) -> None:
@@ -514,5 +500,6 @@ def alerts_table(key: str, rows: list, tz: str) -> pd.DataFrame:
                       "resolved_at", "changed_at"):
             stamps = pd.to_datetime(table[column], utc=True, errors="coerce", format="ISO8601")
             if stamps.notna().any():
-                table[column] = stamps.dt.tz_convert(tz).dt.strftime("%Y-%m-%d %H:%M:%S").fillna("")
+                shown = figures.wall_time(stamps, tz)
+                table[column] = shown.dt.strftime("%Y-%m-%d %H:%M:%S").fillna("")
     return table

@@ -8,21 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from inferpath.dashboard import figures
-from inferpath.dashboard.client import GAUGE_SERIES_COLUMNS, TTFT_SERIES_COLUMNS, to_frame
-
-
-def _ttft_rows() -> pd.DataFrame:
-    return to_frame([
-        {"bucket": "2026-11-30T11:16:50+00:00", "endpoint_class": "interactive", "count": 4,
-         "avg_seconds": 0.30, "p50_seconds": 0.15, "p99_seconds": 1.80},
-        {"bucket": "2026-11-30T11:17:00+00:00", "endpoint_class": "interactive", "count": 2,
-         "avg_seconds": 0.50, "p50_seconds": 0.40, "p99_seconds": 0.90},
-        # 11:17:10 has no requests: the series must break there, not drop to zero.
-        {"bucket": "2026-11-30T11:17:20+00:00", "endpoint_class": "interactive", "count": 1,
-         "avg_seconds": 0.20, "p50_seconds": 0.20, "p99_seconds": 0.20},
-        {"bucket": "2026-11-30T11:17:00+00:00", "endpoint_class": "bulk", "count": 3,
-         "avg_seconds": 2.0, "p50_seconds": 1.5, "p99_seconds": 4.0},
-    ], TTFT_SERIES_COLUMNS)
+from inferpath.dashboard.client import GAUGE_SERIES_COLUMNS, to_frame
 
 
 def _queue_rows() -> pd.DataFrame:
@@ -31,6 +17,9 @@ def _queue_rows() -> pd.DataFrame:
          "value": 0.0},
         {"bucket": 1796037420.0, "service_name": "vllm-tiny", "attributes": {"engine": "0"},
          "value": 52.0},
+        # 11:17:00 has no sample: the series must break there, not drop to zero.
+        {"bucket": 1796037440.0, "service_name": "vllm-tiny", "attributes": {"engine": "0"},
+         "value": 3.0},
     ], GAUGE_SERIES_COLUMNS)
 
 
@@ -38,62 +27,41 @@ def _annotations(figure: go.Figure) -> list[str]:
     return [annotation.text for annotation in figure.layout.annotations]
 
 
-def test_ttft_figure_has_p50_p99_avg_per_class_and_queue_on_shared_time_axis() -> None:
-    figure = figures.ttft_with_queue_depth(_ttft_rows(), _queue_rows(), step_seconds=10)
-    names = [trace.name for trace in figure.data]
-    assert names == ["bulk p50", "bulk p99", "bulk avg", "interactive p50", "interactive p99",
-                     "interactive avg", "vllm-tiny engine=0"]
-    ttft_traces = [trace for trace in figure.data if trace.yaxis == "y"]
-    queue_traces = [trace for trace in figure.data if trace.yaxis == "y2"]
-    assert len(ttft_traces) == 6 and len(queue_traces) == 1
-    # Both panels read one time axis: the queue panel's x axis is bound to the TTFT one.
-    assert figure.layout.xaxis.matches == "x2" or figure.layout.xaxis2.matches == "x"
-    assert figure.layout.yaxis.title.text == "TTFT (ms)"
-    assert list(queue_traces[0].y) == [0.0, 52.0]
+def test_gauge_missing_bucket_is_a_gap_not_zero_and_null_rows_are_no_data() -> None:
+    figure = figures.gauge_over_time(_queue_rows(), "UTC", title="Queue", y_title="waiting",
+                                     step_seconds=10)
+    (queue,) = figure.data
+    values = list(queue.y)
+    assert values[:2] == [0.0, 52.0] and values[3] == 3.0
+    assert math.isnan(values[2]) and queue.connectgaps is False
     assert figures.NO_DATA not in _annotations(figure)
+    nulls = _queue_rows().assign(value=None)
+    empty = figures.gauge_over_time(nulls, "UTC", title="Queue", y_title="waiting")
+    assert len(empty.data) == 0 and figures.NO_DATA in _annotations(empty)
+    assert empty.layout.yaxis.showticklabels is False
 
 
-def test_ttft_values_are_milliseconds_and_missing_bucket_is_a_gap_not_zero() -> None:
-    figure = figures.ttft_with_queue_depth(_ttft_rows(), _queue_rows(), step_seconds=10)
-    p99 = next(trace for trace in figure.data if trace.name == "interactive p99")
-    buckets = [pd.Timestamp(x) for x in p99.x]
-    assert buckets == sorted(buckets) and len(buckets) == 4
-    values = list(p99.y)
-    assert values[0] == 1800.0 and values[1] == 900.0 and values[3] == 200.0
-    assert math.isnan(values[2]), "the empty 11:17:10 bucket must be a gap"
-    assert p99.connectgaps is False
+def test_gauge_times_from_any_zone_are_drawn_in_the_zone_the_axis_names() -> None:
+    # 09:00 in New York (UTC-5 in November) is 14:00 UTC and 15:00 in Berlin.
+    new_york = pd.DataFrame({
+        "bucket": pd.to_datetime(["2026-11-30 09:00:00", "2026-11-30 09:00:10"]
+                                 ).tz_localize("America/New_York"),
+        "service_name": "vllm", "attributes": [{"engine": "0"}] * 2, "value": [1.0, 2.0]})
+    utc = figures.gauge_over_time(new_york, "UTC", title="Queue", y_title="waiting")
+    assert utc.layout.xaxis.title.text == "time (UTC)"
+    assert pd.Timestamp(utc.data[0].x[0]) == pd.Timestamp("2026-11-30 14:00:00")
+    berlin = figures.gauge_over_time(new_york, "Europe/Berlin", title="Queue",
+                                     y_title="waiting", step_seconds=10)
+    assert berlin.layout.xaxis.title.text == "time (Europe/Berlin)"
+    assert [pd.Timestamp(x) for x in berlin.data[0].x] == [
+        pd.Timestamp("2026-11-30 15:00:00"), pd.Timestamp("2026-11-30 15:00:10")]
 
 
-def test_empty_inputs_are_annotated_no_data_never_drawn_as_zero() -> None:
-    empty_ttft = to_frame([], TTFT_SERIES_COLUMNS)
-    empty_queue = to_frame([], GAUGE_SERIES_COLUMNS)
-    figure = figures.ttft_with_queue_depth(empty_ttft, empty_queue)
-    assert len(figure.data) == 0
-    assert figure.layout.yaxis.showticklabels is False and figure.layout.yaxis2.showticklabels is False
-    no_data = [a for a in figure.layout.annotations if a.text == figures.NO_DATA]
-    assert {a.yref for a in no_data} == {"y domain", "y2 domain"}
-
-    only_queue_missing = figures.ttft_with_queue_depth(_ttft_rows(), empty_queue)
-    assert only_queue_missing.layout.yaxis.showticklabels is not False
-    refs = [a.yref for a in only_queue_missing.layout.annotations if a.text == figures.NO_DATA]
-    assert refs == ["y2 domain"]
-    assert all(trace.yaxis == "y" for trace in only_queue_missing.data)
-
-
-def test_missing_endpoint_class_is_labelled_unclassified() -> None:
-    rows = _ttft_rows()
-    rows.loc[rows["endpoint_class"] == "bulk", "endpoint_class"] = ""
-    names = {trace.name for trace in figures.ttft_with_queue_depth(rows, _queue_rows()).data}
-    assert {"unclassified p50", "unclassified p99", "unclassified avg"} <= names
-
-
-def test_rows_with_only_nulls_count_as_no_data() -> None:
-    nulls = to_frame([{"bucket": "2026-11-30T11:00:00Z", "endpoint_class": "bulk",
-                       "count": 0, "avg_seconds": None, "p50_seconds": None,
-                       "p99_seconds": None}], TTFT_SERIES_COLUMNS)
-    figure = figures.ttft_with_queue_depth(nulls, _queue_rows())
-    assert [a.yref for a in figure.layout.annotations if a.text == figures.NO_DATA] == [
-        "y domain"]
+def test_requests_table_times_are_wall_times_of_the_chosen_zone() -> None:
+    rows = pd.DataFrame({"timestamp": pd.to_datetime(["2026-11-30 09:00:00"]).tz_localize(
+        "America/New_York"), "trace_id": ["ab"], "ttft_ns": [1_000_000]})
+    table = figures.requests_table(rows, "Europe/Berlin")
+    assert table.loc[0, "timestamp"] == pd.Timestamp("2026-11-30 15:00:00")
 
 
 def test_gauge_figure_scales_ratio_to_percent_and_labels_series() -> None:
@@ -103,10 +71,10 @@ def test_gauge_figure_scales_ratio_to_percent_and_labels_series() -> None:
         {"bucket": "2026-11-30T11:17:00Z", "service_name": "vllm-tiny",
          "attributes": {"engine": "1"}, "value": 0.25},
     ], GAUGE_SERIES_COLUMNS)
-    figure = figures.gauge_over_time(kv, title="KV-cache usage", y_title="%", scale=100)
+    figure = figures.gauge_over_time(kv, "UTC", title="KV-cache usage", y_title="%", scale=100)
     assert [trace.name for trace in figure.data] == ["vllm-tiny engine=0", "vllm-tiny engine=1"]
     assert [list(trace.y) for trace in figure.data] == [[70.0], [25.0]]
-    empty = figures.gauge_over_time(to_frame([], GAUGE_SERIES_COLUMNS), title="t", y_title="%")
+    empty = figures.gauge_over_time(to_frame([], GAUGE_SERIES_COLUMNS), "UTC", title="t", y_title="%")
     assert figures.NO_DATA in _annotations(empty)
 
 
@@ -143,7 +111,7 @@ def test_requests_table_turns_ns_into_ms_leads_with_durations_and_drops_unreport
          "ttft_ns": 20_000_000, "e2e_ns": 100_000_000, "queue_ns": 5_000_000,
          "gateway_ns": None, "span_count": 1},
     ])
-    table = figures.requests_table(rows)
+    table = figures.requests_table(rows, "UTC")
     assert list(table.columns) == ["timestamp", "e2e_ms", "ttft_ms", "queue_ms", "status",
                                    "trace_id", "span_count"]
     assert table.loc[0, "ttft_ms"] == 157.0 and table.loc[1, "queue_ms"] == 5.0

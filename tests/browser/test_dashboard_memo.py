@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from inferpath.dashboard import pages
+from inferpath.dashboard import figures, pages
 from inferpath.dashboard.client import GAUGE_SERIES_COLUMNS, to_frame
 from inferpath.dashboard.memo import input_digest, memo_figure
 
@@ -19,7 +19,7 @@ def _kv_rows(value: float):
 
 
 def _figure(rows, tz: str = "UTC"):
-    return memo_figure(pages.gauge_panel_figure, rows, tz, title="KV-cache usage",
+    return memo_figure(figures.gauge_over_time, rows, tz, title="KV-cache usage",
                        y_title="%", scale=100.0, step_seconds=10)
 
 
@@ -43,7 +43,7 @@ def test_new_data_or_zone_builds_a_new_figure() -> None:
 
 def test_digest_names_the_builder_and_every_argument() -> None:
     rows = _kv_rows(0.7)
-    digest = input_digest(pages.gauge_panel_figure, (rows, "UTC"), {"scale": 100.0})
-    assert digest == input_digest(pages.gauge_panel_figure, (rows.copy(), "UTC"), {"scale": 100.0})
-    assert digest != input_digest(pages.gauge_panel_figure, (rows, "UTC"), {"scale": 1.0})
+    digest = input_digest(figures.gauge_over_time, (rows, "UTC"), {"scale": 100.0})
+    assert digest == input_digest(figures.gauge_over_time, (rows.copy(), "UTC"), {"scale": 100.0})
+    assert digest != input_digest(figures.gauge_over_time, (rows, "UTC"), {"scale": 1.0})
     assert digest != input_digest(pages.fleet_panels, (rows, "UTC"), {"scale": 100.0})
