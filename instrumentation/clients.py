@@ -7,7 +7,9 @@
             ...
     stream.timeline.ttft_seconds, stream.timeline.itl_seconds
 
-The span ``chat {model}`` (``text_completion {model}`` for ``/completions``) carries the
+The span is the httpx integration's (:class:`~.genai_http.ModelCall`, the one way a
+model-client span is made; this call marks its request so the integration does not make a
+second one): ``chat {model}`` (``text_completion {model}`` for ``/completions``) carries the
 GenAI request attributes, the W3C ``traceparent`` of the span is sent with the request,
 and at the end the span gets TTFT, mean ITL, token counts and ``inferpath.stream.status``
 (definitions in ``streaming.py``). Its end is the receipt of the last chunk, so span
@@ -27,13 +29,11 @@ import time
 from typing import Any, Callable
 
 import httpx
-from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from inferpath.instrumentation import provider
-from inferpath.instrumentation import semconv as sc
 from inferpath.instrumentation import receipt
-from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
+from inferpath.instrumentation import semconv as sc
+from inferpath.instrumentation.genai_http import TRACED_EXTENSION, ModelCall, _operation
+from inferpath.instrumentation.receipt import trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter, TokenTimeline
 
 __all__ = ["stream_chat_completion", "ChatCompletionStream"]
@@ -43,13 +43,6 @@ _logger = logging.getLogger(__name__)
 _closing_tasks: set[asyncio.Task[Any]] = set()
 
 OnChunk = Callable[[dict[str, Any], int], Any]
-
-
-def _operation_name(url: httpx.URL) -> str:
-    path = url.path.rstrip("/")
-    if path.endswith("/completions") and not path.endswith("/chat/completions"):
-        return "text_completion"
-    return "chat"
 
 
 class ChatCompletionStream:
@@ -75,7 +68,7 @@ class ChatCompletionStream:
             headers=headers,
         )
         # This call makes its own span; the httpx integration must not make a second one.
-        self._request.extensions["inferpath.traced"] = True
+        self._request.extensions[TRACED_EXTENSION] = True
         if receipt.enabled:  # opt-in: a connection this call opens is stamped from its first read
             self._request.extensions["trace"] = trace_connect(self._request.extensions.get("trace"))
         self._payload = payload
@@ -83,28 +76,36 @@ class ChatCompletionStream:
         self._on_chunk = on_chunk
         self._pending: collections.deque[dict[str, Any]] = collections.deque()
         self._bytes: Any = None
-        self._receipt: ReceiptClock | None = None
-        self._span: Span | None = None
-        self._start_wall_ns = 0
-        self._start_perf_ns = 0
+        self._call: ModelCall | None = None
         self._last_read_ns: int | None = None
         self._last_chunk_ns: int | None = None
         self._needs_drain = False
         self._finish_at_ns: int | None = None
         self._exhausted = False
-        self.meter: ChatStreamMeter | None = None
         self.response: httpx.Response | None = None
-        self.status: str | None = None
-        self.reason: str | None = None
+
+    @property
+    def meter(self) -> ChatStreamMeter | None:
+        """The parser state (``None`` before the response arrived)."""
+        return None if self._call is None else self._call.meter
+
+    @property
+    def status(self) -> str | None:
+        """``complete`` / ``incomplete`` once the stream ended, ``None`` while it runs."""
+        return None if self._call is None else self._call.status
+
+    @property
+    def reason(self) -> str | None:
+        """Why the stream is ``incomplete`` (``semconv.REASON_*``), else ``None``."""
+        return None if self._call is None else self._call.reason
 
     @property
     def trace_id(self) -> str | None:
         """The call's trace id as 32 lowercase hex digits (``None`` before the request was sent
         or when tracing is off)."""
-        span = self._span
-        if span is None:
+        if self._call is None:
             return None
-        context = span.get_span_context()
+        context = self._call.span.get_span_context()
         return format(context.trace_id, "032x") if context.is_valid else None
 
     @property
@@ -134,33 +135,26 @@ class ChatCompletionStream:
                 self._needs_drain = False
                 await self._drain()
             raise StopAsyncIteration
-        if self._span is None:
+        if self._call is None:
             await self._open()
+        call = self._call
         try:
             while not self._pending:
-                clock = self._receipt
-                if clock is not None:
-                    probe()  # other streams' bytes that arrived during this task's turn
+                call.before_read()
                 try:
                     data = await self._bytes.__anext__()
                 except StopAsyncIteration:
                     self._finish_complete(self._last_chunk_ns or self._last_read_ns)
                     break
-                received_ns = time.perf_counter_ns()
-                if clock is not None:
-                    probe()
-                    # Opt-in: the kernel's receipt of these bytes, not this task's turn on
-                    # the event loop (receipt.py says why the two differ under load).
-                    received_ns = clock.stamp_ns(received_ns, self._start_perf_ns)
-                self._last_read_ns = received_ns
-                chunks = self.meter.feed(data, received_ns)
+                received_ns = self._last_read_ns = call.stamp_ns(time.perf_counter_ns())
+                chunks = call.feed(data, received_ns)
                 if chunks:
                     self._last_chunk_ns = received_ns
                 if self._on_chunk is not None:
                     for chunk in chunks:
                         self._on_chunk(chunk, received_ns)
                 self._pending.extend(chunks)
-                if self.meter.done:
+                if call.meter.done:
                     # E2E ends at the read that delivered the last JSON chunk; ``[DONE]`` is
                     # a sentinel, not part of the answer. The span is ended (SDK work) only once
                     # the caller has had every chunk, with that read's time as its end.
@@ -185,37 +179,11 @@ class ChatCompletionStream:
 
     async def _open(self) -> None:
         request = self._request
-        model = self._payload.get("model")
-        operation = _operation_name(request.url)
-        attributes: dict[str, Any] = {sc.GEN_AI_OPERATION_NAME: operation,
-                                      sc.SERVER_ADDRESS: request.url.host}
-        if request.url.port is not None:
-            attributes[sc.SERVER_PORT] = request.url.port
-        else:
-            attributes[sc.SERVER_PORT] = 443 if request.url.scheme == "https" else 80
-        if isinstance(model, str) and model:
-            attributes[sc.GEN_AI_REQUEST_MODEL] = model
-        max_tokens = self._payload.get("max_tokens", self._payload.get("max_completion_tokens"))
-        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
-            attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
-        if self._stage is not None:
-            attributes[sc.STAGE] = self._stage
-        name = f"{operation} {model}" if isinstance(model, str) and model else operation
-        start_perf_ns = self._start_perf_ns = time.perf_counter_ns()
-        self._start_wall_ns = time.time_ns()
-        try:
-            self._span = provider.get_tracer().start_span(
-                name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self._start_wall_ns)
-            carrier: dict[str, str] = {}
-            provider.PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self._span))
-            request.headers.update(carrier)
-        except Exception:
-            _logger.warning("inferpath: could not start the model-call span", exc_info=True)
-            self._span = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
-        self.meter = ChatStreamMeter(start_ns=start_perf_ns)
+        self._call = call = ModelCall(request, _operation(request.url.path) or "chat",
+                                      stage=self._stage, payload=self._payload)
         try:
             self.response = await self._client.send(request, stream=True)
-            self._record(sc.HTTP_RESPONSE_STATUS_CODE, self.response.status_code)
+            call.on_response(self.response, decode_chunks=True)
             if self.response.status_code >= 400:
                 self.response.raise_for_status()
         except asyncio.CancelledError as error:
@@ -224,7 +192,6 @@ class ChatCompletionStream:
         except BaseException as error:
             await self._abandon(sc.REASON_ERROR, error)
             raise
-        self._receipt = receipt_clock(self.response)
         self._bytes = self.response.aiter_bytes()
 
     async def _drain(self) -> None:
@@ -238,43 +205,15 @@ class ChatCompletionStream:
         await self._close_response()
 
     # -- ending --------------------------------------------------------------------------
-    def _record(self, key: str, value: Any) -> None:
-        try:
-            if self._span is not None:
-                self._span.set_attribute(key, value)
-        except Exception:  # pragma: no cover - SDK failure
-            pass
-
-    def _end_span(self, status: str, reason: str | None, end_perf_ns: int,
-                  error: BaseException | None = None) -> None:
-        if self.status is not None:
-            return
-        self.status, self.reason = status, reason
-        self._exhausted = True
-        span, meter = self._span, self.meter
-        if span is None or meter is None:
-            return
-        try:
-            meter.timeline.finish(end_perf_ns)
-            span.set_attributes(sc.stream_result_attributes(meter, status, reason))
-            if error is not None and isinstance(error, Exception):
-                span.record_exception(error)
-                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-                span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
-            span.end(end_time=self._start_wall_ns + (end_perf_ns - meter.timeline.start_ns))
-        except Exception:
-            _logger.warning("inferpath: could not end the model-call span", exc_info=True)
-
     def _finish_complete(self, last_read_ns: int | None) -> None:
-        if self.meter is not None:
-            self.meter.close(last_read_ns or time.perf_counter_ns())
-            status, reason = sc.finished_stream_status(self.meter)
-        else:
-            status, reason = sc.STATUS_INCOMPLETE, sc.REASON_ERROR
-        self._end_span(status, reason, last_read_ns or time.perf_counter_ns())
+        self._exhausted = True
+        self._call.end(None, None, at_ns=last_read_ns)
 
     async def _abandon(self, reason: str, error: BaseException | None = None) -> None:
-        self._end_span(sc.STATUS_INCOMPLETE, reason, time.perf_counter_ns(), error)
+        self._exhausted = True
+        if self._call.meter is None:  # no response: the meter measures the time to the error
+            self._call.meter = ChatStreamMeter(start_ns=self._call.start_perf_ns)
+        self._call.end(sc.STATUS_INCOMPLETE, reason, error=error)
         self._pending.clear()
         await self._close_response()
 
@@ -292,7 +231,7 @@ class ChatCompletionStream:
         if self._finish_at_ns is not None:  # the stream ended; only the span was still open
             finish_at_ns, self._finish_at_ns = self._finish_at_ns, None
             self._finish_complete(finish_at_ns)
-        if self._span is not None and self.status is None:
+        if self._call is not None and self.status is None:
             await self._abandon(sc.REASON_CONSUMER_STOPPED)
         else:
             # Chunks already read but not taken (the whole body can arrive in one read) are
@@ -311,12 +250,12 @@ class ChatCompletionStream:
         # A ``break`` out of a bare ``async for`` never calls aclose(); end the span here
         # (synchronously, cheap) and close the response on the loop if one is running.
         try:
-            if self._span is None or self.status is not None:
+            if self._call is None or self.status is not None:
                 return
             if self._finish_at_ns is not None:  # every chunk was read; only the span was open
                 self._finish_complete(self._finish_at_ns)
             else:
-                self._end_span(sc.STATUS_INCOMPLETE, sc.REASON_CONSUMER_STOPPED, time.perf_counter_ns())
+                self._call.end(sc.STATUS_INCOMPLETE, sc.REASON_CONSUMER_STOPPED)
             response = self.response
             if response is not None:
                 loop = asyncio.get_running_loop()

@@ -46,8 +46,8 @@ from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter
 
-__all__ = ["instrument_library", "uninstrument_library", "open_calls", "TRACED_EXTENSION",
-           "MAX_JSON_BODY_BYTES"]
+__all__ = ["instrument_library", "uninstrument_library", "open_calls", "ModelCall",
+           "TRACED_EXTENSION", "MAX_JSON_BODY_BYTES"]
 
 _logger = logging.getLogger(__name__)
 
@@ -88,22 +88,39 @@ def _suppressed() -> bool:
     return bool(otel_context.get_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY))
 
 
-class _ModelCall:
-    """Telemetry state of one model call; every method swallows telemetry errors."""
+_IN_A_TRACE = "in a trace"
+
+
+class ModelCall:
+    """Telemetry state of one model call, the one way a model-client span is made (this
+    integration and :func:`~.clients.stream_chat_completion`): the CLIENT span started and
+    its ``traceparent`` injected into ``request`` at construction, the response's stream
+    metered, the span ended once. Every method but :meth:`feed` swallows telemetry errors.
+
+    ``stage``: ``inferpath.stage`` of the span; by default ``"model"`` inside a trace and
+    none at a trace's root. ``payload``: the request's JSON body when the caller has it
+    (else it is read from ``request``). Clocks: wall for the span's timestamps, monotonic
+    (``perf_counter_ns``) for every measure; the span's end is start + monotonic elapsed.
+    ``status``/``reason`` are set when the span ends.
+    """
 
     __slots__ = ("span", "start_wall_ns", "start_perf_ns", "meter", "json_body", "ended",
-                 "text_parts", "capture", "receipt")
+                 "text_parts", "capture", "receipt", "status", "reason")
 
-    def __init__(self, request: httpx.Request, operation: str) -> None:
+    def __init__(self, request: httpx.Request, operation: str, *, stage: str | None = _IN_A_TRACE,
+                 payload: Any = None) -> None:
         self.start_perf_ns = time.perf_counter_ns()
         self.start_wall_ns = time.time_ns()
         self.meter: ChatStreamMeter | None = None
         self.json_body: bytearray | None = None
         self.receipt: ReceiptClock | None = None
         self.ended = False
+        self.status: str | None = None
+        self.reason: str | None = None
         self.capture = content.content_capture_enabled()
         self.text_parts: list[str] = []
-        payload = _request_payload(request)
+        if payload is None:
+            payload = _request_payload(request)
         model = payload.get("model") if isinstance(payload, dict) else None
         attributes: dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: operation,
@@ -121,19 +138,27 @@ class _ModelCall:
                 messages = content.input_messages_attribute(payload)
                 if messages is not None:
                     attributes[content.GEN_AI_INPUT_MESSAGES] = messages
-        if trace.get_current_span().get_span_context().is_valid:
+        if stage is _IN_A_TRACE:
             # Inside a traced service the call is the model stage of the request; at the root
             # of a trace (an end-user client) it is the request itself, without a stage.
-            attributes[sc.STAGE] = "model"
+            stage = "model" if trace.get_current_span().get_span_context().is_valid else None
+        if stage is not None:
+            attributes[sc.STAGE] = stage
         name = f"{operation} {model}" if isinstance(model, str) and model else operation
-        self.span = provider.get_tracer().start_span(
-            name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.start_wall_ns)
-        carrier: dict[str, str] = {}
-        provider.PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self.span))
-        request.headers.update(carrier)
+        try:
+            self.span = provider.get_tracer().start_span(
+                name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.start_wall_ns)
+            carrier: dict[str, str] = {}
+            provider.PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self.span))
+            request.headers.update(carrier)
+        except Exception:  # the call goes on, measured but untraced
+            _logger.warning("inferpath: could not start the model-call span", exc_info=True)
+            self.span = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
         next(_started)
 
-    def on_response(self, response: httpx.Response) -> None:
+    def on_response(self, response: httpx.Response, *, decode_chunks: bool = False) -> None:
+        """Record the status; meter an SSE body (every body when ``decode_chunks``: the
+        caller asked for a stream and wants its chunks decoded), buffer a JSON one."""
         try:
             status = response.status_code
             self.span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
@@ -141,9 +166,10 @@ class _ModelCall:
                 self.span.set_status(Status(StatusCode.ERROR))
                 self.span.set_attribute(sc.ERROR_TYPE, str(status))
             content_type = response.headers.get("content-type", "").lower()
-            if content_type.startswith("text/event-stream"):
-                # Chunks are decoded for a caller only when their text is captured.
-                self.meter = ChatStreamMeter(start_ns=self.start_perf_ns, decode_chunks=self.capture)
+            if decode_chunks or content_type.startswith("text/event-stream"):
+                # Chunks are decoded only for a caller, or when their text is captured.
+                self.meter = ChatStreamMeter(start_ns=self.start_perf_ns,
+                                             decode_chunks=decode_chunks or self.capture)
                 # Opt-in, async clients: stamp chunks at the kernel's receipt (receipt.py).
                 self.receipt = receipt_clock(response)
             elif "json" in content_type:
@@ -151,16 +177,37 @@ class _ModelCall:
         except Exception:
             _logger.warning("inferpath: model-call response not recorded", exc_info=True)
 
+    def before_read(self) -> None:
+        """Opt-in receipt stamps: note other streams' bytes that arrived meanwhile."""
+        if self.receipt is not None:
+            probe()
+
+    def stamp_ns(self, now_ns: int) -> int:
+        """The receipt time of the body piece just read at ``now_ns`` (``perf_counter_ns``):
+        ``now_ns`` itself by default, the kernel's receipt with the opt-in (receipt.py)."""
+        clock = self.receipt
+        if clock is None:
+            return now_ns
+        probe()
+        return clock.stamp_ns(now_ns, self.start_perf_ns)
+
+    def feed(self, data: bytes, received_ns: int) -> list[dict[str, Any]]:
+        """Meter one network read stamped ``received_ns``; the SSE chunks it completed
+        (decoded only when asked for). Raises what the meter raises."""
+        chunks = self.meter.feed(data, received_ns)
+        if self.capture:
+            self.text_parts.extend(_delta_texts(chunks))
+        return chunks
+
     def on_bytes(self, data: bytes, received_ns: int) -> None:
-        """One network read, stamped at receipt (before any parsing)."""
+        """One network read, stamped at receipt (before any parsing); ends the span at the
+        last chunk."""
         if self.ended:
             return
         try:
             meter = self.meter
             if meter is not None:
-                chunks = meter.feed(data, received_ns)
-                if self.capture:
-                    self.text_parts.extend(_delta_texts(chunks))
+                self.feed(data, received_ns)
                 if meter.done:
                     end_ns = meter.timeline.last_chunk_ns or received_ns
                     self.end(None, None, at_ns=end_ns)
@@ -179,6 +226,7 @@ class _ModelCall:
             return
         self.ended = True
         next(_ended)
+        self.status, self.reason = status, reason
         end_ns = time.perf_counter_ns() if at_ns is None else at_ns
         try:
             span = self.span
@@ -188,6 +236,7 @@ class _ModelCall:
                     meter.close(end_ns)
                     end_ns = meter.timeline.last_chunk_ns or end_ns
                     status, reason = sc.finished_stream_status(meter)
+                    self.status, self.reason = status, reason
                 meter.timeline.finish(end_ns)
                 span.set_attributes(sc.stream_result_attributes(meter, status, reason))
                 if self.capture and self.text_parts:
@@ -196,7 +245,7 @@ class _ModelCall:
                         span.set_attribute(content.GEN_AI_OUTPUT_MESSAGES, output)
             else:
                 if status is None:
-                    status = sc.STATUS_COMPLETE
+                    status = self.status = sc.STATUS_COMPLETE
                 span.set_attribute(sc.STREAM_STATUS, status)
                 if reason is not None:
                     span.set_attribute(sc.STREAM_INCOMPLETE_REASON, reason)
@@ -277,7 +326,7 @@ class _TracedSyncStream:
     """The response body of a sync call, observed read by read (mixed into the library's
     ``SyncByteStream``, see :func:`_stream_classes`)."""
 
-    def __init__(self, inner: Any, call: _ModelCall) -> None:
+    def __init__(self, inner: Any, call: ModelCall) -> None:
         self._inner = inner
         self._call = call
 
@@ -313,7 +362,7 @@ class _TracedAsyncStream:
     """The response body of an async call, observed read by read (mixed into the library's
     ``AsyncByteStream``)."""
 
-    def __init__(self, inner: Any, call: _ModelCall) -> None:
+    def __init__(self, inner: Any, call: ModelCall) -> None:
         self._inner = inner
         self._call = call
 
@@ -330,12 +379,7 @@ class _TracedAsyncStream:
                 reason = sc.REASON_CANCELLED if _is_cancel(error) else sc.REASON_ERROR
                 call.end(sc.STATUS_INCOMPLETE, reason, error=error)
                 raise
-            received_ns = time.perf_counter_ns()
-            clock = call.receipt
-            if clock is not None:
-                probe()  # other streams' bytes that arrived during this task's turn
-                received_ns = clock.stamp_ns(received_ns, call.start_perf_ns)
-            call.on_bytes(data, received_ns)
+            call.on_bytes(data, call.stamp_ns(time.perf_counter_ns()))
             yield data
 
     async def aclose(self) -> None:
@@ -357,14 +401,14 @@ def _is_cancel(error: BaseException) -> bool:
     return isinstance(error, asyncio.CancelledError)
 
 
-def _start_call(request: Any) -> _ModelCall | None:
+def _start_call(request: Any) -> ModelCall | None:
     if request.method != "POST" or request.extensions.get(TRACED_EXTENSION) or _suppressed():
         return None
     operation = _operation(request.url.path)
     if operation is None:
         return None
     try:
-        return _ModelCall(request, operation)
+        return ModelCall(request, operation)
     except Exception:
         _logger.warning("inferpath: could not start a model-call span", exc_info=True)
         return None

@@ -63,7 +63,7 @@ def test_by_default_nothing_in_the_host_is_touched(spans, monkeypatch) -> None:
     monkeypatch.setattr(receipt, "_holder", None)
     with ScriptedSSEServer(SCRIPT) as server:
         stream, socket_class, timestamping, protocol = asyncio.run(_one_stream(server.url))
-    assert stream._receipt is None
+    assert stream._call.receipt is None
     assert "trace" not in stream._request.extensions
     assert type(protocol) is StreamProtocol
     assert not hasattr(protocol, receipt._ATTRIBUTE)
@@ -82,7 +82,7 @@ def test_instrument_opts_in_and_uninstrument_opts_out(spans, monkeypatch) -> Non
         assert receipt.enabled
         with ScriptedSSEServer(SCRIPT) as server:
             stream, socket_class, timestamping, protocol = asyncio.run(_one_stream(server.url))
-        assert isinstance(stream._receipt, ReceiptClock) and stream._receipt.fd >= 0
+        assert isinstance(stream._call.receipt, ReceiptClock) and stream._call.receipt.fd >= 0
         assert socket_class is receipt._KernelStampedSocket and timestamping == 1
         assert type(protocol).__mro__[1].__name__ == "StreamProtocol"
         assert "trace" in stream._request.extensions
@@ -173,7 +173,7 @@ def test_the_span_duration_ends_at_the_raw_read(spans) -> None:
             async with stream:
                 async for _ in stream:
                     pass
-            return stream.timeline, stream._receipt
+            return stream.timeline, stream._call.receipt
 
     with ScriptedSSEServer(SCRIPT) as server:
         timeline, clock = asyncio.run(call(server.url))
@@ -319,11 +319,11 @@ def test_bytes_arriving_during_a_long_loop_iteration_are_stamped_at_arrival(
     stream's token is written while the first of them is handled. Its socket is read only
     after the iteration (~32 ms); the probe each stream makes per chunk sees it waiting
     within one chunk's handling."""
-    from inferpath.instrumentation import clients
+    from inferpath.instrumentation import genai_http
 
     monkeypatch.setattr(receipt, "kernel_stamps", False)  # the probe serves without them
     if not probing:
-        monkeypatch.setattr(clients, "probe", lambda: None)
+        monkeypatch.setattr(genai_http, "probe", lambda: None)
 
     async def run(url: str, late_url: str, late: _TriggeredSSE) -> int:
         roles_seen = 0
@@ -466,7 +466,7 @@ def test_a_token_arriving_during_a_stall_is_stamped_at_its_arrival_by_the_kernel
             async with stream:
                 async for _ in stream:
                     pass
-            return stream.timeline.first_token_ns, stream._receipt
+            return stream.timeline.first_token_ns, stream._call.receipt
 
     with _TriggeredSSE() as late:
         first_ns, clock = asyncio.run(run(f"http://127.0.0.1:{late.port}/v1/chat/completions"))
