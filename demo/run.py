@@ -3,7 +3,9 @@
 1. the inferpath server (OTLP receiver, assembler, read API) on embedded chDB, scraping the
    engine's vLLM-compatible ``/metrics`` and dcgm-exporter-compatible ``/gpu/metrics``;
 2. the emulated GPU engine (its own process) and the instrumented gateway (its own process);
-3. the Azure LLM inference trace 2023 replayed with its arrival times (``speed`` compresses);
+3. a real request trace replayed with its arrival times (``speed`` compresses): the Azure LLM
+   inference trace 2023 unless ``trace_path`` names another (any format of
+   :mod:`inferpath.demo.trace`);
 4. a per-stage latency table read back through the read API, and the dashboard URL.
 """
 
@@ -26,7 +28,7 @@ from rich.table import Table
 from inferpath.config import Settings
 from inferpath.demo.processes import ChildService, ensure_port_free, free_port, start_module, start_server
 from inferpath.demo.replay import ReplayResult, replay
-from inferpath.demo.trace import load_azure_trace
+from inferpath.demo.trace import load_trace
 
 STAGE_LABELS = {
     "client_ttft": "TTFT (client)",
@@ -58,14 +60,18 @@ class DemoOptions:
     dashboard: bool = True
     dashboard_port: int = 8501
     results_path: Path | None = None
+    trace_path: Path | None = None
+    """The request trace to replay (default: the shipped Azure code trace)."""
     engine_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
     settle_timeout_seconds: float = 60.0
     scenario: str | None = None
     """A fault scenario of :mod:`inferpath.demo.scenarios` (``slow-tokenizer``, …): run it
-    (baseline phase, then the fault), print the diagnosis and exit; ``requests``, ``speed``,
-    ``engine_args`` and the dashboard do not apply to it."""
+    (baseline phase, then the fault) on the same ports, print the diagnosis and serve the
+    dashboard on the incident as the plain demo does; ``requests``, ``speed`` and
+    ``engine_args`` do not apply to it (the scenario sets its own load), ``trace_path``
+    gives its token counts."""
 
 
 @dataclass
@@ -116,12 +122,50 @@ def _wait_for_rows(server_url: str, token: str | None, start: datetime, end: dat
             time.sleep(0.5)
 
 
-def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
-    """``inferpath demo --scenario NAME``: one fault scenario, diagnosed; the processes stop after it."""
-    from inferpath.demo.scenarios import ScenarioOptions, run_scenario
+def serve_until_stopped(options: DemoOptions, console: Console, server_url: str, token: str | None,
+                        log_dir: Path, children: list[ChildService]) -> str | None:
+    """Serve the dashboard on ``options.dashboard_port`` (unless ``options.dashboard`` is off)
+    while ``children`` run, until Ctrl-C; returns the dashboard URL. Raises ``RuntimeError``
+    naming a child that exits meanwhile (a crash, the OOM killer, a signal sent to it alone)
+    rather than leaving a half-dead path up."""
+    watched = list(children)
+    dash = dashboard_url = None
+    if options.dashboard:
+        from inferpath.dashboard.launch import launch_dashboard
 
-    outcome = run_scenario(options.scenario or "", ScenarioOptions(store_url=options.store_url, log_dir=options.log_dir),
-                           log=console.print)
+        dash_log = log_dir / "dashboard.log"
+        dash = launch_dashboard(server_url, port=options.dashboard_port, token=token, log_path=dash_log)
+        dashboard_url = f"http://127.0.0.1:{options.dashboard_port}"
+        watched.append(ChildService("dashboard", dashboard_url, dash, str(dash_log)))
+        console.print(f"dashboard: [bold]{dashboard_url}[/]  (Ctrl-C to stop)")
+    else:
+        console.print("serving (Ctrl-C to stop)")
+    try:
+        while not (exited := [m for m in map(ChildService.exit_message, watched) if m]):
+            time.sleep(0.5)
+        raise RuntimeError("; ".join(exited) + " while the demo was serving")
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        if dash is not None:
+            dash.terminate()
+    return dashboard_url
+
+
+def _server_port(options: DemoOptions, settings: Settings) -> int:
+    """The server's port: ``--port``, else ``INFERPATH_PORT`` (4318); 0 picks a free one.
+    Checked, with the dashboard's, before anything starts: a demo that talked to someone
+    else's server would report that server's data as its own."""
+    port = options.port if options.port is not None else settings.port
+    if options.dashboard and not options.exit_when_done:
+        ensure_port_free(options.dashboard_port, what="the dashboard port", option="--dashboard-port")
+    if port:
+        ensure_port_free(port, what="the inferpath server port")
+        return port
+    return free_port()
+
+
+def _print_scenario(outcome: Any, console: Console) -> None:
     verdict = outcome.verdict
     table = Table(title=f"scenario {outcome.scenario.name}: {outcome.scenario.description}")
     for column in ("cause", "share", "evidence", "would help", "would not help"):
@@ -133,9 +177,42 @@ def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
     verdict_word = "[green]correct[/]" if outcome.correct else "[red]wrong[/]"
     console.print(f"diagnosis: {verdict['summary']} — expected {outcome.scenario.cause or 'healthy'}: {verdict_word}")
     console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.timings_seconds.items()))
+    start, end = outcome.baseline_window[0], outcome.fault_window[1]
+    console.print(f"store: {outcome.store_url}; diagnose this incident again: inferpath diagnose "
+                  f"--from {start.isoformat()} --to {end.isoformat()} --store {outcome.store_url}",
+                  soft_wrap=True, highlight=False)
+
+
+def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
+    """``inferpath demo --scenario NAME``: one fault scenario, diagnosed, on the ports of the
+    plain demo; then, unless ``exit_when_done``, the dashboard on the incident until Ctrl-C."""
+    from inferpath.demo.scenarios import ScenarioOptions, run_scenario
+
+    settings = Settings.from_env(store_url=options.store_url)
+    log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix=f"inferpath-{options.scenario}-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # The scenario's own store unless one is named: its two windows are the whole incident.
+    store_url = options.store_url or f"chdb://{log_dir / 'store'}"
+    server_port = _server_port(options, settings)
+    dashboard_url: list[str | None] = [None]
+
+    def done(outcome: Any, children: Any) -> None:
+        _print_scenario(outcome, console)
+        if options.exit_when_done:
+            console.print(f"dashboard: run `{up_command(store_url, options.dashboard_port)}` and open "
+                          f"http://127.0.0.1:{options.dashboard_port}")
+            return
+        dashboard_url[0] = serve_until_stopped(options, console, outcome.server_url, settings.token,
+                                               log_dir, list(children))
+
+    outcome = run_scenario(options.scenario or "",
+                           ScenarioOptions(store_url=store_url, log_dir=log_dir, port=server_port,
+                                           trace_path=options.trace_path, on_done=done),
+                           log=console.print)
+    verdict = outcome.verdict
     return DemoOutcome(outcome.server_url, outcome.baseline_window[0], outcome.fault_window[1], outcome.results, [],
                        verdict.get("current_requests", 0) + verdict.get("baseline_requests", 0),
-                       outcome.timings_seconds, verdict=verdict)
+                       outcome.timings_seconds, dashboard_url=dashboard_url[0], verdict=verdict)
 
 
 def print_demo_verdict(console: Console, verdict: dict | None, answer: httpx.Response) -> None:
@@ -183,17 +260,11 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     settings = Settings.from_env(store_url=options.store_url)
     store_url = settings.store_url or default_store_url()
     parse_store_url(store_url)  # a bad URL fails here, naming what is wrong, before anything starts
-    server_port = options.port if options.port is not None else settings.port
-    # What can be checked before anything starts is checked now, not after the replay.
-    if options.dashboard and not options.exit_when_done:
-        ensure_port_free(options.dashboard_port, what="the dashboard port", option="--dashboard-port")
+    trace = load_trace(options.trace_path, limit=options.requests)  # a bad file fails here
     if options.results_path is not None and not Path(options.results_path).parent.is_dir():
         raise RuntimeError(f"cannot write the results to {options.results_path}: "
                            f"folder {Path(options.results_path).parent} does not exist")
-    if server_port:
-        ensure_port_free(server_port, what="the inferpath server port")
-    else:
-        server_port = free_port()
+    server_port = _server_port(options, settings)
     server_url = f"http://127.0.0.1:{server_port}"
     children: list[ChildService] = []
     try:
@@ -221,14 +292,14 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         console.print(f"[bold]inferpath[/] server {server_url} (store {store_url}), "
                       f"engine {engine_url}, gateway {gateway.url}; logs in {log_dir}")
 
-        trace = load_azure_trace(limit=options.requests)
+        console.print(f"trace: {trace.describe()}", highlight=False)
         configure("demo-client", endpoint_class="interactive", otlp_endpoint=server_url)
         window_start = datetime.now(timezone.utc)
         t2 = time.perf_counter()
-        with Progress(TextColumn("replaying Azure LLM trace 2023"), BarColumn(), MofNCompleteColumn(),
+        with Progress(TextColumn(f"replaying {trace.source.name}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=False) as progress:
-            task = progress.add_task("replay", total=len(trace))
-            results = asyncio.run(replay(gateway.url, trace, speed=options.speed,
+            task = progress.add_task("replay", total=len(trace.requests))
+            results = asyncio.run(replay(gateway.url, trace.requests, speed=options.speed,
                                          results_path=options.results_path,
                                          on_done=lambda _r: progress.advance(task)))
         timings["replay"] = time.perf_counter() - t2
@@ -266,30 +337,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
                       f"--to {window_end.isoformat()} --store {store_url}", soft_wrap=True, highlight=False)
 
         if not options.exit_when_done:
-            watched = list(children)
-            if options.dashboard:
-                from inferpath.dashboard.launch import launch_dashboard
-
-                dash_log = log_dir / "dashboard.log"
-                dash = launch_dashboard(server_url, port=options.dashboard_port, token=settings.token,
-                                        log_path=dash_log)
-                outcome.dashboard_url = f"http://127.0.0.1:{options.dashboard_port}"
-                watched.append(ChildService("dashboard", outcome.dashboard_url, dash, str(dash_log)))
-                console.print(f"dashboard: [bold]{outcome.dashboard_url}[/]  (Ctrl-C to stop)")
-            else:
-                dash = None
-                console.print("serving (Ctrl-C to stop)")
-            try:
-                # A child that dies (a crash, the OOM killer, a signal sent to it alone) ends
-                # the demo with its name and log rather than leaving a half-dead path up.
-                while not (exited := [m for m in map(ChildService.exit_message, watched) if m]):
-                    time.sleep(0.5)
-                raise RuntimeError("; ".join(exited) + " while the demo was serving")
-            except KeyboardInterrupt:
-                console.print("stopping")
-            finally:
-                if dash is not None:
-                    dash.terminate()
+            outcome.dashboard_url = serve_until_stopped(options, console, server_url, settings.token,
+                                                        log_dir, children)
         else:
             console.print(f"dashboard: run `{up_command(store_url, options.dashboard_port)}` and open "
                           f"http://127.0.0.1:{options.dashboard_port}")

@@ -38,13 +38,13 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import httpx
 
 from inferpath.demo.processes import ChildService, free_port, start_module, start_server
 from inferpath.demo.replay import ReplayResult, replay
-from inferpath.demo.trace import TraceRequest, load_azure_trace
+from inferpath.demo.trace import TraceRequest, load_trace
 
 CONTEXT_TOKENS_CAP = 2048
 """Longest prompt replayed: keeps one prefill under ~0.2 s at the scenarios' time scale."""
@@ -122,6 +122,13 @@ class ScenarioOptions:
     tail_seconds: float = 0.0
     """After the diagnosis, keep the processes running this long with the fault turned off
     and no traffic, so sliding-window consumers (the alert evaluator) see the fault end."""
+    port: int | None = None
+    """The inferpath server's port (None: any free port)."""
+    trace_path: Path | None = None
+    """The trace whose token counts are replayed (default: the Azure code trace)."""
+    on_done: Callable[[ScenarioOutcome, Sequence[ChildService]], None] | None = None
+    """Called with the outcome while every process still runs (``inferpath demo`` prints it
+    and serves the dashboard on the incident until Ctrl-C); the processes stop after it."""
 
 
 @dataclass
@@ -135,6 +142,8 @@ class ScenarioOutcome:
     results: list[ReplayResult]
     verdict: dict[str, Any]
     timings_seconds: dict[str, float]
+    store_url: str = ""
+    log_dir: Path | None = None
 
     @property
     def diagnosed_cause(self) -> str | None:
@@ -147,14 +156,16 @@ class ScenarioOutcome:
         return self.diagnosed_cause == (self.scenario.cause or "healthy")
 
 
-def scenario_requests(count: int, rate_per_second: float, seed: int) -> list[TraceRequest]:
-    """The first ``count`` requests of the Azure code trace (token counts capped), re-timed as
-    a Poisson process of ``rate_per_second`` (seeded, so every run plays the same arrivals)."""
+def scenario_requests(count: int, rate_per_second: float, seed: int,
+                      trace_path: Path | None = None) -> list[TraceRequest]:
+    """The first ``count`` requests of a trace (default: the Azure code trace; any format of
+    :mod:`inferpath.demo.trace`), token counts capped, re-timed as a Poisson process of
+    ``rate_per_second`` (seeded, so every run plays the same arrivals)."""
     if count < 1 or rate_per_second <= 0:
         raise ValueError(f"count must be >= 1 and rate_per_second > 0, got {count}, {rate_per_second}")
     rng = random.Random(seed)
     at, out = 0.0, []
-    for request in load_azure_trace(limit=count):
+    for request in load_trace(trace_path, limit=count).requests:
         out.append(TraceRequest(request.index, at, min(request.context_tokens, CONTEXT_TOKENS_CAP),
                                 min(request.generated_tokens, OUTPUT_TOKENS_CAP)))
         at += rng.expovariate(rate_per_second)
@@ -210,7 +221,8 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
     children: list[ChildService] = []
     t0 = time.perf_counter()
     try:
-        server_port, engine_port, gateway_port = free_port(), free_port(), free_port()
+        server_port = options.port or free_port()
+        engine_port, gateway_port = free_port(), free_port()
         engine_url = f"http://127.0.0.1:{engine_port}"
         server = start_server(store_url, server_port, engine_url, log_dir, extra_env=dict(options.server_env))
         children.append(server)
@@ -237,7 +249,8 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
             child.wait_ready("/healthz" if child is server else "/health")
         timings["start"] = time.perf_counter() - t0
         requests, fault_offset = two_phases(
-            scenario_requests(options.requests_per_phase, options.rate_per_second, options.seed),
+            scenario_requests(options.requests_per_phase, options.rate_per_second, options.seed,
+                              options.trace_path),
             scenario.fault_rate_multiplier)
         cold = (_start_cold_replica(scenario, options, server.url, fault_offset + 1.0, log_dir)
                 if scenario.cold_replica else None)
@@ -274,7 +287,8 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
         t1 = time.perf_counter()
         # Warm-up outside both windows: the first requests through fresh processes pay for lazy
         # imports, connection set-up and first inserts, which would inflate the baseline's tail.
-        asyncio.run(replay(gateway.url, scenario_requests(WARMUP_REQUESTS, WARMUP_RATE_PER_SECOND, options.seed + 1),
+        asyncio.run(replay(gateway.url, scenario_requests(WARMUP_REQUESTS, WARMUP_RATE_PER_SECOND, options.seed + 1,
+                                                          options.trace_path),
                            speed=1.0))
         timings["warm-up"] = time.perf_counter() - t1
         t1 = time.perf_counter()
@@ -304,8 +318,11 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
                 asyncio.run(_post(f"{engine.url}/admin/config", reset))
             time.sleep(options.tail_seconds)
             timings["tail"] = options.tail_seconds
-        return ScenarioOutcome(scenario, server.url, (start, fault_start), (fault_start, end), results,
-                               verdict, timings)
+        outcome = ScenarioOutcome(scenario, server.url, (start, fault_start), (fault_start, end), results,
+                                  verdict, timings, store_url, log_dir)
+        if options.on_done is not None:
+            options.on_done(outcome, list(children))
+        return outcome
     finally:
         for child in reversed(children):
             child.stop()

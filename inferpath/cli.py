@@ -17,6 +17,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
+_TRACE_HELP = ("Request trace to replay, format recognised from the content: Azure LLM trace 2023 CSV, "
+               "BurstGPT CSV, Mooncake JSONL, or JSONL of timestamp (s), input_tokens, output_tokens "
+               "(default: the shipped Azure code trace).")
+
 # Settings fields whose command-line option is not named after the field.
 _OPTION_OF_FIELD = {"store_url": "--store", "server_url": "--server", "alert_rules": "--alerts",
                     "scrape_targets": "--scrape"}
@@ -63,9 +67,12 @@ def demo(
     scenario: Optional[str] = typer.Option(
         None, help="Inject one known fault after a healthy baseline and diagnose it: healthy, slow-tokenizer, "
                    "slow-retrieval, network-hop, batch-window, kv-pressure, gpu-saturated, cold-start."),
+    trace: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help=_TRACE_HELP),
 ) -> None:
-    """Run the reference inference path on the Azure LLM trace 2023 and print the per-stage latency table."""
+    """Run the reference inference path on a real request trace (default: the Azure LLM trace 2023) and print
+    the per-stage latency table."""
     from inferpath.demo.run import DemoOptions, run_demo
+    from inferpath.demo.trace import TraceError
 
     settings = _settings(store_url=store, dashboard_port=dashboard_port)
     _check_store_url(settings.store_url)
@@ -85,7 +92,10 @@ def demo(
         outcome = run_demo(DemoOptions(requests=requests, speed=speed, exit_when_done=exit_,
                                        store_url=settings.store_url, port=port,
                                        dashboard_port=settings.dashboard_port, results_path=results,
-                                       scenario=scenario), console)
+                                       scenario=scenario, trace_path=trace), console)
+    except TraceError as exc:
+        console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from exc
     except (RuntimeError, OSError, ValueError) as exc:
         console.print(f"[red]demo failed:[/] {exc}")
         raise typer.Exit(1) from exc
@@ -176,7 +186,7 @@ def replay_cmd(
     gateway: str = typer.Option(..., help="Base URL of an OpenAI-compatible gateway."),
     requests: int = typer.Option(100, min=1),
     speed: float = typer.Option(1.0, min=0.01),
-    trace: Optional[Path] = typer.Option(None, help="Azure 2023-schema trace CSV (default: the shipped code trace)."),
+    trace: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help=_TRACE_HELP),
     results: Optional[Path] = typer.Option(None, help="Write per-request measurements here (JSONL)."),
     model: str = typer.Option("llama2-70b"),
 ) -> None:
@@ -184,7 +194,7 @@ def replay_cmd(
     import asyncio
 
     from inferpath.demo.replay import replay
-    from inferpath.demo.trace import load_azure_trace
+    from inferpath.demo.trace import load_trace
     from inferpath.instrumentation.provider import configure, shutdown
 
     settings = _settings()
@@ -192,10 +202,12 @@ def replay_cmd(
         console.print(f"[red]--gateway must be an http(s):// URL, got {gateway!r}")
         raise typer.Exit(2)
     try:
-        trace_requests = load_azure_trace(trace, limit=requests)
+        loaded = load_trace(trace, limit=requests)
     except (ValueError, OSError) as exc:
-        console.print(f"[red]cannot read trace:[/] {exc}")
+        console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
+    console.print(f"trace: {loaded.describe()}", highlight=False)
+    trace_requests = loaded.requests
     configure("replay-client", otlp_endpoint=settings.otlp_endpoint)
     done = asyncio.run(replay(gateway, trace_requests, speed=speed, model=model, results_path=results))
     shutdown()
