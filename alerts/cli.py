@@ -16,8 +16,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Alert rules: lint them, and see what they would have done over past data.")
+from inferpath.cli_app import new_app
+
+app = new_app(help="Alert rules: lint them, and see what they would have done over past data.")
 console = Console()
 err_console = Console(stderr=True)
 # A replay evaluates every rule once per step; each evaluation reads the store (tens of ms).

@@ -12,8 +12,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Trace the inference request path and name the bottleneck.")
+from inferpath.cli_app import new_app
+
+app = new_app(help="Trace the inference request path and name the bottleneck.")
 console = Console()
 
 

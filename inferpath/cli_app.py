@@ -1,0 +1,42 @@
+"""The one way inferpath builds a Typer app, so that every command's ``--help`` reads alike.
+
+Help is printed by click's plain formatter, not by Typer's rich panels. The rich panels of
+Typer 0.29 put a type label after every option, flags included (``--help <bool>``), so a
+flag looks as if it took a value; and when the output is not a terminal (a pipe, a log, CI)
+they lay the options out in a fixed 80-column table that cuts long descriptions mid-word
+(``http(s)://host:por…``). Click's formatter prints flags bare, options that take a value
+with their type (``--store <str>``), and wraps every description at the terminal's width
+(80 columns in a pipe, at most :data:`HELP_WIDTH_MAX`), never cutting one; the list of
+commands gives each one's first sentence whole (:class:`WrappingGroup`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import typer
+from typer.core import TyperGroup
+
+HELP_WIDTH_MAX = 120
+"""Columns of help text on a wide terminal (click's default is 80)."""
+
+
+class WrappingGroup(TyperGroup):
+    """A command group whose command list wraps each command's summary (its help's first
+    sentence) instead of cutting it to one line with ``...`` as click does."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, command.get_short_help_str(limit=10_000))
+                for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def new_app(*, help: str, **settings: Any) -> typer.Typer:
+    """A Typer app (the root ``inferpath`` or a command group such as ``inferpath alerts``)
+    with inferpath's help settings; ``settings`` go to :class:`typer.Typer` as they are."""
+    return typer.Typer(cls=WrappingGroup, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                       context_settings={"max_content_width": HELP_WIDTH_MAX}, help=help, **settings)
