@@ -23,6 +23,19 @@ from inferpath.config import (
 from inferpath.server.runtime import ListenError, StoreOpenError, serve_forever
 
 
+QUIET_LOGGERS = ("httpx", "httpcore")
+"""Libraries that log every HTTP call at INFO: the collectors' scrapes made two such lines a
+second, which buried the server's own messages. They keep WARNING and above."""
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Log records of ``level`` and above to stderr, one line each with time, level and
+    logger; :data:`QUIET_LOGGERS` only from WARNING, so inferpath's own INFO lines stand out."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = Settings.model_fields
     parser = argparse.ArgumentParser(
@@ -54,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in describe_invalid_settings(exc, {f: flags[f] for f, v in overrides.items() if v is not None}):
             print(f"invalid configuration: {line}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         serve_forever(settings)
     except ListenError as exc:  # the address is taken or not ours: say which, without a traceback

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -131,3 +134,28 @@ def test_server_module_help_names_defaults_and_variables(capsys) -> None:
                      "INFERPATH_SCRAPE_TARGETS or none", "INFERPATH_TOKEN (a bearer token",
                      "INFERPATH_MAX_BODY_BYTES (413 above it, default 16777216 bytes)", "inferpath/config.py"):
         assert expected in text
+
+
+def test_server_log_keeps_its_own_messages_and_not_the_scrapes(tmp_path, serve_app) -> None:
+    # Two scrape targets polled about once a second each: httpx logs every GET at INFO.
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    engine = FastAPI()
+
+    @engine.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        return "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+
+    with serve_app(engine) as engine_url:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "inferpath.server", "--port", "0", "--store", f"chdb://{tmp_path / 'store'}",
+             "--scrape", f"vllm={engine_url}/metrics", "--scrape", f"dcgm={engine_url}/metrics"],
+            stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(8.0)
+        finally:
+            server.terminate()
+            log = server.communicate(timeout=60)[1]
+    assert "INFO inferpath.server.runtime: inferpath server listening on" in log, log
+    assert "HTTP Request" not in log and " INFO httpx" not in log and " INFO httpcore" not in log, log
