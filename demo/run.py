@@ -56,6 +56,8 @@ class DemoOptions:
     speed: float = 10.0
     exit_when_done: bool = False
     store_url: str | None = None
+    """Where the demo stores what it measures (default :func:`~inferpath.storage.url.demo_store_url`,
+    never the default store that ``inferpath up`` serves)."""
     port: int | None = None  # None: INFERPATH_PORT or 4318; 0: any free port
     dashboard: bool = True
     dashboard_port: int = 8501
@@ -178,7 +180,7 @@ def _print_scenario(outcome: Any, console: Console) -> None:
     console.print(f"diagnosis: {verdict['summary']} — expected {outcome.scenario.cause or 'healthy'}: {verdict_word}")
     console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.timings_seconds.items()))
     start, end = outcome.baseline_window[0], outcome.fault_window[1]
-    console.print(f"store: {outcome.store_url}; diagnose this incident again: inferpath diagnose "
+    console.print(f"diagnose this incident again: inferpath diagnose "
                   f"--from {start.isoformat()} --to {end.isoformat()} --store {outcome.store_url}",
                   soft_wrap=True, highlight=False)
 
@@ -188,7 +190,7 @@ def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
     plain demo; then, unless ``exit_when_done``, the dashboard on the incident until Ctrl-C."""
     from inferpath.demo.scenarios import ScenarioOptions, run_scenario
 
-    settings = Settings.from_env(store_url=options.store_url)
+    settings = Settings.from_env()
     log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix=f"inferpath-{options.scenario}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     # The scenario's own store unless one is named: its two windows are the whole incident.
@@ -198,9 +200,9 @@ def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
 
     def done(outcome: Any, children: Any) -> None:
         _print_scenario(outcome, console)
+        console.print(f"store: {store_url} (this scenario's own; open it again with "
+                      f"`{up_command(store_url, options.dashboard_port)}`)", soft_wrap=True, highlight=False)
         if options.exit_when_done:
-            console.print(f"dashboard: run `{up_command(store_url, options.dashboard_port)}` and open "
-                          f"http://127.0.0.1:{options.dashboard_port}")
             return
         dashboard_url[0] = serve_until_stopped(options, console, outcome.server_url, settings.token,
                                                log_dir, list(children))
@@ -245,7 +247,7 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     """Run the demo end to end; returns what it measured. Raises ``RuntimeError`` if a part fails to start."""
     from inferpath.instrumentation.provider import configure
     from inferpath.instrumentation.provider import shutdown as shutdown_tracing
-    from inferpath.storage.url import default_store_url, parse_store_url
+    from inferpath.storage.url import demo_store_url, parse_store_url
 
     console = console or Console()
     if options.scenario is not None:
@@ -257,8 +259,9 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     engine_url = f"http://127.0.0.1:{engine_port}"
 
     t0 = time.perf_counter()
-    settings = Settings.from_env(store_url=options.store_url)
-    store_url = settings.store_url or default_store_url()
+    settings = Settings.from_env()
+    # The demo's own store unless --store names one (INFERPATH_STORE names the real store).
+    store_url = options.store_url or demo_store_url()
     parse_store_url(store_url)  # a bad URL fails here, naming what is wrong, before anything starts
     trace = load_trace(options.trace_path, limit=options.requests)  # a bad file fails here
     if options.results_path is not None and not Path(options.results_path).parent.is_dir():
@@ -336,6 +339,8 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         console.print(f"diagnose this window again: inferpath diagnose --from {window_start.isoformat()} "
                       f"--to {window_end.isoformat()} --store {store_url}", soft_wrap=True, highlight=False)
 
+        console.print(f"store: {store_url} (the demo's own; open it again with "
+                      f"`{up_command(store_url, options.dashboard_port)}`)", soft_wrap=True, highlight=False)
         if not options.exit_when_done:
             outcome.dashboard_url = serve_until_stopped(options, console, server_url, settings.token,
                                                         log_dir, children)

@@ -60,7 +60,9 @@ def demo(
     requests: int = typer.Option(300, min=1, max=19366, help="How many trace requests to replay."),
     speed: float = typer.Option(10.0, min=0.01, help="Replay speed-up of the trace's arrival times."),
     exit_: bool = typer.Option(False, "--exit", help="Exit after printing the table instead of serving."),
-    store: Optional[str] = typer.Option(None, help="Store URL (default: embedded chDB in the user data folder)."),
+    store: Optional[str] = typer.Option(None, help="Store URL (default: the demo's own embedded store, "
+                                                   "<XDG_DATA_HOME or ~/.local/share>/inferpath/demo-store, never "
+                                                   "the store of `inferpath up` or INFERPATH_STORE)."),
     port: Optional[int] = typer.Option(None, min=0, max=65535,
                                        help="inferpath server port (default INFERPATH_PORT or 4318; 0: any free port)."),
     dashboard_port: Optional[int] = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
@@ -75,8 +77,8 @@ def demo(
     from inferpath.demo.run import DemoOptions, run_demo
     from inferpath.demo.trace import TraceError
 
-    settings = _settings(store_url=store, dashboard_port=dashboard_port)
-    _check_store_url(settings.store_url)
+    settings = _settings(dashboard_port=dashboard_port)
+    _check_store_url(store)
     if scenario is not None:
         from inferpath.demo.scenarios import SCENARIOS
 
@@ -91,7 +93,7 @@ def demo(
     signal.signal(signal.SIGTERM, _terminate)
     try:
         outcome = run_demo(DemoOptions(requests=requests, speed=speed, exit_when_done=exit_,
-                                       store_url=settings.store_url, port=port,
+                                       store_url=store, port=port,
                                        dashboard_port=settings.dashboard_port, results_path=results,
                                        scenario=scenario, trace_path=trace), console)
     except TraceError as exc:

@@ -64,16 +64,29 @@ class StoreURL:
         return self.dsn
 
 
+def _data_home(env: Mapping[str, str]) -> Path:
+    # A relative XDG_DATA_HOME is ignored, as the XDG base-directory spec requires.
+    base = env.get(ENV_XDG_DATA_HOME) or ""
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base)
+
+
 def default_store_url(environ: Mapping[str, str] | None = None) -> str:
     """The embedded default: ``chdb:///<XDG_DATA_HOME or ~/.local/share>/inferpath/store``.
 
     A relative ``XDG_DATA_HOME`` is ignored, as the XDG base-directory spec requires.
     """
-    env = os.environ if environ is None else environ
-    base = env.get(ENV_XDG_DATA_HOME) or ""
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".local", "share")
-    return "chdb://" + str(Path(base) / "inferpath" / "store")
+    return "chdb://" + str(_data_home(os.environ if environ is None else environ) / "inferpath" / "store")
+
+
+def demo_store_url(environ: Mapping[str, str] | None = None) -> str:
+    """The demo's own embedded store: ``chdb:///<XDG_DATA_HOME or ~/.local/share>/inferpath/demo-store``.
+
+    Beside the default store and never it, so that ``inferpath up`` does not serve the
+    demo's requests as if they were production data.
+    """
+    return "chdb://" + str(_data_home(os.environ if environ is None else environ) / "inferpath" / "demo-store")
 
 
 def parse_store_url(url: str, environ: Mapping[str, str] | None = None) -> StoreURL:

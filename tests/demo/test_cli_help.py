@@ -3,6 +3,7 @@ label (they take no value), and descriptions wrap rather than being cut off."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,8 +20,9 @@ COMMANDS = [["demo"], ["up"], ["collect"], ["diagnose"], ["import"], ["whatif"],
 
 def _help(command: list[str]) -> str:
     # A subprocess with its output in a pipe: no terminal, as `inferpath up --help | less`.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH", "FORCE_COLOR")}
     done = subprocess.run([sys.executable, "-m", "inferpath.cli", *command, "--help"],
-                          capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+                          capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

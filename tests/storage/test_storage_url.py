@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inferpath.storage.url import default_store_url, parse_store_url
+from inferpath.storage.url import default_store_url, demo_store_url, parse_store_url
 
 
 def test_chdb_url_gives_path_and_default_database() -> None:
@@ -51,6 +51,12 @@ def test_default_store_url_uses_xdg_data_home(tmp_path: Path) -> None:
     relative_ignored = default_store_url({"XDG_DATA_HOME": "relative/dir"})
     assert relative_ignored.endswith("/.local/share/inferpath/store")
     assert parse_store_url(relative_ignored).kind == "chdb"
+
+
+def test_demo_store_is_beside_the_default_store_and_never_it(tmp_path: Path) -> None:
+    env = {"XDG_DATA_HOME": str(tmp_path)}
+    assert demo_store_url(env) == f"chdb://{tmp_path}/inferpath/demo-store" != default_store_url(env)
+    assert parse_store_url(demo_store_url({})).kind == "chdb"
 
 
 @pytest.mark.parametrize(
