@@ -67,20 +67,21 @@ class DemoServer:
 # Module scope: embedded chDB allows one open data folder per process, so this store must be
 # closed before another module's fixture opens its own.
 @pytest.fixture(scope="module")
-def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
-    """Run a short demo (the ``kv-pressure`` scenario: 2 × 40 requests, ~25 s; else 60
-    requests of the plain demo at 20× speed), then serve its store and yield."""
+def demo_server(tmp_path_factory: pytest.TempPathFactory, scenario_runs) -> Iterator[DemoServer]:
+    """Serve the store of a short demo and yield: the session's ``kv-pressure`` scenario run
+    (2 × 60 requests, ~30 s, shared with the scenario suite), else 60 requests of the plain
+    demo at 20× speed."""
     from inferpath.server.runtime import serve_in_thread
 
     base = tmp_path_factory.mktemp("demo-run")
     store_url = f"chdb://{base / 'store'}"
     try:
-        from inferpath.demo.scenarios import SCENARIOS, ScenarioOptions, run_scenario
+        from inferpath.demo.scenarios import SCENARIOS
     except ImportError:
         SCENARIOS = {}
     if "kv-pressure" in SCENARIOS:
-        outcome = run_scenario("kv-pressure", ScenarioOptions(
-            requests_per_phase=40, store_url=store_url, log_dir=base / "logs"), log=lambda _: None)
+        outcome = scenario_runs.outcome("kv-pressure")
+        store_url = outcome.store_url
         start, end, scenario = outcome.baseline_window[0], outcome.fault_window[1], "kv-pressure"
         fault = outcome.fault_window
     else:
