@@ -228,8 +228,10 @@ async def trace(request: Request,
 
 @router.get("/diagnosis")
 async def diagnosis(request: Request,
-                    start: str = Query(..., description="Window start: ISO-8601 with offset or Unix seconds."),
-                    end: str = Query(..., description="Window end: ISO-8601 with offset or Unix seconds."),
+                    start: str | None = Query(None, description="Window start (required): ISO-8601 with "
+                                              "offset or Unix seconds."),
+                    end: str | None = Query(None, description="Window end (required): ISO-8601 with offset "
+                                            "or Unix seconds."),
                     baseline_start: str | None = Query(None, description="Baseline start (optional; give "
                                                        "baseline_end with it)."),
                     baseline_end: str | None = Query(None, description="Baseline end (optional)."),
