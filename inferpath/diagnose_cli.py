@@ -75,6 +75,28 @@ def server_for(server: str | None, store: str | None, *, fallback_to_default_sto
         running.stop()
 
 
+def get_answer(path: str, params: dict[str, Any], server: str | None, store: str | None, json_output: bool,
+               *, timeout_seconds: float) -> "httpx.Response":
+    """``GET path`` on the server :func:`server_for` picks; exits 2 when it does not answer."""
+    import httpx
+
+    with server_for(server, store, fallback_to_default_store=True, json_output=json_output) as (url, headers):
+        try:
+            return httpx.get(f"{url}{path}", params=params, headers=headers, timeout=timeout_seconds)
+        except httpx.HTTPError as exc:
+            _fail(f"the inferpath server at {url} did not answer: {exc}", json_output)
+            raise
+
+
+def refusal_text(response: "httpx.Response") -> str:
+    """The server's own words for a refusal: FastAPI's ``detail`` messages joined, else the body."""
+    try:
+        detail = response.json().get("detail")
+        return "; ".join(d.get("msg", str(d)) for d in detail) if isinstance(detail, list) else str(detail)
+    except (ValueError, AttributeError):
+        return response.text
+
+
 def diagnose(
     since: Optional[str] = typer.Option(None, help="Window ending now, e.g. 15m or 1h30m (default 15m "
                                                     "when --from is not given)."),
@@ -102,8 +124,6 @@ def diagnose(
     """Name the bottleneck of a window against the latency objectives, and against a baseline
     when given. Exit 0 healthy, 1 degraded, 2 no verdict."""
     from datetime import datetime, timedelta, timezone
-
-    import httpx
 
     from inferpath.timespec import parse_duration_seconds, parse_time
 
@@ -159,17 +179,9 @@ def diagnose(
         params["ttft_p99_seconds"] = ttft_p99
     if itl_p99 is not None:
         params["itl_p99_seconds"] = itl_p99
-    with server_for(server, store, fallback_to_default_store=True, json_output=json_output) as (url, headers):
-        try:
-            response = httpx.get(f"{url}/api/v1/diagnosis", params=params, headers=headers, timeout=120.0)
-        except httpx.HTTPError as exc:
-            _fail(f"the inferpath server at {url} did not answer: {exc}", json_output)
+    response = get_answer("/api/v1/diagnosis", params, server, store, json_output, timeout_seconds=120.0)
     if response.status_code != 200:
-        try:
-            detail = response.json().get("detail")
-            message = "; ".join(d.get("msg", str(d)) for d in detail) if isinstance(detail, list) else str(detail)
-        except (ValueError, AttributeError):
-            message = response.text
+        message = refusal_text(response)
         hint = ("" if "insufficient data" not in message else
                 "\nwiden the window (--since 1h, --from/--to) or check that requests reach the server "
                 "(inferpath up; GET /api/v1/summary)")
@@ -253,4 +265,4 @@ def import_cmd(
         _fail("the server did not finish storing everything in time; run the command again")
 
 
-__all__ = ["diagnose", "import_cmd", "print_verdict", "server_for"]
+__all__ = ["diagnose", "get_answer", "import_cmd", "print_verdict", "refusal_text", "server_for"]

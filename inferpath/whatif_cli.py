@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import typer
 
-from inferpath.diagnose_cli import _fail, console, server_for
+from inferpath.diagnose_cli import _fail, console, get_answer, refusal_text
 
 
 def whatif(
@@ -38,8 +38,6 @@ def whatif(
     with a prediction, 2 without."""
     from datetime import datetime, timezone
 
-    import httpx
-
     from inferpath.timespec import parse_time
 
     now = datetime.now(timezone.utc)
@@ -57,17 +55,9 @@ def whatif(
                         ("batch_window_ms", batch_window_ms), ("rate", rate)):
         if value is not None:
             params[name] = value
-    with server_for(server, store, fallback_to_default_store=True, json_output=json_output) as (url, headers):
-        try:
-            response = httpx.get(f"{url}/api/v1/whatif", params=params, headers=headers, timeout=300.0)
-        except httpx.HTTPError as exc:
-            _fail(f"the inferpath server at {url} did not answer: {exc}", json_output)
+    response = get_answer("/api/v1/whatif", params, server, store, json_output, timeout_seconds=300.0)
     if response.status_code != 200:
-        try:
-            detail = response.json().get("detail")
-            message = "; ".join(d.get("msg", str(d)) for d in detail) if isinstance(detail, list) else str(detail)
-        except (ValueError, AttributeError):
-            message = response.text
+        message = refusal_text(response)
         _fail(message if message.startswith("no prediction") else f"no prediction: {message}", json_output,
               http_status=response.status_code)
     answer = response.json()
