@@ -12,20 +12,14 @@ nor the demo's dependencies)::
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# In a source checkout (editable install) the component folders sit beside this package
-# rather than inside it; the wheel maps them to ``inferpath/<component>``. Extending
-# ``__path__`` only when the sibling layout is present keeps both layouts importable.
-_here = os.path.dirname(os.path.abspath(__file__))
-_root = os.path.dirname(_here)
-if not os.path.isdir(os.path.join(_here, "storage")) and os.path.isfile(
-    os.path.join(_root, "storage", "__init__.py")
-) and os.path.isfile(os.path.join(_root, "pyproject.toml")):
-    __path__.append(_root)  # type: ignore[name-defined]
+# The component folders (``server/``, ``storage/``, …) sit at the repository root; in a
+# checkout ``inferpath/<component>`` is a symbolic link to each, which the wheel build
+# follows, so the installed package and the checkout have the same layout for the
+# interpreter and for static tools alike.
 
 _LAZY = {
     "instrument": "inferpath.instrumentation.api",
