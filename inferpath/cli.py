@@ -7,12 +7,15 @@ or configuration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
 
 from inferpath.cli_app import new_app
+
+if TYPE_CHECKING:
+    from inferpath.config import Settings
 
 app = new_app(help="Trace the inference request path and name the bottleneck.")
 console = Console()
@@ -27,7 +30,7 @@ _OPTION_OF_FIELD = {"store_url": "--store", "server_url": "--server", "alert_rul
                     "scrape_targets": "--scrape"}
 
 
-def _settings(**overrides: object):  # type: ignore[no-untyped-def]
+def _settings(**overrides: Any) -> Settings:
     """Settings from ``INFERPATH_*`` and the command's options; exits 2 naming each bad value."""
     from pydantic import ValidationError
 

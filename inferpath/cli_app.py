@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -26,7 +25,9 @@ class WrappingGroup(TyperGroup):
     """A command group whose command list wraps each command's summary (its help's first
     sentence) instead of cutting it to one line with ``...`` as click does."""
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        # ``ctx`` and ``formatter`` are the Context and HelpFormatter of the click that Typer
+        # vendors (``typer._click``), which has no public name to annotate with.
         rows = [(name, command.get_short_help_str(limit=10_000))
                 for name in self.list_commands(ctx)
                 if (command := self.get_command(ctx, name)) is not None and not command.hidden]

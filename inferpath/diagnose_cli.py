@@ -15,10 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    import httpx
 
 console = Console()
 
