@@ -53,7 +53,7 @@ def check(file: str = typer.Argument(..., help="Rule file (YAML), or 'default' f
 
 
 def _duration(text: str, option: str) -> float:
-    from inferpath.alerts.rules import parse_duration_seconds
+    from inferpath.timespec import parse_duration_seconds
 
     try:
         seconds = parse_duration_seconds(text)

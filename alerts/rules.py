@@ -32,19 +32,14 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from inferpath.timespec import parse_duration_seconds
+from inferpath.vocabulary import REQUEST_MEASURES
 
 __all__ = [
     "RuleFileError", "RuleFile", "Rule", "Receiver", "load_rule_file", "parse_rule_text",
-    "parse_duration_seconds", "DEFAULT_RULES_PATH", "REQUEST_MEASURES", "GROUP_BY_COLUMNS",
+    "DEFAULT_RULES_PATH", "GROUP_BY_COLUMNS",
 ]
 
 DEFAULT_RULES_PATH = Path(__file__).resolve().parent / "rules" / "default.yaml"
-
-REQUEST_MEASURES: tuple[str, ...] = (
-    "ttft", "itl", "e2e", "client_ttft", "client_e2e", "queue", "prefill", "decode",
-    "tokenize", "retrieval", "network", "gateway",
-)
-"""Measures of ``inferpath_requests`` a rule may name; each is the ``<measure>_ns`` column."""
 
 GROUP_BY_COLUMNS: tuple[str, ...] = ("endpoint", "endpoint_class", "model", "replica", "service_name")
 """Columns of ``inferpath_requests`` a request rule may split its alerts by (``by:``)."""
@@ -129,8 +124,10 @@ class _RuleBase(_Strict):
 
 
 class _RequestRule(_RuleBase):
-    """A rule over request rows: ``min_samples`` below which it reports low confidence and
-    never fires; ``by``: columns to split alerts by (one alert per distinct value)."""
+    """A rule over request rows: ``measure``, one of the vocabulary's
+    :data:`~inferpath.vocabulary.REQUEST_MEASURES` (the ``<measure>_ns`` column);
+    ``min_samples`` below which it reports low confidence and never fires; ``by``: columns
+    to split alerts by (one alert per distinct value)."""
 
     measure: Literal[REQUEST_MEASURES] = "ttft"  # type: ignore[valid-type]
     min_samples: int = Field(100, ge=1)

@@ -29,8 +29,9 @@ from datetime import datetime
 from typing import Any
 
 from inferpath.analysis.breakdown import (
-    BANDS, FINAL_SETTINGS, MEASURES, REST, StageSummary, measure_stages, request_filter, stage_sql,
+    BANDS, FINAL_SETTINGS, REST, StageSummary, measure_stages, request_filter, stage_sql,
 )
+from inferpath.vocabulary import BREAKDOWN_MEASURES
 
 _EDGE_QUANTILES: tuple[float, ...] = tuple(sorted({q for _, lo, hi in BANDS for q in (lo, hi)}))
 
@@ -40,7 +41,7 @@ def _stage_aliases() -> tuple[list[tuple[str, str]], dict[tuple[str, str], str]]
     ``(measure, stage) -> alias``: a stage read alike by both measures is summed once."""
     by_sql: dict[str, str] = {}
     of_stage: dict[tuple[str, str], str] = {}
-    for measure in MEASURES:
+    for measure in BREAKDOWN_MEASURES:
         for stage in measure_stages(measure):
             sql = stage_sql(measure, stage)
             of_stage[(measure, stage)] = by_sql.setdefault(sql, f"stage_{len(by_sql)}")
@@ -67,19 +68,19 @@ def _sql(where: str) -> str:
     ``group_by_use_nulls`` the other measure's band key is NULL, which tells the two
     apart. A NULL measure has band ``-1`` (dropped by the caller)."""
     levels = ", ".join(repr(q) for q in _EDGE_QUANTILES)
-    edges = ", ".join(f"quantilesExactInclusive({levels})({m}_ns)" for m in MEASURES)
+    edges = ", ".join(f"quantilesExactInclusive({levels})({m}_ns)" for m in BREAKDOWN_MEASURES)
     stage_values = ", ".join(f"{sql} AS {alias}" for alias, sql in _STAGE_VALUES)
     bands = ", ".join(f"{_band_of(f'{m}_ns', f'window.{i + 2}')} AS {m}_band"
-                      for i, m in enumerate(MEASURES))
-    measure_sums = ", ".join(f"sum({m}_ns)" for m in MEASURES)
+                      for i, m in enumerate(BREAKDOWN_MEASURES))
+    measure_sums = ", ".join(f"sum({m}_ns)" for m in BREAKDOWN_MEASURES)
     stage_sums = ", ".join(f"sum({alias})" for alias, _ in _STAGE_VALUES)
     stage_p99 = ", ".join(f"quantileExactInclusive(0.99)({alias})" for alias, _ in _STAGE_VALUES)
-    keys = ", ".join(f"{m}_band" for m in MEASURES)
-    sets = ", ".join(f"({m}_band)" for m in MEASURES)
+    keys = ", ".join(f"{m}_band" for m in BREAKDOWN_MEASURES)
+    sets = ", ".join(f"({m}_band)" for m in BREAKDOWN_MEASURES)
     return (
         f"WITH (SELECT tuple(count(), {edges}) FROM inferpath_requests FINAL WHERE {where}) AS window"
         f" SELECT {keys}, count(), {measure_sums}, {stage_sums}, {stage_p99}, any(window)"
-        f" FROM (SELECT {', '.join(f'{m}_ns' for m in MEASURES)}, {stage_values}, {bands}"
+        f" FROM (SELECT {', '.join(f'{m}_ns' for m in BREAKDOWN_MEASURES)}, {stage_values}, {bands}"
         f"  FROM inferpath_requests FINAL WHERE {where})"
         f" GROUP BY GROUPING SETS ({sets}){FINAL_SETTINGS}, group_by_use_nulls = 1"
     )
@@ -101,9 +102,9 @@ def fetch_breakdown_bands(
     where, parameters = request_filter(start=start, end=end, endpoint=endpoint,
                                        endpoint_class=endpoint_class, status=status)
     rows = store.query(_sql(where), parameters)
-    bands: dict[str, list[StageSummary]] = {m: [] for m in MEASURES}
+    bands: dict[str, list[StageSummary]] = {m: [] for m in BREAKDOWN_MEASURES}
     request_count = 0
-    n, k = len(_STAGE_VALUES), len(MEASURES)
+    n, k = len(_STAGE_VALUES), len(BREAKDOWN_MEASURES)
     aliases = [alias for alias, _ in _STAGE_VALUES]
     for row in sorted(rows, key=lambda r: [(-1 if b is None else b) for b in r[:k]]):
         band_keys, count, measure_sums = row[:k], row[k], row[k + 1:2 * k + 1]
@@ -116,7 +117,7 @@ def fetch_breakdown_bands(
         band = band_keys[measure_index]
         if band < 0:  # rows without this measure
             continue
-        measure = MEASURES[measure_index]
+        measure = BREAKDOWN_MEASURES[measure_index]
         sums = {s: alias_sums[_STAGE_ALIAS[(measure, s)]] for s in measure_stages(measure)}
         p99s = {s: alias_p99s[_STAGE_ALIAS[(measure, s)]] for s in measure_stages(measure)}
         edges = dict(zip(_EDGE_QUANTILES, window[measure_index + 1]))

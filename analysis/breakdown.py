@@ -5,14 +5,15 @@ Input rows are dicts shaped like ``inferpath_requests`` (docs/telemetry-contract
 
 Which stages count toward which measure:
 
-- E2E (request start → last token): every stage in :data:`STAGES`.
+- E2E (request start → last token): every stage in
+  :data:`~inferpath.vocabulary.BREAKDOWN_STAGES`.
 - TTFT (request start → first content token): every stage except ``decode``, which by
   definition happens after the first token. ``gateway`` and ``network`` read their
   TTFT-phase columns (``gateway_ttft_ns``, ``network_ttft_ns``: the parts before the first
   token, docs/telemetry-contract.md), because the whole-call ``gateway_ns`` / ``network_ns``
   of a streamed response include the relaying of every later token. Rows stored before
   those columns existed hold NULL there and fall back to the whole-call value, an upper
-  bound (:data:`TTFT_PHASE_COLUMNS`, :func:`stage_columns`).
+  bound (:data:`~inferpath.vocabulary.TTFT_PHASE_COLUMNS`, :func:`stage_columns`).
 
 ``rest`` is the measure minus the sum of its stages: time no span explained (client-side
 work, unmeasured hops, scheduling gaps). It is negative when stages overlap (e.g. retrieval
@@ -31,17 +32,9 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from inferpath.analysis.percentiles import quantiles
+from inferpath.vocabulary import BREAKDOWN_MEASURES, BREAKDOWN_STAGES, TTFT_PHASE_COLUMNS, TTFT_STAGES
 
-STAGES: tuple[str, ...] = ("gateway", "tokenize", "retrieval", "queue", "prefill", "decode", "network")
-"""Stages of the request path in path order; each maps to the ``<stage>_ns`` column."""
-
-TTFT_STAGES: tuple[str, ...] = tuple(s for s in STAGES if s != "decode")
-MEASURES: tuple[str, ...] = ("ttft", "e2e")
 REST = "rest"
-
-TTFT_PHASE_COLUMNS: dict[str, str] = {"gateway": "gateway_ttft_ns", "network": "network_ttft_ns"}
-"""Stages whose TTFT share has its own column: stage -> the column holding the stage's time
-before the first token (schema 012)."""
 
 BANDS: tuple[tuple[str, float, float], ...] = (
     ("p0-50", 0.0, 0.5),
@@ -55,10 +48,10 @@ BANDS: tuple[tuple[str, float, float], ...] = (
 def measure_stages(measure: str) -> tuple[str, ...]:
     """The stages that make up ``measure`` (``"ttft"`` or ``"e2e"``); ``ValueError`` otherwise."""
     if measure == "e2e":
-        return STAGES
+        return BREAKDOWN_STAGES
     if measure == "ttft":
         return TTFT_STAGES
-    raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+    raise ValueError(f"measure must be one of {BREAKDOWN_MEASURES}, got {measure!r}")
 
 
 def stage_columns(measure: str, stage: str) -> tuple[str, ...]:
@@ -248,7 +241,7 @@ columns. A trace whose re-assembly moved its start across midnight would count t
 REQUEST_QUERY_COLUMNS: tuple[str, ...] = (
     "timestamp", "trace_id", "service_name", "endpoint", "endpoint_class", "model", "replica",
     "status", "input_tokens", "output_tokens", "ttft_ns", "e2e_ns", "client_ttft_ns", "client_e2e_ns", "itl_ns",
-    *(f"{stage}_ns" for stage in STAGES), "model_ns", "postprocess_ns", *TTFT_PHASE_COLUMNS.values(),
+    *(f"{stage}_ns" for stage in BREAKDOWN_STAGES), "model_ns", "postprocess_ns", *TTFT_PHASE_COLUMNS.values(),
 )
 
 
@@ -302,12 +295,8 @@ def request_filter(
 __all__ = [
     "BANDS",
     "FINAL_SETTINGS",
-    "MEASURES",
     "REQUEST_QUERY_COLUMNS",
     "REST",
-    "STAGES",
-    "TTFT_PHASE_COLUMNS",
-    "TTFT_STAGES",
     "RequestBreakdown",
     "StageSummary",
     "breakdown_by",

@@ -27,11 +27,12 @@ from inferpath.analysis.breakdown import request_breakdown
 from inferpath.analysis.causes import GPU_HEADROOM_RATIO
 from inferpath.analysis.engine_state import engine_state
 from inferpath.analysis.percentiles import quantile
-from inferpath.analysis.signals import GPU_UTILIZATION_RATIO, SignalWindows
+from inferpath.analysis.signals import SignalWindows
 from inferpath.analysis.verdict import (
     MIN_CAUSE_SHARE, MIN_REQUESTS, TAIL_QUANTILE, Cause, Degradation, Evidence, InsufficientDataError, Verdict,
     Window,
 )
+from inferpath.vocabulary import GPU_UTILIZATION_RATIO
 
 MOVABLE: dict[str, tuple[str, str]] = {
     "tokenize": ("tokenization", "move tokenization in-process (a Rust tokenizer in the serving process, "

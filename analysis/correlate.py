@@ -21,13 +21,13 @@ from typing import Any, Iterable, Mapping, Sequence
 from inferpath.analysis.breakdown import fetch_request_rows
 from inferpath.analysis.percentiles import quantile
 from inferpath.analysis.signals import (
-    COMBINE, DEFAULT_LOOKBACK_SECONDS, GAUGES, PREEMPTIONS_TOTAL, Series, SeriesKey,
-    combined_asof, fetch_series,
+    COMBINE, DEFAULT_LOOKBACK_SECONDS, Series, SeriesKey, combined_asof, fetch_series,
 )
 from inferpath.analysis.timeline_query import (
     REQUEST_COLUMNS, fetch_counter_increases, fetch_gauge_columns, fetch_request_columns,
 )
 from inferpath.storage.rows import unix_ns_from_datetime
+from inferpath.vocabulary import PREEMPTIONS_TOTAL, SATURATION_GAUGES
 PREEMPTION_RATE = "preemptions_per_second"
 
 SPIKE_FACTOR = 3.0
@@ -144,7 +144,8 @@ def fetch_timeline(
     window = {"start": start, "end": end, "step_ns": step_ns, "steps": len(starts)}
     timeline = Timeline(step_start_ns=starts, step_seconds=step_seconds,
                         columns=fetch_request_columns(store, endpoint=endpoint, **window))
-    timeline.columns.update(fetch_gauge_columns(store, GAUGES, lookback_seconds=lookback_seconds, **window))
+    timeline.columns.update(fetch_gauge_columns(store, SATURATION_GAUGES, lookback_seconds=lookback_seconds,
+                                                **window))
     increases = fetch_counter_increases(store, PREEMPTIONS_TOTAL, lookback_seconds=lookback_seconds, **window)
     timeline.columns[PREEMPTION_RATE] = [None if v is None else v / step_seconds for v in increases]
     return timeline
@@ -157,7 +158,8 @@ def fetch_timeline_rows(
     """:func:`build_timeline` over request rows and samples read into Python: the reference
     definition :func:`fetch_timeline` must match (slow over wide windows: every row moves)."""
     rows = fetch_request_rows(store, start=start, end=end, endpoint=endpoint)
-    gauges = {name: fetch_series(store, name, start, end, lookback_seconds=lookback_seconds) for name in GAUGES}
+    gauges = {name: fetch_series(store, name, start, end, lookback_seconds=lookback_seconds)
+              for name in SATURATION_GAUGES}
     counters = fetch_series(store, PREEMPTIONS_TOTAL, start, end, table="otel_metrics_sum",
                             lookback_seconds=lookback_seconds)
     return build_timeline(rows, gauges, counters, start_ns=unix_ns_from_datetime(start),

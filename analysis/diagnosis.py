@@ -46,16 +46,17 @@ from inferpath.analysis.objectives import (
 from inferpath.analysis.request_window import (
     WINDOW_COLUMNS, RowsWindow, StoredWindow, TailSums, as_window, prefetch_quantiles, prepare_attribution,
 )
-from inferpath.analysis.signals import (
-    GPU_UTILIZATION_RATIO, KV_CACHE_USAGE_RATIO, QUEUE_DEPTH, RUNNING_REQUESTS,
-    SignalWindows, StoredSignalWindows, WindowSignals,
-)
+from inferpath.analysis.signals import SignalWindows, WindowSignals
 from inferpath.analysis.startup import ReplicaStartup, StoredStartups
+from inferpath.analysis.timeline_query import StoredSignalWindows
 from inferpath.analysis.verdict import (
     MIN_CAUSE_SHARE, MIN_REQUESTS, TAIL_QUANTILE, BaselineInfo, Cause, Degradation, Evidence,
     InsufficientDataError, Verdict, Window,
 )
 from inferpath.storage.rows import unix_ns_from_datetime
+from inferpath.vocabulary import (
+    GPU_UTILIZATION_RATIO, KV_CACHE_USAGE_RATIO, PREEMPTIONS_TOTAL, QUEUE_DEPTH, RUNNING_REQUESTS,
+)
 
 DEGRADED_RATIO = 1.5
 """A p99 must rise by half to count as a regression: run-to-run p99 noise over a few hundred
@@ -537,7 +538,7 @@ def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
     if cause.cause == "gpu_memory":
         before = signals.baseline.preemptions if baseline is not None else None
         after = signals.current.preemptions
-        evidence("preemptions_total", "total", "count", before, after,
+        evidence(PREEMPTIONS_TOTAL, "total", "count", before, after,
                  f"preemptions {before or 0:.0f} → {after or 0:.0f}" if baseline is not None
                  else f"{after or 0:.0f} preemptions in the window")
     if cause.cause == "gpu_compute" and baseline is not None:

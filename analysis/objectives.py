@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-MEASURES: tuple[str, ...] = ("ttft", "itl", "e2e")
-"""Per-request measures an objective can bound (DESIGN.md §3 definitions)."""
+from inferpath.vocabulary import OBJECTIVE_MEASURES
+
 DEFAULT_CLASS = "interactive"
 """The class whose objectives apply to rows without a class, or of a class not configured."""
 TAIL_DIVERGENCE_RATIO = 5.0
@@ -58,8 +58,8 @@ class Objective:
     quantile: float = 0.99
 
     def __post_init__(self) -> None:
-        if self.measure not in MEASURES:
-            raise ValueError(f"objective measure must be one of {MEASURES}, got {self.measure!r}")
+        if self.measure not in OBJECTIVE_MEASURES:
+            raise ValueError(f"objective measure must be one of {OBJECTIVE_MEASURES}, got {self.measure!r}")
         if not 0.0 < self.quantile < 1.0:
             raise ValueError(f"objective quantile must be in (0, 1), got {self.quantile!r}")
         if isinstance(self.limit_seconds, bool) or not isinstance(self.limit_seconds, (int, float)) \
@@ -133,9 +133,9 @@ def objectives_from_mapping(data: Any, *, origin: str = "objectives") -> Objecti
 
 def _objective_of_key(key: str, value: Any, where: str) -> Objective:
     parts = key.split("_")
-    if len(parts) != 3 or parts[2] != "seconds" or parts[0] not in MEASURES or not parts[1].startswith("p"):
+    if len(parts) != 3 or parts[2] != "seconds" or parts[0] not in OBJECTIVE_MEASURES or not parts[1].startswith("p"):
         raise ValueError(f"{where}: unknown objective; use <measure>_p<percentile>_seconds with a measure "
-                         f"in {MEASURES}, e.g. ttft_p99_seconds")
+                         f"in {OBJECTIVE_MEASURES}, e.g. ttft_p99_seconds")
     try:
         quantile = float(parts[1][1:]) / 100.0
     except ValueError:
@@ -222,7 +222,7 @@ def class_values(rows: Iterable[Mapping[str, Any]], measure: str) -> dict[str, l
 
 
 __all__ = [
-    "DEFAULT_CLASS", "DEFAULT_OBJECTIVES", "MEASURES", "TAIL_DIVERGENCE_MIN_SHARE", "TAIL_DIVERGENCE_RATIO",
+    "DEFAULT_CLASS", "DEFAULT_OBJECTIVES", "TAIL_DIVERGENCE_MIN_SHARE", "TAIL_DIVERGENCE_RATIO",
     "Objective", "ObjectiveResult", "Objectives", "TailResult", "class_values", "load_objectives",
     "objectives_from_mapping", "tail_diverges",
 ]

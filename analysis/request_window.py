@@ -29,10 +29,10 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from inferpath.analysis.breakdown import (
-    FINAL_SETTINGS, REST, STAGES, TTFT_PHASE_COLUMNS, measure_stages, request_breakdown, request_filter,
-    stage_sql,
+    FINAL_SETTINGS, REST, measure_stages, request_breakdown, request_filter, stage_sql,
 )
 from inferpath.analysis.percentiles import sorted_quantile
+from inferpath.vocabulary import BREAKDOWN_STAGES, TTFT_PHASE_COLUMNS
 
 MEASURE_SQL: dict[str, str] = {"ttft_ns": "coalesce(ttft_ns, client_ttft_ns)",
                                "e2e_ns": "coalesce(e2e_ns, client_e2e_ns)"}
@@ -56,10 +56,10 @@ def with_client_measures(row: Mapping[str, Any]) -> Mapping[str, Any]:
 
 WINDOW_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "endpoint_class", "ttft_ns", "e2e_ns",
                                    "client_ttft_ns", "client_e2e_ns", "itl_ns",
-                                   *(f"{stage}_ns" for stage in STAGES), *TTFT_PHASE_COLUMNS.values())
+                                   *(f"{stage}_ns" for stage in BREAKDOWN_STAGES), *TTFT_PHASE_COLUMNS.values())
 """The request columns the diagnosis reads (the TTFT-phase parts of gateway and network too:
 a TTFT tail is attributed with them, as the breakdown does)."""
-MEASURED_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns", *(f"{stage}_ns" for stage in STAGES))
+MEASURED_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns", *(f"{stage}_ns" for stage in BREAKDOWN_STAGES))
 QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.99)
 """The quantiles :class:`StoredWindow` computes in one pass; others cost a query each."""
 FIRST_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns")

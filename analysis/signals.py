@@ -7,12 +7,15 @@ sorted per-series arrays, looks values up "as of" a time (the latest sample at o
 it, no older than a lookback, which is how PromQL evaluates an instant vector), combines
 series, and summarizes a window.
 
-How series combine across engines / GPUs, and why:
+How series combine across engines / GPUs, and why, is the vocabulary's
+(:attr:`inferpath.vocabulary.Signal.across`): queue depth and running requests summed
+(requests waiting anywhere add up), KV-cache usage the maximum (the fullest engine is the
+one that preempts), GPU utilization the mean ("would more GPUs help" is a fleet-wide
+question), GPU memory and power summed over GPUs.
 
-- ``queue_depth``, ``running_requests``: summed; requests waiting anywhere add up.
-- ``kv_cache_usage_ratio``: maximum; the fullest engine is the one that preempts.
-- ``gpu_utilization_ratio``: mean; "would more GPUs help" is a fleet-wide question.
-- ``gpu_memory_used_bytes``, ``gpu_power_watts``: summed over GPUs.
+The in-database path that answers the same questions over wide windows (alignment in
+ClickHouse, :func:`~inferpath.analysis.timeline_query.fetch_window_signals`) builds on the
+definitions here; :func:`fetch_window_signals_rows` is its reference, over every sample.
 """
 
 from __future__ import annotations
@@ -20,23 +23,18 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from inferpath.analysis.percentiles import quantile
 from inferpath.storage.rows import unix_ns_from_datetime
-
-QUEUE_DEPTH = "queue_depth"
-RUNNING_REQUESTS = "running_requests"
-KV_CACHE_USAGE_RATIO = "kv_cache_usage_ratio"
-GPU_UTILIZATION_RATIO = "gpu_utilization_ratio"
-GPU_MEMORY_USED_BYTES = "gpu_memory_used_bytes"
-GPU_POWER_WATTS = "gpu_power_watts"
-PREEMPTIONS_TOTAL = "preemptions_total"
-
-GAUGES: tuple[str, ...] = (
-    QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO,
-    GPU_UTILIZATION_RATIO, GPU_MEMORY_USED_BYTES, GPU_POWER_WATTS,
+from inferpath.vocabulary import (
+    KV_CACHE_USAGE_RATIO,
+    PREEMPTIONS_TOTAL,
+    QUEUE_DEPTH,
+    RUNNING_REQUESTS,
+    SATURATION_GAUGES,
+    SIGNALS,
 )
 
 DEFAULT_LOOKBACK_SECONDS = 300.0
@@ -47,14 +45,12 @@ def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
 
 
+_ACROSS: dict[str, Callable[[Sequence[float]], float]] = {"sum": math.fsum, "max": max, "mean": _mean}
+
 COMBINE: dict[str, Callable[[Sequence[float]], float]] = {
-    QUEUE_DEPTH: math.fsum,
-    RUNNING_REQUESTS: math.fsum,
-    KV_CACHE_USAGE_RATIO: max,
-    GPU_UTILIZATION_RATIO: _mean,
-    GPU_MEMORY_USED_BYTES: math.fsum,
-    GPU_POWER_WATTS: math.fsum,
-}
+    name: _ACROSS[signal.across] for name, signal in SIGNALS.items() if signal.kind == "gauge"}
+"""Gauge name → how its series (engines, GPUs) combine into one value: the vocabulary's
+:attr:`~inferpath.vocabulary.Signal.across` as a function of the series' values."""
 
 
 @dataclass
@@ -124,7 +120,7 @@ def fetch_series(
         " AND toUnixTimestamp64Nano(TimeUnix) > {from_ns:Int64}"
         " AND toUnixTimestamp64Nano(TimeUnix) <= {to_ns:Int64}"
     )
-    start_ns, end_ns = _unix_ns(start, "start"), _unix_ns(end, "end")
+    start_ns, end_ns = aware_unix_ns(start, "start"), aware_unix_ns(end, "end")
     parameters: dict[str, Any] = {
         "metric": metric_name,
         "from_ns": start_ns - int(lookback_seconds * 1e9),
@@ -143,7 +139,8 @@ def fetch_series(
     return out
 
 
-def _unix_ns(value: datetime, name: str) -> int:
+def aware_unix_ns(value: datetime, name: str) -> int:
+    """Unix ns of ``value``; ``ValueError`` naming ``name`` when it is not timezone-aware."""
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{name} must be a timezone-aware datetime, got {value!r}")
     return unix_ns_from_datetime(value)
@@ -219,40 +216,6 @@ class SignalWindows:
     baseline: WindowSignals = field(default_factory=WindowSignals)
 
 
-class StoredSignalWindows:
-    """The :class:`SignalWindows` of two windows of ``store``, read with
-    :func:`fetch_signal_windows` on first use of :attr:`current` or :attr:`baseline` (a
-    diagnosis that finds nothing degraded reads neither). ``current`` / ``baseline``:
-    ``(start, end)`` timezone-aware datetimes; ``baseline`` ``None`` when the diagnosis has
-    none (its signals are then empty)."""
-
-    def __init__(self, store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime] | None,
-                 *, service_name: str | None = None) -> None:
-        self.store, self.service_name = store, service_name
-        self._windows = (current, baseline)
-        self._read: SignalWindows | None = None
-
-    def _get(self) -> SignalWindows:
-        if self._read is None:
-            current, baseline = self._windows
-            if baseline is None:
-                self._read = SignalWindows(current=fetch_window_signals(self.store, *current,
-                                                                        service_name=self.service_name))
-            else:
-                self._read = fetch_signal_windows(self.store, current, baseline, service_name=self.service_name)
-        return self._read
-
-    @property
-    def current(self) -> WindowSignals:
-        """Signals of the window under diagnosis."""
-        return self._get().current
-
-    @property
-    def baseline(self) -> WindowSignals:
-        """Signals of the baseline window."""
-        return self._get().baseline
-
-
 def window_step_seconds(start: datetime, end: datetime, max_points: int = 600) -> float:
     """Alignment step for a window: 1 s (the usual scrape interval) up to ``max_points`` steps."""
     return max(1.0, (end - start).total_seconds() / max_points)
@@ -272,7 +235,7 @@ def alignment_grid(start: datetime, end: datetime, step_seconds: float) -> tuple
     480 points instead of 600; the verdict's means and p90s do not need more.
     Raises ``ValueError`` for naive datetimes or a step under 1 ns.
     """
-    start_ns, end_ns = _unix_ns(start, "start"), _unix_ns(end, "end")
+    start_ns, end_ns = aware_unix_ns(start, "start"), aware_unix_ns(end, "end")
     step_ns = int(step_seconds * 1e9)
     if step_ns <= 0:
         raise ValueError(f"step_seconds must be > 0, got {step_seconds!r}")
@@ -284,115 +247,20 @@ def alignment_grid(start: datetime, end: datetime, step_seconds: float) -> tuple
     return origin_ns, step_ns, len(range(origin_ns + step_ns - 1, end_ns, step_ns))
 
 
-def fetch_window_signals(
-    store: Any, start: datetime, end: datetime, *, step_seconds: float | None = None,
-    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
-) -> WindowSignals:
-    """Summarize every canonical signal over ``[start, end)``.
-
-    Each gauge is sampled as of the end of every step of :func:`alignment_grid` (step
-    ``step_seconds``, default :func:`window_step_seconds`), series combined per
-    :data:`COMBINE`, and the aligned values summarized. Preemptions: increase of
-    ``preemptions_total`` summed over series. The alignment runs inside the store
-    (:mod:`inferpath.analysis.timeline_query`; from the per-minute gauge rollup on a grid of
-    whole minutes); the result equals :func:`fetch_window_signals_rows`, which does it over
-    every sample in Python.
-    """
-    # Imported here: timeline_query builds on this module's COMBINE.
-    from inferpath.analysis.timeline_query import fetch_counter_increases, fetch_gauge_columns
-
-    step = step_seconds or window_step_seconds(start, end)
-    start_ns, end_ns = _unix_ns(start, "start"), _unix_ns(end, "end")
-    origin_ns, step_ns, steps = alignment_grid(start, end, step)
-    origin = _datetime_of_ns(origin_ns, start)
-    options = {"lookback_seconds": lookback_seconds, "service_name": service_name}
-    result = WindowSignals()
-    columns = fetch_gauge_columns(store, GAUGES, start=origin, end=end, step_ns=step_ns, steps=steps, **options)
-    for name, aligned in columns.items():
-        stats = SignalStats.of([v for v in aligned if v is not None])
-        if stats is not None:
-            result.gauges[name] = stats
-    result.steps = aligned_steps(columns)
-    if end_ns > start_ns:
-        result.preemptions = fetch_counter_increases(store, PREEMPTIONS_TOTAL, start=start, end=end,
-                                                     step_ns=end_ns - start_ns, steps=1, **options)[0]
-    return result
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def _datetime_of_ns(unix_ns: int, exact: datetime) -> datetime:
-    """``exact`` when it is that instant, else the UTC datetime of a whole-µs Unix-ns instant."""
-    return exact if unix_ns_from_datetime(exact) == unix_ns else _EPOCH + timedelta(microseconds=unix_ns // 1000)
-
-
-def fetch_signal_windows(
-    store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime], *,
-    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
-) -> SignalWindows:
-    """:func:`fetch_window_signals` of both windows (default steps), with one gauge query
-    for both when their :func:`alignment_grid` points lie on one grid (always for windows
-    over 10 h of the same length; for a baseline of the same length right before the window
-    when the step divides it) and one counter query when the baseline ends where the window
-    starts and is as long. The answer equals the two calls'.
-    """
-    from inferpath.analysis.timeline_query import fetch_counter_increases, fetch_gauge_columns
-
-    grids = [alignment_grid(start, end, window_step_seconds(start, end)) for start, end in (current, baseline)]
-    (c_origin, c_step, c_steps), (b_origin, b_step, b_steps) = grids
-    first_origin = min(c_origin, b_origin)
-    if c_step != b_step or (c_origin - b_origin) % c_step or not (c_steps and b_steps):
-        return SignalWindows(
-            current=fetch_window_signals(store, *current, lookback_seconds=lookback_seconds,
-                                         service_name=service_name),
-            baseline=fetch_window_signals(store, *baseline, lookback_seconds=lookback_seconds,
-                                          service_name=service_name))
-    options = {"lookback_seconds": lookback_seconds, "service_name": service_name}
-    offsets = [(origin - first_origin) // c_step for origin in (c_origin, b_origin)]
-    steps = max(offset + count for offset, count in zip(offsets, (c_steps, b_steps)))
-    earliest = current if c_origin <= b_origin else baseline
-    # Each window's points are a run of the shared grid; reading the union's samples
-    # changes no as-of value (see fetch_gauge_columns).
-    columns = fetch_gauge_columns(store, GAUGES, start=_datetime_of_ns(first_origin, earliest[0]),
-                                  end=max(current[1], baseline[1]), step_ns=c_step, steps=steps, **options)
-    out = []
-    for offset, count in zip(offsets, (c_steps, b_steps)):
-        signals = WindowSignals()
-        for name, aligned in columns.items():
-            stats = SignalStats.of([v for v in aligned[offset:offset + count] if v is not None])
-            if stats is not None:
-                signals.gauges[name] = stats
-        signals.steps = aligned_steps({name: aligned[offset:offset + count] for name, aligned in columns.items()})
-        out.append(signals)
-    length_ns = _unix_ns(current[1], "end") - _unix_ns(current[0], "start")
-    if baseline[1] == current[0] and baseline[1] - baseline[0] == current[1] - current[0] and length_ns > 0:
-        # Steps (baseline_start, baseline_end] and (window_start, window_end]: as two calls.
-        out[1].preemptions, out[0].preemptions = fetch_counter_increases(
-            store, PREEMPTIONS_TOTAL, start=baseline[0], end=current[1], step_ns=length_ns, steps=2, **options)
-    else:
-        for signals, (start, end) in zip(out, (current, baseline)):
-            if end > start:
-                signals.preemptions = fetch_counter_increases(
-                    store, PREEMPTIONS_TOTAL, start=start, end=end,
-                    step_ns=_unix_ns(end, "end") - _unix_ns(start, "start"), steps=1, **options)[0]
-    return SignalWindows(current=out[0], baseline=out[1])
-
-
 def fetch_window_signals_rows(
     store: Any, start: datetime, end: datetime, *, step_seconds: float | None = None,
     lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
 ) -> WindowSignals:
-    """:func:`fetch_window_signals` over every sample read into Python (:func:`fetch_series`):
-    the reference definition, slow over wide windows."""
+    """:func:`~inferpath.analysis.timeline_query.fetch_window_signals` over every sample read
+    into Python (:func:`fetch_series`): the reference definition, slow over wide windows."""
     step = step_seconds or window_step_seconds(start, end)
-    start_ns, end_ns = _unix_ns(start, "start"), _unix_ns(end, "end")
+    start_ns, end_ns = aware_unix_ns(start, "start"), aware_unix_ns(end, "end")
     origin_ns, step_ns, _ = alignment_grid(start, end, step)
     lookback_ns = int(lookback_seconds * 1e9)
     points = range(origin_ns + step_ns - 1, end_ns, step_ns)
     result = WindowSignals()
     columns = {}
-    for name in GAUGES:
+    for name in SATURATION_GAUGES:
         series = fetch_series(store, name, start, end, lookback_seconds=lookback_seconds, service_name=service_name)
         aligned = [combined_asof(series, t, COMBINE[name], lookback_ns) for t in points]
         columns[name] = aligned
@@ -411,25 +279,16 @@ def fetch_window_signals_rows(
 __all__ = [
     "COMBINE",
     "DEFAULT_LOOKBACK_SECONDS",
-    "GAUGES",
-    "GPU_MEMORY_USED_BYTES",
-    "GPU_POWER_WATTS",
-    "GPU_UTILIZATION_RATIO",
-    "KV_CACHE_USAGE_RATIO",
-    "PREEMPTIONS_TOTAL",
-    "QUEUE_DEPTH",
-    "RUNNING_REQUESTS",
     "Series",
+    "SeriesKey",
     "SignalStats",
     "SignalWindows",
-    "StoredSignalWindows",
     "WindowSignals",
     "aligned_steps",
     "alignment_grid",
+    "aware_unix_ns",
     "combined_asof",
     "fetch_series",
-    "fetch_signal_windows",
-    "fetch_window_signals",
     "fetch_window_signals_rows",
     "window_step_seconds",
 ]

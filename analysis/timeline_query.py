@@ -22,18 +22,26 @@ from a few hundred rows per series:
 Series are told apart as :func:`inferpath.analysis.signals.fetch_series` does, by
 (ServiceName, ResourceAttributes, Attributes). Samples at one instant of one series are not
 ordered by anything, here or in the Python path.
+
+On these columns rest the window summaries a diagnosis reads (:func:`fetch_window_signals`,
+:func:`fetch_signal_windows`, :class:`StoredSignalWindows`), equal to
+:func:`inferpath.analysis.signals.fetch_window_signals_rows` over every sample.
 """
 
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
 from inferpath.analysis.breakdown import FINAL_SETTINGS, request_filter
-from inferpath.analysis.signals import COMBINE, DEFAULT_LOOKBACK_SECONDS
+from inferpath.analysis.signals import (
+    COMBINE, DEFAULT_LOOKBACK_SECONDS, SignalStats, SignalWindows, WindowSignals, aligned_steps, alignment_grid,
+    aware_unix_ns, window_step_seconds,
+)
 from inferpath.storage import gauge_rollup
 from inferpath.storage.rows import unix_ns_from_datetime
+from inferpath.vocabulary import PREEMPTIONS_TOTAL, SATURATION_GAUGES
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "requests", "ttft_p99_seconds", "ttft_avg_seconds", "itl_p99_seconds", "e2e_p99_seconds",
@@ -252,5 +260,131 @@ def fetch_counter_increases(
     return [math.fsum(values) if values else None for values in per_step]
 
 
-__all__ = ["REQUEST_COLUMNS", "fetch_counter_increases", "fetch_gauge_columns", "fetch_request_columns",
-           "minute_grid"]
+# ----------------------------------------------------------------------------- window summaries
+def fetch_window_signals(
+    store: Any, start: datetime, end: datetime, *, step_seconds: float | None = None,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+) -> WindowSignals:
+    """Summarize every canonical signal over ``[start, end)``.
+
+    Each gauge is sampled as of the end of every step of :func:`alignment_grid` (step
+    ``step_seconds``, default :func:`window_step_seconds`), series combined per
+    :data:`~inferpath.analysis.signals.COMBINE`, and the aligned values summarized. Preemptions: increase of
+    ``preemptions_total`` summed over series. The alignment runs inside the store
+    (:mod:`inferpath.analysis.timeline_query`; from the per-minute gauge rollup on a grid of
+    whole minutes); the result equals :func:`fetch_window_signals_rows`, which does it over
+    every sample in Python.
+    """
+    step = step_seconds or window_step_seconds(start, end)
+    start_ns, end_ns = aware_unix_ns(start, "start"), aware_unix_ns(end, "end")
+    origin_ns, step_ns, steps = alignment_grid(start, end, step)
+    origin = _datetime_of_ns(origin_ns, start)
+    options = {"lookback_seconds": lookback_seconds, "service_name": service_name}
+    result = WindowSignals()
+    columns = fetch_gauge_columns(store, SATURATION_GAUGES, start=origin, end=end, step_ns=step_ns, steps=steps,
+                                  **options)
+    for name, aligned in columns.items():
+        stats = SignalStats.of([v for v in aligned if v is not None])
+        if stats is not None:
+            result.gauges[name] = stats
+    result.steps = aligned_steps(columns)
+    if end_ns > start_ns:
+        result.preemptions = fetch_counter_increases(store, PREEMPTIONS_TOTAL, start=start, end=end,
+                                                     step_ns=end_ns - start_ns, steps=1, **options)[0]
+    return result
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _datetime_of_ns(unix_ns: int, exact: datetime) -> datetime:
+    """``exact`` when it is that instant, else the UTC datetime of a whole-µs Unix-ns instant."""
+    return exact if unix_ns_from_datetime(exact) == unix_ns else _EPOCH + timedelta(microseconds=unix_ns // 1000)
+
+
+def fetch_signal_windows(
+    store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime], *,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+) -> SignalWindows:
+    """:func:`fetch_window_signals` of both windows (default steps), with one gauge query
+    for both when their :func:`alignment_grid` points lie on one grid (always for windows
+    over 10 h of the same length; for a baseline of the same length right before the window
+    when the step divides it) and one counter query when the baseline ends where the window
+    starts and is as long. The answer equals the two calls'.
+    """
+    grids = [alignment_grid(start, end, window_step_seconds(start, end)) for start, end in (current, baseline)]
+    (c_origin, c_step, c_steps), (b_origin, b_step, b_steps) = grids
+    first_origin = min(c_origin, b_origin)
+    if c_step != b_step or (c_origin - b_origin) % c_step or not (c_steps and b_steps):
+        return SignalWindows(
+            current=fetch_window_signals(store, *current, lookback_seconds=lookback_seconds,
+                                         service_name=service_name),
+            baseline=fetch_window_signals(store, *baseline, lookback_seconds=lookback_seconds,
+                                          service_name=service_name))
+    options = {"lookback_seconds": lookback_seconds, "service_name": service_name}
+    offsets = [(origin - first_origin) // c_step for origin in (c_origin, b_origin)]
+    steps = max(offset + count for offset, count in zip(offsets, (c_steps, b_steps)))
+    earliest = current if c_origin <= b_origin else baseline
+    # Each window's points are a run of the shared grid; reading the union's samples
+    # changes no as-of value (see fetch_gauge_columns).
+    columns = fetch_gauge_columns(store, SATURATION_GAUGES, start=_datetime_of_ns(first_origin, earliest[0]),
+                                  end=max(current[1], baseline[1]), step_ns=c_step, steps=steps, **options)
+    out = []
+    for offset, count in zip(offsets, (c_steps, b_steps)):
+        signals = WindowSignals()
+        for name, aligned in columns.items():
+            stats = SignalStats.of([v for v in aligned[offset:offset + count] if v is not None])
+            if stats is not None:
+                signals.gauges[name] = stats
+        signals.steps = aligned_steps({name: aligned[offset:offset + count] for name, aligned in columns.items()})
+        out.append(signals)
+    length_ns = aware_unix_ns(current[1], "end") - aware_unix_ns(current[0], "start")
+    if baseline[1] == current[0] and baseline[1] - baseline[0] == current[1] - current[0] and length_ns > 0:
+        # Steps (baseline_start, baseline_end] and (window_start, window_end]: as two calls.
+        out[1].preemptions, out[0].preemptions = fetch_counter_increases(
+            store, PREEMPTIONS_TOTAL, start=baseline[0], end=current[1], step_ns=length_ns, steps=2, **options)
+    else:
+        for signals, (start, end) in zip(out, (current, baseline)):
+            if end > start:
+                signals.preemptions = fetch_counter_increases(
+                    store, PREEMPTIONS_TOTAL, start=start, end=end,
+                    step_ns=aware_unix_ns(end, "end") - aware_unix_ns(start, "start"), steps=1, **options)[0]
+    return SignalWindows(current=out[0], baseline=out[1])
+
+
+class StoredSignalWindows:
+    """The :class:`SignalWindows` of two windows of ``store``, read with
+    :func:`fetch_signal_windows` on first use of :attr:`current` or :attr:`baseline` (a
+    diagnosis that finds nothing degraded reads neither). ``current`` / ``baseline``:
+    ``(start, end)`` timezone-aware datetimes; ``baseline`` ``None`` when the diagnosis has
+    none (its signals are then empty)."""
+
+    def __init__(self, store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime] | None,
+                 *, service_name: str | None = None) -> None:
+        self.store, self.service_name = store, service_name
+        self._windows = (current, baseline)
+        self._read: SignalWindows | None = None
+
+    def _get(self) -> SignalWindows:
+        if self._read is None:
+            current, baseline = self._windows
+            if baseline is None:
+                self._read = SignalWindows(current=fetch_window_signals(self.store, *current,
+                                                                        service_name=self.service_name))
+            else:
+                self._read = fetch_signal_windows(self.store, current, baseline, service_name=self.service_name)
+        return self._read
+
+    @property
+    def current(self) -> WindowSignals:
+        """Signals of the window under diagnosis."""
+        return self._get().current
+
+    @property
+    def baseline(self) -> WindowSignals:
+        """Signals of the baseline window."""
+        return self._get().baseline
+
+
+__all__ = ["REQUEST_COLUMNS", "StoredSignalWindows", "fetch_counter_increases", "fetch_gauge_columns",
+           "fetch_request_columns", "fetch_signal_windows", "fetch_window_signals", "minute_grid"]

@@ -16,63 +16,32 @@ deprecated V0 names), SGLang (``docs/references/production_metrics.md``), TGI
 (``router/src/server.rs``), Triton (``docs/user_guide/metrics.md``, TensorRT-LLM backend
 ``nv_trt_llm_*``) and trtllm-serve (``tensorrt_llm/metrics/collector.py``, ``trtllm_*``).
 
-``combine`` says how series of one scrape (several engines or API-server processes of one
-pod) become the pod's value: ``sum`` (requests waiting anywhere add up; histograms add
-bucket-wise), ``max`` (kept per engine, plus the pod maximum: the fullest engine is the one
-that preempts) or ``device`` (one series per GPU, never combined).
+The signals themselves (name, unit, kind, how series combine) and the sources are
+defined in :mod:`inferpath.vocabulary`; this module maps onto them. A signal's ``combine``
+says how series of one scrape (several engines or API-server processes of one pod) become
+the pod's value: ``sum`` (requests waiting anywhere add up; histograms add bucket-wise),
+``max`` (kept per engine, plus the pod maximum: the fullest engine is the one that
+preempts) or ``device`` (one series per GPU, never combined).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable
+
+from inferpath.vocabulary import (
+    GPU_MEMORY_USED_BYTES,
+    GPU_POWER_WATTS,
+    GPU_UTILIZATION_RATIO,
+    KV_CACHE_USAGE_RATIO,
+    QUEUE_DEPTH,
+    RUNNING_REQUESTS,
+    SIGNALS,
+    SOURCES,
+    Signal,
+)
 
 MIB_BYTES = 1024 * 1024
-
-Kind = Literal["gauge", "sum", "histogram"]
-Combine = Literal["sum", "max", "device"]
-
-
-@dataclass(frozen=True)
-class Signal:
-    """A canonical signal: name (with unit), OTel/UCUM unit string, kind, combination rule, meaning."""
-
-    name: str
-    unit: str
-    kind: Kind
-    combine: Combine
-    description: str
-
-
-SIGNALS: dict[str, Signal] = {s.name: s for s in (
-    # GPU state: one series per device (host + GPU UUID, + MIG instance).
-    Signal("gpu_utilization_ratio", "1", "gauge", "device", "Fraction of time a kernel ran on the GPU, 0-1."),
-    Signal("gpu_graphics_engine_active_ratio", "1", "gauge", "device",
-           "Fraction of time the graphics/compute engine was active (DCGM profiling), 0-1."),
-    Signal("gpu_sm_active_ratio", "1", "gauge", "device", "Fraction of time at least one warp was active on an SM, 0-1."),
-    Signal("gpu_memory_used_bytes", "By", "gauge", "device", "GPU framebuffer memory in use."),
-    Signal("gpu_memory_free_bytes", "By", "gauge", "device", "GPU framebuffer memory free."),
-    Signal("gpu_memory_total_bytes", "By", "gauge", "device", "GPU framebuffer memory in total."),
-    Signal("gpu_power_watts", "W", "gauge", "device", "GPU power draw."),
-    Signal("gpu_temperature_celsius", "Cel", "gauge", "device", "GPU core temperature."),
-    Signal("gpu_sm_clock_hertz", "Hz", "gauge", "device", "Current SM clock."),
-    Signal("gpu_memory_clock_hertz", "Hz", "gauge", "device", "Current memory clock."),
-    Signal("gpu_clock_event_reasons", "1", "gauge", "device",
-           "Bitmask of active clock-event (throttle) reasons, nvmlClocksEventReason* bits."),
-    Signal("gpu_process_memory_used_bytes", "By", "gauge", "device", "GPU memory used by one process (process.pid)."),
-    Signal("gpu_up", "1", "gauge", "device",
-           "1 while the GPU answers, 0 once it is lost or cannot be read (also while the driver is gone)."),
-    # Engine state.
-    Signal("queue_depth", "{request}", "gauge", "sum", "Requests waiting to be scheduled by the engine."),
-    Signal("running_requests", "{request}", "gauge", "sum", "Requests in the engine's running batch."),
-    Signal("kv_cache_usage_ratio", "1", "gauge", "max", "Fraction of KV-cache blocks (or token slots) in use, 0-1."),
-    Signal("preemptions_total", "{preemption}", "sum", "sum", "Sequences preempted by the engine since start."),
-    Signal("batch_size", "{request}", "gauge", "sum", "Size of the batch the engine is currently running."),
-    # Engine latency histograms: kept as buckets, never as quantiles.
-    Signal("time_to_first_token_seconds", "s", "histogram", "sum", "Time to first token, per request."),
-    Signal("e2e_request_latency_seconds", "s", "histogram", "sum", "End-to-end request latency, per request."),
-    Signal("request_queue_time_seconds", "s", "histogram", "sum", "Time a request waited in the queue."),
-)}
 
 
 def _identity(value: float) -> float:
@@ -224,15 +193,13 @@ NVML_CONVERSIONS: dict[str, tuple[str, Callable[[float], float]]] = {
 
 # Signals whose absence from a scrape is reported as "missing" (the model-server protocol's
 # three for engines; the core GPU gauges for dcgm-exporter).
-_EXPECTED_ENGINE = ("queue_depth", "running_requests", "kv_cache_usage_ratio")
-_EXPECTED_GPU = ("gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_power_watts")
+_EXPECTED_ENGINE = (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO)
+_EXPECTED_GPU = (GPU_UTILIZATION_RATIO, GPU_MEMORY_USED_BYTES, GPU_POWER_WATTS)
 
 # Labels that tell engines (or data-parallel ranks) of one pod apart, and the label
 # prometheus_client's multiprocess mode adds per process.
 ENGINE_LABELS: frozenset[str] = frozenset({"engine", "dp_rank"})
 PID_LABEL = "pid"
-
-SOURCES: frozenset[str] = frozenset(row.source for row in CATALOG)
 
 _BY_SOURCE: dict[str, dict[str, tuple[SourceMetric, ...]]] = {}
 for _row in CATALOG:

@@ -3,7 +3,8 @@
 - Durations (:func:`parse_duration_seconds`): Prometheus' syntax, ``90s``, ``15m``, ``1h30m``,
   ``250ms``, ``1d``, ``2w``, or a plain number of seconds.
 - Points in time (:func:`parse_time`): ISO-8601 with an offset (``2026-12-03T10:00:00Z``),
-  ``now``, a time relative to now (``-30m``, ``-1h30m``), or Unix seconds.
+  ``now``, a time relative to now (``-30m``, ``-1h30m``), or Unix seconds; the absolute
+  forms alone (:func:`parse_instant`) for the read API.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_UNITS_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _NUMBER = re.compile(r"^\d+(\.\d+)?$")
+_UNIX_SECONDS = re.compile(r"^-?\d+(\.\d+)?$")
 
 
 def parse_duration_seconds(value: Any) -> float:
@@ -45,29 +47,57 @@ def parse_duration_seconds(value: Any) -> float:
     return total
 
 
+class TimeOutOfRange(ValueError):
+    """A well-formed time that no ``datetime`` can hold (year outside 1..9999 once in UTC)."""
+
+
+_ABSOLUTE_FORMS = "ISO-8601 with an offset (2026-12-03T10:00:00Z) or Unix seconds"
+_ALL_FORMS = "ISO-8601 with an offset (2026-12-03T10:00:00Z), now, -30m or Unix seconds"
+
+
+def _instant(text: str, value: Any, forms: str) -> datetime:
+    if _UNIX_SECONDS.match(text):
+        try:
+            return datetime.fromtimestamp(float(text), tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise TimeOutOfRange(f"{value!r} is out of range") from None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expected {forms}; got {value!r}") from None
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise ValueError(f"{value!r} has no time zone: add Z or an offset such as +01:00")
+    try:
+        return parsed.astimezone(timezone.utc)
+    except OverflowError:
+        raise TimeOutOfRange(f"{value!r} is out of range") from None
+
+
+def parse_instant(value: str) -> datetime:
+    """An absolute point in time → aware UTC datetime: ISO-8601 with an offset (``Z``
+    allowed) or Unix seconds (a sign allowed: ``-86400`` is 1969-12-31). What the read API
+    takes, where no "now" is shared with the caller.
+
+    Raises :class:`TimeOutOfRange` (a ``ValueError``) for a well-formed time no datetime
+    can hold, ``ValueError`` for a naive ISO time or anything else."""
+    return _instant(value.strip() if isinstance(value, str) else "", value, _ABSOLUTE_FORMS)
+
+
 def parse_time(value: str, *, now: datetime | None = None) -> datetime:
     """A point in time → aware UTC datetime (module docstring for the forms).
 
     ``now`` is the reference of relative times (default: the current time). Raises
-    ``ValueError`` for an empty value, a naive ISO time (no offset) or anything else."""
+    ``ValueError`` for an empty value, a naive ISO time (no offset) or anything else
+    (:class:`TimeOutOfRange` for a time no datetime can hold)."""
     text = value.strip() if isinstance(value, str) else ""
     reference = now or datetime.now(timezone.utc)
     if not text:
-        raise ValueError("expected a time: ISO-8601 with an offset, now, -30m or Unix seconds")
+        raise ValueError(f"expected a time: {_ALL_FORMS}")
     if text.lower() == "now":
         return reference
     if text.startswith("-"):
         return reference - timedelta(seconds=parse_duration_seconds(text[1:]))
-    if _NUMBER.match(text):
-        return datetime.fromtimestamp(float(text), tz=timezone.utc)
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"expected ISO-8601 with an offset (2026-12-03T10:00:00Z), now, -30m or Unix "
-                         f"seconds; got {value!r}") from None
-    if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise ValueError(f"{value!r} has no time zone: add Z or an offset such as +01:00")
-    return parsed.astimezone(timezone.utc)
+    return _instant(text, value, _ALL_FORMS)
 
 
-__all__ = ["parse_duration_seconds", "parse_time"]
+__all__ = ["TimeOutOfRange", "parse_duration_seconds", "parse_instant", "parse_time"]

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from inferpath.instrumentation import content, provider, receipt, registry
+from inferpath.vocabulary import ENDPOINT_CLASSES
 
 __all__ = ["instrument", "uninstrument"]
 
@@ -70,9 +71,9 @@ def instrument(
     name) or ``TypeError`` (``app`` is not a Starlette app, ``redact_content`` not
     callable): setup errors, raised before anything is traced.
     """
-    if endpoint_class not in provider.ENDPOINT_CLASSES:
+    if endpoint_class not in ENDPOINT_CLASSES:
         raise ValueError(
-            f"endpoint_class must be one of {provider.ENDPOINT_CLASSES}, got {endpoint_class!r}"
+            f"endpoint_class must be one of {ENDPOINT_CLASSES}, got {endpoint_class!r}"
         )
     known = {integration.name for integration in registry.INTEGRATIONS}
     if integrations is None:

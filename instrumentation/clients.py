@@ -35,6 +35,7 @@ from inferpath.instrumentation import semconv as sc
 from inferpath.instrumentation.genai_http import TRACED_EXTENSION, ModelCall, _operation
 from inferpath.instrumentation.receipt import trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter, TokenTimeline
+from inferpath.vocabulary import STAGES
 
 __all__ = ["stream_chat_completion", "ChatCompletionStream"]
 
@@ -60,8 +61,8 @@ class ChatCompletionStream:
                  on_chunk: OnChunk | None) -> None:
         if not isinstance(payload, dict):
             raise TypeError(f"payload must be a dict (the JSON request body), got {type(payload)!r}")
-        if stage is not None and stage not in sc.STAGES:
-            raise ValueError(f"stage must be None or one of {', '.join(sc.STAGES)}; got {stage!r}")
+        if stage is not None and stage not in STAGES:
+            raise ValueError(f"stage must be None or one of {', '.join(STAGES)}; got {stage!r}")
         self._client = client
         self._request = client.build_request(
             "POST", url, json=payload if payload.get("stream") is True else {**payload, "stream": True},

@@ -57,10 +57,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from inferpath.vocabulary import ENDPOINT_CLASSES
+
 _logger = logging.getLogger(__name__)
 
 INSTRUMENTATION_NAME = "inferpath"
-ENDPOINT_CLASSES = ("interactive", "bulk")
 ATTR_ENDPOINT_CLASS = "inferpath.endpoint_class"
 
 # Export and flush timeouts above this are almost surely milliseconds passed as seconds

@@ -1,7 +1,8 @@
 """Span attribute names of docs/telemetry-contract.md, and the stream-result writer.
 
 OTel GenAI / HTTP semantic-convention names where one exists, ``inferpath.*`` otherwise.
-Every attribute inferpath's instrumentation writes is named here and nowhere else.
+Every attribute inferpath's instrumentation writes is named here and nowhere else; the
+values of ``inferpath.stage`` are the vocabulary's :data:`~inferpath.vocabulary.STAGES`.
 """
 
 from __future__ import annotations
@@ -9,9 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from opentelemetry.trace import Span
-
-STAGES = ("gateway", "tokenize", "retrieval", "queue", "prefill", "decode", "model",
-          "network", "postprocess", "other")
 
 STAGE = "inferpath.stage"
 ENDPOINT = "inferpath.endpoint"

@@ -25,7 +25,8 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from inferpath.instrumentation import provider
-from inferpath.instrumentation.semconv import ERROR_TYPE, STAGE, STAGES, coerce_attributes
+from inferpath.instrumentation.semconv import ERROR_TYPE, STAGE, coerce_attributes
+from inferpath.vocabulary import STAGES
 
 __all__ = ["stage", "Stage", "STAGES"]
 

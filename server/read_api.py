@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import json
-import math
 import re
 import types
 import typing
@@ -29,6 +28,18 @@ from inferpath.storage.hop_rollup import pairs_sql as hop_pairs_sql
 from inferpath.storage.rollup import QUANTILE_LEVELS as ROLLUP_LEVELS
 from inferpath.storage.rollup import WindowPlan
 from inferpath.storage.rollup import aggregate as rollup_aggregate
+from inferpath.timespec import TimeOutOfRange, parse_instant
+from inferpath.vocabulary import (
+    BATCH_SIZE,
+    GPU_MEMORY_TOTAL_BYTES,
+    GPU_MEMORY_USED_BYTES,
+    GPU_POWER_WATTS,
+    GPU_UTILIZATION_RATIO,
+    KV_CACHE_USAGE_RATIO,
+    QUEUE_DEPTH,
+    RUNNING_REQUESTS,
+    SIGNALS,
+)
 
 __all__ = ["router", "parse_time", "DEFAULT_WINDOW", "EARLIEST", "LATEST"]
 
@@ -36,7 +47,6 @@ DEFAULT_WINDOW = timedelta(minutes=15)
 # Times a parameter may name (see parse_time).
 EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
 LATEST = datetime(2100, 1, 1, tzinfo=timezone.utc)
-_UNIX_SECONDS = re.compile(r"^-?\d+(\.\d+)?$")
 
 
 def _invalid(param: str, message: str) -> HTTPException:
@@ -95,7 +105,8 @@ router = APIRouter(prefix="/api/v1", tags=["read"], dependencies=[Depends(_rejec
 
 
 def parse_time(value: str | None, param: str) -> datetime | None:
-    """Parse ISO-8601 with offset (``Z`` allowed) or Unix seconds into an aware UTC datetime.
+    """Parse ISO-8601 with offset (``Z`` allowed) or Unix seconds into an aware UTC datetime
+    (:func:`inferpath.timespec.parse_instant`).
 
     ``None``/empty gives ``None``. Raises ``HTTPException(422)`` naming ``param`` for a naive
     or unparsable time, or one outside ``[EARLIEST, LATEST]`` (1970 to 2100: the store's
@@ -106,19 +117,11 @@ def parse_time(value: str | None, param: str) -> datetime | None:
         return None
     text = value.strip()
     try:
-        if _UNIX_SECONDS.match(text):
-            parsed = datetime.fromtimestamp(float(text), tz=timezone.utc)
-        else:
-            try:
-                parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-            except ValueError:
-                raise _invalid(param, f"{param} must be ISO-8601 with a UTC offset or Unix seconds, "
-                                      f"got {text!r}") from None
-            if parsed.tzinfo is None or parsed.utcoffset() is None:
-                raise _invalid(param, f"{param} must carry a UTC offset (e.g. 'Z' or '+00:00'), got {text!r}")
-            parsed = parsed.astimezone(timezone.utc)
-    except (OverflowError, OSError, ValueError):
+        parsed: datetime | None = parse_instant(text)
+    except TimeOutOfRange:
         parsed = None
+    except ValueError as exc:
+        raise _invalid(param, f"{param}: {exc}") from None
     if parsed is None or not EARLIEST <= parsed <= LATEST:
         raise _invalid(param, f"{param} is out of range: {text!r} (times from {EARLIEST.isoformat()} "
                               f"to {LATEST.isoformat()})")
@@ -639,8 +642,6 @@ def fleet_series_rows(store, start: datetime, end: datetime) -> list[dict]:
     (signal, service, attributes): samples, last time and value, min, mean, max. Gauges
     from ``otel_metrics_gauge``, counters (``preemptions_total``) from ``otel_metrics_sum``
     with ``increase`` = last − first (resets not handled: an estimate for a table)."""
-    from inferpath.collectors.catalog import SIGNALS
-
     out = []
     for table, kind in (("otel_metrics_gauge", "gauge"), ("otel_metrics_sum", "sum")):
         names = [name for name, signal in SIGNALS.items() if signal.kind == kind]
@@ -670,7 +671,7 @@ async def fleet_view(request: Request, start: str | None = StartQuery,
     """GPUs and engines: per signal series, the window's samples, last value, min/mean/max;
     plus the signal catalog (which source can report which signal), so a reader can tell
     a signal a source does not export from one that sent nothing in this window."""
-    from inferpath.collectors.catalog import CATALOG, DERIVED, SIGNALS
+    from inferpath.collectors.catalog import CATALOG, DERIVED
 
     start_dt, end_dt = _window(start, end)
     series = await _read(fleet_series_rows, request.app.state.runtime.store, start_dt, end_dt)
@@ -722,18 +723,17 @@ async def objectives_view(request: Request) -> dict:
             "default_class": DEFAULT_CLASS, "source": settings.objectives_file or "defaults"}
 
 
-SIGNAL_VIEW_METRICS = ("queue_depth", "running_requests", "kv_cache_usage_ratio", "batch_size",
-                       "gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_memory_total_bytes",
-                       "gpu_power_watts")
+SIGNAL_VIEW_METRICS = (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO, BATCH_SIZE, GPU_UTILIZATION_RATIO,
+                       GPU_MEMORY_USED_BYTES, GPU_MEMORY_TOTAL_BYTES, GPU_POWER_WATTS)
 """Gauges of ``/views/signals``: the engine's and the GPUs' saturation and their capacity."""
 
 
 def signals_view_body(store, start: datetime, end: datetime, *, step_seconds: int) -> dict:
     """Per gauge of :data:`SIGNAL_VIEW_METRICS` and per step (epoch-aligned buckets, as
     ``/views/latency``): the largest and the mean sample of each series in the step,
-    combined across series as :data:`inferpath.analysis.signals.COMBINE` says (queue and
-    memory summed, KV usage the fullest engine, utilization the mean GPU). A step without
-    a sample is absent: never a held value, never 0. Each signal also says how many series
+    combined across series as the vocabulary's :attr:`~inferpath.vocabulary.Signal.across`
+    says (queue and memory summed, KV usage the fullest engine, utilization the mean GPU). A
+    step without a sample is absent: never a held value, never 0. Each signal also says how many series
     reported it (``series``, e.g. 4 GPUs) and when its last sample in the window was
     (``last_time``), so a reader can mark a series that stopped as stale. A signal without
     any sample in the window is absent from ``signals``."""
@@ -755,10 +755,9 @@ def signals_view_body(store, start: datetime, end: datetime, *, step_seconds: in
         signal["steps"].setdefault(bucket, []).append((float(high), float(mean)))
     out = {}
     for name, signal in grouped.items():
-        # Counts, bytes and watts add up across engines and GPUs when the analysis says nothing.
-        combine = COMBINE.get(name, math.fsum)
+        combine = COMBINE[name]
         out[name] = {
-            "combine": "max" if combine is max else "sum" if combine is math.fsum else "mean",
+            "combine": SIGNALS[name].across,
             "series": len(signal["series"]), "last_time": signal["last_time"],
             "points": [{"time": bucket, "max": combine([h for h, _ in values]),
                         "mean": combine([m for _, m in values])}

@@ -21,28 +21,13 @@ from inferpath.storage.rollup import QUANTILE_LEVELS, WindowPlan, aggregate, pla
 from inferpath.storage.rollup import horizon as rollup_horizon
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store, ensure_aware
+from inferpath.vocabulary import REQUEST_MEASURES
 
 MAX_RANGE = timedelta(days=31)
 MAX_LIMIT = 10_000
 MAX_BUCKETS = 10_000
 MAX_STEP_SECONDS = 86_400
 
-MEASURES: tuple[str, ...] = (
-    "client_ttft",
-    "client_e2e",
-    "ttft",
-    "e2e",
-    "itl",
-    "gateway",
-    "tokenize",
-    "retrieval",
-    "queue",
-    "prefill",
-    "decode",
-    "model",
-    "network",
-    "postprocess",
-)
 
 _NS_PER_SECOND = 1e9
 _TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
@@ -135,9 +120,10 @@ class Reader:
     ) -> list[dict]:
         """Per-measure latency statistics of requests with ``timestamp`` in ``[start, end)``.
 
-        Returns one dict per measure of :data:`MEASURES`, in that order, with keys
-        ``measure``, ``count`` (rows where the measure is not NULL), ``avg_seconds``,
-        ``p50_seconds``, ``p95_seconds``, ``p99_seconds`` (``None`` when ``count`` is 0).
+        Returns one dict per measure of :data:`~inferpath.vocabulary.REQUEST_MEASURES`, in
+        that order, with keys ``measure``, ``count`` (rows where the measure is not NULL),
+        ``avg_seconds``, ``p50_seconds``, ``p95_seconds``, ``p99_seconds`` (``None`` when
+        ``count`` is 0).
         Percentiles are exact (see module docstring) unless the window is wide enough for
         the per-minute rollup (:meth:`rollup_plan`); then they come from merged DDSketches,
         within 0.5 % of a value of that rank, and counts and means stay exact.
@@ -166,11 +152,11 @@ class Reader:
     def _summary_from_rollup(self, plan: WindowPlan, endpoint: str | None,
                              endpoint_class: str | None) -> dict[str, Any]:
         filters = {k: v for k, v in (("endpoint", endpoint), ("endpoint_class", endpoint_class)) if v is not None}
-        rows = aggregate(self.store, plan, measures=MEASURES, filters=filters)
+        rows = aggregate(self.store, plan, measures=REQUEST_MEASURES, filters=filters)
         row = rows[0] if rows else {}
         level = {q: i for i, q in enumerate(QUANTILE_LEVELS)}
         out = []
-        for measure in MEASURES:
+        for measure in REQUEST_MEASURES:
             count = int(row.get(f"{measure}_count", 0))
             if count == 0:
                 out.append({"measure": measure, "count": 0, "avg_seconds": None,
@@ -184,15 +170,15 @@ class Reader:
 
     def _exact_summary(self, where: str, params: dict[str, Any]) -> tuple[int, list[dict]]:
         selects = ["count()"]
-        for measure in MEASURES:
+        for measure in REQUEST_MEASURES:
             column = f"{measure}_ns"
             selects.append(
                 f"count({column}), avg({column}), quantilesExactInclusive(0.5, 0.95, 0.99)({column})"
             )
         rows = self.store.query(f"SELECT {', '.join(selects)} {_REQUESTS_FROM} WHERE {where}", params)
-        request_count, *values = rows[0] if rows else (0, *([0, None, []] * len(MEASURES)))
+        request_count, *values = rows[0] if rows else (0, *([0, None, []] * len(REQUEST_MEASURES)))
         out = []
-        for index, measure in enumerate(MEASURES):
+        for index, measure in enumerate(REQUEST_MEASURES):
             count, avg_ns, quantiles_ns = values[3 * index: 3 * index + 3]
             count = int(count)
             if count == 0:

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence
 
 from inferpath.storage.periodic import PeriodicPasses
+from inferpath.vocabulary import REQUEST_MEASURES, measure_column
 
 ROLLUP_TABLE = "inferpath_requests_1m"
 HOURLY_TABLE = "inferpath_requests_1h"
@@ -45,9 +46,7 @@ QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
 _SKETCH = f"quantilesDD({RELATIVE_ACCURACY}, {', '.join(str(q) for q in QUANTILE_LEVELS)})"
 
 ROLLUP_MEASURES: dict[str, str] = {
-    **{m: f"{m}_ns" for m in (
-        "client_ttft", "client_e2e", "ttft", "e2e", "itl", "gateway", "tokenize", "retrieval",
-        "queue", "prefill", "decode", "model", "network", "postprocess")},
+    **{m: measure_column(m) for m in REQUEST_MEASURES},
     "ttft_best": "coalesce(client_ttft_ns, ttft_ns)",
     "e2e_best": "coalesce(client_e2e_ns, e2e_ns)",
 }

@@ -93,26 +93,6 @@ HISTOGRAM_COLUMNS: tuple[str, ...] = (
     + ("Flags", "Min", "Max", "AggregationTemporality")
 )
 
-REQUEST_DURATION_COLUMNS: tuple[str, ...] = (
-    "client_ttft_ns",
-    "client_e2e_ns",
-    "ttft_ns",
-    "e2e_ns",
-    "itl_ns",
-    "gateway_ns",
-    "tokenize_ns",
-    "retrieval_ns",
-    "queue_ns",
-    "prefill_ns",
-    "decode_ns",
-    "model_ns",
-    "network_ns",
-    "postprocess_ns",
-    "gateway_ttft_ns",
-    "network_ttft_ns",
-)
-
-
 def span_kind_name(kind: int) -> str:
     """The exporter's ``SpanKind`` string for an OTLP ``Span.SpanKind`` enum value (0..5).
 

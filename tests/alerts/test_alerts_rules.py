@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferpath.alerts.cli import app
-from inferpath.alerts.rules import RuleFileError, load_rule_file, parse_duration_seconds, parse_rule_text
+from inferpath.alerts.rules import RuleFileError, load_rule_file, parse_rule_text
 from inferpath.alerts.state import step
 from inferpath.alerts.templates import render
 
@@ -52,15 +52,6 @@ def test_errors_name_file_line_and_field(text: str, line: int, field: str, words
 def test_unreadable_file_names_the_file(tmp_path) -> None:
     with pytest.raises(RuleFileError, match="missing.yaml:\\?: \\(file\\): cannot read"):
         load_rule_file(tmp_path / "missing.yaml")
-
-
-def test_durations() -> None:
-    assert parse_duration_seconds("1h30m") == 5400
-    assert parse_duration_seconds("250ms") == 0.25
-    assert parse_duration_seconds(90) == 90
-    for bad in ("5 minutes", "m5", "-1s", "", True):
-        with pytest.raises(ValueError):
-            parse_duration_seconds(bad)
 
 
 def test_templates_render_evidence_with_filters() -> None:

@@ -8,10 +8,11 @@ import pytest
 from fault_scenarios import MS, T0, WINDOW, Profile, request_rows
 
 from inferpath.analysis.breakdown import (
-    STAGES, breakdown_by, breakdown_by_band, fetch_request_rows, request_breakdown, summarize,
+    breakdown_by, breakdown_by_band, fetch_request_rows, request_breakdown, summarize,
 )
 from inferpath.storage.rows import REQUEST_COLUMNS, RequestRow
 from inferpath.storage.store import Store
+from inferpath.vocabulary import BREAKDOWN_STAGES
 
 
 def _row(**values: int | str | None) -> dict:
@@ -86,6 +87,6 @@ def test_fetch_request_rows_reads_a_window_once_per_trace(store_url: str) -> Non
         assert got[0]["trace_id"] == rows[0].trace_id and got[0]["e2e_ns"] == rows[0].e2e_ns  # newest version
         assert got == sorted(got, key=lambda r: r["timestamp"])
         assert {r["endpoint"] for r in got} == {"/v1/chat/completions"}
-        assert all(set(f"{s}_ns" for s in STAGES) <= set(r) for r in got)
+        assert all(set(f"{s}_ns" for s in BREAKDOWN_STAGES) <= set(r) for r in got)
         errors = fetch_request_rows(store, start=T0, end=T0 + WINDOW, status="error")
         assert [r["trace_id"] for r in errors] == ["e" * 32]

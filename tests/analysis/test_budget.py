@@ -7,7 +7,8 @@ from fault_scenarios import MS, budget_rows
 
 from inferpath.analysis.budget import diagnose_against_target
 from inferpath.analysis.diagnosis import InsufficientDataError
-from inferpath.analysis.signals import GPU_UTILIZATION_RATIO, SignalWindows, WindowSignals
+from inferpath.analysis.signals import SignalWindows, WindowSignals
+from inferpath.vocabulary import GPU_UTILIZATION_RATIO
 
 
 

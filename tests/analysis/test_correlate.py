@@ -9,7 +9,8 @@ import pytest
 from fault_scenarios import SCENARIOS, T0, WINDOW, load_scenario
 
 from inferpath.analysis.correlate import build_timeline, detect_spikes, fetch_timeline, pearson
-from inferpath.analysis.signals import Series, WindowSignals, fetch_window_signals
+from inferpath.analysis.signals import Series, WindowSignals
+from inferpath.analysis.timeline_query import fetch_window_signals
 from inferpath.storage.rows import unix_ns_from_datetime
 from inferpath.storage.store import Store
 

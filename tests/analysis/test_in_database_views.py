@@ -12,9 +12,11 @@ from fault_scenarios import MS, SCENARIOS, T0, WINDOW, load_scenario, request_ro
 from inferpath.analysis.band_query import fetch_breakdown_bands
 from inferpath.analysis.breakdown import breakdown_by_band, fetch_request_rows
 from inferpath.analysis.correlate import fetch_timeline, fetch_timeline_rows
-from inferpath.analysis.signals import GAUGES, fetch_window_signals, fetch_window_signals_rows
+from inferpath.analysis.signals import fetch_window_signals_rows
+from inferpath.analysis.timeline_query import fetch_window_signals
 from inferpath.storage.rows import GAUGE_COLUMNS, REQUEST_COLUMNS, SUM_COLUMNS, GaugeRow, RequestRow, SumRow
 from inferpath.storage.store import Store
+from inferpath.vocabulary import SATURATION_GAUGES
 
 
 def _odd_requests() -> list[RequestRow]:
@@ -137,7 +139,7 @@ def test_window_signals_in_sql_equal_the_python_ones(filled_store, window) -> No
     start, end = windows[window[0]], windows[window[1]]
     got = fetch_window_signals(store, start, end)
     expected = fetch_window_signals_rows(store, start, end)
-    assert set(got.gauges) == set(expected.gauges) == set(GAUGES)
+    assert set(got.gauges) == set(expected.gauges) == set(SATURATION_GAUGES)
     for name, stats in expected.gauges.items():
         assert dataclasses.asdict(got.gauges[name]) == pytest.approx(dataclasses.asdict(stats), rel=1e-12), name
     assert got.preemptions == pytest.approx(expected.preemptions, rel=1e-12)

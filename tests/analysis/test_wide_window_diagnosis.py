@@ -24,9 +24,8 @@ from inferpath.analysis.diagnosis import DIAGNOSIS_COLUMNS, InsufficientDataErro
 from inferpath.analysis.request_window import (
     MEASURED_COLUMNS, QUANTILE_LEVELS, RowsWindow, StoredWindow, prepare_attribution,
 )
-from inferpath.analysis.signals import (
-    alignment_grid, fetch_signal_windows, fetch_window_signals, fetch_window_signals_rows,
-)
+from inferpath.analysis.signals import alignment_grid, fetch_window_signals_rows
+from inferpath.analysis.timeline_query import fetch_signal_windows, fetch_window_signals
 from inferpath.analysis.verdict import verdict_to_dict
 from inferpath.storage import gauge_rollup
 from inferpath.storage.rows import GAUGE_COLUMNS, REQUEST_COLUMNS, SUM_COLUMNS, GaugeRow, RequestRow, SumRow

@@ -6,27 +6,31 @@ import pytest
 
 from inferpath.collectors import catalog
 from inferpath.config import ScrapeTarget
+from inferpath.vocabulary import SIGNALS, SOURCES
 
 
-def test_every_row_maps_to_a_declared_signal():
+def test_every_row_maps_to_a_declared_signal_and_source():
     for row in catalog.CATALOG:
-        assert row.signal in catalog.SIGNALS, row
+        assert row.signal in SIGNALS and row.source in SOURCES, row
     for derived in catalog.DERIVED:
-        assert derived.signal in catalog.SIGNALS
+        assert derived.signal in SIGNALS and derived.source in SOURCES, derived
+    # Every source of the vocabulary has rows: a configured source that maps nothing would
+    # scrape and store nothing.
+    assert {row.source for row in catalog.CATALOG} == set(SOURCES)
 
 
 def test_each_metric_name_and_label_condition_appears_once_per_source():
     keys = [(row.source, row.metric, row.labels) for row in catalog.CATALOG]
     assert len(keys) == len(set(keys))
     # A metric split by label values must give every row a condition.
-    for source in catalog.SOURCES:
+    for source in SOURCES:
         for metric, rows in catalog.metrics_for(source).items():
             assert len(rows) == 1 or all(r.labels for r in rows), (source, metric)
 
 
 def test_canonical_names_carry_their_unit():
     suffix_by_unit = {"By": "_bytes", "W": "_watts", "Cel": "_celsius", "Hz": "_hertz", "s": "_seconds"}
-    for sig in catalog.SIGNALS.values():
+    for sig in SIGNALS.values():
         if sig.unit == "1" and sig.name not in ("gpu_clock_event_reasons", "gpu_up"):
             assert sig.name.endswith("_ratio"), sig.name
         if sig.unit in suffix_by_unit:
@@ -49,7 +53,7 @@ def test_conversions():
     assert catalog.metrics_for("triton")["nv_gpu_utilization"][0].convert(0.5) == 0.5
     assert catalog.metrics_for("triton")["nv_inference_first_response_histogram_ms"][0].convert(100) == 0.1
     for name, (signal, convert) in catalog.NVML_CONVERSIONS.items():
-        assert signal in catalog.SIGNALS, name
+        assert signal in SIGNALS, name
     assert catalog.NVML_CONVERSIONS["nvmlDeviceGetPowerUsage"][1](35686) == pytest.approx(35.686)
 
 
@@ -85,10 +89,9 @@ def test_combination_rules():
     assert catalog.signal("gpu_power_watts").combine == "device"
 
 
-def test_catalog_sources_cover_the_configured_scrape_sources():
+def test_settings_and_collect_accept_every_catalog_source():
     configured = set(ScrapeTarget.model_fields["source"].annotation.__args__)
-    assert {"dcgm", "vllm", "sglang", "tgi", "triton"} <= configured
-    assert catalog.SOURCES <= configured
+    assert configured == set(SOURCES) == {"dcgm", "vllm", "sglang", "tgi", "triton", "trtllm"}
 
 
 def test_unknown_source_names_the_field():

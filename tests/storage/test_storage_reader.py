@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferpath.storage.reader import MEASURES, Reader
+from inferpath.storage.reader import Reader
 from inferpath.storage.rows import GAUGE_COLUMNS, REQUEST_COLUMNS, SPAN_COLUMNS, GaugeRow, RequestRow, SpanRow
 from inferpath.storage.store import Store
+from inferpath.vocabulary import REQUEST_MEASURES
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)
@@ -40,7 +41,7 @@ def test_latency_percentiles_match_numpy_on_real_client_data(store: Store, clien
     ]
     _insert(store, rows)
     summary = Reader(store).latency_summary(T0, T0 + HOUR)
-    assert [s["measure"] for s in summary] == list(MEASURES)
+    assert [s["measure"] for s in summary] == list(REQUEST_MEASURES)
     by_measure = {s["measure"]: s for s in summary}
     for measure, key in (("client_ttft", "ttft"), ("client_e2e", "e2e")):
         values_ns = np.array([_ns(r[key]) for r in client_results if r[key] is not None], dtype=float)
@@ -56,7 +57,7 @@ def test_latency_percentiles_match_numpy_on_real_client_data(store: Store, clien
 def test_percentiles_on_known_values(store: Store) -> None:
     values_ms = [5, 1, 4, 2, 3, 100, 7, 9, 11, 13]
     _insert(store, [RequestRow(T0, secrets.token_hex(16), ttft_ns=v * 1_000_000) for v in values_ms])
-    ttft = Reader(store).latency_summary(T0, T0 + HOUR)[MEASURES.index("ttft")]
+    ttft = Reader(store).latency_summary(T0, T0 + HOUR)[REQUEST_MEASURES.index("ttft")]
     arr = np.array(values_ms, dtype=float) / 1000
     assert ttft["p50_seconds"] == pytest.approx(np.percentile(arr, 50))  # 6.0 ms
     assert ttft["p95_seconds"] == pytest.approx(np.percentile(arr, 95))
@@ -82,7 +83,7 @@ def test_final_keeps_the_latest_version_of_a_trace_row(store: Store) -> None:
     (got,) = reader.requests(T0 - HOUR, T0 + HOUR)
     assert (got["status"], got["e2e_ns"], got["span_count"]) == ("ok", 9_000, 5)
     assert got["timestamp"] == t - timedelta(milliseconds=5)
-    e2e = reader.latency_summary(T0 - HOUR, T0 + HOUR)[MEASURES.index("e2e")]
+    e2e = reader.latency_summary(T0 - HOUR, T0 + HOUR)[REQUEST_MEASURES.index("e2e")]
     assert (e2e["count"], e2e["p50_seconds"]) == (1, pytest.approx(9e-6))
 
 

@@ -12,9 +12,10 @@ import pytest
 from inferpath.config import Settings
 from inferpath.server.runtime import serve_in_thread
 from inferpath.storage import rollup
-from inferpath.storage.reader import MEASURES, Reader
+from inferpath.storage.reader import Reader
 from inferpath.storage.rows import REQUEST_COLUMNS, RequestRow
 from inferpath.storage.store import Store
+from inferpath.vocabulary import REQUEST_MEASURES
 
 MS = 1_000_000
 START = (datetime.now(timezone.utc) - timedelta(hours=7)).replace(minute=0, second=0, microsecond=0)
@@ -77,7 +78,7 @@ def test_wide_summary_from_the_rollup_matches_exact_within_one_percent(store):
         assert got["avg_seconds"] == pytest.approx(want["avg_seconds"], rel=1e-9)
         for key in ("p50_seconds", "p95_seconds", "p99_seconds"):
             assert got[key] == pytest.approx(want[key], rel=0.01), (want["measure"], key)
-    assert [m["measure"] for m in approximate["measures"]] == list(MEASURES)
+    assert [m["measure"] for m in approximate["measures"]] == list(REQUEST_MEASURES)
 
 
 def _count(store, start, end) -> int:

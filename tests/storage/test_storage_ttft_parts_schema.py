@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 
 from inferpath.storage.cluster import LOCAL_SUFFIX, cluster_statements
-from inferpath.storage.rows import REQUEST_COLUMNS, REQUEST_DURATION_COLUMNS
+from inferpath.storage.rows import REQUEST_COLUMNS
 from inferpath.storage.store import Store
+from inferpath.vocabulary import REQUEST_DURATION_COLUMNS
 
 PHASE_COLUMNS = ("gateway_ttft_ns", "network_ttft_ns")
 
@@ -16,6 +17,8 @@ def test_phase_columns_are_nullable_and_follow_the_row_order(store: Store) -> No
     assert all(types[c] == "Nullable(Int64)" for c in PHASE_COLUMNS)
     assert [n for n, _ in store.table_columns("inferpath_requests")] == list(REQUEST_COLUMNS)
     assert set(PHASE_COLUMNS) <= set(REQUEST_DURATION_COLUMNS)
+    # The request row's duration columns are the vocabulary's, in its order.
+    assert [c for c in REQUEST_COLUMNS if c.endswith("_ns")] == list(REQUEST_DURATION_COLUMNS)
 
 
 def test_cluster_form_adds_the_columns_to_local_and_distributed_tables(store: Store) -> None:
