@@ -29,24 +29,19 @@ from inferpath.alerts.rules import (
     QueueGrowingRule,
     TailDivergenceRule,
 )
+from inferpath.vocabulary import (
+    GPU_UP,
+    GPU_UTILIZATION_RATIO,
+    KV_CACHE_USAGE_RATIO,
+    NS_PER_SECOND,
+    PREEMPTIONS_TOTAL,
+    QUEUE_DEPTH,
+)
 
-__all__ = ["Sample", "evaluate_rule", "EVIDENCE_KEYS"]
+__all__ = ["Sample", "evaluate_rule"]
 
 Confidence = Literal["ok", "low", "unknown"]
 
-EVIDENCE_KEYS: dict[str, tuple[str, ...]] = {
-    "tail_divergence": ("samples", "mean_seconds", "quantile_seconds", "quantile", "ratio", "window_seconds"),
-    "quantile_over_slo": ("samples", "quantile_seconds", "quantile", "slo_seconds", "window_seconds"),
-    "error_rate": ("samples", "errors", "error_ratio", "window_seconds"),
-    "queue_growing": ("samples", "queue_depth", "increase", "slope_per_second", "window_seconds"),
-    "kv_pressure": ("samples", "kv_cache_usage_ratio", "preemptions", "window_seconds"),
-    "idle_gpu_latency": ("samples", "quantile_seconds", "quantile", "slo_seconds", "gpu_utilization_ratio",
-                         "utilization_samples", "window_seconds"),
-    "gpu_lost": ("samples", "gpu_up", "gpu", "model", "window_seconds"),
-}
-"""Names each kind puts in :attr:`Sample.evidence`; annotations may use ``{{ evidence.NAME }}``."""
-
-_NS_PER_SECOND = 1e9
 _RANGE = "timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
 _METRIC_RANGE = (
     "MetricName = {metric:String} AND TimeUnix >= {start:DateTime64(9, 'UTC')}"
@@ -62,7 +57,7 @@ class Sample:
     condition compares (ratio, seconds, …; ``None`` without data). ``active``: the condition
     holds. ``confidence``: ``ok``; ``low`` (fewer samples than ``min_samples``: never active);
     ``unknown`` (a needed signal is not reported: never active). ``evidence``: the numbers
-    behind the value, keyed as :data:`EVIDENCE_KEYS`. ``reason``: one line for people.
+    behind the value, keyed as the rule kind's ``evidence_keys``. ``reason``: one line for people.
     """
 
     labels: dict[str, str]
@@ -107,8 +102,8 @@ def _quantile_rows(store: Any, rule: Any, at: datetime) -> list[tuple[dict[str, 
         mean = _finite(mean_ns)
         quantile = _finite(quantile_ns)
         out.append((labels, int(count),
-                    None if mean is None else mean / _NS_PER_SECOND,
-                    None if quantile is None else quantile / _NS_PER_SECOND))
+                    None if mean is None else mean / NS_PER_SECOND,
+                    None if quantile is None else quantile / NS_PER_SECOND))
     return out
 
 
@@ -175,11 +170,11 @@ def _queue_growing(store: Any, rule: QueueGrowingRule, at: datetime) -> list[Sam
         f" FROM otel_metrics_gauge WHERE {_METRIC_RANGE}"
         " GROUP BY ServiceName, ResourceAttributes, Attributes HAVING n >= 2)"
     )
-    params = _window(rule, at) | {"metric": "queue_depth"}
+    params = _window(rule, at) | {"metric": QUEUE_DEPTH}
     slope, last, count = store.query(sql, params)[0]
     count = int(count or 0)
     slope_s, depth = _finite(slope), _finite(last)
-    evidence = {"samples": count, "queue_depth": depth, "increase": None, "slope_per_second": slope_s,
+    evidence = {"samples": count, QUEUE_DEPTH: depth, "increase": None, "slope_per_second": slope_s,
                 "window_seconds": rule.window}
     if count == 0 or slope_s is None or depth is None:
         return [Sample({}, None, False, "unknown", evidence, "queue depth not reported in the window")]
@@ -201,7 +196,7 @@ def _preemptions_increase(store: Any, params: dict[str, Any]) -> float | None:
         f" FROM otel_metrics_sum WHERE {_METRIC_RANGE}"
         " GROUP BY ServiceName, ResourceAttributes, Attributes)"
     )
-    increase, series = store.query(sql, params | {"metric": "preemptions_total"})[0]
+    increase, series = store.query(sql, params | {"metric": PREEMPTIONS_TOTAL})[0]
     return _finite(increase) if int(series or 0) > 0 else None
 
 
@@ -213,11 +208,11 @@ def _kv_pressure(store: Any, rule: KvPressureRule, at: datetime) -> list[Sample]
         f" FROM otel_metrics_gauge WHERE {_METRIC_RANGE}"
         " GROUP BY ServiceName, ResourceAttributes, Attributes)"
     )
-    usage, count = store.query(sql, params | {"metric": "kv_cache_usage_ratio"})[0]
+    usage, count = store.query(sql, params | {"metric": KV_CACHE_USAGE_RATIO})[0]
     count = int(count or 0)
     usage_ratio = _finite(usage) if count else None
     preemptions = _preemptions_increase(store, params)
-    evidence = {"samples": count, "kv_cache_usage_ratio": usage_ratio, "preemptions": preemptions,
+    evidence = {"samples": count, KV_CACHE_USAGE_RATIO: usage_ratio, "preemptions": preemptions,
                 "window_seconds": rule.window}
     if usage_ratio is None:
         return [Sample({}, None, False, "unknown", evidence, "KV-cache usage not reported in the window")]
@@ -231,13 +226,13 @@ def _kv_pressure(store: Any, rule: KvPressureRule, at: datetime) -> list[Sample]
 
 def _idle_gpu_latency(store: Any, rule: IdleGpuLatencyRule, at: datetime) -> list[Sample]:
     sql = f"SELECT count(), avg(Value) FROM otel_metrics_gauge WHERE {_METRIC_RANGE}"
-    utilization_count, utilization = store.query(sql, _window(rule, at) | {"metric": "gpu_utilization_ratio"})[0]
+    utilization_count, utilization = store.query(sql, _window(rule, at) | {"metric": GPU_UTILIZATION_RATIO})[0]
     utilization_count = int(utilization_count or 0)
     utilization_ratio = _finite(utilization) if utilization_count else None
     samples = []
     for labels, count, _, quantile_s in _quantile_rows(store, rule, at):
         evidence = {"samples": count, "quantile_seconds": quantile_s, "quantile": rule.quantile,
-                    "slo_seconds": rule.slo_seconds, "gpu_utilization_ratio": utilization_ratio,
+                    "slo_seconds": rule.slo_seconds, GPU_UTILIZATION_RATIO: utilization_ratio,
                     "utilization_samples": utilization_count, "window_seconds": rule.window}
         if count < rule.min_samples or quantile_s is None:
             samples.append(_low(rule, labels, count, evidence))
@@ -262,9 +257,9 @@ def _gpu_lost(store: Any, rule: GpuLostRule, at: datetime) -> list[Sample]:
         f" FROM otel_metrics_gauge WHERE {_METRIC_RANGE}"
         " GROUP BY host, uuid, instance ORDER BY host, uuid, instance"
     )
-    rows = store.query(sql, _window(rule, at) | {"metric": "gpu_up"})
+    rows = store.query(sql, _window(rule, at) | {"metric": GPU_UP})
     if not rows:
-        return [Sample({}, None, False, "unknown", {"samples": 0, "gpu_up": None, "gpu": None, "model": None,
+        return [Sample({}, None, False, "unknown", {"samples": 0, GPU_UP: None, "gpu": None, "model": None,
                                                      "window_seconds": rule.window},
                        "gpu_up not reported in the window (no NVML collector?)")]
     samples = []
@@ -273,7 +268,7 @@ def _gpu_lost(store: Any, rule: GpuLostRule, at: datetime) -> list[Sample]:
         if instance:
             labels["GPU_I_ID"] = str(instance)
         value = _finite(up)
-        evidence = {"samples": int(count), "gpu_up": value, "gpu": str(index), "model": str(model),
+        evidence = {"samples": int(count), GPU_UP: value, "gpu": str(index), "model": str(model),
                     "window_seconds": rule.window}
         lost = value is not None and value < 0.5
         where = f"GPU {index} ({uuid}) on {host}"

@@ -26,13 +26,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from inferpath.alerts.templates import check_templates
 from inferpath.timespec import parse_duration_seconds
-from inferpath.vocabulary import REQUEST_MEASURES
+from inferpath.vocabulary import (
+    GPU_UP,
+    GPU_UTILIZATION_RATIO,
+    KV_CACHE_USAGE_RATIO,
+    QUEUE_DEPTH,
+    REQUEST_MEASURES,
+)
 
 __all__ = [
     "RuleFileError", "RuleFile", "Rule", "Receiver", "load_rule_file", "parse_rule_text",
@@ -97,7 +104,11 @@ class _RuleBase(_Strict):
     must hold before the alert fires (pending until then; YAML key ``for``).
     ``keep_firing_for``: how long a firing alert stays firing after the condition stops.
     ``endpoint_class``: restrict request rules to one class (``None``: all classes).
+    ``evidence_keys`` (per kind, not a field): the names its query puts in a sample's
+    evidence, which annotations may use as ``{{ evidence.NAME }}``.
     """
+
+    evidence_keys: ClassVar[tuple[str, ...]] = ()
 
     name: str
     window: PositiveSeconds = 300.0
@@ -139,6 +150,7 @@ class TailDivergenceRule(_RequestRule):
     at least ``min_tail_seconds``: the tail has left the average behind."""
 
     kind: Literal["tail_divergence"]
+    evidence_keys = ("samples", "mean_seconds", "quantile_seconds", "quantile", "ratio", "window_seconds")
     quantile: float = Field(0.99, gt=0, lt=1)
     ratio_threshold: float = Field(gt=1)
     min_tail_seconds: float = Field(0.0, ge=0)
@@ -148,6 +160,7 @@ class QuantileOverSloRule(_RequestRule):
     """Fires when ``quantile(measure) > slo_seconds``."""
 
     kind: Literal["quantile_over_slo"]
+    evidence_keys = ("samples", "quantile_seconds", "quantile", "slo_seconds", "window_seconds")
     quantile: float = Field(0.99, gt=0, lt=1)
     slo_seconds: float = Field(gt=0)
 
@@ -156,6 +169,7 @@ class ErrorRateRule(_RequestRule):
     """Fires when the share of requests whose status is in ``statuses`` is ≥ ``threshold_ratio``."""
 
     kind: Literal["error_rate"]
+    evidence_keys = ("samples", "errors", "error_ratio", "window_seconds")
     measure: Literal["ttft"] = "ttft"  # unused: error rate counts rows
     threshold_ratio: float = Field(gt=0, le=1)
     statuses: list[str] = Field(default_factory=lambda: ["error", "incomplete"], min_length=1)
@@ -166,6 +180,7 @@ class QueueGrowingRule(_RuleBase):
     squares slope × window, like PromQL ``deriv``) and its latest value is ≥ ``min_depth``."""
 
     kind: Literal["queue_growing"]
+    evidence_keys = ("samples", QUEUE_DEPTH, "increase", "slope_per_second", "window_seconds")
     min_increase: float = Field(gt=0)
     min_depth: float = Field(1.0, ge=0)
     min_samples: int = Field(5, ge=2)
@@ -176,6 +191,7 @@ class KvPressureRule(_RuleBase):
     and ``preemptions_total`` increased by ≥ ``min_preemptions`` over the window."""
 
     kind: Literal["kv_pressure"]
+    evidence_keys = ("samples", KV_CACHE_USAGE_RATIO, "preemptions", "window_seconds")
     usage_threshold: float = Field(0.9, gt=0, le=1)
     min_preemptions: float = Field(1.0, gt=0)
     min_samples: int = Field(3, ge=1)
@@ -187,6 +203,8 @@ class IdleGpuLatencyRule(_RequestRule):
     utilization samples (device cannot report it) never fires: the rule says "unknown"."""
 
     kind: Literal["idle_gpu_latency"]
+    evidence_keys = ("samples", "quantile_seconds", "quantile", "slo_seconds", GPU_UTILIZATION_RATIO,
+                     "utilization_samples", "window_seconds")
     quantile: float = Field(0.99, gt=0, lt=1)
     slo_seconds: float = Field(gt=0)
     idle_threshold: float = Field(0.3, gt=0, le=1)
@@ -201,6 +219,7 @@ class GpuLostRule(_RuleBase):
     (no NVML collector) is ``unknown``, never "fine"."""
 
     kind: Literal["gpu_lost"]
+    evidence_keys = ("samples", GPU_UP, "gpu", "model", "window_seconds")
     window: PositiveSeconds = 120.0
 
 
@@ -316,8 +335,6 @@ def parse_rule_text(text: str, source: str = "<rules>") -> RuleFile:
             message = error["msg"].removeprefix("Value error, ")
             problems.append((line, field, message))
         raise RuleFileError(source, problems) from exc
-    from inferpath.alerts.templates import check_templates  # late: templates names rule kinds
-
     template_problems = check_templates(rule_file)
     if template_problems:
         raise RuleFileError(source, [(*_node_line(root, loc), message) for loc, message in template_problems])

@@ -64,10 +64,9 @@ def uses_diagnosis(annotations: Mapping[str, str]) -> bool:
 
 
 def check_templates(rule_file: Any) -> list[tuple[tuple, str]]:
-    """Problems in the annotation templates of ``rule_file``: ``(loc, message)`` pairs, ``loc``
-    as pydantic's (``("rules", 0, "annotations", "summary")``)."""
-    from inferpath.alerts.queries import EVIDENCE_KEYS
-
+    """Problems in the annotation templates of ``rule_file`` (a
+    :class:`~inferpath.alerts.rules.RuleFile`; each rule's kind names its ``evidence_keys``):
+    ``(loc, message)`` pairs, ``loc`` as pydantic's (``("rules", 0, "annotations", "summary")``)."""
     problems = []
     for index, rule in enumerate(rule_file.rules):
         for key, text in rule.annotations.items():
@@ -82,11 +81,11 @@ def check_templates(rule_file: Any) -> list[tuple[tuple, str]]:
                     problems.append((loc, f"unknown filter {filter_name!r}; use one of {', '.join(_FILTERS)}"))
                 elif name in ("value", "reason", "diagnosis") or (scope == "labels" and dot and field):
                     continue
-                elif scope == "evidence" and field in EVIDENCE_KEYS[rule.kind]:
+                elif scope == "evidence" and field in rule.evidence_keys:
                     continue
                 elif scope == "evidence":
                     problems.append((loc, f"kind {rule.kind} has no evidence {field!r}; it has "
-                                          f"{', '.join(EVIDENCE_KEYS[rule.kind])}"))
+                                          f"{', '.join(rule.evidence_keys)}"))
                 else:
                     problems.append((loc, f"unknown template name {name!r}; use one of {', '.join(TEMPLATE_NAMES)}"))
     return problems

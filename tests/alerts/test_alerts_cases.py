@@ -43,6 +43,7 @@ def test_case1_divergence_fires_on_pooled_replicas(store) -> None:
     assert sample.evidence["samples"] == 2000
     assert math.isclose(sample.evidence["mean_seconds"], 0.1725, rel_tol=1e-9)
     assert math.isclose(sample.evidence["quantile_seconds"], 3.0, rel_tol=1e-9)
+    assert set(sample.evidence) == set(DIVERGENCE.rules[0].evidence_keys)
     assert sample.active and sample.confidence == "ok"
     evaluator = AlertEvaluator(DIVERGENCE, store, notifiers=[], diagnose=False)
     assert [t.change for t in evaluator.evaluate_once(T0 + timedelta(minutes=10))] == ["firing"]
@@ -149,3 +150,6 @@ rules:
     assert queue.active and math.isclose(queue.evidence["slope_per_second"], 0.1, rel_tol=0.05)
     assert kv.active and kv.evidence["preemptions"] == 30  # a 0.1/s counter stored as whole numbers, 300 s
     assert kv.evidence["kv_cache_usage_ratio"] > 0.9
+    # The evidence a query reports is what its kind declares to annotation templates.
+    for rule, sample in zip(rules.rules, (queue, kv)):
+        assert set(sample.evidence) == set(rule.evidence_keys), rule.kind
