@@ -2,11 +2,13 @@
 
 One engine model with two drivers: the demo's emulated engine (``inferpath.demo.engine``)
 runs it in real time, sleeping for each step, and the what-if simulator
-(:mod:`inferpath.analysis.whatif`) runs it on a virtual clock as fast as the CPU allows.
-The scheduler decides WHAT each step does; the driver decides how long a step takes (a
-measured profile in the demo, a fit to the window's own spans in the what-if) and when it ends.
+(:mod:`inferpath.analysis.whatif`) runs it on a virtual clock as fast as the CPU allows,
+through :mod:`inferpath.analysis.whatif_engine`, which takes runs of identical steps at
+once and is tested to schedule exactly as this class does. The scheduler decides WHAT each
+step does; the driver decides how long a step takes (a measured profile in the demo, a fit
+to the window's own spans in the what-if) and when it ends.
 
-Per step (vLLM's scheduling, V0-style prefill first):
+Two policies. ``chunked_prefill=False`` (the demo engine's), vLLM V0-style, prefill first:
 
 1. Admission (FCFS): the head of the waiting queue is admitted while ``max_num_seqs`` allows,
    the step's prompt-token budget (``max_num_batched_tokens``) allows, and the free KV blocks
@@ -22,6 +24,23 @@ Per step (vLLM's scheduling, V0-style prefill first):
    one more block is needed and none is free, the most recently admitted running sequence is
    preempted by recompute: its blocks are freed and it goes back to the front of the waiting
    queue, to be prefilled again later (tokens already emitted are not emitted again).
+
+``chunked_prefill=True``, vLLM V1's scheduler (``vllm/v1/core/sched/scheduler.py``, FCFS, the
+defaults of vLLM 0.x V1: chunked prefill on, no watermark, ``scheduler_reserve_full_isl``).
+There are no prefill and decode steps, only steps that give each sequence new tokens to
+compute, within a token budget of ``max_num_batched_tokens``:
+
+1. The running sequences first, oldest admitted first: each gets what it still has to
+   compute (1 token when decoding; the rest of its prompt, cut to the budget, when its
+   prefill is chunked). KV blocks are taken for them; when none is left, the most recently
+   admitted running sequence is preempted (blocks freed, back to the front of the queue,
+   its computed tokens forgotten), repeatedly, until the blocks suffice or the sequence
+   itself was the one preempted.
+2. Then, only if nothing was preempted in this step, the queue head is admitted while the
+   budget lasts, ``max_num_seqs`` allows and the free blocks hold its whole sequence so far
+   (prompt plus tokens already emitted, which a preempted one recomputes); it gets as many
+   tokens as the budget leaves (a chunk), and blocks for that chunk.
+3. A sequence whose computed tokens reach its length at the end of the step emits a token.
 
 Times are seconds on the driver's clock; :class:`RequestMetrics` derives vLLM's intervals
 from them. The config is read at every step, so a driver may change it while running.
@@ -123,17 +142,23 @@ class Sequence:
     generated: int = 0
     blocks: int = 0
     admit_order: int = 0
+    computed: int = 0  # tokens whose KV is computed (chunked-prefill policy)
+    decoding: bool = False  # emitted since its last admission: one token per step now (chunked-prefill policy)
 
 
 @dataclass
 class Step:
     """One engine step as the scheduler planned it: ``kind`` ``"prefill"`` (``tokens`` = the
     prompt and recomputed tokens in total) or ``"decode"`` (``tokens`` = the batch size), and
-    the ``sequences`` that emit a token when it ends."""
+    the ``sequences`` that emit a token when it ends; or, with chunked prefill, ``"mixed"``:
+    ``sequences`` scheduled with ``new_tokens`` each (``tokens`` in total, of which
+    ``prefill_tokens`` are prompt or recomputed tokens and the rest one per decoding sequence)."""
 
     kind: str
     sequences: list[Sequence]
     tokens: int
+    new_tokens: list[int] | None = None
+    prefill_tokens: int = 0
 
 
 @dataclass
@@ -151,8 +176,9 @@ class ContinuousBatcher:
     block pool (module docstring for the policy). Single-threaded; the driver calls
     :meth:`add`, :meth:`plan_step`, :meth:`finish_step` and :meth:`release`."""
 
-    def __init__(self, config: BatchingConfig) -> None:
+    def __init__(self, config: BatchingConfig, *, chunked_prefill: bool = False) -> None:
         self.config = config
+        self.chunked_prefill = chunked_prefill
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
         self.free_blocks = config.num_kv_blocks
@@ -210,6 +236,8 @@ class ContinuousBatcher:
     def plan_step(self, now: float) -> Step | None:
         """Admit what may run and return the next step, or ``None`` when nothing can run now
         (idle, the batching window holds the head, or the head cannot fit an empty engine)."""
+        if self.chunked_prefill:
+            return self._plan_chunked(now)
         admitted = self._admit(now)
         if admitted:
             tokens = sum(s.metrics.prompt_tokens + s.generated for s in admitted)
@@ -226,9 +254,15 @@ class ContinuousBatcher:
         """End ``step`` at ``now``: every sequence of it still running emits one token;
         finished ones are released. Returns what was emitted, in batch order."""
         out: list[Emitted] = []
-        for seq in step.sequences:
+        counts = step.new_tokens
+        for k, seq in enumerate(step.sequences):
             if seq.state != RUNNING:
                 continue  # preempted or aborted while the step ran
+            if counts is not None:
+                seq.computed += counts[k]
+                if seq.computed < seq.metrics.prompt_tokens + seq.generated:
+                    continue  # a chunk of a longer prefill: no token yet
+                seq.decoding = True
             index = seq.generated
             seq.generated += 1
             self.generation_tokens_total += 1
@@ -247,11 +281,69 @@ class ContinuousBatcher:
     def preempt(self, seq: Sequence) -> None:
         """Preempt ``seq`` by recompute: free its blocks, put it at the front of the queue."""
         self.free_blocks += seq.blocks
-        seq.blocks, seq.state = 0, WAITING
+        seq.blocks, seq.state, seq.computed, seq.decoding = 0, WAITING, 0, False
         self.running.remove(seq)
         self.waiting.appendleft(seq)
         seq.metrics.num_preemptions += 1
         self.num_preemptions_total += 1
+
+    def _plan_chunked(self, now: float) -> Step | None:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        running = self.running
+        scheduled: list[Sequence] = []
+        counts: list[int] = []
+        prefill_tokens = 0
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            length = seq.metrics.prompt_tokens + seq.generated
+            n = min(length - seq.computed, budget)
+            need = self.blocks_for(seq.computed + n) - seq.blocks
+            while need > self.free_blocks:
+                victim = running[-1]
+                self.preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.state != RUNNING:
+                break
+            if need > 0:
+                self.free_blocks -= need
+                seq.blocks += need
+            if not seq.decoding:  # a chunk of its prompt (or of its recompute), not one decode token
+                prefill_tokens += n
+                self.prompt_tokens_total += n
+            scheduled.append(seq)
+            counts.append(n)
+            budget -= n
+            i += 1
+        held = self.batch_window_wait_seconds(now) > 0 and len(self.waiting) < cfg.max_num_seqs
+        if not preempted and not held:
+            while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                seq = self.waiting[0]
+                length = seq.metrics.prompt_tokens + seq.generated
+                if self.blocks_for(length) > self.free_blocks:
+                    break  # the whole sequence so far must fit (vLLM's scheduler_reserve_full_isl)
+                n = min(length, budget)
+                need = self.blocks_for(n)
+                self.waiting.popleft()
+                self.free_blocks -= need
+                seq.blocks, seq.state, seq.computed = need, RUNNING, 0
+                seq.admit_order = next(self._admit_counter)
+                if seq.metrics.first_scheduled_s is None:
+                    seq.metrics.first_scheduled_s = now
+                running.append(seq)
+                scheduled.append(seq)
+                counts.append(n)
+                prefill_tokens += n
+                self.prompt_tokens_total += n
+                budget -= n
+        if not scheduled:
+            return None
+        tokens = sum(counts)
+        return Step("mixed", scheduled, tokens, counts, prefill_tokens)
 
     def _admit(self, now: float) -> list[Sequence]:
         cfg = self.config

@@ -36,7 +36,8 @@ from inferpath.server.span_log import SpanLog
 from inferpath.storage import gauge_rollup
 from inferpath.storage.reader import Reader
 from inferpath.storage.repair import repair_trace_id_index
-from inferpath.storage.rollup import RefreshResult, RollupRefresher
+from inferpath.storage.refresher import RollupRefresher
+from inferpath.storage.rollup import RefreshResult
 from inferpath.storage.rows import (
     GAUGE_COLUMNS,
     HISTOGRAM_COLUMNS,

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-from inferpath.storage.migrations import SCHEMA_DIR, Migration, created_table, load_migrations, validate_ttl_days
+from inferpath.storage.schema_files import SCHEMA_DIR, Migration, created_table, load_migrations, validate_ttl_days
 from inferpath.storage.url import validate_identifier
 
 __all__ = ["LOCAL_SUFFIX", "SHARDING_KEYS", "cluster_statements", "migration_cluster_statements"]

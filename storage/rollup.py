@@ -25,13 +25,11 @@ so the answer covers every request of the window.
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence
 
-from inferpath.storage.periodic import PeriodicPasses
 from inferpath.vocabulary import REQUEST_MEASURES, measure_column
 
 ROLLUP_TABLE = "inferpath_requests_1m"
@@ -105,7 +103,7 @@ def _sketch_columns(source: str = "raw") -> list[str]:
 class RefreshResult:
     """One pass: ``minutes`` rebuilt, ``seconds`` spent, the new ``watermark``;
     ``hop_minutes``: minutes of the hop rollup rebuilt in the same refresher pass
-    (:func:`inferpath.storage.hop_rollup.refresh_hops`), 0 from :func:`refresh` alone."""
+    (:class:`inferpath.storage.refresher.RollupRefresher`), 0 from :func:`refresh` alone."""
 
     minutes: int
     seconds: float
@@ -180,47 +178,6 @@ def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAU
                   " ({name:String}, {mark:DateTime64(9, 'UTC')}, now64(9, 'UTC'))",
                   {"name": STATE_NAME, "mark": mark})
     return RefreshResult(minutes=len(minutes), seconds=time.monotonic() - started, watermark=mark)
-
-
-class RollupRefresher(PeriodicPasses):
-    """A daemon thread calling :func:`refresh` and then the hop rollup's
-    :func:`~inferpath.storage.hop_rollup.refresh_hops` every ``interval_seconds``; a failed
-    pass is logged (rate-limited to one line per failure streak) and retried next interval
-    (each rollup keeps its own watermark, so a failure redoes only its own work).
-    ``passes_total`` / ``failures_total`` / ``last_seconds`` are read by ``/metrics``."""
-
-    thread_name = "inferpath-rollup"
-    failure_message = "rollup refresh failed"
-
-    def __init__(self, store, *, interval_seconds: float = 10.0,
-                 margin_seconds: float = DEFAULT_MARGIN_SECONDS) -> None:
-        super().__init__(interval_seconds)
-        self.store = store
-        self.margin_seconds = margin_seconds
-        self.passes_total = 0
-        self.last_seconds = 0.0
-        self._lock = threading.Lock()
-
-    def refresh_now(self) -> RefreshResult:
-        """One pass now (request rollups, then hop rollup), serialized with the thread's
-        passes; raises what the store raises."""
-        from inferpath.storage.hop_rollup import refresh_hops  # hop_rollup builds on this module
-
-        with self._lock:
-            # One pass time for both: their horizons (watermarks floored to the minute) then
-            # agree, even when the hop pass starts in the next minute. Earlier than the hop
-            # pass's own start, so its watermark is only more cautious.
-            now = datetime.now(timezone.utc)
-            result = refresh(self.store, now=now, margin_seconds=self.margin_seconds)
-            hops = refresh_hops(self.store, now=now, margin_seconds=self.margin_seconds)
-            result = replace(result, seconds=result.seconds + hops.seconds, hop_minutes=hops.minutes)
-            self.passes_total += 1
-            self.last_seconds = result.seconds
-            return result
-
-    def run_pass(self) -> None:
-        """The thread's pass (:class:`PeriodicPasses`)."""
-        self.refresh_now()
 
 
 # ----------------------------------------------------------------------------- reads

@@ -14,7 +14,7 @@ import yaml
 
 from deploy_manifests import DEPLOY_DIR
 from inferpath.collectors.catalog import CATALOG, SIGNALS
-from inferpath.storage.migrations import SCHEMA_DIR
+from inferpath.storage.schema_files import SCHEMA_DIR
 from inferpath.storage.store import Store
 
 # The column lists the exporter inserts (opentelemetry-collector-contrib,

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from inferpath.storage.migrations import apply_migrations, load_migrations
+from inferpath.storage.migrations import apply_migrations
+from inferpath.storage.schema_files import load_migrations
 from inferpath.storage.rows import (
     GAUGE_COLUMNS,
     HISTOGRAM_COLUMNS,
