@@ -28,6 +28,7 @@ UNIT_HERTZ = "Hz"
 UNIT_SECONDS = "s"
 UNIT_REQUESTS = "{request}"
 UNIT_PREEMPTIONS = "{preemption}"
+UNIT_INFO = "{info}"
 
 NS_PER_SECOND = 1_000_000_000
 """Durations are nanoseconds in storage (``*_ns`` columns), seconds in OTel attributes and
@@ -126,6 +127,7 @@ RUNNING_REQUESTS = "running_requests"
 KV_CACHE_USAGE_RATIO = "kv_cache_usage_ratio"
 PREEMPTIONS_TOTAL = "preemptions_total"
 BATCH_SIZE = "batch_size"
+KV_CACHE_CONFIG_INFO = "kv_cache_config_info"
 TIME_TO_FIRST_TOKEN_SECONDS = "time_to_first_token_seconds"
 E2E_REQUEST_LATENCY_SECONDS = "e2e_request_latency_seconds"
 REQUEST_QUEUE_TIME_SECONDS = "request_queue_time_seconds"
@@ -167,6 +169,9 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
        "Preemptions"),
     _S(BATCH_SIZE, UNIT_REQUESTS, "gauge", "sum", "sum", "Size of the batch the engine is currently running.",
        "Batch size"),
+    _S(KV_CACHE_CONFIG_INFO, UNIT_INFO, "gauge", "max", "max",
+       "Always 1, one series per engine; its attributes are the engine's KV-cache configuration "
+       "(vLLM's cache_config_info labels: num_gpu_blocks, block_size, ...).", "KV-cache configuration"),
     # Engine latency histograms: kept as buckets, never as quantiles.
     _S(TIME_TO_FIRST_TOKEN_SECONDS, UNIT_SECONDS, "histogram", "sum", "sum", "Time to first token, per request.",
        "Engine TTFT"),
@@ -197,9 +202,9 @@ __all__ = [
     "BATCH_SIZE", "BREAKDOWN_MEASURES", "BREAKDOWN_STAGES", "DEFAULT_SCRAPE_SOURCE", "E2E_REQUEST_LATENCY_SECONDS",
     "ENDPOINT_CLASSES", "ENGINE_STATE_SIGNALS", "GPU_MEMORY_FREE_BYTES", "GPU_MEMORY_TOTAL_BYTES",
     "GPU_MEMORY_USED_BYTES", "GPU_POWER_WATTS", "GPU_SM_ACTIVE_RATIO", "GPU_UP", "GPU_UTILIZATION_RATIO",
-    "KV_CACHE_USAGE_RATIO", "NS_PER_SECOND", "OBJECTIVE_MEASURES", "PREEMPTIONS_TOTAL", "QUEUE_DEPTH",
+    "KV_CACHE_CONFIG_INFO", "KV_CACHE_USAGE_RATIO", "NS_PER_SECOND", "OBJECTIVE_MEASURES", "PREEMPTIONS_TOTAL", "QUEUE_DEPTH",
     "REQUEST_DURATION_COLUMNS", "REQUEST_MEASURES", "REQUEST_QUEUE_TIME_SECONDS", "RUNNING_REQUESTS",
     "SATURATION_GAUGES", "SIGNALS", "SOURCES", "STAGES", "Signal", "TIME_TO_FIRST_TOKEN_SECONDS",
-    "TTFT_PHASE_COLUMNS", "TTFT_STAGES", "UNIT_BYTES", "UNIT_CELSIUS", "UNIT_HERTZ", "UNIT_PREEMPTIONS",
+    "TTFT_PHASE_COLUMNS", "TTFT_STAGES", "UNIT_BYTES", "UNIT_CELSIUS", "UNIT_HERTZ", "UNIT_INFO", "UNIT_PREEMPTIONS",
     "UNIT_RATIO", "UNIT_REQUESTS", "UNIT_SECONDS", "UNIT_WATTS", "measure_column",
 ]
