@@ -130,6 +130,8 @@ CATALOG: tuple[SourceMetric, ...] = (
     _R("vllm", "vllm:time_to_first_token_seconds", "time_to_first_token_seconds"),
     _R("vllm", "vllm:e2e_request_latency_seconds", "e2e_request_latency_seconds"),
     _R("vllm", "vllm:request_queue_time_seconds", "request_queue_time_seconds"),
+    # An info metric: value 1, the KV pool in its labels (num_gpu_blocks, block_size), kept as attributes.
+    _R("vllm", "vllm:cache_config_info", "kv_cache_config_info"),
     # SGLang: token_usage is the fraction of KV token slots in use.
     _R("sglang", "sglang:num_queue_reqs", "queue_depth"),
     _R("sglang", "sglang:num_running_reqs", "running_requests"),
