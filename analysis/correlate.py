@@ -141,7 +141,7 @@ def fetch_timeline(
         raise ValueError("end must be after start")
     step_ns = int(step_seconds * 1e9)
     starts = list(range(start_ns, end_ns, step_ns))
-    window = {"start": start, "end": end, "step_ns": step_ns, "steps": len(starts)}
+    window: dict[str, Any] = {"start": start, "end": end, "step_ns": step_ns, "steps": len(starts)}
     timeline = Timeline(step_start_ns=starts, step_seconds=step_seconds,
                         columns=fetch_request_columns(store, endpoint=endpoint, **window))
     timeline.columns.update(fetch_gauge_columns(store, SATURATION_GAUGES, lookback_seconds=lookback_seconds,

@@ -173,12 +173,14 @@ def queue_held(current_rows: Rows, baseline_rows: Rows | None = None) -> bool:
     if not current.measured("queue_ns"):
         return False
     p50, p90 = current.quantile("queue_ns", 0.5), current.quantile("queue_ns", 0.9)
+    if p50 is None or p90 is None:
+        return False
     if baseline_rows is not None:
         baseline = as_window(baseline_rows)
-        if not baseline.measured("queue_ns"):
+        base50, base90 = baseline.quantile("queue_ns", 0.5), baseline.quantile("queue_ns", 0.9)
+        if base50 is None or base90 is None:
             return False
-        p50 -= baseline.quantile("queue_ns", 0.5)
-        p90 -= baseline.quantile("queue_ns", 0.9)
+        p50, p90 = p50 - base50, p90 - base90
     return p50 >= MIN_HELD_QUEUE_NS and p50 >= HELD_QUEUE_RATIO * p90
 
 
@@ -419,7 +421,7 @@ def attribute(
     if baseline is not None:
         prepare_attribution(current, baseline, measure, current_edge, baseline_edge)  # type: ignore[arg-type]
     cold_rows = cold_start_rows(current, baseline, startups, measure)
-    cold = {r.get("trace_id") for rows in cold_rows.values() for r in rows}
+    cold = {str(r["trace_id"]) for rows in cold_rows.values() for r in rows if r.get("trace_id")}
     current_tail = current.tail_sums(measure, current_edge, cold)
     if not current_tail.count:
         return [], None
@@ -458,14 +460,12 @@ def attribute(
     causes.sort(key=lambda c: -c.share)
     if baseline is not None:
         prefetch_quantiles(current, baseline, [c for cause in causes for c in _evidence_columns(cause.cause)])
-    for cause in causes:
-        _explain(cause, measure, current, baseline, context, signals, windows, startups, cold_rows)
-    fixed = consistent_advice([c._advice_help for c in causes],  # type: ignore[attr-defined]
-                              [c._advice_not for c in causes])  # type: ignore[attr-defined]
-    for cause, not_help in zip(causes, fixed):
-        cause.would_help = [a.text for a in cause._advice_help]  # type: ignore[attr-defined]
-        cause.would_not_help = [a.text for a in not_help]
-        del cause._advice_help, cause._advice_not  # type: ignore[attr-defined]
+    advice = [_explain(item, measure, current, baseline, context, signals, windows, startups, cold_rows)
+              for item in causes]
+    fixed = consistent_advice([helps for helps, _ in advice], [not_helps for _, not_helps in advice])
+    for item, (helps, _), not_help in zip(causes, advice, fixed):
+        item.would_help = [a.text for a in helps]
+        item.would_not_help = [a.text for a in not_help]
     return causes, tail_means
 
 
@@ -494,8 +494,9 @@ def _percent(value: float | None) -> str:
 def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
              baseline: RowsWindow | StoredWindow | None, context: Context, signals: Signals,
              windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup],
-             cold_rows: Mapping[str, list[Mapping[str, Any]]]) -> None:
-    """Fill ``cause.evidence`` and the advice (as :class:`Advice`, made consistent by the caller)."""
+             cold_rows: Mapping[str, list[Mapping[str, Any]]]) -> tuple[list[Advice], list[Advice]]:
+    """Fill ``cause.evidence``; return its advice, (would help, would not help) as
+    :class:`Advice`, which the caller makes consistent across causes."""
     current_window, baseline_window = windows
     state: EngineState = context.engine
 
@@ -560,7 +561,7 @@ def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
             evidence(f"{measure}_ns", "p99", "ns", None, p99,
                      f"replica {replica or '(unnamed)'}: {len(rows)} requests slowed by its start "
                      f"(waiting for it to be ready, or before it warmed up), {measure.upper()} p99 {_ms(p99)}")
-    cause._advice_help, cause._advice_not = helps, not_helps  # type: ignore[attr-defined]
+    return helps, not_helps
 
 
 def _health_text(results: Sequence[ObjectiveResult], tails: Sequence[TailResult],

@@ -136,6 +136,8 @@ class RowsWindow:
         count = kept = total = excluded_total = 0
         for row in self.rows_at_or_above(f"{measure}_ns", edge):
             item = request_breakdown(row, measure)
+            if item is None:  # no such measure on the row: not part of the tail
+                continue
             count, total = count + 1, total + item.total_ns
             for name in names:
                 sums[name] += item.stage_ns[name]
@@ -236,10 +238,10 @@ class _StoredAggregates:
         # replica and no start-up, the cold-start rule needs no replica spans.
         row = self._select([f"countIf({c})" for c in self.conditions]
                            + [f"groupUniqArrayIf(replica, {c})" for c in self.conditions], FIRST_COLUMNS)
-        windows = len(self.windows)
-        self.counts = [int(v) for v in row[:windows]]
-        self.replicas: list[list[Any]] = [list(v) for v in row[windows:2 * windows]]
-        self._read_quantiles(row[2 * windows:], FIRST_COLUMNS)
+        n = len(self.windows)
+        self.counts = [int(v) for v in row[:n]]
+        self.replicas: list[list[Any]] = [list(v) for v in row[n:2 * n]]
+        self._read_quantiles(row[2 * n:], FIRST_COLUMNS)
 
     def _quantile_aggregates(self, columns: Sequence[str]) -> list[str]:
         levels = ", ".join(repr(q) for q in QUANTILE_LEVELS)

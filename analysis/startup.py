@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 
 STARTUP_ROOT_SPAN = "Overall Loading"
 """Name of the root span of a vLLM start-up trace."""
@@ -105,7 +105,7 @@ def fetch_startups(store: Any, start: datetime, end: datetime) -> list[ReplicaSt
     return [s for s in startups_from_spans(spans) if start <= s.started_at < end]
 
 
-class StoredStartups:
+class StoredStartups(Sequence[ReplicaStartup]):
     """The start-ups of :func:`fetch_startups` over ``[start, end)`` whose ``ready_at`` lies in
     ``[ready_from, ready_before)``, read from the store on first iteration (a healthy
     diagnosis never asks). Iterable and sized like the list it stands for, oldest first."""
@@ -128,7 +128,13 @@ class StoredStartups:
     def __len__(self) -> int:
         return len(self._read())
 
-    def __getitem__(self, index: int) -> ReplicaStartup:
+    @overload
+    def __getitem__(self, index: int) -> ReplicaStartup: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ReplicaStartup]: ...
+
+    def __getitem__(self, index: int | slice) -> ReplicaStartup | list[ReplicaStartup]:
         return self._read()[index]
 
 
