@@ -13,5 +13,6 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q '.[test]'
-# The tests import the installed package (not the source folders), as a user would.
-pytest "$@"
+# The tests import the installed package (not the source folders), as a user would. They run
+# on every core, one module (or the scenario runs' users) per worker: tests/conftest.py.
+pytest -n auto --dist loadgroup "$@"
