@@ -2,15 +2,39 @@
 opentelemetry-instrumentation-openai-v2, OpenLLMetry (traceloop-sdk), OpenInference or
 Langfuse (``interop_app.py``, its own process) streams chat completions through the
 ``openai`` client from a scripted OpenAI-compatible server on 127.0.0.1 and exports its
-spans over OTLP/HTTP to a real inferpath server (embedded chDB). Each stored row's TTFT, E2E
-and tokens are checked against what the client measured itself: TTFT within 2 ms where the
-source has a first-token or first-chunk time, else the row says why TTFT is missing
-(docs/interop.md)."""
+spans over OTLP/HTTP to a real inferpath server (embedded chDB). Each stored row is checked
+twice (docs/interop.md):
+
+1. **Against the source's own stamps, exactly.** The app keeps an in-memory copy of the very
+   spans it exports; the row's TTFT must equal the source's first-token (or first-chunk)
+   stamp minus the span's start, as stored (both truncated to the µs, as the receiver stores
+   span and event times), and its E2E the span's duration. This is inferpath's accuracy:
+   0 ns error, on every row, whatever the load.
+2. **Against the client's own clock,** which stamps other moments of the same process: the
+   source's span starts inside the client's call, after the ``openai`` SDK built the request
+   (the *start lag*: OpenLLMetry and Langfuse ≈ 0.2-0.4 ms; OpenInference, whose span starts
+   only in ``OpenAI.request``, 0.8-1.9 ms on this 2-core machine), and the source stamps the
+   first token (OpenLLMetry, in its wrapper's ``__next__`` before the chunk reaches the
+   client: ≈ 0.1 ms) or the first chunk (OpenInference, Langfuse: the role chunk, one chunk
+   parse before the client's first content: ≈ 0.2-0.4 ms) before the client's loop sees it
+   (the *first-token lag*). The source's TTFT is the client's less these two lags, each
+   measured per row on the SDK's clock. Neither is microseconds because the two stamps are
+   not taken at the same moment: between them runs the SDK's and the wrapper's code, and
+   under a busy neighbour the client's thread may wait for a CPU there. With a load average
+   of 14-40 on 2 cores, single rows reached 28 ms (OpenInference) and 155 ms (Langfuse), each
+   within 2 ms of the thread's measured run-queue wait. So the first-token lag is held to
+   2 ms of the client thread's running time, per row: ``≤ 2 ms + off_cpu_ns`` (its run-queue
+   wait in ``/proc/thread-self/schedstat`` plus its process's other threads' CPU time over
+   the same window, ``interop_app.py``), exactly 2 ms on a quiet machine; the start lag, the
+   source's definition of where a request starts rather than an error, is held to 10 ms the
+   same way.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -26,8 +50,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "instrumentation"))
 from scripted_sse import FINISH, ROLE, ScriptedSSEServer, content, frame, usage  # noqa: E402
 
 APP = Path(__file__).resolve().parent / "interop_app.py"
-REQUESTS = 5
+REQUESTS = 20
 TTFT_TOLERANCE_NS = 2_000_000
+#: The span's start after the client's call began: the openai SDK's request building, which
+#: OpenInference's span (started in ``OpenAI.request``) leaves out: 0.8-1.9 ms of CPU on this
+#: 2-core machine under load; 10 ms with room, the source's definition, not an error.
+START_LAG_BOUND_NS = 10_000_000
 MS = 1_000_000
 
 _TOKENS = [(40, "Hel"), (50, "lo"), (60, " wor"), (70, "ld")]
@@ -65,6 +93,26 @@ def inferpath_server(store_url: str):
         yield running
 
 
+def off_cpu_ns(window: dict) -> int:
+    """Time the client's main thread was kept from running inside a window: its run-queue wait
+    plus its process's other threads' CPU time (``interop_app.py``)."""
+    return window["run_queue_wait_ns"] + window["other_threads_cpu_ns"]
+
+
+def source_first_stamp_ns(source: str, span: dict) -> int:
+    """The source's own first-token (OpenLLMetry) or first-chunk stamp, Unix ns, read from the
+    app's copy of its span by the rule of docs/interop.md."""
+    if source == "openllmetry":
+        return sorted(at for name, at in span["events"] if name == "gen_ai.content.completion.chunk")[1]
+    if source == "openinference":
+        return next(at for name, at in span["events"] if name == "First Token Stream Event")
+    if source == "langfuse":
+        text = span["attributes"]["langfuse.observation.completion_start_time"]  # JSON-quoted ISO 8601
+        moment = datetime.fromisoformat(json.loads(text) if text.startswith('"') else text)
+        return (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1) * 1000
+    raise ValueError(source)
+
+
 @pytest.mark.parametrize(("source", "script", "ttft_source"), [
     ("openllmetry", EARLY_ROLE, "openllmetry.chunk_events"),
     ("openinference", ROLE_WITH_FIRST_TOKEN, "openinference.first_token_event"),
@@ -76,16 +124,22 @@ def test_rows_of_a_real_instrumentation_match_the_clients_own_measurement(
     since = datetime.now(timezone.utc) - timedelta(minutes=1)
     with ScriptedSSEServer(script) as model_server:
         measured = run_app(source, inferpath_server.url, model_server.base_url)
-    rows = stored_rows(inferpath_server.url, since)
+    rows = {row["trace_id"]: row for row in stored_rows(inferpath_server.url, since)}
     assert len(rows) == REQUESTS + 1, rows
-    pairs = list(zip(rows, measured))[1:]  # the first request warms the client up
-    for row, client in pairs:
+    lags = []
+    for client in measured[1:]:  # the first request warms the client up
+        span, wall = client["span"], client["wall"]
+        row = rows[span["trace_id"]]
         assert (row["input_tokens"], row["output_tokens"]) == (client["input_tokens"], client["output_tokens"]) == (7, 4)
         assert row["model"] and row["status"] == "ok"
-        # The span starts inside the client's call (after the SDK built the request) and ends
-        # with the stream: a few hundred µs less than the client's E2E, more when the loaded
-        # machine delays the client between its clock read and the instrumentation's.
-        assert 0 <= client["e2e_ns"] - row["client_e2e_ns"] <= 50 * MS, (row, client)
+        ttft_off_cpu_ns, e2e_off_cpu_ns = off_cpu_ns(client["ttft_window"]), off_cpu_ns(client["e2e_window"])
+        # 1. The source's own stamps: E2E is the span's duration, to the ns.
+        assert row["client_e2e_ns"] == span["end_ns"] - span["start_ns"], (row, span)
+        # 2. The client's clock (wall stamps, the SDK's clock): the span lies inside the call; it
+        # starts after the SDK built the request (start lag) and ends when the stream is spent.
+        start_lag_ns, end_lag_ns = span["start_ns"] - wall["start_ns"], wall["end_ns"] - span["end_ns"]
+        assert 0 <= start_lag_ns <= START_LAG_BOUND_NS + ttft_off_cpu_ns, (start_lag_ns, client)
+        assert 0 <= end_lag_ns <= TTFT_TOLERANCE_NS + e2e_off_cpu_ns, (end_lag_ns, client)
         if ttft_source is None:
             assert row["client_ttft_ns"] is None and row["ttft_source"] == ""
             assert row["missing_measures"].startswith(
@@ -94,16 +148,22 @@ def test_rows_of_a_real_instrumentation_match_the_clients_own_measurement(
             continue
         assert row["ttft_source"] == ttft_source and row["missing_measures"] == ""
         assert row["itl_ns"] == round((row["client_e2e_ns"] - row["client_ttft_ns"]) / 3)
-        # First token → end of stream, on both sides: independent of where the span starts.
-        # Per row, a hang guard (a loaded machine can delay one side's clock read by a few ms);
-        # the 2 ms figure is checked on the median row below.
-        after_first_token = (row["client_e2e_ns"] - row["client_ttft_ns"]) - (client["e2e_ns"] - client["ttft_ns"])
-        assert abs(after_first_token) <= 50 * MS, (row, client)
-    if ttft_source is not None:
-        # TTFT itself, against the client's own clock, and the time after the first token: within
-        # 2 ms (the median row; a single row can lose more on a loaded 2-core machine, see above).
-        errors = sorted(abs(row["client_ttft_ns"] - client["ttft_ns"]) for row, client in pairs)
-        assert errors[len(errors) // 2] <= TTFT_TOLERANCE_NS, errors
-        after = sorted(abs((row["client_e2e_ns"] - row["client_ttft_ns"]) - (client["e2e_ns"] - client["ttft_ns"]))
-                       for row, client in pairs)
-        assert after[len(after) // 2] <= TTFT_TOLERANCE_NS, after
+        # 1. TTFT is the source's first stamp − the span's start, as stored (µs): exactly.
+        first_ns = source_first_stamp_ns(source, span)
+        assert row["client_ttft_ns"] == (first_ns // 1000 - span["start_ns"] // 1000) * 1000, (row, span)
+        # 2. The source stamps the first token (or chunk) before the client's loop sees it; the
+        # client's stamp follows within 2 ms of the client thread's running time.
+        first_lag_ns = wall["first_ns"] - first_ns
+        assert 0 <= first_lag_ns <= TTFT_TOLERANCE_NS + ttft_off_cpu_ns, (first_lag_ns, client)
+        # So the source's TTFT is the client's less the two lags (±50 µs: the client's TTFT is on
+        # perf_counter, the lags on time_ns; NTP may slew one against the other by 500 ppm).
+        client_minus_row_ns = client["ttft_ns"] - row["client_ttft_ns"]
+        assert abs(client_minus_row_ns - (start_lag_ns + first_lag_ns)) <= 50_000, (client_minus_row_ns, client)
+        lags.append((client_minus_row_ns, start_lag_ns, first_lag_ns, ttft_off_cpu_ns))
+    if lags:
+        print(f"\n{source}: {len(lags)} rows, client TTFT − row TTFT (ms): "
+              + ", ".join(f"{name} median {statistics.median(v) / MS:.3f} max {max(v) / MS:.3f}" for name, v in (
+                  ("all", [lag[0] for lag in lags]), ("start lag", [lag[1] for lag in lags]),
+                  ("first-token lag", [lag[2] for lag in lags]))) +
+              f"; rows over 2 ms: {sum(lag[0] > TTFT_TOLERANCE_NS for lag in lags)}, of which off the CPU "
+              f"longer than the excess: {sum(TTFT_TOLERANCE_NS < lag[0] <= TTFT_TOLERANCE_NS + lag[3] for lag in lags)}")
