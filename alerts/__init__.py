@@ -6,5 +6,6 @@
 - :mod:`~inferpath.alerts.evaluator`: the evaluation loop, notifications, back-tests.
 - :mod:`~inferpath.alerts.history`: state changes in ``inferpath_alerts``; restore after restart.
 - :mod:`~inferpath.alerts.notifiers`: Alertmanager API v2, generic webhook, log.
-- :mod:`~inferpath.alerts.service`: the evaluator inside the server; :mod:`~inferpath.alerts.cli`: ``inferpath alerts``.
+- :mod:`~inferpath.alerts.service`: the evaluator as a service the server runs (handed in by
+  ``inferpath/serve.py``); :mod:`~inferpath.alerts.cli`: ``inferpath alerts`` (through the read API).
 """

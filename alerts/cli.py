@@ -1,16 +1,19 @@
 """``inferpath alerts``: lint a rule file, and replay it over past data.
 
 Exit codes: 0 fine (``check``: valid; ``test``: nothing would have fired), 1 ``test``: some
-alert would have fired, 2 bad usage, an invalid rule file or an unreachable store.
+alert would have fired, 2 bad usage, an invalid rule file or no server and no store.
 
-``test`` reads the store directly (``--store`` or ``INFERPATH_STORE``): a ClickHouse server
-at any time; an embedded chDB folder only while no inferpath server holds it.
+``test`` asks a server's read API (``POST /api/v1/alerts/backtest``) to replay the rules over
+its store, as ``inferpath diagnose`` does (:mod:`inferpath.server_access`): the server at
+``--server`` (default ``INFERPATH_SERVER_URL``), so it runs while ``inferpath up`` holds the
+store; with ``--store``, or when no server answers and the default embedded store exists, a
+server started in this process over that store.
 """
 
 from __future__ import annotations
 
-import math
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -21,9 +24,6 @@ from inferpath.cli_app import new_app
 app = new_app(help="Alert rules: lint them, and see what they would have done over past data.")
 console = Console()
 err_console = Console(stderr=True)
-# A replay evaluates every rule once per step; each evaluation reads the store (tens of ms).
-MAX_REPLAY_EVALUATIONS = 20_000
-MAX_REPLAY_SECONDS = 3650 * 86_400  # the longest retention a table can have (ttl_days)
 
 
 def _load(file: str):  # type: ignore[no-untyped-def]
@@ -70,52 +70,44 @@ def test(
     file: str = typer.Argument(..., help="Rule file (YAML), or 'default'."),
     since: str = typer.Option("1h", help="How far back to replay, ending now (e.g. 30m, 1h, 1d)."),
     step: Optional[str] = typer.Option(None, help="Evaluation step (default: the file's evaluation_interval)."),
-    store: Optional[str] = typer.Option(None, help="Store URL (default INFERPATH_STORE or the embedded default)."),
+    server: Optional[str] = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
+    store: Optional[str] = typer.Option(None, help="Replay over this store directly instead of a server "
+                                                   "(chdb:///path or http://host:8123/db)."),
     json_output: bool = typer.Option(False, "--json", help="Print the transitions as JSON lines."),
 ) -> None:
     """Replay the rules over past data: which alerts would have gone pending, fired and resolved."""
     import json
 
-    from pydantic import ValidationError
+    from inferpath.alerts.rules import DEFAULT_RULES_PATH
+    from inferpath.alerts.service import replay_evaluations
+    from inferpath.server_access import ask, fail, refusal_text
 
-    from inferpath.alerts.evaluator import backtest
-    from inferpath.config import Settings
-    from inferpath.storage.store import Store
-
-    rule_file = _load(file)
+    rule_file = _load(file)  # checked here first: its problems are named by file, line and field
     window = _duration(since, "--since")
     step_seconds = _duration(step, "--step") if step else None
-    evaluations = math.ceil(window / (step_seconds or rule_file.evaluation_interval))
-    if window > MAX_REPLAY_SECONDS or evaluations > MAX_REPLAY_EVALUATIONS:
-        console.print(f"[red]--since {since} with a step of {step_seconds or rule_file.evaluation_interval:g} s is "
-                      f"{evaluations} evaluations over {window / 86_400:g} days;[/] at most "
-                      f"{MAX_REPLAY_EVALUATIONS} over {MAX_REPLAY_SECONDS // 86_400} days (the store's longest "
-                      "retention): shorten --since or lengthen --step", highlight=False)
-        raise typer.Exit(2)
+    every = step_seconds or rule_file.evaluation_interval
+    try:
+        evaluations = replay_evaluations(window, every)
+    except ValueError as exc:
+        console.print(f"[red]--since {since} with a step of {every:g} s is {exc};[/] shorten --since or lengthen "
+                      "--step", highlight=False)
+        raise typer.Exit(2) from exc
     if not json_output:
-        err_console.print(f"replaying {evaluations} evaluations (one per "
-                          f"{step_seconds or rule_file.evaluation_interval:g} s of the last {since})…",
+        err_console.print(f"replaying {evaluations} evaluations (one per {every:g} s of the last {since})…",
                           highlight=False)
-    try:
-        settings = Settings.from_env(store_url=store)
-    except ValidationError as exc:
-        console.print(f"[red]invalid configuration:[/] {exc}")
-        raise typer.Exit(2) from exc
-    try:
-        opened = Store.open(settings.store_url)
-    except Exception as exc:  # noqa: BLE001 - any store failure is exit 2 with its reason
-        console.print(f"[red]cannot open the store:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from exc
+    path = DEFAULT_RULES_PATH if file == "default" else Path(file)
     end = datetime.now(timezone.utc)
-    try:
-        transitions = backtest(rule_file, opened, end - timedelta(seconds=window), end, step_seconds)
-    finally:
-        opened.close()
-    fired = [t for t in transitions if t.change == "firing"]
+    body = {"rules": path.read_text(encoding="utf-8"), "source": str(path), "start": (end - timedelta(seconds=window))
+            .isoformat(), "end": end.isoformat(), "step_seconds": step_seconds}
+    response = ask("POST", "/api/v1/alerts/backtest", server, store, json_output, json_body=body,
+                   timeout_seconds=3600.0)
+    if response.status_code != 200:
+        fail(f"cannot replay the rules: {refusal_text(response)}", json_output, http_status=response.status_code)
+    transitions = response.json()["transitions"]
+    fired = [t for t in transitions if t["change"] == "firing"]
     if json_output:
         for t in transitions:
-            print(json.dumps({"at": t.at.isoformat(), "rule": t.rule, "labels": t.labels, "change": t.change,
-                              "value": t.value, "reason": t.reason}))
+            print(json.dumps({key: t[key] for key in ("at", "rule", "labels", "change", "value", "reason")}))
     else:
         from rich.table import Table
 
@@ -123,9 +115,10 @@ def test(
         for column in ("time (UTC)", "rule", "labels", "change", "value", "why"):
             table.add_column(column)
         for t in transitions:
-            labels = ", ".join(f"{k}={v}" for k, v in t.labels.items() if k != "alertname")
-            table.add_row(t.at.strftime("%Y-%m-%d %H:%M:%S"), t.rule, labels, t.change,
-                          "" if t.value is None else f"{t.value:.4g}", t.reason)
+            labels = ", ".join(f"{k}={v}" for k, v in t["labels"].items() if k != "alertname")
+            at = datetime.fromisoformat(t["at"]).astimezone(timezone.utc)
+            table.add_row(at.strftime("%Y-%m-%d %H:%M:%S"), t["rule"], labels, t["change"],
+                          "" if t["value"] is None else f"{t['value']:.4g}", t["reason"])
         console.print(table if transitions else "no alert would have gone pending or fired")
         console.print(f"{len(fired)} alerts would have fired", highlight=False)
     raise typer.Exit(1 if fired else 0)

@@ -33,8 +33,9 @@ def _json_default(value: Any) -> Any:
 
 
 class AlertHistory:
-    """Reads and writes ``inferpath_alerts`` through ``store`` (a
-    :class:`~inferpath.storage.store.Store`: ``insert``, ``query``)."""
+    """Writes ``inferpath_alerts`` through ``store`` (a :class:`~inferpath.storage.store.Store`:
+    ``insert``, ``query``) and restores the evaluator from it; the read API reads the changes
+    with :meth:`inferpath.storage.reader.Reader.alert_changes`."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -73,12 +74,3 @@ class AlertHistory:
                 last_sent_at=fired_at if state == "firing" else None,
             ))
         return alerts
-
-    def changes(self, start: datetime, end: datetime, limit: int = 1000) -> list[dict]:
-        """State-change rows with ``start ≤ timestamp < end``, oldest first, at most ``limit``."""
-        sql = (
-            "SELECT timestamp, rule, fingerprint, state, labels, annotations, value FROM inferpath_alerts"
-            " WHERE timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
-            " ORDER BY timestamp, rule, fingerprint LIMIT {limit:UInt32}"
-        )
-        return self.store.query_dicts(sql, {"start": start, "end": end, "limit": int(limit)})

@@ -137,9 +137,11 @@ def start_module(name: str, module: str, args: list[str], *, port: int, host: st
 
 def start_server(store_url: str, port: int, engine_url: str, log_dir: Path, *,
                  extra_env: dict[str, str] | None = None) -> ChildService:
-    """The inferpath server in its own process, owning ``store_url`` and scraping the demo
-    engine's vLLM-compatible ``/metrics`` and dcgm-exporter-compatible ``/gpu/metrics``."""
-    return start_module("server", "inferpath.server",
+    """The inferpath server in its own process (``python -m inferpath.serve``: with the alert
+    evaluator, rules from ``INFERPATH_ALERT_RULES`` in ``extra_env``), owning ``store_url``
+    and scraping the demo engine's vLLM-compatible ``/metrics`` and dcgm-exporter-compatible
+    ``/gpu/metrics``."""
+    return start_module("server", "inferpath.serve",
                         ["--port", str(port), "--store", store_url,
                          "--scrape", f"vllm={engine_url}/metrics",
                          "--scrape", f"dcgm={engine_url}/gpu/metrics"],

@@ -7,15 +7,16 @@ or configuration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 
-from inferpath.cli_app import new_app
-
-if TYPE_CHECKING:
-    from inferpath.config import Settings
+from inferpath.alerts.cli import app as alerts_app
+from inferpath.cli_app import command_settings, new_app
+from inferpath.collectors.cli import collect
+from inferpath.diagnose_cli import diagnose, import_cmd
+from inferpath.whatif_cli import whatif
 
 app = new_app(help="Trace the inference request path and name the bottleneck.")
 console = Console()
@@ -24,27 +25,6 @@ console = Console()
 _TRACE_HELP = ("Request trace to replay, format recognised from the content: Azure LLM trace 2023 CSV, "
                "BurstGPT CSV, Mooncake JSONL, or JSONL of timestamp (s), input_tokens, output_tokens "
                "(default: the shipped Azure code trace).")
-
-# Settings fields whose command-line option is not named after the field.
-_OPTION_OF_FIELD = {"store_url": "--store", "server_url": "--server", "alert_rules": "--alerts",
-                    "scrape_targets": "--scrape"}
-
-
-def _settings(**overrides: Any) -> Settings:
-    """Settings from ``INFERPATH_*`` and the command's options; exits 2 naming each bad value."""
-    from pydantic import ValidationError
-
-    from inferpath.config import Settings, describe_invalid_settings
-
-    try:
-        return Settings.from_env(**overrides)
-    except ValidationError as exc:
-        # The command's own options are the fields it passed; their flags:
-        flags = {field: _OPTION_OF_FIELD.get(field, f"--{field.replace('_', '-')}") for field in overrides}
-        for line in describe_invalid_settings(exc, flags):
-            console.print(f"[red]invalid configuration:[/] {line}", soft_wrap=True)
-        raise typer.Exit(2) from exc
-
 
 def _check_store_url(url: str | None) -> None:
     from inferpath.storage.url import parse_store_url
@@ -80,7 +60,7 @@ def demo(
     from inferpath.demo.run import DemoOptions, run_demo
     from inferpath.demo.trace import TraceError
 
-    settings = _settings(dashboard_port=dashboard_port)
+    settings = command_settings(dashboard_port=dashboard_port)
     _check_store_url(store)
     if scenario is not None:
         from inferpath.demo.scenarios import SCENARIOS
@@ -136,22 +116,22 @@ def up(
                                     "dashboard_port": dashboard_port, "alert_rules": alerts}
     if scrape:
         overrides["scrape_targets"] = ",".join(scrape)
-    settings = _settings(**overrides)
+    settings = command_settings(**overrides)
     _check_store_url(settings.store_url)
-    if settings.alert_rules and settings.alert_rules.strip().lower() not in {"off", "none", "false", "0"}:
-        from inferpath.alerts.rules import RuleFileError, load_rule_file
+    from inferpath.alerts.rules import RuleFileError
+    from inferpath.serve import server_services
 
-        try:
-            load_rule_file(settings.alert_rules)
-        except (RuleFileError, OSError) as exc:
-            console.print(f"[red]invalid alert rules:[/] {exc}")
-            raise typer.Exit(2) from exc
+    try:
+        services = server_services(settings)  # the alert evaluator, with the rules of --alerts
+    except RuleFileError as exc:
+        console.print(f"[red]invalid alert rules:[/] {exc}")
+        raise typer.Exit(2) from exc
     from inferpath.server.memory import limit_c_heap_arenas
     from inferpath.server.runtime import ListenError, StoreOpenError
 
     limit_c_heap_arenas()  # this process is the server: before its threads start
     try:
-        server = serve_in_thread(settings)
+        server = serve_in_thread(settings, services=services)
     except ListenError as exc:
         console.print(exc.strerror, style="red", highlight=False, markup=False)
         raise typer.Exit(2) from exc
@@ -203,7 +183,7 @@ def replay_cmd(
     from inferpath.demo.trace import load_trace
     from inferpath.instrumentation.provider import configure, shutdown
 
-    settings = _settings()
+    settings = command_settings()
     if not gateway.startswith(("http://", "https://")):
         console.print(f"[red]--gateway must be an http(s):// URL, got {gateway!r}")
         raise typer.Exit(2)
@@ -224,22 +204,13 @@ def replay_cmd(
     raise typer.Exit(1 if failed else 0)
 
 
-def _mount_components() -> None:
-    # Component commands live with their component; each is imported here, where Typer needs
-    # its options, and imports its own heavy dependencies only when run.
-    from inferpath.alerts.cli import app as alerts_app
-    from inferpath.collectors.cli import collect
-    from inferpath.diagnose_cli import diagnose, import_cmd
-    from inferpath.whatif_cli import whatif
-
-    app.command("collect")(collect)
-    app.command("diagnose")(diagnose)
-    app.command("import")(import_cmd)
-    app.command("whatif")(whatif)
-    app.add_typer(alerts_app, name="alerts")
-
-
-_mount_components()
+# Component commands live with their component; each imports its own heavy dependencies only
+# when run.
+app.command("collect")(collect)
+app.command("diagnose")(diagnose)
+app.command("import")(import_cmd)
+app.command("whatif")(whatif)
+app.add_typer(alerts_app, name="alerts")
 
 
 def main() -> None:

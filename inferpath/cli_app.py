@@ -1,4 +1,5 @@
-"""The one way inferpath builds a Typer app, so that every command's ``--help`` reads alike.
+"""The one way inferpath builds a Typer app, so that every command's ``--help`` reads alike,
+and the one way a command reads its settings (:func:`command_settings`).
 
 Help is printed by click's plain formatter, not by Typer's rich panels. The rich panels of
 Typer 0.29 put a type label after every option, flags included (``--help <bool>``), so a
@@ -12,10 +13,14 @@ commands gives each one's first sentence whole (:class:`WrappingGroup`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.console import Console
 from typer.core import TyperGroup
+
+if TYPE_CHECKING:
+    from inferpath.config import Settings
 
 HELP_WIDTH_MAX = 120
 """Columns of help text on a wide terminal (click's default is 80)."""
@@ -41,3 +46,28 @@ def new_app(*, help: str, **settings: Any) -> typer.Typer:
     with inferpath's help settings; ``settings`` go to :class:`typer.Typer` as they are."""
     return typer.Typer(cls=WrappingGroup, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                        context_settings={"max_content_width": HELP_WIDTH_MAX}, help=help, **settings)
+
+
+# Settings fields whose command-line option is not named after the field.
+_OPTION_OF_FIELD = {"store_url": "--store", "server_url": "--server", "alert_rules": "--alerts",
+                    "scrape_targets": "--scrape"}
+_console = Console()
+
+
+def command_settings(**overrides: Any) -> Settings:
+    """Settings from ``INFERPATH_*`` and the command's options (``overrides``: settings field →
+    the option's value, ``None`` when not given). On an invalid value, prints one line per
+    problem naming its flag (the command's own options) or ``INFERPATH_*`` variable and
+    exits 2."""
+    from pydantic import ValidationError
+
+    from inferpath.config import Settings, describe_invalid_settings
+
+    try:
+        return Settings.from_env(**overrides)
+    except ValidationError as exc:
+        # The command's own options are the fields it passed; their flags:
+        flags = {field: _OPTION_OF_FIELD.get(field, f"--{field.replace('_', '-')}") for field in overrides}
+        for line in describe_invalid_settings(exc, flags):
+            _console.print(f"[red]invalid configuration:[/] {line}", soft_wrap=True)
+        raise typer.Exit(2) from exc

@@ -1,10 +1,9 @@
 """``inferpath diagnose`` and ``inferpath import``: verdicts for any window, live or recorded.
 
-Both talk to a server's HTTP API: the one at ``--server`` (default ``INFERPATH_SERVER_URL``),
-or, with ``--store`` (and for ``diagnose`` when no server answers and the default embedded
-store exists), a server started in this process on a free loopback port over that store,
-stopped when the command ends. An embedded chDB store is owned by one process, so that only
-works while no other server holds it; the error then says which command to use instead.
+Both talk to a server's HTTP API (:mod:`inferpath.server_access`): the one at ``--server``
+(default ``INFERPATH_SERVER_URL``), or, with ``--store`` (and for ``diagnose`` when no server
+answers and the default embedded store exists), a server started in this process over that
+store.
 
 Exit codes (scripts can trust them): ``diagnose`` 0 healthy, 1 degraded, 2 no verdict
 (bad usage, insufficient data, no server); ``import`` 0 imported, 2 otherwise.
@@ -12,93 +11,14 @@ Exit codes (scripts can trust them): ``diagnose`` 0 healthy, 1 degraded, 2 no ve
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
-if TYPE_CHECKING:
-    import httpx
-
-console = Console()
-
-
-def _fail(message: str, json_output: bool = False, **extra: Any) -> None:
-    if json_output:  # scripts read stdout: an error is JSON there too
-        print(json.dumps({"error": message, **extra}))
-    else:
-        console.print(f"[red]{message}[/]", soft_wrap=True, highlight=False)
-    raise typer.Exit(2)
-
-
-@contextlib.contextmanager
-def server_for(server: str | None, store: str | None, *, fallback_to_default_store: bool,
-               json_output: bool = False) -> Iterator[tuple[str, dict[str, str]]]:
-    """Yield ``(base URL, headers)`` of the server to talk to (module docstring)."""
-    import httpx
-
-    from inferpath.cli import _settings
-
-    settings = _settings(server_url=server, store_url=store)
-    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
-    if store is None:
-        url = settings.server_url.rstrip("/")
-        try:
-            httpx.get(f"{url}/healthz", headers=headers, timeout=5.0)
-            yield url, headers
-            return
-        except httpx.HTTPError as exc:
-            from inferpath.storage.url import default_store_url, parse_store_url
-
-            default = settings.store_url or default_store_url()
-            folder = parse_store_url(default).path if default.startswith("chdb://") else None
-            if server or not fallback_to_default_store or not folder or not Path(folder).exists():
-                _fail(f"cannot reach the inferpath server at {url} ({exc}). Start it with `inferpath up`, "
-                      f"point --server at it, or read a store directly with --store chdb:///path/to/store",
-                      json_output)
-            store = default
-            if not json_output:
-                console.print(f"no server at {url}: reading the store {store} directly", highlight=False)
-    from inferpath.config import Settings
-    from inferpath.server.runtime import StoreOpenError, serve_in_thread
-
-    local = Settings(store_url=store, port=0, token=settings.token, ttl_days=settings.ttl_days,
-                     objectives_file=settings.objectives_file, assembly_settle_seconds=0.2)
-    try:
-        running = serve_in_thread(local, port=0)
-    except Exception as exc:  # the store is held by another process, or cannot be opened
-        _fail(str(StoreOpenError(store, exc)) + "\nwhile a server owns it, use --server URL instead of --store",
-              json_output)
-    try:
-        yield running.url, headers
-    finally:
-        running.stop()
-
-
-def get_answer(path: str, params: dict[str, Any], server: str | None, store: str | None, json_output: bool,
-               *, timeout_seconds: float) -> "httpx.Response":
-    """``GET path`` on the server :func:`server_for` picks; exits 2 when it does not answer."""
-    import httpx
-
-    with server_for(server, store, fallback_to_default_store=True, json_output=json_output) as (url, headers):
-        try:
-            return httpx.get(f"{url}{path}", params=params, headers=headers, timeout=timeout_seconds)
-        except httpx.HTTPError as exc:
-            _fail(f"the inferpath server at {url} did not answer: {exc}", json_output)
-            raise
-
-
-def refusal_text(response: "httpx.Response") -> str:
-    """The server's own words for a refusal: FastAPI's ``detail`` messages joined, else the body."""
-    try:
-        detail = response.json().get("detail")
-        return "; ".join(d.get("msg", str(d)) for d in detail) if isinstance(detail, list) else str(detail)
-    except (ValueError, AttributeError):
-        return response.text
-
+from inferpath.cli_app import command_settings
+from inferpath.server_access import ask, console, fail, refusal_text, server_for
 
 def diagnose(
     since: Optional[str] = typer.Option(None, help="Window ending now, e.g. 15m or 1h30m (default 15m "
@@ -136,34 +56,34 @@ def diagnose(
         try:
             return parse_time(text, now=now)
         except ValueError as exc:
-            _fail(f"{option}: {exc}", json_output)
+            fail(f"{option}: {exc}", json_output)
             raise
 
     def seconds(text: str, option: str) -> float:
         try:
             value = parse_duration_seconds(text)
         except ValueError as exc:
-            _fail(f"{option}: {exc}", json_output)
+            fail(f"{option}: {exc}", json_output)
             raise
         if value <= 0:
-            _fail(f"{option} must be a positive duration like 15m, 1h30m or 90s; got {text!r}", json_output)
+            fail(f"{option} must be a positive duration like 15m, 1h30m or 90s; got {text!r}", json_output)
         return value
 
     if since is not None and from_ is not None:
-        _fail("give --since or --from, not both", json_output)
+        fail("give --since or --from, not both", json_output)
     end = when(to, "--to") if to else now
     start = when(from_, "--from") if from_ else end - timedelta(seconds=seconds(since or "15m", "--since"))
     if end <= start:
-        _fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
+        fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
     params: dict[str, Any] = {"start": start.isoformat(), "end": end.isoformat()}
     if baseline and (baseline_from or baseline_to):
-        _fail("give --baseline or --baseline-from/--baseline-to, not both", json_output)
+        fail("give --baseline or --baseline-from/--baseline-to, not both", json_output)
     if baseline:
         length = seconds(baseline, "--baseline")
         params |= {"baseline_start": (start - timedelta(seconds=length)).isoformat(), "baseline_end": start.isoformat()}
     elif baseline_from or baseline_to:
         if not (baseline_from and baseline_to):
-            _fail("give --baseline-from and --baseline-to together", json_output)
+            fail("give --baseline-from and --baseline-to together", json_output)
         params |= {"baseline_start": when(baseline_from, "--baseline-from").isoformat(),  # type: ignore[arg-type]
                    "baseline_end": when(baseline_to, "--baseline-to").isoformat()}  # type: ignore[arg-type]
     if endpoint:
@@ -177,18 +97,18 @@ def diagnose(
             load_objectives(objectives)  # validated here, so a bad file is named before any request
             params["objectives"] = json.dumps(yaml.safe_load(objectives.read_text(encoding="utf-8")) or {})
         except ValueError as exc:
-            _fail(str(exc), json_output)
+            fail(str(exc), json_output)
     if ttft_p99 is not None:
         params["ttft_p99_seconds"] = ttft_p99
     if itl_p99 is not None:
         params["itl_p99_seconds"] = itl_p99
-    response = get_answer("/api/v1/diagnosis", params, server, store, json_output, timeout_seconds=120.0)
+    response = ask("GET", "/api/v1/diagnosis", server, store, json_output, params=params, timeout_seconds=120.0)
     if response.status_code != 200:
         message = refusal_text(response)
         hint = ("" if "insufficient data" not in message else
                 "\nwiden the window (--since 1h, --from/--to) or check that requests reach the server "
                 "(inferpath up; GET /api/v1/summary)")
-        _fail(f"no verdict: {message}{hint}", json_output, http_status=response.status_code)
+        fail(f"no verdict: {message}{hint}", json_output, http_status=response.status_code)
     verdict = response.json()
     if json_output:
         print(json.dumps(verdict, indent=2))
@@ -240,21 +160,19 @@ def import_cmd(
     from inferpath.server.recording import RecordingError, choose_offset_ns, import_recording, open_recording
 
     if shift not in ("auto", "now", "none"):
-        _fail(f"--shift must be auto, now or none; got {shift!r}")
+        fail(f"--shift must be auto, now or none; got {shift!r}")
     try:
         recording = open_recording(path)
     except RecordingError as exc:
-        _fail(f"cannot read the recording: {exc}")
-    from inferpath.cli import _settings
-
-    settings = _settings(server_url=server, store_url=store)
+        fail(f"cannot read the recording: {exc}")
+    settings = command_settings(server_url=server, store_url=store)
     offset = choose_offset_ns(recording, ttl_days=settings.ttl_days, now_ns=time.time_ns(), shift=shift)
     with server_for(server, store, fallback_to_default_store=False) as (url, headers):
         with httpx.Client(base_url=url, headers=headers, timeout=120.0) as client:
             try:
                 result = import_recording(recording, client, offset_ns=offset, source=source)
             except (RecordingError, httpx.HTTPError) as exc:
-                _fail(f"import failed: {exc}")
+                fail(f"import failed: {exc}")
     console.print(f"imported {result.scrapes} scrapes ({result.source or 'no known engine'}) and "
                   f"{result.trace_bodies} trace bodies into {store or url}", highlight=False)
     if offset:
@@ -265,7 +183,7 @@ def import_cmd(
         console.print(f"diagnose it: inferpath diagnose --from {result.start.isoformat()} "
                       f"--to {result.end.isoformat()}{where}", soft_wrap=True, highlight=False)
     if not result.flushed:
-        _fail("the server did not finish storing everything in time; run the command again")
+        fail("the server did not finish storing everything in time; run the command again")
 
 
-__all__ = ["diagnose", "get_answer", "import_cmd", "print_verdict", "refusal_text", "server_for"]
+__all__ = ["diagnose", "import_cmd", "print_verdict"]

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import typer
 
-from inferpath.diagnose_cli import _fail, console, get_answer, refusal_text
+from inferpath.server_access import ask, console, fail, refusal_text
 
 
 def whatif(
@@ -27,6 +27,9 @@ def whatif(
     batch_window_ms: Optional[float] = typer.Option(None, "--batch-window-ms", min=0.0,
                                                     help="Hold the queue head this long for more requests."),
     rate: Optional[str] = typer.Option(None, help="Arrival rate factor, e.g. x2 (the window's pattern, denser)."),
+    split_endpoint_classes: Optional[str] = typer.Option(
+        None, "--split-endpoint-classes", help="Each endpoint class on engines of its own: CLASS=REPLICAS,... "
+                                               "e.g. interactive=2,bulk=1 (predicted per class)."),
     max_calibration_error: float = typer.Option(0.30, "--max-calibration-error", min=0.01,
                                                 help="Refuse when the replay is off by more than this."),
     json_output: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
@@ -45,21 +48,22 @@ def whatif(
         start = parse_time(from_, now=now)
         end = parse_time(to, now=now) if to else now
     except ValueError as exc:
-        _fail(f"--from/--to: {exc}", json_output)
+        fail(f"--from/--to: {exc}", json_output)
         raise
     if end <= start:
-        _fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
+        fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
     params: dict[str, Any] = {"start": start.isoformat(), "end": end.isoformat(),
                               "max_calibration_error": max_calibration_error}
     for name, value in (("replicas", replicas), ("max_num_seqs", max_num_seqs), ("kv_blocks", kv_blocks),
-                        ("batch_window_ms", batch_window_ms), ("rate", rate)):
+                        ("batch_window_ms", batch_window_ms), ("rate", rate),
+                        ("split_endpoint_classes", split_endpoint_classes)):
         if value is not None:
             params[name] = value
-    response = get_answer("/api/v1/whatif", params, server, store, json_output, timeout_seconds=300.0)
+    response = ask("GET", "/api/v1/whatif", server, store, json_output, params=params, timeout_seconds=300.0)
     if response.status_code != 200:
         message = refusal_text(response)
-        _fail(message if message.startswith("no prediction") else f"no prediction: {message}", json_output,
-              http_status=response.status_code)
+        fail(message if message.startswith("no prediction") else f"no prediction: {message}", json_output,
+             http_status=response.status_code)
     answer = response.json()
     if json_output:
         print(json.dumps(answer, indent=2))

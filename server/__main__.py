@@ -1,11 +1,14 @@
 """``python -m inferpath.server [--host H] [--port P] [--store URL] [--scrape SOURCE=URL ...]``:
-the server alone in the foreground (what ``inferpath up`` runs, without the dashboard)."""
+the server alone in the foreground: what ``inferpath up`` runs, without the dashboard and
+without the services wired in above the server (alert evaluation: ``python -m
+inferpath.serve`` runs this with them)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from typing import Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -21,6 +24,7 @@ from inferpath.config import (
     describe_invalid_settings,
 )
 from inferpath.server.runtime import ListenError, StoreOpenError, serve_forever
+from inferpath.server.services import BackgroundService
 
 
 QUIET_LOGGERS = ("httpx", "httpcore")
@@ -36,12 +40,19 @@ def configure_logging(level: int = logging.INFO) -> None:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *,
+         services_for: Callable[[Settings], Sequence[BackgroundService]] | None = None,
+         prog: str = "python -m inferpath.server") -> int:
+    """Parse ``argv``, build the settings, serve until SIGINT/SIGTERM. ``services_for``: the
+    services to run over the settings (none by default). Returns 0 after a clean stop, 1
+    when the address or the store cannot be used, 2 for invalid configuration (a
+    ``ValueError`` of ``services_for`` included, e.g. a bad alert rule file)."""
     defaults = Settings.model_fields
     parser = argparse.ArgumentParser(
-        prog="python -m inferpath.server",
-        description="The inferpath server alone: OTLP/HTTP receiver, request assembly, read API. Each flag"
-                    " overrides its INFERPATH_* variable.",
+        prog=prog,
+        description=("The inferpath server alone" if services_for is None else "The inferpath server") +
+                    ": OTLP/HTTP receiver, request assembly, read API. Each flag overrides its INFERPATH_*"
+                    " variable.",
         epilog=f"Other settings come from the environment only, e.g. {ENV_TOKEN} (a bearer token that ingest,"
                f" reads and /metrics then require), {ENV_MAX_BODY_BYTES} (413 above it, default"
                f" {defaults['max_body_bytes'].default} bytes), {ENV_TTL_DAYS}; all of them: the Settings class in"
@@ -67,9 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         for line in describe_invalid_settings(exc, {f: flags[f] for f, v in overrides.items() if v is not None}):
             print(f"invalid configuration: {line}", file=sys.stderr)
         return 2
+    try:
+        services = services_for(settings) if services_for is not None else ()
+    except ValueError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return 2
     configure_logging()
     try:
-        serve_forever(settings)
+        serve_forever(settings, services)
     except ListenError as exc:  # the address is taken or not ours: say which, without a traceback
         print(exc.strerror, file=sys.stderr)
         return 1

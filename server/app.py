@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -51,8 +52,10 @@ from inferpath.server.otlp import (
 from inferpath.server.ingest import CommitResult, dedup_token
 from inferpath.server.otlp_body import BodyFormat, body_format, encode_message
 from inferpath.server.read_api import router as read_router
-from inferpath.server.runtime import ServerRuntime
 from inferpath.server.selfmetrics import make_registry
+
+if TYPE_CHECKING:  # the runtime imports this module to serve it
+    from inferpath.server.runtime import ServerRuntime
 
 __all__ = ["create_app"]
 

@@ -21,8 +21,10 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
 
 from inferpath.server.otlp import MAX_METRIC_NAME_CHARS
+from inferpath.server.services import ALERTS, AlertsService
 from inferpath.storage.hop_rollup import HOP_SLACK, hop_aggregate, hop_plan
 from inferpath.storage.hop_rollup import pairs_sql as hop_pairs_sql
 from inferpath.storage.rollup import QUANTILE_LEVELS as ROLLUP_LEVELS
@@ -49,8 +51,8 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
 LATEST = datetime(2100, 1, 1, tzinfo=timezone.utc)
 
 
-def _invalid(param: str, message: str) -> HTTPException:
-    return HTTPException(status_code=422, detail=[{"loc": ["query", param], "msg": message,
+def _invalid(param: str, message: str, where: str = "query") -> HTTPException:
+    return HTTPException(status_code=422, detail=[{"loc": [where, param], "msg": message,
                                                    "type": "value_error"}])
 
 
@@ -104,14 +106,15 @@ async def _reject_unknown_params(request: Request) -> None:
 router = APIRouter(prefix="/api/v1", tags=["read"], dependencies=[Depends(_reject_unknown_params)])
 
 
-def parse_time(value: str | None, param: str) -> datetime | None:
+def parse_time(value: str | None, param: str, *, where: str = "query") -> datetime | None:
     """Parse ISO-8601 with offset (``Z`` allowed) or Unix seconds into an aware UTC datetime
     (:func:`inferpath.timespec.parse_instant`).
 
     ``None``/empty gives ``None``. Raises ``HTTPException(422)`` naming ``param`` for a naive
     or unparsable time, or one outside ``[EARLIEST, LATEST]`` (1970 to 2100: the store's
     time columns hold nothing outside, and the bound keeps window arithmetic clear of the
-    limits of Python's datetime and ClickHouse's ``DateTime64``).
+    limits of Python's datetime and ClickHouse's ``DateTime64``). ``where``: the 422's
+    location of ``param`` (``query``, or ``body`` for a field of a JSON body).
     """
     if value is None or value.strip() == "":
         return None
@@ -121,10 +124,10 @@ def parse_time(value: str | None, param: str) -> datetime | None:
     except TimeOutOfRange:
         parsed = None
     except ValueError as exc:
-        raise _invalid(param, f"{param}: {exc}") from None
+        raise _invalid(param, f"{param}: {exc}", where) from None
     if parsed is None or not EARLIEST <= parsed <= LATEST:
         raise _invalid(param, f"{param} is out of range: {text!r} (times from {EARLIEST.isoformat()} "
-                              f"to {LATEST.isoformat()})")
+                              f"to {LATEST.isoformat()})", where)
     return parsed
 
 
@@ -316,6 +319,9 @@ async def whatif(request: Request,
                  batch_window_ms: float | None = Query(None, ge=0, le=60_000, description="Hold the queue head "
                                                        "this long for more requests to join its prefill."),
                  rate: str | None = Query(None, max_length=32, description="Arrival rate factor, e.g. x2."),
+                 split_endpoint_classes: str | None = Query(None, max_length=200, description="Each endpoint class "
+                                                            "on engines of its own: CLASS=REPLICAS,... e.g. "
+                                                            "interactive=2,bulk=1."),
                  max_calibration_error: float = Query(0.30, gt=0, le=10, description="Refuse when the replay of "
                                                       "the observed configuration is off by more than this.")) -> dict:
     """Predict TTFT, queue time, ITL and KV usage per endpoint class under a changed engine
@@ -326,7 +332,8 @@ async def whatif(request: Request,
     cannot be calibrated (no engine spans, too few requests) or the replay is off by more than
     ``max_calibration_error``.
     """
-    from inferpath.analysis.whatif import Change, WhatIfRefused, parse_factor_or_count, predict, what_if_to_dict
+    from inferpath.analysis.whatif import (Change, WhatIfRefused, parse_class_split, parse_factor_or_count, predict,
+                                           what_if_to_dict)
 
     start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
     if start_dt is None or end_dt is None:
@@ -340,11 +347,14 @@ async def whatif(request: Request,
         if rate is not None:
             count, rate_factor = parse_factor_or_count(rate, "rate")
             rate_factor = rate_factor if rate_factor is not None else float(count)  # type: ignore[arg-type]
+        split = parse_class_split(split_endpoint_classes) if split_endpoint_classes is not None else None
         change = Change(replicas=replicas, max_num_seqs=max_num_seqs, kv_blocks=blocks, kv_blocks_factor=factor,
                         batch_window_seconds=None if batch_window_ms is None else batch_window_ms / 1000.0,
-                        rate_factor=rate_factor)
+                        rate_factor=rate_factor, split_classes=split)
     except ValueError as exc:
-        raise _invalid(str(exc).split(":", 1)[0].replace("rate_factor", "rate"), str(exc)) from None
+        name = str(exc).split(":", 1)[0]
+        raise _invalid({"rate_factor": "rate", "split_classes": "split_endpoint_classes"}.get(name, name),
+                       str(exc)) from None
     try:
         answer = await run_in_threadpool(predict, request.app.state.runtime.store, start_dt, end_dt, change,
                                          max_error=max_calibration_error)
@@ -685,24 +695,64 @@ async def fleet_view(request: Request, start: str | None = StartQuery,
             "sources": sources}
 
 
+def _alerts_service(request: Request) -> AlertsService | None:
+    """The alerts service this server runs (registered by whoever started it), or ``None``."""
+    service = request.app.state.runtime.services.get(ALERTS)
+    return service if isinstance(service, AlertsService) else None
+
+
 @router.get("/alerts")
 async def alerts_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
                       limit: int = Query(500, ge=1, le=10000, description="Most history rows returned.")) -> dict:
-    """Alerts firing and pending now (the server's evaluator) and the state changes of
-    ``[start, end)`` from ``inferpath_alerts`` (``history``, oldest first); without an
-    evaluator (``INFERPATH_ALERT_RULES`` unset) ``{"configured": false, "history": [...]}``.
-    Shapes: :meth:`inferpath.alerts.evaluator.AlertEvaluator.snapshot`,
-    :meth:`inferpath.alerts.history.AlertHistory.changes`."""
-    from inferpath.alerts.history import AlertHistory
-
+    """Alerts firing and pending now (the server's alerts service) and the state changes of
+    ``[start, end)`` from ``inferpath_alerts`` (``history``, oldest first); when the server
+    evaluates no rules (none configured, or no alerts service) ``{"configured": false,
+    "history": [...]}``. Shapes: :meth:`inferpath.server.services.AlertsService.snapshot`,
+    :meth:`inferpath.storage.reader.Reader.alert_changes`."""
     start_dt, end_dt = _window(start, end)
-    runtime = request.app.state.runtime
-    history = await _read(AlertHistory(runtime.store).changes, start_dt, end_dt, limit)
-    evaluator = getattr(runtime, "alerts", None)
-    if evaluator is None:
+    history = await _read(request.app.state.runtime.reader.alert_changes, start_dt, end_dt, limit)
+    service = _alerts_service(request)
+    snapshot = await run_in_threadpool(service.snapshot) if service is not None else None
+    if snapshot is None:
         return {"configured": False, "start": start_dt, "end": end_dt, "history": history}
-    return {"configured": True, "start": start_dt, "end": end_dt,
-            **(await run_in_threadpool(evaluator.snapshot)), "history": history}
+    return {"configured": True, "start": start_dt, "end": end_dt, **snapshot, "history": history}
+
+
+class BacktestRequest(BaseModel):
+    """A rule file to replay over past data: ``rules`` (its YAML text), ``source`` (its name,
+    for errors), the window ``start``/``end`` (ISO-8601 with offset or Unix seconds),
+    ``step_seconds`` (default: the file's ``evaluation_interval``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rules: str = Field(max_length=1_000_000)
+    source: str = Field("<rules>", max_length=1000)
+    start: str
+    end: str
+    step_seconds: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+@router.post("/alerts/backtest")
+async def alerts_backtest(request: Request, body: BacktestRequest) -> dict:
+    """What the rules would have done over ``[start, end)`` of this server's store, evaluated
+    in simulated time with no notifications (``inferpath alerts test``): ``{"transitions":
+    [{"at", "rule", "labels", "change", "value", "reason"}]}``, oldest first. 422 naming the
+    problem for an invalid rule file (file, line, field), a bad window or a replay over
+    20,000 evaluations; 503 when this server runs no alerts service."""
+    service = _alerts_service(request)
+    if service is None:
+        raise HTTPException(status_code=503, detail="this server runs without the alerts service "
+                                                    "(start it with `inferpath up`)")
+    start_dt, end_dt = parse_time(body.start, "start", where="body"), parse_time(body.end, "end", where="body")
+    if start_dt is None or end_dt is None or end_dt <= start_dt:
+        raise _invalid("end", f"end must be after start (start={body.start!r}, end={body.end!r})", "body")
+    try:
+        transitions = await run_in_threadpool(service.backtest, body.rules, body.source, start_dt, end_dt,
+                                              body.step_seconds)
+    except ValueError as exc:
+        raise HTTPException(status_code=422, detail=[{"loc": ["body", "rules"], "msg": str(exc),
+                                                      "type": "value_error"}]) from None
+    return {"transitions": transitions}
 
 
 @router.get("/objectives")

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from inferpath.config import Settings
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
@@ -31,7 +31,9 @@ from inferpath.server.ingest import CommitResult, DurableIngest, NativeRows, Tab
 from inferpath.server.log_ingest import LoggedSpanIngest
 from inferpath.server.memory import MemoryReleaser, limit_c_heap_arenas, tune_gc_for_server
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans, decode_trace_request
+from inferpath.server.app import create_app
 from inferpath.server.scrape import ScrapeLoop
+from inferpath.server.services import BackgroundService
 from inferpath.server.span_log import SpanLog
 from inferpath.storage import gauge_rollup
 from inferpath.storage.reader import Reader
@@ -118,11 +120,19 @@ class ServerRuntime:
     ``assembly_settle_seconds``, ``scrape_targets``, ``scrape_interval_seconds``, …).
     Opening the store applies migrations; raises what :meth:`Store.open` raises.
     Background threads start with :meth:`start`. Counters (``*_total``) are read by
-    ``GET /metrics``.
+    ``GET /metrics``. ``services``: parts run for others (the alert evaluator, see
+    :mod:`inferpath.server.services`), by name in :attr:`services`: started after the
+    server's own loops, stopped before the store closes. ``ValueError`` for two services of
+    one name.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, services: Sequence[BackgroundService] = ()) -> None:
         self.settings = settings
+        self.services: dict[str, BackgroundService] = {}
+        for service in services:
+            if service.name in self.services:
+                raise ValueError(f"two services are named {service.name!r}")
+            self.services[service.name] = service
         self.store = Store.open(settings.store_url, ttl_days=settings.ttl_days,
                                 ttl_days_by_table=settings.ttl_days_by_table or None)
         self.rollups = RollupRefresher(self.store, interval_seconds=settings.rollup_interval_seconds)
@@ -256,9 +266,8 @@ class ServerRuntime:
         if self.memory_releaser is not None:
             self.memory_releaser.start()
         gauge_rollup.backfill_quietly(self.store)  # gauges stored before schema 011 (storage/gauge_rollup.py)
-        from inferpath.alerts.service import start_alerts  # alert rules: INFERPATH_ALERT_RULES
-
-        self.alerts = start_alerts(self.store, self.settings)
+        for service in self.services.values():
+            service.start(self.store, self.settings)
 
     def refresh_rollups(self) -> RefreshResult:
         """Bring the per-minute request and hop rollups up to date now (the thread does it
@@ -397,8 +406,8 @@ class ServerRuntime:
         if self.decode_workers is not None:
             self.decode_workers.close()
         self.rollups.stop(timeout_seconds)
-        if getattr(self, "alerts", None) is not None:
-            self.alerts.stop()
+        for service in self.services.values():
+            service.stop(timeout_seconds)
         if self.span_log_ingest is not None:  # drain the log; what the store refuses stays in it
             self.span_log_ingest.close(timeout_seconds)
         try:
@@ -525,20 +534,19 @@ class RunningServer:
         self.stop()
 
 
-def serve_in_thread(settings: Settings, *, port: int | None = None) -> RunningServer:
+def serve_in_thread(settings: Settings, *, port: int | None = None,
+                    services: Sequence[BackgroundService] = ()) -> RunningServer:
     """Start the server (runtime + HTTP) on ``settings.host:settings.port`` in a daemon thread.
 
     ``port`` overrides ``settings.port``; 0 picks a free port (``Settings`` itself only
-    admits 1..65535). The socket is bound here, so ``.url``/``.port`` are final on return.
+    admits 1..65535). ``services``: see :class:`ServerRuntime`. The socket is bound here, so ``.url``/``.port`` are final on return.
     Returns once uvicorn accepts connections; raises ``RuntimeError`` if it does not within
     30 s, and what :class:`ServerRuntime` or binding raises (the runtime is closed then).
     """
-    from inferpath.server.app import create_app
-
     listen_port = settings.port if port is None else int(port)
     if not 0 <= listen_port <= 65535:
         raise ValueError(f"port must be in 0..65535, got {listen_port}")
-    runtime = ServerRuntime(settings)
+    runtime = ServerRuntime(settings, services)
     try:
         sock = _bind(settings.host, listen_port)
     except BaseException:
@@ -568,15 +576,14 @@ class _Terminated(Exception):
     """SIGTERM re-raised by uvicorn after its graceful shutdown."""
 
 
-def serve_forever(settings: Settings) -> None:
+def serve_forever(settings: Settings, services: Sequence[BackgroundService] = ()) -> None:
     """Run the server in the foreground until SIGINT/SIGTERM, then flush and close.
+    ``services``: see :class:`ServerRuntime`.
 
     uvicorn shuts HTTP down gracefully and then re-raises the signal it caught; both are
     turned into a normal return here so the runtime is always flushed and the store closed.
     """
     import signal
-
-    from inferpath.server.app import create_app
 
     def _terminated(signum: int, frame: object) -> None:
         raise _Terminated()
@@ -589,7 +596,7 @@ def serve_forever(settings: Settings) -> None:
     sock: socket.socket | None = _bind(settings.host, settings.port, listen=False)
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        runtime = ServerRuntime(settings)
+        runtime = ServerRuntime(settings, services)
     except Exception as exc:
         signal.signal(signal.SIGTERM, previous)
         sock.close()

@@ -127,10 +127,8 @@ class RuntimeCollector:
         yield from _ingest_metrics(rt.ingest)
         if getattr(rt, "span_log_ingest", None) is not None:
             yield from _span_log_metrics(rt.span_log_ingest)
-        if getattr(rt, "alerts", None) is not None:
-            from inferpath.alerts.metrics import alert_metric_families
-
-            yield from alert_metric_families(rt.alerts)
+        for service in rt.services.values():  # the alert evaluator's inferpath_alerts_*, when it runs
+            yield from service.metric_families()
         yield from _embedded_store_memory(rt.memory_releaser)
 
 

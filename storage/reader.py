@@ -354,3 +354,23 @@ class Reader:
             {"bucket": bucket, "service_name": service, "attributes": dict(attributes), "value": float(value)}
             for bucket, service, attributes, value in self.store.query(sql, params)
         ]
+
+    def alert_changes(self, start: datetime, end: datetime, limit: int = 1000) -> list[dict]:
+        """State changes of alerts in ``inferpath_alerts`` with ``start ≤ timestamp < end``
+        (aware), oldest first, at most ``limit`` (1..:data:`MAX_LIMIT`): dicts with
+        ``timestamp``, ``rule``, ``fingerprint``, ``state`` (``pending``, ``firing``,
+        ``resolved``, ``inactive``), ``labels``, ``annotations`` (dicts), ``value``. The alert
+        evaluator writes the table (few rows: state changes only, so any range is cheap);
+        this is its read for the read API. ``ValueError`` for naive times, ``end <= start``
+        or a bad ``limit``."""
+        start_utc, end_utc = ensure_aware(start, "start"), ensure_aware(end, "end")
+        if end_utc <= start_utc:
+            raise ValueError(f"end must be after start, got start={start_utc} end={end_utc}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise ValueError(f"limit must be an integer in 1..{MAX_LIMIT}, got {limit!r}")
+        sql = (
+            "SELECT timestamp, rule, fingerprint, state, labels, annotations, value FROM inferpath_alerts"
+            " WHERE timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
+            " ORDER BY timestamp, rule, fingerprint LIMIT {limit:UInt32}"
+        )
+        return self.store.query_dicts(sql, {"start": start_utc, "end": end_utc, "limit": limit})

@@ -1,4 +1,5 @@
-"""The server's alert read route (``GET /api/v1/alerts``) and alert counters on ``/metrics``."""
+"""The server's alert read routes (``GET /api/v1/alerts``, ``POST /api/v1/alerts/backtest``) and
+alert counters on ``/metrics``."""
 
 from __future__ import annotations
 
@@ -9,22 +10,45 @@ import httpx
 from alert_scenarios import insert_requests, request
 
 from inferpath.config import Settings
+from inferpath.serve import server_services
 from inferpath.server.runtime import serve_in_thread
 
 
-def test_alerts_route_without_evaluator(store_url, monkeypatch) -> None:
-    monkeypatch.delenv("INFERPATH_ALERT_RULES", raising=False)
-    server = serve_in_thread(Settings(store_url=store_url), port=0)
+def test_alerts_route_without_evaluator(store_url) -> None:
+    # The server alone: no alerts service; with one and no rules: back-tests only.
+    alone = serve_in_thread(Settings(store_url=store_url), port=0)
     try:
-        body = httpx.get(f"{server.url}/api/v1/alerts", timeout=10).json()
-        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+        body = httpx.get(f"{alone.url}/api/v1/alerts", timeout=10).json()
+        metrics = httpx.get(f"{alone.url}/metrics", timeout=10).text
+        refused = httpx.post(f"{alone.url}/api/v1/alerts/backtest", timeout=10,
+                             json={"rules": "rules: []", "start": "-60", "end": "0"})
     finally:
-        server.stop()
+        alone.stop()
     assert body["configured"] is False and body["history"] == []
     assert "inferpath_alerts_evaluations_total" not in metrics
+    assert refused.status_code == 503 and "alerts service" in refused.json()["detail"]
+    settings = Settings(store_url=store_url)
+    quiet = serve_in_thread(settings, port=0, services=server_services(settings))
+    try:
+        body = httpx.get(f"{quiet.url}/api/v1/alerts", timeout=10).json()
+        bad = httpx.post(f"{quiet.url}/api/v1/alerts/backtest", timeout=10,
+                         json={"rules": "rules:\n  - name: A\n    kind: nope\n", "source": "mine.yaml",
+                               "start": "2026-12-03T10:00:00Z", "end": "2026-12-03T11:00:00Z"})
+        long = httpx.post(f"{quiet.url}/api/v1/alerts/backtest", timeout=10,
+                          json={"rules": "rules: []", "start": "2026-01-01T00:00:00Z", "end": "2026-12-01T00:00:00Z",
+                                "step_seconds": 60})
+        backwards = httpx.post(f"{quiet.url}/api/v1/alerts/backtest", timeout=10,
+                               json={"rules": "rules: []", "start": "2026-12-03T11:00:00Z",
+                                     "end": "2026-12-03T10:00:00Z"})
+    finally:
+        quiet.stop()
+    assert body["configured"] is False
+    assert bad.status_code == 422 and "mine.yaml:3: rules[0].kind" in bad.json()["detail"][0]["msg"]
+    assert long.status_code == 422 and "480960 evaluations" in long.json()["detail"][0]["msg"]
+    assert backwards.status_code == 422 and backwards.json()["detail"][0]["loc"] == ["body", "end"]
 
 
-def test_alerts_route_and_metrics_with_a_firing_alert(store_url, tmp_path, receiver, monkeypatch) -> None:
+def test_alerts_route_and_metrics_with_a_firing_alert(store_url, tmp_path, receiver) -> None:
     url, captured = receiver
     rules = tmp_path / "rules.yaml"
     rules.write_text(f"""
@@ -38,8 +62,8 @@ rules:
     min_samples: 100
     window: 5m
 """)
-    monkeypatch.setenv("INFERPATH_ALERT_RULES", str(rules))
-    server = serve_in_thread(Settings(store_url=store_url), port=0)
+    settings = Settings(store_url=store_url, alert_rules=str(rules))
+    server = serve_in_thread(settings, port=0, services=server_services(settings))
     try:
         now = datetime.now(timezone.utc)
         insert_requests(server.runtime.store, [

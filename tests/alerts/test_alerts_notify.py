@@ -22,6 +22,7 @@ from inferpath.alerts.history import AlertHistory
 from inferpath.alerts.notifiers import Delivery, redact_url
 from inferpath.alerts.rules import parse_rule_text
 from inferpath.demo.processes import free_port as _free_port
+from inferpath.storage.reader import Reader
 
 INTERVAL_SECONDS = 15
 FOR_SECONDS = 60
@@ -95,7 +96,7 @@ def test_case3_batch_window_pending_firing_resolved_one_notification_each(store,
     assert resolved["endsAt"] == resolved_at.isoformat().replace("+00:00", "Z")
     assert resolved["labels"] == firing["labels"]
 
-    history = AlertHistory(store).changes(T0, T0 + timedelta(hours=1))
+    history = Reader(store).alert_changes(T0, T0 + timedelta(hours=1))
     assert [row["state"] for row in history] == ["pending", "firing", "resolved"]
     assert all(row["labels"]["alertname"] == "TTFTTailDivergence" for row in history)
 
