@@ -22,13 +22,25 @@ In one run, alternating so that both sides see the same background load of the m
    every 100 ms (the default) the answer is ≤ 75 ms coarser and the lookups half as many
    (``probe_reads``). ``--no-probe`` runs without it (``visible_*`` are then null).
 
+A second reference side, ``async``, inserts the same kind of rows from ``--clients`` threads
+at once, each insert with ``async_insert=1, wait_for_async_insert=1`` (ClickHouse's own
+server-side batching, each insert answered once its rows are flushed); it reports the
+store's ``AsyncInsertQuery`` count, which says whether the engine batched them at all
+(embedded chDB does not: it answers each such insert as a plain synchronous one).
+
+The last server phase ends with ``kill -9`` of the server while the exporters are still
+posting (``--no-kill``: a graceful stop instead); the server is then started again on the
+same store, flushed and stopped gracefully. Acknowledged spans missing from the store
+(``lost_spans``) and spans stored twice (``stored_twice``) must both be 0. The server's
+resident set (``VmRSS``, its child processes included) is sampled every 0.5 s during the
+server phases (``rss_peak_mb``, ``rss_last_mb``).
+
 Phases run reference, server, reference, … , server, reference (``--rounds`` server
 phases; one round = one sustained run of ``--seconds``). The load average (1 min) is read
 at the start and end of each phase; each server phase also records its CPU seconds split
 into the server process's user and system time, the decode workers', this process's (the
 exporters and the probe) and the machine's busy and idle time (``cpu_split_seconds``):
-idle near 0 means the run was bound by the machine's two cores. After a graceful stop, the server's store is opened
-here and counted: acknowledged spans missing (loss) and spans stored twice must both be 0.
+idle near 0 means the run was bound by the machine's two cores.
 
 The machine's own speed varies from day to day by up to 2× (a shared virtual machine):
 ``python_loop_ms`` is the best of five timings of ``sum(range(1_000_000))`` in this process,
@@ -36,7 +48,9 @@ taken before the first phase and after the last, so that runs of different days 
 compared (the raw reference moves with it).
 
 ``python bench/server_ingest.py [--seconds 60] [--clients 4] [--spans-per-request 1000]
-[--rounds 1] [--reference-seconds 5] [--probe-poll-seconds 0.1 | --no-probe]``
+[--rounds 1] [--reference-seconds 5] [--probe-poll-seconds 0.1 | --no-probe] [--no-kill]
+[--server-env NAME=VALUE …]`` (``--server-env``: settings of the server under test, e.g.
+``INFERPATH_SPAN_LOG=false``)
 """
 
 from __future__ import annotations
@@ -72,9 +86,11 @@ def _free_port() -> int:
     return free_port()  # below the ephemeral range: no outgoing connection takes it first
 
 
-def _start(store_url: str, port: int) -> subprocess.Popen:
+def _start(store_url: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m inferpath.server`` on ``store_url`` and ``port`` (``env``: variables added
+    to this process's), once its ``/healthz`` answers; raises ``RuntimeError`` after 60 s."""
     process = subprocess.Popen([sys.executable, "-m", "inferpath.server", "--port", str(port), "--store", store_url],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -142,6 +158,25 @@ def _cpu_split(pid: int) -> dict[str, float]:
     return out
 
 
+def _rss_bytes(pid: int) -> int:
+    """Resident set of ``pid`` and its child processes (``VmRSS``, Linux); 0 once gone."""
+    total = 0
+    for one in (pid, *children(pid)):
+        try:
+            for line in Path(f"/proc/{one}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _async_insert_queries(client) -> int:
+    """Inserts the engine of ``client`` queued for server-side batching (``AsyncInsertQuery``)."""
+    rows = client.query("SELECT value FROM system.events WHERE event = 'AsyncInsertQuery'").result_rows
+    return int(rows[0][0]) if rows else 0
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads) and of its running
     children (the decode workers), from /proc (Linux)."""
@@ -177,18 +212,21 @@ def _check_arguments(seconds: float, clients: int, spans_per_request: int, round
 
 def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, bodies: int | None = None,
         workdir: str | None = None, rounds: int = 1, reference_seconds: float = 5.0,
-        max_rate: float = 60_000.0, probe_poll_seconds: float | None = 0.1) -> dict:
+        max_rate: float = 60_000.0, probe_poll_seconds: float | None = 0.1, kill: bool = True,
+        server_env: dict[str, str] | None = None) -> dict:
     """Run the benchmark; returns the figures as a dict (also printed by ``main``).
 
     ``max_rate`` (spans/s) sizes the pool of distinct pre-built bodies; if the server drains
     it, ``all_bodies_used`` says so and the rate is a lower bound. ``probe_poll_seconds``:
-    the visibility probe's poll interval (> 0), ``None`` for no probe. Raises
+    the visibility probe's poll interval (> 0), ``None`` for no probe. ``kill``: end the
+    last server phase with ``kill -9`` (module docstring); ``server_env``: variables for
+    the server process (``{"INFERPATH_SPAN_LOG": "false"}``). Raises
     ``ValueError`` naming the first argument out of range (:func:`_check_arguments`).
     """
     _check_arguments(seconds, clients, spans_per_request, rounds, reference_seconds, max_rate, probe_poll_seconds)
     with scratch_folder(workdir, "inferpath-bench-") as folder:
         return _run(folder, seconds, clients, spans_per_request, bodies, rounds, reference_seconds, max_rate,
-                    probe_poll_seconds)
+                    probe_poll_seconds, kill, dict(server_env or {}))
 
 
 def python_loop_ms() -> float:
@@ -203,7 +241,8 @@ def python_loop_ms() -> float:
 
 
 def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bodies: int | None, rounds: int,
-         reference_seconds: float, max_rate: float, probe_poll_seconds: float | None) -> dict:
+         reference_seconds: float, max_rate: float, probe_poll_seconds: float | None, kill: bool,
+         server_env: dict[str, str]) -> dict:
     spans_per_trace = 10
     loop_ms = [python_loop_ms()]
     count = bodies or max(clients * 4, int(seconds * max_rate / spans_per_request) + clients)
@@ -212,7 +251,7 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
     store_url = f"chdb://{folder / 'store'}"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = _start(store_url, port)
+    server = _start(store_url, port, server_env)
     acked: list[int] = []
     retries = [0]
     next_body = iter(range(count))
@@ -221,20 +260,32 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
     probe_reads = [0]
     loads: list[float] = []
     phases: list[dict] = []
+    rss_samples: list[int] = []
+    metrics = [""]
 
-    def server_phase(phase_seconds: float) -> None:
+    def server_phase(phase_seconds: float, last: bool) -> None:
         stop_at = time.monotonic() + phase_seconds
         acked_before = len(acked)
+        killed = threading.Event()
+        cpu_killed: list = [0.0]
+        split_killed: list = [{}]
+
+        until_killed = last and kill  # then the exporters post until the kill, so that some are in flight
 
         def exporter() -> None:
             with httpx.Client(base_url=url, timeout=60) as http:
-                while time.monotonic() < stop_at:
+                while not killed.is_set() if until_killed else time.monotonic() < stop_at:
                     with lock:
                         index = next(next_body, None)
                     if index is None:
                         return
                     while True:
-                        response = http.post("/v1/traces", content=prepared[index][0], headers=PROTOBUF)
+                        try:
+                            response = http.post("/v1/traces", content=prepared[index][0], headers=PROTOBUF)
+                        except httpx.HTTPError:
+                            if killed.is_set():  # killed with this export in flight: never acknowledged
+                                return
+                            raise
                         if response.status_code == 200:
                             with lock:
                                 acked.append(index)
@@ -244,17 +295,22 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
 
         def probe() -> None:
             with httpx.Client(base_url=url, timeout=60) as http:
-                while time.monotonic() < stop_at:
+                while time.monotonic() < stop_at and not killed.is_set():
                     # The factory's root span lasts 560 ms: start it so that it ends now.
                     ended_ns = time.time_ns()
                     body, ids = trace_body(spans_per_trace=1, start_ns=ended_ns - 560_000_000, service_name="probe")
                     trace_id = next(iter(ids))
-                    http.post("/v1/traces", content=body, headers=PROTOBUF)
-                    while True:
-                        probe_reads[0] += 1
-                        if http.get(f"/api/v1/traces/{trace_id}").status_code == 200:
-                            break
-                        time.sleep(probe_poll_seconds)
+                    try:
+                        http.post("/v1/traces", content=body, headers=PROTOBUF)
+                        while True:
+                            probe_reads[0] += 1
+                            if http.get(f"/api/v1/traces/{trace_id}").status_code == 200:
+                                break
+                            time.sleep(probe_poll_seconds)
+                    except httpx.HTTPError:
+                        if killed.is_set():
+                            return
+                        raise
                     visible_seconds.append((time.time_ns() - ended_ns) / 1e9)
                     time.sleep(0.2)
 
@@ -263,15 +319,30 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         split_before, bench_before = _cpu_split(server.pid), time.process_time()
         started = time.monotonic()
         threads = [threading.Thread(target=exporter) for _ in range(clients)]
-        if probe_poll_seconds is not None:
-            threads.append(threading.Thread(target=probe))
+        prober = threading.Thread(target=probe) if probe_poll_seconds is not None else None
+        if prober is not None:
+            threads.append(prober)
         for thread in threads:
             thread.start()
+        while time.monotonic() < stop_at:
+            rss_samples.append(_rss_bytes(server.pid))
+            time.sleep(min(0.5, max(0.0, stop_at - time.monotonic())))
+        if last:
+            if prober is not None:  # its last probe completes before the kill
+                prober.join(120)
+            metrics[0] = httpx.get(f"{url}/metrics", timeout=30).text
+            cpu_killed[0], split_killed[0] = _cpu_seconds(server.pid), _cpu_split(server.pid)
+            if kill:  # while the exporters still post: what was answered 200 must survive it
+                killed.set()
+                server.kill()
+                server.wait(60)
         for thread in threads:
             thread.join()
         elapsed = time.monotonic() - started
-        cpu = _cpu_seconds(server.pid) - cpu_before
-        split = {key: round(value - split_before[key], 2) for key, value in _cpu_split(server.pid).items()}
+        cpu_after = cpu_killed[0] if killed.is_set() else _cpu_seconds(server.pid)
+        cpu = cpu_after - cpu_before
+        split_after = split_killed[0] if killed.is_set() else _cpu_split(server.pid)
+        split = {key: round(value - split_before[key], 2) for key, value in split_after.items()}
         # This process: the exporters and the probe (and Python's own threads' overhead).
         split["bench_clients"] = round(time.process_time() - bench_before, 2)
         loads.append(os.getloadavg()[0])
@@ -301,18 +372,63 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
                        "spans_per_second": round(rows_total / insert_seconds) if insert_seconds else 0,
                        "cpu_seconds": round(cpu, 2), "load_average": loads[-1]})
 
-    with Store.open(f"chdb://{folder / 'reference'}?database=rawref") as ref:
+    async_cursor = [0]
+
+    def async_phase(store: Store, exports: int) -> None:
+        # ``clients`` threads at once, one connection each, every insert with ClickHouse's
+        # async_insert and wait_for_async_insert=1; rows decoded before the clock starts.
+        batches = []
+        for _ in range(exports):
+            body = prepared[async_cursor[0] % count][0]
+            async_cursor[0] += 1
+            batches.append([s.to_insert_row() for s in decode_trace_request(
+                body, content_type="application/x-protobuf", content_encoding=None).spans])
+        queued_before = _async_insert_queries(store._client)
+        pending = iter(batches)
+        take = threading.Lock()
+
+        def inserter() -> None:
+            with store._connection() as client:
+                while True:
+                    with take:
+                        rows = next(pending, None)
+                    if rows is None:
+                        return
+                    client.insert("otel_traces", rows, column_names=list(SPAN_COLUMNS),
+                                  settings={"async_insert": 1, "wait_for_async_insert": 1})
+
+        threads = [threading.Thread(target=inserter) for _ in range(clients)]
+        began, cpu_began = time.perf_counter(), time.process_time()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+        rows_total = sum(map(len, batches))
+        phases.append({"side": "async", "seconds": round(wall, 2), "spans": rows_total,
+                       "spans_per_second": round(rows_total / wall) if wall else 0, "cpu_seconds": round(cpu, 2),
+                       "async_insert_queries": _async_insert_queries(store._client) - queued_before})
+
+    def reference_phases(ref: Store, async_ref: Store) -> None:
         reference_phase(ref._client)
-        for _ in range(rounds):
-            server_phase(seconds / rounds)
-            reference_phase(ref._client)
-    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        async_phase(async_ref, max(clients, round(phases[-1]["spans"] / spans_per_request)))
+
+    with Store.open(f"chdb://{folder / 'reference'}?database=rawref") as ref, \
+            Store.open(f"chdb://{folder / 'reference'}?database=rawasync") as async_ref:
+        reference_phases(ref, async_ref)
+        for round_index in range(rounds):
+            server_phase(seconds / rounds, last=round_index == rounds - 1)
+            reference_phases(ref, async_ref)
+    metrics = metrics[0]
     inserts = _metric(metrics, "inferpath_ingest_insert_seconds_count")
     exports = _metric(metrics, "inferpath_ingest_commits_total")
     # Whether request assembly kept up: traces derived from held spans or read back, held
     # traces let go over the bounds, span batches held back for room.
     assembly = {name: int(_metric(metrics, f"inferpath_assembler_{name}_total")) for name in (
         "rows_from_memory", "rows_from_store", "held_span_evictions", "room_waits")}
+    if kill:  # start again on the same store: what was acknowledged before the kill is inserted
+        server = _start(store_url, port, server_env)
+        httpx.post(f"{url}/api/v1/flush", timeout=120)
     server.send_signal(signal.SIGTERM)
     server.wait(300)
     loop_ms.append(python_loop_ms())
@@ -330,11 +446,18 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
     ref_cpu = sum(p["cpu_seconds"] for p in phases if p["side"] == "reference")
     server_rate = acked_spans / server_seconds
     raw_rate = ref_spans / ref_seconds if ref_seconds else float("nan")
+    async_phases = [p for p in phases if p["side"] == "async"]
+    async_rate = sum(p["spans"] for p in async_phases) / max(sum(p["seconds"] for p in async_phases), 1e-9)
     return {
         "seconds": round(server_seconds, 1), "clients": clients, "spans_per_request": spans_per_request,
         "rounds": rounds, "acked_spans": acked_spans, "server_spans_per_second": round(server_rate),
         "raw_insert_spans_per_second": round(raw_rate), "ratio": round(server_rate / raw_rate, 3),
-        "lost_spans": lost, "stored_twice": int(rows) - int(distinct), "retries_503": retries[0],
+        "async_insert_spans_per_second": round(async_rate), "async_ratio": round(async_rate / raw_rate, 3),
+        "async_insert_queries": sum(p["async_insert_queries"] for p in async_phases),
+        "killed": kill, "lost_spans": lost, "stored_twice": int(rows) - int(distinct), "retries_503": retries[0],
+        "rss_peak_mb": round(max(rss_samples, default=0) / 2**20, 1),
+        "rss_last_mb": round(rss_samples[-1] / 2**20, 1) if rss_samples else None,
+        "server_env": server_env,
         # CPU per span (all threads, both cores; the server's decode workers included) is less
         # sensitive to other load than rates.
         "server_cpu_us_per_span": round(server_cpu / acked_spans * 1e6, 1) if acked_spans else None,
@@ -359,7 +482,12 @@ def main() -> int:
     parser.add_argument("--probe-poll-seconds", type=float, default=0.1,
                         help="the visibility probe's poll interval (> 0)")
     parser.add_argument("--no-probe", action="store_true", help="run without the visibility probe")
+    parser.add_argument("--no-kill", action="store_true", help="stop the server gracefully instead of kill -9")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for the server process (repeatable)")
     args = parser.parse_args()
+    if any("=" not in item for item in args.server_env):
+        parser.error("--server-env takes NAME=VALUE")
     probe_poll_seconds = None if args.no_probe else args.probe_poll_seconds
     try:
         _check_arguments(args.seconds, args.clients, args.spans_per_request, args.rounds, args.reference_seconds,
@@ -368,11 +496,15 @@ def main() -> int:
         parser.error(str(exc))
     result = run(args.seconds, args.clients, args.spans_per_request, rounds=args.rounds,
                  reference_seconds=args.reference_seconds, max_rate=args.max_rate,
-                 probe_poll_seconds=probe_poll_seconds)
+                 probe_poll_seconds=probe_poll_seconds, kill=not args.no_kill,
+                 server_env=dict(item.split("=", 1) for item in args.server_env))
     print(json.dumps(result, indent=2))
     print(f"server {result['server_spans_per_second']} spans/s vs raw clickhouse-connect "
-          f"{result['raw_insert_spans_per_second']} spans/s: ratio {result['ratio']}; lost {result['lost_spans']}, "
-          f"stored twice {result['stored_twice']}; span end -> visible p99 {result['visible_p99_seconds']} s "
+          f"{result['raw_insert_spans_per_second']} spans/s: ratio {result['ratio']}; "
+          f"{result['clients']} async_insert clients {result['async_insert_spans_per_second']} spans/s "
+          f"(ratio {result['async_ratio']}, {result['async_insert_queries']} queued by the engine); "
+          f"lost {result['lost_spans']} after {'kill -9' if result['killed'] else 'a graceful stop'}, "
+          f"stored twice {result['stored_twice']}; RSS peak {result['rss_peak_mb']} MB; span end -> visible p99 {result['visible_p99_seconds']} s "
           f"(poll {result['probe_poll_seconds']} s); "
           f"load average {result['load_average_min']:.1f}-{result['load_average_max']:.1f}; "
           f"python loop {result['python_loop_ms'][0]}/{result['python_loop_ms'][1]} ms")

@@ -4,7 +4,7 @@ The server (``python -m inferpath.server``, its own process, a fresh chDB folder
 paced load of ``--rate`` spans/s (``--clients`` exporters, ``--spans-per-request`` spans per
 export, every export a new body built here with fresh ids, each retried until its 200 as an
 OTLP exporter does) for ``--seconds``. Every ``--sample-seconds`` the server's resident set
-(``VmRSS`` from ``/proc``) is read, its decode workers' included. Growth, the figure the
+(``VmRSS`` from ``/proc``) is read, its child processes' included (none today). Growth, the figure the
 target bounds, is the median RSS of the last minute against the median of the minute after
 the first ``--warmup-seconds`` (imports, caches and chDB's pools are in place by then),
 minus one. A single sample is no measure of growth: merges and insert blocks swing the
@@ -78,7 +78,7 @@ def rss_bytes(pid: int) -> int:
 
 def tree_rss_bytes(pid: int) -> tuple[int, int]:
     """``(server, children)``: resident set sizes in bytes of ``pid`` and of its child
-    processes together (the server's decode workers)."""
+    processes together."""
     kids = 0
     for child in children(pid):
         try:
@@ -150,7 +150,7 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
         stored = dict(store.query("SELECT SpanId, count() FROM otel_traces WHERE ServiceName != 'probe'"
                                   " GROUP BY SpanId"))
     expected = set(acked_span_ids)
-    # Growth is of the whole process tree: the server and its decode workers.
+    # Growth is of the whole process tree.
     totals = [(at, rss + kids) for at, rss, kids in samples]
     reference = next((rss for at, rss in totals if at >= warmup_seconds), totals[-1][1])
     # Robust to a single sample's timing: the median of the last minute against the median
@@ -167,7 +167,6 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
         "rss_max_mb": round(max(rss for _, rss in totals) / 2**20, 1),
         "rss_growth": round(totals[-1][1] / reference - 1, 4),
         "rss_growth_of_medians": round(statistics.median(last) / statistics.median(first) - 1, 4),
-        "workers_rss_last_mb": round(samples[-1][2] / 2**20, 1),
         "store_allocator_resident_mb": [(round(at), round(res / 2**20, 1)) for at, res, _ in allocator],
         "store_allocator_allocated_mb": [(round(at), round(live / 2**20, 1)) for at, _, live in allocator],
         "rss_mb": [(round(at), round(rss / 2**20, 1)) for at, rss in totals],

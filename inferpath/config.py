@@ -24,7 +24,6 @@ ENV_SCRAPE_INTERVAL_SECONDS = "INFERPATH_SCRAPE_INTERVAL_SECONDS"
 ENV_ASSEMBLY_SETTLE_SECONDS = "INFERPATH_ASSEMBLY_SETTLE_SECONDS"
 ENV_ASSEMBLY_MAX_HELD_SPANS = "INFERPATH_ASSEMBLY_MAX_HELD_SPANS"
 ENV_ASSEMBLY_MAX_HELD_TRACES = "INFERPATH_ASSEMBLY_MAX_HELD_TRACES"
-ENV_DECODE_PROCESSES = "INFERPATH_DECODE_PROCESSES"
 ENV_MAX_BODY_BYTES = "INFERPATH_MAX_BODY_BYTES"
 ENV_SERVER_URL = "INFERPATH_SERVER_URL"
 ENV_ALERT_RULES = "INFERPATH_ALERT_RULES"
@@ -53,7 +52,6 @@ _ENV_BY_FIELD = {
     "assembly_settle_seconds": ENV_ASSEMBLY_SETTLE_SECONDS,
     "assembly_max_held_spans": ENV_ASSEMBLY_MAX_HELD_SPANS,
     "assembly_max_held_traces": ENV_ASSEMBLY_MAX_HELD_TRACES,
-    "decode_processes": ENV_DECODE_PROCESSES,
     "max_body_bytes": ENV_MAX_BODY_BYTES,
     "server_url": ENV_SERVER_URL,
     "alert_rules": ENV_ALERT_RULES,
@@ -108,32 +106,6 @@ class ScrapeTarget(BaseModel):
         return value.strip()
 
 
-def usable_cpus() -> int:
-    """CPUs this process may use: those of its affinity mask (``taskset``, cpusets), fewer
-    when a cgroup v2 CPU quota (``cpu.max``, e.g. a Kubernetes CPU limit) allows less,
-    rounded up; at least 1."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        cpus = os.cpu_count() or 1
-    try:
-        quota, period = open("/sys/fs/cgroup/cpu.max", encoding="ascii").read().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, -(-int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return max(1, cpus)
-
-
-def _default_decode_processes() -> int:
-    """Decode worker processes by default: one per usable CPU, at most 4; 0 (decode in the
-    request thread) with one CPU, where a second process adds the pipe's cost and no
-    parallelism. One worker is not enough even on two CPUs: it idles while its reply
-    crosses the pipe."""
-    cpus = usable_cpus()
-    return min(4, cpus) if cpus > 1 else 0
-
-
 class Settings(BaseModel):
     """Settings of the server, the CLI and the instrumentation.
 
@@ -157,10 +129,6 @@ class Settings(BaseModel):
     # 1 s for room (inferpath_assembler_room_waits_total) and throughput falls to what fits.
     assembly_max_held_spans: int = Field(250_000, ge=1_000, le=10_000_000)
     assembly_max_held_traces: int = Field(50_000, ge=100, le=1_000_000)
-    # Child processes that decode OTLP trace exports off the server's GIL (server/
-    # decode_workers.py): one per usable CPU (affinity, cgroup quota) up to 4, or 0 (in the
-    # request thread) with one CPU.
-    decode_processes: int = Field(default_factory=_default_decode_processes, ge=0, le=64)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # An OTLP export whose body has not fully arrived this long after its headers is answered
     # 408 and its in-flight slot freed: stalled uploads cannot hold max_inflight_requests.

@@ -48,6 +48,7 @@ from inferpath.server.otlp import (
     OTLPDecodeError,
     UnsupportedMediaTypeError,
     decode_metrics_request,
+    decode_trace_request,
 )
 from inferpath.server.ingest import CommitResult, dedup_token
 from inferpath.server.otlp_body import BodyFormat, body_format, encode_message
@@ -209,10 +210,9 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                 refusals.log(logging.INFO, "OTLP %s export from %s ended before its whole body arrived"
                              " (client disconnected)", signal, _peer(request))
                 return Response(status_code=400)
-            span_log = runtime.span_log_ingest if signal == "traces" else None
-            if span_log is None:
+            if signal != "traces":
                 return await _decode_and_commit(request, signal, body, content_type, fmt)
-            room = span_log.reserve(len(body))  # a 503 now, not after decoding what cannot fit
+            room = runtime.span_sink.reserve(len(body))  # a 503 now, not after decoding what cannot fit
             if isinstance(room, CommitResult):
                 return _unavailable(room, fmt)
             with room:
@@ -225,7 +225,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     async def _decode_and_commit(request: Request, signal: str, body: bytes, content_type: str | None,
                                  fmt: BodyFormat | None) -> Response:
         content_encoding = request.headers.get("content-encoding")
-        decode = runtime.decode_trace_request if signal == "traces" else decode_metrics_request
+        decode = decode_trace_request if signal == "traces" else decode_metrics_request
         # Items older than the table's TTL would vanish at insert: reject them with a reason.
         oldest_unix_ns = runtime.oldest_storable_unix_ns(
             "otel_traces" if signal == "traces" else "otel_metrics_gauge")

@@ -8,13 +8,11 @@ data is committed to the store or to a durable queue"):
 
 1. :meth:`LoggedSpanIngest.accept` (request thread): the export was decoded already (400 and
    ``partial_success`` answers stay synchronous); its body is appended to the
-   :class:`~inferpath.server.span_log.SpanLog` and its spans queued in memory with the same
-   rows as a ClickHouse Native block (written by the decode worker, or here); 200 follows.
+   :class:`~inferpath.server.span_log.SpanLog` and its spans queued in memory; 200 follows.
    A retry of a logged export (same dedup token) is answered 200 without a second record.
 2. The drainer thread takes the queued exports in log order, up to ``insert_rows`` rows or
    whatever arrived within ``linger_seconds`` of the oldest, writes ``B start end sample``
-   to the log's progress file, inserts their joined Native blocks as ONE INSERT into
-   ``otel_traces`` (ClickHouse squashes them into one part per partition) with the
+   to the log's progress file, inserts their rows as ONE INSERT into ``otel_traces`` with the
    dedup token ``wal-{log id}-{start}-{end}``, writes ``D end``, and hands the committed
    spans to the request assembler (``on_committed``, called in commit order by a thread of
    its own, so that the next insert need not wait for it; at most two batches wait).
@@ -36,8 +34,7 @@ decoded hold room too (:meth:`LoggedSpanIngest.reserve`): one that would take th
 those past ``max_backlog_bytes`` is answered 503 before it is decoded. An export that
 would pass a bound waits up to ``backlog_wait_seconds`` for room (its client, which holds
 one export in flight, is slowed down), then is answered 503 with ``Retry-After``; the spans queued in
-memory are the backlog's (~8 bytes of span objects and ~1.7 bytes of Native block per
-protobuf body byte). While the store
+memory are the backlog's (~8 bytes of span objects per protobuf body byte). While the store
 backs off after an error (:class:`~inferpath.server.ingest.DurableIngest`), exports are
 refused with 503 as before instead of being logged: a client holds its own export for free,
 while the log would turn a long outage into a long catch-up; the drainer retries the
@@ -59,11 +56,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from inferpath.server.ingest import CommitResult, DurableIngest, NativeRows, Reservation
+from inferpath.server.ingest import CommitResult, DurableIngest, Reservation, TableRows
 from inferpath.server.otlp import decode_trace_request
 from inferpath.server.otlp_body import body_format
 from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, SpanLog
-from inferpath.storage.native import NativeBlockWriter
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 
 __all__ = ["LoggedSpanIngest", "token_digest", "body_flags"]
@@ -94,18 +90,17 @@ def body_flags(content_type: str | None, content_encoding: str | None) -> int:
 
 @dataclass
 class _Queued:
-    """One logged export waiting for the drainer: log range ``[start, end)``, its spans and
-    the same rows as a Native block for ``otel_traces``."""
+    """One logged export waiting for the drainer: log range ``[start, end)`` and its spans."""
 
     start: int
     end: int
     spans: list[SpanRow]
-    block: bytes
     enqueued: float  # monotonic seconds
 
 
 class LoggedSpanIngest:
-    """Durable queue of span exports in front of ``otel_traces`` (see the module docstring).
+    """Durable queue of span exports in front of ``otel_traces`` (see the module docstring);
+    a :class:`~inferpath.server.ingest.SpanSink`.
 
     ``ingest``: the receiver's :class:`DurableIngest` (back-off state, insert, counters).
     ``log``: an open :class:`SpanLog`; its unfinished records are decoded and queued here.
@@ -142,10 +137,6 @@ class LoggedSpanIngest:
             raise ValueError(f"backlog_wait_seconds must be in 0..60, got {backlog_wait_seconds}")
         self.ingest = ingest
         self.log = log
-        # Rows travel to the store as Native blocks in the table's own column types, written
-        # where the export is decoded (a decode worker, given native_types) or in accept().
-        self.native_types = ingest.store.column_types(SPANS_TABLE, SPAN_COLUMNS)
-        self._writer = NativeBlockWriter(SPAN_COLUMNS, self.native_types)
         self.on_committed = on_committed
         self.insert_rows = insert_rows
         self.linger_seconds = linger_seconds
@@ -247,17 +238,7 @@ class LoggedSpanIngest:
             self.refused_spans_total += 1
             decoded = None
         spans = decoded.spans if decoded is not None else []
-        try:
-            block = self._block(spans)
-        except ValueError as exc:  # accepted once, so not expected: count, go on
-            logger.error("span log record at %d could not be serialized again (%s); skipped", record.start, exc)
-            self.refused_spans_total += len(spans)
-            spans, block = [], b""
-        return _Queued(record.start, record.end, spans, block, time.monotonic())
-
-    def _block(self, spans: Sequence[SpanRow]) -> bytes:
-        """``spans`` as one Native block for ``otel_traces``; raises ``ValueError``."""
-        return self._writer.block([span.to_insert_row(timestamp_ns=True) for span in spans])
+        return _Queued(record.start, record.end, spans, time.monotonic())
 
     def _stored_samples(self, samples: list[SpanRow]) -> set[tuple[str, str]]:
         """Which ``(trace_id, span_id)`` of ``samples`` are in ``otel_traces``. When the store
@@ -298,17 +279,16 @@ class LoggedSpanIngest:
         return self._queued_spans
 
     def accept(self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None,
-               content_encoding: str | None, block: bytes | None = None) -> CommitResult:
+               content_encoding: str | None) -> CommitResult:
         """Log one decoded export and queue its rows; ``committed`` once the record is written.
 
-        ``spans``: the export's valid spans; ``block``: the same spans as one Native block in
-        :attr:`native_types` (written here when ``None``); ``token``: its dedup token
+        ``spans``: the export's valid spans; ``token``: its dedup token
         (:func:`~inferpath.server.ingest.dedup_token`); ``body``, ``content_type``,
         ``content_encoding``: as received (the log keeps the body, decoded again only after
         a restart). Answers ``unavailable`` (503) while the store backs off or when the log
         cannot be written, ``overloaded`` (503) when the backlog would still pass
-        ``max_backlog_bytes`` after ``backlog_wait_seconds``, ``invalid`` (400) when the spans
-        cannot be written as a block (not expected: they were validated at decode). Never raises.
+        ``max_backlog_bytes`` after ``backlog_wait_seconds``, ``invalid`` (400) for a media
+        type the log cannot record (not expected: the body was decoded). Never raises.
         """
         digest = token_digest(token)
         if self.log.knows(digest):
@@ -322,8 +302,6 @@ class LoggedSpanIngest:
         spans = list(spans)
         try:
             flags = body_flags(content_type, content_encoding)
-            if block is None:
-                block = self._block(spans)  # outside the lock
         except Exception as exc:  # noqa: BLE001 - decoded already, so not expected: a 400, never raised
             return CommitResult("invalid", str(exc))
         with self._cond:
@@ -357,7 +335,7 @@ class LoggedSpanIngest:
                 self.log_errors_total += 1
                 logger.warning("span log append failed: %s", exc)
                 return CommitResult("unavailable", f"span log unwritable ({type(exc).__name__}); retry later", 1)
-            self._queue.append(_Queued(start, end, spans, block, time.monotonic()))
+            self._queue.append(_Queued(start, end, spans, time.monotonic()))
             self._queued_spans += len(spans)
             self.appended_total += 1
             if len(self._queue) == 1 or self._queued_spans >= self.insert_rows:
@@ -475,9 +453,10 @@ class LoggedSpanIngest:
                 logger.warning("span log progress unwritable (%s); retrying", exc)
                 self._pause(1.0)
                 return
-            data = b"".join(queued.block for queued in batch)
-            result = self.ingest.insert_block([NativeRows(SPANS_TABLE, SPAN_COLUMNS, data, rows)],
-                                              f"wal-{self.log.log_id}-{start}-{end}", exports=len(batch))
+            block = [span.to_insert_row(timestamp_ns=True) for queued in batch for span in queued.spans]
+            result = self.ingest.commit([TableRows(SPANS_TABLE, SPAN_COLUMNS, block, checked=True)],
+                                        f"wal-{self.log.log_id}-{start}-{end}", exports=len(batch))
+            del block
         if result.status == "unavailable":
             return  # back-off opened; the next round waits for it
         if result.status == "invalid":

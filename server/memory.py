@@ -65,7 +65,7 @@ SERVER_MALLOC_ARENAS = 2
 """glibc malloc arenas a server process uses at most (module docstring)."""
 
 SERVER_GC_THRESHOLDS = (100_000, 20, 10)
-"""``gc.set_threshold`` of a server process and its decode workers (:func:`tune_gc_for_server`)."""
+"""``gc.set_threshold`` of a server process (:func:`tune_gc_for_server`)."""
 
 COLLECT_INTERVAL_SECONDS = 60.0
 """Seconds between the releaser's collections of Python's youngest generation (module docstring)."""
@@ -110,8 +110,8 @@ def allocator_stats(store: Any) -> AllocatorStats | None:
 
 
 def tune_gc_for_server() -> None:
-    """Garbage-collector settings for a process that is (mostly) the server, or one of its
-    decode workers: what start-up allocated is frozen out of the collector's scans, young
+    """Garbage-collector settings for a process that is (mostly) the server: what start-up
+    allocated is frozen out of the collector's scans, young
     collections run every 100 000 net allocations instead of 700 and middle ones every 20
     young ones instead of 10 (:data:`SERVER_GC_THRESHOLDS`). Cycles are still collected,
     later; objects without cycles are freed by reference counting as before.
@@ -120,11 +120,7 @@ def tune_gc_for_server() -> None:
     collections took about a third of the CPU under a steady OTLP load; measured at ~45k
     spans/s over 30 s (bench/README.md, server_ingest): 20 000 / 10 spent 3.5 s in
     collections (148 young ones of ~16 ms, 13 middle ones of ~80 ms), 100 000 / 20 spent
-    1.3 s (11 young ones of ~120 ms), 250 000 / 20 1.1 s but in pauses of ~220 ms. A decode
-    worker holds one export's objects at a time, every one of them freed by reference
-    counting once its reply is written, so its collections only ever scan live objects: with
-    the defaults they took ~1.8 µs of the ~14.5 µs of CPU a worker spends per span, 12 %
-    (bench/worker_gc.py)."""
+    1.3 s (11 young ones of ~120 ms), 250 000 / 20 1.1 s but in pauses of ~220 ms."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*SERVER_GC_THRESHOLDS)

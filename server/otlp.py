@@ -69,16 +69,11 @@ MAX_STORABLE_UNIX_NS = 2**63 - 1
 class DecodedSpans:
     """Result of decoding one trace export: ``spans`` kept, ``rejected_spans`` counted, and
     ``error_message`` explaining the rejections and any warnings about kept spans (empty
-    when none; OTLP's ``partial_success`` carries it, with a count of 0 for warnings alone). ``native_block``: the
-    same spans as one ClickHouse Native block for ``otel_traces``, when the decoder was
-    asked for one (:mod:`inferpath.server.decode_workers`), else ``None``. With a block,
-    ``spans`` may be :func:`~inferpath.server.derive.derivation_view` s (what request
-    derivation reads): store the block, never rows built from ``spans``."""
+    when none; OTLP's ``partial_success`` carries it, with a count of 0 for warnings alone)."""
 
     spans: list[SpanRow]
     rejected_spans: int = 0
     error_message: str = ""
-    native_block: bytes | None = None
     warned_spans: int = 0  # of ``spans``, those kept with a warning in ``error_message``
 
 

@@ -1,8 +1,8 @@
 """The server's moving parts in one object, and ways to run it (thread or foreground).
 
 :class:`ServerRuntime` owns the :class:`Store`, the committed OTLP ingest
-(:class:`~inferpath.server.ingest.DurableIngest`: a 200 only once rows are in the store),
-one :class:`BatchWriter` per table the server derives or scrapes itself, the request
+(:class:`~inferpath.server.ingest.DurableIngest`: a 200 only once rows are in the store,
+or in the span log, :attr:`ServerRuntime.span_sink`), one :class:`BatchWriter` per table the server derives or scrapes itself, the request
 assembler thread and the scrape loop. The HTTP layer (:mod:`inferpath.server.app`) only
 decodes, hands rows to :meth:`ServerRuntime.ingest_spans` / ``ingest_metrics`` and reads
 through :attr:`ServerRuntime.reader`.
@@ -26,11 +26,10 @@ from typing import Callable, Sequence
 
 from inferpath.config import Settings
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
-from inferpath.server.decode_workers import DecodeWorkers
-from inferpath.server.ingest import CommitResult, DurableIngest, NativeRows, TableRows
+from inferpath.server.ingest import CommitResult, DirectSpanSink, DurableIngest, SpanSink, TableRows
 from inferpath.server.log_ingest import LoggedSpanIngest
 from inferpath.server.memory import MemoryReleaser, limit_c_heap_arenas, tune_gc_for_server
-from inferpath.server.otlp import DecodedMetrics, DecodedSpans, decode_trace_request
+from inferpath.server.otlp import DecodedMetrics, DecodedSpans
 from inferpath.server.app import create_app
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.server.services import BackgroundService
@@ -44,7 +43,6 @@ from inferpath.storage.rows import (
     GAUGE_COLUMNS,
     HISTOGRAM_COLUMNS,
     REQUEST_COLUMNS,
-    SPAN_COLUMNS,
     SUM_COLUMNS,
 )
 from inferpath.storage.store import Store
@@ -159,13 +157,9 @@ class ServerRuntime:
             max_held_spans=settings.assembly_max_held_spans,
             max_held_traces=settings.assembly_max_held_traces,
         )
-        # Span exports: 200 once logged, inserted in large blocks by one thread (log_ingest.py).
-        self.span_log_ingest = self._open_span_log(settings)
-        # Trace exports decoded in child processes, off this process's GIL (decode_workers.py).
-        self.decode_workers = DecodeWorkers(settings.decode_processes) if settings.decode_processes else None
-        if self.decode_workers is not None and self.span_log_ingest is not None:
-            # The workers also write the spans as the drainer's Native blocks (storage/native.py).
-            self.decode_workers.native_types = self.span_log_ingest.native_types
+        # Span exports: 200 once logged, inserted in large blocks by one thread (log_ingest.py),
+        # or once inserted (DirectSpanSink).
+        self.span_sink: SpanSink = self._open_span_sink(settings)
         # Flush work that can take long (after a restart, every recovered trace is read back;
         # a rollup pass over days of backdated traces): waited for only until the timeout.
         self._flush_assembly = _FlushPasses("request assembly", "inferpath-flush-assembly",
@@ -202,25 +196,26 @@ class ServerRuntime:
         """Spans acknowledged (200) and lost afterwards: logged exports whose rows the store
         refused for their data (should not happen: rows are validated at decode). Exports
         committed before their 200 are never lost after it, so without the span log: 0."""
-        return self.span_log_ingest.refused_spans_total if self.span_log_ingest is not None else 0
+        return self.span_sink.refused_spans_total
 
-    def _open_span_log(self, settings: Settings) -> LoggedSpanIngest | None:
-        """The span log in ``settings.span_log_dir`` or the chDB folder; ``None`` when off,
-        for a ClickHouse server without a folder, or when the folder is unusable (then
-        every export is inserted before its 200, as without the log)."""
+    def _open_span_sink(self, settings: Settings) -> SpanSink:
+        """The span log in ``settings.span_log_dir`` or the chDB folder; a
+        :class:`DirectSpanSink` (every export inserted before its 200) when the log is off,
+        for a ClickHouse server without a folder, or when the folder is unusable."""
+        direct = DirectSpanSink(self.ingest, on_committed=self.assembler.note_spans)
         if not settings.span_log:
-            return None
+            return direct
         if settings.span_log_dir:
             folder = Path(settings.span_log_dir)
         elif self.store.url.kind == "chdb" and self.store.url.path is not None:
             folder = self.store.url.path / SPAN_LOG_FOLDER_NAME
         else:
-            return None
+            return direct
         try:
             log = SpanLog(folder)
         except (OSError, ValueError) as exc:
             logger.warning("span log %s unusable (%s); inserting every export before its 200", folder, exc)
-            return None
+            return direct
         return LoggedSpanIngest(self.ingest, log, on_committed=self.assembler.note_spans,
                                 max_backlog_bytes=settings.span_log_max_backlog_bytes)
 
@@ -259,8 +254,7 @@ class ServerRuntime:
             logger.warning("could not check the trace-id bounds of recent traces: %s", exc)
         self.assembler.recover()
         self.assembler.start()
-        if self.span_log_ingest is not None:
-            self.span_log_ingest.start()
+        self.span_sink.start()
         self.scrape_loop.start()
         self.rollups.start()
         if self.memory_releaser is not None:
@@ -275,38 +269,18 @@ class ServerRuntime:
         return self.rollups.refresh_now()
 
     # ------------------------------------------------------------------ ingest
-    def ingest_spans(self, decoded: DecodedSpans, dedup_token: str | None = None, body: bytes | None = None,
-                     content_type: str | None = None, content_encoding: str | None = None) -> CommitResult:
-        """Commit decoded spans durably and hand them to the assembler once in ``otel_traces``.
+    def ingest_spans(self, decoded: DecodedSpans, dedup_token: str, body: bytes, content_type: str | None = None,
+                     content_encoding: str | None = None) -> CommitResult:
+        """Keep decoded spans durably through :attr:`span_sink`; the sink hands them to the
+        assembler once they are in ``otel_traces``.
 
-        With the span log and the export's ``body`` (``content_type``/``content_encoding`` as
-        received), the export is committed once logged and inserted later by the log's
-        drainer, which notes the spans (:mod:`~inferpath.server.log_ingest`); otherwise this
-        blocks until the insert returned. ``dedup_token`` (see
-        :func:`~inferpath.server.ingest.dedup_token`) makes a retried export a no-op.
-        Returns the :class:`CommitResult` (not ``ok``: nothing was kept, the client
-        retries). Never raises.
+        ``dedup_token`` (see :func:`~inferpath.server.ingest.dedup_token`) makes a retried
+        export a no-op; ``body`` (``content_type``/``content_encoding`` as received) is what
+        the span log records. Returns the :class:`CommitResult` (not ``ok``: nothing was
+        kept, the client retries). Never raises.
         """
-        if self.span_log_ingest is not None and body is not None and dedup_token is not None:
-            result = self.span_log_ingest.accept(decoded.spans, dedup_token, body, content_type, content_encoding,
-                                                 decoded.native_block)
-            with self._lock:
-                self.spans_rejected_total += decoded.rejected_spans
-                self.spans_warned_total += decoded.warned_spans
-                if result.ok:
-                    self.spans_received_total += len(decoded.spans)
-                    if result.duplicate:
-                        self.spans_duplicate_total += len(decoded.spans)
-                else:
-                    self.spans_refused_total += len(decoded.spans)
-            return result
+        result = self.span_sink.accept(decoded.spans, dedup_token, body, content_type, content_encoding)
         count = len(decoded.spans)
-        if decoded.native_block is not None:  # the spans may be derivation views: store the block
-            result = self.ingest.insert_block(
-                [NativeRows("otel_traces", SPAN_COLUMNS, decoded.native_block, count)], dedup_token)
-        else:
-            rows = [span.to_insert_row(timestamp_ns=True) for span in decoded.spans]
-            result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)], dedup_token)
         with self._lock:
             self.spans_rejected_total += decoded.rejected_spans
             self.spans_warned_total += decoded.warned_spans
@@ -316,9 +290,6 @@ class ServerRuntime:
                     self.spans_duplicate_total += count
             else:
                 self.spans_refused_total += count
-        if result.ok:
-            # Only committed spans: the assembler may derive rows from them without a read-back.
-            self.assembler.note_spans(decoded.spans)
         return result
 
     def ingest_metrics(self, decoded: DecodedMetrics, dedup_token: str | None = None) -> CommitResult:
@@ -335,16 +306,6 @@ class ServerRuntime:
             self.data_points_received_total += kept
             self.data_points_refused_total += decoded.data_points - kept
         return result
-
-    def decode_trace_request(self, body: bytes, *, content_type: str | None, content_encoding: str | None,
-                             oldest_unix_ns: int = 0) -> DecodedSpans:
-        """Decode one ``/v1/traces`` body: in a decode worker process when there are any
-        (``settings.decode_processes``), else here; arguments, results and errors of
-        :func:`inferpath.server.otlp.decode_trace_request`."""
-        workers = self.decode_workers
-        decode = decode_trace_request if workers is None else workers.decode_trace_request
-        return decode(body, content_type=content_type, content_encoding=content_encoding,
-                      oldest_unix_ns=oldest_unix_ns)
 
     def count_bad_request(self) -> None:
         """Count one malformed, oversized or unsupported OTLP request."""
@@ -366,8 +327,7 @@ class ServerRuntime:
         deadline = time.monotonic() + timeout_seconds
         left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
         ok = True
-        if self.span_log_ingest is not None:  # logged spans into otel_traces (and noted) first
-            ok = self.span_log_ingest.flush(left())
+        ok = self.span_sink.flush(left())  # logged spans into otel_traces (and noted) first
         for table, writer in self.writers.items():
             if table != REQUESTS_TABLE:
                 ok = writer.flush(left()) and ok
@@ -380,8 +340,7 @@ class ServerRuntime:
             "ok": ok,
             # Exports are committed (inserted or logged) before their 200; after the log's
             # flush above, its drainer inserted all it will (recovered spans included).
-            "spans_inserted_total": (self.span_log_ingest.inserted_spans_total if self.span_log_ingest is not None
-                                     else self.spans_received_total - self.spans_duplicate_total),
+            "spans_inserted_total": self.span_sink.inserted_spans_total,
             "data_points_inserted_total": self.data_points_received_total + sum(
                 self.writers[t].rows_inserted_total for t in ("otel_metrics_gauge", "otel_metrics_sum")),
             "requests_inserted_total": self.writers[REQUESTS_TABLE].rows_inserted_total,
@@ -395,7 +354,7 @@ class ServerRuntime:
                 return
             self._closed = True
         started = time.monotonic()
-        backlog = self.span_log_ingest.backlog_spans if self.span_log_ingest is not None else 0
+        backlog = self.span_sink.backlog_spans
         pending = self.assembler.pending_traces
         if backlog or pending:  # the work that can make a stop take seconds, said before it starts
             logger.info("stopping: inserting %d spans still in the span log, assembling %d pending traces",
@@ -403,19 +362,15 @@ class ServerRuntime:
         self.scrape_loop.stop()
         if self.memory_releaser is not None:
             self.memory_releaser.stop()
-        if self.decode_workers is not None:
-            self.decode_workers.close()
         self.rollups.stop(timeout_seconds)
         for service in self.services.values():
             service.stop(timeout_seconds)
-        if self.span_log_ingest is not None:  # drain the log; what the store refuses stays in it
-            self.span_log_ingest.close(timeout_seconds)
+        self.span_sink.close(timeout_seconds)  # drain the log; what the store refuses stays in it
         try:
             self.assembler.stop(timeout_seconds)  # final forced pass; flushes spans first
         finally:
             for writer in self.writers.values():
                 writer.close(timeout_seconds)
-            self.ingest.close()  # the group-commit journal file
             self.store.close()
             if backlog or pending:
                 logger.info("stopped in %.1f s", time.monotonic() - started)

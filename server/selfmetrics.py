@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from inferpath.server.ingest import INSERT_SECONDS_BUCKETS
+from inferpath.server.log_ingest import LoggedSpanIngest
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferpath.server.runtime import ServerRuntime
@@ -28,7 +29,6 @@ class RuntimeCollector:
 
     def collect(self) -> Iterator[Metric]:
         rt = self.runtime
-        workers = rt.decode_workers
         releaser = rt.memory_releaser
         for name, doc, value in (
             ("inferpath_server_spans_received", "Spans accepted from OTLP exports.", rt.spans_received_total),
@@ -73,12 +73,6 @@ class RuntimeCollector:
              rt.assembler.room_waits_total),
             ("inferpath_assembler_room_wait_seconds", "Time span batches were held back for assembly.",
              rt.assembler.room_wait_seconds_total),
-            ("inferpath_decode_worker_exports", "Trace exports decoded by a decode worker process.",
-             workers.decoded_total if workers is not None else 0),
-            ("inferpath_decode_worker_failures", "Decode worker processes found dead, hung or broken (each"
-             " replaced; its export decoded in the server).", workers.failures_total if workers is not None else 0),
-            ("inferpath_decode_worker_fallbacks", "Trace exports decoded in the server because no decode worker"
-             " could serve.", workers.fallbacks_total if workers is not None else 0),
             ("inferpath_rollup_passes", "Passes of the per-minute request rollup refresher.",
              rt.rollups.passes_total),
             ("inferpath_rollup_errors", "Failed rollup refresh passes.", rt.rollups.failures_total),
@@ -98,8 +92,6 @@ class RuntimeCollector:
         pending = GaugeMetricFamily("inferpath_assembler_pending_traces", "Traces noted, not yet assembled.",
                                     value=rt.assembler.pending_traces)
         yield pending
-        yield GaugeMetricFamily("inferpath_decode_workers", "Decode worker processes running.",
-                                value=workers.alive if workers is not None else 0)
         yield GaugeMetricFamily("inferpath_assembler_held_spans", "Committed spans held in memory for assembly.",
                                 value=rt.assembler.held_spans)
         yield GaugeMetricFamily("inferpath_rollup_last_pass_seconds", "Duration of the last rollup pass.",
@@ -125,8 +117,8 @@ class RuntimeCollector:
             families["queue"].add_metric([table], writer.queue_rows)
         yield from families.values()
         yield from _ingest_metrics(rt.ingest)
-        if getattr(rt, "span_log_ingest", None) is not None:
-            yield from _span_log_metrics(rt.span_log_ingest)
+        if isinstance(rt.span_sink, LoggedSpanIngest):
+            yield from _span_log_metrics(rt.span_sink)
         for service in rt.services.values():  # the alert evaluator's inferpath_alerts_*, when it runs
             yield from service.metric_families()
         yield from _embedded_store_memory(rt.memory_releaser)

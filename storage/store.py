@@ -376,35 +376,6 @@ class Store:
             columns.clear()  # should another cycle hold the context, it holds no rows
         return inserted
 
-    def insert_native(self, table: str, column_names: Sequence[str], data: bytes,
-                      *, dedup_token: str | None = None) -> None:
-        """Insert ``data``, rows already serialized as ClickHouse Native blocks for
-        ``column_names`` (:class:`~inferpath.storage.native.NativeBlockWriter`), into
-        ``table`` as one INSERT; ``dedup_token`` as in :meth:`insert`. Raises ``ValueError``
-        for a bad table or column name; driver errors propagate (a block that does not
-        match the table's columns is refused by ClickHouse)."""
-        validate_table_name(table)
-        names = _column_names(column_names)
-        if not data:
-            return
-        settings = None if dedup_token is None else {"insert_deduplication_token": str(dedup_token)}
-        with self._connection() as client:
-            client.raw_insert(table, names, insert_block=data, fmt="Native", settings=settings)
-
-    def column_types(self, table: str, column_names: Sequence[str]) -> tuple[str, ...]:
-        """The ClickHouse type name of each of ``column_names`` in ``table`` (e.g.
-        ``DateTime64(9)``), in that order. Raises ``ValueError`` for a bad table name or a
-        column the table lacks; driver errors propagate."""
-        validate_table_name(table)
-        database, _, name = table.rpartition(".")
-        found = dict(self.query(
-            "SELECT name, type FROM system.columns WHERE database = if({d:String} = '', currentDatabase(), {d:String})"
-            " AND table = {t:String}", {"d": database, "t": name}))
-        missing = [column for column in column_names if column not in found]
-        if missing:
-            raise ValueError(f"table {table} has no column(s) {', '.join(missing)}")
-        return tuple(found[column] for column in column_names)
-
     def query(self, sql: str, parameters: dict | None = None) -> list[tuple]:
         """Run a SELECT with server-side bound ``parameters`` (``{name:Type}`` placeholders).
 

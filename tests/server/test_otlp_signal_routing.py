@@ -39,7 +39,7 @@ TRACES_EXPORT = {"resourceSpans": [{
 
 @pytest.fixture
 def server(store_url: str):
-    with serve_in_thread(Settings(store_url=store_url, decode_processes=0), port=0) as running:
+    with serve_in_thread(Settings(store_url=store_url), port=0) as running:
         with httpx.Client(base_url=running.url, timeout=30.0) as http:
             yield running, http
 

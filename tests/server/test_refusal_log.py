@@ -58,7 +58,7 @@ def _app_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def test_refused_and_partly_rejected_exports_are_logged_once_per_interval(store_url: str,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
-    running = serve_in_thread(Settings(store_url=store_url, decode_processes=0), port=0)
+    running = serve_in_thread(Settings(store_url=store_url), port=0)
     try:
         with caplog.at_level(logging.INFO, logger=APP_LOGGER), httpx.Client(base_url=running.url, timeout=30) as http:
             assert http.post("/v1/traces", content=b"\x0a\x05oops", headers=PROTOBUF).status_code == 400
@@ -83,7 +83,7 @@ def test_refused_and_partly_rejected_exports_are_logged_once_per_interval(store_
 
 
 def test_an_export_without_the_token_is_logged(store_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    running = serve_in_thread(Settings(store_url=store_url, token="s3cret", decode_processes=0), port=0)
+    running = serve_in_thread(Settings(store_url=store_url, token="s3cret"), port=0)
     try:
         with caplog.at_level(logging.INFO, logger=APP_LOGGER), httpx.Client(base_url=running.url, timeout=30) as http:
             body, _ = trace_body(spans_per_trace=2)

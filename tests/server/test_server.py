@@ -210,16 +210,13 @@ def test_unsupported_media_and_oversized_bodies(store_url: str) -> None:
         running.stop()
 
 
-@pytest.mark.parametrize("decode_processes", [0, 1])
-def test_bodies_inflating_past_the_limit_are_413_as_oversized_raw_bodies_are(store_url: str,
-                                                                            decode_processes: int) -> None:
+def test_bodies_inflating_past_the_limit_are_413_as_oversized_raw_bodies_are(store_url: str) -> None:
     # 64 MiB + 1 byte: one gzip member, two members of half that each (RFC 1952 allows
-    # several; the limit is on their sum), and zlib-wrapped deflate. Traces are decoded in a
-    # worker process (decode_processes=1) or in the request thread (0); metrics in the server.
+    # several; the limit is on their sum), and zlib-wrapped deflate.
     limit = MAX_DECOMPRESSED_BYTES
     half = gzip.compress(b"\0" * (limit // 2 + 1))
     bodies = {"gzip": gzip.compress(b"\0" * (limit + 1)), "deflate": zlib.compress(b"\0" * (limit + 1))}
-    running = start(store_url, decode_processes=decode_processes)
+    running = start(store_url)
     try:
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
             for path in ("/v1/traces", "/v1/metrics"):

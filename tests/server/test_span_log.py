@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inferpath.server.ingest import DurableIngest, NativeRows, Reservation, dedup_token
+from inferpath.server.ingest import DurableIngest, Reservation, TableRows, dedup_token
 from inferpath.server.log_ingest import LoggedSpanIngest, token_digest
 from inferpath.server.otlp import decode_trace_request
 from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, HEADER_BYTES, SpanLog
@@ -108,17 +108,17 @@ def test_an_insert_cut_by_a_crash_is_settled_exactly_once_at_restart(store_url: 
                                                                      landed: bool) -> None:
     exports = _exports(5)
     with Store.open(store_url) as store:
-        ingest = DurableIngest(store, group_commit=False)
+        ingest = DurableIngest(store)
         log_ingest = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
         assert all(_accept(log_ingest, body).ok for body, _ in exports)
         # A crash between "B" and "D": the first three exports' insert ran (or not), no "D".
         first = list(log_ingest._queue)[:3]
-        data = b"".join(queued.block for queued in first)
+        rows = [span.to_insert_row(timestamp_ns=True) for queued in first for span in queued.spans]
         log_ingest.log.begin_insert(first[0].start, first[-1].end, first[0].spans[0].trace_id,
                                     first[0].spans[0].span_id)
         if landed:
-            assert ingest.insert_block([NativeRows("otel_traces", SPAN_COLUMNS, data, sum(len(q.spans) for q in first))],
-                                       f"wal-{log_ingest.log.log_id}-{first[0].start}-{first[-1].end}").ok
+            assert ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)],
+                                 f"wal-{log_ingest.log.log_id}-{first[0].start}-{first[-1].end}").ok
         log_ingest.log.close()  # killed: no drain, no close of the ingest
 
         noted: list[int] = []
@@ -140,7 +140,7 @@ def test_the_backlog_bound_refuses_with_503_until_the_drainer_catches_up(store_u
     exports = _exports(6, spans=100)
     size = len(exports[0][0])
     with Store.open(store_url) as store:
-        ingest = DurableIngest(store, group_commit=False)
+        ingest = DurableIngest(store)
         log_ingest = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=3 * size + 3 * 100,
                                       backlog_wait_seconds=0)
         results = [_accept(log_ingest, body) for body, _ in exports]
@@ -162,7 +162,7 @@ def test_exports_being_decoded_hold_backlog_room_and_one_that_cannot_fit_is_refu
     exports = _exports(3, spans=100)
     size = len(exports[0][0])
     with Store.open(store_url) as store:
-        ingest = DurableIngest(store, group_commit=False)
+        ingest = DurableIngest(store)
         log_ingest = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=2 * size,
                                       backlog_wait_seconds=0)
         # Alone, an export gets room whatever its size.
@@ -200,7 +200,7 @@ def test_exports_of_other_media_types_and_encodings_are_decoded_again_from_the_l
     body, ids = trace_body(spans_per_trace=3, traces=2)
     zipped = gzip.compress(body)
     with Store.open(store_url) as store:
-        ingest = DurableIngest(store, group_commit=False)
+        ingest = DurableIngest(store)
         first = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
         decoded = decode_trace_request(zipped, content_type=PROTOBUF, content_encoding="gzip")
         assert first.accept(decoded.spans, "t-gzip", zipped, PROTOBUF, "gzip").ok

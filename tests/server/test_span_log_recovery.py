@@ -128,7 +128,7 @@ def test_a_lost_progress_file_stores_nothing_twice_even_across_another_crash(
     exports = [trace_body(spans_per_trace=5, traces=2) for _ in range(8)]
     folder = tmp_path / "log"
     with Store.open(store_url) as store:
-        ingest = DurableIngest(store, group_commit=False)
+        ingest = DurableIngest(store)
         first = LoggedSpanIngest(ingest, SpanLog(folder))
         first.start()
         assert all(_accept(first, body).ok for body, _ in exports[:5])
@@ -164,7 +164,7 @@ def test_a_lost_progress_file_stores_nothing_twice_even_across_another_crash(
 def test_recovery_logs_what_it_re_queued(store_url: str, tmp_path: Path, caplog) -> None:
     exports = [trace_body(spans_per_trace=3, traces=2) for _ in range(4)]
     with Store.open(store_url) as store:
-        ingest = DurableIngest(store, group_commit=False)
+        ingest = DurableIngest(store)
         first = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
         assert all(_accept(first, body).ok for body, _ in exports)
         first.log.close()  # killed before the drainer ran

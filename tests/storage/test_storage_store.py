@@ -257,3 +257,19 @@ def test_inserts_leave_no_cyclic_garbage(store: Store) -> None:
     finally:
         gc.enable()
     assert store.query("SELECT count() FROM cycle_probe") == [(4000,)]
+
+
+def test_the_installed_clickhouse_connect_is_in_the_range_pyproject_pins() -> None:
+    # storage/store.py (_untie_insert_context) reaches a private attribute of the driver's
+    # InsertContext; a version outside the checked range fails here, before it fails quietly.
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    pinned = next(Requirement(item) for item in pyproject["project"]["optional-dependencies"]["server"]
+                  if Requirement(item).name == "clickhouse-connect")
+    assert pinned.specifier != SpecifierSet("") and any(spec.operator == "<" for spec in pinned.specifier)
+    assert version("clickhouse-connect") in pinned.specifier, (version("clickhouse-connect"), str(pinned.specifier))
