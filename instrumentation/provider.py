@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from opentelemetry import trace
 from opentelemetry.sdk.environment_variables import (
@@ -53,7 +53,7 @@ from opentelemetry.sdk.environment_variables import (
     OTEL_SDK_DISABLED,
 )
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -73,26 +73,48 @@ _MAX_SCHEDULE_DELAY_SECONDS = 60.0
 PROPAGATOR = TraceContextTextMapPropagator()
 
 
-class _DropCountingMetrics:
-    """Wraps the batch processor's metrics sink to count the spans it drops.
+class _CountedBatchProcessor(SpanProcessor):
+    """The SDK's ``BatchSpanProcessor`` behind an admission count, so that every dropped span
+    is counted through public interfaces only.
 
-    The SDK's ``BatchProcessor`` reports each dropped item (queue full, or emitted after
-    shutdown) to its metrics object; counting there is exact and costs one integer add.
-    """
+    ``pending`` counts spans handed to the batch processor and not yet settled (exported or
+    failed, reported by :class:`_FailureCountingExporter`). A span that would take
+    ``pending`` to ``max_queue_size``, or arrives after shutdown, is dropped here and
+    counted in :attr:`dropped_total`; the batch queue never fills, so the SDK drops none
+    itself. (``pending`` includes the batch being exported, so this bound is at most one
+    export batch tighter than the SDK's own queue.) Costs one lock per span."""
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __init__(self, exporter: _FailureCountingExporter, *, max_queue_size: int, **options: Any) -> None:
+        self._capacity = max_queue_size
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._closed = False
         self.dropped_total = 0
+        exporter.on_settled = self._settled
+        self.inner = BatchSpanProcessor(exporter, max_queue_size=max_queue_size, **options)
 
-    def register_queue_size(self, get_queue_size: Any) -> None:
-        self._inner.register_queue_size(get_queue_size)
+    def _settled(self, count: int) -> None:
+        with self._lock:
+            self._pending = max(0, self._pending - count)
 
-    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
-        self.dropped_total += count
-        self._inner.drop_items(count, error_type)
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.inner.on_start(span, parent_context=parent_context)
 
-    def finish_items(self, count: int) -> None:
-        self._inner.finish_items(count)
+    def on_end(self, span: Any) -> None:
+        with self._lock:
+            if self._closed or self._pending >= self._capacity:
+                self.dropped_total += 1
+                return
+            self._pending += 1
+        self.inner.on_end(span)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 #: At most one log line per this many seconds for each repeated export problem.
@@ -142,6 +164,8 @@ class _FailureCountingExporter(SpanExporter):
         self.failed_total = 0
         self._unreported = 0
         self._last_log = float("-inf")
+        self.on_settled: Callable[[int], None] = lambda count: None
+        """Called with each batch's span count once its export returned, whatever the result."""
 
     def export(self, spans: Any) -> SpanExportResult:
         try:
@@ -151,6 +175,8 @@ class _FailureCountingExporter(SpanExporter):
             cause: str = f"{type(error).__name__}: {error}"
         else:
             cause = "the exporter reported failure"
+        finally:
+            self.on_settled(len(spans))
         if result is not SpanExportResult.SUCCESS:
             self.failed_total += len(spans)
             self._unreported += len(spans)
@@ -186,9 +212,8 @@ class _Settings:
 class _State:
     settings: _Settings
     provider: TracerProvider
-    processor: BatchSpanProcessor
+    processor: _CountedBatchProcessor
     exporter: _FailureCountingExporter
-    metrics: _DropCountingMetrics | None
     pid: int
     tracer: trace.Tracer
 
@@ -275,29 +300,19 @@ def _build(settings: _Settings) -> _State:
                                     timeout=settings.export_timeout_seconds)
     delay_ms = settings.schedule_delay_seconds * 1000.0
     exporter = _FailureCountingExporter(exporter)
-    processor = BatchSpanProcessor(
+    processor = _CountedBatchProcessor(
         exporter,
         max_queue_size=settings.max_queue_size,
         schedule_delay_millis=delay_ms,
         max_export_batch_size=min(512, settings.max_queue_size),
         export_timeout_millis=settings.export_timeout_seconds * 1000.0,
     )
-    metrics = None
-    inner = getattr(processor, "_batch_processor", None)
-    if inner is not None and hasattr(inner, "_metrics"):
-        # The SDK keeps no public drop counter; wrapping its metrics sink is the one
-        # place every drop passes through.
-        metrics = _DropCountingMetrics(inner._metrics)
-        inner._metrics = metrics
-    else:  # pragma: no cover - depends on SDK internals
-        _logger.warning("inferpath: this OTel SDK hides its batch queue; drops are not counted")
     provider.add_span_processor(processor)
     return _State(
         settings=settings,
         provider=provider,
         processor=processor,
         exporter=exporter,
-        metrics=metrics,
         pid=os.getpid(),
         tracer=provider.get_tracer(INSTRUMENTATION_NAME),
     )
@@ -387,8 +402,7 @@ def _retire(state: _State, timeout_seconds: float) -> None:
         if worker.is_alive():
             _logger.warning("inferpath: span flush did not finish within %.1f s; "
                             "remaining spans may be lost", timeout_seconds)
-    if state.metrics is not None:
-        _dropped_before_total += state.metrics.dropped_total
+    _dropped_before_total += state.processor.dropped_total
     _failed_before_total += state.exporter.failed_total
 
 
@@ -431,7 +445,7 @@ def get_tracer() -> trace.Tracer:
                 _state = _build(_state.settings)
             _forked = False
             state = _state
-    return state.tracer
+    return state.tracer if state is not None else trace.get_tracer(INSTRUMENTATION_NAME)
 
 
 def current_provider() -> TracerProvider | None:
@@ -453,7 +467,7 @@ def dropped_spans_total() -> int:
     """Spans dropped by inferpath's batch processors in this process (queue full or
     emitted after shutdown), summed over every provider built since start."""
     state = _state
-    current = state.metrics.dropped_total if state is not None and state.metrics else 0
+    current = state.processor.dropped_total if state is not None else 0
     return _dropped_before_total + current
 
 
