@@ -1,3 +1,5 @@
+# mypy: disable-error-code="misc"
+# (mypy misses the slots SpanRow inherits from _StartNsCache under @dataclass(slots=True).)
 """Row shapes of inferpath's tables and their column orders.
 
 The ``otel_*`` column lists are the OpenTelemetry Collector contrib ClickHouse exporter's
@@ -142,6 +144,8 @@ class _StartNsCache:
     was ~1/4 of assembling a trace."""
 
     __slots__ = ("_start_ns", "_start_ns_of")
+    _start_ns: int | None
+    _start_ns_of: datetime | None
 
 
 @dataclass(slots=True)
@@ -222,7 +226,7 @@ class SpanRow(_StartNsCache):
         if self._start_ns_of is not timestamp:  # first read, or a new timestamp assigned
             self._start_ns = unix_ns_from_datetime(timestamp)
             self._start_ns_of = timestamp
-        return self._start_ns
+        return self._start_ns  # type: ignore[return-value]  # set just above or with its timestamp
 
     @property
     def end_ns(self) -> int:
@@ -405,7 +409,7 @@ class _MetricPoint:
         )
 
 
-_NO_EXEMPLARS = ([], [], [], [], [])
+_NO_EXEMPLARS: tuple[list[Any], ...] = ([], [], [], [], [])
 
 
 @dataclass(slots=True)

@@ -105,7 +105,7 @@ def _plain(value: Any) -> Any:
             if str(value) == "NaT":
                 return None
             raise _Unstorable(f"a NumPy {kind.__name__} has no time zone; pass a timezone-aware datetime")
-        if hasattr(value, "tolist") and getattr(value, "ndim", 0):  # an array
+        if hasattr(value, "tolist") and getattr(value, "ndim", False):  # an array
             return value.tolist()
         if hasattr(value, "item"):
             return value.item()
@@ -175,7 +175,7 @@ class _Column:
     def value(self, value: Any) -> Any:
         value = _plain(value)
         if self.parses_text and isinstance(value, (str, bytes, bytearray)):
-            value = _number_from_text(value)
+            value = _number_from_text(bytes(value) if isinstance(value, bytearray) else value)
         if _is_missing(value):
             if self.nullable:
                 return None
@@ -193,6 +193,8 @@ class _Int(_Column):
         super().__init__(nullable)
         bits = int(type_name[type_name.index("t") + 1:])  # "UInt64" -> 64
         self.type_name = type_name
+        self.low: int
+        self.high: int
         self.low, self.high = ((0, 2 ** bits - 1) if type_name.startswith("U")
                                else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1))
         self.clean = self._with_none(int)
@@ -428,5 +430,6 @@ def convert_columns(columns: Sequence[Sequence[Any]], names: Sequence[str],
         return converted, []
     rejections.sort(key=operator.attrgetter("row"))
     bad_rows = {r.row for r in rejections}
-    kept = [[v for index, v in enumerate(column) if index not in bad_rows] for column in converted]
+    kept: list[Sequence[Any]] = [[v for index, v in enumerate(column) if index not in bad_rows]
+                                 for column in converted]
     return kept, rejections
