@@ -139,6 +139,7 @@ class ChatCompletionStream:
         if self._call is None:
             await self._open()
         call = self._call
+        assert call is not None  # _open() sets it or raises
         try:
             while not self._pending:
                 call.before_read()
@@ -155,7 +156,7 @@ class ChatCompletionStream:
                     for chunk in chunks:
                         self._on_chunk(chunk, received_ns)
                 self._pending.extend(chunks)
-                if call.meter.done:
+                if call.meter is not None and call.meter.done:
                     # E2E ends at the read that delivered the last JSON chunk; ``[DONE]`` is
                     # a sentinel, not part of the answer. The span is ended (SDK work) only once
                     # the caller has had every chunk, with that read's time as its end.
@@ -208,13 +209,16 @@ class ChatCompletionStream:
     # -- ending --------------------------------------------------------------------------
     def _finish_complete(self, last_read_ns: int | None) -> None:
         self._exhausted = True
-        self._call.end(None, None, at_ns=last_read_ns)
+        if self._call is not None:
+            self._call.end(None, None, at_ns=last_read_ns)
 
     async def _abandon(self, reason: str, error: BaseException | None = None) -> None:
         self._exhausted = True
-        if self._call.meter is None:  # no response: the meter measures the time to the error
-            self._call.meter = ChatStreamMeter(start_ns=self._call.start_perf_ns)
-        self._call.end(sc.STATUS_INCOMPLETE, reason, error=error)
+        call = self._call
+        if call is not None:
+            if call.meter is None:  # no response: the meter measures the time to the error
+                call.meter = ChatStreamMeter(start_ns=call.start_perf_ns)
+            call.end(sc.STATUS_INCOMPLETE, reason, error=error)
         self._pending.clear()
         await self._close_response()
 

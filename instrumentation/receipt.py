@@ -309,7 +309,7 @@ def _kernel_stamp_socket(stream: Any, clock: ReceiptClock) -> bool:
     if not (kernel_stamps and _HAS_KERNEL_STAMPS):
         return False
     transport = getattr(stream, "_transport", None)
-    sock = getattr(transport, "_sock", None)  # asyncio's selector transports keep it here
+    sock: Any = getattr(transport, "_sock", None)  # asyncio's selector transports keep it here
     if type(sock) not in (socket.socket, _KernelStampedSocket) or sock.family not in (
             socket.AF_INET, socket.AF_INET6):
         return False
@@ -354,7 +354,7 @@ def _stamping_class(cls: type) -> type:
     stamping = _stamping_classes.get(cls)
     if stamping is not None:
         return stamping
-    base_data_received = cls.data_received
+    base_data_received = cls.data_received  # type: ignore[attr-defined]  # a protocol class
 
     def data_received(self: Any, data: Any, _base: Any = base_data_received,
                       _now: Any = time.perf_counter_ns) -> None:
