@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 import httpx
 
 from inferpath.collectors.otlp_export import build_request
+from inferpath.config import ScrapeTarget
 
 logger = logging.getLogger(__name__)
 
@@ -49,25 +50,20 @@ class AgentStats:
 
 
 def parse_scrape_targets(targets: Iterable[object]) -> list[tuple[str, str]]:
-    """``"SOURCE=URL"`` strings, ``(source, url)`` pairs or objects with ``source``/``url`` ->
-    ``[(source, url)]``. Raises ``ValueError`` naming the bad entry (unknown source, no URL)."""
-    from inferpath.collectors.catalog import SOURCES
-
+    """``"SOURCE=URL"`` or bare-URL strings, ``(source, url)`` pairs or objects with
+    ``source``/``url`` -> ``[(source, url)]``, each read by the settings' parser
+    (:meth:`inferpath.config.ScrapeTarget.parse`: the same sources and URLs as
+    ``inferpath up --scrape``; a bare URL is vLLM). Raises ``ValueError`` naming the bad
+    entry (unknown source, not an http(s) URL with a host)."""
     parsed = []
     for target in targets:
         if isinstance(target, str):
-            source, sep, url = target.partition("=")
-            if not sep:
-                raise ValueError(f"scrape: expected SOURCE=URL, got {target!r}")
-        elif isinstance(target, tuple):
-            source, url = target
+            text = target
         else:
-            source, url = target.source, target.url
-        if source not in SOURCES:
-            raise ValueError(f"scrape: unknown source {source!r} in {target!r}, expected one of {sorted(SOURCES)}")
-        if not str(url).startswith(("http://", "https://")):
-            raise ValueError(f"scrape: expected an http(s) URL for {source}, got {url!r}")
-        parsed.append((source, str(url)))
+            pair = target if isinstance(target, tuple) else (target.source, target.url)  # type: ignore[attr-defined]
+            text = f"{pair[0]}={pair[1]}"
+        scrape_target = ScrapeTarget.parse(text)
+        parsed.append((scrape_target.source, scrape_target.url))
     return parsed
 
 

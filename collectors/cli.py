@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from inferpath.config import ENV_SERVER_URL, ENV_TOKEN
+from inferpath.vocabulary import SOURCES
 
 
 def collect(
@@ -17,7 +18,8 @@ def collect(
     scrape: Optional[List[str]] = typer.Option(
         None, "--scrape", metavar="SOURCE=URL",
         help="A Prometheus endpoint to scrape, e.g. dcgm=http://127.0.0.1:9400/metrics or "
-             "vllm=http://127.0.0.1:8000/metrics (repeatable; sources: dcgm, vllm, sglang, tgi, triton, trtllm)."),
+             f"vllm=http://127.0.0.1:8000/metrics (repeatable; sources: {', '.join(SOURCES)}; a bare URL is "
+             "vllm, as for inferpath up)."),
     server: str = typer.Option("http://127.0.0.1:4318", "--server", envvar=ENV_SERVER_URL,
                                help="The inferpath server to push OTLP metrics to."),
     interval_seconds: float = typer.Option(1.0, "--interval", min=0.05, help="Seconds between polls."),

@@ -11,7 +11,9 @@ import os
 import urllib.parse
 from typing import Literal, Mapping
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from inferpath.vocabulary import DEFAULT_SCRAPE_SOURCE, SOURCES
 
 ENV_STORE = "INFERPATH_STORE"
 ENV_HOST = "INFERPATH_HOST"
@@ -88,21 +90,48 @@ def describe_invalid_settings(error, options: Mapping[str, str] | None = None) -
 
 
 class ScrapeTarget(BaseModel):
-    """A Prometheus-text endpoint to scrape: ``source`` names the signal-catalog entry."""
+    """A Prometheus-text endpoint to scrape: ``url`` (http(s) with a host) and ``source``, the
+    signal-catalog entry that maps its metric names (one of the vocabulary's ``SOURCES``).
+
+    :meth:`parse` reads the text form, for every place a person types one (``--scrape`` of
+    ``inferpath up``, ``inferpath collect`` and ``python -m inferpath.server``,
+    ``INFERPATH_SCRAPE_TARGETS``).
+    """
 
     url: str
-    source: Literal["vllm", "sglang", "tgi", "triton", "trtllm", "dcgm"] = "vllm"
+    source: Literal[SOURCES] = DEFAULT_SCRAPE_SOURCE  # type: ignore[valid-type]
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _known_source(cls, value: object) -> object:
+        if value not in SOURCES:
+            raise ValueError(f"unknown source {value!r}, expected one of {', '.join(SOURCES)}")
+        return value
+
+    @classmethod
+    def parse(cls, text: str) -> "ScrapeTarget":
+        """``SOURCE=URL`` (``dcgm=http://h:9400/metrics``) or a bare ``URL`` (source
+        ``vllm``) → a target. Raises ``ValueError`` naming the entry and what is wrong with it
+        (an unknown source, not an http(s) URL with a host)."""
+        text = str(text).strip()
+        source, sep, url = text.partition("=")
+        data = {"source": source.strip(), "url": url} if sep and "://" not in source else {"url": text}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            raise ValueError(f"{reasons} (scrape target {text!r})") from None
 
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         parsed = urllib.parse.urlsplit(value.strip())
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"scrape target must be an http(s)://host[:port]/path URL, got {value!r}")
+            raise ValueError(f"url must be an http(s)://host[:port]/path URL, got {value!r}")
         try:
             parsed.port  # noqa: B018 - raises for a port that is not a number in 0..65535
         except ValueError as exc:
-            raise ValueError(f"scrape target {value!r}: {exc}") from None
+            raise ValueError(f"url {value!r}: {exc}") from None
         return value.strip()
 
 
@@ -175,12 +204,7 @@ class Settings(BaseModel):
     def _parse_targets(cls, value: object) -> object:
         # "vllm=http://h:8000/metrics,dcgm=http://h:9400/metrics" or bare URLs (vLLM).
         if isinstance(value, str):
-            targets = []
-            for item in filter(None, (part.strip() for part in value.split(","))):
-                source, sep, url = item.partition("=")
-                targets.append({"source": source, "url": url} if sep and "://" not in source
-                               else {"url": item})
-            return targets
+            return [ScrapeTarget.parse(item) for item in filter(None, (part.strip() for part in value.split(",")))]
         return value
 
     @classmethod

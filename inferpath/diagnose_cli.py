@@ -19,6 +19,7 @@ import typer
 
 from inferpath.cli_app import command_settings
 from inferpath.server_access import ask, console, fail, refusal_text, server_for
+from inferpath.vocabulary import SOURCES
 
 def diagnose(
     since: Optional[str] = typer.Option(None, help="Window ending now, e.g. 15m or 1h30m (default 15m "
@@ -148,8 +149,8 @@ def import_cmd(
     store: Optional[str] = typer.Option(None, help="Import into this store directly (chdb:///path)."),
     shift: str = typer.Option("auto", help="auto: move the times to now only when the recording is older than "
                                            "the store keeps data; now: always; none: never."),
-    source: Optional[str] = typer.Option(None, help="Collector source of the scrapes (vllm, sglang, tgi, "
-                                                    "triton, trtllm, dcgm; default: recognised)."),
+    source: Optional[str] = typer.Option(None, help=f"Collector source of the scrapes ({', '.join(SOURCES)}; "
+                                                    "default: recognised)."),
 ) -> None:
     """Load a recorded incident (scrapes with their times, OTLP trace bodies) so that
     `inferpath diagnose` can judge it afterwards."""

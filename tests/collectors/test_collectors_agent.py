@@ -16,6 +16,7 @@ from inferpath.collectors.agent import parse_scrape_targets, run_agent
 from inferpath.collectors.nvml import NvmlAdapter, NvmlPoller
 from inferpath.config import Settings
 from inferpath.server.runtime import serve_in_thread
+from inferpath.vocabulary import SOURCES
 
 CAPTURE_FILE = "vllm_live_capture/metrics_1796037503909019406.prom"  # queue 3, running 6, KV 0.8095
 
@@ -144,8 +145,14 @@ def test_scrape_target_validation_names_the_entry():
     assert parse_scrape_targets(["dcgm=http://h:9400/metrics"]) == [("dcgm", "http://h:9400/metrics")]
     with pytest.raises(ValueError, match="unknown source 'nope'"):
         parse_scrape_targets(["nope=http://h/metrics"])
-    with pytest.raises(ValueError, match="SOURCE=URL"):
-        parse_scrape_targets(["http://h/metrics"])
+    # One grammar with inferpath up --scrape (config.ScrapeTarget.parse): a bare URL is vLLM,
+    # and every catalog source is accepted by both.
+    assert parse_scrape_targets(["http://h/metrics"]) == [("vllm", "http://h/metrics")]
+    assert [source for source, _ in parse_scrape_targets([f"{s}=http://h/m" for s in SOURCES])] == list(SOURCES)
+    assert [t.source for t in Settings.from_env({"INFERPATH_SCRAPE_TARGETS": ",".join(
+        f"{s}=http://h/m" for s in SOURCES)}).scrape_targets] == list(SOURCES)
+    with pytest.raises(ValueError, match="http"):
+        parse_scrape_targets([("dcgm", "h:9400/metrics")])
     with pytest.raises(ValueError, match="server_url"):
         run_agent("h:4318", nvml=False, scrape_targets=[])
 
