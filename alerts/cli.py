@@ -26,7 +26,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def _load(file: str):  # type: ignore[no-untyped-def]
+def _load(file: str):
     from inferpath.alerts.rules import RuleFileError, load_rule_file
 
     try:

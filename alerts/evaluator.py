@@ -201,7 +201,7 @@ class AlertEvaluator:
                  transitions: list[Transition], outgoing: list[tuple[Notification, bool]]) -> None:
         alerts = self.alerts[rule.name]
         seen: set[str] = set()
-        by_fingerprint: dict[str, tuple[dict[str, str], Sample]] = {}
+        by_fingerprint: dict[str, tuple[dict[str, str], Sample | None]] = {}
         for sample in samples:
             labels = self._labels(rule, sample)
             key = fingerprint(labels)
@@ -209,16 +209,16 @@ class AlertEvaluator:
             if sample.active:
                 seen.add(key)
         for key in list(seen) + [k for k in alerts if k not in seen]:
-            labels, sample = by_fingerprint.get(key, (alerts[key].labels if key in alerts else {}, None))
+            labels, found = by_fingerprint.get(key, (alerts[key].labels if key in alerts else {}, None))
             alert, changes = step(alerts.get(key), active=key in seen, now=now, for_seconds=rule.for_,
                                   keep_firing_for_seconds=rule.keep_firing_for, rule=rule.name, labels=labels)
             if alert is None:
                 continue
-            if sample is not None and key in seen:
-                alert.value, alert.evidence = sample.value, dict(sample.evidence)
+            if found is not None and key in seen:
+                alert.value, alert.evidence = found.value, dict(found.evidence)
             if "firing" in changes and self.diagnose and uses_diagnosis(rule.annotations):
                 alert.diagnosis = self._diagnosis(rule, at)
-            reason = sample.reason if sample is not None else "condition no longer holds"
+            reason = found.reason if found is not None else "condition no longer holds"
             alert.annotations = {
                 name: render(text, value=alert.value, labels=alert.labels, evidence=alert.evidence,
                              reason=reason, diagnosis=alert.diagnosis or "computed when the alert fires")

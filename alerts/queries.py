@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from inferpath.alerts.rules import (
     ErrorRateRule,
@@ -277,7 +277,7 @@ def _gpu_lost(store: Any, rule: GpuLostRule, at: datetime) -> list[Sample]:
     return samples
 
 
-_BY_KIND = {
+_BY_KIND: dict[str, Callable[..., list[Sample]]] = {
     "tail_divergence": _tail_divergence,
     "quantile_over_slo": _quantile_over_slo,
     "error_rate": _error_rate,

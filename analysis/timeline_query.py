@@ -279,7 +279,7 @@ def fetch_window_signals(
     start_ns, end_ns = aware_unix_ns(start, "start"), aware_unix_ns(end, "end")
     origin_ns, step_ns, steps = alignment_grid(start, end, step)
     origin = _datetime_of_ns(origin_ns, start)
-    options = {"lookback_seconds": lookback_seconds, "service_name": service_name}
+    options: dict[str, Any] = {"lookback_seconds": lookback_seconds, "service_name": service_name}
     result = WindowSignals()
     columns = fetch_gauge_columns(store, SATURATION_GAUGES, start=origin, end=end, step_ns=step_ns, steps=steps,
                                   **options)
@@ -321,7 +321,7 @@ def fetch_signal_windows(
                                          service_name=service_name),
             baseline=fetch_window_signals(store, *baseline, lookback_seconds=lookback_seconds,
                                           service_name=service_name))
-    options = {"lookback_seconds": lookback_seconds, "service_name": service_name}
+    options: dict[str, Any] = {"lookback_seconds": lookback_seconds, "service_name": service_name}
     offsets = [(origin - first_origin) // c_step for origin in (c_origin, b_origin)]
     steps = max(offset + count for offset, count in zip(offsets, (c_steps, b_steps)))
     earliest = current if c_origin <= b_origin else baseline

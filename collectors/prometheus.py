@@ -203,9 +203,9 @@ def map_scrape(text: str, source: str, *, timestamp: datetime, scrape_host: str 
             continue
         if candidates is not None:
             row = _row_for(candidates, labels)
-            if row is not None and signal(row.signal).kind != "histogram":
+            spec = signal(row.signal) if row is not None else None
+            if row is not None and spec is not None and spec.kind != "histogram":
                 kept = {k: v for k, v in labels.items() if k not in dict(row.labels)}
-                spec = signal(row.signal)
                 if row.deprecated:
                     deprecated.add(len(samples))
                 samples.append(Sample(row.signal, row.convert(value), spec.kind, spec.unit,
@@ -219,6 +219,8 @@ def map_scrape(text: str, source: str, *, timestamp: datetime, scrape_host: str 
 
     for d in derived:
         spec = signal(d.signal)
+        if spec.kind == "histogram":  # derived signals are gauges or sums (the catalog's own check)
+            continue
         for key, values in series_inputs.items():
             if not all(name in values for name in d.required):
                 continue

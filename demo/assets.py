@@ -19,7 +19,7 @@ def tokenizer_json_text() -> str:
     return gzip.decompress(TOKENIZER_JSON_GZ.read_bytes()).decode("utf-8")
 
 
-def load_tokenizer():  # type: ignore[no-untyped-def]
+def load_tokenizer():  # -> tokenizers.Tokenizer (tokenizers is an extra of the demo)
     """The shipped pretrained WordPiece tokenizer (``tokenizers.Tokenizer``), read from disk only.
 
     The file was saved for a 128-token sentence-embedding model, with fixed padding and

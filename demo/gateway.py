@@ -120,7 +120,7 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
     state: dict[str, httpx.AsyncClient] = {}
     turn = itertools.count()
 
-    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+    async def lifespan(app: FastAPI):
         state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0),
                                             limits=httpx.Limits(max_connections=512,
                                                                 keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS))
@@ -157,7 +157,7 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
                 "retrieval_delay_seconds": config.retrieval_delay_seconds, "engine_urls": config.engine_urls}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest):  # type: ignore[no-untyped-def]
+    async def chat_completions(request: ChatCompletionRequest):
         user_text = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
         # Tokenization is CPU work: run it off the event loop (the span follows the context).
         prompt_ids = await asyncio.to_thread(encode, user_text)

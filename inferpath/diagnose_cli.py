@@ -85,8 +85,8 @@ def diagnose(
     elif baseline_from or baseline_to:
         if not (baseline_from and baseline_to):
             fail("give --baseline-from and --baseline-to together", json_output)
-        params |= {"baseline_start": when(baseline_from, "--baseline-from").isoformat(),  # type: ignore[arg-type]
-                   "baseline_end": when(baseline_to, "--baseline-to").isoformat()}  # type: ignore[arg-type]
+        params |= {"baseline_start": when(baseline_from, "--baseline-from").isoformat(),
+                   "baseline_end": when(baseline_to, "--baseline-to").isoformat()}
     if endpoint:
         params["endpoint"] = endpoint
     if objectives is not None:

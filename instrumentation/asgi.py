@@ -183,7 +183,7 @@ class _ServerRequest:
             elif status_code is not None and status_code >= 500:
                 attributes[sc.ERROR_TYPE] = str(status_code)
             span.set_attributes(attributes)
-            if app_error:
+            if app_error and error is not None:
                 span.record_exception(error)
                 span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
             elif status_code is not None and status_code >= 500:

@@ -55,7 +55,8 @@ def documents_returned(result: Any) -> int:
 def _in_retrieval_stage() -> bool:
     span = trace.get_current_span()
     attributes = getattr(span, "attributes", None)
-    return bool(attributes) and attributes.get(sc.STAGE) == "retrieval" and span.is_recording()
+    return bool(attributes) and attributes is not None and attributes.get(sc.STAGE) == "retrieval" \
+        and span.is_recording()
 
 
 def _start(method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

@@ -66,7 +66,7 @@ class Stage:
             return _INVALID_SPAN, None
 
     @staticmethod
-    def _end(span: Span, token: object | None, error: BaseException | None) -> None:
+    def _end(span: Span, token: Any, error: BaseException | None) -> None:
         try:
             if token is not None:
                 otel_context.detach(token)

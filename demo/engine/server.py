@@ -111,7 +111,7 @@ def _prompt_tokens(prompt: str | list[int] | list[str]) -> int:
     if all(isinstance(item, str) for item in prompt):
         if len(prompt) != 1:
             raise ValueError("prompt: only one prompt per request is supported")
-        return _prompt_tokens(prompt[0])
+        return _prompt_tokens(str(prompt[0]))
     return len(prompt)
 
 
