@@ -22,12 +22,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import httpx
 
 from inferpath.collectors.otlp_export import build_request
 from inferpath.config import ScrapeTarget
+from inferpath.ratelimited_log import RateLimitedLog
+
+if TYPE_CHECKING:
+    from inferpath.collectors.nvml import NvmlPoller
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +90,7 @@ class _Exporter:
         self.buffered_samples = 0
         self.next_attempt_s = 0.0
         self.backoff_seconds = _BACKOFF_START_SECONDS
-        self._last_log_s = float("-inf")
+        self._log = RateLimitedLog(logger, _LOG_INTERVAL_SECONDS)
 
     def add(self, source: str, samples: list) -> None:
         self.stats.samples_collected_total += len(samples)
@@ -111,7 +115,7 @@ class _Exporter:
             status, retry_after = response.status_code, response.headers.get("Retry-After")
         except httpx.HTTPError as exc:
             status, retry_after = None, None
-            self._log(f"export to {self.url} failed: {exc}")
+            self._log.warning("export to %s failed: %s", self.url, exc)
         if status is not None and 200 <= status < 300:
             self._take(len(batches))
             self.stats.samples_sent_total += count
@@ -123,26 +127,20 @@ class _Exporter:
             # A rejected body will be rejected again: drop it rather than block the buffer.
             self._take(len(batches))
             self.stats.samples_dropped_total += count
-            self._log(f"export to {self.url} rejected with HTTP {status}; {count} samples dropped")
+            self._log.warning("export to %s rejected with HTTP %s; %d samples dropped", self.url, status, count)
             return
         wait = _retry_after_seconds(retry_after)
         if wait is None:
             wait = self.backoff_seconds
             self.backoff_seconds = min(self.backoff_seconds * 2, _BACKOFF_MAX_SECONDS)
         if status is not None:
-            self._log(f"export to {self.url}: HTTP {status}, retrying in {wait:.1f} s")
+            self._log.warning("export to %s: HTTP %s, retrying in %.1f s", self.url, status, wait)
         self.next_attempt_s = now_s + wait
 
     def _take(self, batches: int) -> None:
         for _ in range(batches):
             _, samples = self.buffer.popleft()
             self.buffered_samples -= len(samples)
-
-    def _log(self, message: str) -> None:
-        now = time.monotonic()
-        if now - self._last_log_s >= _LOG_INTERVAL_SECONDS:
-            self._last_log_s = now
-            logger.warning(message)
 
     def close(self) -> None:
         if self._owns_client:
@@ -160,7 +158,7 @@ def _retry_after_seconds(value: str | None) -> float | None:
 
 def run_agent(server_url: str, *, nvml: bool, scrape_targets: Sequence[object], interval_seconds: float = 1.0,
               token: str | None = None, stop_event: threading.Event | None = None,
-              max_buffered_samples: int = 100_000, nvml_poller: object | None = None,
+              max_buffered_samples: int = 100_000, nvml_poller: NvmlPoller | None = None,
               client: httpx.Client | None = None, host: str | None = None,
               max_ticks: int | None = None) -> AgentStats:
     """Collect and push until ``stop_event`` is set (or ``max_ticks`` ticks); returns the counters.

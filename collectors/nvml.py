@@ -57,6 +57,7 @@ from inferpath.collectors.identity import (
     HOST,
 )
 from inferpath.collectors.prometheus import Sample
+from inferpath.ratelimited_log import RateLimitedLog
 
 logger = logging.getLogger(__name__)
 
@@ -302,8 +303,8 @@ class NvmlPoller:
         self.init_failures_total = 0
         self._init_backoff_s = init_retry_seconds
         self._next_init_at = float("-inf")  # an adapter given uninitialised starts at the first poll
-        self._last_log_s = float("-inf")
-        self._last_init_log_s = float("-inf")
+        self._failure_log = RateLimitedLog(logger, _LOG_INTERVAL_SECONDS)
+        self._init_log = RateLimitedLog(logger, _LOG_INTERVAL_SECONDS, clock=monotonic)
 
     @classmethod
     def from_system(cls, **kwargs: Any) -> "NvmlPoller":
@@ -381,13 +382,19 @@ class NvmlPoller:
         return [Sample("gpu_up", 0.0, "gauge", "1", self._attributes[(d.uuid, d.mig_instance_id)], timestamp,
                        _SOURCE_METRIC) for d in devices]
 
+    def _adapter(self) -> NvmlAdapter:
+        """The adapter; ``RuntimeError`` once :meth:`close` released it."""
+        if self.adapter is None:
+            raise RuntimeError("the NVML poller is closed")
+        return self.adapter
+
     def _start(self, now: float) -> bool:
         """Retry ``nvmlInit`` when its backoff has passed; True once NVML is started."""
         if now < self._next_init_at:
             return False
         self.init_retries_total += 1
         try:
-            self.adapter.init()
+            self._adapter().init()
         except NvmlUnavailable as exc:
             self.init_failures_total += 1
             self._init_failed(exc, now)
@@ -408,13 +415,11 @@ class NvmlPoller:
         self._next_init_at = now + wait
         self._init_backoff_s = min(wait * 2, self.init_retry_max_seconds)
         self.disabled_reason = f"{exc} (no NVIDIA driver on this machine?)" if first else str(exc)
-        if first or now - self._last_init_log_s >= _LOG_INTERVAL_SECONDS:
-            self._last_init_log_s = now
-            logger.warning("NVML collector off: %s; retrying nvmlInit in %.0f s (backoff up to %.0f s)",
-                           self.disabled_reason, wait, self.init_retry_max_seconds)
+        self._init_log.warning("NVML collector off: %s; retrying nvmlInit in %.0f s (backoff up to %.0f s)",
+                               self.disabled_reason, wait, self.init_retry_max_seconds)
 
     def _refresh_devices(self, now: float) -> None:
-        devices = self.adapter.devices()
+        devices = self._adapter().devices()
         known_gpus = {d.index: d for d in self._devices if d.mig_instance_id is None}
         for position, device in enumerate(devices):
             if device.unreadable:
@@ -485,7 +490,7 @@ class NvmlPoller:
     def _poll_processes(self, device: Device, key: tuple, attributes: dict[str, str], timestamp: datetime,
                         now: float, samples: list[Sample]) -> None:
         try:
-            processes = self.adapter.process_memory_bytes(device.handle)
+            processes = self._adapter().process_memory_bytes(device.handle)
         except FieldNotSupported:
             self.unsupported[(key, _PROCESS_FIELD)] = now + self.retry_unsupported_seconds
             return
@@ -510,7 +515,4 @@ class NvmlPoller:
 
     def _failed(self, what: str, exc: Exception) -> None:
         self.errors_total += 1
-        now = time.monotonic()
-        if now - self._last_log_s >= _LOG_INTERVAL_SECONDS:
-            self._last_log_s = now
-            logger.warning("NVML read of %s failed: %s", what, exc)
+        self._failure_log.warning("NVML read of %s failed: %s", what, exc)

@@ -41,7 +41,6 @@ import atexit
 import logging
 import os
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -57,6 +56,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from inferpath.ratelimited_log import RateLimitedLog, RateLimitFilter
 from inferpath.vocabulary import ENDPOINT_CLASSES
 
 _logger = logging.getLogger(__name__)
@@ -128,28 +128,7 @@ _RATE_LIMITED_LOGGERS = (
 )
 
 
-class RateLimitFilter(logging.Filter):
-    """Lets one record per (logger, level) through every ``interval_seconds`` (monotonic
-    clock) and counts the rest in ``suppressed_total``."""
-
-    def __init__(self, interval_seconds: float = LOG_INTERVAL_SECONDS) -> None:
-        super().__init__()
-        self.interval_seconds = interval_seconds
-        self.suppressed_total = 0
-        self._last: dict[tuple[str, int], float] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, record.levelno)
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_seconds:
-            self.suppressed_total += 1
-            return False
-        self._last[key] = now
-        return True
-
-
-_log_filter = RateLimitFilter()
+_log_filter = RateLimitFilter(LOG_INTERVAL_SECONDS)
 for _name in _RATE_LIMITED_LOGGERS:
     logging.getLogger(_name).addFilter(_log_filter)
 
@@ -163,7 +142,7 @@ class _FailureCountingExporter(SpanExporter):
         self.inner = inner
         self.failed_total = 0
         self._unreported = 0
-        self._last_log = float("-inf")
+        self._failure_log = RateLimitedLog(_logger, LOG_INTERVAL_SECONDS)
         self.on_settled: Callable[[int], None] = lambda count: None
         """Called with each batch's span count once its export returned, whatever the result."""
 
@@ -180,12 +159,9 @@ class _FailureCountingExporter(SpanExporter):
         if result is not SpanExportResult.SUCCESS:
             self.failed_total += len(spans)
             self._unreported += len(spans)
-            now = time.monotonic()
-            if now - self._last_log >= LOG_INTERVAL_SECONDS:
-                self._last_log = now
-                _logger.warning("inferpath: %d span(s) could not be exported (%s); %d failed in "
-                                "total; the next report comes in %.0f s at the earliest",
-                                self._unreported, cause, self.failed_total, LOG_INTERVAL_SECONDS)
+            if self._failure_log.warning("inferpath: %d span(s) could not be exported (%s); %d failed in "
+                                         "total; the next report comes in %.0f s at the earliest",
+                                         self._unreported, cause, self.failed_total, LOG_INTERVAL_SECONDS):
                 self._unreported = 0
         return result
 

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from inferpath.config import ScrapeTarget
+from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.storage.rows import GaugeRow, HistogramRow, SumRow
 from inferpath.storage.writer import BatchWriter
 
@@ -99,7 +100,7 @@ class ScrapeLoop:
         self._scrapers: dict[int, Any] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_log = float("-inf")
+        self._failure_log = RateLimitedLog(logger, interval_seconds=10.0)
         self.samples_total = 0
         self.scrape_errors_total = 0
         self.scrape_errors_by_target: dict[str, int] = {}
@@ -120,10 +121,7 @@ class ScrapeLoop:
             except Exception as exc:  # noqa: BLE001 - one bad target must not stop the loop
                 failed = 1
                 gauges, sums, histograms = [], [], []
-                now = time.monotonic()
-                if now - self._last_log >= 10.0:
-                    self._last_log = now
-                    logger.warning("scrape of %s (%s) failed: %s", target.url, target.source, exc)
+                self._failure_log.warning("scrape of %s (%s) failed: %s", target.url, target.source, exc)
             if failed:
                 self.scrape_errors_total += failed
                 self.scrape_errors_by_target[target.url] = (
