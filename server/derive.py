@@ -9,8 +9,10 @@ attribute value is a string):
 
 - root client: a ``Client`` span with no parent inside the trace (the end user's call);
 - gateway: a ``Server`` span with ``inferpath.stage=gateway`` (the outermost one);
-- engine: vLLM's ``llm_request`` span or any span with ``gen_ai.latency.*`` attributes
-  (the earliest one when a trace holds several);
+- engine: an engine's request span (:mod:`inferpath.server.engine_sources`: vLLM's
+  ``llm_request`` or any span with ``gen_ai.latency.*`` attributes, SGLang's request span,
+  TGI's router handler span; the earliest one when a trace holds several), whose measures
+  the engine's reader gives;
 - stage spans: ``inferpath.stage`` in tokenize / retrieval / queue / prefill / decode /
   model / postprocess;
 - network hops: a ``Server`` span whose parent is a ``Client`` span of the trace.
@@ -31,7 +33,8 @@ import math
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
-from inferpath.server import sources
+from inferpath.server import engine_sources, sources
+from inferpath.server.engine_sources import union_ns
 from inferpath.server.sources import DerivationCounts, TTFTReading, seconds_to_ns, span_ttft
 from inferpath.storage.rows import RequestRow, SpanRow
 
@@ -41,12 +44,6 @@ __all__ = ["assemble_request", "DerivationCounts", "seconds_to_ns", "union_ns", 
 STAGE = "inferpath.stage"
 TTFT_SECONDS = "gen_ai.response.time_to_first_chunk"
 ITL_SECONDS = "inferpath.itl_seconds"
-ENGINE_SPAN_NAME = "llm_request"
-ENGINE_TTFT = "gen_ai.latency.time_to_first_token"
-ENGINE_E2E = "gen_ai.latency.e2e"
-ENGINE_QUEUE = "gen_ai.latency.time_in_queue"
-ENGINE_PREFILL = "gen_ai.latency.time_in_model_prefill"
-ENGINE_DECODE = "gen_ai.latency.time_in_model_decode"
 INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", sources.OPENINFERENCE_INPUT_TOKENS)
 OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", sources.OPENINFERENCE_OUTPUT_TOKENS)
 HTTP_STATUS = ("http.response.status_code", "http.status_code")
@@ -68,8 +65,8 @@ REPLICA = ("inferpath.replica", "service.instance.id", "host.name")
 _GENAI_PREFIX = "gen_ai."
 _ENGINE_PREFIX = "gen_ai.latency."
 _DERIVATION_ATTRIBUTES = frozenset({
-    STAGE, TTFT_SECONDS, ITL_SECONDS, ENGINE_TTFT, ENGINE_E2E, ENGINE_QUEUE, ENGINE_PREFILL, ENGINE_DECODE,
-    *INPUT_TOKENS, *OUTPUT_TOKENS, *HTTP_STATUS, ENDPOINT_CLASS, ENDPOINT, HTTP_ROUTE, STREAM_STATUS,
+    STAGE, TTFT_SECONDS, ITL_SECONDS, *engine_sources.ENGINE_ATTRIBUTES, *INPUT_TOKENS, *OUTPUT_TOKENS,
+    *HTTP_STATUS, ENDPOINT_CLASS, ENDPOINT, HTTP_ROUTE, STREAM_STATUS,
     REQUEST_MODEL, RESPONSE_MODEL, *sources.SOURCE_ATTRIBUTES})
 _DERIVATION_RESOURCE_ATTRIBUTES = frozenset({ENDPOINT_CLASS, *REPLICA})
 
@@ -137,39 +134,12 @@ def _int_attr(span: SpanRow | None, names: Iterable[str]) -> int | None:
     return None
 
 
-def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
-    """Total length in ns covered by ``(start_ns, end_ns)`` intervals, overlaps counted once."""
-    total = 0
-    current_start = current_end = None
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return total
-
-
 def dedup_spans(spans: Iterable[SpanRow]) -> list[SpanRow]:
     """One span per span id (the last one seen wins: a re-sent span replaces the earlier copy)."""
     by_id: dict[str, SpanRow] = {}
     for span in spans:
         by_id[span.span_id] = span
     return list(by_id.values())
-
-
-def _is_engine(span: SpanRow) -> bool:
-    if span.span_name == ENGINE_SPAN_NAME:
-        return True
-    for key in span.span_attributes:  # a loop, not any(generator): this runs for every span
-        if key.startswith(_ENGINE_PREFIX):
-            return True
-    return False
 
 
 def _depth(span: SpanRow, by_id: dict[str, SpanRow]) -> int:
@@ -258,6 +228,7 @@ def _http_status(span: SpanRow | None) -> int | None:
 
 
 _NO_ATTRIBUTES: dict[str, str] = {}
+_NO_ENGINE_READING = engine_sources.EngineReading()
 
 
 def _first_value(spans: Iterable[SpanRow | None], key: str) -> str | None:
@@ -343,7 +314,7 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
                 root_clients.append(s)
         elif s.span_kind == "Client" and s.parent_span_id not in by_id:
             root_clients.append(s)
-        if _is_engine(s):
+        if engine_sources.engine_source(s) is not None:
             engines.append(s)
 
     gateways = [s for s in by_stage.get("gateway", ()) if s.span_kind == "Server"]
@@ -379,26 +350,35 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     client_ttft_ns = client_reading.ttft_ns if client_reading is not None else None
     client_e2e_ns = root_client.duration_ns if root_client is not None else None
 
+    # The engine's own measures (engine_sources: vLLM, SGLang, TGI), its descendants on demand.
+    engine_reading = engine_sources.read_engine(
+        engine, lambda: _descendants(engine, unique), counts if counts is not None else DerivationCounts()) \
+        if engine is not None else _NO_ENGINE_READING
+
     # Server-side TTFT/E2E: the gateway's, else the engine's own measurement.
     if gateway is not None:
         server_reading = span_ttft(gateway, counts)
         e2e_ns = gateway.duration_ns
     else:
-        server_reading = span_ttft(engine, counts)
-        e2e_ns = seconds_to_ns(engine_attrs.get(ENGINE_E2E))
+        server_reading = engine_reading.ttft
+        e2e_ns = engine_reading.e2e_ns
     ttft_ns = server_reading.ttft_ns if server_reading is not None else None
     shown_reading = client_reading or server_reading
 
-    engine_queue_ns = seconds_to_ns(engine_attrs.get(ENGINE_QUEUE))
-    engine_prefill_ns = seconds_to_ns(engine_attrs.get(ENGINE_PREFILL))
-    engine_decode_ns = seconds_to_ns(engine_attrs.get(ENGINE_DECODE))
+    engine_queue_ns, engine_prefill_ns = engine_reading.queue_ns, engine_reading.prefill_ns
+    engine_decode_ns = engine_reading.decode_ns
     queue_ns = engine_queue_ns if engine_queue_ns is not None else _stage_union(by_stage.get("queue"))
     prefill_ns = engine_prefill_ns if engine_prefill_ns is not None else _stage_union(by_stage.get("prefill"))
     decode_ns = engine_decode_ns if engine_decode_ns is not None else _stage_union(by_stage.get("decode"))
+    tokenize_ns = _stage_union(by_stage.get("tokenize"))
+    if tokenize_ns is None:
+        tokenize_ns = engine_reading.tokenize_ns
 
     input_tokens = _first_int((gateway, root_client, *model_clients, *by_stage.get("tokenize", ()), engine),
                               INPUT_TOKENS)
     output_tokens = _first_int((gateway, root_client, *model_clients, engine), OUTPUT_TOKENS)
+    if output_tokens is None:
+        output_tokens = engine_reading.output_tokens
     if (input_tokens is None or output_tokens is None) and root_client is not None:
         langfuse_input, langfuse_output = sources.langfuse_usage_tokens(root_client)
         input_tokens = input_tokens if input_tokens is not None else langfuse_input
@@ -406,7 +386,7 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
 
     itl_ns = seconds_to_ns(gateway_attrs.get(ITL_SECONDS))
     if itl_ns is None and engine is not None:
-        engine_tokens = _int_attr(engine, OUTPUT_TOKENS)
+        engine_tokens = engine_reading.output_tokens
         if engine_decode_ns is not None and engine_tokens is not None and engine_tokens >= 2:
             itl_ns = round(engine_decode_ns / (engine_tokens - 1))
     if itl_ns is None and root_client is not None:
@@ -484,7 +464,7 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         e2e_ns=e2e_ns,
         itl_ns=itl_ns,
         gateway_ns=gateway_ns,
-        tokenize_ns=_stage_union(by_stage.get("tokenize")),
+        tokenize_ns=tokenize_ns,
         retrieval_ns=_stage_union(by_stage.get("retrieval")),
         queue_ns=queue_ns,
         prefill_ns=prefill_ns,

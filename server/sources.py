@@ -383,5 +383,10 @@ def _ttft_reason(client: SpanRow | None, gateway: SpanRow | None, engine: SpanRo
     if gateway is not None:
         return "the gateway's response was not an OpenAI-style stream"
     if engine is not None:
+        from inferpath.server import engine_sources  # it imports this module
+
+        if engine_sources.engine_source(engine) is engine_sources.TGI:
+            return (f"TGI's request span '{engine.span_name}' has no {engine_sources.TGI_SEND_SPAN} span under it "
+                    "(the router hands no token back)")
         return f"the engine span carries no {ENGINE_TTFT}"
     return "no span of this trace measures a first token"
