@@ -29,23 +29,8 @@ from inferpath.config import Settings
 from inferpath.demo.processes import ChildService, ensure_port_free, free_port, start_module, start_server
 from inferpath.demo.replay import ReplayResult, replay
 from inferpath.demo.trace import load_trace
-
-STAGE_LABELS = {
-    "client_ttft": "TTFT (client)",
-    "client_e2e": "E2E (client)",
-    "ttft": "TTFT (gateway)",
-    "e2e": "E2E (gateway)",
-    "itl": "ITL",
-    "gateway": "gateway (self)",
-    "tokenize": "tokenize",
-    "retrieval": "retrieval",
-    "queue": "queue",
-    "prefill": "prefill",
-    "decode": "decode",
-    "model": "model call",
-    "network": "network hops",
-    "postprocess": "postprocess",
-}
+from inferpath.storage.url import embedded_store_url
+from inferpath.vocabulary import MEASURE_TITLES
 
 
 @dataclass
@@ -102,7 +87,7 @@ def summary_table(summary: list[dict[str, Any]], title: str) -> Table:
     for row in summary:
         if not row.get("count"):
             continue
-        table.add_row(STAGE_LABELS.get(row["measure"], row["measure"]), str(row["count"]),
+        table.add_row(MEASURE_TITLES.get(row["measure"], row["measure"]), str(row["count"]),
                       _fmt_ms(row["avg_seconds"]), _fmt_ms(row["p50_seconds"]),
                       _fmt_ms(row["p95_seconds"]), _fmt_ms(row["p99_seconds"]))
     return table
@@ -194,7 +179,7 @@ def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
     log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix=f"inferpath-{options.scenario}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     # The scenario's own store unless one is named: its two windows are the whole incident.
-    store_url = options.store_url or f"chdb://{log_dir / 'store'}"
+    store_url = options.store_url or embedded_store_url(log_dir / "store")
     server_port = _server_port(options, settings)
     dashboard_url: list[str | None] = [None]
 

@@ -45,6 +45,7 @@ import httpx
 from inferpath.demo.processes import ChildService, free_port, start_module, start_server
 from inferpath.demo.replay import ReplayResult, replay
 from inferpath.demo.trace import TraceRequest, load_trace
+from inferpath.storage.url import embedded_store_url
 
 CONTEXT_TOKENS_CAP = 2048
 """Longest prompt replayed: keeps one prefill under ~0.2 s at the scenarios' time scale."""
@@ -216,7 +217,7 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
     scenario, options = SCENARIOS[name], options or ScenarioOptions()
     log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix=f"inferpath-{name}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    store_url = options.store_url or f"chdb://{log_dir / 'store'}"
+    store_url = options.store_url or embedded_store_url(log_dir / "store")
     timings: dict[str, float] = {}
     children: list[ChildService] = []
     t0 = time.perf_counter()

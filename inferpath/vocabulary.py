@@ -59,6 +59,14 @@ the ``<measure>_ns`` column of ``inferpath_requests`` (:func:`measure_column`). 
 ``e2e`` are measured at the gateway; ``client_*`` by the calling client when it is
 instrumented; ``itl`` = (E2E − TTFT) / (output tokens − 1)."""
 
+MEASURE_TITLES: dict[str, str] = {
+    "client_ttft": "TTFT (client)", "client_e2e": "E2E (client)", "ttft": "TTFT (server)",
+    "e2e": "E2E (server)", "itl": "ITL", "gateway": "gateway (self time)", "tokenize": "tokenize",
+    "retrieval": "retrieval", "queue": "queue", "prefill": "prefill", "decode": "decode",
+    "model": "model call", "network": "network", "postprocess": "postprocess",
+}
+"""A few words per measure of :data:`REQUEST_MEASURES` for a table or a chart."""
+
 TTFT_PHASE_COLUMNS: dict[str, str] = {"gateway": "gateway_ttft_ns", "network": "network_ttft_ns"}
 """Stages whose part before the first token has its own column (schema 012): stage → column."""
 
@@ -202,7 +210,8 @@ __all__ = [
     "BATCH_SIZE", "BREAKDOWN_MEASURES", "BREAKDOWN_STAGES", "DEFAULT_SCRAPE_SOURCE", "E2E_REQUEST_LATENCY_SECONDS",
     "ENDPOINT_CLASSES", "ENGINE_STATE_SIGNALS", "GPU_MEMORY_FREE_BYTES", "GPU_MEMORY_TOTAL_BYTES",
     "GPU_MEMORY_USED_BYTES", "GPU_POWER_WATTS", "GPU_SM_ACTIVE_RATIO", "GPU_UP", "GPU_UTILIZATION_RATIO",
-    "KV_CACHE_CONFIG_INFO", "KV_CACHE_USAGE_RATIO", "NS_PER_SECOND", "OBJECTIVE_MEASURES", "PREEMPTIONS_TOTAL", "QUEUE_DEPTH",
+    "KV_CACHE_CONFIG_INFO", "KV_CACHE_USAGE_RATIO", "MEASURE_TITLES", "NS_PER_SECOND", "OBJECTIVE_MEASURES",
+    "PREEMPTIONS_TOTAL", "QUEUE_DEPTH",
     "REQUEST_DURATION_COLUMNS", "REQUEST_MEASURES", "REQUEST_QUEUE_TIME_SECONDS", "RUNNING_REQUESTS",
     "SATURATION_GAUGES", "SIGNALS", "SOURCES", "STAGES", "Signal", "TIME_TO_FIRST_TOKEN_SECONDS",
     "TTFT_PHASE_COLUMNS", "TTFT_STAGES", "UNIT_BYTES", "UNIT_CELSIUS", "UNIT_HERTZ", "UNIT_INFO", "UNIT_PREEMPTIONS",

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 ENV_CLICKHOUSE_USER = "CLICKHOUSE_USER"
 ENV_CLICKHOUSE_PASSWORD = "CLICKHOUSE_PASSWORD"
@@ -72,12 +72,19 @@ def _data_home(env: Mapping[str, str]) -> Path:
     return Path(base)
 
 
+def embedded_store_url(path: str | os.PathLike[str]) -> str:
+    """The store URL of an embedded chDB store kept under ``path`` (made absolute):
+    ``chdb:///abs/path``, with the characters a URL would misread (``?``, ``#``, ``%``,
+    spaces) percent-encoded, so that :func:`parse_store_url` gives ``path`` back."""
+    return "chdb://" + quote(str(Path(path).absolute()), safe="/")
+
+
 def default_store_url(environ: Mapping[str, str] | None = None) -> str:
     """The embedded default: ``chdb:///<XDG_DATA_HOME or ~/.local/share>/inferpath/store``.
 
     A relative ``XDG_DATA_HOME`` is ignored, as the XDG base-directory spec requires.
     """
-    return "chdb://" + str(_data_home(os.environ if environ is None else environ) / "inferpath" / "store")
+    return embedded_store_url(_data_home(os.environ if environ is None else environ) / "inferpath" / "store")
 
 
 def demo_store_url(environ: Mapping[str, str] | None = None) -> str:
@@ -86,7 +93,7 @@ def demo_store_url(environ: Mapping[str, str] | None = None) -> str:
     Beside the default store and never it, so that ``inferpath up`` does not serve the
     demo's requests as if they were production data.
     """
-    return "chdb://" + str(_data_home(os.environ if environ is None else environ) / "inferpath" / "demo-store")
+    return embedded_store_url(_data_home(os.environ if environ is None else environ) / "inferpath" / "demo-store")
 
 
 def parse_store_url(url: str, environ: Mapping[str, str] | None = None) -> StoreURL:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inferpath.storage.url import default_store_url, demo_store_url, parse_store_url
+from inferpath.storage.url import default_store_url, demo_store_url, embedded_store_url, parse_store_url
 
 
 def test_chdb_url_gives_path_and_default_database() -> None:
@@ -86,3 +86,12 @@ def test_error_message_never_contains_password() -> None:
     with pytest.raises(ValueError) as info:
         parse_store_url("http://u:topsecret@host/bad-db", environ={})
     assert "topsecret" not in str(info.value)
+
+
+def test_embedded_store_url_gives_its_folder_back(tmp_path: Path) -> None:
+    for folder in (tmp_path / "store", tmp_path / "a b?c#d%e"):
+        url = embedded_store_url(folder)
+        assert url.startswith("chdb:///")
+        parsed = parse_store_url(url)
+        assert parsed.kind == "chdb" and parsed.path == folder
+    assert embedded_store_url(tmp_path / "store") == f"chdb://{tmp_path / 'store'}"  # plain paths stay readable
