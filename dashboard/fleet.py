@@ -24,10 +24,10 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from inferpath.vocabulary import ENGINE_STATE_SIGNALS as ENGINE_SIGNALS
+
 GPU_SIGNALS = ("gpu_utilization_ratio", "gpu_sm_active_ratio", "gpu_memory_used_bytes",
                "gpu_memory_total_bytes", "gpu_power_watts")
-ENGINE_SIGNALS = ("queue_depth", "running_requests", "kv_cache_usage_ratio", "preemptions_total",
-                  "batch_size")
 GPU_KEYS = ("host", "UUID", "gpu", "modelName")
 ENGINE_KEYS = ("service_name", "host", "engine", "model_name")
 # The same identity under OpenTelemetry semantic-convention names, read when the
