@@ -302,8 +302,19 @@ VLLM = EngineSource(VLLM_SOURCE, _claims_vllm, _read_vllm)
 ENGINE_SOURCES: tuple[EngineSource, ...] = (SGLANG, TGI, VLLM)
 
 
+#: Every claimed span is named one of these or carries a ``gen_ai.latency.*`` attribute (a
+#: pre-check for the spans no engine claims, most of a trace's).
+_CLAIMED_NAMES = frozenset({VLLM_SPAN_NAME, *TGI_HANDLER_SPANS})
+
+
 def engine_source(span: SpanRow) -> EngineSource | None:
     """The :class:`EngineSource` whose request span ``span`` is, or ``None``."""
+    if span.span_name not in _CLAIMED_NAMES:
+        for key in span.span_attributes:  # a loop, not any(generator): this runs for every span
+            if key.startswith(GENAI_LATENCY_PREFIX):
+                break
+        else:
+            return None
     for source in ENGINE_SOURCES:
         if source.claims(span):
             return source
