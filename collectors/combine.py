@@ -32,6 +32,7 @@ from typing import Iterable, Sequence
 from inferpath.collectors.catalog import ENGINE_LABELS, PID_LABEL, signal
 from inferpath.collectors.identity import device_key
 from inferpath.collectors.prometheus import HistogramSample, Sample
+from inferpath.vocabulary import GPU_GRAPHICS_ENGINE_ACTIVE_RATIO, GPU_UTILIZATION_RATIO
 
 COMBINED_ATTRIBUTE = "inferpath.combined"
 DERIVED_FROM_ATTRIBUTE = "inferpath.derived_from"
@@ -135,12 +136,12 @@ def fill_utilization(samples: Sequence[Sample]) -> list[Sample]:
     graphics/compute engine was busy). The added sample says so in
     ``inferpath.derived_from``. Returns a new list; the input is not changed.
     """
-    have = {device_key(s.attributes) for s in samples if s.signal == "gpu_utilization_ratio"}
+    have = {device_key(s.attributes) for s in samples if s.signal == GPU_UTILIZATION_RATIO}
     added = []
     for sample in samples:
-        if sample.signal == "gpu_graphics_engine_active_ratio" and device_key(sample.attributes) not in have:
+        if sample.signal == GPU_GRAPHICS_ENGINE_ACTIVE_RATIO and device_key(sample.attributes) not in have:
             attributes = dict(sample.attributes)
-            attributes[DERIVED_FROM_ATTRIBUTE] = "gpu_graphics_engine_active_ratio"
-            added.append(replace(sample, signal="gpu_utilization_ratio", attributes=attributes))
+            attributes[DERIVED_FROM_ATTRIBUTE] = GPU_GRAPHICS_ENGINE_ACTIVE_RATIO
+            added.append(replace(sample, signal=GPU_UTILIZATION_RATIO, attributes=attributes))
             have.add(device_key(sample.attributes))
     return [*samples, *added]

@@ -58,6 +58,7 @@ from inferpath.collectors.identity import (
 )
 from inferpath.collectors.prometheus import Sample
 from inferpath.ratelimited_log import RateLimitedLog
+from inferpath.vocabulary import GPU_UP, UNIT_RATIO
 
 logger = logging.getLogger(__name__)
 
@@ -379,7 +380,7 @@ class NvmlPoller:
 
     def _all_down(self, devices: list[Device], timestamp: datetime) -> list[Sample]:
         """``gpu_up`` 0 for each of ``devices`` (known, but unreadable now)."""
-        return [Sample("gpu_up", 0.0, "gauge", "1", self._attributes[(d.uuid, d.mig_instance_id)], timestamp,
+        return [Sample(GPU_UP, 0.0, "gauge", UNIT_RATIO, self._attributes[(d.uuid, d.mig_instance_id)], timestamp,
                        _SOURCE_METRIC) for d in devices]
 
     def _adapter(self) -> NvmlAdapter:
@@ -454,7 +455,7 @@ class NvmlPoller:
         attributes = self._attributes[key]
         lost_key = device.mig_uuid or device.uuid
         if lost_key in self.lost:
-            samples.append(Sample("gpu_up", 0.0, "gauge", "1", attributes, timestamp, _SOURCE_METRIC))
+            samples.append(Sample(GPU_UP, 0.0, "gauge", UNIT_RATIO, attributes, timestamp, _SOURCE_METRIC))
             return
         unsupported = self.unsupported
         handle = device.handle
@@ -473,7 +474,7 @@ class NvmlPoller:
                 continue
             except GpuLost:
                 self._mark_lost(device, lost_key)
-                samples.append(Sample("gpu_up", 0.0, "gauge", "1", attributes, timestamp, _SOURCE_METRIC))
+                samples.append(Sample(GPU_UP, 0.0, "gauge", UNIT_RATIO, attributes, timestamp, _SOURCE_METRIC))
                 return
             except NvmlUnavailable:
                 raise
@@ -483,7 +484,7 @@ class NvmlPoller:
             for name, convert, unit, position, nvml_key in outputs:
                 value = reading if position is None else reading[position]
                 append(Sample(name, convert(value), "gauge", unit, attributes, timestamp, nvml_key))
-        append(Sample("gpu_up", 1.0, "gauge", "1", attributes, timestamp, _SOURCE_METRIC))
+        append(Sample(GPU_UP, 1.0, "gauge", UNIT_RATIO, attributes, timestamp, _SOURCE_METRIC))
         if with_processes and (key, _PROCESS_FIELD) not in unsupported:
             self._poll_processes(device, key, attributes, timestamp, now, samples)
 

@@ -124,6 +124,7 @@ class Signal:
 
 # Names of the signals read by name somewhere outside the catalog.
 GPU_UTILIZATION_RATIO = "gpu_utilization_ratio"
+GPU_GRAPHICS_ENGINE_ACTIVE_RATIO = "gpu_graphics_engine_active_ratio"
 GPU_SM_ACTIVE_RATIO = "gpu_sm_active_ratio"
 GPU_MEMORY_USED_BYTES = "gpu_memory_used_bytes"
 GPU_MEMORY_FREE_BYTES = "gpu_memory_free_bytes"
@@ -145,7 +146,7 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
     # GPU state: one series per device (host + GPU UUID, + MIG instance).
     _S(GPU_UTILIZATION_RATIO, UNIT_RATIO, "gauge", "device", "mean",
        "Fraction of time a kernel ran on the GPU, 0-1.", "GPU utilization"),
-    _S("gpu_graphics_engine_active_ratio", UNIT_RATIO, "gauge", "device", "mean",
+    _S(GPU_GRAPHICS_ENGINE_ACTIVE_RATIO, UNIT_RATIO, "gauge", "device", "mean",
        "Fraction of time the graphics/compute engine was active (DCGM profiling), 0-1.", "GPU engine active"),
     _S(GPU_SM_ACTIVE_RATIO, UNIT_RATIO, "gauge", "device", "mean",
        "Fraction of time at least one warp was active on an SM, 0-1.", "SM active"),
@@ -208,12 +209,11 @@ DEFAULT_SCRAPE_SOURCE = "vllm"
 
 __all__ = [
     "BATCH_SIZE", "BREAKDOWN_MEASURES", "BREAKDOWN_STAGES", "DEFAULT_SCRAPE_SOURCE", "E2E_REQUEST_LATENCY_SECONDS",
-    "ENDPOINT_CLASSES", "ENGINE_STATE_SIGNALS", "GPU_MEMORY_FREE_BYTES", "GPU_MEMORY_TOTAL_BYTES",
-    "GPU_MEMORY_USED_BYTES", "GPU_POWER_WATTS", "GPU_SM_ACTIVE_RATIO", "GPU_UP", "GPU_UTILIZATION_RATIO",
-    "KV_CACHE_CONFIG_INFO", "KV_CACHE_USAGE_RATIO", "MEASURE_TITLES", "NS_PER_SECOND", "OBJECTIVE_MEASURES",
-    "PREEMPTIONS_TOTAL", "QUEUE_DEPTH",
-    "REQUEST_DURATION_COLUMNS", "REQUEST_MEASURES", "REQUEST_QUEUE_TIME_SECONDS", "RUNNING_REQUESTS",
-    "SATURATION_GAUGES", "SIGNALS", "SOURCES", "STAGES", "Signal", "TIME_TO_FIRST_TOKEN_SECONDS",
-    "TTFT_PHASE_COLUMNS", "TTFT_STAGES", "UNIT_BYTES", "UNIT_CELSIUS", "UNIT_HERTZ", "UNIT_INFO", "UNIT_PREEMPTIONS",
-    "UNIT_RATIO", "UNIT_REQUESTS", "UNIT_SECONDS", "UNIT_WATTS", "measure_column",
+    "ENDPOINT_CLASSES", "ENGINE_STATE_SIGNALS", "GPU_GRAPHICS_ENGINE_ACTIVE_RATIO", "GPU_MEMORY_FREE_BYTES",
+    "GPU_MEMORY_TOTAL_BYTES", "GPU_MEMORY_USED_BYTES", "GPU_POWER_WATTS", "GPU_SM_ACTIVE_RATIO", "GPU_UP",
+    "GPU_UTILIZATION_RATIO", "KV_CACHE_CONFIG_INFO", "KV_CACHE_USAGE_RATIO", "MEASURE_TITLES", "NS_PER_SECOND",
+    "OBJECTIVE_MEASURES", "PREEMPTIONS_TOTAL", "QUEUE_DEPTH", "REQUEST_DURATION_COLUMNS", "REQUEST_MEASURES",
+    "REQUEST_QUEUE_TIME_SECONDS", "RUNNING_REQUESTS", "SATURATION_GAUGES", "SIGNALS", "SOURCES", "STAGES", "Signal",
+    "TIME_TO_FIRST_TOKEN_SECONDS", "TTFT_PHASE_COLUMNS", "TTFT_STAGES", "UNIT_BYTES", "UNIT_CELSIUS", "UNIT_HERTZ",
+    "UNIT_INFO", "UNIT_PREEMPTIONS", "UNIT_RATIO", "UNIT_REQUESTS", "UNIT_SECONDS", "UNIT_WATTS", "measure_column",
 ]
