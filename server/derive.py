@@ -193,7 +193,8 @@ def _span_ttft_ns(span: SpanRow) -> int | None:
     return reading.ttft_ns if reading is not None else None
 
 
-def _hop_ttft_part_ns(client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int) -> int:
+def _hop_ttft_part_ns(client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int,
+                      server_reading: TTFTReading | None = None) -> int:
     """The part of one hop's overhead inside the TTFT window ``[lo_ns, hi_ns]`` (ns, ≥ 0).
 
     When both spans carry a TTFT (a streamed model call), each side's first-token phase is
@@ -201,8 +202,10 @@ def _hop_ttft_part_ns(client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int) 
     request's trip out plus the first token's trip back. Otherwise each side is its whole
     interval. Both sides are clipped to the window first, so a hop that encloses the span
     measuring TTFT (the end user's call to the gateway) adds nothing: its wire time lies
-    outside that TTFT."""
-    client_ttft_ns, server_ttft_ns = _span_ttft_ns(client), _span_ttft_ns(server)
+    outside that TTFT. ``server_reading``: the server side's TTFT when an engine's reader
+    measured it (TGI's is not an attribute of its span)."""
+    client_ttft_ns = _span_ttft_ns(client)
+    server_ttft_ns = server_reading.ttft_ns if server_reading is not None else _span_ttft_ns(server)
     if client_ttft_ns is not None and server_ttft_ns is not None:
         client_end_ns, server_end_ns = client.start_ns + client_ttft_ns, server.start_ns + server_ttft_ns
     else:
@@ -400,8 +403,10 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
 
     # A hop: the caller's CLIENT span and the callee's SERVER span of the same call; the
     # difference is time on the wire plus the callee's framework before/after its span.
+    # An engine's request span under a CLIENT span is the callee's side of a hop too, whatever
+    # its kind (SGLang's and TGI's are INTERNAL).
     hops = [(by_id[s.parent_span_id], s) for s in unique
-            if s.span_kind == "Server" and s.parent_span_id in by_id
+            if (s.span_kind == "Server" or s is engine) and s.parent_span_id in by_id
             and by_id[s.parent_span_id].span_kind == "Client"]
     network_ns = sum(max(0, c.duration_ns - srv.duration_ns) for c, srv in hops) if hops else None
 
@@ -416,7 +421,8 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         if window is not None:
             gateway_ttft_ns = _self_ns(gateway, inner, *window)
     if window is not None and hops:
-        network_ttft_ns = sum(_hop_ttft_part_ns(c, srv, *window) for c, srv in hops)
+        network_ttft_ns = sum(_hop_ttft_part_ns(c, srv, *window, engine_reading.ttft if srv is engine else None)
+                              for c, srv in hops)
 
     top = [s for s in (gateway, root_client, engine) if s is not None]
     http_status_code = _first(_http_status(gateway), _http_status(root_client)) or 0

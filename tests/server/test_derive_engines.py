@@ -119,3 +119,25 @@ def test_derivation_views_give_the_rows_of_the_whole_spans() -> None:
     assert set(view.span_attributes) == {"total_time", "validation_time", "queue_time", "inference_time",
                                          "time_per_token"}
     assert derivation_view(sglang_trace()[0]).span_attributes["module"] == "sglang::request"
+
+
+def test_an_engine_span_under_a_client_span_is_the_callee_of_a_hop() -> None:
+    """A gateway's model client calls TGI (traceparent): TGI's INTERNAL handler span is the
+    callee's side of the hop, so the row gets the network time, and the hop's part of TTFT is
+    the client's TTFT − TGI's (from its first send_generation)."""
+    stage = "inferpath.stage"
+    gateway = span("f0", "", "POST /v1/chat/completions", 0, 100, service="gateway",
+                   **{stage: "gateway", "gen_ai.response.time_to_first_chunk": 0.056, "http.response.status_code": 200,
+                      "inferpath.stream.status": "complete"})
+    gateway = replace(gateway, span_kind="Server")
+    model = replace(span("f1", "f0", "chat emulated-7b", 1, 97, service="gateway",
+                         **{stage: "model", "gen_ai.response.time_to_first_chunk": 0.0545,
+                            "inferpath.stream.status": "complete", "gen_ai.request.model": "emulated-7b"}),
+                    span_kind="Client")
+    handler, *inner = tgi_trace()
+    handler = replace(handler, parent_span_id=model.span_id, timestamp=datetime_from_unix_ns(T0_NS + 2 * MS))
+    row = assemble_request([gateway, model, handler, *inner], updated_at=UPDATED)
+    assert row.network_ns == model.duration_ns - handler.duration_ns == 4 * MS
+    # TGI's TTFT from its (moved) start: the first send_generation at 52.5 ms, the handler at 2 ms.
+    assert row.network_ttft_ns == 54_500_000 - 50_500_000
+    assert (row.ttft_source, row.ttft_ns, row.queue_ns, row.model) == ("inferpath", 56 * MS, 30_050_000, "emulated-7b")
