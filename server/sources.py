@@ -1,7 +1,9 @@
 """Where a span's measures come from: inferpath's own attributes and those of the other
 instrumentations teams already run (OpenLLMetry, OpenTelemetry's GenAI instrumentations,
 OpenInference, Langfuse, vLLM). The names, the readers and the precedence; the mapping
-table for users is ``docs/interop.md``.
+table for users is ``docs/interop.md``. Engines' own request spans (vLLM, SGLang, TGI),
+whose measures can span several spans of the trace, are read by
+:mod:`inferpath.server.engine_sources`.
 
 TTFT sources, in precedence order (:data:`TTFT_SOURCES`; the first one a span carries wins):
 
