@@ -738,10 +738,11 @@ async def alerts_backtest(request: Request, body: BacktestRequest) -> dict:
     in simulated time with no notifications (``inferpath alerts test``): ``{"transitions":
     [{"at", "rule", "labels", "change", "value", "reason"}]}``, oldest first. 422 naming the
     problem for an invalid rule file (file, line, field), a bad window or a replay over
-    20,000 evaluations; 503 when this server runs no alerts service."""
+    20,000 evaluations; 404 when this server runs no alerts service (``python -m
+    inferpath.server`` alone)."""
     service = _alerts_service(request)
     if service is None:
-        raise HTTPException(status_code=503, detail="this server runs without the alerts service "
+        raise HTTPException(status_code=404, detail="this server runs without the alerts service "
                                                     "(start it with `inferpath up`)")
     start_dt, end_dt = parse_time(body.start, "start", where="body"), parse_time(body.end, "end", where="body")
     if start_dt is None or end_dt is None or end_dt <= start_dt:

@@ -26,7 +26,7 @@ def test_alerts_route_without_evaluator(store_url) -> None:
         alone.stop()
     assert body["configured"] is False and body["history"] == []
     assert "inferpath_alerts_evaluations_total" not in metrics
-    assert refused.status_code == 503 and "alerts service" in refused.json()["detail"]
+    assert refused.status_code == 404 and "alerts service" in refused.json()["detail"]
     settings = Settings(store_url=store_url)
     quiet = serve_in_thread(settings, port=0, services=server_services(settings))
     try:
