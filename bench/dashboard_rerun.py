@@ -53,7 +53,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -94,6 +94,7 @@ class PageFigures:
     cached_seconds: list[float] = field(default_factory=list)
     uncached_seconds: list[float] = field(default_factory=list)
     floor_seconds: list[float] = field(default_factory=list)
+    first_seconds: list[float] = field(default_factory=list)
     cached_connections: int = 0
     uncached_connections: int = 0
 
@@ -241,6 +242,47 @@ def load_gauges(folder: Path, stack: list, points: int = 5000) -> Dataset:
                    max_points=points)
 
 
+HOUR_REQUESTS = 19_366
+"""Requests in one hour of the demo's trace (the Azure LLM inference trace 2023 replays
+19,366 requests in its hour: ``inferpath demo --requests`` at most)."""
+_FILL_HOUR = """
+import sys
+from datetime import datetime, timedelta, timezone
+sys.path.insert(0, sys.argv[1])
+import synthetic
+from inferpath.config import Settings
+from inferpath.server.runtime import serve_in_thread
+running = serve_in_thread(Settings(store_url=sys.argv[2]), port=0)
+try:
+    start = datetime.fromisoformat(sys.argv[3])
+    synthetic.fill(running.runtime.store, spans=int(sys.argv[4]) * synthetic.SPANS_PER_TRACE,
+                   start=start, duration=timedelta(hours=1))
+    running.runtime.refresh_rollups()
+finally:
+    running.stop()
+"""
+
+
+def load_hour(folder: Path, stack: list, requests: int = HOUR_REQUESTS) -> Dataset:
+    """Serve a fresh store holding one hour of demo-sized traffic, the window the
+    dashboard's default "last 1 h" shows: ``requests`` traces of 10 spans
+    (:mod:`synthetic`: four services, two endpoint classes, an engine and four GPUs sampled
+    every 2 s, an incident at 55-60 % of the hour) ending a minute ago. The store is filled
+    in a child process (embedded chDB allows one owner per folder), then served."""
+    store_url = f"chdb://{folder / 'store'}"
+    end = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=1)
+    start = end - timedelta(hours=1)
+    subprocess.run([sys.executable, "-c", _FILL_HOUR, str(Path(__file__).resolve().parent),
+                    store_url, start.isoformat(), str(requests)], check=True)
+    server = _start_server(store_url, folder)
+    stack.append(server)
+    slowest = httpx.get(f"{server.url}/api/v1/requests", timeout=60.0, params={
+        "start": start.isoformat(), "end": end.isoformat(), "limit": 1}).json()["requests"]
+    return Dataset(server.url, start, end, slowest[0]["trace_id"],
+                   f"one hour of demo-sized traffic ({requests} requests, "
+                   f"{requests * 10} spans, incident at 55-60 %)")
+
+
 class RecordedCalls:
     """Records the read-API requests (path, parameters) a page makes while active, by
     wrapping :meth:`ReadApiClient._get` in this process (the bench's own, never a user's)."""
@@ -288,16 +330,44 @@ CHROMIUM = "/usr/bin/chromium"
 FLOOR_APP = "import streamlit as st\n\nst.title('Floor')\n"
 """The browser reference: a Streamlit app drawing one title, served with the dashboard's
 flags; its rerun is what Streamlit, the loopback websocket and Chromium cost anyway."""
-# Records when each script run ends: stApp's data-test-script-state turns "notRunning".
-_RUN_OBSERVER_JS = """() => {
-  window.__runsFinished = [];
-  const app = document.querySelector('[data-testid="stApp"]');
-  new MutationObserver(changes => { for (const change of changes) {
-    if (app.getAttribute('data-test-script-state') === 'notRunning'
-        && change.oldValue !== 'notRunning') window.__runsFinished.push(performance.now());
-  } }).observe(app, {attributes: true, attributeOldValue: true,
-                     attributeFilter: ['data-test-script-state']});
-}"""
+# Installed before every page load (Playwright's init script): records when each script run
+# ends (stApp's data-test-script-state turns "notRunning") and every long
+# task (the main thread busy > 50 ms: protobuf decoding, React, plotly drawing).
+_PAGE_CLOCK_JS = """
+window.__ip = {ends: [], long: []};
+new PerformanceObserver(list => { for (const e of list.getEntries())
+  window.__ip.long.push([e.startTime, e.startTime + e.duration]); })
+  .observe({type: 'longtask', buffered: true});
+new MutationObserver(changes => { for (const change of changes) { const app = change.target;
+  if (app.getAttribute('data-testid') === 'stApp' && change.oldValue !== 'notRunning'
+      && app.getAttribute('data-test-script-state') === 'notRunning')
+    window.__ip.ends.push(performance.now()); } })
+  .observe(document, {subtree: true, attributes: true, attributeOldValue: true,
+                      attributeFilter: ['data-test-script-state']});
+"""
+# Milliseconds from ``since`` (the page's clock) until the page is drawn: the first script run
+# that ended after ``since``, every plotly chart holding its SVG, and the main thread quiet for
+# QUIET_MS; the drawn moment is the latest of the run's end, the charts' appearance and the end
+# of the last long task. null while not drawn yet.
+QUIET_MS = 400
+_DRAWN_JS = """since => {
+  const now = performance.now(), ip = window.__ip;
+  const end = ip.ends.find(t => t > since);
+  if (end === undefined) return null;
+  const charts = document.querySelectorAll('[data-testid="stPlotlyChart"]');
+  for (const chart of charts) if (!chart.querySelector('.main-svg')) return null;
+  if (ip.chartsAt === undefined || ip.chartsSince !== since) { ip.chartsAt = now; ip.chartsSince = since; }
+  const busy = ip.long.filter(([s, e]) => e > since).map(([s, e]) => e);
+  const lastBusy = busy.length ? Math.max(...busy) : since;
+  if (now - Math.max(end, lastBusy) < %d) return null;
+  return Math.max(end, lastBusy, charts.length ? ip.chartsAt - 50 : end) - since;
+}""" % QUIET_MS
+
+
+def _drawn_seconds(page, since_ms: float, timeout_ms: int = 120_000) -> float:
+    """Seconds from ``since_ms`` (``performance.now()`` of the page) until it is drawn."""
+    handle = page.wait_for_function(_DRAWN_JS, arg=since_ms, polling=50, timeout=timeout_ms)
+    return handle.json_value() / 1000
 
 
 def _iso(instant: datetime) -> str:
@@ -399,26 +469,24 @@ def measure_script(dataset: Dataset, relay: CountingRelay, rounds: int,
 
 
 def _rerun_seconds(page) -> float:
-    """Press "R" (Streamlit's rerun key) on ``page``; seconds from the key to the end of
-    the script run, as the page's own clock sees it (``performance.now()``)."""
-    finished = page.evaluate("() => window.__runsFinished.length")
-    page.evaluate("() => { window.__rerunAsked = performance.now(); }")
+    """Press "R" (Streamlit's rerun key) on ``page``: seconds from the key until the page is
+    drawn again (:data:`_DRAWN_JS`)."""
+    asked = page.evaluate("() => performance.now()")
     page.keyboard.press("r")
-    page.wait_for_function(f"() => window.__runsFinished.length > {finished}",
-                           polling="raf", timeout=60_000)
-    return page.evaluate(
-        f"() => (window.__runsFinished[{finished}] - window.__rerunAsked) / 1000")
+    return _drawn_seconds(page, asked)
 
 
-def _open_in_browser(page, url: str, title: str) -> None:
-    idle = '[data-testid="stApp"][data-test-script-state="notRunning"]'
-    page.goto(url, wait_until="domcontentloaded")
-    page.locator("h1", has_text=title).first.wait_for(timeout=60_000)
-    page.locator(idle).wait_for(timeout=60_000)
+def _visit_seconds(page, url: str, title: str) -> float:
+    """Open ``url`` in ``page`` (a first visit: a page load and a script run): seconds from
+    the navigation's start until the page is drawn. Raises ``RuntimeError`` when the page
+    shows an exception or not ``title``."""
+    page.goto(url, wait_until="commit")
+    seconds = _drawn_seconds(page, 0.0)
+    if not page.locator("h1", has_text=title).count():
+        raise RuntimeError(f"page {title!r} did not draw its title")
     if page.locator('[data-testid="stException"]').count():
         raise RuntimeError(f"page {title!r} shows an exception")
-    page.evaluate(_RUN_OBSERVER_JS)
-    _rerun_seconds(page)  # warm: the first rerun after a page load
+    return seconds
 
 
 def recorded_page_calls(dataset: Dataset, relay: CountingRelay,
@@ -453,15 +521,21 @@ def recorded_page_calls(dataset: Dataset, relay: CountingRelay,
 
 def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles: list[str],
                     folder: Path, attempts: int = 6) -> list[PageFigures]:
-    """Chromium on ``streamlit run``: per page, interleaved rounds of the floor app's rerun
-    (:data:`FLOOR_APP`, in a second tab), a cached rerun of the page (the "R" key to the
-    end of the script run, as the page reports it) and the page's raw read-API calls.
+    """Chromium on ``streamlit run``, per page, interleaved rounds of:
 
-    A rerun that reached the server is not a cached rerun: the 5 s data TTL ran out, and
-    entries filled at different moments of one run expire at different moments, so the
-    next rerun may miss again. Such a rerun is repeated, up to ``attempts`` times, and its
-    calls are counted in ``cached_connections``. Raises ``RuntimeError`` when a page shows
-    an exception or no rerun of it was served from the cache.
+    - the floor: the one-title app (:data:`FLOOR_APP`, second tab) rerun by the "R" key;
+    - a first visit: the page's URL opened with a window moved by a few seconds from the
+      last round's, so no cache holds it (a new window is what a first visit asks), timed
+      from the navigation until the page is drawn (script run ended, every chart drawn, the
+      main thread quiet: :data:`_DRAWN_JS`);
+    - a warm rerun: the "R" key until the page is drawn again, every loader cached;
+    - the reference: the page's read-API calls of a cold run, made uncached.
+
+    A rerun that reached the server is not a warm rerun (the 5 s data TTL ran out; entries
+    filled at different moments expire at different moments); it is repeated, up to
+    ``attempts`` times, and its calls are counted in ``cached_connections``. Raises
+    ``RuntimeError`` when a page shows an exception or no rerun of it was served from the
+    cache.
     """
     from urllib.parse import urlencode
 
@@ -482,6 +556,7 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
     floor = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              stdin=subprocess.DEVNULL)
     dashboard = launch_dashboard(relay.url, port=port, log_path=folder / "streamlit.log")
+    shift = 0
     try:
         wait_until_ready(url, timeout_seconds=90, process=dashboard)
         wait_until_ready(floor_url, timeout_seconds=90, process=floor)
@@ -489,18 +564,26 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
                 "--headless", "--no-sandbox", "--disable-gpu"])
-            viewport = {"width": 1400, "height": 1800}
-            floor_page = browser.new_page(viewport=viewport)
-            _open_in_browser(floor_page, floor_url, "Floor")
-            page = browser.new_page(viewport=viewport)
+            context = browser.new_context(viewport={"width": 1600, "height": 1800})
+            context.add_init_script(_PAGE_CLOCK_JS)
+            floor_page = context.new_page()
+            _visit_seconds(floor_page, floor_url, "Floor")
+            page = context.new_page()
+            # Streamlit imports the app's modules on its first script run: not a page's cost.
+            _visit_seconds(page, f"{url}/alerts?refresh=0", "Alerts")
             for title in titles:
                 figures = PageFigures(title)
-                _open_in_browser(
-                    page, f"{url}/{PAGE_PATHS[title]}?{urlencode(page_query(dataset))}", title)
                 for _ in range(rounds):
                     floor_page.bring_to_front()  # a background tab's timers are throttled
                     figures.floor_seconds.append(_rerun_seconds(floor_page))
                     page.bring_to_front()
+                    shift += 1
+                    moved = replace(dataset, start=dataset.start + timedelta(seconds=shift),
+                                    end=dataset.end + timedelta(seconds=shift))
+                    before = relay.connections_total
+                    figures.first_seconds.append(_visit_seconds(
+                        page, f"{url}/{PAGE_PATHS[title]}?{urlencode(page_query(moved))}", title))
+                    figures.uncached_connections += relay.connections_total - before
                     for _ in range(attempts):
                         before = relay.connections_total
                         seconds = _rerun_seconds(page)
@@ -522,7 +605,8 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
             process.wait(timeout=15)
 
 
-LOADERS = {"demo": load_demo, "capture": load_capture, "gauges": load_gauges}
+LOADERS = {"demo": load_demo, "capture": load_capture, "gauges": load_gauges,
+           "hour": load_hour}
 
 
 def run(dataset_name: str = "demo", rounds: int = 7, only: list[str] | None = None,
@@ -567,19 +651,33 @@ def _ratio(measured: float, reference: float) -> str:
     return f"{measured / reference:.2f}" if reference > 1e-4 else "–"
 
 
-def _print_table(pages: list[PageFigures], limit_ms: float, *, browser: bool) -> bool:
-    third = "floor app rerun" if browser else "uncached rerun"
+def _print_table(pages: list[PageFigures], limit_ms: float) -> bool:
     print(f"{'page':<18} {'calls':>5}  {'raw API ms med (best)':>21}  {'cached rerun':>16}  "
-          f"{third:>16}  cached/raw  server calls on cached")
+          f"{'uncached rerun':>16}  cached/raw  server calls on cached")
     ok = True
     for page in pages:
         cached = statistics.median(page.cached_seconds)
         ok &= cached * 1000 <= limit_ms
         print(f"{page.title:<18} {page.calls:>5}  {_ms(page.raw_seconds):>21}  "
-              f"{_ms(page.cached_seconds):>16}  "
-              f"{_ms(page.floor_seconds if browser else page.uncached_seconds):>16}  "
+              f"{_ms(page.cached_seconds):>16}  {_ms(page.uncached_seconds):>16}  "
               f"{_ratio(cached, statistics.median(page.raw_seconds)):>10}  "
               f"{page.cached_connections}")
+    return ok
+
+
+def _print_browser_table(pages: list[PageFigures], first_limit_ms: float,
+                         rerun_limit_ms: float) -> bool:
+    print(f"{'page':<18} {'calls':>5}  {'API ms':>16}  {'first visit ms':>16}  {'/API':>5}  "
+          f"{'warm rerun ms':>16}  {'/API':>5}  {'floor rerun ms':>16}")
+    ok = True
+    for page in pages:
+        raw = statistics.median(page.raw_seconds)
+        first, rerun = statistics.median(page.first_seconds), statistics.median(page.cached_seconds)
+        ok &= first * 1000 <= first_limit_ms and rerun * 1000 <= rerun_limit_ms
+        print(f"{page.title:<18} {page.calls:>5}  {_ms(page.raw_seconds):>16}  "
+              f"{_ms(page.first_seconds):>16}  {_ratio(first, raw):>5}  "
+              f"{_ms(page.cached_seconds):>16}  {_ratio(rerun, raw):>5}  "
+              f"{_ms(page.floor_seconds):>16}")
     return ok
 
 
@@ -588,11 +686,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", choices=sorted(LOADERS), default="demo")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--limit-ms", type=float, default=150.0)
+    parser.add_argument("--limit-ms", type=float, default=150.0,
+                        help="most ms of a cached script rerun (AppTest)")
+    parser.add_argument("--first-limit-ms", type=float, default=3000.0,
+                        help="most ms of a first visit in Chromium, until drawn")
+    parser.add_argument("--rerun-limit-ms", type=float, default=1500.0,
+                        help="most ms of a warm rerun in Chromium, until drawn")
     parser.add_argument("--page", action="append", choices=list(PAGE_PATHS),
                         help="measure only this page (repeatable)")
     parser.add_argument("--browser", action="store_true",
-                        help=f"also time reruns in Chromium ({CHROMIUM})")
+                        help=f"also time first visits and reruns in Chromium ({CHROMIUM})")
     args = parser.parse_args(argv)
     figures = run(args.dataset, args.rounds, args.page, args.browser)
     before, after = figures["load_average"]
@@ -600,13 +703,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{figures['max_points']} points per series; load average {before[0]:.2f} before, "
           f"{after[0]:.2f} after; ms: median (best) of {args.rounds} rounds")
     print("script run (AppTest, in process):")
-    ok = _print_table(figures["script"], args.limit_ms, browser=False)
+    ok = _print_table(figures["script"], args.limit_ms)
     ok &= all(page.cached_connections == 0 for page in figures["script"])
+    verdict = f"cached script rerun ≤ {args.limit_ms:.0f} ms on every page, no server call"
     if figures["browser"] is not None:
-        print("browser (Chromium, 'R' key to the end of the script run):")
-        ok &= _print_table(figures["browser"], args.limit_ms, browser=True)
-    print(f"cached rerun ≤ {args.limit_ms:.0f} ms on every page, no server call: "
-          f"{'PASS' if ok else 'FAIL'}")
+        print("browser (Chromium, 1600 px wide; until the page is drawn):")
+        ok &= _print_browser_table(figures["browser"], args.first_limit_ms, args.rerun_limit_ms)
+        verdict += (f"; in Chromium a first visit ≤ {args.first_limit_ms:.0f} ms and a warm "
+                    f"rerun ≤ {args.rerun_limit_ms:.0f} ms")
+    print(f"{verdict}: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 

@@ -13,33 +13,18 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from inferpath.dashboard.figures import MS_PER_NS, MS_PER_SECOND, NO_DATA, UNCLASSIFIED, wall_time
+from inferpath.dashboard.figures import (
+    MS_PER_NS, MS_PER_SECOND, NO_DATA, UNCLASSIFIED, fixed_margins, line_mode, wall_time,
+)
+from inferpath.dashboard.rows import StackedRows
 
 _STATS = [("p50", "solid"), ("p95", "dashdot"), ("p99", "dash"), ("avg", "dot")]
 _COLORS = {"ttft": "#1f77b4", "itl": "#2ca02c", "e2e": "#9467bd"}
 
-# Correlate rows: (column, panel title, axis label, scale, is a step-held gauge)
-CORRELATE_PANELS: list[tuple[str, str, str, float, bool]] = [
-    ("queue_depth", "Queue depth", "waiting", 1.0, True),
-    ("running_requests", "Running requests", "running", 1.0, True),
-    ("kv_cache_usage_ratio", "KV-cache usage", "%", 100.0, True),
-    ("preemptions_per_second", "Preemptions", "per s", 1.0, False),
-    ("gpu_utilization_ratio", "GPU utilization", "%", 100.0, True),
-    ("gpu_memory_used_bytes", "GPU memory used", "GiB", 1.0 / 2**30, True),
-]
-SPIKE_FILL = "rgba(214, 39, 40, 0.15)"
 STAGE_COLORS = {"gateway": "#8c564b", "tokenize": "#e377c2", "retrieval": "#bcbd22",
                 "queue": "#d62728", "prefill": "#ff7f0e", "decode": "#1f77b4",
                 "network": "#17becf", "rest": "#c7c7c7"}
-
-
-def _no_data(figure: go.Figure, row: int, why: str = NO_DATA) -> None:
-    axis = "" if row == 1 else str(row)
-    figure.update_yaxes(showticklabels=False, row=row, col=1)
-    figure.add_annotation(text=why, xref=f"x{axis} domain", yref=f"y{axis} domain", x=0.5,
-                          y=0.5, showarrow=False, font={"size": 14, "color": "#888"})
 
 
 def _values(points: Sequence[Mapping[str, Any]], column: str, scale: float) -> list[float | None]:
@@ -60,9 +45,7 @@ def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
     figures: dict[str, go.Figure] = {}
     for klass, points in sorted(by_class.items()):
         x = wall_time([p["bucket"] for p in points], tz)
-        figure = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                               subplot_titles=("TTFT", "ITL", "E2E", "Requests and errors",
-                                               "p99 / mean"))
+        rows = StackedRows(("TTFT", "ITL", "E2E", "Requests and errors", "p99 / mean"))
         for row, measure in enumerate(("ttft", "itl", "e2e"), start=1):
             drawn = False
             for stat, dash in _STATS:
@@ -70,89 +53,37 @@ def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
                 if all(v is None for v in y):
                     continue
                 drawn = True
-                figure.add_trace(go.Scatter(
-                    x=x, y=y, mode="lines", name=f"{measure.upper()} {stat}",
-                    legendgroup=measure, line={"color": _COLORS[measure], "dash": dash},
-                    connectgaps=False), row=row, col=1)
+                rows.trace(row, {"type": "scatter", "x": x, "y": y, "mode": line_mode(y),
+                                 "name": f"{measure.upper()} {stat}", "legendgroup": measure,
+                                 "line": {"color": _COLORS[measure], "dash": dash},
+                                 "connectgaps": False})
+            rows.yaxis(row, title={"text": "ms"}, rangemode="tozero")
             if not drawn:
-                _no_data(figure, row, f"no {measure.upper()} measured")
-            figure.update_yaxes(title_text="ms", rangemode="tozero", row=row, col=1)
-        figure.add_trace(go.Bar(x=x, y=[p["requests"] / step for p in points], name="requests/s",
-                                marker_color="#7f7f7f"), row=4, col=1)
-        figure.add_trace(go.Bar(x=x, y=[p["errors"] / step for p in points], name="errors/s",
-                                marker_color="#d62728"), row=4, col=1)
-        figure.update_yaxes(title_text="per s", rangemode="tozero", row=4, col=1)
+                rows.note(row, f"no {measure.upper()} measured", size=14)
+        # Rates as step lines: one path per series (a bar is an SVG path per bucket, 720
+        # of them per figure at 360 buckets).
+        for name, key, color in (("requests/s", "requests", "#7f7f7f"), ("errors/s", "errors", "#d62728")):
+            rows.trace(4, {"type": "scatter", "x": x, "y": [p[key] / step for p in points],
+                           "mode": "lines", "name": name, "line": {"color": color, "shape": "hv"}})
+        rows.yaxis(4, title={"text": "per s"}, rangemode="tozero")
         for measure in ("ttft", "itl", "e2e"):
             ratio = [None if (p.get(f"{measure}_p99_seconds") is None
                               or not p.get(f"{measure}_avg_seconds"))
                      else p[f"{measure}_p99_seconds"] / p[f"{measure}_avg_seconds"] for p in points]
             if any(v is not None for v in ratio):
-                figure.add_trace(go.Scatter(x=x, y=ratio, mode="lines+markers",
-                                            name=f"{measure.upper()} p99/mean",
-                                            line={"color": _COLORS[measure]}, connectgaps=False),
-                                 row=5, col=1)
-        figure.update_yaxes(title_text="ratio", rangemode="tozero", row=5, col=1)
-        figure.update_xaxes(title_text=f"time ({tz})", row=5, col=1)
+                rows.trace(5, {"type": "scatter", "x": x, "y": ratio, "mode": line_mode(ratio),
+                               "name": f"{measure.upper()} p99/mean",
+                               "line": {"color": _COLORS[measure]}, "connectgaps": False})
+        rows.yaxis(5, title={"text": "ratio"}, rangemode="tozero")
+        rows.xaxis(5, title={"text": f"time ({tz})"})
         if len(x):  # the window's own span: a row with nothing drawn must not widen it to 1970-2030
             bounds = pd.Series(x)
-            figure.update_xaxes(range=[bounds.iloc[0], bounds.iloc[-1] + pd.Timedelta(seconds=step)])
-        figure.update_layout(height=1000, barmode="overlay", hovermode="x unified",
-                             margin={"l": 60, "r": 20, "t": 40, "b": 40},
-                             legend={"orientation": "h", "y": -0.06})
-        figures[klass] = figure
+            rows.xaxes(range=[bounds.iloc[0], bounds.iloc[-1] + pd.Timedelta(seconds=step)])
+        # The legend above the first row (two lines of 17 entries at most).
+        figures[klass] = rows.figure(height=1060, hovermode="x unified",
+                                     margin=fixed_margins(top=100, bottom=50),
+                                     legend={"orientation": "h", "y": 1.035, "yanchor": "bottom"})
     return figures
-
-
-def correlate_figure(view: Mapping[str, Any], tz: str, *,
-                     missing_reason: str = "not reported in this window") -> go.Figure:
-    """The Correlate figure from ``/views/correlate``: TTFT p99 and mean (ms), then every
-    panel of :data:`CORRELATE_PANELS`, on one shared time axis; each detected spike is a
-    shaded band over all panels. A signal with no sample in the window shows
-    ``missing_reason`` instead of a flat zero line.
-    """
-    points = view.get("points", [])
-    titles = ["TTFT (server)"] + [title for _, title, *_ in CORRELATE_PANELS]
-    figure = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.025,
-                           subplot_titles=titles)
-    x = wall_time([p["time"] for p in points], tz)
-    drawn = False
-    for column, name, dash in (("ttft_p99_seconds", "TTFT p99", "solid"),
-                               ("ttft_avg_seconds", "TTFT mean", "dot")):
-        y = _values(points, column, MS_PER_SECOND)
-        if any(v is not None for v in y):
-            drawn = True
-            figure.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=name,
-                                        line={"color": "#1f77b4", "dash": dash},
-                                        marker={"size": 4}, connectgaps=False), row=1, col=1)
-    if not drawn:
-        _no_data(figure, 1, "no requests in this window")
-    figure.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=1)
-    for row, (column, title, unit, scale, held) in enumerate(CORRELATE_PANELS, start=2):
-        y = _values(points, column, scale)
-        if all(v is None for v in y):
-            _no_data(figure, row, f"{title}: {missing_reason}")
-            continue
-        figure.add_trace(go.Scatter(x=x, y=y, mode="lines", name=title,
-                                    line={"shape": "hv" if held else "linear", "color": "#2ca02c"},
-                                    connectgaps=False), row=row, col=1)
-        figure.update_yaxes(title_text=unit, rangemode="tozero", row=row, col=1)
-    for spike in view.get("spikes", []):
-        start, end = wall_time([spike["start"], spike["end"]], tz)
-        # One band over the whole height: every panel reads the same (matched) x axis.
-        figure.add_shape(type="rect", xref="x", yref="paper", x0=start, x1=end, y0=0, y1=1,
-                         fillcolor=SPIKE_FILL, line_width=0, layer="below")
-    figure.update_xaxes(title_text=f"time ({tz})", row=len(titles), col=1)
-    figure.update_layout(height=170 * len(titles), hovermode="x unified", showlegend=True,
-                         margin={"l": 60, "r": 20, "t": 40, "b": 40},
-                         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
-    return figure
-
-
-def spike_label(spike: Mapping[str, Any], tz: str) -> str:
-    """A spike for a picker: ``12:19:51–12:19:56 · p99 7374 ms = 27× baseline``."""
-    start, end = wall_time([spike["start"], spike["end"]], tz)
-    return (f"{start:%H:%M:%S}–{end:%H:%M:%S} · p99 {spike['peak_seconds'] * MS_PER_SECOND:.0f} ms"
-            f" = {spike['ratio']:.0f}× baseline")
 
 
 def band_shares_figure(bands: Sequence[Mapping[str, Any]], *, measure: str) -> go.Figure:
@@ -177,11 +108,11 @@ def band_shares_figure(bands: Sequence[Mapping[str, Any]], *, measure: str) -> g
             orientation="h", marker_color=STAGE_COLORS.get(stage, "#7f7f7f"),
             customdata=[b["stage_mean_ns"].get(stage, 0.0) * MS_PER_NS for b in bands],
             hovertemplate=f"{stage}: %{{x:.1f}}%% (%{{customdata:.1f}} ms)<extra></extra>"))
-    figure.update_layout(barmode="relative", height=80 + 60 * len(bands),
+    figure.update_layout(barmode="relative", height=150 + 60 * len(bands),
                          title=f"Share of {measure.upper()} per stage, by percentile band",
                          xaxis_title="% of the band's total time", yaxis={"autorange": "reversed"},
-                         margin={"l": 60, "r": 20, "t": 50, "b": 40},
-                         legend={"orientation": "h", "y": -0.3})
+                         margin=fixed_margins(top=50, bottom=110, left=240),
+                         legend={"orientation": "h", "y": -0.45, "yanchor": "top"})
     return figure
 
 
@@ -196,5 +127,4 @@ def hops_table(hops: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-__all__ = ["CORRELATE_PANELS", "band_shares_figure", "correlate_figure", "hops_table",
-           "latency_by_class", "spike_label", "wall_time"]
+__all__ = ["band_shares_figure", "hops_table", "latency_by_class", "wall_time"]

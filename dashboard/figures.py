@@ -15,7 +15,6 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 MS_PER_SECOND = 1000.0
 MS_PER_NS = 1e-6
@@ -64,6 +63,27 @@ def wall_time(values: pd.Series | Sequence[Any], tz: str) -> pd.Series:
     return stamps.dt.tz_convert(tz).dt.tz_localize(None)
 
 
+def line_mode(values: Sequence[float | None]) -> str:
+    """Plotly ``mode`` of a line with gaps: ``lines``, or ``lines+markers`` when a value
+    stands alone between gaps (a line draws nothing for it, and missing must not look like
+    nothing happened). Markers cost plotly a style pass per point: on a 360-point series
+    they doubled the time Chromium took to draw the Overview."""
+    present = [value is not None and not _is_nan(value) for value in values]
+    for index, here in enumerate(present):
+        if here and not (index > 0 and present[index - 1]) \
+                and not (index + 1 < len(present) and present[index + 1]):
+            return "lines+markers"
+    return "lines"
+
+
+def fixed_margins(*, top: int = 40, bottom: int = 40, left: int = 60, right: int = 20) -> dict:
+    """A figure's ``layout.margin`` with ``autoexpand`` off: a legend or title outside the
+    plot area must fit in these pixels. With autoexpand on, plotly draws a figure, finds
+    that its legend pushes a margin, and draws it again: a third of Chromium's time on a
+    page of subplots (``bench/dashboard_rerun.py --browser``)."""
+    return {"l": left, "r": right, "t": top, "b": bottom, "autoexpand": False}
+
+
 def gauge_over_time(gauge_df: pd.DataFrame, tz: str, *, title: str, y_title: str,
                     scale: float = 1.0, step_seconds: float | None = None) -> go.Figure:
     """One canonical gauge (KV-cache usage, running requests, ...) per series over time.
@@ -73,14 +93,30 @@ def gauge_over_time(gauge_df: pd.DataFrame, tz: str, *, title: str, y_title: str
     which the time axis names. ``scale`` multiplies values for display (e.g. 100 for a
     ratio shown in percent). Empty input gives a "no data" annotation.
     """
-    figure = make_subplots(rows=1, cols=1, subplot_titles=(title,))
-    _add_gauge_traces(figure, gauge_df, tz, row=1, step_seconds=step_seconds,
-                      unit_label=y_title, scale=scale)
-    figure.update_yaxes(title_text=y_title, rangemode="tozero")
-    figure.update_xaxes(title_text=f"time ({tz})", showticklabels=bool(figure.data))
-    figure.update_layout(height=300, margin={"l": 60, "r": 20, "t": 40, "b": 40},
-                         legend={"orientation": "h", "y": -0.3})
-    return figure
+    from inferpath.dashboard.rows import StackedRows
+
+    rows = StackedRows([title])
+    gauge = _non_empty(gauge_df, ["value"])
+    if gauge.empty:
+        rows.note(1, NO_DATA, size=16)
+    else:
+        service = gauge["service_name"] if "service_name" in gauge else pd.Series(None, index=gauge.index)
+        attributes = gauge["attributes"] if "attributes" in gauge else pd.Series(None, index=gauge.index)
+        gauge["_series"] = [series_label(s, a) for s, a in zip(service, attributes)]
+        for index, (label, series) in enumerate(gauge.groupby("_series", sort=True)):
+            # Gaps are found on the instants (a DST change repeats wall times), then shown as wall time.
+            series = _fill_gaps(series, step_seconds)
+            # A gauge holds its value until the next sample: draw steps, not slopes.
+            rows.trace(1, {"type": "scatter", "x": wall_time(series["bucket"], tz),
+                           "y": series["value"] * scale, "mode": "lines", "name": label,
+                           "line": {"shape": "hv", "color": _GAUGE_COLORS[index % len(_GAUGE_COLORS)]},
+                           "connectgaps": False,
+                           "hovertemplate": f"{label}: %{{y:.3g}} {y_title}<extra></extra>"})
+    rows.yaxis(1, title={"text": y_title}, rangemode="tozero")
+    rows.xaxis(1, title={"text": f"time ({tz})"}, showticklabels=not gauge.empty)
+    # The legend under the time axis: series labels (host, UUID, model) run long and wrap.
+    return rows.figure(height=340, margin=fixed_margins(top=40, bottom=120),
+                       legend={"orientation": "h", "y": -0.35, "yanchor": "top"})
 
 
 def stage_latency_table(summary_df: pd.DataFrame) -> pd.DataFrame:
@@ -151,27 +187,6 @@ def series_label(service_name: object, attributes: object) -> str:
     return label
 
 
-def _add_gauge_traces(figure: go.Figure, gauge_df: pd.DataFrame, tz: str, *, row: int,
-                      step_seconds: float | None, unit_label: str, scale: float = 1.0) -> None:
-    gauge = _non_empty(gauge_df, ["value"])
-    if gauge.empty:
-        _annotate_no_data(figure, row=row)
-        return
-    service = gauge["service_name"] if "service_name" in gauge else pd.Series(None, index=gauge.index)
-    attributes = gauge["attributes"] if "attributes" in gauge else pd.Series(None, index=gauge.index)
-    gauge["_series"] = [series_label(s, a) for s, a in zip(service, attributes)]
-    for index, (label, rows) in enumerate(gauge.groupby("_series", sort=True)):
-        # Gaps are found on the instants (a DST change repeats wall times), then shown as wall time.
-        rows = _fill_gaps(rows, step_seconds)
-        # A gauge holds its value until the next sample: draw steps, not slopes.
-        figure.add_trace(go.Scatter(
-            x=wall_time(rows["bucket"], tz), y=rows["value"] * scale, mode="lines", name=label,
-            line={"shape": "hv", "color": _GAUGE_COLORS[index % len(_GAUGE_COLORS)]},
-            connectgaps=False,
-            hovertemplate=f"{label}: %{{y:.3g}} {unit_label}<extra></extra>",
-        ), row=row, col=1)
-
-
 def _non_empty(frame: pd.DataFrame | None, value_columns: Iterable[str]) -> pd.DataFrame:
     # Rows whose every value column is null carry no data; a frame without a bucket column
     # cannot be placed on the time axis.
@@ -198,14 +213,6 @@ def _fill_gaps(rows: pd.DataFrame, step_seconds: float | None) -> pd.DataFrame:
         return rows
     filler = pd.DataFrame({"bucket": missing})
     return pd.concat([rows, filler], ignore_index=True).sort_values("bucket")
-
-
-def _annotate_no_data(figure: go.Figure, *, row: int) -> None:
-    axis = "" if row == 1 else str(row)
-    # Without data the axis ranges are placeholders (-1..6); numbers there would mislead.
-    figure.update_yaxes(showticklabels=False, row=row, col=1)
-    figure.add_annotation(text=NO_DATA, xref=f"x{axis} domain", yref=f"y{axis} domain",
-                          x=0.5, y=0.5, showarrow=False, font={"size": 16, "color": "#888"})
 
 
 def _is_nan(value: object) -> bool:

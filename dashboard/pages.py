@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 from urllib.parse import urlencode
 
 import pandas as pd
@@ -20,8 +21,8 @@ from inferpath.dashboard import verdict as verdict_view
 from inferpath.dashboard.client import ReadApiError
 from inferpath.dashboard.memo import memo_figure
 from inferpath.dashboard.queries import (
-    NO_VERDICT_KEY, load_alerts, load_diagnosis, load_gauge, load_objectives, load_requests,
-    load_summary, load_trace, load_view,
+    NO_VERDICT_KEY, answer, load_alerts, load_all, load_diagnosis, load_gauge, load_objectives,
+    load_requests, load_summary, load_trace, load_view,
 )
 from inferpath.dashboard.timerange import TimeWindow
 
@@ -96,24 +97,20 @@ def _iso(value: datetime) -> str:
     return value.astimezone(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def _verdict(ctx: Context) -> tuple[dict | None, str | None]:
-    """(verdict, why there is none): the diagnosis of the window, or the sentence saying
-    why it has none (too few requests, or the server failed)."""
-    window = ctx.window
-    try:
-        verdict = load_diagnosis(ctx.server_url, ctx.token, window.start, window.end)
-    except ReadApiError as error:
-        return None, _explain(error, "the verdict", ctx)
-    if NO_VERDICT_KEY in verdict:
-        return None, messages.no_verdict(verdict[NO_VERDICT_KEY])
-    return verdict, None
+def _verdict(ctx: Context, diagnosis: Any) -> tuple[dict | None, str | None]:
+    """(verdict, why there is none) from ``diagnosis`` (:func:`load_diagnosis`'s answer or
+    its :class:`ReadApiError`): the verdict of the window, or the sentence saying why it
+    has none (too few requests, or the server failed)."""
+    if isinstance(diagnosis, ReadApiError):
+        return None, _explain(diagnosis, "the verdict", ctx)
+    if NO_VERDICT_KEY in diagnosis:
+        return None, messages.no_verdict(diagnosis[NO_VERDICT_KEY])
+    return diagnosis, None
 
 
-def _objectives(ctx: Context) -> dict | None:
-    try:
-        return load_objectives(ctx.server_url, ctx.token)
-    except ReadApiError:
-        return None  # the lines are a help, not the page: the verdict still judges
+def _objectives(result: Any) -> dict | None:
+    # The lines are a help, not the page: without them the verdict still judges.
+    return None if isinstance(result, ReadApiError) else result
 
 
 def _baseline_ms(ctx: Context, verdict: dict | None) -> dict[tuple[str, str], float | None]:
@@ -121,12 +118,13 @@ def _baseline_ms(ctx: Context, verdict: dict | None) -> dict[tuple[str, str], fl
     for the tiles' "before"; empty where that window has no requests or fails to load."""
     window = ctx.window
     before_start = window.start - (window.end - window.start)
+    classes = verdict_view.classes_of(verdict)
+    summaries = load_all([(load_summary, (ctx.server_url, ctx.token, before_start, window.start,
+                                          None if klass == figures.UNCLASSIFIED else klass))
+                          for klass in classes])
     out: dict[tuple[str, str], float | None] = {}
-    for klass in verdict_view.classes_of(verdict):
-        try:
-            summary = load_summary(ctx.server_url, ctx.token, before_start, window.start,
-                                   None if klass == figures.UNCLASSIFIED else klass)
-        except ReadApiError:
+    for klass, summary in zip(classes, summaries):
+        if isinstance(summary, ReadApiError):
             continue
         by_measure = summary.set_index("measure") if not summary.empty else None
         for measure in ("ttft", "itl", "e2e"):
@@ -163,27 +161,30 @@ def overview_panels(ctx: Context) -> None:
     per-stage latency table."""
     _caption(ctx)
     window = ctx.window
-    verdict, why_not = _verdict(ctx)
+    server = (ctx.server_url, ctx.token)
+    step_params = (("max_points", ctx.max_points), ("step_seconds", window.step_seconds))
+    diagnosis, latency, summary, signals, objectives = load_all([
+        (load_diagnosis, (*server, window.start, window.end)),
+        (load_view, (*server, "latency", window.start, window.end,
+                     (("endpoint_class", ctx.endpoint_class), *step_params))),
+        (load_summary, (*server, window.start, window.end, ctx.endpoint_class)),
+        (load_view, (*server, "signals", window.start, window.end, step_params)),
+        (load_objectives, server),
+    ])
+    verdict, why_not = _verdict(ctx, diagnosis)
     banner = verdict_view.banner_of(verdict, no_verdict=why_not)
     st.markdown(verdict_view.banner_html(banner, evidence_href=_evidence_href(ctx) if verdict else None),
                 unsafe_allow_html=True)
-    params = (("endpoint_class", ctx.endpoint_class), ("max_points", ctx.max_points),
-              ("step_seconds", window.step_seconds))
     try:
-        view = load_view(ctx.server_url, ctx.token, "latency", window.start, window.end, params)
-        summary = load_summary(ctx.server_url, ctx.token, window.start, window.end,
-                               ctx.endpoint_class)
+        view, summary = answer(latency), answer(summary)
     except ReadApiError as error:
         st.error(_explain(error, "the latency of this window", ctx))
         return
     _tiles(ctx, verdict, summary)
-    try:
-        signals = load_view(ctx.server_url, ctx.token, "signals", window.start, window.end,
-                            (("max_points", ctx.max_points), ("step_seconds", window.step_seconds)))
-    except ReadApiError as error:
-        st.warning(_explain(error, "the engine and GPU signals", ctx))
+    if isinstance(signals, ReadApiError):
+        st.warning(_explain(signals, "the engine and GPU signals", ctx))
         signals = {}
-    limits = verdict_view.objective_limits(_objectives(ctx), ctx.endpoint_class)
+    limits = verdict_view.objective_limits(_objectives(objectives), ctx.endpoint_class)
     st.plotly_chart(memo_figure(saturation.overview_figure, view, signals, ctx.tz,
                                 ttft_limits_ms=limits, slot_limit=verdict_view.slot_limit(verdict),
                                 window_end=window.end),
@@ -195,9 +196,12 @@ def overview_panels(ctx: Context) -> None:
     elif "ddsketch" in (view.get("percentiles"), summary.attrs.get("percentiles")):
         st.caption("Percentiles over this wide window come from per-minute sketches (within 0.5 % "
                    "of the exact value); counts and means are exact.")
-    for klass, figure in by_class.items():
+    if by_class:
+        # One class's detail at a time: each is a five-row figure, and Chromium's drawing of
+        # it was the largest part of a first visit (bench/dashboard_rerun.py --browser).
+        klass = _class_picked(list(by_class))
         st.subheader(f"Endpoint class: {klass}")
-        st.plotly_chart(figure, width="stretch", key=f"latency_{klass}")
+        st.plotly_chart(by_class[klass], width="stretch", key="latency_by_class")
     st.subheader("Latency per stage")
     st.dataframe(table, hide_index=True, width="stretch", height=36 * (len(table) + 1) + 4,
                  column_config={
@@ -206,23 +210,33 @@ def overview_panels(ctx: Context) -> None:
                         for s in ("avg", "p50", "p95", "p99")}})
 
 
-def spike_threshold(ctx: Context, objectives: dict | None) -> spikes.Threshold | None:
-    """The window's spike threshold (:mod:`.spikes`): from the 15 minutes before it and the
-    TTFT objective of the chosen class (the strictest class's when all are shown)."""
+def _class_picked(classes: list[str]) -> str:
+    """The endpoint class whose detail the Overview draws: chosen among ``classes`` (one
+    button each), ``interactive`` first when present."""
+    default = "interactive" if "interactive" in classes else classes[0]
+    if len(classes) == 1:
+        return default
+    ordered = [default, *[c for c in classes if c != default]]
+    chosen = st.segmented_control("Detail of endpoint class", ordered, default=default,
+                                  key="overview_class")
+    return chosen if chosen in classes else default
+
+
+def spike_threshold(ctx: Context, objectives: dict | None,
+                    reference: Any) -> spikes.Threshold | None:
+    """The window's spike threshold (:mod:`.spikes`): from ``reference`` (the ``/summary`` of
+    :func:`spikes.reference_window`, or its :class:`ReadApiError`) and the TTFT objective of
+    the chosen class (the strictest class's when all are shown)."""
     limits = verdict_view.objective_limits(objectives, ctx.endpoint_class)
-    before_start, before_end = spikes.reference_window(ctx.window.start)
-    try:
-        summary = load_summary(ctx.server_url, ctx.token, before_start, before_end, ctx.endpoint_class)
-    except ReadApiError:
-        summary = pd.DataFrame()
-    reference = requests = None
+    summary = pd.DataFrame() if isinstance(reference, ReadApiError) else reference
+    reference_p99 = requests = None
     if not summary.empty and "ttft" in set(summary["measure"]):
         row = summary.set_index("measure").loc["ttft"]
-        reference = None if pd.isna(row["p99_seconds"]) else float(row["p99_seconds"])
+        reference_p99 = None if pd.isna(row["p99_seconds"]) else float(row["p99_seconds"])
         requests = int(row["count"])
     return spikes.spike_threshold(
         objective_seconds=min(limits.values()) / figures.MS_PER_SECOND if limits else None,
-        reference_p99_seconds=reference, reference_requests=requests)
+        reference_p99_seconds=reference_p99, reference_requests=requests)
 
 
 def _strictest(limits: dict[str, float]) -> dict[str, float]:
@@ -236,15 +250,22 @@ def correlate_panels(ctx: Context) -> None:
     against a threshold fixed before the window; the slowest traces of the chosen spike."""
     _caption(ctx)
     window = ctx.window
+    server = (ctx.server_url, ctx.token)
     step_params = (("max_points", ctx.max_points), ("step_seconds", window.step_seconds))
+    before_start, before_end = spikes.reference_window(window.start)
+    view, signals, objectives, reference = load_all([
+        (load_view, (*server, "correlate", window.start, window.end, step_params)),
+        (load_view, (*server, "signals", window.start, window.end, step_params)),
+        (load_objectives, server),
+        (load_summary, (*server, before_start, before_end, ctx.endpoint_class)),
+    ])
     try:
-        view = load_view(ctx.server_url, ctx.token, "correlate", window.start, window.end, step_params)
-        signals = load_view(ctx.server_url, ctx.token, "signals", window.start, window.end, step_params)
+        view, signals = answer(view), answer(signals)
     except ReadApiError as error:
         st.error(_explain(error, "the correlation of latency and engine state", ctx))
         return
-    objectives = _objectives(ctx)
-    threshold = spike_threshold(ctx, objectives)
+    objectives = _objectives(objectives)
+    threshold = spike_threshold(ctx, objectives, reference)
     found = spikes.find_spikes(view.get("points", []), step_seconds=float(view.get("step_seconds", 1)),
                                threshold=threshold)
     st.subheader("Latency and engine state")
@@ -362,8 +383,12 @@ def fleet_panels(ctx: Context) -> None:
     mean and max in the window; missing signals listed with why; gauges over time."""
     _caption(ctx)
     window = ctx.window
+    view, *gauges = load_all([
+        (load_view, (ctx.server_url, ctx.token, "fleet", window.start, window.end)),
+        *[(load_gauge, (ctx.server_url, ctx.token, metric, window.start, window.end,
+                        window.step_seconds)) for metric, *_ in ENGINE_GAUGES]])
     try:
-        view = load_view(ctx.server_url, ctx.token, "fleet", window.start, window.end)
+        view = answer(view)
     except ReadApiError as error:
         st.error(_explain(error, "the GPUs and engines", ctx))
         return
@@ -384,12 +409,9 @@ def fleet_panels(ctx: Context) -> None:
     else:
         st.dataframe(missing, hide_index=True, width="stretch")
     st.subheader("Over time")
-    for metric, title, y_title, scale in ENGINE_GAUGES:
-        try:
-            gauge = load_gauge(ctx.server_url, ctx.token, metric, window.start, window.end,
-                               window.step_seconds)
-        except ReadApiError as error:
-            st.error(_explain(error, title, ctx))
+    for (metric, title, y_title, scale), gauge in zip(ENGINE_GAUGES, gauges):
+        if isinstance(gauge, ReadApiError):
+            st.error(_explain(gauge, title, ctx))
             continue
         figure = memo_figure(figures.gauge_over_time, gauge, ctx.tz, title=title,
                              y_title=y_title, scale=scale, step_seconds=window.step_seconds)

@@ -9,11 +9,13 @@ and interval, and memory stays bounded however long the dashboard runs. Errors r
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 import streamlit as st
+from streamlit.runtime.scriptrunner import add_script_run_ctx
 
 from inferpath.dashboard.client import ReadApiClient, ReadApiError
 
@@ -106,3 +108,44 @@ def load_alerts(server_url: str, token: str | None, start: datetime | None = Non
     """``/alerts`` for the window as sent, ``None`` when the server has no alerts route."""
     with _client(server_url, token) as client:
         return client.alerts(start, end)
+
+
+def load_all(loads: Sequence[tuple[Callable[..., Any], tuple]]) -> list[Any]:
+    """Call every ``(loader, args)`` at once, one thread each, and return their results in
+    order; a call that raised :class:`ReadApiError` gives that error in its place (other
+    exceptions propagate).
+
+    A page's reads are independent questions to the server; asked one after the other, a
+    first visit of the Overview waited for the sum of seven round trips. Each thread
+    carries this script run's context, as Streamlit asks of threads that use its caches;
+    a call that hits its cache returns at once.
+    """
+    results: list[Any] = [None] * len(loads)
+    failures: list[BaseException | None] = [None] * len(loads)
+
+    def call(index: int, loader: Callable[..., Any], args: tuple) -> None:
+        try:
+            results[index] = loader(*args)
+        except ReadApiError as error:
+            results[index] = error
+        except BaseException as error:  # noqa: BLE001 - re-raised in the script's thread
+            failures[index] = error
+
+    threads = [add_script_run_ctx(threading.Thread(target=call, args=(index, loader, args),
+                                                   name=f"inferpath-read-{index}", daemon=True))
+               for index, (loader, args) in enumerate(loads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for failure in failures:
+        if failure is not None:
+            raise failure
+    return results
+
+
+def answer(result: Any) -> Any:
+    """``result`` of :func:`load_all`, raising it when it is a :class:`ReadApiError`."""
+    if isinstance(result, ReadApiError):
+        raise result
+    return result

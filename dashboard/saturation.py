@@ -20,10 +20,9 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from inferpath.dashboard.charts import wall_time
-from inferpath.dashboard.figures import MS_PER_SECOND, UNCLASSIFIED
+from inferpath.dashboard.figures import MS_PER_SECOND, UNCLASSIFIED, fixed_margins, line_mode, wall_time
+from inferpath.dashboard.rows import StackedRows
 
 SIGNAL_COLORS = {
     "ttft": "#1f77b4", "queue_depth": "#d62728", "running_requests": "#ff7f0e",
@@ -64,48 +63,40 @@ def panel_title(signal: str, body: Mapping[str, Any] | None) -> str:
     return f"{title} ({how} of {count} {kind}s)"
 
 
-def add_signal_panel(figure: go.Figure, signal: str, body: Mapping[str, Any] | None, *, row: int,
+def add_signal_panel(rows: StackedRows, signal: str, body: Mapping[str, Any] | None, *, row: int,
                      tz: str, window_end: datetime, step_seconds: float,
                      capacity: float | None = None, capacity_label: str = "",
                      show_mean: bool = True) -> None:
-    """Draw ``signal`` (its ``/views/signals`` entry ``body``) into ``row`` of ``figure``:
+    """Draw ``signal`` (its ``/views/signals`` entry ``body``) into ``row`` of ``rows``:
     the max per step, the mean dotted, capacity dashed, "not exported" or stale marked."""
     title, unit, scale, _ = SIGNAL_PANELS[signal]
-    axis = "" if row == 1 else str(row)
-    figure.update_yaxes(title_text=unit, rangemode="tozero", row=row, col=1)
+    rows.yaxis(row, title={"text": unit}, rangemode="tozero")
     points = (body or {}).get("points") or []
     if not points:
-        figure.update_yaxes(showticklabels=False, row=row, col=1)
-        figure.add_annotation(text=f"{title}: {NOT_EXPORTED}", xref=f"x{axis} domain",
-                              yref=f"y{axis} domain", x=0.5, y=0.5, showarrow=False,
-                              font={"size": 13, "color": "#888"})
+        rows.note(row, f"{title}: {NOT_EXPORTED}")
         return
     points = _with_gaps(points, step_seconds)
     x = wall_time([p["time"] for p in points], tz)
     color = SIGNAL_COLORS[signal]
-    figure.add_trace(go.Scatter(
-        x=x, y=[None if p["max"] is None else p["max"] * scale for p in points], mode="lines",
-        name=f"{title} (max per step)", legendgroup=signal, line={"color": color, "shape": "hv"},
-        connectgaps=False), row=row, col=1)
+    rows.trace(row, {"type": "scatter", "x": x,
+                     "y": [None if p["max"] is None else p["max"] * scale for p in points],
+                     "mode": "lines", "name": f"{title} (max per step)", "legendgroup": signal,
+                     "line": {"color": color, "shape": "hv"}, "connectgaps": False})
     if show_mean:
-        figure.add_trace(go.Scatter(
-            x=x, y=[None if p["mean"] is None else p["mean"] * scale for p in points],
-            mode="lines", name=f"{title} (mean)", legendgroup=signal, showlegend=False,
-            line={"color": color, "shape": "hv", "dash": "dot", "width": 1},
-            connectgaps=False), row=row, col=1)
+        rows.trace(row, {"type": "scatter", "x": x,
+                         "y": [None if p["mean"] is None else p["mean"] * scale for p in points],
+                         "mode": "lines", "name": f"{title} (mean)", "legendgroup": signal,
+                         "showlegend": False, "connectgaps": False,
+                         "line": {"color": color, "shape": "hv", "dash": "dot", "width": 1}})
     if capacity is not None:
-        figure.add_hline(y=capacity * scale, line={"color": color, "dash": "dash", "width": 1},
-                         annotation_text=capacity_label, annotation_position="top left",
-                         annotation_font={"size": 10, "color": color}, row=row, col=1)
+        rows.hline(row, capacity * scale, line={"color": color, "dash": "dash", "width": 1},
+                   label=capacity_label, label_font={"size": 10, "color": color})
     last = pd.Timestamp(body["last_time"]) if body.get("last_time") else None
     end = pd.Timestamp(window_end)
     if last is not None and (end - last).total_seconds() > stale_after_seconds(step_seconds):
         last_wall, end_wall = wall_time([last, end], tz)
-        figure.add_vrect(x0=last_wall, x1=end_wall, fillcolor=STALE_FILL, line_width=0,
-                         layer="below", row=row, col=1)
-        figure.add_annotation(text=f"stale: no sample since {last_wall:%H:%M:%S}",
-                              xref=f"x{axis}", yref=f"y{axis} domain", x=last_wall, y=0.9,
-                              xanchor="left", showarrow=False, font={"size": 11, "color": "#555"})
+        rows.vrect(row, last_wall, end_wall, fillcolor=STALE_FILL)
+        rows.label(row, f"stale: no sample since {last_wall:%H:%M:%S}", x=last_wall)
 
 
 def _with_gaps(points: Sequence[Mapping[str, Any]], step_seconds: float) -> list[dict]:
@@ -123,22 +114,24 @@ def _with_gaps(points: Sequence[Mapping[str, Any]], step_seconds: float) -> list
     return out
 
 
-def add_objective_lines(figure: go.Figure, limits_ms: Mapping[str, float], *, row: int) -> None:
+def add_objective_lines(rows: StackedRows, limits_ms: Mapping[str, float], *, row: int) -> None:
     """A dashed horizontal line per class at its TTFT p99 objective, labelled."""
     for klass, limit in sorted(limits_ms.items()):
         color = CLASS_COLORS.get(klass, "#7f7f7f")
-        figure.add_hline(y=limit, line={"color": color, "dash": "dash", "width": 1.5},
-                         annotation_text=f"{klass} objective {limit:,.0f} ms",
-                         annotation_position="top left", annotation_font={"size": 11, "color": color},
-                         row=row, col=1)
+        rows.hline(row, limit, line={"color": color, "dash": "dash", "width": 1.5},
+                   label=f"{klass} objective {limit:,.0f} ms", label_font={"size": 11, "color": color})
 
 
-def add_spike_bands(figure: go.Figure, spikes: Sequence[Mapping[str, Any]], tz: str) -> None:
+def add_spike_bands(rows: StackedRows, spikes: Sequence[Mapping[str, Any]], tz: str) -> None:
     """One shaded band per spike over the whole height (every row shares the x axis)."""
     for spike in spikes:
         start, end = wall_time([spike["start"], spike["end"]], tz)
-        figure.add_shape(type="rect", xref="x", yref="paper", x0=start, x1=end, y0=0, y1=1,
-                         fillcolor=SPIKE_FILL, line_width=0, layer="below")
+        rows.band(start, end, fillcolor=SPIKE_FILL)
+
+
+_CROSSHAIR = {"showspikes": True, "spikemode": "across", "spikethickness": 1, "spikedash": "dot",
+              "spikecolor": "#555"}
+"""A crosshair through every row at the hovered time."""
 
 
 def overview_figure(latency: Mapping[str, Any], signals: Mapping[str, Any], tz: str, *,
@@ -148,32 +141,29 @@ def overview_figure(latency: Mapping[str, Any], signals: Mapping[str, Any], tz: 
     drawn as a line, over queue depth, KV-cache usage, the running batch (its slot limit
     dashed when known) and GPU utilization when exported, on one time axis."""
     bodies = signals.get("signals", {})
-    rows = ["queue_depth", "kv_cache_usage_ratio", "running_requests"]
+    signal_rows = ["queue_depth", "kv_cache_usage_ratio", "running_requests"]
     if bodies.get("gpu_utilization_ratio"):
-        rows.append("gpu_utilization_ratio")
-    titles = ["TTFT p99 by endpoint class"] + [panel_title(s, bodies.get(s)) for s in rows]
-    figure = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.05,
-                           row_heights=[0.34] + [0.66 / len(rows)] * len(rows),
-                           subplot_titles=titles)
+        signal_rows.append("gpu_utilization_ratio")
+    titles = ["TTFT p99 by endpoint class"] + [panel_title(s, bodies.get(s)) for s in signal_rows]
+    rows = StackedRows(titles, vertical_spacing=0.05,
+                       row_heights=[0.34] + [0.66 / len(signal_rows)] * len(signal_rows))
     by_class: dict[str, list[Mapping[str, Any]]] = {}
     for point in latency.get("points", []):
         by_class.setdefault(point.get("endpoint_class") or UNCLASSIFIED, []).append(point)
     for klass, points in sorted(by_class.items()):
-        figure.add_trace(go.Scatter(
-            x=wall_time([p["bucket"] for p in points], tz),
-            y=[None if p.get("ttft_p99_seconds") is None else p["ttft_p99_seconds"] * MS_PER_SECOND
-               for p in points], mode="lines+markers", name=f"{klass} TTFT p99",
-            line={"color": CLASS_COLORS.get(klass, "#7f7f7f")}, marker={"size": 4},
-            connectgaps=False), row=1, col=1)
+        y = [None if p.get("ttft_p99_seconds") is None else p["ttft_p99_seconds"] * MS_PER_SECOND
+             for p in points]
+        rows.trace(1, {"type": "scatter", "x": wall_time([p["bucket"] for p in points], tz), "y": y,
+                       "mode": line_mode(y), "name": f"{klass} TTFT p99",
+                       "line": {"color": CLASS_COLORS.get(klass, "#7f7f7f")}, "marker": {"size": 4},
+                       "connectgaps": False})
+    rows.yaxis(1, title={"text": "ms"}, rangemode="tozero")
     if not by_class:
-        figure.add_annotation(text="no requests in this window", xref="x domain", yref="y domain",
-                              x=0.5, y=0.5, showarrow=False, font={"size": 13, "color": "#888"})
-    add_objective_lines(figure, {k: v for k, v in ttft_limits_ms.items()
-                                 if k in by_class or not by_class or len(ttft_limits_ms) == 1},
-                        row=1)
-    figure.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=1)
+        rows.note(1, "no requests in this window")
+    add_objective_lines(rows, {k: v for k, v in ttft_limits_ms.items()
+                               if k in by_class or not by_class or len(ttft_limits_ms) == 1}, row=1)
     step = float(signals.get("step_seconds") or latency.get("step_seconds") or 1)
-    for row, signal in enumerate(rows, start=2):
+    for row, signal in enumerate(signal_rows, start=2):
         capacity, label = None, ""
         if signal == "kv_cache_usage_ratio":
             capacity, label = 1.0, "full"
@@ -181,17 +171,14 @@ def overview_figure(latency: Mapping[str, Any], signals: Mapping[str, Any], tz: 
             capacity, label = slot_limit, f"batch limit {slot_limit:.0f}"
         elif signal == "gpu_utilization_ratio":
             capacity, label = 1.0, "100 %"
-        add_signal_panel(figure, signal, bodies.get(signal), row=row, tz=tz, window_end=window_end,
+        add_signal_panel(rows, signal, bodies.get(signal), row=row, tz=tz, window_end=window_end,
                          step_seconds=step, capacity=capacity, capacity_label=label)
-    add_spike_bands(figure, spikes, tz)
-    figure.update_xaxes(title_text=f"time ({tz})", row=len(titles), col=1)
-    figure.update_layout(height=260 + 130 * len(rows), hovermode="x unified", dragmode="zoom",
-                         margin={"l": 60, "r": 20, "t": 40, "b": 40},
-                         legend={"orientation": "h", "y": 1.03, "yanchor": "bottom"})
-    # A crosshair through every row at the hovered time.
-    figure.update_xaxes(showspikes=True, spikemode="across", spikethickness=1, spikedash="dot",
-                        spikecolor="#555")
-    return figure
+    add_spike_bands(rows, spikes, tz)
+    rows.xaxes(**_CROSSHAIR)
+    rows.xaxis(rows.rows, title={"text": f"time ({tz})"})
+    return rows.figure(height=300 + 130 * len(signal_rows), hovermode="x unified", dragmode="zoom",
+                       margin=fixed_margins(top=80, bottom=50),
+                       legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
 
 
 def gpu_memory_capacity(signals: Mapping[str, Any]) -> float | None:
@@ -218,8 +205,7 @@ def correlate_figure(correlate: Mapping[str, Any], signals: Mapping[str, Any], t
     titles = ["TTFT (server)"] + [
         "Preemptions per second" if s == "preemptions_per_second" else panel_title(s, bodies.get(s))
         for s in CORRELATE_SIGNALS]
-    figure = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.03,
-                           subplot_titles=titles)
+    rows = StackedRows(titles, vertical_spacing=0.03)
     points = correlate.get("points", [])
     x = wall_time([p["time"] for p in points], tz)
     drawn = False
@@ -228,20 +214,18 @@ def correlate_figure(correlate: Mapping[str, Any], signals: Mapping[str, Any], t
         y = [None if p.get(column) is None else p[column] * MS_PER_SECOND for p in points]
         if any(v is not None for v in y):
             drawn = True
-            figure.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=name,
-                                        line={"color": SIGNAL_COLORS["ttft"], "dash": dash},
-                                        marker={"size": 4}, connectgaps=False), row=1, col=1)
+            rows.trace(1, {"type": "scatter", "x": x, "y": y, "mode": line_mode(y), "name": name,
+                           "line": {"color": SIGNAL_COLORS["ttft"], "dash": dash},
+                           "marker": {"size": 4}, "connectgaps": False})
+    rows.yaxis(1, title={"text": "ms"}, rangemode="tozero")
     if not drawn:
-        figure.update_yaxes(showticklabels=False, row=1, col=1)
-        figure.add_annotation(text="no requests in this window", xref="x domain", yref="y domain",
-                              x=0.5, y=0.5, showarrow=False, font={"size": 13, "color": "#888"})
+        rows.note(1, "no requests in this window")
     elif ttft_limits_ms:
-        add_objective_lines(figure, ttft_limits_ms, row=1)
-    figure.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=1)
+        add_objective_lines(rows, ttft_limits_ms, row=1)
     step = float(signals.get("step_seconds") or correlate.get("step_seconds") or 1)
     for row, signal in enumerate(CORRELATE_SIGNALS, start=2):
         if signal == "preemptions_per_second":
-            _preemption_panel(figure, points, x, row=row)
+            _preemption_panel(rows, points, x, row=row)
             continue
         capacity, label = None, ""
         if signal == "kv_cache_usage_ratio":
@@ -251,32 +235,25 @@ def correlate_figure(correlate: Mapping[str, Any], signals: Mapping[str, Any], t
         elif signal == "gpu_memory_used_bytes":
             capacity = gpu_memory_capacity(signals)
             label = "total" if capacity is not None else ""
-        add_signal_panel(figure, signal, bodies.get(signal), row=row, tz=tz, window_end=window_end,
+        add_signal_panel(rows, signal, bodies.get(signal), row=row, tz=tz, window_end=window_end,
                          step_seconds=step, capacity=capacity, capacity_label=label)
-    add_spike_bands(figure, spikes, tz)
-    figure.update_xaxes(title_text=f"time ({tz})", row=len(titles), col=1)
-    figure.update_xaxes(showspikes=True, spikemode="across", spikethickness=1, spikedash="dot",
-                        spikecolor="#555")
-    figure.update_layout(height=170 * len(titles), hovermode="x unified", dragmode="zoom",
-                         margin={"l": 60, "r": 20, "t": 40, "b": 40},
-                         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
-    return figure
+    add_spike_bands(rows, spikes, tz)
+    rows.xaxes(**_CROSSHAIR)
+    rows.xaxis(rows.rows, title={"text": f"time ({tz})"})
+    return rows.figure(height=60 + 170 * len(titles), hovermode="x unified", dragmode="zoom",
+                       margin=fixed_margins(top=100, bottom=50),
+                       legend={"orientation": "h", "y": 1.015, "yanchor": "bottom"})
 
 
-def _preemption_panel(figure: go.Figure, points: Sequence[Mapping[str, Any]], x: pd.Series, *,
+def _preemption_panel(rows: StackedRows, points: Sequence[Mapping[str, Any]], x: pd.Series, *,
                       row: int) -> None:
     y = [p.get("preemptions_per_second") for p in points]
-    figure.update_yaxes(title_text="per s", rangemode="tozero", row=row, col=1)
+    rows.yaxis(row, title={"text": "per s"}, rangemode="tozero")
     if all(v is None for v in y):
-        axis = str(row)
-        figure.update_yaxes(showticklabels=False, row=row, col=1)
-        figure.add_annotation(text=f"Preemptions: {NOT_EXPORTED}", xref=f"x{axis} domain",
-                              yref=f"y{axis} domain", x=0.5, y=0.5, showarrow=False,
-                              font={"size": 13, "color": "#888"})
+        rows.note(row, f"Preemptions: {NOT_EXPORTED}")
         return
-    figure.add_trace(go.Scatter(x=x, y=y, mode="lines", name="Preemptions per second",
-                                line={"color": SIGNAL_COLORS["preemptions_per_second"]},
-                                connectgaps=False), row=row, col=1)
+    rows.trace(row, {"type": "scatter", "x": x, "y": y, "mode": "lines", "name": "Preemptions per second",
+                     "line": {"color": SIGNAL_COLORS["preemptions_per_second"]}, "connectgaps": False})
 
 
 def spike_label(spike: Mapping[str, Any], tz: str) -> str:

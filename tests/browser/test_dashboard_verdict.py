@@ -3,9 +3,12 @@ and read-API failures as sentences: pure, on bodies shaped as the read API sends
 
 from __future__ import annotations
 
+import math
+
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
 
+import pandas as pd
 import pytest
 
 from inferpath.dashboard import messages, saturation, spikes
@@ -110,6 +113,10 @@ def _body(values: list[tuple[int, float]], *, series: int = 1, combine: str = "s
             "last_time": f"2026-11-30T11:00:{last:02d}Z"}
 
 
+def _gaps_as_none(values) -> list:
+    return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
+
+
 def test_saturation_panels_show_max_per_step_counts_capacity_missing_and_stale() -> None:
     latency = {"step_seconds": 1, "points": [
         {"bucket": f"2026-11-30T11:00:{s:02d}Z", "endpoint_class": "interactive",
@@ -122,9 +129,9 @@ def test_saturation_panels_show_max_per_step_counts_capacity_missing_and_stale()
                                         slot_limit=8, window_end=window_end)
     traces = {t.name: t for t in figure.data}
     queue = traces["Queue depth (max per step)"]
-    # A step without a sample is a gap (None), never the last value held.
-    assert list(queue.y) == [0, 4, None, 9]
-    assert list(traces["Queue depth (mean)"].y) == [0, 2, None, 4.5]
+    # A step without a sample is a gap (NaN, sent as null), never the last value held.
+    assert _gaps_as_none(queue.y) == [0, 4, None, 9]
+    assert _gaps_as_none(traces["Queue depth (mean)"].y) == [0, 2, None, 4.5]
     titles = [a.text for a in figure.layout.annotations]
     assert "Queue depth (sum of 2 engines)" in titles
     assert "KV-cache usage (fullest of 2 engines)" in titles
@@ -153,7 +160,12 @@ def test_correlate_figure_reads_max_per_step_and_marks_the_spikes() -> None:
     assert "GPU memory used (sum of 4 GPUs)" in titles and "total" in titles
     assert "Preemptions: " + saturation.NOT_EXPORTED in titles
     assert sum(saturation.NOT_EXPORTED in t for t in titles) == 5  # queue, running, KV, preemptions, GPU util
-    assert len([s for s in figure.layout.shapes if s.fillcolor == saturation.SPIKE_FILL]) == 1
+    bands = [s for s in figure.layout.shapes if s.fillcolor == saturation.SPIKE_FILL]
+    assert len(bands) == 1 and pd.Timestamp(bands[0].x0) == pd.Timestamp("2026-11-30 11:00:03")
+    # Every row reads the bottom row's time axis: a zoom moves them all.
+    rows = len(saturation.CORRELATE_SIGNALS) + 1
+    assert {figure.layout[f"xaxis{i}"].matches for i in range(1, rows)} == {f"x{rows}"}
+    assert figure.data[0].y[3] == 2000.0  # seconds shown in ms
     colours = {t.name: t.line.color for t in figure.data}
     assert colours["GPU memory used (max per step)"] == saturation.SIGNAL_COLORS["gpu_memory_used_bytes"]
     assert "12:00" not in saturation.spike_label(found[0], "UTC")

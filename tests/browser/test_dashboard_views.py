@@ -26,31 +26,6 @@ def test_wall_time_converts_utc_to_the_chosen_zone_across_a_dst_change() -> None
         charts.wall_time([T0], "Mars/Olympus")
 
 
-def test_correlate_figure_shares_one_axis_marks_spikes_and_says_missing() -> None:
-    view = {"points": [_point(s, ttft_p99_seconds=0.1 if s < 6 else 2.0, ttft_avg_seconds=0.05,
-                              queue_depth=0 if s < 6 else 12, running_requests=4,
-                              kv_cache_usage_ratio=0.5, preemptions_per_second=None,
-                              gpu_utilization_ratio=None, gpu_memory_used_bytes=None)
-                       for s in range(8)],
-            "spikes": [{"start": "2026-11-30T11:00:06Z", "end": "2026-11-30T11:00:08Z",
-                        "peak_seconds": 2.0, "baseline_seconds": 0.1, "ratio": 20.0}]}
-    figure = charts.correlate_figure(view, "UTC")
-    names = [trace.name for trace in figure.data]
-    assert names == ["TTFT p99", "TTFT mean", "Queue depth", "Running requests", "KV-cache usage"]
-    # All panels are bound to one x axis.
-    assert {figure.layout[f"xaxis{i}"].matches for i in range(1, 7)} == {"x7"}
-    kv = figure.data[4]
-    assert list(kv.y) == [50.0] * 8  # ratio shown in percent
-    assert figure.data[0].y[7] == 2000.0  # seconds shown in ms
-    missing = [a.text for a in figure.layout.annotations if "not reported" in a.text]
-    assert missing == ["Preemptions: not reported in this window",
-                       "GPU utilization: not reported in this window",
-                       "GPU memory used: not reported in this window"]
-    assert len(figure.layout.shapes) == 1
-    assert pd.Timestamp(figure.layout.shapes[0].x0) == pd.Timestamp("2026-11-30 11:00:06")
-    assert "p99 2000 ms = 20× baseline" in charts.spike_label(view["spikes"][0], "UTC")
-
-
 def test_latency_figures_per_class_with_rates_and_tail_ratio() -> None:
     view = {"step_seconds": 10, "points": [
         {"bucket": T0, "endpoint_class": "", "requests": 20, "errors": 2,
