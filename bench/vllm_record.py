@@ -198,11 +198,19 @@ def wait_health(url: str, proc: subprocess.Popen[bytes], timeout: float) -> floa
 
 
 class Scraper(threading.Thread):
-    """GET /metrics about once a second into ``metrics_<unix_ns>.prom`` (the scrape's wall time)."""
+    """GET /metrics about once a second into ``metrics_<unix_ns>.prom`` (the scrape's wall time).
 
-    def __init__(self, url: str, out_dir: Path, max_seconds: float) -> None:
+    ``engine_label``: with several servers, each one's ``engine="0"`` label becomes its own
+    index (``engine="1"`` for the second), as vLLM numbers the engines of one server, so that
+    their series stay apart once imported. ``load_average``: the machine's 1-minute load
+    average at each scrape, ``(unix ns, load)``, appended (the recording's conditions)."""
+
+    def __init__(self, url: str, out_dir: Path, max_seconds: float, engine_label: str = "0",
+                 load_average: list[tuple[int, float]] | None = None) -> None:
         super().__init__(daemon=True)
         self.url, self.out_dir, self.max_seconds = url, out_dir, max_seconds
+        self.engine_label = engine_label
+        self.load_average = load_average
         self.stop_event = threading.Event()
         self.count = 0
 
@@ -215,8 +223,13 @@ class Scraper(threading.Thread):
                 try:
                     response = client.get(self.url)
                     if response.status_code == 200:
-                        (self.out_dir / f"metrics_{now_ns}.prom").write_bytes(response.content)
+                        body = response.content
+                        if self.engine_label != "0":
+                            body = body.replace(b'engine="0"', f'engine="{self.engine_label}"'.encode())
+                        (self.out_dir / f"metrics_{now_ns}.prom").write_bytes(body)
                         self.count += 1
+                    if self.load_average is not None:
+                        self.load_average.append((now_ns, os.getloadavg()[0]))
                 except httpx.HTTPError:
                     pass  # not up yet (a cold start), or busy: no scrape this second
                 next_at += 1.0
@@ -344,6 +357,7 @@ async def one_request(client: httpx.AsyncClient, url: str, item: dict[str, Any],
     try:
         while True:
             try:
+                result.setdefault("sent_unix_ns", time.time_ns())  # when it really left (lag: sent - start)
                 async with client.stream("POST", url, json=body, headers=headers) as response:
                     result["status"] = response.status_code
                     async for data in response.aiter_bytes():
@@ -404,15 +418,19 @@ async def one_request(client: httpx.AsyncClient, url: str, item: dict[str, Any],
     return result
 
 
-async def run_load(url: str, items: list[dict[str, Any]], model: str, chat: bool, spans: ClientSpans | None,
+async def run_load(urls: list[str], items: list[dict[str, Any]], model: str, chat: bool, spans: ClientSpans | None,
                    t0_wall_ns: int, t0_perf_ns: int, connect_wait: float,
                    fault: tuple[float, str, dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Send every item at its offset. With several ``urls`` the client routes round robin in
+    the order of sending (request ``i`` to server ``i mod n``), as a round-robin gateway would,
+    without a gateway process of its own on the machine's few cores."""
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0), limits=limits) as client:
         async def fire(item: dict[str, Any]) -> dict[str, Any]:
             delay = t0_perf_ns / 1e9 + item["offset"] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            url = urls[item["index"] % len(urls)]
             return await one_request(client, url, item, t0_wall_ns, t0_perf_ns, model, chat, spans,
                                      time.monotonic() + connect_wait)
 
@@ -456,9 +474,9 @@ def read_scrape(text: str) -> dict[str, float]:
 
 def scrapes(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
     rows = []
-    for path in sorted(run_dir.glob("metrics_*.prom")):
+    for path in run_dir.rglob("metrics_*.prom"):  # engine<k>/ folders with several servers
         rows.append((int(path.stem.split("_")[1]), read_scrape(path.read_text())))
-    return rows
+    return sorted(rows, key=lambda row: row[0])
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -486,7 +504,7 @@ def window_stats(run_dir: Path, window: tuple[int, int]) -> dict[str, Any]:
     pre0 = before[-1].get("vllm:num_preemptions_total", 0.0) if before else 0.0
     preempt = series("vllm:num_preemptions_total")
     info = {}
-    cfg = next(((run_dir / p.name).read_text() for p in sorted(run_dir.glob("metrics_*.prom"))), "")
+    cfg = next((p.read_text() for p in sorted(run_dir.rglob("metrics_*.prom"))), "")
     for line in cfg.splitlines():
         if line.startswith("vllm:cache_config_info"):
             info["cache_config_info"] = line
@@ -520,7 +538,12 @@ def timeline(run_dir: Path) -> str:
 
 # ------------------------------------------------------------------------------ commands
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # unwinds through the finally that ends the children
+
+
 def cmd_record(args: argparse.Namespace) -> None:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     work = Path(args.work_dir)
     run_dir = work / args.name
     if run_dir.exists():
@@ -543,18 +566,30 @@ def cmd_record(args: argparse.Namespace) -> None:
 
     receiver = start_receiver(run_dir / "otlp")
     receiver_url = f"http://127.0.0.1:{receiver.server_address[1]}"
-    engine_port = free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    engine_cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                  "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(engine_port),
-                  "--otlp-traces-endpoint", f"{receiver_url}/v1/traces", *args.engine_arg]
+    if args.replicas > 1 and (args.gateway or args.early_load):
+        raise SystemExit("--replicas > 1 goes without --gateway and --early-load")
+    engine_ports = [free_port() for _ in range(args.replicas)]
+    engine_urls = [f"http://127.0.0.1:{port}" for port in engine_ports]
+    engine_url = engine_urls[0]
+    engine_cmds = [[args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                    "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+                    "--otlp-traces-endpoint", f"{receiver_url}/v1/traces", *args.engine_arg] for port in engine_ports]
+    engine_cmd = engine_cmds[0]
     env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
                OTEL_SERVICE_NAME=args.service_name, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    engine_envs = [env]
+    if args.replicas > 1:
+        # One core per engine (its OpenMP thread bound there); each server names its replica.
+        cores = os.cpu_count() or 1
+        engine_envs = [dict(env, VLLM_CPU_OMP_THREADS_BIND=str(k % cores),
+                            OTEL_RESOURCE_ATTRIBUTES=f"inferpath.replica=replica-{k}") for k in range(args.replicas)]
     engine = gateway = None
+    engines: list[subprocess.Popen[bytes]] = []
     spans = None
+    load_average: list[tuple[int, float]] = []
     meta: dict[str, Any] = {"name": args.name, "phases": [], "engine_args": args.engine_arg,
-                            "service_name": args.service_name}
+                            "service_name": args.service_name, "replicas": args.replicas}
     try:
         target_url = f"{engine_url}/v1/completions"
         chat = False
@@ -576,13 +611,24 @@ def cmd_record(args: argparse.Namespace) -> None:
 
         engine_start_wall = time.time_ns()
         if not args.early_load:
-            engine = start_child(engine_cmd, work / f"{args.name}.engine.log", env)
+            for k, (cmd, engine_env) in enumerate(zip(engine_cmds, engine_envs)):
+                suffix = f".{k}" if args.replicas > 1 else ""
+                engines.append(start_child(cmd, work / f"{args.name}.engine{suffix}.log", engine_env))
+            engine = engines[0]
             engine_start_wall = time.time_ns()
-            wait_health(f"{engine_url}/health", engine, args.start_timeout)
+            for url, proc in zip(engine_urls, engines):
+                wait_health(f"{url}/health", proc, args.start_timeout)
             print(f"engine ready after {(time.time_ns() - engine_start_wall) / 1e9:.0f} s", flush=True)
-        scraper = Scraper(f"{engine_url}/metrics", run_dir, sum(d for d, _ in phases) + args.start_timeout + 600)
+        scrape_seconds = sum(d for d, _ in phases) + args.start_timeout + 600
+        scraper = Scraper(f"{engine_url}/metrics", run_dir / ("engine0" if args.replicas > 1 else ""),
+                          scrape_seconds, load_average=load_average)
+        scrapers = [scraper] + [Scraper(f"{url}/metrics", run_dir / f"engine{k}", scrape_seconds, engine_label=str(k))
+                                for k, url in enumerate(engine_urls) if k > 0]
+        for s in scrapers:
+            s.out_dir.mkdir(parents=True, exist_ok=True)
         if not args.early_load:
-            scraper.start()
+            for s in scrapers:
+                s.start()
             time.sleep(args.idle_before)
         t0_wall_ns, t0_perf_ns = time.time_ns(), time.perf_counter_ns()
         acc = 0.0
@@ -593,7 +639,8 @@ def cmd_record(args: argparse.Namespace) -> None:
         loop_result: list[dict[str, Any]] = []
 
         def load() -> None:
-            loop_result.extend(asyncio.run(run_load(target_url, items, "tiny", chat, spans, t0_wall_ns, t0_perf_ns,
+            urls = [f"{url}/v1/completions" for url in engine_urls] if args.replicas > 1 else [target_url]
+            loop_result.extend(asyncio.run(run_load(urls, items, "tiny", chat, spans, t0_wall_ns, t0_perf_ns,
                                                     args.start_timeout + 60, fault)))
 
         loader = threading.Thread(target=load, daemon=True)
@@ -613,8 +660,10 @@ def cmd_record(args: argparse.Namespace) -> None:
             raise RuntimeError("the load did not finish in time")
         meta["load_end_unix_ns"] = time.time_ns()
         time.sleep(args.idle_after)  # the engine's span exporter posts every few seconds
-        scraper.stop_event.set()
-        scraper.join(10)
+        for s in scrapers:
+            s.stop_event.set()
+        for s in scrapers:
+            s.join(10)
         if spans is not None:
             spans.shutdown()
         results = sorted(loop_result, key=lambda r: r["index"])
@@ -623,10 +672,14 @@ def cmd_record(args: argparse.Namespace) -> None:
         print(f"{len(ok)} of {len(results)} timed; {scraper.count} scrapes; {receiver.count} OTLP bodies", flush=True)
     finally:
         stop_child(gateway)  # first: its exporter flushes to the receiver on a graceful stop
-        stop_child(engine)
+        for proc in engines or [engine]:
+            stop_child(proc)
         time.sleep(1.0)
         receiver.shutdown()
         receiver.server_close()
+    loads = sorted(v for _, v in load_average)
+    meta["load_average_1m"] = ({"min": loads[0], "median": loads[len(loads) // 2], "max": loads[-1]}
+                               if loads else None)
     meta.update({"engine_cmd": engine_cmd, "gateway_cmd": gateway_cmd, "argv": sys.argv[1:],
                  "trace": trace_path.name, "trace_start": args.trace_start,
                  "load": {"trace": trace_path.name, "trace_start": args.trace_start, "requests": len(items),
@@ -742,6 +795,12 @@ def cmd_pack(args: argparse.Namespace) -> None:
              "Engine (env `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, "
              f"`OTEL_SERVICE_NAME={meta.get('service_name', 'vllm-tiny')}`; ports were free loopback ports):", "",
              "```", redact(meta["engine_cmd"]), "```", ""]
+    if meta.get("replicas", 1) > 1:
+        lines += [f"{meta['replicas']} such servers, each with its own port, its engine's OpenMP thread bound to "
+                  f"its own core (`VLLM_CPU_OMP_THREADS_BIND=k`) and `OTEL_RESOURCE_ATTRIBUTES=inferpath.replica="
+                  f"replica-k`; the load client routes round robin (request i to server i mod "
+                  f"{meta['replicas']}). Scrapes of server k are in `engine<k>/`, its `engine=\"0\"` label "
+                  f"rewritten to `engine=\"k\"` (the only change to the scraped text).", ""]
     if meta.get("gateway_cmd"):
         lines += ["Gateway in front (the project's reference gateway, spans to the same receiver):", "",
                   "```", redact(meta["gateway_cmd"]), "```", ""]
@@ -754,6 +813,15 @@ def cmd_pack(args: argparse.Namespace) -> None:
     lines += ["`otlp/*.pb` are the bodies as received, byte for byte, except the few holding vLLM's start-up "
               "spans: their `code.filepath` values (absolute paths into the recording machine's venv) were "
               "rewritten to `<venv>/lib/...` and those bodies re-serialized.", ""]
+    results = json.loads((run_dir / "client_results.json").read_text())
+    lags = sorted((r["sent_unix_ns"] - r["start_unix_ns"]) / 1e9 for r in results if r.get("sent_unix_ns"))
+    load = meta.get("load_average_1m")
+    if lags or load:
+        lines += ["Conditions: " + "; ".join(
+            ([f"the client sent each request {quantile(lags, 0.5):.3f} s (median) / {lags[-1]:.3f} s (max) after "
+              f"its trace time"] if lags else [])
+            + ([f"1-minute load average {load['min']:.1f}-{load['max']:.1f} (median {load['median']:.1f}) "
+                f"during the run"] if load else [])) + ".", ""]
     if args.note:
         lines += [args.note, ""]
     lines += ["Client-side and scrape summary (window" + (" / baseline" if bs else "") + "):", "",
@@ -797,6 +865,8 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--engine-arg", action="append", default=[],
                      help="one vLLM argument, e.g. --engine-arg=--max-num-seqs=4 (repeat)")
     rec.add_argument("--service-name", default="vllm-tiny")
+    rec.add_argument("--replicas", type=int, default=1,
+                     help="vLLM servers, each on its own core, the load routed round robin over them")
     rec.add_argument("--trace", default=str(REPO / "demo" / "assets" / "traces" / DEFAULT_TRACE),
                      help="an Azure 2023 trace CSV or a Mooncake JSONL (default: the demo's Azure code trace)")
     rec.add_argument("--trace-start", type=int, default=0)
