@@ -69,10 +69,16 @@ def test_sglang_under_load(shared_data):
 def test_vllm_v1_scrape_with_created_series_and_empty_family(shared_data):
     samples = scrape_samples(_read(shared_data, "model_server_metrics/vllm_v1_qwen2.5-0.5b_cncf_kops.prom"), "vllm",
                              timestamp=T0)
-    assert sorted(s.signal for s in samples) == ["kv_cache_usage_ratio", "preemptions_total", "queue_depth",
-                                                 "running_requests"]
-    assert all(s.value == 0.0 for s in samples)
-    assert all(s.attributes == {"engine": "0", "model_name": "Qwen/Qwen2.5-0.5B-Instruct"} for s in samples)
+    assert sorted(s.signal for s in samples) == ["kv_cache_config_info", "kv_cache_usage_ratio", "preemptions_total",
+                                                 "queue_depth", "running_requests"]
+    state = [s for s in samples if s.signal != "kv_cache_config_info"]
+    assert all(s.value == 0.0 for s in state)
+    assert all(s.attributes == {"engine": "0", "model_name": "Qwen/Qwen2.5-0.5B-Instruct"} for s in state)
+    # The cache configuration is an info series: value 1, the configuration in its labels.
+    config = _one(samples, "kv_cache_config_info")
+    assert config.value == 1.0 and config.source_metric == "vllm:cache_config_info"
+    assert (config.attributes["num_gpu_blocks"], config.attributes["block_size"], config.attributes["engine"]) == (
+        "101625", "16", "0")
     preemptions = _one(samples, "preemptions_total")
     assert preemptions.kind == "sum" and preemptions.source_metric == "vllm:num_preemptions_total"
 
@@ -94,7 +100,8 @@ def test_every_live_capture_scrape_is_sane_and_counters_only_grow(shared_data):
     for path in files:
         stamp = datetime.fromtimestamp(int(path.stem.split("_")[1]) / 1e9, tz=timezone.utc)
         grouped = signals_of(scrape_samples(path.read_text(), "vllm", timestamp=stamp))
-        assert set(grouped) == {"queue_depth", "running_requests", "kv_cache_usage_ratio", "preemptions_total"}
+        assert set(grouped) == {"queue_depth", "running_requests", "kv_cache_usage_ratio", "preemptions_total",
+                                "kv_cache_config_info"}
         assert 0.0 <= grouped["kv_cache_usage_ratio"][0].value <= 1.0
         assert grouped["running_requests"][0].value <= 16  # --max-num-seqs 16
         assert grouped["preemptions_total"][0].value >= previous

@@ -29,7 +29,7 @@ def test_scrape_the_emulated_engine_over_loopback(serve_app):
             gpu = signals_of(gpu_scraper.scrape())
     assert engine_scraper.errors_total == 0 and engine_scraper.scrapes_total == 1
     assert set(engine) == {"queue_depth", "running_requests", "kv_cache_usage_ratio", "preemptions_total",
-                           "time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"}
+                           "kv_cache_config_info", "time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"}
     # One engine: its series are the pod's, labels unchanged.
     assert engine["queue_depth"][0].attributes == {"engine": "0", "model_name": "llama2-70b", "replica": "r1"}
     assert engine["kv_cache_usage_ratio"][0].attributes == {"engine": "0", "model_name": "llama2-70b", "replica": "r1"}
