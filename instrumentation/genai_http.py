@@ -35,13 +35,12 @@ import time
 from typing import Any
 
 import httpx
-from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from inferpath.instrumentation import content, provider
+from inferpath.instrumentation import content, provider, receipt
 from inferpath.instrumentation import semconv as sc
-from inferpath.instrumentation import receipt
 from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter
@@ -85,7 +84,8 @@ def _operation(path: str) -> str | None:
 
 
 def _suppressed() -> bool:
-    return bool(otel_context.get_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY))
+    """True inside ``suppress_instrumentation()`` (an exporter's own HTTP calls, for one)."""
+    return not is_instrumentation_enabled()
 
 
 _IN_A_TRACE = "in a trace"

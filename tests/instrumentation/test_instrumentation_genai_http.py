@@ -37,7 +37,9 @@ def assert_case3(span, server: ScriptedSSEServer) -> None:
     attributes = span.attributes
     written_at = server.written_at
     ttft = attributes["gen_ai.response.time_to_first_chunk"]
-    assert 0.795 <= ttft < 1.3
+    # The script waits 0.8 s before the first token; the upper bound only guards against a
+    # hang (a busy neighbour delays the server thread): the accuracy check is the next one.
+    assert 0.795 <= ttft < 10.0
     # Against the moments the request was read and the bytes written (same process, same
     # monotonic clock); the span starts when the request enters the transport.
     # The tolerance covers the GIL hand-off between the server thread and the client on a
