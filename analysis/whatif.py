@@ -1,8 +1,10 @@
 """What if: replay a stored window through the engine model under a changed configuration.
 
-The engine model is the continuous-batching scheduler the demo engine runs
-(:mod:`inferpath.analysis.continuous_batching`), driven here on a virtual clock, with
-step times, KV pool and batch limit calibrated from the window itself (:mod:`.whatif_calibration`):
+The engine model is the continuous-batching scheduler of :mod:`inferpath.analysis.continuous_batching`
+with vLLM V1's policy (chunked prefill: decodes and prompt chunks share each step under a
+token budget; the newest running sequence is preempted when KV blocks run out), run on a
+virtual clock by :mod:`.whatif_engine`, with the step-time law, KV pool and batch limit
+calibrated from the window itself (:mod:`.whatif_calibration`):
 
 1. Every answer first replays the OBSERVED configuration (the same arrivals, on the same
    replicas) and compares it with what was observed: TTFT p50/p99, queue time and ITL per
@@ -20,15 +22,13 @@ per request and added to its simulated TTFT unchanged.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from inferpath.analysis.continuous_batching import ContinuousBatcher, RequestMetrics
-from inferpath.analysis.continuous_batching import Sequence as BatchSequence
-from inferpath.analysis.percentiles import quantile
+from inferpath.analysis.percentiles import quantile, quantiles
 from inferpath.analysis.whatif_calibration import Calibration, InsufficientSignalsError, TraceRequest
+from inferpath.analysis.whatif_engine import run_engine
 
 MAX_CALIBRATION_ERROR = 0.30
 """The replay of the observed configuration must come within 30 % of what was observed."""
@@ -52,7 +52,10 @@ class Change:
     engine; ``kv_blocks`` / ``kv_blocks_factor``: the KV pool per engine in blocks, absolute or
     as a multiple of the calibrated one; ``batch_window_seconds``: how long the queue head is
     held for more requests to join its prefill; ``rate_factor``: arrivals k times as dense (the
-    window's pattern compressed by k and repeated to fill the same length).
+    window's pattern compressed by k and repeated to fill the same length);
+    ``split_classes``: each endpoint class on engines of its own, ``((class, replicas), ...)``
+    (every class of the window must be given; not with ``replicas``), the other settings
+    the same for all.
     """
 
     replicas: int | None = None
@@ -61,6 +64,7 @@ class Change:
     kv_blocks_factor: float | None = None
     batch_window_seconds: float | None = None
     rate_factor: float | None = None
+    split_classes: tuple[tuple[str, int], ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("replicas", "max_num_seqs", "kv_blocks"):
@@ -76,6 +80,15 @@ class Change:
             raise ValueError(f"batch_window_seconds: must be >= 0, got {self.batch_window_seconds!r}")
         if self.kv_blocks is not None and self.kv_blocks_factor is not None:
             raise ValueError("kv_blocks: give a block count or a factor, not both")
+        if self.split_classes is not None:
+            if self.replicas is not None:
+                raise ValueError("split_classes: give replicas per class, not replicas as well")
+            names = [name for name, _ in self.split_classes]
+            if not names or len(set(names)) != len(names) or any(not name for name in names):
+                raise ValueError(f"split_classes: each class once, by name, got {self.split_classes!r}")
+            for name, count in self.split_classes:
+                if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                    raise ValueError(f"split_classes: {name} needs an integer >= 1 replicas, got {count!r}")
 
     @property
     def is_empty(self) -> bool:
@@ -87,7 +100,9 @@ class Change:
         parts = []
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if value is not None:
+            if name == "split_classes" and value is not None:
+                parts.append("classes on their own engines: " + ", ".join(f"{c} {n}" for c, n in value))
+            elif value is not None:
                 parts.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
         return ", ".join(parts) or "none (the observed configuration)"
 
@@ -103,7 +118,7 @@ class EngineSettings:
     batch_window_seconds: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class SimulatedRequest:
     """One replayed request: its class and the simulated intervals, seconds."""
 
@@ -113,6 +128,7 @@ class SimulatedRequest:
     itl_seconds: float | None
     preemptions: int
     tokens: int = 1
+    prefill_seconds: float = 0.0
 
 
 @dataclass
@@ -130,128 +146,70 @@ class SimulationResult:
     unfinished: int
     steps: int
     token_weighted_itl_seconds: float | None = None
-
-
-class _Replica:
-    __slots__ = ("batcher", "step", "step_end", "wake", "kv_area", "kv_max", "last_t")
-
-    def __init__(self, settings: EngineSettings) -> None:
-        self.batcher = ContinuousBatcher(replace(settings))
-        self.step = None
-        self.step_end = math.inf
-        self.wake = math.inf
-        self.kv_area = 0.0
-        self.kv_max = 0.0
-        self.last_t = 0.0
+    busy_seconds: float = 0.0
+    prefill_tokens: int = 0
 
 
 def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibration: Calibration, *,
              replicas: int, assignment: Sequence[int] | None = None,
              horizon_seconds: float | None = None) -> SimulationResult:
     """Replay ``requests`` (arrival seconds from the window start, tokens) on ``replicas``
-    engines of ``settings`` on a virtual clock; step times from ``calibration.step_time``.
+    engines of ``settings`` on a virtual clock; step times from ``calibration.step_time``
+    (:func:`inferpath.analysis.whatif_engine.run_engine`, vLLM V1's scheduling).
 
     ``assignment``: the replica of each request (the observed routing); ``None`` routes round
-    robin. Requests whose prompt and output can never fit one pool are rejected (counted), as
-    vLLM rejects them. ``horizon_seconds`` stops the clock (default: 20x the window, enough to
-    drain any queue that drains at all).
+    robin in arrival order. Routing does not depend on the engines' state, so each engine
+    runs its own requests alone. Requests whose prompt and output can never fit one pool are
+    rejected (counted), as vLLM rejects them. ``horizon_seconds`` stops the clock (default:
+    20x the window, enough to drain any queue that drains at all).
     """
-    step_time = calibration.step_time
-    engines = [_Replica(settings) for _ in range(replicas)]
-    order = sorted(range(len(requests)), key=lambda i: requests[i].engine_arrival_seconds)
+    step_seconds = calibration.step_time.step_seconds
     horizon = horizon_seconds if horizon_seconds is not None else 20 * max(calibration.window_seconds, 1.0) + 60
-    metrics: list[RequestMetrics | None] = [None] * len(requests)
-    rejected = steps = 0
-    heap: list[tuple[float, int]] = []  # (time an engine wants attention, engine index)
-
-    def start_next(k: int, now: float) -> None:
-        engine = engines[k]
-        step = engine.batcher.plan_step(now)
-        engine.step = step
-        if step is None:
-            hold = engine.batcher.batch_window_wait_seconds(now)
-            engine.step_end = math.inf
-            if hold > 0:
-                engine.wake = now + hold
-                heapq.heappush(heap, (engine.wake, k))
-            return
-        if step.kind == "prefill":
-            seconds = step_time.prefill_seconds(step.tokens)
-        else:
-            seconds = step_time.decode_step_seconds(step.tokens)
-        engine.step_end = now + seconds
-        heapq.heappush(heap, (engine.step_end, k))
-
-    def account_kv(engine: _Replica, now: float) -> None:
-        usage = engine.batcher.used_blocks / engine.batcher.config.num_kv_blocks
-        engine.kv_area += usage * (now - engine.last_t)
-        engine.kv_max = max(engine.kv_max, usage)
-        engine.last_t = now
-
-    next_request = 0
-    rr = 0
-    now = 0.0
-    while now <= horizon:
-        arrival = requests[order[next_request]].engine_arrival_seconds if next_request < len(order) else math.inf
-        event = heap[0][0] if heap else math.inf
-        if arrival == math.inf and event == math.inf:
-            break
-        if arrival <= event:
-            now = arrival
-            i = order[next_request]
-            next_request += 1
-            request = requests[i]
-            if assignment is not None:
-                k = assignment[i] % replicas
-            else:
-                k, rr = rr, (rr + 1) % replicas
-            engine = engines[k]
-            if not engine.batcher.fits(request.prompt_tokens, request.output_tokens):
+    arrivals = [r.engine_arrival_seconds for r in requests]
+    order: Sequence[int] = range(len(requests))
+    if any(a > b for a, b in zip(arrivals, arrivals[1:])):
+        order = sorted(order, key=arrivals.__getitem__)
+    per_engine: list[list[int]] = [[] for _ in range(replicas)]
+    for turn, i in enumerate(order):
+        per_engine[assignment[i] % replicas if assignment is not None else turn % replicas].append(i)
+    out: list[SimulatedRequest] = []
+    rejected = unfinished = steps = preemptions = prefill_tokens = decoded = 0
+    busy = decode_time = 0.0
+    kv_means, kv_maxes = [], []
+    for mine in per_engine:
+        if not mine:
+            continue
+        run = run_engine([arrivals[i] for i in mine], [requests[i].prompt_tokens for i in mine],
+                         [requests[i].output_tokens for i in mine], settings, step_seconds, horizon_s=horizon)
+        steps += run.steps
+        busy += run.busy_seconds
+        prefill_tokens += run.prefill_tokens
+        preemptions += sum(run.preemptions)
+        kv_means.append(run.kv_usage_mean_ratio)
+        kv_maxes.append(run.kv_usage_max_ratio)
+        for j, i in enumerate(mine):
+            if run.rejected[j]:
                 rejected += 1
                 continue
-            m = RequestMetrics(str(i), request.prompt_tokens, request.output_tokens, now, 0)
-            metrics[i] = m
-            engine.batcher.add(BatchSequence(m))
-            if engine.step is None:
-                account_kv(engine, now)
-                start_next(k, now)
-            continue
-        now, k = heapq.heappop(heap)
-        engine = engines[k]
-        if engine.step is None:
-            if now >= engine.wake:
-                engine.wake = math.inf
-                account_kv(engine, now)
-                start_next(k, now)
-            continue
-        if now < engine.step_end:
-            continue  # a stale wake-up
-        steps += 1
-        engine.batcher.finish_step(engine.step, now)
-        account_kv(engine, now)
-        start_next(k, now)
-
-    out: list[SimulatedRequest] = []
-    unfinished = 0
-    for i, m in enumerate(metrics):
-        if m is None:
-            continue
-        if m.finished_s is None:
-            unfinished += 1
-            continue
-        request = requests[i]
-        itl = m.decode_seconds / (m.max_tokens - 1) if m.max_tokens > 1 else None
-        out.append(SimulatedRequest(request.endpoint_class, request.api_seconds + m.ttft_seconds,
-                                    m.queue_seconds, itl, m.num_preemptions, m.max_tokens))
-    busy = [e for e in engines if e.last_t > 0]
+            first_token, finished, scheduled = run.first_token_s[j], run.finished_s[j], run.first_scheduled_s[j]
+            if finished is None or first_token is None or scheduled is None:
+                unfinished += 1
+                continue
+            request = requests[i]
+            arrival = arrivals[i]
+            tokens = request.output_tokens
+            itl = None
+            if tokens > 1:
+                decode_time += finished - first_token
+                decoded += tokens - 1
+                itl = (finished - first_token) / (tokens - 1)
+            out.append(SimulatedRequest(request.endpoint_class, request.api_seconds + first_token - arrival,
+                                        scheduled - arrival, itl, run.preemptions[j], tokens, first_token - scheduled))
     return SimulationResult(
-        requests=out,
-        kv_usage_mean_ratio=max((e.kv_area / e.last_t for e in busy), default=0.0),
-        kv_usage_max_ratio=max((e.kv_max for e in engines), default=0.0),
-        preemptions_total=sum(e.batcher.num_preemptions_total for e in engines),
-        rejected=rejected, unfinished=unfinished, steps=steps,
-        token_weighted_itl_seconds=(math.fsum(r.itl_seconds * (r.tokens - 1) for r in out if r.itl_seconds is not None)
-                                    / max(1, sum(r.tokens - 1 for r in out if r.itl_seconds is not None))) or None)
+        requests=out, kv_usage_mean_ratio=max(kv_means, default=0.0), kv_usage_max_ratio=max(kv_maxes, default=0.0),
+        preemptions_total=preemptions, rejected=rejected, unfinished=unfinished, steps=steps,
+        token_weighted_itl_seconds=decode_time / decoded if decoded else None, busy_seconds=busy,
+        prefill_tokens=prefill_tokens)
 
 
 # --------------------------------------------------------------------------- figures
@@ -282,12 +240,13 @@ def figures(ttft: Sequence[tuple[str, float]], queue: Sequence[tuple[str, float]
     classes = sorted({c for c, _ in ttft}) + [ALL_CLASSES]
     out: dict[str, ClassFigures] = {}
     for cls in classes:
+        if cls != ALL_CLASSES and len(classes) == 2:
+            continue  # one class: "all" says it
         pick = (lambda pairs: [v for c, v in pairs if c == cls]) if cls != ALL_CLASSES else (
             lambda pairs: [v for _, v in pairs])
         t, q, i = pick(ttft), pick(queue), pick(itl)
-        if cls != ALL_CLASSES and len(classes) == 2:
-            continue  # one class: "all" says it
-        out[cls] = ClassFigures(len(t), quantile(t, 0.5) if t else None, quantile(t, 0.99) if t else None,
+        ttft_q = quantiles(t, (0.5, 0.99)) if t else {}
+        out[cls] = ClassFigures(len(t), ttft_q.get(0.5), ttft_q.get(0.99),
                                 math.fsum(q) / len(q) if q else None, quantile(i, 0.5) if i else None)
     return out
 
@@ -373,31 +332,50 @@ def rate_scaled(requests: Sequence[TraceRequest], factor: float, window_seconds:
     return out
 
 
-DECODE_LEVEL_ROUNDS = 2
+LEVEL_ROUNDS = 2
+LEVEL_TOLERANCE = 0.02
+LEVEL_SAMPLE_REQUESTS = 20_000
+"""A longer window sets the level on its first requests (a replay of the window's beginning,
+from the same empty engines), then replays the whole window once."""
 
 
 def fit_decode_level(cal: Calibration, settings: EngineSettings,
                      observed: Mapping[str, ClassFigures]) -> SimulationResult:
-    """Fit the decode step time's level by replay, and return the replay.
+    """Fit the step law's level by replay, and return the replay.
 
-    The least-squares fit gives the step time's dependence on the batch; its level is then
-    scaled until the replay's median ITL meets the observed one (at most
-    :data:`DECODE_LEVEL_ROUNDS` rounds). Why: an engine that mixes prefill chunks into decode
-    steps (vLLM V1) shows them in every request's ITL, while the model runs prefills as
-    steps of their own, so the raw fit counts that time twice. ``cal.step_time`` is updated.
+    The robust fit gives how a step grows with the batch and the prompt tokens; its per-step
+    and per-sequence parts are then scaled until the replay's token-weighted ITL is within
+    :data:`LEVEL_TOLERANCE` of the observed one (at most :data:`LEVEL_ROUNDS` rounds), by the
+    factor that puts the whole gap on them: the prompt tokens' share of the replay's step time
+    stays as it was. Why:
+    the fit sees each request's own prompt, not the recompute of preempted ones nor the
+    chunks of long prompts it shares steps with, while the replay runs them all; matching
+    the mean step of the replay keeps the engine's throughput what it was.
+    ``cal.step_time`` is updated. A window of more than :data:`LEVEL_SAMPLE_REQUESTS`
+    requests sets the level on its first ones.
     """
-    assignment = [r.replica_index for r in cal.requests]
-    replay = simulate(cal.requests, settings, cal, replicas=cal.replicas, assignment=assignment)
+    requests = cal.requests
+    if len(requests) > LEVEL_SAMPLE_REQUESTS:
+        cut = sorted(r.engine_arrival_seconds for r in requests)[LEVEL_SAMPLE_REQUESTS]
+        requests = [r for r in requests if r.engine_arrival_seconds < cut]
+    assignment = [r.replica_index for r in requests]
+    replay = simulate(requests, settings, cal, replicas=cal.replicas, assignment=assignment)
     # Throughput follows the mean step, not the median: the token-weighted mean ITL is matched.
-    decoding = [r for r in cal.requests if r.observed_itl_seconds is not None]
+    decoding = [r for r in requests if r.observed_itl_seconds is not None]
     target = (math.fsum(r.observed_itl_seconds * (r.output_tokens - 1) for r in decoding)  # type: ignore[operator]
               / max(1, sum(r.output_tokens - 1 for r in decoding)))
-    for _ in range(DECODE_LEVEL_ROUNDS):
+    for _ in range(LEVEL_ROUNDS):
         got = replay.token_weighted_itl_seconds
-        if not target or not got or abs(got / target - 1) < 0.02:
+        if not target or not got or abs(got / target - 1) < LEVEL_TOLERANCE:
             break
-        cal.step_time = cal.step_time.scaled_decode(target / got)
-        replay = simulate(cal.requests, settings, cal, replicas=cal.replicas, assignment=assignment)
+        token_share = (min(0.9, cal.step_time.per_prefill_token_seconds * replay.prefill_tokens / replay.busy_seconds)
+                       if replay.busy_seconds > 0 else 0.0)
+        factor = 1 + (target - got) / (got * (1 - token_share))
+        cal.step_time = cal.step_time.scaled_decode(min(4.0, max(0.25, factor)))
+        replay = simulate(requests, settings, cal, replicas=cal.replicas, assignment=assignment)
+    if requests is not cal.requests:
+        replay = simulate(cal.requests, settings, cal, replicas=cal.replicas,
+                          assignment=[r.replica_index for r in cal.requests])
     return replay
 
 
@@ -408,8 +386,8 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
     change needs one the window lacks (e.g. ``kv_blocks`` without a KV-usage gauge)."""
     cal = calibration
     if (change.kv_blocks is not None or change.kv_blocks_factor is not None) and cal.num_kv_blocks is None:
-        raise WhatIfRefused("cannot predict a KV change: the window has no KV-cache usage signal "
-                            "(kv_cache_usage_ratio) to calibrate the pool from")
+        raise WhatIfRefused("cannot predict a KV change: the window has no KV-cache signal "
+                            "(kv_cache_config_info or kv_cache_usage_ratio) to calibrate the pool from")
     observed_settings = cal.engine_settings()
     observed = observed_figures(cal)
     replay = fit_decode_level(cal, observed_settings, observed)
@@ -439,6 +417,10 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         requests = rate_scaled(cal.requests, change.rate_factor, cal.window_seconds)
     if change.is_empty:
         predicted_run = replay
+    elif change.split_classes is not None:
+        replicas = sum(n for _, n in change.split_classes)
+        predicted_run = _split_run(requests, settings, cal, dict(change.split_classes), warnings)
+        warnings += _extrapolation_warnings(cal, predicted_run, settings, replicas, change)
     else:
         assignment = None if (change.replicas or change.rate_factor) else [r.replica_index for r in requests]
         predicted_run = simulate(requests, settings, cal, replicas=replicas, assignment=assignment)
@@ -459,12 +441,62 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
             "observed_preemptions": cal.observed_preemptions, "replayed_preemptions": replay.preemptions_total,
             "predicted_preemptions": predicted_run.preemptions_total},
         settings={"replicas": replicas, "max_num_seqs": settings.max_num_seqs,
+                  "replicas_by_class": dict(change.split_classes) if change.split_classes else None,
                   "num_kv_blocks": settings.num_kv_blocks if cal.num_kv_blocks else None,
                   "block_size_tokens": settings.block_size_tokens if cal.num_kv_blocks else None,
                   "batch_window_seconds": settings.batch_window_seconds,
                   "rate_factor": change.rate_factor or 1.0},
         warnings=warnings, notes=list(cal.notes), simulated_steps=replay.steps + (
             0 if predicted_run is replay else predicted_run.steps))
+
+
+def _split_run(requests: Sequence[TraceRequest], settings: EngineSettings, cal: Calibration,
+               replicas_by_class: Mapping[str, int], warnings: list[str]) -> SimulationResult:
+    """Each class on its own engines (round robin among them), the runs put together."""
+    classes = {r.endpoint_class for r in requests}
+    unclassified = sum(1 for r in requests if not r.endpoint_class)
+    if unclassified:
+        raise WhatIfRefused(f"cannot split by endpoint class: {unclassified} requests of the window carry no endpoint "
+                            f"class (inferpath.endpoint_class)")
+    missing = sorted(classes - set(replicas_by_class))
+    if missing:
+        raise WhatIfRefused(f"cannot split by endpoint class: the window also has {', '.join(missing)} requests; "
+                            f"give every class its replicas")
+    runs = []
+    for cls, count in replicas_by_class.items():
+        mine = [r for r in requests if r.endpoint_class == cls]
+        if not mine:
+            warnings.append(f"no {cls} request in the window: its {count} replicas stay idle")
+            continue
+        runs.append(simulate(mine, settings, cal, replicas=count))
+    out = [r for run in runs for r in run.requests]
+    decoding = [r for r in out if r.itl_seconds is not None]
+    tokens = sum(r.tokens - 1 for r in decoding)
+    return SimulationResult(
+        requests=out, kv_usage_mean_ratio=max((run.kv_usage_mean_ratio for run in runs), default=0.0),
+        kv_usage_max_ratio=max((run.kv_usage_max_ratio for run in runs), default=0.0),
+        preemptions_total=sum(run.preemptions_total for run in runs), rejected=sum(run.rejected for run in runs),
+        unfinished=sum(run.unfinished for run in runs), steps=sum(run.steps for run in runs),
+        token_weighted_itl_seconds=(math.fsum(r.itl_seconds * (r.tokens - 1) for r in decoding) / tokens)  # type: ignore[operator]
+        if tokens else None)
+
+
+def parse_class_split(text: str) -> tuple[tuple[str, int], ...]:
+    """``"interactive=2,bulk=1"`` → ``(("interactive", 2), ("bulk", 1))``: replicas per
+    endpoint class. Raises ``ValueError`` naming ``split_classes`` for anything else."""
+    out = []
+    for part in text.split(","):
+        name, sep, count = part.strip().partition("=")
+        name = name.strip()
+        try:
+            value = int(count)
+        except ValueError:
+            value = 0
+        if not sep or not name or value < 1:
+            raise ValueError(f"split_classes: expected CLASS=REPLICAS[,CLASS=REPLICAS...] like interactive=2,bulk=1, "
+                             f"got {text!r}")
+        out.append((name, value))
+    return tuple(out)
 
 
 def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: float = MAX_CALIBRATION_ERROR) -> WhatIf:
@@ -524,7 +556,8 @@ def what_if_to_dict(answer: WhatIf) -> dict[str, Any]:
     """The answer as JSON-ready data (the read API's body)."""
     cal = answer.calibration
     return {
-        "change": {k: getattr(answer.change, k) for k in answer.change.__dataclass_fields__},
+        "change": {k: (dict(v) if k == "split_classes" and v is not None else v)
+                   for k in answer.change.__dataclass_fields__ for v in (getattr(answer.change, k),)},
         "change_text": answer.change.describe(),
         "settings": answer.settings,
         "calibration": cal.as_dict(),
@@ -542,7 +575,8 @@ def what_if_to_dict(answer: WhatIf) -> dict[str, Any]:
 
 __all__ = [
     "ALL_CLASSES", "Change", "ClassFigures", "EngineSettings", "InsufficientSignalsError", "MAX_CALIBRATION_ERROR",
-    "SimulationResult", "WhatIf", "WhatIfRefused", "calibration_errors", "parse_factor_or_count", "predict",
+    "SimulationResult", "WhatIf", "WhatIfRefused", "calibration_errors", "parse_class_split", "parse_factor_or_count",
+    "predict",
     "rate_scaled", "simulate", "what_if",
     "what_if_to_dict",
 ]

@@ -5,32 +5,47 @@ the window itself recorded.
   ``input_tokens``, ``output_tokens``, ``endpoint_class``, ``replica``), with its observed
   ``ttft_ns``, ``queue_ns``, ``prefill_ns``, ``decode_ns``. The API-side time before the
   scheduler saw it (``ttft − queue − prefill``: HTTP, tokenization, IPC) is kept per request.
-- **Step times** (:class:`StepTimeModel`): least squares of each request's prefill time on its
-  prompt tokens (``prefill ≈ a + b·tokens``) and of its mean ITL on the mean running batch
-  of its engine during its decode (``step ≈ c + d·batch``). The running batch is counted from
-  the rows themselves (requests between their first schedule and their last token, per
-  replica), so the fit needs engine spans but no gauges.
-- **KV pool**: vLLM's ``kv_cache_usage_perc`` is ``used blocks / usable blocks``, so its values
-  are fractions whose common denominator is the number of usable blocks (vLLM reserves one
-  block of ``num_gpu_blocks``); the block size is the power of two whose block counts of the
-  tokens in flight (from the rows, at each scrape) best match ``usage × blocks``.
-  (``vllm:cache_config_info`` carries both, but the collectors' catalog does not keep info
-  metrics.) Without a KV gauge the pool is unlimited and KV changes cannot be predicted.
+- **Step times** (:class:`StepTimeModel`): vLLM V1 runs decodes and prompt chunks in the same
+  steps, so one law for every step: ``step ≈ base + per_sequence·sequences + per_token·prompt
+  tokens``. Robust least squares (Huber weights, no coefficient below 0) over two kinds of
+  equations, one per request: its prefill time is the steps that computed its prompt (the
+  sequences are those running then; the prompt tokens are all those computed meanwhile, each
+  request's prompt spread evenly over its own prefill interval, so that prompts admitted in
+  the same step and the chunks of a long prompt count; a step takes at most the token budget),
+  and its mean ITL is the mean step over its decode (the mean running batch then, plus the
+  prompt tokens computed meanwhile spread over its tokens). The weights keep outliers of that
+  law from pulling it: a preempted request's ITL counts its wait back in the
+  queue, a prefill may share its step with another request's prompt chunk.
+  The running batch is counted from the rows themselves (requests between their first
+  schedule and their last token, per replica), so the fit needs engine spans but no gauges.
+  How a step grows with the batch is only measured over the batches the window saw; a
+  window whose batch stayed put (always at its limit) cannot tell, and says so in a note.
+- **KV pool**: from the engine when it says: ``vllm:cache_config_info`` (signal
+  ``kv_cache_config_info``) carries ``num_gpu_blocks`` and ``block_size`` as labels; vLLM
+  reserves one of the blocks (the null block), so ``num_gpu_blocks − 1`` are usable. Otherwise
+  from the usage gauge: vLLM's ``kv_cache_usage_perc`` is ``used blocks / usable blocks``, so
+  its values are fractions whose common denominator is the number of usable blocks; the block
+  size is the power of two whose block counts of the tokens in flight (from the rows, at each
+  scrape) best match ``usage × blocks``. Without either the pool is unlimited and KV changes
+  cannot be predicted.
 - **Batch limit**: the peak of ``running_requests`` when requests waited at it while KV had
   room (the limit was reached); otherwise the limit was never binding and vLLM's default
-  (256) is assumed, with a note.
+  (256) is assumed, with a note. The step's token budget is vLLM's default for its
+  OpenAI server (2048; ``max_num_batched_tokens`` is not exported).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from fractions import Fraction
 from typing import Any, Mapping, Sequence
 
 from inferpath.analysis.percentiles import quantile
+from inferpath.vocabulary import KV_CACHE_CONFIG_INFO
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM V1's default prompt-token budget per step
@@ -70,30 +85,26 @@ class TraceRequest:
 
 @dataclass(frozen=True)
 class StepTimeModel:
-    """Engine step times, seconds: ``prefill_seconds(tokens) = prefill_base + prefill_per_token ·
-    tokens`` and ``decode_step_seconds(batch) = decode_base + decode_per_sequence · batch``
-    (linear beyond the observed range too), with the observed ranges they were fitted on."""
+    """Engine step time, seconds: ``base_seconds + per_sequence_seconds · sequences +
+    per_prefill_token_seconds · prompt tokens`` for a step that computes one token for each
+    decoding sequence and prompt (or recompute) chunks for the others (linear beyond the
+    observed range too), with the range of running batches it was fitted on."""
 
-    prefill_base_seconds: float
-    prefill_per_token_seconds: float
-    decode_base_seconds: float
-    decode_per_sequence_seconds: float
+    base_seconds: float
+    per_sequence_seconds: float
+    per_prefill_token_seconds: float
+    min_batch_observed: float
     max_batch_observed: float
     max_prompt_tokens_observed: int
 
-    def prefill_seconds(self, tokens: int) -> float:
-        """Seconds of one prefill step over ``tokens`` prompt tokens in total."""
-        return self.prefill_base_seconds + self.prefill_per_token_seconds * tokens
-
-    def decode_step_seconds(self, batch_size: int) -> float:
-        """Seconds of one decode step of ``batch_size`` sequences."""
-        return self.decode_base_seconds + self.decode_per_sequence_seconds * batch_size
+    def step_seconds(self, num_seqs: int, prefill_tokens: int) -> float:
+        """Seconds of one step over ``num_seqs`` sequences, ``prefill_tokens`` of them prompt tokens."""
+        return self.base_seconds + self.per_sequence_seconds * num_seqs + self.per_prefill_token_seconds * prefill_tokens
 
     def scaled_decode(self, factor: float) -> "StepTimeModel":
-        """The same model with decode steps ``factor`` times as long."""
-        return StepTimeModel(self.prefill_base_seconds, self.prefill_per_token_seconds,
-                             self.decode_base_seconds * factor, self.decode_per_sequence_seconds * factor,
-                             self.max_batch_observed, self.max_prompt_tokens_observed)
+        """The same model with the per-step and per-sequence parts ``factor`` times as long."""
+        return replace(self, base_seconds=self.base_seconds * factor,
+                       per_sequence_seconds=self.per_sequence_seconds * factor)
 
 
 @dataclass
@@ -129,39 +140,107 @@ class Calibration:
             "requests": len(self.requests), "window_seconds": self.window_seconds, "replicas": self.replicas,
             "num_kv_blocks": self.num_kv_blocks, "block_size_tokens": self.block_size_tokens if self.num_kv_blocks else None,
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-            "prefill_base_seconds": st.prefill_base_seconds, "prefill_per_token_seconds": st.prefill_per_token_seconds,
-            "decode_base_seconds": st.decode_base_seconds,
-            "decode_per_sequence_seconds": st.decode_per_sequence_seconds,
-            "max_batch_observed": st.max_batch_observed, "sources": self.sources, "notes": self.notes,
+            "step_base_seconds": st.base_seconds, "step_per_sequence_seconds": st.per_sequence_seconds,
+            "step_per_prefill_token_seconds": st.per_prefill_token_seconds,
+            "min_batch_observed": st.min_batch_observed, "max_batch_observed": st.max_batch_observed,
+            "sources": self.sources, "notes": self.notes,
         }
 
 
-def _fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least squares ``y = a + b·x`` with ``a, b ≥ 0`` (a step never costs less with more work);
-    a single x value gives ``(mean y, 0)``."""
-    n = len(xs)
-    mx, my = math.fsum(xs) / n, math.fsum(ys) / n
-    sxx = math.fsum((x - mx) ** 2 for x in xs)
-    if sxx <= 1e-12:
-        return my, 0.0
-    b = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    if b < 0:
-        return my, 0.0
-    a = my - b * mx
-    if a < 0:  # through the origin instead
-        b = math.fsum(x * y for x, y in zip(xs, ys)) / math.fsum(x * x for x in xs)
-        return 0.0, b
-    return a, b
+def _solve(gram: Sequence[Sequence[float]], moments: Sequence[float], columns: Sequence[int]) -> list[float] | None:
+    """The normal equations restricted to ``columns`` (Gaussian elimination with pivoting);
+    ``None`` when they are singular."""
+    k = len(columns)
+    a = [[gram[i][j] for j in columns] for i in columns]
+    b = [moments[i] for i in columns]
+    for c in range(k):
+        pivot = max(range(c, k), key=lambda r: abs(a[r][c]))
+        if abs(a[pivot][c]) < 1e-18:
+            return None
+        a[c], a[pivot], b[c], b[pivot] = a[pivot], a[c], b[pivot], b[c]
+        for r in range(k):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+                b[r] -= f * b[c]
+    return [b[i] / a[i][i] for i in range(k)]
+
+
+def fit_nonnegative(rows: Sequence[Sequence[float]], ys: Sequence[float],
+                    weights: Sequence[float] | None = None) -> list[float]:
+    """Least squares ``y ≈ rows · x`` with every ``x ≥ 0`` (a step never costs less with more
+    work), each equation weighted by ``weights`` (default 1): the best of the unconstrained
+    fits over every subset of the columns that comes out nonnegative (few columns, so all
+    subsets); zeros when none does."""
+    n = len(rows[0]) if rows else 0
+    w = weights if weights is not None else [1.0] * len(rows)
+    gram = [[math.fsum(wi * r[i] * r[j] for r, wi in zip(rows, w)) for j in range(n)] for i in range(n)]
+    moments = [math.fsum(wi * r[i] * y for r, y, wi in zip(rows, ys, w)) for i in range(n)]
+    best: tuple[float, list[float]] | None = None
+    for size in range(n, 0, -1):
+        for columns in itertools.combinations(range(n), size):
+            coefficients = _solve(gram, moments, columns)
+            if coefficients is None or min(coefficients) < 0:
+                continue
+            x = [0.0] * n
+            for c, v in zip(columns, coefficients):
+                x[c] = v
+            # |y - Ax|^2 = y'y - 2 x'A'y + x'A'Ax; y'y is the same for every candidate
+            error = (math.fsum(x[i] * x[j] * gram[i][j] for i in range(n) for j in range(n))
+                     - 2 * math.fsum(x[i] * moments[i] for i in range(n)))
+            if best is None or error < best[0]:
+                best = (error, x)
+    return best[1] if best else [0.0] * n
+
+
+HUBER_K = 1.345
+"""Huber's constant: equations off by more than this many robust standard deviations weigh
+less (95 % efficiency when the noise is normal)."""
+ROBUST_ROUNDS = 8
+MAX_FIT_EQUATIONS = 10_000
+"""A longer window is fitted on an even sample of its equations (enough to pin three numbers)."""
+
+
+def fit_robust(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """:func:`fit_nonnegative` with Huber weights, iteratively reweighted: a preempted
+    request's ITL (its wait back in the queue counted in) or a prefill that shared its step
+    with another request's prompt chunk is an outlier of the step law, and must not pull it.
+    More than :data:`MAX_FIT_EQUATIONS` equations are thinned evenly first; the rounds stop
+    once no coefficient moves by 0.1 %."""
+    if len(rows) > MAX_FIT_EQUATIONS:
+        stride = len(rows) / MAX_FIT_EQUATIONS
+        picked = [int(i * stride) for i in range(MAX_FIT_EQUATIONS)]
+        rows, ys = [rows[i] for i in picked], [ys[i] for i in picked]
+    weights = [1.0] * len(rows)
+    x = fit_nonnegative(rows, ys, weights)
+    for _ in range(ROBUST_ROUNDS):
+        previous = x
+        residuals = [y - math.fsum(v * c for v, c in zip(r, x)) for r, y in zip(rows, ys)]
+        center = quantile(residuals, 0.5)
+        scale = 1.4826 * quantile([abs(e - center) for e in residuals], 0.5)
+        if scale <= 0:
+            break
+        limit = HUBER_K * scale
+        weights = [1.0 if abs(e) <= limit else limit / abs(e) for e in residuals]
+        x = fit_nonnegative(rows, ys, weights)
+        if all(abs(a - b) <= 1e-3 * max(abs(b), 1e-12) for a, b in zip(x, previous)):
+            break
+    return x
 
 
 class _Concurrency:
     """The running batch of one replica over time, from request intervals [scheduled, end):
-    a step function with its running integral, so a mean over any interval costs two searches."""
+    a step function with its running integral, so a mean over any interval costs two searches.
+    With ``rates`` each interval adds its own rate instead of 1 (prompt tokens per second)."""
 
-    def __init__(self, intervals: Sequence[tuple[float, float]]) -> None:
-        events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    def __init__(self, intervals: Sequence[tuple[float, float]], rates: Sequence[float] | None = None) -> None:
+        if rates is None:
+            events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+        else:
+            events = sorted([(s, r) for (s, _), r in zip(intervals, rates)]
+                            + [(e, -r) for (_, e), r in zip(intervals, rates)])
         self.times: list[float] = []
-        self.counts: list[int] = []
+        self.counts: list[float] = []
         self.integral: list[float] = []
         count, area, last = 0, 0.0, None
         for t, delta in events:
@@ -185,13 +264,17 @@ class _Concurrency:
             return float(self.at(start))
         return (self._area(end) - self._area(start)) / (end - start)
 
-    def at(self, t: float) -> int:
+    def total(self, start: float, end: float) -> float:
+        """Integral over [start, end) (request-seconds, or prompt tokens with rates)."""
+        return self._area(end) - self._area(start) if end > start else 0.0
+
+    def at(self, t: float) -> float:
         """Running count just after ``t``."""
         i = bisect.bisect_right(self.times, t) - 1
         return self.counts[i] if i >= 0 else 0
 
     def peak(self) -> int:
-        return max(self.counts, default=0)
+        return round(max(self.counts, default=0))
 
 
 def _seconds(value: Any) -> float | None:
@@ -199,13 +282,16 @@ def _seconds(value: Any) -> float | None:
 
 
 def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[Sequence[tuple[int, float]]]],
-              *, window_start: datetime, window_end: datetime) -> Calibration:
+              *, window_start: datetime, window_end: datetime,
+              cache_configs: Sequence[Mapping[str, str]] = ()) -> Calibration:
     """Build the :class:`Calibration` of a window.
 
     ``rows``: request rows with :data:`ROW_COLUMNS` (``ok`` requests of the window);
     ``signals``: per canonical signal (``running_requests``, ``queue_depth``,
     ``kv_cache_usage_ratio``, ``preemptions_total``) a list of series, one per engine, each
-    a list of ``(unix ns, value)`` inside the window. Raises :class:`InsufficientSignalsError`
+    a list of ``(unix ns, value)`` inside the window; ``cache_configs``: the attributes of each
+    engine's ``kv_cache_config_info`` series (``num_gpu_blocks``, ``block_size``), when the
+    engine exports them. Raises :class:`InsufficientSignalsError`
     naming what is missing: too few requests, or no engine spans (queue/prefill/decode times).
     """
     start_s = window_start.timestamp()
@@ -229,7 +315,6 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
 
     requests: list[TraceRequest] = []
     intervals: dict[int, list[tuple[float, float]]] = {}
-    decoding: list[tuple[int, float, float, float]] = []  # (replica, first token, end, itl)
     for r in usable:
         arrival = r["timestamp"].timestamp() - start_s
         ttft, queue, prefill = _seconds(r["ttft_ns"]), _seconds(r["queue_ns"]), _seconds(r["prefill_ns"])
@@ -247,26 +332,12 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
         scheduled = arrival + api + queue
         first_token = arrival + ttft
         intervals.setdefault(k, []).append((scheduled, max(first_token, arrival + e2e)))
-        if itl is not None:
-            decoding.append((k, first_token, arrival + e2e, itl))
         requests.append(TraceRequest(arrival, arrival + api, api, int(r["input_tokens"]), out_tokens,
                                      str(r.get("endpoint_class") or ""), k, ttft, queue, prefill, itl))
 
     # Step times.
-    prefill_base, prefill_per_token = _fit_line([float(q.prompt_tokens) for q in requests],
-                                                [q.observed_prefill_seconds for q in requests])
     concurrency = {k: _Concurrency(v) for k, v in intervals.items()}
-    if len(decoding) >= 3:
-        batches = [concurrency[k].mean(s, e) for k, s, e, _ in decoding]
-        decode_base, decode_per_seq = _fit_line(batches, [itl for *_, itl in decoding])
-        max_batch = max(batches)
-        sources["step_time"] = (f"least squares over {len(requests)} prefill times and {len(decoding)} "
-                                f"requests' ITL against their running batch (1-{max_batch:.0f})")
-    else:
-        decode_base, decode_per_seq, max_batch = 0.0, 0.0, 1.0
-        notes.append("too few multi-token outputs to fit decode step times: decode is taken as free")
-    step_time = StepTimeModel(prefill_base, prefill_per_token, decode_base, decode_per_seq, max_batch,
-                              max(q.prompt_tokens for q in requests))
+    step_time = _fit_step_time(requests, concurrency, notes, sources)
 
     running_peak_rows = max(c.peak() for c in concurrency.values())
     running = signals.get("running_requests") or []
@@ -274,7 +345,11 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
     kv = signals.get("kv_cache_usage_ratio") or []
 
     # KV pool.
-    num_kv_blocks, block_size = _kv_pool(kv, requests, concurrency, intervals, start_s, notes, sources)
+    pool = _configured_pool(cache_configs, notes, sources)
+    if pool is not None:
+        num_kv_blocks, block_size = pool
+    else:
+        num_kv_blocks, block_size = _kv_pool(kv, requests, concurrency, intervals, start_s, notes, sources)
     kv_values = [v for series in kv for _, v in series]
     kv_mean = math.fsum(kv_values) / len(kv_values) if kv_values else None
     kv_max = max(kv_values) if kv_values else None
@@ -302,15 +377,80 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
     counters = signals.get("preemptions_total") or []
     if counters:
         preemptions = math.fsum(max(0.0, s[-1][1] - s[0][1]) for s in counters if s)
-    if not kv:
-        notes.append("no KV-cache usage signal (kv_cache_usage_ratio): the KV pool is taken as unlimited; "
-                     "KV usage and KV changes cannot be predicted")
+    if num_kv_blocks is None:
+        notes.append("no KV-cache signal (kv_cache_config_info or kv_cache_usage_ratio): the KV pool is taken as "
+                     "unlimited; KV usage and KV changes cannot be predicted")
     return Calibration(
         requests=requests, step_time=step_time, replicas=len(replica_names), num_kv_blocks=num_kv_blocks,
         block_size_tokens=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS, window_seconds=window_seconds,
         observed_kv_mean_ratio=kv_mean, observed_kv_max_ratio=kv_max, observed_preemptions=preemptions,
         sources=sources, notes=notes)
+
+
+NARROW_BATCH_RANGE = 1.5
+"""A window whose mean running batches span less than this factor cannot tell how a step
+grows with the batch."""
+
+
+def _fit_step_time(requests: Sequence[TraceRequest], concurrency: Mapping[int, "_Concurrency"],
+                   notes: list[str], sources: dict[str, str],
+                   token_budget: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> StepTimeModel:
+    """The step law from the window's spans (module docstring): one prefill equation and, for
+    a request with two tokens or more, one ITL equation each, solved together. A prefill
+    whose prompts exceed the step's ``token_budget`` spans that many steps."""
+    by_replica: dict[int, list[TraceRequest]] = {}
+    for q in requests:
+        by_replica.setdefault(q.replica_index, []).append(q)
+    prefill_rows: list[tuple[float, float, float]] = []
+    prefill_ys: list[float] = []
+    decode_rows: list[tuple[float, float, float]] = []
+    decode_ys: list[float] = []
+    batches: list[float] = []
+    # Two equations per request at most: a long window gives an even sample of its requests.
+    every = max(1, math.ceil(2 * len(requests) / MAX_FIT_EQUATIONS))
+    for k, mine in by_replica.items():
+        running = concurrency[k]
+        # Prompt tokens computed over time: each request's prompt spread evenly over its
+        # prefill interval (one step, or the steps of its chunks), so that a step shared with
+        # other requests' prompts or chunks counts their tokens too.
+        prefills = [(q.engine_arrival_seconds + q.observed_queue_seconds, q.arrival_seconds + q.observed_ttft_seconds)
+                    for q in mine]
+        prompts = _Concurrency([(s, max(e, s + 1e-6)) for s, e in prefills],
+                               [q.prompt_tokens / max(e - s, 1e-6) for q, (s, e) in zip(mine, prefills)])
+        for i, q in enumerate(mine):
+            if i % every:
+                continue
+            at, first = prefills[i]
+            batch = float(running.at(at + 1e-9))
+            tokens = max(float(q.prompt_tokens), prompts.total(at, max(first, at + 1e-6)))
+            # a prompt longer than the step's budget is computed in chunks, one step each
+            steps = max(1, math.ceil(tokens / max(1.0, token_budget - batch)))
+            prefill_rows.append((float(steps), steps * batch, tokens))
+            prefill_ys.append(q.observed_prefill_seconds)
+            if q.observed_itl_seconds is None:
+                continue
+            end = first + q.observed_itl_seconds * (q.output_tokens - 1)
+            batch = running.mean(first, end)
+            decode_rows.append((1.0, batch, prompts.total(first, end) / (q.output_tokens - 1)))
+            decode_ys.append(q.observed_itl_seconds)
+            batches.append(batch)
+    # The prompt tokens' cost from the prefill times (prompts of every size), the per-step and
+    # per-sequence costs from the ITLs (batches of every size), each where it shows.
+    base, per_sequence, per_token = fit_robust(prefill_rows, prefill_ys)
+    if len(decode_rows) >= 3:
+        base, per_sequence = fit_robust([r[:2] for r in decode_rows],
+                                        [y - per_token * r[2] for r, y in zip(decode_rows, decode_ys)])
+    low, high = (min(batches), max(batches)) if batches else (1.0, 1.0)
+    sources["step_time"] = (f"robust least squares: the per-token cost over {len(prefill_ys)} prefill times, the "
+                            f"per-step and per-sequence costs over {len(batches)} requests' ITL against the running "
+                            f"batch ({low:.1f}-{high:.1f})")
+    if len(decode_rows) < 3:
+        notes.append("too few multi-token outputs to see decode steps: the step law rests on prefill times alone")
+    elif high < NARROW_BATCH_RANGE * max(low, 1.0):
+        notes.append(f"the running batch stayed within {low:.1f}-{high:.1f} sequences: how a step grows with the "
+                     f"batch is barely measured, so changes that run other batch sizes are uncertain")
+    return StepTimeModel(base, per_sequence, per_token, low, high, max(q.prompt_tokens for q in requests))
 
 
 def _waited_at_peak(running, waiting, kv, peak: float) -> int:
@@ -350,6 +490,29 @@ def usable_blocks(values: Sequence[float], limit: int = 1 << 20) -> int | None:
         if n > limit:
             return None
     return n
+
+
+def _configured_pool(configs: Sequence[Mapping[str, str]], notes: list[str],
+                     sources: dict[str, str]) -> tuple[int, int] | None:
+    """Usable blocks and block size from the engines' own cache configuration (vLLM keeps one
+    of ``num_gpu_blocks`` as its null block); ``None`` when no engine reports both."""
+    pools = set()
+    for config in configs:
+        try:
+            blocks, size = int(config["num_gpu_blocks"]), int(config["block_size"])
+        except (KeyError, TypeError, ValueError):
+            continue  # "None" before the engine sized its pool, or another engine's labels
+        if blocks > 1 and size > 0:
+            pools.add((blocks - 1, size))
+    if not pools:
+        return None
+    blocks, size = min(pools)
+    sources["kv_blocks"] = (f"{blocks} usable blocks of {size} tokens: the engine's cache_config_info "
+                            f"(num_gpu_blocks {blocks + 1}, one kept as vLLM's null block)")
+    if len(pools) > 1:
+        notes.append(f"the engines report different KV pools ({', '.join(f'{b + 1}x{s}' for b, s in sorted(pools))}); "
+                     f"every simulated engine gets the smallest")
+    return blocks, size
 
 
 def _kv_pool(kv, requests, concurrency, intervals, start_s, notes, sources) -> tuple[int | None, int]:
@@ -422,7 +585,10 @@ def fetch_calibration(store: Any, start: datetime, end: datetime) -> Calibration
             if points:
                 found.append(points)
         signals[name] = found
-    return calibrate(rows, signals, window_start=start, window_end=end)
+    configs = [dict(key[2]) for key, series in fetch_series(store, KV_CACHE_CONFIG_INFO, start, end).items()
+               if not any(k == "inferpath.combined" for k, _ in key[2])
+               and any(start_ns <= t < end_ns for t in series.times_ns)]  # not an engine gone before the window
+    return calibrate(rows, signals, window_start=start, window_end=end, cache_configs=configs)
 
 
 __all__ = ["Calibration", "fetch_calibration", "InsufficientSignalsError", "ROW_COLUMNS", "StepTimeModel", "TraceRequest", "calibrate",

@@ -47,7 +47,8 @@ class EngineRun:
     there: rejected, or still running at the horizon), ``preemptions`` per request,
     ``rejected`` (never fits the pool), ``steps`` run, KV usage as a ratio of the pool
     (time-weighted mean from 0 to the end of the last step, and maximum), ``busy_seconds``
-    (time spent in steps) and ``end_s`` (the end of the last step)."""
+    (time spent in steps), ``end_s`` (the end of the last step) and ``prefill_tokens`` (prompt
+    and recompute tokens computed)."""
 
     first_scheduled_s: list[float | None]
     first_token_s: list[float | None]
@@ -59,6 +60,7 @@ class EngineRun:
     kv_usage_max_ratio: float
     busy_seconds: float
     end_s: float
+    prefill_tokens: int = 0
 
 
 class _Seq:
@@ -114,6 +116,7 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
     prev_arrival = -math.inf
     preempts_total = 0
     last_end = 0.0
+    prefill_total = 0
 
     def residue(seq: _Seq) -> int:
         return (seq.k0 + 1 - seq.c0) % bs
@@ -268,6 +271,7 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
         last_end = t_end
         busy += d * m
         steps += m
+        prefill_total += prefill_tokens
         last = k + m - 1
 
         # --- 4. end of the last step: tokens, finishes -----------------------------------
@@ -307,7 +311,8 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
         t = t_end
 
     return EngineRun(first_sched, first_tok, finished, preempts, rejected, steps,
-                     kv_area / last_end / pool if last_end > 0 else 0.0, kv_max / pool, busy, last_end)
+                     kv_area / last_end / pool if last_end > 0 else 0.0, kv_max / pool, busy, last_end,
+                     prefill_total)
 
 
 __all__ = ["EngineRun", "StepSeconds", "run_engine"]
