@@ -87,6 +87,10 @@ def print_whatif(answer: dict[str, Any]) -> None:
     worst = answer.get("max_calibration_error") or 0.0
     console.print(f"replay of the observed configuration: within {worst * 100:.0f}% of what was observed",
                   highlight=False)
+    by_class = (answer.get("settings") or {}).get("replicas_by_class")
+    if by_class:
+        console.print("engines by endpoint class: " + ", ".join(f"{c} {n}" for c, n in by_class.items()),
+                      highlight=False)
     for cls, observed in answer["observed"].items():
         replayed, predicted = answer["replayed"].get(cls, {}), answer["predicted"].get(cls, {})
         table = Table(title=f"{cls or 'unclassified'} ({observed['requests']} requests)")
