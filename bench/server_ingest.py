@@ -11,8 +11,8 @@ In one run, alternating so that both sides see the same background load of the m
    folder) takes ``--clients`` concurrent exporters posting those pre-built protobuf bodies
    for ``--seconds / --rounds``; every body is retried until its 200, as an OTLP exporter
    does. Throughput = spans acknowledged per second of server phase (200 = committed to
-   the store, or to the server's span log, whose un-inserted backlog is bounded to ~0.5 s
-   of inserts; loss and duplicates are counted after the server drained it at stop).
+   the store, or to the server's span log, whose un-inserted backlog is bounded to ~1 s
+   of inserts; loss and duplicates are counted after the kill and restart below).
    Meanwhile a probe posts a one-span trace every 200 ms, with the span's end = now, and
    polls ``GET /api/v1/traces/{id}`` every ``--probe-poll-seconds`` until it is there: span
    end → visible latency, an upper bound that overshoots by less than one poll interval.
@@ -38,8 +38,7 @@ server phases (``rss_peak_mb``, ``rss_last_mb``).
 Phases run reference, server, reference, … , server, reference (``--rounds`` server
 phases; one round = one sustained run of ``--seconds``). The load average (1 min) is read
 at the start and end of each phase; each server phase also records its CPU seconds split
-into the server process's user and system time, the decode workers', this process's (the
-exporters and the probe) and the machine's busy and idle time (``cpu_split_seconds``):
+into the server process's user and system time, this process's (the exporters and the probe) and the machine's busy and idle time (``cpu_split_seconds``):
 idle near 0 means the run was bound by the machine's two cores.
 
 The machine's own speed varies from day to day by up to 2× (a shared virtual machine):
@@ -115,8 +114,7 @@ def _metric(text: str, name: str) -> float:
 
 
 def children(pid: int) -> list[int]:
-    """Child process ids of ``pid`` (``/proc/PID/task/*/children``, Linux): the server's
-    decode workers."""
+    """Child process ids of ``pid`` (``/proc/PID/task/*/children``, Linux)."""
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -132,23 +130,12 @@ def _process_user_system_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def _process_cpu_seconds(pid: int) -> float:
-    return sum(_process_user_system_seconds(pid))
-
-
 def _cpu_split(pid: int) -> dict[str, float]:
-    """User and system CPU seconds of the server process and of its decode workers, and the
-    machine's busy and idle seconds (all cores, ``/proc/stat``), Linux."""
-    out = dict.fromkeys(("server_user", "server_system", "workers_user", "workers_system"), 0.0)
+    """User and system CPU seconds of the server process, and the machine's busy and idle
+    seconds (all cores, ``/proc/stat``), Linux."""
+    out = dict.fromkeys(("server_user", "server_system"), 0.0)
     try:
         out["server_user"], out["server_system"] = _process_user_system_seconds(pid)
-        for child in children(pid):
-            try:
-                user, system = _process_user_system_seconds(child)
-            except (OSError, ValueError, IndexError):  # exited meanwhile
-                continue
-            out["workers_user"] += user
-            out["workers_system"] += system
         ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     except (OSError, ValueError, IndexError):
         return {key: float("nan") for key in (*out, "machine_busy", "machine_idle")}
@@ -178,18 +165,11 @@ def _async_insert_queries(client) -> int:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) and of its running
-    children (the decode workers), from /proc (Linux)."""
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc (Linux)."""
     try:
-        total = _process_cpu_seconds(pid)
+        return sum(_process_user_system_seconds(pid))
     except (OSError, ValueError, IndexError):
         return float("nan")
-    for child in children(pid):
-        try:
-            total += _process_cpu_seconds(child)
-        except (OSError, ValueError, IndexError):  # exited meanwhile
-            continue
-    return total
 
 
 def _check_arguments(seconds: float, clients: int, spans_per_request: int, rounds: int, reference_seconds: float,
@@ -458,7 +438,7 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         "rss_peak_mb": round(max(rss_samples, default=0) / 2**20, 1),
         "rss_last_mb": round(rss_samples[-1] / 2**20, 1) if rss_samples else None,
         "server_env": server_env,
-        # CPU per span (all threads, both cores; the server's decode workers included) is less
+        # CPU per span (all threads, both cores) is less
         # sensitive to other load than rates.
         "server_cpu_us_per_span": round(server_cpu / acked_spans * 1e6, 1) if acked_spans else None,
         "raw_insert_cpu_us_per_span": round(ref_cpu / ref_spans * 1e6, 1) if ref_spans else None,
