@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -42,12 +41,19 @@ def _load(file: str):
 def check(file: str = typer.Argument(..., help="Rule file (YAML), or 'default' for the shipped pack.")) -> None:
     """Validate a rule file; print its rules. Exit 0 valid, 2 invalid (each problem with file:line: field)."""
     rule_file = _load(file)
-    console.print(f"{file}: {len(rule_file.rules)} rules, evaluated every {rule_file.evaluation_interval:g} s",
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"{file}: {len(rule_file.rules)} rules, evaluated every {rule_file.evaluation_interval:g} s",
+        highlight=False,
+        soft_wrap=True,
+    )
     for rule in rule_file.rules:
-        console.print(f"  {rule.name}  kind={rule.kind} class={rule.endpoint_class or 'all'} window={rule.window:g}s "
-                      f"for={rule.for_:g}s keep_firing_for={rule.keep_firing_for:g}s",
-                      highlight=False, markup=False, soft_wrap=True)
+        console.print(
+            f"  {rule.name}  kind={rule.kind} class={rule.endpoint_class or 'all'} window={rule.window:g}s "
+            f"for={rule.for_:g}s keep_firing_for={rule.keep_firing_for:g}s",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     receivers = ", ".join(f"{r.name} ({r.type})" for r in rule_file.receivers) or "log (default)"
     console.print(f"receivers: {receivers}", highlight=False, markup=False, soft_wrap=True)
 
@@ -69,10 +75,11 @@ def _duration(text: str, option: str) -> float:
 def test(
     file: str = typer.Argument(..., help="Rule file (YAML), or 'default'."),
     since: str = typer.Option("1h", help="How far back to replay, ending now (e.g. 30m, 1h, 1d)."),
-    step: Optional[str] = typer.Option(None, help="Evaluation step (default: the file's evaluation_interval)."),
-    server: Optional[str] = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
-    store: Optional[str] = typer.Option(None, help="Replay over this store directly instead of a server "
-                                                   "(chdb:///path or http://host:8123/db)."),
+    step: str | None = typer.Option(None, help="Evaluation step (default: the file's evaluation_interval)."),
+    server: str | None = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
+    store: str | None = typer.Option(
+        None, help="Replay over this store directly instead of a server (chdb:///path or http://host:8123/db)."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the transitions as JSON lines."),
 ) -> None:
     """Replay the rules over past data: which alerts would have gone pending, fired and resolved."""
@@ -89,18 +96,27 @@ def test(
     try:
         evaluations = replay_evaluations(window, every)
     except ValueError as exc:
-        console.print(f"[red]--since {since} with a step of {every:g} s is {exc};[/] shorten --since or lengthen "
-                      "--step", highlight=False)
+        console.print(
+            f"[red]--since {since} with a step of {every:g} s is {exc};[/] shorten --since or lengthen --step",
+            highlight=False,
+        )
         raise typer.Exit(2) from exc
     if not json_output:
-        err_console.print(f"replaying {evaluations} evaluations (one per {every:g} s of the last {since})…",
-                          highlight=False)
+        err_console.print(
+            f"replaying {evaluations} evaluations (one per {every:g} s of the last {since})…", highlight=False
+        )
     path = DEFAULT_RULES_PATH if file == "default" else Path(file)
     end = datetime.now(timezone.utc)
-    body = {"rules": path.read_text(encoding="utf-8"), "source": str(path), "start": (end - timedelta(seconds=window))
-            .isoformat(), "end": end.isoformat(), "step_seconds": step_seconds}
-    response = ask("POST", "/api/v1/alerts/backtest", server, store, json_output, json_body=body,
-                   timeout_seconds=3600.0)
+    body = {
+        "rules": path.read_text(encoding="utf-8"),
+        "source": str(path),
+        "start": (end - timedelta(seconds=window)).isoformat(),
+        "end": end.isoformat(),
+        "step_seconds": step_seconds,
+    }
+    response = ask(
+        "POST", "/api/v1/alerts/backtest", server, store, json_output, json_body=body, timeout_seconds=3600.0
+    )
     if response.status_code != 200:
         fail(f"cannot replay the rules: {refusal_text(response)}", json_output, http_status=response.status_code)
     transitions = response.json()["transitions"]
@@ -117,8 +133,14 @@ def test(
         for t in transitions:
             labels = ", ".join(f"{k}={v}" for k, v in t["labels"].items() if k != "alertname")
             at = datetime.fromisoformat(t["at"]).astimezone(timezone.utc)
-            table.add_row(at.strftime("%Y-%m-%d %H:%M:%S"), t["rule"], labels, t["change"],
-                          "" if t["value"] is None else f"{t['value']:.4g}", t["reason"])
+            table.add_row(
+                at.strftime("%Y-%m-%d %H:%M:%S"),
+                t["rule"],
+                labels,
+                t["change"],
+                "" if t["value"] is None else f"{t['value']:.4g}",
+                t["reason"],
+            )
         console.print(table if transitions else "no alert would have gone pending or fired")
         console.print(f"{len(fired)} alerts would have fired", highlight=False)
     raise typer.Exit(1 if fired else 0)

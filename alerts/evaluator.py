@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Any
 
 from inferpath.alerts.history import AlertHistory
 from inferpath.alerts.notifiers import Notification, build_notifiers
@@ -72,9 +73,17 @@ class AlertEvaluator:
     Counters: ``evaluations_total``, ``rule_errors_total``, ``history_errors_total``.
     """
 
-    def __init__(self, rule_file: RuleFile, store: Any, *, notifiers: list[Any] | None = None,
-                 history: AlertHistory | None = None, clock: Callable[[], datetime] = _utc_now,
-                 generator_url: str = "", diagnose: bool = True) -> None:
+    def __init__(
+        self,
+        rule_file: RuleFile,
+        store: Any,
+        *,
+        notifiers: list[Any] | None = None,
+        history: AlertHistory | None = None,
+        clock: Callable[[], datetime] = _utc_now,
+        generator_url: str = "",
+        diagnose: bool = True,
+    ) -> None:
         self.rule_file = rule_file
         self.store = store
         self.notifiers = build_notifiers(rule_file.receivers) if notifiers is None else list(notifiers)
@@ -83,8 +92,9 @@ class AlertEvaluator:
         self.generator_url = generator_url
         self.diagnose = diagnose
         # Only Alertmanager receivers want resends (else they resolve alerts on their own).
-        intervals = [n.resend_interval_seconds for n in self.notifiers
-                     if getattr(n, "resend_interval_seconds", None) is not None]
+        intervals = [
+            n.resend_interval_seconds for n in self.notifiers if getattr(n, "resend_interval_seconds", None) is not None
+        ]
         self._resend_seconds: float | None = min(intervals) if intervals else None
         self.alerts: dict[str, dict[str, AlertInstance]] = {rule.name: {} for rule in rule_file.rules}
         self.last_statuses: list[RuleStatus] = []
@@ -142,9 +152,16 @@ class AlertEvaluator:
             evaluations = self.evaluations_total
 
         def alert_row(a: AlertInstance) -> dict[str, Any]:
-            return {"rule": a.rule, "state": a.state, "labels": dict(a.labels),
-                    "annotations": dict(a.annotations), "value": a.value, "active_at": a.active_at,
-                    "fired_at": a.fired_at, "keep_firing_since": a.keep_firing_since}
+            return {
+                "rule": a.rule,
+                "state": a.state,
+                "labels": dict(a.labels),
+                "annotations": dict(a.annotations),
+                "value": a.value,
+                "active_at": a.active_at,
+                "fired_at": a.fired_at,
+                "keep_firing_since": a.keep_firing_since,
+            }
 
         return {
             "evaluation_interval_seconds": self.rule_file.evaluation_interval,
@@ -152,11 +169,25 @@ class AlertEvaluator:
             "evaluations_total": evaluations,
             "firing": [alert_row(a) for a in alerts if a.state == "firing"],
             "pending": [alert_row(a) for a in alerts if a.state == "pending"],
-            "rules": [{"rule": s.rule, "health": s.health, "error": s.error,
-                       "duration_seconds": s.duration_seconds,
-                       "samples": [{"labels": dict(x.labels), "value": x.value, "active": x.active,
-                                    "confidence": x.confidence, "reason": x.reason} for x in s.samples]}
-                      for s in statuses],
+            "rules": [
+                {
+                    "rule": s.rule,
+                    "health": s.health,
+                    "error": s.error,
+                    "duration_seconds": s.duration_seconds,
+                    "samples": [
+                        {
+                            "labels": dict(x.labels),
+                            "value": x.value,
+                            "active": x.active,
+                            "confidence": x.confidence,
+                            "reason": x.reason,
+                        }
+                        for x in s.samples
+                    ],
+                }
+                for s in statuses
+            ],
         }
 
     # ------------------------------------------------------------------ evaluation
@@ -179,8 +210,9 @@ class AlertEvaluator:
                 except Exception as exc:  # noqa: BLE001 - one bad rule must not stop the others
                     self.rule_errors_total += 1
                     logger.warning("alerts: rule %s failed: %s", rule.name, exc)
-                    statuses.append(RuleStatus(rule.name, "err", error=str(exc),
-                                               duration_seconds=time.perf_counter() - started))
+                    statuses.append(
+                        RuleStatus(rule.name, "err", error=str(exc), duration_seconds=time.perf_counter() - started)
+                    )
                     continue
                 statuses.append(RuleStatus(rule.name, "ok", samples, duration_seconds=time.perf_counter() - started))
                 self._advance(rule, samples, now, at, transitions, outgoing)
@@ -197,8 +229,15 @@ class AlertEvaluator:
         labels["alertname"] = rule.name
         return labels
 
-    def _advance(self, rule: Any, samples: list[Sample], now: datetime, at: datetime,
-                 transitions: list[Transition], outgoing: list[tuple[Notification, bool]]) -> None:
+    def _advance(
+        self,
+        rule: Any,
+        samples: list[Sample],
+        now: datetime,
+        at: datetime,
+        transitions: list[Transition],
+        outgoing: list[tuple[Notification, bool]],
+    ) -> None:
         alerts = self.alerts[rule.name]
         seen: set[str] = set()
         by_fingerprint: dict[str, tuple[dict[str, str], Sample | None]] = {}
@@ -210,8 +249,15 @@ class AlertEvaluator:
                 seen.add(key)
         for key in list(seen) + [k for k in alerts if k not in seen]:
             labels, found = by_fingerprint.get(key, (alerts[key].labels if key in alerts else {}, None))
-            alert, changes = step(alerts.get(key), active=key in seen, now=now, for_seconds=rule.for_,
-                                  keep_firing_for_seconds=rule.keep_firing_for, rule=rule.name, labels=labels)
+            alert, changes = step(
+                alerts.get(key),
+                active=key in seen,
+                now=now,
+                for_seconds=rule.for_,
+                keep_firing_for_seconds=rule.keep_firing_for,
+                rule=rule.name,
+                labels=labels,
+            )
             if alert is None:
                 continue
             if found is not None and key in seen:
@@ -220,8 +266,14 @@ class AlertEvaluator:
                 alert.diagnosis = self._diagnosis(rule, at)
             reason = found.reason if found is not None else "condition no longer holds"
             alert.annotations = {
-                name: render(text, value=alert.value, labels=alert.labels, evidence=alert.evidence,
-                             reason=reason, diagnosis=alert.diagnosis or "computed when the alert fires")
+                name: render(
+                    text,
+                    value=alert.value,
+                    labels=alert.labels,
+                    evidence=alert.evidence,
+                    reason=reason,
+                    diagnosis=alert.diagnosis or "computed when the alert fires",
+                )
                 for name, text in rule.annotations.items()
             }
             for change in changes:
@@ -236,9 +288,12 @@ class AlertEvaluator:
                 alerts.pop(key, None)
                 continue
             alerts[key] = alert
-            if alert.state == "firing" and not changes and self._resend_seconds is not None and (
-                    alert.last_sent_at is None
-                    or (now - alert.last_sent_at).total_seconds() >= self._resend_seconds):
+            if (
+                alert.state == "firing"
+                and not changes
+                and self._resend_seconds is not None
+                and (alert.last_sent_at is None or (now - alert.last_sent_at).total_seconds() >= self._resend_seconds)
+            ):
                 outgoing.append((self._notification(alert, "firing", now), True))
                 alert.last_sent_at = now
 
@@ -247,8 +302,13 @@ class AlertEvaluator:
             from inferpath.analysis import diagnose
 
             window = timedelta(seconds=rule.window)
-            verdict = diagnose(self.store, window_start=at - window, window_end=at,
-                               baseline_start=at - 2 * window, baseline_end=at - window)
+            verdict = diagnose(
+                self.store,
+                window_start=at - window,
+                window_end=at,
+                baseline_start=at - 2 * window,
+                baseline_end=at - window,
+            )
             return verdict.summary
         except Exception as exc:  # noqa: BLE001 - no diagnosis is no reason to withhold an alert
             return f"no diagnosis ({exc})"
@@ -263,11 +323,16 @@ class AlertEvaluator:
             logger.warning("alerts: could not record %s of %s: %s", change, alert.rule, exc)
 
     def _notification(self, alert: AlertInstance, status: str, now: datetime) -> Notification:
-        return Notification(status=status, labels=dict(alert.labels),  # type: ignore[arg-type]
-                            annotations=dict(alert.annotations),
-                            starts_at=alert.fired_at or alert.active_at,
-                            ends_at=alert.resolved_at if status == "resolved" else None,
-                            fingerprint=alert.fingerprint, generator_url=self.generator_url, sent_at=now)
+        return Notification(
+            status=status,
+            labels=dict(alert.labels),  # type: ignore[arg-type]
+            annotations=dict(alert.annotations),
+            starts_at=alert.fired_at or alert.active_at,
+            ends_at=alert.resolved_at if status == "resolved" else None,
+            fingerprint=alert.fingerprint,
+            generator_url=self.generator_url,
+            sent_at=now,
+        )
 
     def _notify(self, outgoing: list[tuple[Notification, bool]]) -> None:
         for notifier in self.notifiers:
@@ -306,8 +371,9 @@ class AlertEvaluator:
                 logger.exception("alerts: closing a notifier failed")
 
 
-def backtest(rule_file: RuleFile, store: Any, start: datetime, end: datetime,
-             step_seconds: float | None = None) -> list[Transition]:
+def backtest(
+    rule_file: RuleFile, store: Any, start: datetime, end: datetime, step_seconds: float | None = None
+) -> list[Transition]:
     """What the rules would have done over ``[start, end)``: evaluate every ``step_seconds``
     (default: the file's ``evaluation_interval``) in simulated time, with no notifiers, no
     history and no diagnosis. Returns the transitions in order."""

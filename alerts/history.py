@@ -19,11 +19,26 @@ __all__ = ["AlertHistory", "ALERTS_TABLE", "ALERT_COLUMNS"]
 
 ALERTS_TABLE = "inferpath_alerts"
 ALERT_COLUMNS: tuple[str, ...] = (
-    "timestamp", "rule", "fingerprint", "state", "labels", "annotations", "value", "active_at",
-    "fired_at", "resolved_at", "keep_firing_since", "evidence",
+    "timestamp",
+    "rule",
+    "fingerprint",
+    "state",
+    "labels",
+    "annotations",
+    "value",
+    "active_at",
+    "fired_at",
+    "resolved_at",
+    "keep_firing_since",
+    "evidence",
 )
-_ROW_STATE = {"pending": "pending", "firing": "firing", "keep_firing": "firing", "resolved": "resolved",
-              "inactive": "inactive"}
+_ROW_STATE = {
+    "pending": "pending",
+    "firing": "firing",
+    "keep_firing": "firing",
+    "resolved": "resolved",
+    "inactive": "inactive",
+}
 
 
 def _json_default(value: Any) -> Any:
@@ -44,9 +59,18 @@ class AlertHistory:
         """Insert one row for ``change`` of ``alert`` at ``at`` (aware). Store errors propagate."""
         value = alert.value
         row = (
-            at, alert.rule, alert.fingerprint, _ROW_STATE[change], dict(alert.labels),
-            dict(alert.annotations), value, alert.active_at, alert.fired_at, alert.resolved_at,
-            alert.keep_firing_since, json.dumps(alert.evidence, default=_json_default, sort_keys=True),
+            at,
+            alert.rule,
+            alert.fingerprint,
+            _ROW_STATE[change],
+            dict(alert.labels),
+            dict(alert.annotations),
+            value,
+            alert.active_at,
+            alert.fired_at,
+            alert.resolved_at,
+            alert.keep_firing_since,
+            json.dumps(alert.evidence, default=_json_default, sort_keys=True),
         )
         self.store.insert(ALERTS_TABLE, [row], ALERT_COLUMNS)
 
@@ -58,19 +82,38 @@ class AlertHistory:
             " ORDER BY timestamp DESC LIMIT 1 BY fingerprint"
         )
         alerts = []
-        for (rule, labels, state, active_at, fired_at, resolved_at, keep_since, value, annotations,
-             evidence) in self.store.query(sql):
+        for (
+            rule,
+            labels,
+            state,
+            active_at,
+            fired_at,
+            resolved_at,
+            keep_since,
+            value,
+            notes,
+            evidence,
+        ) in self.store.query(sql):
             if state not in ("pending", "firing"):
                 continue
             try:
                 evidence_dict = json.loads(evidence) if evidence else {}
             except ValueError:
                 evidence_dict = {}
-            alerts.append(AlertInstance(
-                rule=rule, labels=dict(labels), state=state, active_at=active_at, fired_at=fired_at,
-                resolved_at=resolved_at, keep_firing_since=keep_since, value=value,
-                annotations=dict(annotations), evidence=evidence_dict,
-                # Already notified before the restart: resends (if any) continue from here.
-                last_sent_at=fired_at if state == "firing" else None,
-            ))
+            alerts.append(
+                AlertInstance(
+                    rule=rule,
+                    labels=dict(labels),
+                    state=state,
+                    active_at=active_at,
+                    fired_at=fired_at,
+                    resolved_at=resolved_at,
+                    keep_firing_since=keep_since,
+                    value=value,
+                    annotations=dict(notes),
+                    evidence=evidence_dict,
+                    # Already notified before the restart: resends (if any) continue from here.
+                    last_sent_at=fired_at if state == "firing" else None,
+                )
+            )
         return alerts

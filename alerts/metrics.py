@@ -6,7 +6,8 @@ is updated on the evaluation path beyond the plain integer counters it already k
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -14,10 +15,16 @@ __all__ = ["alert_metric_families"]
 
 _NOTIFIER_COUNTERS = (
     ("sent_total", "inferpath_alerts_notifications_sent", "Notifications delivered, per receiver."),
-    ("failed_total", "inferpath_alerts_notifications_failed",
-     "Notifications given up after the last attempt or a non-retryable answer, per receiver."),
-    ("dropped_total", "inferpath_alerts_notifications_dropped",
-     "Notification batches dropped because the receiver's queue was full or closed, per receiver."),
+    (
+        "failed_total",
+        "inferpath_alerts_notifications_failed",
+        "Notifications given up after the last attempt or a non-retryable answer, per receiver.",
+    ),
+    (
+        "dropped_total",
+        "inferpath_alerts_notifications_dropped",
+        "Notification batches dropped because the receiver's queue was full or closed, per receiver.",
+    ),
     ("retries_total", "inferpath_alerts_notifications_retries", "Delivery attempts retried, per receiver."),
 )
 
@@ -31,10 +38,16 @@ def alert_metric_families(evaluator: Any) -> Iterator[Metric]:
     and ``inferpath_alerts_pending`` (alerts in that state now)."""
     for name, doc, value in (
         ("inferpath_alerts_evaluations", "Evaluations of the whole rule file.", evaluator.evaluations_total),
-        ("inferpath_alerts_rule_errors", "Rule queries that failed (the rule's alerts kept as they were).",
-         evaluator.rule_errors_total),
-        ("inferpath_alerts_history_errors", "State changes or restores that could not use inferpath_alerts.",
-         evaluator.history_errors_total),
+        (
+            "inferpath_alerts_rule_errors",
+            "Rule queries that failed (the rule's alerts kept as they were).",
+            evaluator.rule_errors_total,
+        ),
+        (
+            "inferpath_alerts_history_errors",
+            "State changes or restores that could not use inferpath_alerts.",
+            evaluator.history_errors_total,
+        ),
     ):
         yield CounterMetricFamily(name, doc, value=value)
     for attribute, name, doc in _NOTIFIER_COUNTERS:

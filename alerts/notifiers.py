@@ -24,15 +24,23 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
 
-__all__ = ["Notification", "Delivery", "LogNotifier", "build_notifiers", "redact_url",
-           "alertmanager_payload", "webhook_payload"]
+__all__ = [
+    "Notification",
+    "Delivery",
+    "LogNotifier",
+    "build_notifiers",
+    "redact_url",
+    "alertmanager_payload",
+    "webhook_payload",
+]
 
 logger = logging.getLogger("inferpath.alerts")
 
@@ -83,22 +91,45 @@ def alertmanager_payload(notifications: list[Notification], valid_for_seconds: f
         ends_at = n.ends_at
         if n.status == "firing":
             ends_at = (n.sent_at or n.starts_at) + timedelta(seconds=valid_for_seconds)
-        out.append({"labels": n.labels, "annotations": n.annotations, "startsAt": _iso(n.starts_at),
-                    "endsAt": _iso(ends_at), "generatorURL": n.generator_url})
+        out.append(
+            {
+                "labels": n.labels,
+                "annotations": n.annotations,
+                "startsAt": _iso(n.starts_at),
+                "endsAt": _iso(ends_at),
+                "generatorURL": n.generator_url,
+            }
+        )
     return out
 
 
 def webhook_payload(notifications: list[Notification], receiver: str) -> dict[str, Any]:
     """Generic webhook body, shaped like Alertmanager's webhook-receiver payload."""
-    alerts = [{"status": n.status, "labels": n.labels, "annotations": n.annotations,
-               "startsAt": _iso(n.starts_at), "endsAt": _iso(n.ends_at) or "0001-01-01T00:00:00Z",
-               "fingerprint": n.fingerprint, "generatorURL": n.generator_url} for n in notifications]
+    alerts = [
+        {
+            "status": n.status,
+            "labels": n.labels,
+            "annotations": n.annotations,
+            "startsAt": _iso(n.starts_at),
+            "endsAt": _iso(n.ends_at) or "0001-01-01T00:00:00Z",
+            "fingerprint": n.fingerprint,
+            "generatorURL": n.generator_url,
+        }
+        for n in notifications
+    ]
     common = dict(notifications[0].labels) if notifications else {}
     for n in notifications[1:]:
         common = {k: v for k, v in common.items() if n.labels.get(k) == v}
     status = "firing" if any(n.status == "firing" for n in notifications) else "resolved"
-    return {"version": "4", "receiver": receiver, "status": status, "alerts": alerts,
-            "groupLabels": {}, "commonLabels": common, "commonAnnotations": {}}
+    return {
+        "version": "4",
+        "receiver": receiver,
+        "status": status,
+        "alerts": alerts,
+        "groupLabels": {},
+        "commonLabels": common,
+        "commonAnnotations": {},
+    }
 
 
 class LogNotifier:
@@ -115,9 +146,14 @@ class LogNotifier:
     def submit(self, notifications: list[Notification]) -> bool:
         for n in notifications:
             level = logging.WARNING if n.status == "firing" else logging.INFO
-            logger.log(level, "alert %s %s %s: %s", n.labels.get("alertname", "?"), n.status,
-                       {k: v for k, v in n.labels.items() if k != "alertname"},
-                       n.annotations.get("summary", ""))
+            logger.log(
+                level,
+                "alert %s %s %s: %s",
+                n.labels.get("alertname", "?"),
+                n.status,
+                {k: v for k, v in n.labels.items() if k != "alertname"},
+                n.annotations.get("summary", ""),
+            )
             self.sent_total += 1
         return True
 
@@ -135,10 +171,20 @@ class Delivery:
     ``attempts_total``, ``retries_total``. :meth:`submit` never blocks and never raises.
     """
 
-    def __init__(self, *, name: str, kind: Literal["alertmanager", "webhook"], url: str,
-                 timeout_seconds: float = 5.0, max_attempts: int = 5, backoff_initial_seconds: float = 0.5,
-                 backoff_max_seconds: float = 30.0, resend_interval_seconds: float = 60.0,
-                 headers: dict[str, str] | None = None, queue_size: int = _QUEUE_SIZE) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        kind: Literal["alertmanager", "webhook"],
+        url: str,
+        timeout_seconds: float = 5.0,
+        max_attempts: int = 5,
+        backoff_initial_seconds: float = 0.5,
+        backoff_max_seconds: float = 30.0,
+        resend_interval_seconds: float = 60.0,
+        headers: dict[str, str] | None = None,
+        queue_size: int = _QUEUE_SIZE,
+    ) -> None:
         self.name = name
         self.kind = kind
         self._url = url.rstrip("/") + "/api/v2/alerts" if kind == "alertmanager" else url
@@ -174,8 +220,12 @@ class Delivery:
             self._queue.put_nowait(list(notifications))
         except queue.Full:
             self.dropped_total += len(notifications)
-            logger.warning("alert receiver %s (%s): queue full, %d notifications dropped",
-                           self.name, redact_url(self._url), len(notifications))
+            logger.warning(
+                "alert receiver %s (%s): queue full, %d notifications dropped",
+                self.name,
+                redact_url(self._url),
+                len(notifications),
+            )
             return False
         return True
 
@@ -186,8 +236,13 @@ class Delivery:
 
     def _attempt(self, batch: list[Notification]) -> Literal["ok", "retry", "fail"]:
         self.attempts_total += 1
-        request = httpx.Request("POST", self._url, json=self._body(batch), headers=self._headers,
-                                extensions={"timeout": httpx.Timeout(self.timeout_seconds).as_dict()})
+        request = httpx.Request(
+            "POST",
+            self._url,
+            json=self._body(batch),
+            headers=self._headers,
+            extensions={"timeout": httpx.Timeout(self.timeout_seconds).as_dict()},
+        )
         try:
             response = self._transport.handle_request(request)
             try:
@@ -218,8 +273,13 @@ class Delivery:
                 break
             delay = min(delay * 2, self.backoff_max_seconds)
         self.failed_total += len(batch)
-        logger.warning("alert receiver %s (%s): %d notifications dropped after %d attempts",
-                       self.name, redact_url(self._url), len(batch), attempt)
+        logger.warning(
+            "alert receiver %s (%s): %d notifications dropped after %d attempts",
+            self.name,
+            redact_url(self._url),
+            len(batch),
+            attempt,
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -262,9 +322,17 @@ def build_notifiers(receivers: list[Any], factory: Callable[..., Delivery] = Del
         if receiver.type == "log":
             out.append(LogNotifier(receiver.name))
         else:
-            out.append(factory(name=receiver.name, kind=receiver.type, url=receiver.url,
-                               timeout_seconds=receiver.timeout, max_attempts=receiver.max_attempts,
-                               backoff_initial_seconds=receiver.backoff_initial,
-                               backoff_max_seconds=receiver.backoff_max,
-                               resend_interval_seconds=receiver.resend_interval, headers=receiver.headers))
+            out.append(
+                factory(
+                    name=receiver.name,
+                    kind=receiver.type,
+                    url=receiver.url,
+                    timeout_seconds=receiver.timeout,
+                    max_attempts=receiver.max_attempts,
+                    backoff_initial_seconds=receiver.backoff_initial,
+                    backoff_max_seconds=receiver.backoff_max,
+                    resend_interval_seconds=receiver.resend_interval,
+                    headers=receiver.headers,
+                )
+            )
     return out or [LogNotifier()]

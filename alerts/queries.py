@@ -16,9 +16,10 @@ Engine and GPU signals are read from the canonical gauges the collectors write
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from inferpath.alerts.rules import (
     ErrorRateRule,
@@ -91,7 +92,7 @@ def _request_rows(store: Any, rule: Any, at: datetime, select: str, extra: dict[
     if by:
         sql += " GROUP BY " + ", ".join(by) + " ORDER BY " + ", ".join(by)
     rows = store.query(sql, params)
-    return [(dict(zip(by, (str(v) for v in row[: len(by)]))), row[len(by):]) for row in rows]
+    return [(dict(zip(by, (str(v) for v in row[: len(by)]))), row[len(by) :]) for row in rows]
 
 
 def _quantile_rows(store: Any, rule: Any, at: datetime) -> list[tuple[dict[str, str], int, float | None, float | None]]:
@@ -101,45 +102,83 @@ def _quantile_rows(store: Any, rule: Any, at: datetime) -> list[tuple[dict[str, 
     for labels, (count, mean_ns, quantile_ns) in _request_rows(store, rule, at, select, {"q": rule.quantile}):
         mean = _finite(mean_ns)
         quantile = _finite(quantile_ns)
-        out.append((labels, int(count),
-                    None if mean is None else mean / NS_PER_SECOND,
-                    None if quantile is None else quantile / NS_PER_SECOND))
+        out.append(
+            (
+                labels,
+                int(count),
+                None if mean is None else mean / NS_PER_SECOND,
+                None if quantile is None else quantile / NS_PER_SECOND,
+            )
+        )
     return out
 
 
 def _low(rule: Any, labels: dict[str, str], count: int, evidence: dict[str, Any]) -> Sample:
-    return Sample(labels, None, False, "low", evidence,
-                  f"{count} samples < min_samples {rule.min_samples}: low confidence, not evaluated")
+    return Sample(
+        labels,
+        None,
+        False,
+        "low",
+        evidence,
+        f"{count} samples < min_samples {rule.min_samples}: low confidence, not evaluated",
+    )
 
 
 def _tail_divergence(store: Any, rule: TailDivergenceRule, at: datetime) -> list[Sample]:
     samples = []
     for labels, count, mean_s, quantile_s in _quantile_rows(store, rule, at):
-        evidence = {"samples": count, "mean_seconds": mean_s, "quantile_seconds": quantile_s,
-                    "quantile": rule.quantile, "ratio": None, "window_seconds": rule.window}
+        evidence = {
+            "samples": count,
+            "mean_seconds": mean_s,
+            "quantile_seconds": quantile_s,
+            "quantile": rule.quantile,
+            "ratio": None,
+            "window_seconds": rule.window,
+        }
         if count < rule.min_samples or mean_s is None or quantile_s is None or mean_s <= 0:
             samples.append(_low(rule, labels, count, evidence))
             continue
         ratio = quantile_s / mean_s
         evidence["ratio"] = ratio
         active = ratio >= rule.ratio_threshold and quantile_s >= rule.min_tail_seconds
-        samples.append(Sample(labels, ratio, active, "ok", evidence,
-                              f"{rule.measure} p{rule.quantile * 100:g} {quantile_s * 1e3:.1f} ms is {ratio:.2f}x "
-                              f"the mean {mean_s * 1e3:.1f} ms over {count} requests"))
+        samples.append(
+            Sample(
+                labels,
+                ratio,
+                active,
+                "ok",
+                evidence,
+                f"{rule.measure} p{rule.quantile * 100:g} {quantile_s * 1e3:.1f} ms is {ratio:.2f}x "
+                f"the mean {mean_s * 1e3:.1f} ms over {count} requests",
+            )
+        )
     return samples
 
 
 def _quantile_over_slo(store: Any, rule: QuantileOverSloRule, at: datetime) -> list[Sample]:
     samples = []
     for labels, count, _, quantile_s in _quantile_rows(store, rule, at):
-        evidence = {"samples": count, "quantile_seconds": quantile_s, "quantile": rule.quantile,
-                    "slo_seconds": rule.slo_seconds, "window_seconds": rule.window}
+        evidence = {
+            "samples": count,
+            "quantile_seconds": quantile_s,
+            "quantile": rule.quantile,
+            "slo_seconds": rule.slo_seconds,
+            "window_seconds": rule.window,
+        }
         if count < rule.min_samples or quantile_s is None:
             samples.append(_low(rule, labels, count, evidence))
             continue
-        samples.append(Sample(labels, quantile_s, quantile_s > rule.slo_seconds, "ok", evidence,
-                              f"{rule.measure} p{rule.quantile * 100:g} {quantile_s * 1e3:.1f} ms "
-                              f"(SLO {rule.slo_seconds * 1e3:.0f} ms) over {count} requests"))
+        samples.append(
+            Sample(
+                labels,
+                quantile_s,
+                quantile_s > rule.slo_seconds,
+                "ok",
+                evidence,
+                f"{rule.measure} p{rule.quantile * 100:g} {quantile_s * 1e3:.1f} ms "
+                f"(SLO {rule.slo_seconds * 1e3:.0f} ms) over {count} requests",
+            )
+        )
     return samples
 
 
@@ -154,8 +193,16 @@ def _error_rate(store: Any, rule: ErrorRateRule, at: datetime) -> list[Sample]:
             continue
         ratio = errors / count
         evidence["error_ratio"] = ratio
-        samples.append(Sample(labels, ratio, ratio >= rule.threshold_ratio, "ok", evidence,
-                              f"{errors} of {count} requests failed ({ratio * 100:.1f}%)"))
+        samples.append(
+            Sample(
+                labels,
+                ratio,
+                ratio >= rule.threshold_ratio,
+                "ok",
+                evidence,
+                f"{errors} of {count} requests failed ({ratio * 100:.1f}%)",
+            )
+        )
     return samples
 
 
@@ -174,16 +221,29 @@ def _queue_growing(store: Any, rule: QueueGrowingRule, at: datetime) -> list[Sam
     slope, last, count = store.query(sql, params)[0]
     count = int(count or 0)
     slope_s, depth = _finite(slope), _finite(last)
-    evidence = {"samples": count, QUEUE_DEPTH: depth, "increase": None, "slope_per_second": slope_s,
-                "window_seconds": rule.window}
+    evidence = {
+        "samples": count,
+        QUEUE_DEPTH: depth,
+        "increase": None,
+        "slope_per_second": slope_s,
+        "window_seconds": rule.window,
+    }
     if count == 0 or slope_s is None or depth is None:
         return [Sample({}, None, False, "unknown", evidence, "queue depth not reported in the window")]
     if count < rule.min_samples:
         return [_low(rule, {}, count, evidence)]
     increase = slope_s * rule.window
     evidence["increase"] = increase
-    return [Sample({}, increase, increase >= rule.min_increase and depth >= rule.min_depth, "ok", evidence,
-                   f"queue depth {depth:.0f}, trend {increase:+.1f} over {rule.window:.0f} s")]
+    return [
+        Sample(
+            {},
+            increase,
+            increase >= rule.min_increase and depth >= rule.min_depth,
+            "ok",
+            evidence,
+            f"queue depth {depth:.0f}, trend {increase:+.1f} over {rule.window:.0f} s",
+        )
+    ]
 
 
 def _preemptions_increase(store: Any, params: dict[str, Any]) -> float | None:
@@ -212,16 +272,28 @@ def _kv_pressure(store: Any, rule: KvPressureRule, at: datetime) -> list[Sample]
     count = int(count or 0)
     usage_ratio = _finite(usage) if count else None
     preemptions = _preemptions_increase(store, params)
-    evidence = {"samples": count, KV_CACHE_USAGE_RATIO: usage_ratio, "preemptions": preemptions,
-                "window_seconds": rule.window}
+    evidence = {
+        "samples": count,
+        KV_CACHE_USAGE_RATIO: usage_ratio,
+        "preemptions": preemptions,
+        "window_seconds": rule.window,
+    }
     if usage_ratio is None:
         return [Sample({}, None, False, "unknown", evidence, "KV-cache usage not reported in the window")]
     if count < rule.min_samples:
         return [_low(rule, {}, count, evidence)]
     active = usage_ratio >= rule.usage_threshold and preemptions is not None and preemptions >= rule.min_preemptions
     shown = "not reported" if preemptions is None else f"{preemptions:.0f}"
-    return [Sample({}, usage_ratio, active, "ok", evidence,
-                   f"KV-cache usage {usage_ratio * 100:.0f}% with {shown} preemptions in {rule.window:.0f} s")]
+    return [
+        Sample(
+            {},
+            usage_ratio,
+            active,
+            "ok",
+            evidence,
+            f"KV-cache usage {usage_ratio * 100:.0f}% with {shown} preemptions in {rule.window:.0f} s",
+        )
+    ]
 
 
 def _idle_gpu_latency(store: Any, rule: IdleGpuLatencyRule, at: datetime) -> list[Sample]:
@@ -231,20 +303,37 @@ def _idle_gpu_latency(store: Any, rule: IdleGpuLatencyRule, at: datetime) -> lis
     utilization_ratio = _finite(utilization) if utilization_count else None
     samples = []
     for labels, count, _, quantile_s in _quantile_rows(store, rule, at):
-        evidence = {"samples": count, "quantile_seconds": quantile_s, "quantile": rule.quantile,
-                    "slo_seconds": rule.slo_seconds, GPU_UTILIZATION_RATIO: utilization_ratio,
-                    "utilization_samples": utilization_count, "window_seconds": rule.window}
+        evidence = {
+            "samples": count,
+            "quantile_seconds": quantile_s,
+            "quantile": rule.quantile,
+            "slo_seconds": rule.slo_seconds,
+            GPU_UTILIZATION_RATIO: utilization_ratio,
+            "utilization_samples": utilization_count,
+            "window_seconds": rule.window,
+        }
         if count < rule.min_samples or quantile_s is None:
             samples.append(_low(rule, labels, count, evidence))
             continue
         if utilization_ratio is None or utilization_count < rule.min_utilization_samples:
-            samples.append(Sample(labels, None, False, "unknown", evidence,
-                                  "GPU utilization not reported: cannot tell idle from busy"))
+            samples.append(
+                Sample(
+                    labels, None, False, "unknown", evidence, "GPU utilization not reported: cannot tell idle from busy"
+                )
+            )
             continue
         active = quantile_s > rule.slo_seconds and utilization_ratio < rule.idle_threshold
-        samples.append(Sample(labels, quantile_s, active, "ok", evidence,
-                              f"{rule.measure} p{rule.quantile * 100:g} {quantile_s * 1e3:.1f} ms while GPUs are "
-                              f"{utilization_ratio * 100:.0f}% utilized"))
+        samples.append(
+            Sample(
+                labels,
+                quantile_s,
+                active,
+                "ok",
+                evidence,
+                f"{rule.measure} p{rule.quantile * 100:g} {quantile_s * 1e3:.1f} ms while GPUs are "
+                f"{utilization_ratio * 100:.0f}% utilized",
+            )
+        )
     return samples
 
 
@@ -259,21 +348,41 @@ def _gpu_lost(store: Any, rule: GpuLostRule, at: datetime) -> list[Sample]:
     )
     rows = store.query(sql, _window(rule, at) | {"metric": GPU_UP})
     if not rows:
-        return [Sample({}, None, False, "unknown", {"samples": 0, GPU_UP: None, "gpu": None, "model": None,
-                                                     "window_seconds": rule.window},
-                       "gpu_up not reported in the window (no NVML collector?)")]
+        return [
+            Sample(
+                {},
+                None,
+                False,
+                "unknown",
+                {"samples": 0, GPU_UP: None, "gpu": None, "model": None, "window_seconds": rule.window},
+                "gpu_up not reported in the window (no NVML collector?)",
+            )
+        ]
     samples = []
     for host, uuid, instance, index, model, up, count in rows:
         labels = {"host": str(host), "UUID": str(uuid), "gpu": str(index)}
         if instance:
             labels["GPU_I_ID"] = str(instance)
         value = _finite(up)
-        evidence = {"samples": int(count), GPU_UP: value, "gpu": str(index), "model": str(model),
-                    "window_seconds": rule.window}
+        evidence = {
+            "samples": int(count),
+            GPU_UP: value,
+            "gpu": str(index),
+            "model": str(model),
+            "window_seconds": rule.window,
+        }
         lost = value is not None and value < 0.5
         where = f"GPU {index} ({uuid}) on {host}"
-        samples.append(Sample(labels, value, lost, "ok", evidence,
-                              f"{where} no longer answers its collector (gpu_up 0)" if lost else f"{where} answers"))
+        samples.append(
+            Sample(
+                labels,
+                value,
+                lost,
+                "ok",
+                evidence,
+                f"{where} no longer answers its collector (gpu_up 0)" if lost else f"{where} answers",
+            )
+        )
     return samples
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -42,8 +42,14 @@ from inferpath.vocabulary import (
 )
 
 __all__ = [
-    "RuleFileError", "RuleFile", "Rule", "Receiver", "load_rule_file", "parse_rule_text",
-    "DEFAULT_RULES_PATH", "GROUP_BY_COLUMNS",
+    "RuleFileError",
+    "RuleFile",
+    "Rule",
+    "Receiver",
+    "load_rule_file",
+    "parse_rule_text",
+    "DEFAULT_RULES_PATH",
+    "GROUP_BY_COLUMNS",
 ]
 
 DEFAULT_RULES_PATH = Path(__file__).resolve().parent / "rules" / "default.yaml"
@@ -53,8 +59,6 @@ GROUP_BY_COLUMNS: tuple[str, ...] = ("endpoint", "endpoint_class", "model", "rep
 
 _RULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 
 
 Seconds = Annotated[float, BeforeValidator(parse_duration_seconds)]
@@ -88,7 +92,7 @@ class Receiver(_Strict):
     headers: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _url_needed(self) -> "Receiver":
+    def _url_needed(self) -> Receiver:
         if self.type != "log":
             if not self.url:
                 raise ValueError(f"url is required for a receiver of type {self.type}")
@@ -203,8 +207,15 @@ class IdleGpuLatencyRule(_RequestRule):
     utilization samples (device cannot report it) never fires: the rule says "unknown"."""
 
     kind: Literal["idle_gpu_latency"]
-    evidence_keys = ("samples", "quantile_seconds", "quantile", "slo_seconds", GPU_UTILIZATION_RATIO,
-                     "utilization_samples", "window_seconds")
+    evidence_keys = (
+        "samples",
+        "quantile_seconds",
+        "quantile",
+        "slo_seconds",
+        GPU_UTILIZATION_RATIO,
+        "utilization_samples",
+        "window_seconds",
+    )
     quantile: float = Field(0.99, gt=0, lt=1)
     slo_seconds: float = Field(gt=0)
     idle_threshold: float = Field(0.3, gt=0, le=1)
@@ -224,8 +235,13 @@ class GpuLostRule(_RuleBase):
 
 
 Rule = Annotated[
-    Union[TailDivergenceRule, QuantileOverSloRule, ErrorRateRule, QueueGrowingRule, KvPressureRule,
-          IdleGpuLatencyRule, GpuLostRule],
+    TailDivergenceRule
+    | QuantileOverSloRule
+    | ErrorRateRule
+    | QueueGrowingRule
+    | KvPressureRule
+    | IdleGpuLatencyRule
+    | GpuLostRule,
     Field(discriminator="kind"),
 ]
 
@@ -268,8 +284,9 @@ class RuleFileError(ValueError):
     def __init__(self, source: str, problems: list[tuple[int | None, str, str]]) -> None:
         self.source = source
         self.problems = problems
-        lines = [f"{source}:{line if line is not None else '?'}: {field}: {message}"
-                 for line, field, message in problems]
+        lines = [
+            f"{source}:{line if line is not None else '?'}: {field}: {message}" for line, field, message in problems
+        ]
         super().__init__("\n".join(lines))
 
 
@@ -298,8 +315,15 @@ def _node_line(root: yaml.Node | None, loc: tuple[Any, ...]) -> tuple[int | None
     return line, ".".join(path).replace(".[", "[") or "(file)"
 
 
-_TAGS = {"tail_divergence", "quantile_over_slo", "error_rate", "queue_growing", "kv_pressure", "idle_gpu_latency",
-         "gpu_lost"}
+_TAGS = {
+    "tail_divergence",
+    "quantile_over_slo",
+    "error_rate",
+    "queue_growing",
+    "kv_pressure",
+    "idle_gpu_latency",
+    "gpu_lost",
+}
 
 
 def parse_rule_text(text: str, source: str = "<rules>") -> RuleFile:
@@ -352,6 +376,8 @@ def load_rule_file(path: str | Path) -> RuleFile:
     except OSError as exc:
         raise RuleFileError(str(file_path), [(None, "(file)", f"cannot read: {exc.strerror or exc}")]) from exc
     except UnicodeDecodeError as exc:
-        raise RuleFileError(str(file_path), [(None, "(file)", f"not UTF-8 text: byte {exc.object[exc.start]:#04x}"
-                                              f" at offset {exc.start}")]) from exc
+        raise RuleFileError(
+            str(file_path),
+            [(None, "(file)", f"not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start}")],
+        ) from exc
     return parse_rule_text(text, str(file_path))

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from inferpath.alerts.evaluator import AlertEvaluator, backtest
 from inferpath.alerts.history import AlertHistory
@@ -48,14 +49,15 @@ def replay_evaluations(window_seconds: float, step_seconds: float) -> int:
     """Evaluations a replay of ``window_seconds`` every ``step_seconds`` runs. Raises
     ``ValueError`` saying so when it is more than :data:`MAX_REPLAY_EVALUATIONS` or the window
     is longer than :data:`MAX_REPLAY_SECONDS`, or either is not a positive number."""
-    if not (window_seconds > 0 and step_seconds > 0 and math.isfinite(window_seconds)
-            and math.isfinite(step_seconds)):
+    if not (window_seconds > 0 and step_seconds > 0 and math.isfinite(window_seconds) and math.isfinite(step_seconds)):
         raise ValueError(f"window and step must be positive seconds, got {window_seconds!r} and {step_seconds!r}")
     evaluations = math.ceil(window_seconds / step_seconds)
     if window_seconds > MAX_REPLAY_SECONDS or evaluations > MAX_REPLAY_EVALUATIONS:
-        raise ValueError(f"{evaluations} evaluations over {window_seconds / 86_400:g} days; at most "
-                         f"{MAX_REPLAY_EVALUATIONS} over {MAX_REPLAY_SECONDS // 86_400} days (the store's longest "
-                         "retention)")
+        raise ValueError(
+            f"{evaluations} evaluations over {window_seconds / 86_400:g} days; at most "
+            f"{MAX_REPLAY_EVALUATIONS} over {MAX_REPLAY_SECONDS // 86_400} days (the store's longest "
+            "retention)"
+        )
     return evaluations
 
 
@@ -75,7 +77,7 @@ class AlertService:
         self._store: Any = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "AlertService":
+    def from_settings(cls, settings: Any) -> AlertService:
         """The service for ``settings.alert_rules`` (see :func:`alert_rules_source`).
 
         Raises :class:`~inferpath.alerts.rules.RuleFileError` for a bad rule file (a
@@ -90,12 +92,17 @@ class AlertService:
         self._store = store
         if self.rule_file is None:
             return
-        self.evaluator = AlertEvaluator(self.rule_file, store, history=AlertHistory(store),
-                                        generator_url=getattr(settings, "server_url", "") or "")
+        self.evaluator = AlertEvaluator(
+            self.rule_file, store, history=AlertHistory(store), generator_url=getattr(settings, "server_url", "") or ""
+        )
         self.evaluator.start()
-        logger.info("alerts: evaluating %d rules every %.0f s from %s (%d alerts restored)",
-                    len(self.rule_file.rules), self.rule_file.evaluation_interval, self.source,
-                    len(self.evaluator.firing()) + len(self.evaluator.pending()))
+        logger.info(
+            "alerts: evaluating %d rules every %.0f s from %s (%d alerts restored)",
+            len(self.rule_file.rules),
+            self.rule_file.evaluation_interval,
+            self.source,
+            len(self.evaluator.firing()) + len(self.evaluator.pending()),
+        )
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """Stop the evaluator (its notifiers deliver what they hold first)."""
@@ -111,8 +118,9 @@ class AlertService:
         """:meth:`AlertEvaluator.snapshot`, or ``None`` when no rules are evaluated."""
         return self.evaluator.snapshot() if self.evaluator is not None else None
 
-    def backtest(self, rules_text: str, source: str, start: datetime, end: datetime,
-                 step_seconds: float | None) -> list[dict[str, Any]]:
+    def backtest(
+        self, rules_text: str, source: str, start: datetime, end: datetime, step_seconds: float | None
+    ) -> list[dict[str, Any]]:
         """The transitions the rules of ``rules_text`` would have made over ``[start, end)``
         (:func:`~inferpath.alerts.evaluator.backtest`), as dicts ``{"at", "rule", "labels",
         "change", "value", "reason"}``. Raises ``ValueError``
@@ -123,5 +131,7 @@ class AlertService:
             raise RuntimeError("the alerts service is not started")
         rule_file = parse_rule_text(rules_text, source)
         replay_evaluations((end - start).total_seconds(), step_seconds or rule_file.evaluation_interval)
-        return [{"at": t.at, "rule": t.rule, "labels": t.labels, "change": t.change, "value": t.value,
-                 "reason": t.reason} for t in backtest(rule_file, self._store, start, end, step_seconds)]
+        return [
+            {"at": t.at, "rule": t.rule, "labels": t.labels, "change": t.change, "value": t.value, "reason": t.reason}
+            for t in backtest(rule_file, self._store, start, end, step_seconds)
+        ]

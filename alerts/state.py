@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 __all__ = ["AlertInstance", "Change", "fingerprint", "step"]
 
@@ -61,9 +62,16 @@ class AlertInstance:
         return fingerprint(self.labels)
 
 
-def step(alert: AlertInstance | None, *, active: bool, now: datetime, for_seconds: float,
-         keep_firing_for_seconds: float, rule: str,
-         labels: Mapping[str, str]) -> tuple[AlertInstance | None, list[Change]]:
+def step(
+    alert: AlertInstance | None,
+    *,
+    active: bool,
+    now: datetime,
+    for_seconds: float,
+    keep_firing_for_seconds: float,
+    rule: str,
+    labels: Mapping[str, str],
+) -> tuple[AlertInstance | None, list[Change]]:
     """Advance one alert by one evaluation at ``now``.
 
     ``alert``: the instance so far (``None`` or inactive: none). ``active``: the condition

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["render", "check_templates", "TEMPLATE_NAMES"]
 
@@ -36,8 +37,15 @@ def _format(value: Any, filter_name: str | None) -> str:
     return str(value)
 
 
-def render(template: str, *, value: float | None, labels: Mapping[str, str], evidence: Mapping[str, Any],
-           reason: str = "", diagnosis: str = "") -> str:
+def render(
+    template: str,
+    *,
+    value: float | None,
+    labels: Mapping[str, str],
+    evidence: Mapping[str, Any],
+    reason: str = "",
+    diagnosis: str = "",
+) -> str:
     """Fill ``template``'s placeholders; unknown names render as ``n/a`` (checked at load)."""
 
     def fill(match: re.Match[str]) -> str:
@@ -84,8 +92,9 @@ def check_templates(rule_file: Any) -> list[tuple[tuple, str]]:
                 elif scope == "evidence" and field in rule.evidence_keys:
                     continue
                 elif scope == "evidence":
-                    problems.append((loc, f"kind {rule.kind} has no evidence {field!r}; it has "
-                                          f"{', '.join(rule.evidence_keys)}"))
+                    problems.append(
+                        (loc, f"kind {rule.kind} has no evidence {field!r}; it has {', '.join(rule.evidence_keys)}")
+                    )
                 else:
                     problems.append((loc, f"unknown template name {name!r}; use one of {', '.join(TEMPLATE_NAMES)}"))
     return problems

@@ -29,7 +29,13 @@ from datetime import datetime
 from typing import Any
 
 from inferpath.analysis.breakdown import (
-    BANDS, FINAL_SETTINGS, REST, StageSummary, measure_stages, request_filter, stage_sql,
+    BANDS,
+    FINAL_SETTINGS,
+    REST,
+    StageSummary,
+    measure_stages,
+    request_filter,
+    stage_sql,
 )
 from inferpath.vocabulary import BREAKDOWN_MEASURES
 
@@ -56,8 +62,11 @@ def _band_of(column: str, edges: str) -> str:
     band of a value is the highest band whose lower edge it reaches (edges ascend and every
     value is ≥ the minimum): ``[lower, upper)`` with the top band closed."""
     position = {q: i + 1 for i, q in enumerate(_EDGE_QUANTILES)}  # ClickHouse arrays are 1-based
-    conditions = ", ".join(f"{column} >= {edges}[{position[lo]}], {index}"
-                           for index, (_, lo, _) in reversed(list(enumerate(BANDS))) if index > 0)
+    conditions = ", ".join(
+        f"{column} >= {edges}[{position[lo]}], {index}"
+        for index, (_, lo, _) in reversed(list(enumerate(BANDS)))
+        if index > 0
+    )
     return f"if(isNull({column}), -1, multiIf({conditions}, 0))"
 
 
@@ -70,8 +79,7 @@ def _sql(where: str) -> str:
     levels = ", ".join(repr(q) for q in _EDGE_QUANTILES)
     edges = ", ".join(f"quantilesExactInclusive({levels})({m}_ns)" for m in BREAKDOWN_MEASURES)
     stage_values = ", ".join(f"{sql} AS {alias}" for alias, sql in _STAGE_VALUES)
-    bands = ", ".join(f"{_band_of(f'{m}_ns', f'window.{i + 2}')} AS {m}_band"
-                      for i, m in enumerate(BREAKDOWN_MEASURES))
+    bands = ", ".join(f"{_band_of(f'{m}_ns', f'window.{i + 2}')} AS {m}_band" for i, m in enumerate(BREAKDOWN_MEASURES))
     measure_sums = ", ".join(f"sum({m}_ns)" for m in BREAKDOWN_MEASURES)
     stage_sums = ", ".join(f"sum({alias})" for alias, _ in _STAGE_VALUES)
     stage_p99 = ", ".join(f"quantileExactInclusive(0.99)({alias})" for alias, _ in _STAGE_VALUES)
@@ -87,8 +95,13 @@ def _sql(where: str) -> str:
 
 
 def fetch_breakdown_bands(
-    store: Any, *, start: datetime, end: datetime, endpoint: str | None = None,
-    endpoint_class: str | None = None, status: str | None = "ok",
+    store: Any,
+    *,
+    start: datetime,
+    end: datetime,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+    status: str | None = "ok",
 ) -> tuple[int, dict[str, list[StageSummary]]]:
     """``(request_count, {measure: [StageSummary per band]})`` for ``"ttft"`` and ``"e2e"``
     over request rows with ``start ≤ timestamp < end`` (filters as
@@ -99,18 +112,19 @@ def fetch_breakdown_bands(
     (bands fastest first, empty bands left out, ``lower_ns``/``upper_ns`` the band edges in
     ns). Datetimes must be timezone-aware (``ValueError`` otherwise, from the store).
     """
-    where, parameters = request_filter(start=start, end=end, endpoint=endpoint,
-                                       endpoint_class=endpoint_class, status=status)
+    where, parameters = request_filter(
+        start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=status
+    )
     rows = store.query(_sql(where), parameters)
     bands: dict[str, list[StageSummary]] = {m: [] for m in BREAKDOWN_MEASURES}
     request_count = 0
     n, k = len(_STAGE_VALUES), len(BREAKDOWN_MEASURES)
     aliases = [alias for alias, _ in _STAGE_VALUES]
     for row in sorted(rows, key=lambda r: [(-1 if b is None else b) for b in r[:k]]):
-        band_keys, count, measure_sums = row[:k], row[k], row[k + 1:2 * k + 1]
-        rest = row[2 * k + 1:]
+        band_keys, count, measure_sums = row[:k], row[k], row[k + 1 : 2 * k + 1]
+        rest = row[2 * k + 1 :]
         alias_sums = dict(zip(aliases, rest[:n]))
-        alias_p99s = dict(zip(aliases, rest[n:2 * n]))
+        alias_p99s = dict(zip(aliases, rest[n : 2 * n]))
         window = rest[2 * n]
         request_count = int(window[0])
         measure_index = next(i for i, b in enumerate(band_keys) if b is not None)
@@ -122,25 +136,41 @@ def fetch_breakdown_bands(
         p99s = {s: alias_p99s[_STAGE_ALIAS[(measure, s)]] for s in measure_stages(measure)}
         edges = dict(zip(_EDGE_QUANTILES, window[measure_index + 1]))
         name, low_q, high_q = BANDS[band]
-        bands[measure].append(_summary(measure, name, int(count), int(measure_sums[measure_index]),
-                                       sums, p99s, edges[low_q], edges[high_q]))
+        bands[measure].append(
+            _summary(
+                measure, name, int(count), int(measure_sums[measure_index]), sums, p99s, edges[low_q], edges[high_q]
+            )
+        )
     if not rows:
-        request_count = int(store.query(
-            f"SELECT count() FROM inferpath_requests FINAL WHERE {where}{FINAL_SETTINGS}", parameters)[0][0])
+        request_count = int(
+            store.query(f"SELECT count() FROM inferpath_requests FINAL WHERE {where}{FINAL_SETTINGS}", parameters)[0][0]
+        )
     return request_count, bands
 
 
-def _summary(measure: str, band: str, count: int, total_sum: int, sums: dict[str, Any],
-             p99s: dict[str, Any], lower_ns: float, upper_ns: float) -> StageSummary:
+def _summary(
+    measure: str,
+    band: str,
+    count: int,
+    total_sum: int,
+    sums: dict[str, Any],
+    p99s: dict[str, Any],
+    lower_ns: float,
+    upper_ns: float,
+) -> StageSummary:
     stages = measure_stages(measure)
     stage_sum = {s: int(sums[s]) for s in stages}
     stage_sum[REST] = total_sum - sum(stage_sum.values())
     return StageSummary(
-        group=band, measure=measure, count=count, total_mean_ns=total_sum / count,
+        group=band,
+        measure=measure,
+        count=count,
+        total_mean_ns=total_sum / count,
         stage_mean_ns={s: v / count for s, v in stage_sum.items()},
         stage_share={s: (v / total_sum if total_sum else 0.0) for s, v in stage_sum.items()},
         stage_p99_ns={s: float(p99s[s]) for s in stages},
-        lower_ns=float(lower_ns), upper_ns=float(upper_ns),
+        lower_ns=float(lower_ns),
+        upper_ns=float(upper_ns),
     )
 
 

@@ -27,9 +27,10 @@ cannot dominate them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from inferpath.analysis.percentiles import quantiles
 from inferpath.vocabulary import BREAKDOWN_MEASURES, BREAKDOWN_STAGES, TTFT_PHASE_COLUMNS, TTFT_STAGES
@@ -179,8 +180,7 @@ def summarize(breakdowns: Sequence[RequestBreakdown], group: str = "") -> StageS
         stage_mean_ns={name: stage_sum[name] / count for name in names},
         stage_share={name: (stage_sum[name] / total_sum if total_sum else 0.0) for name in names},
         stage_p99_ns={
-            name: quantiles([b.stage_ns[name] for b in breakdowns], (0.99,))[0.99]
-            for name in measure_stages(measure)
+            name: quantiles([b.stage_ns[name] for b in breakdowns], (0.99,))[0.99] for name in measure_stages(measure)
         },
     )
 
@@ -239,9 +239,25 @@ because the table is ordered by ``trace_id`` and a time filter cannot skip its k
 columns. A trace whose re-assembly moved its start across midnight would count twice."""
 
 REQUEST_QUERY_COLUMNS: tuple[str, ...] = (
-    "timestamp", "trace_id", "service_name", "endpoint", "endpoint_class", "model", "replica",
-    "status", "input_tokens", "output_tokens", "ttft_ns", "e2e_ns", "client_ttft_ns", "client_e2e_ns", "itl_ns",
-    *(f"{stage}_ns" for stage in BREAKDOWN_STAGES), "model_ns", "postprocess_ns", *TTFT_PHASE_COLUMNS.values(),
+    "timestamp",
+    "trace_id",
+    "service_name",
+    "endpoint",
+    "endpoint_class",
+    "model",
+    "replica",
+    "status",
+    "input_tokens",
+    "output_tokens",
+    "ttft_ns",
+    "e2e_ns",
+    "client_ttft_ns",
+    "client_e2e_ns",
+    "itl_ns",
+    *(f"{stage}_ns" for stage in BREAKDOWN_STAGES),
+    "model_ns",
+    "postprocess_ns",
+    *TTFT_PHASE_COLUMNS.values(),
 )
 
 
@@ -268,15 +284,20 @@ def fetch_request_rows(
     unknown = [c for c in columns if c not in REQUEST_QUERY_COLUMNS]
     if unknown:
         raise ValueError(f"columns: unknown request column(s) {unknown}")
-    where, parameters = request_filter(start=start, end=end, endpoint=endpoint,
-                                       endpoint_class=endpoint_class, status=status)
+    where, parameters = request_filter(
+        start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=status
+    )
     sql = f"SELECT {', '.join(columns)} FROM inferpath_requests FINAL WHERE {where} ORDER BY timestamp{FINAL_SETTINGS}"
     return store.query_dicts(sql, parameters)
 
 
 def request_filter(
-    *, start: datetime, end: datetime, endpoint: str | None = None,
-    endpoint_class: str | None = None, status: str | None = "ok",
+    *,
+    start: datetime,
+    end: datetime,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+    status: str | None = "ok",
 ) -> tuple[str, dict[str, Any]]:
     """The ``WHERE`` condition (SQL text with ``{name:Type}`` placeholders) and its parameters
     selecting request rows with ``start ≤ timestamp < end`` and the given ``endpoint`` /

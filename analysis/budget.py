@@ -20,8 +20,9 @@ fits in the target, adding GPUs will not bring the endpoint under it; when it do
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from inferpath.analysis.breakdown import request_breakdown
 from inferpath.analysis.causes import GPU_HEADROOM_RATIO
@@ -29,14 +30,23 @@ from inferpath.analysis.engine_state import engine_state
 from inferpath.analysis.percentiles import quantile
 from inferpath.analysis.signals import SignalWindows
 from inferpath.analysis.verdict import (
-    MIN_CAUSE_SHARE, MIN_REQUESTS, TAIL_QUANTILE, Cause, Degradation, Evidence, InsufficientDataError, Verdict,
+    MIN_CAUSE_SHARE,
+    MIN_REQUESTS,
+    TAIL_QUANTILE,
+    Cause,
+    Degradation,
+    Evidence,
+    InsufficientDataError,
+    Verdict,
     Window,
 )
 from inferpath.vocabulary import GPU_UTILIZATION_RATIO
 
 MOVABLE: dict[str, tuple[str, str]] = {
-    "tokenize": ("tokenization", "move tokenization in-process (a Rust tokenizer in the serving process, "
-                                 "cached prompt tokens)"),
+    "tokenize": (
+        "tokenization",
+        "move tokenization in-process (a Rust tokenizer in the serving process, cached prompt tokens)",
+    ),
     "retrieval": ("retrieval", "run retrieval in parallel with the first model pass over the prompt"),
     "network": ("network_hop", "co-locate the gateway with the model server (remove the hop)"),
 }
@@ -78,16 +88,15 @@ class Budget:
     def text(self) -> str:
         """``TTFT p99 900 ms against a 600 ms objective (300 ms over): tokenization in-process
         and retrieval in parallel recover about 300 ms; queue + prefill take 560 ms, within it``."""
-        head = (f"TTFT p99 {_ms(self.p99_ns)} against a {_ms(self.limit_ns)} objective "
-                f"({_ms(self.over_ns)} over)")
+        head = f"TTFT p99 {_ms(self.p99_ns)} against a {_ms(self.limit_ns)} objective ({_ms(self.over_ns)} over)"
         moves = "; ".join(f"{item.action}: about {_ms(item.recoverable_ns)}" for item in self.items)
-        engine = (f"queue + prefill take {_ms(self.engine_ns)}, "
-                  + ("within the objective" if self.engine_fits else "over the objective on their own"))
+        engine = f"queue + prefill take {_ms(self.engine_ns)}, " + (
+            "within the objective" if self.engine_fits else "over the objective on their own"
+        )
         return head + (f": {moves} (about {_ms(self.recoverable_ns)} in all)" if moves else "") + f"; {engine}"
 
 
-def ttft_budget(stage_mean_ns: Mapping[str, float], *, tail_mean_ns: float, p99_ns: float,
-                limit_ns: float) -> Budget:
+def ttft_budget(stage_mean_ns: Mapping[str, float], *, tail_mean_ns: float, p99_ns: float, limit_ns: float) -> Budget:
     """The :class:`Budget` of a TTFT p99 over ``limit_ns`` from the tail band's mean stage
     times (ns, stage name → mean; ``rest`` allowed). Stages under :data:`MIN_CAUSE_SHARE`
     of the excess are left out. Raises ``ValueError`` for a limit ≤ 0."""
@@ -101,10 +110,17 @@ def ttft_budget(stage_mean_ns: Mapping[str, float], *, tail_mean_ns: float, p99_
             items.append(BudgetItem(stage, cause, action, spent))
     items.sort(key=lambda item: -item.recoverable_ns)
     engine_ns = float(sum(stage_mean_ns.get(s, 0.0) for s in ENGINE_STAGES))
-    return Budget(limit_ns=float(limit_ns), p99_ns=float(p99_ns), over_ns=over, tail_mean_ns=float(tail_mean_ns),
-                  stage_mean_ns={k: float(v) for k, v in stage_mean_ns.items()}, items=items,
-                  recoverable_ns=math.fsum(i.recoverable_ns for i in items), engine_ns=engine_ns,
-                  engine_fits=engine_ns <= limit_ns)
+    return Budget(
+        limit_ns=float(limit_ns),
+        p99_ns=float(p99_ns),
+        over_ns=over,
+        tail_mean_ns=float(tail_mean_ns),
+        stage_mean_ns={k: float(v) for k, v in stage_mean_ns.items()},
+        items=items,
+        recoverable_ns=math.fsum(i.recoverable_ns for i in items),
+        engine_ns=engine_ns,
+        engine_fits=engine_ns <= limit_ns,
+    )
 
 
 def _ms(ns: float) -> str:
@@ -112,7 +128,10 @@ def _ms(ns: float) -> str:
 
 
 def diagnose_against_target(
-    rows: Sequence[Mapping[str, Any]], *, ttft_target_ns: int, signals: SignalWindows | None = None,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    ttft_target_ns: int,
+    signals: SignalWindows | None = None,
     window: Window | None = None,
 ) -> Verdict:
     """Explain how the TTFT p99 of ``rows`` (request-row dicts) exceeds ``ttft_target_ns``.
@@ -129,14 +148,23 @@ def diagnose_against_target(
         raise ValueError(f"ttft_target_ns must be > 0, got {ttft_target_ns}")
     breakdowns = [b for b in (request_breakdown(r, "ttft") for r in rows) if b is not None]
     if len(breakdowns) < MIN_REQUESTS:
-        raise InsufficientDataError(f"window has {len(breakdowns)} requests with a TTFT; at least "
-                                    f"{MIN_REQUESTS} are needed")
+        raise InsufficientDataError(
+            f"window has {len(breakdowns)} requests with a TTFT; at least {MIN_REQUESTS} are needed"
+        )
     signals = signals or SignalWindows()
     p99 = quantile([b.total_ns for b in breakdowns], 0.99)
     degradation = Degradation("ttft", float(ttft_target_ns), p99, p99 / ttft_target_ns, p99 > ttft_target_ns)
-    verdict = Verdict(healthy=not degradation.degraded, summary="", measure="ttft", degradations=[degradation],
-                      causes=[], current_window=window, baseline_window=None,
-                      current_requests=len(rows), baseline_requests=0)
+    verdict = Verdict(
+        healthy=not degradation.degraded,
+        summary="",
+        measure="ttft",
+        degradations=[degradation],
+        causes=[],
+        current_window=window,
+        baseline_window=None,
+        current_requests=len(rows),
+        baseline_requests=0,
+    )
     if verdict.healthy:
         verdict.summary = f"healthy: TTFT p99 {_ms(p99)} within the {_ms(ttft_target_ns)} target"
         return verdict
@@ -152,38 +180,70 @@ def diagnose_against_target(
         return Evidence(measure, statistic, unit, None, value, None, window, text)
 
     for item in budget.items:
-        cause = Cause(cause=item.cause, share=min(1.0, item.recoverable_ns / budget.over_ns),
-                      added_ns=item.recoverable_ns, stages=[item.stage])
-        cause.evidence.append(evidence(f"{item.stage}_ns", item.recoverable_ns,
-                                       f"{item.stage} takes {_ms(item.recoverable_ns)} of the slowest "
-                                       f"{1 - TAIL_QUANTILE:.0%} requests' {_ms(budget.tail_mean_ns)} TTFT, "
-                                       "on the critical path"))
+        cause = Cause(
+            cause=item.cause,
+            share=min(1.0, item.recoverable_ns / budget.over_ns),
+            added_ns=item.recoverable_ns,
+            stages=[item.stage],
+        )
+        cause.evidence.append(
+            evidence(
+                f"{item.stage}_ns",
+                item.recoverable_ns,
+                f"{item.stage} takes {_ms(item.recoverable_ns)} of the slowest "
+                f"{1 - TAIL_QUANTILE:.0%} requests' {_ms(budget.tail_mean_ns)} TTFT, "
+                "on the critical path",
+            )
+        )
         cause.would_help.append(f"{item.action}: recovers about {_ms(item.recoverable_ns)}")
         verdict.causes.append(cause)
     if not budget.engine_fits:
         memory = engine_state(signals.current).memory_pressure
-        cause = Cause(cause="gpu_memory" if memory else "gpu_compute",
-                      share=min(1.0, (budget.engine_ns - ttft_target_ns) / budget.over_ns),
-                      added_ns=budget.engine_ns - ttft_target_ns, stages=list(ENGINE_STAGES))
-        cause.evidence.append(evidence("queue_ns+prefill_ns", budget.engine_ns,
-                                       f"queue + prefill alone take {_ms(budget.engine_ns)}, over the target"))
+        cause = Cause(
+            cause="gpu_memory" if memory else "gpu_compute",
+            share=min(1.0, (budget.engine_ns - ttft_target_ns) / budget.over_ns),
+            added_ns=budget.engine_ns - ttft_target_ns,
+            stages=list(ENGINE_STAGES),
+        )
+        cause.evidence.append(
+            evidence(
+                "queue_ns+prefill_ns",
+                budget.engine_ns,
+                f"queue + prefill alone take {_ms(budget.engine_ns)}, over the target",
+            )
+        )
         cause.would_help.append("add GPUs or replicas, or shorten prompts: the engine alone exceeds the target")
         verdict.causes.append(cause)
     verdict.causes.sort(key=lambda c: -c.added_ns)
     gpu_text = f"GPU utilization {utilization:.0%}; " if utilization is not None else ""
     if budget.engine_fits and verdict.causes:
-        not_gpu = (f"adding GPUs will not help: {gpu_text}queue + prefill take {_ms(budget.engine_ns)}, "
-                   f"within the {_ms(ttft_target_ns)} target")
+        not_gpu = (
+            f"adding GPUs will not help: {gpu_text}queue + prefill take {_ms(budget.engine_ns)}, "
+            f"within the {_ms(ttft_target_ns)} target"
+        )
         for cause in verdict.causes:
             cause.would_not_help.append(not_gpu)
             if utilization is not None and utilization < GPU_HEADROOM_RATIO:
-                cause.evidence.append(evidence(GPU_UTILIZATION_RATIO, utilization, f"GPU utilization {utilization:.0%}",
-                                               unit="ratio", statistic="mean"))
+                cause.evidence.append(
+                    evidence(
+                        GPU_UTILIZATION_RATIO,
+                        utilization,
+                        f"GPU utilization {utilization:.0%}",
+                        unit="ratio",
+                        statistic="mean",
+                    )
+                )
     names = " + ".join(c.cause for c in verdict.causes) or "no single stage"
-    verdict.summary = (f"TTFT p99 {_ms(p99)} against a {_ms(ttft_target_ns)} target ({_ms(budget.over_ns)} over): "
-                       f"{names}" + (", not GPU" if budget.engine_fits else "")
-                       + (f"; moving them off the critical path would recover about {_ms(budget.recoverable_ns)}"
-                          if budget.recoverable_ns else ""))
+    verdict.summary = (
+        f"TTFT p99 {_ms(p99)} against a {_ms(ttft_target_ns)} target ({_ms(budget.over_ns)} over): "
+        f"{names}"
+        + (", not GPU" if budget.engine_fits else "")
+        + (
+            f"; moving them off the critical path would recover about {_ms(budget.recoverable_ns)}"
+            if budget.recoverable_ns
+            else ""
+        )
+    )
     return verdict
 
 

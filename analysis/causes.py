@@ -27,8 +27,8 @@ The rules, from the guidance the project is built on:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from inferpath.analysis.engine_state import EngineState
 
@@ -129,66 +129,140 @@ def _gpu_text(c: Context) -> str:
 
 REGISTRY: tuple[CauseRule, ...] = (
     CauseRule(
-        "tokenization", frozenset({"tokenize"}), _always,
+        "tokenization",
+        frozenset({"tokenize"}),
+        _always,
         lambda c: [Advice("use a fast (Rust) tokenizer, cache tokenized prompts and tokenize off the event loop")],
-        lambda c: [Advice("adding GPUs will not help: the time is spent before the request reaches the engine"
-                          + _gpu_text(c), ADD_CAPACITY)],
-        ("tokenize_ns",)),
+        lambda c: [
+            Advice(
+                "adding GPUs will not help: the time is spent before the request reaches the engine" + _gpu_text(c),
+                ADD_CAPACITY,
+            )
+        ],
+        ("tokenize_ns",),
+    ),
     CauseRule(
-        "retrieval", frozenset({"retrieval"}), _always,
-        lambda c: [Advice("cache retrieval results, shrink top-k or the index, give the retriever its own "
-                          "workers, or run it in parallel with the first model pass")],
-        lambda c: [Advice("adding GPUs will not help: the time is spent before the request reaches the engine"
-                          + _gpu_text(c), ADD_CAPACITY)],
-        ("retrieval_ns",)),
+        "retrieval",
+        frozenset({"retrieval"}),
+        _always,
+        lambda c: [
+            Advice(
+                "cache retrieval results, shrink top-k or the index, give the retriever its own "
+                "workers, or run it in parallel with the first model pass"
+            )
+        ],
+        lambda c: [
+            Advice(
+                "adding GPUs will not help: the time is spent before the request reaches the engine" + _gpu_text(c),
+                ADD_CAPACITY,
+            )
+        ],
+        ("retrieval_ns",),
+    ),
     CauseRule(
-        "network_hop", frozenset({"network"}), _always,
-        lambda c: [Advice("remove the extra hop or co-locate the gateway with the model server; keep "
-                          "connections alive")],
+        "network_hop",
+        frozenset({"network"}),
+        _always,
+        lambda c: [
+            Advice("remove the extra hop or co-locate the gateway with the model server; keep connections alive")
+        ],
         lambda c: [Advice("adding GPUs will not help: the time is spent between the services", ADD_CAPACITY)],
-        ("network_ns", "gateway_ns")),
+        ("network_ns", "gateway_ns"),
+    ),
     CauseRule(
-        "gpu_memory", frozenset({"queue", "prefill", "decode"}), _memory,
-        lambda c: [Advice("give the KV cache more room: more KV memory per replica, fewer concurrent "
-                          "sequences, a shorter max length, prefix caching or a quantized KV cache", KV_ROOM),
-                   Advice("or add replicas, so each holds fewer sequences' KV blocks", ADD_CAPACITY)],
-        lambda c: [Advice("more compute alone (a faster GPU, a larger batch limit) will not help: "
-                          "sequences wait for KV blocks, not for compute", RAISE_BATCH_LIMIT),
-                   Advice("shrinking the batch window will not help: the engine is not holding requests",
-                          SHRINK_BATCH_WINDOW)],
-        ("queue_ns",)),
+        "gpu_memory",
+        frozenset({"queue", "prefill", "decode"}),
+        _memory,
+        lambda c: [
+            Advice(
+                "give the KV cache more room: more KV memory per replica, fewer concurrent "
+                "sequences, a shorter max length, prefix caching or a quantized KV cache",
+                KV_ROOM,
+            ),
+            Advice("or add replicas, so each holds fewer sequences' KV blocks", ADD_CAPACITY),
+        ],
+        lambda c: [
+            Advice(
+                "more compute alone (a faster GPU, a larger batch limit) will not help: "
+                "sequences wait for KV blocks, not for compute",
+                RAISE_BATCH_LIMIT,
+            ),
+            Advice("shrinking the batch window will not help: the engine is not holding requests", SHRINK_BATCH_WINDOW),
+        ],
+        ("queue_ns",),
+    ),
     CauseRule(
-        "gpu_compute", frozenset({"queue", "prefill", "decode"}), _compute,
-        lambda c: [Advice("add replicas (or GPUs), and move bulk traffic to replicas of its own", ADD_CAPACITY),
-                   Advice("or raise the engine's batch limit (max-num-seqs) where KV memory allows",
-                          RAISE_BATCH_LIMIT)],
-        lambda c: [Advice("shrinking the batch window will not help: the batch is full and requests wait "
-                          "for a free slot", SHRINK_BATCH_WINDOW),
-                   Advice("tuning the tokenizer, retrieval or the network will not help: the engine is "
-                          "the bottleneck" + _gpu_text(c))],
-        ("queue_ns", "prefill_ns", "itl_ns")),
+        "gpu_compute",
+        frozenset({"queue", "prefill", "decode"}),
+        _compute,
+        lambda c: [
+            Advice("add replicas (or GPUs), and move bulk traffic to replicas of its own", ADD_CAPACITY),
+            Advice("or raise the engine's batch limit (max-num-seqs) where KV memory allows", RAISE_BATCH_LIMIT),
+        ],
+        lambda c: [
+            Advice(
+                "shrinking the batch window will not help: the batch is full and requests wait for a free slot",
+                SHRINK_BATCH_WINDOW,
+            ),
+            Advice(
+                "tuning the tokenizer, retrieval or the network will not help: the engine is "
+                "the bottleneck" + _gpu_text(c)
+            ),
+        ],
+        ("queue_ns", "prefill_ns", "itl_ns"),
+    ),
     CauseRule(
-        "batching", frozenset({"queue", "decode"}), _batching,
-        lambda c: [Advice("shorten or remove the batching window, or cap the batch for interactive "
-                          "endpoints; serve bulk traffic from separate replicas", SHRINK_BATCH_WINDOW)],
-        lambda c: [Advice("adding GPUs will not help: the engine has free slots and KV room while "
-                          "requests wait" + _gpu_text(c), ADD_CAPACITY)],
-        ("queue_ns", "itl_ns", "decode_ns")),
+        "batching",
+        frozenset({"queue", "decode"}),
+        _batching,
+        lambda c: [
+            Advice(
+                "shorten or remove the batching window, or cap the batch for interactive "
+                "endpoints; serve bulk traffic from separate replicas",
+                SHRINK_BATCH_WINDOW,
+            )
+        ],
+        lambda c: [
+            Advice(
+                "adding GPUs will not help: the engine has free slots and KV room while requests wait" + _gpu_text(c),
+                ADD_CAPACITY,
+            )
+        ],
+        ("queue_ns", "itl_ns", "decode_ns"),
+    ),
     CauseRule(
-        "queueing", frozenset({"queue"}), _always,
-        lambda c: [Advice("find the queue in front of the engine (gateway workers, client pools, a "
-                          "rate limiter) and widen it, or rate-limit bulk traffic")
-                   if c.engine.reported else
-                   Advice("export the engine's queue depth and running batch (its /metrics) so capacity "
-                          "can be told from an upstream queue")],
-        lambda c: ([Advice("faster tokenization or retrieval will not help: requests wait in a queue")]
-                   + ([Advice("adding GPUs will not help: no request waits in the engine", ADD_CAPACITY)]
-                      if c.engine.reported and not c.engine.waiting_steps else [])),
-        ("queue_ns",)),
+        "queueing",
+        frozenset({"queue"}),
+        _always,
+        lambda c: [
+            Advice(
+                "find the queue in front of the engine (gateway workers, client pools, a "
+                "rate limiter) and widen it, or rate-limit bulk traffic"
+            )
+            if c.engine.reported
+            else Advice(
+                "export the engine's queue depth and running batch (its /metrics) so capacity "
+                "can be told from an upstream queue"
+            )
+        ],
+        lambda c: (
+            [Advice("faster tokenization or retrieval will not help: requests wait in a queue")]
+            + (
+                [Advice("adding GPUs will not help: no request waits in the engine", ADD_CAPACITY)]
+                if c.engine.reported and not c.engine.waiting_steps
+                else []
+            )
+        ),
+        ("queue_ns",),
+    ),
     CauseRule(
-        "unexplained", frozenset({"gateway", "rest", "model", "postprocess", "other"}), _always,
+        "unexplained",
+        frozenset({"gateway", "rest", "model", "postprocess", "other"}),
+        _always,
         lambda c: [Advice("instrument the missing stages (inferpath.stage around the code the time is in)")],
-        lambda c: [], ()),
+        lambda c: [],
+        (),
+    ),
 )
 """Every cause that can claim stage time, in the troubleshooting order (module docstring)."""
 
@@ -204,8 +278,11 @@ def cause_of(stage: str, context: Context) -> str:
     return "unexplained"
 
 
-COLD_START_HELP = [Advice("keep warm replicas (a minimum replica count), preload weights, and route to a "
-                          "replica only once it is ready")]
+COLD_START_HELP = [
+    Advice(
+        "keep warm replicas (a minimum replica count), preload weights, and route to a replica only once it is ready"
+    )
+]
 COLD_START_NOT_HELP = [Advice("more steady-state capacity will not help requests that land on a starting replica")]
 
 
@@ -216,7 +293,19 @@ def consistent_advice(helps: list[list[Advice]], not_helps: list[list[Advice]]) 
 
 
 __all__ = [
-    "ADD_CAPACITY", "BY_NAME", "COLD_START_HELP", "COLD_START_NOT_HELP", "GPU_HEADROOM_RATIO",
-    "GPU_SATURATED_RATIO", "KV_ROOM", "RAISE_BATCH_LIMIT", "REGISTRY", "SHRINK_BATCH_WINDOW", "Advice",
-    "CauseRule", "Context", "cause_of", "consistent_advice",
+    "ADD_CAPACITY",
+    "BY_NAME",
+    "COLD_START_HELP",
+    "COLD_START_NOT_HELP",
+    "GPU_HEADROOM_RATIO",
+    "GPU_SATURATED_RATIO",
+    "KV_ROOM",
+    "RAISE_BATCH_LIMIT",
+    "REGISTRY",
+    "SHRINK_BATCH_WINDOW",
+    "Advice",
+    "CauseRule",
+    "Context",
+    "cause_of",
+    "consistent_advice",
 ]

@@ -13,21 +13,31 @@ median ignores the spikes it is looking for, where a mean would be dragged up by
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from statistics import median
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from inferpath.analysis.breakdown import fetch_request_rows
 from inferpath.analysis.percentiles import quantile
 from inferpath.analysis.signals import (
-    COMBINE, DEFAULT_LOOKBACK_SECONDS, Series, SeriesKey, combined_asof, fetch_series,
+    COMBINE,
+    DEFAULT_LOOKBACK_SECONDS,
+    Series,
+    SeriesKey,
+    combined_asof,
+    fetch_series,
 )
 from inferpath.analysis.timeline_query import (
-    REQUEST_COLUMNS, fetch_counter_increases, fetch_gauge_columns, fetch_request_columns,
+    REQUEST_COLUMNS,
+    fetch_counter_increases,
+    fetch_gauge_columns,
+    fetch_request_columns,
 )
 from inferpath.storage.rows import unix_ns_from_datetime
 from inferpath.vocabulary import PREEMPTIONS_TOTAL, SATURATION_GAUGES
+
 PREEMPTION_RATE = "preemptions_per_second"
 
 SPIKE_FACTOR = 3.0
@@ -93,7 +103,10 @@ def build_timeline(
     rows: Iterable[Mapping[str, Any]],
     gauges: Mapping[str, Mapping[SeriesKey, Series]],
     preemptions: Mapping[SeriesKey, Series],
-    *, start_ns: int, end_ns: int, step_seconds: float,
+    *,
+    start_ns: int,
+    end_ns: int,
+    step_seconds: float,
     lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
 ) -> Timeline:
     """Join request measures and signals on steps of ``step_seconds`` over ``[start_ns, end_ns)``.
@@ -110,8 +123,7 @@ def build_timeline(
         raise ValueError("end must be after start")
     step_ns, lookback_ns = int(step_seconds * 1e9), int(lookback_seconds * 1e9)
     starts = list(range(start_ns, end_ns, step_ns))
-    timeline = Timeline(step_start_ns=starts, step_seconds=step_seconds,
-                        columns=request_columns(rows, starts, step_ns))
+    timeline = Timeline(step_start_ns=starts, step_seconds=step_seconds, columns=request_columns(rows, starts, step_ns))
     for name, series in gauges.items():
         combine = COMBINE.get(name, max)
         timeline.columns[name] = [combined_asof(series, t + step_ns - 1, combine, lookback_ns) for t in starts]
@@ -119,16 +131,22 @@ def build_timeline(
     # Unlike a gauge, a counter sample at the step's end counts events that happened before
     # that instant, i.e. inside the step, so the counter window is (start, end].
     for t in starts:
-        increases = [c for c in (s.counter_increase(t, t + step_ns, lookback_ns) for s in preemptions.values())
-                     if c is not None]
+        increases = [
+            c for c in (s.counter_increase(t, t + step_ns, lookback_ns) for s in preemptions.values()) if c is not None
+        ]
         rates.append(math.fsum(increases) / step_seconds if increases else None)
     timeline.columns[PREEMPTION_RATE] = rates
     return timeline
 
 
 def fetch_timeline(
-    store: Any, *, start: datetime, end: datetime, step_seconds: float = 10.0,
-    endpoint: str | None = None, lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    store: Any,
+    *,
+    start: datetime,
+    end: datetime,
+    step_seconds: float = 10.0,
+    endpoint: str | None = None,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
 ) -> Timeline:
     """:func:`build_timeline` over the ``ok`` requests (of ``endpoint`` when given) and the
     signals stored for ``[start, end)``, aggregated inside the store
@@ -142,29 +160,44 @@ def fetch_timeline(
     step_ns = int(step_seconds * 1e9)
     starts = list(range(start_ns, end_ns, step_ns))
     window: dict[str, Any] = {"start": start, "end": end, "step_ns": step_ns, "steps": len(starts)}
-    timeline = Timeline(step_start_ns=starts, step_seconds=step_seconds,
-                        columns=fetch_request_columns(store, endpoint=endpoint, **window))
-    timeline.columns.update(fetch_gauge_columns(store, SATURATION_GAUGES, lookback_seconds=lookback_seconds,
-                                                **window))
+    timeline = Timeline(
+        step_start_ns=starts,
+        step_seconds=step_seconds,
+        columns=fetch_request_columns(store, endpoint=endpoint, **window),
+    )
+    timeline.columns.update(fetch_gauge_columns(store, SATURATION_GAUGES, lookback_seconds=lookback_seconds, **window))
     increases = fetch_counter_increases(store, PREEMPTIONS_TOTAL, lookback_seconds=lookback_seconds, **window)
     timeline.columns[PREEMPTION_RATE] = [None if v is None else v / step_seconds for v in increases]
     return timeline
 
 
 def fetch_timeline_rows(
-    store: Any, *, start: datetime, end: datetime, step_seconds: float = 10.0,
-    endpoint: str | None = None, lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    store: Any,
+    *,
+    start: datetime,
+    end: datetime,
+    step_seconds: float = 10.0,
+    endpoint: str | None = None,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
 ) -> Timeline:
     """:func:`build_timeline` over request rows and samples read into Python: the reference
     definition :func:`fetch_timeline` must match (slow over wide windows: every row moves)."""
     rows = fetch_request_rows(store, start=start, end=end, endpoint=endpoint)
-    gauges = {name: fetch_series(store, name, start, end, lookback_seconds=lookback_seconds)
-              for name in SATURATION_GAUGES}
-    counters = fetch_series(store, PREEMPTIONS_TOTAL, start, end, table="otel_metrics_sum",
-                            lookback_seconds=lookback_seconds)
-    return build_timeline(rows, gauges, counters, start_ns=unix_ns_from_datetime(start),
-                          end_ns=unix_ns_from_datetime(end), step_seconds=step_seconds,
-                          lookback_seconds=lookback_seconds)
+    gauges = {
+        name: fetch_series(store, name, start, end, lookback_seconds=lookback_seconds) for name in SATURATION_GAUGES
+    }
+    counters = fetch_series(
+        store, PREEMPTIONS_TOTAL, start, end, table="otel_metrics_sum", lookback_seconds=lookback_seconds
+    )
+    return build_timeline(
+        rows,
+        gauges,
+        counters,
+        start_ns=unix_ns_from_datetime(start),
+        end_ns=unix_ns_from_datetime(end),
+        step_seconds=step_seconds,
+        lookback_seconds=lookback_seconds,
+    )
 
 
 def pearson(xs: Sequence[float | None], ys: Sequence[float | None]) -> float | None:
@@ -196,8 +229,12 @@ class SpikeWindow:
 
 
 def detect_spikes(
-    step_start_ns: Sequence[int], values: Sequence[float | None], step_seconds: float, *,
-    factor: float = SPIKE_FACTOR, baseline_steps: int = SPIKE_BASELINE_STEPS,
+    step_start_ns: Sequence[int],
+    values: Sequence[float | None],
+    step_seconds: float,
+    *,
+    factor: float = SPIKE_FACTOR,
+    baseline_steps: int = SPIKE_BASELINE_STEPS,
     min_baseline_steps: int = SPIKE_MIN_BASELINE_STEPS,
 ) -> list[SpikeWindow]:
     """Windows where ``values`` (e.g. TTFT p99 per step) exceed ``factor`` × the rolling median
@@ -239,8 +276,13 @@ def detect_spikes(
 
 
 def _close(window: dict[str, Any]) -> SpikeWindow:
-    return SpikeWindow(start_ns=window["start_ns"], end_ns=window["end_ns"], peak=window["peak"],
-                       baseline=window["baseline"], ratio=window["peak"] / window["baseline"])
+    return SpikeWindow(
+        start_ns=window["start_ns"],
+        end_ns=window["end_ns"],
+        peak=window["peak"],
+        baseline=window["baseline"],
+        ratio=window["peak"] / window["baseline"],
+    )
 
 
 __all__ = [

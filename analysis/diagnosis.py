@@ -31,31 +31,60 @@ dropped (:func:`~inferpath.analysis.causes.consistent_advice`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from inferpath.analysis.breakdown import REST, measure_stages
 from inferpath.analysis.budget import ttft_budget
 from inferpath.analysis.causes import (
-    BY_NAME, COLD_START_HELP, COLD_START_NOT_HELP, Advice, Context, cause_of, consistent_advice,
+    BY_NAME,
+    COLD_START_HELP,
+    COLD_START_NOT_HELP,
+    Advice,
+    Context,
+    cause_of,
+    consistent_advice,
 )
 from inferpath.analysis.engine_state import EngineState, engine_state
 from inferpath.analysis.objectives import (
-    DEFAULT_OBJECTIVES, ObjectiveResult, Objectives, TailResult, tail_diverges,
+    DEFAULT_OBJECTIVES,
+    ObjectiveResult,
+    Objectives,
+    TailResult,
+    tail_diverges,
 )
 from inferpath.analysis.request_window import (
-    WINDOW_COLUMNS, RowsWindow, StoredWindow, TailSums, as_window, prefetch_quantiles, prepare_attribution,
+    WINDOW_COLUMNS,
+    RowsWindow,
+    StoredWindow,
+    TailSums,
+    as_window,
+    prefetch_quantiles,
+    prepare_attribution,
 )
 from inferpath.analysis.signals import SignalWindows, WindowSignals
 from inferpath.analysis.startup import ReplicaStartup, StoredStartups
 from inferpath.analysis.timeline_query import StoredSignalWindows
 from inferpath.analysis.verdict import (
-    MIN_CAUSE_SHARE, MIN_REQUESTS, TAIL_QUANTILE, BaselineInfo, Cause, Degradation, Evidence,
-    InsufficientDataError, Verdict, Window,
+    MIN_CAUSE_SHARE,
+    MIN_REQUESTS,
+    TAIL_QUANTILE,
+    BaselineInfo,
+    Cause,
+    Degradation,
+    Evidence,
+    InsufficientDataError,
+    Verdict,
+    Window,
 )
 from inferpath.storage.rows import unix_ns_from_datetime
 from inferpath.vocabulary import (
-    GPU_UTILIZATION_RATIO, KV_CACHE_USAGE_RATIO, PREEMPTIONS_TOTAL, QUEUE_DEPTH, RUNNING_REQUESTS,
+    GPU_UTILIZATION_RATIO,
+    KV_CACHE_USAGE_RATIO,
+    PREEMPTIONS_TOTAL,
+    QUEUE_DEPTH,
+    RUNNING_REQUESTS,
 )
 
 DEGRADED_RATIO = 1.5
@@ -96,6 +125,7 @@ Signals = SignalWindows | StoredSignalWindows
 
 # ---------------------------------------------------------------------------- measures
 
+
 def degradation(measure: str, current_rows: Rows, baseline_rows: Rows) -> Degradation:
     """Compare ``measure``'s exact p99 between windows; degraded when it rose by both
     :data:`DEGRADED_RATIO` and :data:`MIN_DEGRADATION_NS`. When either window holds fewer
@@ -129,22 +159,40 @@ def judge_objectives(rows: Rows, objectives: Objectives) -> tuple[list[Objective
         for objective in objectives.for_class(name):
             got = stats[objective.measure].get(name)
             value = got.quantiles_ns.get(objective.quantile) if got else None
-            results.append(ObjectiveResult(name, objective.measure, objective.quantile, objective.limit_ns, value,
-                                           got.count if got else 0,
-                                           None if value is None else value <= objective.limit_ns))
+            results.append(
+                ObjectiveResult(
+                    name,
+                    objective.measure,
+                    objective.quantile,
+                    objective.limit_ns,
+                    value,
+                    got.count if got else 0,
+                    None if value is None else value <= objective.limit_ns,
+                )
+            )
         tail_measure = "ttft" if name in stats["ttft"] else "e2e"
         got = stats[tail_measure].get(name)
         if got is not None and got.count:
             p99 = got.quantiles_ns[0.99]
-            limit = next((o.limit_ns for o in objectives.for_class(name)
-                          if o.measure == tail_measure and o.quantile == 0.99), None)
-            tails.append(TailResult(name, tail_measure, got.mean_ns, p99,
-                                    p99 / got.mean_ns if got.mean_ns > 0 else math.inf,
-                                    tail_diverges(p99, got.mean_ns, limit)))
+            limit = next(
+                (o.limit_ns for o in objectives.for_class(name) if o.measure == tail_measure and o.quantile == 0.99),
+                None,
+            )
+            tails.append(
+                TailResult(
+                    name,
+                    tail_measure,
+                    got.mean_ns,
+                    p99,
+                    p99 / got.mean_ns if got.mean_ns > 0 else math.inf,
+                    tail_diverges(p99, got.mean_ns, limit),
+                )
+            )
     return results, tails
 
 
 # ---------------------------------------------------------------------------- rules on measures
+
 
 def decode_slower(current_rows: Rows, baseline_rows: Rows) -> bool:
     """The typical decode step got slower: median ITL rose by :data:`DEGRADED_RATIO` and by
@@ -186,9 +234,13 @@ def queue_held(current_rows: Rows, baseline_rows: Rows | None = None) -> bool:
 
 # ---------------------------------------------------------------------------- cold start
 
-def cold_start_rows(current_rows: Rows, baseline_rows: Rows | None = None,
-                    startups: Sequence[ReplicaStartup] = (), measure: str = "ttft",
-                    ) -> dict[str, list[Mapping[str, Any]]]:
+
+def cold_start_rows(
+    current_rows: Rows,
+    baseline_rows: Rows | None = None,
+    startups: Sequence[ReplicaStartup] = (),
+    measure: str = "ttft",
+) -> dict[str, list[Mapping[str, Any]]]:
     """Per starting replica, the requests its start made slow.
 
     A replica is *starting* when one of ``startups`` (its start-up spans) says it became
@@ -252,8 +304,9 @@ def cold_start_rows(current_rows: Rows, baseline_rows: Rows | None = None,
     return out
 
 
-def _slower_than_peers(rows: Sequence[Mapping[str, Any]], column: str, peers: Sequence[float]
-                       ) -> list[Mapping[str, Any]]:
+def _slower_than_peers(
+    rows: Sequence[Mapping[str, Any]], column: str, peers: Sequence[float]
+) -> list[Mapping[str, Any]]:
     """A starting replica whose median is :data:`COLD_PEER_RATIO` × its warm peers' median or
     more, in the same window: its requests above the peers' p90 (``peers``: their p50, p90)."""
     from inferpath.analysis.percentiles import quantile
@@ -278,7 +331,7 @@ def _warm_up_rows(rows: Sequence[Mapping[str, Any]], column: str) -> list[Mappin
         return []
     reference = quantile(values[half:], 0.9)
     run = 0
-    for index, value in enumerate(values[:half + COLD_RECOVERY_RUN]):
+    for index, value in enumerate(values[: half + COLD_RECOVERY_RUN]):
         run = run + 1 if value <= reference else 0
         if run == COLD_RECOVERY_RUN:
             end = index + 1 - COLD_RECOVERY_RUN
@@ -288,6 +341,7 @@ def _warm_up_rows(rows: Sequence[Mapping[str, Any]], column: str) -> list[Mappin
 
 
 # ---------------------------------------------------------------------------- the core
+
 
 def diagnose_from(
     current_rows: Rows,
@@ -317,46 +371,70 @@ def diagnose_from(
     if measured < MIN_REQUESTS:
         raise InsufficientDataError(
             f"insufficient data: {measured} requests with an E2E latency in the window, need {MIN_REQUESTS}; "
-            "widen the window or wait for more traffic", window="current", count=measured)
+            "widen the window or wait for more traffic",
+            window="current",
+            count=measured,
+        )
     notes: list[str] = []
     baseline = as_window(baseline_rows) if baseline_rows is not None else None
     if baseline is not None and baseline.measured("e2e_ns") < MIN_REQUESTS:
-        notes.append(f"baseline ignored: it has {baseline.measured('e2e_ns')} requests with an E2E latency, "
-                     f"need {MIN_REQUESTS}; judged on the objectives alone")
+        notes.append(
+            f"baseline ignored: it has {baseline.measured('e2e_ns')} requests with an E2E latency, "
+            f"need {MIN_REQUESTS}; judged on the objectives alone"
+        )
         baseline, baseline_window = None, None
     window = current_window or _window_of(current)
     results, tails = judge_objectives(current, objectives)
-    verdict = Verdict(healthy=True, summary="", measure=None, degradations=[], causes=[],
-                      current_window=window, baseline_window=None, current_requests=len(current),
-                      baseline_requests=0, objectives=results, tail=tails, notes=notes)
+    verdict = Verdict(
+        healthy=True,
+        summary="",
+        measure=None,
+        degradations=[],
+        causes=[],
+        current_window=window,
+        baseline_window=None,
+        current_requests=len(current),
+        baseline_requests=0,
+        objectives=results,
+        tail=tails,
+        notes=notes,
+    )
     without_ttft = len(current) - current.measured("ttft_ns")
     if without_ttft:
         reasons = current.missing_reasons()
         why = "; ".join(f"{text} ({count} requests)" for text, count in reasons)
-        notes.append(f"{without_ttft} of {len(current)} requests have no TTFT"
-                     + (f": {why}" if why else " (their source sent no first-token timing)")
-                     + ("; judged on E2E" if not current.measured("ttft_ns") else ""))
+        notes.append(
+            f"{without_ttft} of {len(current)} requests have no TTFT"
+            + (f": {why}" if why else " (their source sent no first-token timing)")
+            + ("; judged on E2E" if not current.measured("ttft_ns") else "")
+        )
     regressed: list[Degradation] = []
     baseline_ok = False
     if baseline is not None:
         base_results, _ = judge_objectives(baseline, objectives)
         baseline_ok = all(r.met is not False for r in base_results)
-        verdict.baseline = BaselineInfo(baseline_window or _window_of(baseline), len(baseline), baseline_ok,
-                                        base_results)
+        verdict.baseline = BaselineInfo(
+            baseline_window or _window_of(baseline), len(baseline), baseline_ok, base_results
+        )
         verdict.baseline_window, verdict.baseline_requests = verdict.baseline.window, len(baseline)
         verdict.degradations = [degradation(m, current, baseline) for m in ("ttft", "itl", "e2e")]
         regressed = [d for d in verdict.degradations if d.degraded]
         if not baseline_ok:
-            notes.append("the baseline itself breaks the objectives: it is not used to call this window healthy, "
-                         "and causes share the window's own time")
+            notes.append(
+                "the baseline itself breaks the objectives: it is not used to call this window healthy, "
+                "and causes share the window's own time"
+            )
     broken = [r for r in results if r.met is False]
     diverged = [t for t in tails if t.diverged]
     if not broken and not diverged and not (baseline_ok and regressed):
         verdict.summary = "healthy: " + _health_text(results, tails, verdict.degradations)
         return verdict
     verdict.healthy = False
-    ttft_flagged = (any(r.measure == "ttft" for r in broken) or any(t.measure == "ttft" for t in diverged)
-                    or any(d.measure == "ttft" for d in regressed))
+    ttft_flagged = (
+        any(r.measure == "ttft" for r in broken)
+        or any(t.measure == "ttft" for t in diverged)
+        or any(d.measure == "ttft" for d in regressed)
+    )
     measure = "ttft" if ttft_flagged and current.measured("ttft_ns") else "e2e"
     verdict.measure = measure
     by_change = baseline is not None and baseline_ok and any(d.measure == measure and d.degraded for d in regressed)
@@ -364,13 +442,15 @@ def diagnose_from(
     context = _context(current, baseline if baseline is not None else None, signals, configured_batch_limit)
     verdict.engine = context.engine
     notes.extend(_missing_signal_notes(context, signals))
-    verdict.causes, tail_means = attribute(measure, current, baseline if by_change else None, context, signals,
-                                           (window, verdict.baseline_window), startups)
+    verdict.causes, tail_means = attribute(
+        measure, current, baseline if by_change else None, context, signals, (window, verdict.baseline_window), startups
+    )
     ttft_broken = [r for r in broken if r.measure == "ttft" and r.quantile == 0.99]
     if ttft_broken and tail_means is not None and measure == "ttft":
         worst = max(ttft_broken, key=lambda r: r.over_ns)
-        verdict.budget = ttft_budget(tail_means[0], tail_mean_ns=tail_means[1], p99_ns=worst.value_ns or 0.0,
-                                     limit_ns=worst.limit_ns)
+        verdict.budget = ttft_budget(
+            tail_means[0], tail_mean_ns=tail_means[1], p99_ns=worst.value_ns or 0.0, limit_ns=worst.limit_ns
+        )
     verdict.summary = _degraded_summary(verdict, broken, diverged, regressed)
     return verdict
 
@@ -380,22 +460,31 @@ def _window_of(rows: RowsWindow | StoredWindow) -> Window | None:
     return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
 
 
-def _context(current: RowsWindow | StoredWindow, baseline: RowsWindow | StoredWindow | None, signals: Signals,
-             configured_batch_limit: float | None) -> Context:
+def _context(
+    current: RowsWindow | StoredWindow,
+    baseline: RowsWindow | StoredWindow | None,
+    signals: Signals,
+    configured_batch_limit: float | None,
+) -> Context:
     other = signals.baseline if baseline is not None else None
     state = engine_state(signals.current, other=other, configured_limit=configured_batch_limit)
     return Context(
-        engine=state, gpu_utilization=signals.current.stat(GPU_UTILIZATION_RATIO),
+        engine=state,
+        gpu_utilization=signals.current.stat(GPU_UTILIZATION_RATIO),
         decode_slower=baseline is not None and decode_slower(current, baseline),
         batch_grew=baseline is not None and batch_grew(signals),
-        queue_held=queue_held(current, baseline), has_baseline=baseline is not None)
+        queue_held=queue_held(current, baseline),
+        has_baseline=baseline is not None,
+    )
 
 
 def _missing_signal_notes(context: Context, signals: Signals) -> list[str]:
     notes = []
     if not context.engine.reported:
-        notes.append("the engine's queue depth is not exported (scrape its /metrics with inferpath collect): "
-                     "engine capacity cannot be told from an upstream queue")
+        notes.append(
+            "the engine's queue depth is not exported (scrape its /metrics with inferpath collect): "
+            "engine capacity cannot be told from an upstream queue"
+        )
     elif signals.current.stat(RUNNING_REQUESTS) is None:
         notes.append("the engine's running-batch size is not exported: a full batch cannot be told from a hold")
     if signals.current.stat(KV_CACHE_USAGE_RATIO) is None and context.engine.reported:
@@ -404,8 +493,13 @@ def _missing_signal_notes(context: Context, signals: Signals) -> list[str]:
 
 
 def attribute(
-    measure: str, current_rows: Rows, baseline_rows: Rows | None, context: Context, signals: Signals,
-    windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup] = (),
+    measure: str,
+    current_rows: Rows,
+    baseline_rows: Rows | None,
+    context: Context,
+    signals: Signals,
+    windows: tuple[Window | None, Window | None],
+    startups: Sequence[ReplicaStartup] = (),
 ) -> tuple[list[Cause], tuple[dict[str, float], float] | None]:
     """Share the tail band's mean ``measure`` (its growth over ``baseline_rows`` when given)
     among causes (module docstring). Returns the causes and the tail band's mean stage
@@ -452,16 +546,25 @@ def attribute(
     if total_added <= 0:
         return [], tail_means
     causes = [
-        Cause(cause=name, share=min(1.0, value / total_added), added_ns=value,
-              stages=[s for s in stages_of.get(name, [])
-                      if _grew(s, current_tail, baseline_tail) and current_tail.stage_ns[s] > 0])
-        for name, value in added.items() if value / total_added >= MIN_CAUSE_SHARE
+        Cause(
+            cause=name,
+            share=min(1.0, value / total_added),
+            added_ns=value,
+            stages=[
+                s
+                for s in stages_of.get(name, [])
+                if _grew(s, current_tail, baseline_tail) and current_tail.stage_ns[s] > 0
+            ],
+        )
+        for name, value in added.items()
+        if value / total_added >= MIN_CAUSE_SHARE
     ]
     causes.sort(key=lambda c: -c.share)
     if baseline is not None:
         prefetch_quantiles(current, baseline, [c for cause in causes for c in _evidence_columns(cause.cause)])
-    advice = [_explain(item, measure, current, baseline, context, signals, windows, startups, cold_rows)
-              for item in causes]
+    advice = [
+        _explain(item, measure, current, baseline, context, signals, windows, startups, cold_rows) for item in causes
+    ]
     fixed = consistent_advice([helps for helps, _ in advice], [not_helps for _, not_helps in advice])
     for item, (helps, _), not_help in zip(causes, advice, fixed):
         item.would_help = [a.text for a in helps]
@@ -482,19 +585,32 @@ def _evidence_columns(cause: str) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------------------- evidence and advice
 
+
 def _ms(ns: float | None) -> str:
-    return "n/a" if ns is None else f"{ns / 1e9:.2f} s" if ns >= 1e10 else (
-        f"{ns / 1e6:.0f} ms" if ns >= 1e7 else f"{ns / 1e6:.1f} ms")
+    return (
+        "n/a"
+        if ns is None
+        else f"{ns / 1e9:.2f} s"
+        if ns >= 1e10
+        else (f"{ns / 1e6:.0f} ms" if ns >= 1e7 else f"{ns / 1e6:.1f} ms")
+    )
 
 
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
-             baseline: RowsWindow | StoredWindow | None, context: Context, signals: Signals,
-             windows: tuple[Window | None, Window | None], startups: Sequence[ReplicaStartup],
-             cold_rows: Mapping[str, list[Mapping[str, Any]]]) -> tuple[list[Advice], list[Advice]]:
+def _explain(
+    cause: Cause,
+    measure: str,
+    current: RowsWindow | StoredWindow,
+    baseline: RowsWindow | StoredWindow | None,
+    context: Context,
+    signals: Signals,
+    windows: tuple[Window | None, Window | None],
+    startups: Sequence[ReplicaStartup],
+    cold_rows: Mapping[str, list[Mapping[str, Any]]],
+) -> tuple[list[Advice], list[Advice]]:
     """Fill ``cause.evidence``; return its advice, (would help, would not help) as
     :class:`Advice`, which the caller makes consistent across causes."""
     current_window, baseline_window = windows
@@ -509,8 +625,14 @@ def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
         if c is None and b is None:
             return
         name = column.removesuffix("_ns")
-        evidence(column, "p99", "ns", b, c, f"{name} p99 {_ms(b)} → {_ms(c)}" if baseline is not None
-                 else f"{name} p99 {_ms(c)}")
+        evidence(
+            column,
+            "p99",
+            "ns",
+            b,
+            c,
+            f"{name} p99 {_ms(b)} → {_ms(c)}" if baseline is not None else f"{name} p99 {_ms(c)}",
+        )
 
     def signal(name: str, which: str, unit: str = "ratio") -> None:
         b = signals.baseline.stat(name, which) if baseline is not None else None
@@ -518,13 +640,25 @@ def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
         if b is None and c is None:
             return
         fmt = _percent if unit == "ratio" else (lambda v: "n/a" if v is None else f"{v:.1f}")
-        evidence(name, which, unit, b, c, f"{name} {which} {fmt(b)} → {fmt(c)}" if baseline is not None
-                 else f"{name} {which} {fmt(c)}")
+        evidence(
+            name,
+            which,
+            unit,
+            b,
+            c,
+            f"{name} {which} {fmt(b)} → {fmt(c)}" if baseline is not None else f"{name} {which} {fmt(c)}",
+        )
 
     basis = "of the increase" if baseline is not None else f"of the slowest {1 - TAIL_QUANTILE:.0%}'s {measure.upper()}"
-    evidence(f"{measure}_ns", "mean of tail band", "ns", None, cause.added_ns,
-             f"{cause.cause} {'added' if baseline is not None else 'takes'} {_ms(cause.added_ns)} per request in "
-             f"the slowest {1 - TAIL_QUANTILE:.0%} ({cause.share:.0%} {basis})")
+    evidence(
+        f"{measure}_ns",
+        "mean of tail band",
+        "ns",
+        None,
+        cause.added_ns,
+        f"{cause.cause} {'added' if baseline is not None else 'takes'} {_ms(cause.added_ns)} per request in "
+        f"the slowest {1 - TAIL_QUANTILE:.0%} ({cause.share:.0%} {basis})",
+    )
     rule = BY_NAME.get(cause.cause)
     helps: list[Advice] = list(rule.would_help(context)) if rule else []
     not_helps: list[Advice] = list(rule.would_not_help(context)) if rule else []
@@ -539,17 +673,31 @@ def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
     if cause.cause == "gpu_memory":
         before = signals.baseline.preemptions if baseline is not None else None
         after = signals.current.preemptions
-        evidence(PREEMPTIONS_TOTAL, "total", "count", before, after,
-                 f"preemptions {before or 0:.0f} → {after or 0:.0f}" if baseline is not None
-                 else f"{after or 0:.0f} preemptions in the window")
+        evidence(
+            PREEMPTIONS_TOTAL,
+            "total",
+            "count",
+            before,
+            after,
+            f"preemptions {before or 0:.0f} → {after or 0:.0f}"
+            if baseline is not None
+            else f"{after or 0:.0f} preemptions in the window",
+        )
     if cause.cause == "gpu_compute" and baseline is not None:
         b50, c50 = baseline.quantile("itl_ns", 0.5), current.quantile("itl_ns", 0.5)
         evidence("itl_ns", "p50", "ns", b50, c50, f"median decode step (ITL p50) {_ms(b50)} → {_ms(c50)}")
     if cause.cause == "batching" and "queue" in cause.stages:
         b50 = baseline.quantile("queue_ns", 0.5) if baseline is not None else None
         c50 = current.quantile("queue_ns", 0.5)
-        evidence("queue_ns", "p50", "ns", b50, c50, f"every request waits before its prefill: queue p50 "
-                 + (f"{_ms(b50)} → {_ms(c50)}" if baseline is not None else _ms(c50)))
+        evidence(
+            "queue_ns",
+            "p50",
+            "ns",
+            b50,
+            c50,
+            "every request waits before its prefill: queue p50 "
+            + (f"{_ms(b50)} → {_ms(c50)}" if baseline is not None else _ms(c50)),
+        )
     if cause.cause == "cold_start":
         helps, not_helps = list(COLD_START_HELP), list(COLD_START_NOT_HELP)
         serving = {str(r) for r in current.replicas()}
@@ -558,16 +706,27 @@ def _explain(cause: Cause, measure: str, current: RowsWindow | StoredWindow,
                 evidence("loading_seconds", "total", "seconds", None, startup.loading_seconds, startup.text())
         for replica, rows in cold_rows.items():
             p99 = RowsWindow(rows).quantile(f"{measure}_ns", 0.99)
-            evidence(f"{measure}_ns", "p99", "ns", None, p99,
-                     f"replica {replica or '(unnamed)'}: {len(rows)} requests slowed by its start "
-                     f"(waiting for it to be ready, or before it warmed up), {measure.upper()} p99 {_ms(p99)}")
+            evidence(
+                f"{measure}_ns",
+                "p99",
+                "ns",
+                None,
+                p99,
+                f"replica {replica or '(unnamed)'}: {len(rows)} requests slowed by its start "
+                f"(waiting for it to be ready, or before it warmed up), {measure.upper()} p99 {_ms(p99)}",
+            )
     return helps, not_helps
 
 
-def _health_text(results: Sequence[ObjectiveResult], tails: Sequence[TailResult],
-                 degradations: Sequence[Degradation]) -> str:
-    parts = [f"{r.endpoint_class or 'unlabelled'} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
-             f"≤ {_ms(r.limit_ns)}" for r in results if r.met]
+def _health_text(
+    results: Sequence[ObjectiveResult], tails: Sequence[TailResult], degradations: Sequence[Degradation]
+) -> str:
+    parts = [
+        f"{r.endpoint_class or 'unlabelled'} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
+        f"≤ {_ms(r.limit_ns)}"
+        for r in results
+        if r.met
+    ]
     parts += [_degradation_text(d) for d in degradations if d.ratio]
     return "; ".join(parts) or "objectives hold"
 
@@ -579,24 +738,40 @@ def _degradation_text(d: Degradation) -> str:
     return f"{name} p99 {_ms(d.baseline_p99_ns)} → {_ms(d.current_p99_ns)} ({d.ratio:.1f}× the baseline)"
 
 
-def _degraded_summary(verdict: Verdict, broken: Sequence[ObjectiveResult], diverged: Sequence[TailResult],
-                      regressed: Sequence[Degradation]) -> str:
-    parts = [f"{r.endpoint_class or 'unlabelled'} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
-             f"over its {_ms(r.limit_ns)} objective" for r in broken]
+def _degraded_summary(
+    verdict: Verdict,
+    broken: Sequence[ObjectiveResult],
+    diverged: Sequence[TailResult],
+    regressed: Sequence[Degradation],
+) -> str:
+    parts = [
+        f"{r.endpoint_class or 'unlabelled'} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
+        f"over its {_ms(r.limit_ns)} objective"
+        for r in broken
+    ]
     parts += [f"{t.measure.upper()} p99 {t.ratio:.1f}× the mean ({t.endpoint_class or 'unlabelled'})" for t in diverged]
     parts += [_degradation_text(d) for d in regressed]
     top = verdict.causes[0] if verdict.causes else None
     basis = "of the increase" if verdict.basis == "baseline" else "of the slow requests' time"
-    return "degraded: " + "; ".join(parts) + (f"; top cause: {top.cause} ({top.share:.0%} {basis})" if top
-                               else "; no single cause explains it")
+    return (
+        "degraded: "
+        + "; ".join(parts)
+        + (f"; top cause: {top.cause} ({top.share:.0%} {basis})" if top else "; no single cause explains it")
+    )
 
 
 # ---------------------------------------------------------------------------- from a store
 
+
 def diagnose(
-    store: Any, *, window_start: datetime, window_end: datetime,
-    baseline_start: datetime | None = None, baseline_end: datetime | None = None,
-    endpoint: str | None = None, objectives: Objectives = DEFAULT_OBJECTIVES,
+    store: Any,
+    *,
+    window_start: datetime,
+    window_end: datetime,
+    baseline_start: datetime | None = None,
+    baseline_end: datetime | None = None,
+    endpoint: str | None = None,
+    objectives: Objectives = DEFAULT_OBJECTIVES,
 ) -> Verdict:
     """Diagnose the ``ok`` requests in ``[window_start, window_end)`` (optionally of one
     ``endpoint``) against ``objectives`` and, when both baseline bounds are given, against
@@ -617,23 +792,50 @@ def diagnose(
         if unix_ns_from_datetime(baseline_end) <= unix_ns_from_datetime(baseline_start):
             raise ValueError("baseline_end must be after baseline_start")
         baseline_window = (baseline_start, baseline_end)
-        current_rows, baseline_rows = StoredWindow.pair(store, (window_start, window_end), baseline_window,
-                                                        endpoint=endpoint)
+        current_rows, baseline_rows = StoredWindow.pair(
+            store, (window_start, window_end), baseline_window, endpoint=endpoint
+        )
     else:
         current_rows, baseline_rows = StoredWindow(store, start=window_start, end=window_end, endpoint=endpoint), None
     signals = StoredSignalWindows(store, (window_start, window_end), baseline_window)
     lookback = timedelta(seconds=COLD_START_LOOKBACK_SECONDS)
-    startups = StoredStartups(store, window_start - 2 * lookback, window_end,
-                              ready_from=window_start - lookback, ready_before=window_end)
-    return diagnose_from(current_rows, baseline_rows, signals, objectives=objectives,
-                         current_window=(window_start, window_end), baseline_window=baseline_window,
-                         startups=startups)
+    startups = StoredStartups(
+        store, window_start - 2 * lookback, window_end, ready_from=window_start - lookback, ready_before=window_end
+    )
+    return diagnose_from(
+        current_rows,
+        baseline_rows,
+        signals,
+        objectives=objectives,
+        current_window=(window_start, window_end),
+        baseline_window=baseline_window,
+        startups=startups,
+    )
 
 
 __all__ = [
-    "BATCH_GROWTH_RATIO", "COLD_MIN_SLOW", "COLD_RECOVERY_RUN", "COLD_START_LOOKBACK_SECONDS", "DEGRADED_RATIO",
-    "DIAGNOSIS_COLUMNS", "HELD_QUEUE_RATIO", "InsufficientDataError", "MIN_CAUSE_SHARE", "MIN_DEGRADATION_NS",
-    "MIN_HELD_QUEUE_NS", "MIN_REQUESTS", "SignalWindows", "TAIL_QUANTILE", "WindowSignals", "attribute",
-    "batch_grew", "cold_start_rows", "decode_slower", "degradation", "diagnose", "diagnose_from",
-    "judge_objectives", "queue_held",
+    "BATCH_GROWTH_RATIO",
+    "COLD_MIN_SLOW",
+    "COLD_RECOVERY_RUN",
+    "COLD_START_LOOKBACK_SECONDS",
+    "DEGRADED_RATIO",
+    "DIAGNOSIS_COLUMNS",
+    "HELD_QUEUE_RATIO",
+    "InsufficientDataError",
+    "MIN_CAUSE_SHARE",
+    "MIN_DEGRADATION_NS",
+    "MIN_HELD_QUEUE_NS",
+    "MIN_REQUESTS",
+    "SignalWindows",
+    "TAIL_QUANTILE",
+    "WindowSignals",
+    "attribute",
+    "batch_grew",
+    "cold_start_rows",
+    "decode_slower",
+    "degradation",
+    "diagnose",
+    "diagnose_from",
+    "judge_objectives",
+    "queue_held",
 ]

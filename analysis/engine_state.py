@@ -24,8 +24,8 @@ quotes the counts, so the evidence can be checked against the raw scrapes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from inferpath.analysis.percentiles import quantile
 from inferpath.analysis.signals import WindowSignals
@@ -98,8 +98,11 @@ class EngineState:
     def memory_pressure(self) -> bool:
         """Any preemption in the window, any waiting step held by a full KV pool, or KV usage
         near full while requests waited."""
-        return bool((self.preemptions or 0) > 0 or self.memory_bound_steps > 0
-                    or (self.kv_waiting_p90 is not None and self.kv_waiting_p90 >= KV_FULL_RATIO))
+        return bool(
+            (self.preemptions or 0) > 0
+            or self.memory_bound_steps > 0
+            or (self.kv_waiting_p90 is not None and self.kv_waiting_p90 >= KV_FULL_RATIO)
+        )
 
     def text(self) -> str:
         """The counts in words, e.g. ``requests waited in 41 of 60 steps: batch at its limit of
@@ -109,14 +112,17 @@ class EngineState:
         if not self.waiting_steps:
             return f"no request waited in the engine in {self.steps} steps"
         limit = "n/a" if self.slot_limit is None else f"{self.slot_limit:.0f}"
-        return (f"requests waited in the engine in {self.waiting_steps} of {self.steps} steps (queue max "
-                f"{self.queue_max or 0:.0f}): running batch at its limit of {limit} ({self.limit_source}) in "
-                f"{self.slot_bound_steps}, KV cache full or preempting in {self.memory_bound_steps}, held with "
-                f"free slots and KV in {self.held_steps}")
+        return (
+            f"requests waited in the engine in {self.waiting_steps} of {self.steps} steps (queue max "
+            f"{self.queue_max or 0:.0f}): running batch at its limit of {limit} ({self.limit_source}) in "
+            f"{self.slot_bound_steps}, KV cache full or preempting in {self.memory_bound_steps}, held with "
+            f"free slots and KV in {self.held_steps}"
+        )
 
 
-def engine_state(window: WindowSignals, *, other: WindowSignals | None = None,
-                 configured_limit: float | None = None) -> EngineState:
+def engine_state(
+    window: WindowSignals, *, other: WindowSignals | None = None, configured_limit: float | None = None
+) -> EngineState:
     """Classify ``window``'s waiting steps (module docstring). ``other``: the baseline's
     signals, whose running peak also bounds the observed slot limit; ``configured_limit``:
     the engine's configured batch limit (requests) when known."""
@@ -145,15 +151,24 @@ def engine_state(window: WindowSignals, *, other: WindowSignals | None = None,
     kv_waiting = [s[2] for s in waiting if s[2] is not None]
     kv_all = [s[2] for s in window.steps if s[2] is not None]
     return EngineState(
-        steps=len(steps), waiting_steps=len(waiting), slot_bound_steps=slot, memory_bound_steps=memory,
-        held_steps=held, slot_limit=limit, limit_source=source,
-        running_max=max(running, default=None), queue_max=max((s[0] for s in steps), default=None),  # type: ignore[type-var]
+        steps=len(steps),
+        waiting_steps=len(waiting),
+        slot_bound_steps=slot,
+        memory_bound_steps=memory,
+        held_steps=held,
+        slot_limit=limit,
+        limit_source=source,
+        running_max=max(running, default=None),
+        queue_max=max((s[0] for s in steps), default=None),  # type: ignore[type-var]
         kv_waiting_p90=quantile(kv_waiting, 0.9) if kv_waiting else None,
-        kv_max=max(kv_all, default=None), preemptions=window.preemptions)
+        kv_max=max(kv_all, default=None),
+        preemptions=window.preemptions,
+    )
 
 
-def steps_of(queue: Sequence[float | None], running: Sequence[float | None],
-             kv: Sequence[float | None]) -> list[tuple[float | None, float | None, float | None]]:
+def steps_of(
+    queue: Sequence[float | None], running: Sequence[float | None], kv: Sequence[float | None]
+) -> list[tuple[float | None, float | None, float | None]]:
     """Aligned steps from three equal-length columns (tests, other sources)."""
     return list(zip(queue, running, kv))
 

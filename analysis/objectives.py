@@ -29,9 +29,10 @@ file and in flags, nanoseconds inside (:attr:`Objective.limit_ns`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from inferpath.vocabulary import OBJECTIVE_MEASURES
 
@@ -62,10 +63,15 @@ class Objective:
             raise ValueError(f"objective measure must be one of {OBJECTIVE_MEASURES}, got {self.measure!r}")
         if not 0.0 < self.quantile < 1.0:
             raise ValueError(f"objective quantile must be in (0, 1), got {self.quantile!r}")
-        if isinstance(self.limit_seconds, bool) or not isinstance(self.limit_seconds, (int, float)) \
-                or not math.isfinite(self.limit_seconds) or self.limit_seconds <= 0:
-            raise ValueError(f"{self.measure} objective must be a positive number of seconds, "
-                             f"got {self.limit_seconds!r}")
+        if (
+            isinstance(self.limit_seconds, bool)
+            or not isinstance(self.limit_seconds, (int, float))
+            or not math.isfinite(self.limit_seconds)
+            or self.limit_seconds <= 0
+        ):
+            raise ValueError(
+                f"{self.measure} objective must be a positive number of seconds, got {self.limit_seconds!r}"
+            )
 
     @property
     def limit_ns(self) -> float:
@@ -91,7 +97,7 @@ class Objectives:
             return self.by_class[endpoint_class]
         return self.by_class.get(DEFAULT_CLASS, ())
 
-    def with_limit(self, measure: str, limit_seconds: float) -> "Objectives":
+    def with_limit(self, measure: str, limit_seconds: float) -> Objectives:
         """A copy where every class's p99 ``measure`` objective is ``limit_seconds`` (added
         where absent): what ``--ttft-p99 0.6`` means."""
         changed = {}
@@ -101,10 +107,12 @@ class Objectives:
         return Objectives(changed)
 
 
-DEFAULT_OBJECTIVES = Objectives({
-    "interactive": (Objective("ttft", 1.0), Objective("itl", 0.1)),
-    "bulk": (Objective("ttft", 10.0), Objective("itl", 0.5)),
-})
+DEFAULT_OBJECTIVES = Objectives(
+    {
+        "interactive": (Objective("ttft", 1.0), Objective("itl", 0.1)),
+        "bulk": (Objective("ttft", 10.0), Objective("itl", 0.5)),
+    }
+)
 """The documented defaults (module docstring table)."""
 
 
@@ -120,8 +128,9 @@ def objectives_from_mapping(data: Any, *, origin: str = "objectives") -> Objecti
         if not isinstance(class_name, str) or not class_name:
             raise ValueError(f"{origin}: endpoint class names must be non-empty strings, got {class_name!r}")
         if not isinstance(entries, Mapping):
-            raise ValueError(f"{origin}: {class_name}: expected a mapping like {{ttft_p99_seconds: 1.0}}, "
-                             f"got {entries!r}")
+            raise ValueError(
+                f"{origin}: {class_name}: expected a mapping like {{ttft_p99_seconds: 1.0}}, got {entries!r}"
+            )
         parsed = []
         for key, value in entries.items():
             parsed.append(_objective_of_key(str(key), value, f"{origin}: {class_name}.{key}"))
@@ -134,8 +143,10 @@ def objectives_from_mapping(data: Any, *, origin: str = "objectives") -> Objecti
 def _objective_of_key(key: str, value: Any, where: str) -> Objective:
     parts = key.split("_")
     if len(parts) != 3 or parts[2] != "seconds" or parts[0] not in OBJECTIVE_MEASURES or not parts[1].startswith("p"):
-        raise ValueError(f"{where}: unknown objective; use <measure>_p<percentile>_seconds with a measure "
-                         f"in {OBJECTIVE_MEASURES}, e.g. ttft_p99_seconds")
+        raise ValueError(
+            f"{where}: unknown objective; use <measure>_p<percentile>_seconds with a measure "
+            f"in {OBJECTIVE_MEASURES}, e.g. ttft_p99_seconds"
+        )
     try:
         quantile = float(parts[1][1:]) / 100.0
     except ValueError:
@@ -165,6 +176,7 @@ def load_objectives(path: str | Path | None) -> Objectives:
 
 
 # ---------------------------------------------------------------------------- judging a window
+
 
 @dataclass(frozen=True)
 class ObjectiveResult:
@@ -222,7 +234,16 @@ def class_values(rows: Iterable[Mapping[str, Any]], measure: str) -> dict[str, l
 
 
 __all__ = [
-    "DEFAULT_CLASS", "DEFAULT_OBJECTIVES", "TAIL_DIVERGENCE_MIN_SHARE", "TAIL_DIVERGENCE_RATIO",
-    "Objective", "ObjectiveResult", "Objectives", "TailResult", "class_values", "load_objectives",
-    "objectives_from_mapping", "tail_diverges",
+    "DEFAULT_CLASS",
+    "DEFAULT_OBJECTIVES",
+    "TAIL_DIVERGENCE_MIN_SHARE",
+    "TAIL_DIVERGENCE_RATIO",
+    "Objective",
+    "ObjectiveResult",
+    "Objectives",
+    "TailResult",
+    "class_values",
+    "load_objectives",
+    "objectives_from_mapping",
+    "tail_diverges",
 ]

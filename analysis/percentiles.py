@@ -9,7 +9,7 @@ verdicts read the per-request rows, so no bucket estimate is made here.)
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def quantile(values: Iterable[float], q: float) -> float:

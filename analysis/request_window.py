@@ -24,18 +24,26 @@ never crosses a band edge because of it, as the values are integer nanoseconds.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from inferpath.analysis.breakdown import (
-    FINAL_SETTINGS, REST, measure_stages, request_breakdown, request_filter, stage_sql,
+    FINAL_SETTINGS,
+    REST,
+    measure_stages,
+    request_breakdown,
+    request_filter,
+    stage_sql,
 )
 from inferpath.analysis.percentiles import sorted_quantile
 from inferpath.vocabulary import BREAKDOWN_STAGES, TTFT_PHASE_COLUMNS
 
-MEASURE_SQL: dict[str, str] = {"ttft_ns": "coalesce(ttft_ns, client_ttft_ns)",
-                               "e2e_ns": "coalesce(e2e_ns, client_e2e_ns)"}
+MEASURE_SQL: dict[str, str] = {
+    "ttft_ns": "coalesce(ttft_ns, client_ttft_ns)",
+    "e2e_ns": "coalesce(e2e_ns, client_e2e_ns)",
+}
 """A request's TTFT and E2E as the diagnosis reads them: the server-side measure, else the
 client's own (a row with only client spans, e.g. OpenLLMetry or the GenAI instrumentations
 in the caller, is judged on what its client measured; all its time is then ``rest``)."""
@@ -54,9 +62,19 @@ def with_client_measures(row: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**row, **{c: row[f"client_{c}"] for c in missing}}
 
 
-WINDOW_COLUMNS: tuple[str, ...] = ("timestamp", "trace_id", "replica", "endpoint_class", "ttft_ns", "e2e_ns",
-                                   "client_ttft_ns", "client_e2e_ns", "itl_ns",
-                                   *(f"{stage}_ns" for stage in BREAKDOWN_STAGES), *TTFT_PHASE_COLUMNS.values())
+WINDOW_COLUMNS: tuple[str, ...] = (
+    "timestamp",
+    "trace_id",
+    "replica",
+    "endpoint_class",
+    "ttft_ns",
+    "e2e_ns",
+    "client_ttft_ns",
+    "client_e2e_ns",
+    "itl_ns",
+    *(f"{stage}_ns" for stage in BREAKDOWN_STAGES),
+    *TTFT_PHASE_COLUMNS.values(),
+)
 """The request columns the diagnosis reads (the TTFT-phase parts of gateway and network too:
 a TTFT tail is attributed with them, as the breakdown does)."""
 MEASURED_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns", *(f"{stage}_ns" for stage in BREAKDOWN_STAGES))
@@ -149,7 +167,7 @@ class RowsWindow:
                 kept_sums[name] += item.stage_ns[name]
         return TailSums(count, total, sums, kept, kept_sums, excluded_total)
 
-    def class_stats(self, measures: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[str, "ClassStats"]]:
+    def class_stats(self, measures: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[str, ClassStats]]:
         """Measure → endpoint class → :class:`ClassStats` of ``<measure>_ns`` (rows without it skipped)."""
         out: dict[str, dict[str, ClassStats]] = {}
         for measure in measures:
@@ -161,8 +179,9 @@ class RowsWindow:
             per_class = out.setdefault(measure, {})
             for name, values in grouped.items():
                 values.sort()
-                per_class[name] = ClassStats(len(values), sum(values) / len(values),
-                                             {q: sorted_quantile(values, q) for q in quantiles})
+                per_class[name] = ClassStats(
+                    len(values), sum(values) / len(values), {q: sorted_quantile(values, q) for q in quantiles}
+                )
         return out
 
     def replicas(self) -> set[Any]:
@@ -189,13 +208,15 @@ class RowsWindow:
                 counts[text] = counts.get(text, 0) + 1
         return sorted(counts.items(), key=lambda item: -item[1])[:limit]
 
-    def quantiles_excluding(self, replicas: Iterable[Any], column: str,
-                            quantiles: Sequence[float]) -> list[float] | None:
+    def quantiles_excluding(
+        self, replicas: Iterable[Any], column: str, quantiles: Sequence[float]
+    ) -> list[float] | None:
         """Exact quantiles of ``column`` over the rows of every replica but ``replicas``;
         ``None`` when those rows have no value."""
         unwanted = set(replicas)
-        values = sorted(float(r[column]) for r in self.rows
-                        if r.get("replica") not in unwanted and r.get(column) is not None)
+        values = sorted(
+            float(r[column]) for r in self.rows if r.get("replica") not in unwanted and r.get(column) is not None
+        )
         return [sorted_quantile(values, q) for q in quantiles] if values else None
 
     def rows_of(self, replicas: Iterable[Any]) -> list[Mapping[str, Any]]:
@@ -225,8 +246,9 @@ class _StoredAggregates:
         self.conditions: list[str] = []
         for index, (start, end) in enumerate(self.windows):
             self.parameters |= {f"start_{index}": start, f"end_{index}": end}
-            self.conditions.append(f"(timestamp >= {{start_{index}:DateTime64(9)}}"
-                                   f" AND timestamp < {{end_{index}:DateTime64(9)}})")
+            self.conditions.append(
+                f"(timestamp >= {{start_{index}:DateTime64(9)}} AND timestamp < {{end_{index}:DateTime64(9)}})"
+            )
         # Windows that do not touch leave a gap in the union: the OR keeps its partitions out.
         self.where = f"{where} AND ({' OR '.join(self.conditions)})"
         self.counts: list[int] = []
@@ -236,23 +258,33 @@ class _StoredAggregates:
         self.spans: list[dict[Any, tuple[datetime, datetime] | None]] | None = None
         # The replica set rides along (a LowCardinality column costs little): with no new
         # replica and no start-up, the cold-start rule needs no replica spans.
-        row = self._select([f"countIf({c})" for c in self.conditions]
-                           + [f"groupUniqArrayIf(replica, {c})" for c in self.conditions], FIRST_COLUMNS)
+        row = self._select(
+            [f"countIf({c})" for c in self.conditions] + [f"groupUniqArrayIf(replica, {c})" for c in self.conditions],
+            FIRST_COLUMNS,
+        )
         n = len(self.windows)
         self.counts = [int(v) for v in row[:n]]
-        self.replicas: list[list[Any]] = [list(v) for v in row[n:2 * n]]
-        self._read_quantiles(row[2 * n:], FIRST_COLUMNS)
+        self.replicas: list[list[Any]] = [list(v) for v in row[n : 2 * n]]
+        self._read_quantiles(row[2 * n :], FIRST_COLUMNS)
 
     def _quantile_aggregates(self, columns: Sequence[str]) -> list[str]:
         levels = ", ".join(repr(q) for q in QUANTILE_LEVELS)
-        return [aggregate for column in columns for condition in self.conditions for aggregate in (
-            f"countIf({column_sql(column)} IS NOT NULL AND {condition})",
-            f"quantilesExactInclusiveIf({levels})({column_sql(column)}, {condition})")]
+        return [
+            aggregate
+            for column in columns
+            for condition in self.conditions
+            for aggregate in (
+                f"countIf({column_sql(column)} IS NOT NULL AND {condition})",
+                f"quantilesExactInclusiveIf({levels})({column_sql(column)}, {condition})",
+            )
+        ]
 
     def _select(self, head: list[str], columns: Sequence[str], parameters: Mapping[str, Any] | None = None) -> tuple:
         aggregates = ", ".join([*head, *self._quantile_aggregates(columns)])
-        return self.store.query(f"SELECT {aggregates} FROM inferpath_requests FINAL WHERE {self.where}"
-                                f"{FINAL_SETTINGS}", self.parameters | dict(parameters or {}))[0]
+        return self.store.query(
+            f"SELECT {aggregates} FROM inferpath_requests FINAL WHERE {self.where}{FINAL_SETTINGS}",
+            self.parameters | dict(parameters or {}),
+        )[0]
 
     def _read_quantiles(self, values: Sequence[Any], columns: Sequence[str]) -> None:
         position = 0
@@ -268,13 +300,19 @@ class _StoredAggregates:
         # One GROUP BY replica for every window (inside the other scans it would split their
         # aggregates per replica, and key/value arrays per row cost more than this query).
         bounds = ", ".join(f"minIf(timestamp, {c}), maxIf(timestamp, {c}), countIf({c})" for c in self.conditions)
-        rows = self.store.query(f"SELECT replica, {bounds} FROM inferpath_requests FINAL WHERE {self.where}"
-                                f" GROUP BY replica{FINAL_SETTINGS}", self.parameters)
-        self.spans = [{row[0]: (row[1 + 3 * i], row[2 + 3 * i]) for row in rows if row[3 + 3 * i]}
-                      for i in range(len(self.windows))]
+        rows = self.store.query(
+            f"SELECT replica, {bounds} FROM inferpath_requests FINAL WHERE {self.where}"
+            f" GROUP BY replica{FINAL_SETTINGS}",
+            self.parameters,
+        )
+        self.spans = [
+            {row[0]: (row[1 + 3 * i], row[2 + 3 * i]) for row in rows if row[3 + 3 * i]}
+            for i in range(len(self.windows))
+        ]
 
-    def load_rest(self, columns: Sequence[str] = (), tails: Mapping[int, tuple[str, float]] | None = None,
-                  spans: bool = False) -> None:
+    def load_rest(
+        self, columns: Sequence[str] = (), tails: Mapping[int, tuple[str, float]] | None = None, spans: bool = False
+    ) -> None:
         """Quantiles of ``columns`` not read yet and, per window index in ``tails``, the
         tail-band sums of ``(measure, edge)``, in one scan (none when there is nothing to
         read); with ``spans``, each window's replica spans (one more query, once)."""
@@ -286,8 +324,11 @@ class _StoredAggregates:
             stages = measure_stages(measure)
             in_tail = f"({self.conditions[index]} AND {column_sql(f'{measure}_ns')} >= {{edge_{index}:Float64}})"
             parameters[f"edge_{index}"] = float(edge)
-            head += [f"countIf({in_tail})", f"sumIf(assumeNotNull({column_sql(f'{measure}_ns')}), {in_tail})",
-                     *(f"sumIf({stage_sql(measure, s)}, {in_tail})" for s in stages)]
+            head += [
+                f"countIf({in_tail})",
+                f"sumIf(assumeNotNull({column_sql(f'{measure}_ns')}), {in_tail})",
+                *(f"sumIf({stage_sql(measure, s)}, {in_tail})" for s in stages),
+            ]
             tail_layout.append((index, measure, float(edge), stages))
         if spans and self.spans is None:
             self._read_spans()
@@ -297,7 +338,7 @@ class _StoredAggregates:
         position = 0
         for index, measure, edge, stages in tail_layout:
             count, total = int(row[position]), int(row[position + 1])
-            sums = {s: int(v) for s, v in zip(stages, row[position + 2:position + 2 + len(stages)])}
+            sums = {s: int(v) for s, v in zip(stages, row[position + 2 : position + 2 + len(stages)])}
             self.tails[(index, measure, edge)] = (count, total, sums)
             position += 2 + len(stages)
         if columns:
@@ -312,8 +353,16 @@ class StoredWindow:
     more query on first use, the replica spans on first use. :meth:`pair` reads two windows
     with the same queries."""
 
-    def __init__(self, store: Any, *, start: datetime, end: datetime, endpoint: str | None = None,
-                 _aggregates: _StoredAggregates | None = None, _index: int = 0) -> None:
+    def __init__(
+        self,
+        store: Any,
+        *,
+        start: datetime,
+        end: datetime,
+        endpoint: str | None = None,
+        _aggregates: _StoredAggregates | None = None,
+        _index: int = 0,
+    ) -> None:
         self.store, self.start, self.end, self.endpoint = store, start, end, endpoint
         self._where, self._parameters = request_filter(start=start, end=end, endpoint=endpoint)
         self._aggregates = _aggregates or _StoredAggregates(store, [(start, end)], endpoint)
@@ -321,14 +370,21 @@ class StoredWindow:
         self._count = self._aggregates.counts[_index]
 
     @classmethod
-    def pair(cls, store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime],
-             endpoint: str | None = None) -> tuple["StoredWindow", "StoredWindow"]:
+    def pair(
+        cls,
+        store: Any,
+        current: tuple[datetime, datetime],
+        baseline: tuple[datetime, datetime],
+        endpoint: str | None = None,
+    ) -> tuple[StoredWindow, StoredWindow]:
         """``(current, baseline)`` windows whose aggregates are read together: one scan per
         pass over both windows instead of one per window. ``current`` / ``baseline``:
         ``(start, end)`` aware datetimes; they may overlap or be apart."""
         aggregates = _StoredAggregates(store, [current, baseline], endpoint)
-        return (cls(store, start=current[0], end=current[1], endpoint=endpoint, _aggregates=aggregates, _index=0),
-                cls(store, start=baseline[0], end=baseline[1], endpoint=endpoint, _aggregates=aggregates, _index=1))
+        return (
+            cls(store, start=current[0], end=current[1], endpoint=endpoint, _aggregates=aggregates, _index=0),
+            cls(store, start=baseline[0], end=baseline[1], endpoint=endpoint, _aggregates=aggregates, _index=1),
+        )
 
     def __len__(self) -> int:
         return self._count
@@ -350,7 +406,9 @@ class StoredWindow:
         if key not in cache:
             value = self.store.query(
                 f"SELECT quantileExactInclusive({float(q)!r})({column_sql(column)}) FROM inferpath_requests FINAL"
-                f" WHERE {self._where} AND {column_sql(column)} IS NOT NULL{FINAL_SETTINGS}", self._parameters)[0][0]
+                f" WHERE {self._where} AND {column_sql(column)} IS NOT NULL{FINAL_SETTINGS}",
+                self._parameters,
+            )[0][0]
             cache[key] = float(value) if self.measured(column) else None
         return cache[key]
 
@@ -358,8 +416,10 @@ class StoredWindow:
         """Rows (dicts of :data:`WINDOW_COLUMNS`) whose ``column`` is ``≥ edge``, oldest first."""
         if column not in MEASURED_COLUMNS:
             raise ValueError(f"column: {column!r} is not one of {MEASURED_COLUMNS}")
-        sql = (f"SELECT {', '.join(WINDOW_COLUMNS)} FROM inferpath_requests FINAL"
-               f" WHERE {self._where} AND {column_sql(column)} >= {{edge:Float64}} ORDER BY timestamp{FINAL_SETTINGS}")
+        sql = (
+            f"SELECT {', '.join(WINDOW_COLUMNS)} FROM inferpath_requests FINAL"
+            f" WHERE {self._where} AND {column_sql(column)} >= {{edge:Float64}} ORDER BY timestamp{FINAL_SETTINGS}"
+        )
         return [with_client_measures(r) for r in self.store.query_dicts(sql, self._parameters | {"edge": float(edge)})]
 
     def tail_sums(self, measure: str, edge: float, exclude: Iterable[str] = ()) -> TailSums:
@@ -384,8 +444,9 @@ class StoredWindow:
         kept_sum[REST] = (total - excluded_total) - kept_total
         return TailSums(count, total, stage_sum, kept, kept_sum, excluded_total)
 
-    def _tail_query(self, measure: str, edge: float, exclude: Sequence[str],
-                    only: Sequence[str] | None = None) -> tuple[int, int, dict[str, int], int, dict[str, int], int]:
+    def _tail_query(
+        self, measure: str, edge: float, exclude: Sequence[str], only: Sequence[str] | None = None
+    ) -> tuple[int, int, dict[str, int], int, dict[str, int], int]:
         """(count, total, stage sums, kept count, kept stage sums, excluded total) of the band,
         over the rows whose ``trace_id`` is in ``only`` when given."""
         stages = measure_stages(measure)
@@ -406,11 +467,11 @@ class StoredWindow:
             parameters["only"] = list(only)
         row = self.store.query(sql, parameters)[0]
         n = len(stages)
-        stage_sum = {s: int(v) for s, v in zip(stages, row[2:2 + n])}
-        kept_sum = {s: int(v) for s, v in zip(stages, row[3 + n:3 + 2 * n])}
+        stage_sum = {s: int(v) for s, v in zip(stages, row[2 : 2 + n])}
+        kept_sum = {s: int(v) for s, v in zip(stages, row[3 + n : 3 + 2 * n])}
         return int(row[0]), int(row[1]), stage_sum, int(row[2 + n]), kept_sum, int(row[3 + 2 * n])
 
-    def class_stats(self, measures: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[str, "ClassStats"]]:
+    def class_stats(self, measures: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[str, ClassStats]]:
         """Measure → endpoint class → :class:`ClassStats` of ``<measure>_ns``: one ``GROUP BY``
         over the window for every measure."""
         columns = []
@@ -419,17 +480,24 @@ class StoredWindow:
                 raise ValueError(f"measure: {measure!r} has no column in {MEASURED_COLUMNS}")
             columns.append(column_sql(f"{measure}_ns"))
         levels = ", ".join(repr(float(q)) for q in quantiles) or "0.5"
-        aggregates = ", ".join(f"countIf({c} IS NOT NULL), avgIf({c}, {c} IS NOT NULL), "
-                               f"quantilesExactInclusiveIf({levels})({c}, {c} IS NOT NULL)" for c in columns)
-        rows = self.store.query(f"SELECT endpoint_class, {aggregates} FROM inferpath_requests FINAL"
-                                f" WHERE {self._where} GROUP BY endpoint_class{FINAL_SETTINGS}", self._parameters)
+        aggregates = ", ".join(
+            f"countIf({c} IS NOT NULL), avgIf({c}, {c} IS NOT NULL), "
+            f"quantilesExactInclusiveIf({levels})({c}, {c} IS NOT NULL)"
+            for c in columns
+        )
+        rows = self.store.query(
+            f"SELECT endpoint_class, {aggregates} FROM inferpath_requests FINAL"
+            f" WHERE {self._where} GROUP BY endpoint_class{FINAL_SETTINGS}",
+            self._parameters,
+        )
         out: dict[str, dict[str, ClassStats]] = {measure: {} for measure in measures}
         for row in rows:
             for index, measure in enumerate(measures):
-                count, mean, values = row[1 + 3 * index: 4 + 3 * index]
+                count, mean, values = row[1 + 3 * index : 4 + 3 * index]
                 if count:
-                    out[measure][str(row[0])] = ClassStats(int(count), float(mean),
-                                                           {q: float(v) for q, v in zip(quantiles, values)})
+                    out[measure][str(row[0])] = ClassStats(
+                        int(count), float(mean), {q: float(v) for q, v in zip(quantiles, values)}
+                    )
         return out
 
     def replicas(self) -> set[Any]:
@@ -447,11 +515,14 @@ class StoredWindow:
         rows = self.store.query(
             "SELECT missing_measures, count() AS n FROM inferpath_requests FINAL"
             f" WHERE {self._where} AND missing_measures != '' GROUP BY missing_measures"
-            f" ORDER BY n DESC LIMIT {int(limit)}{FINAL_SETTINGS}", self._parameters)
+            f" ORDER BY n DESC LIMIT {int(limit)}{FINAL_SETTINGS}",
+            self._parameters,
+        )
         return [(str(text), int(n)) for text, n in rows]
 
-    def quantiles_excluding(self, replicas: Iterable[Any], column: str,
-                            quantiles: Sequence[float]) -> list[float] | None:
+    def quantiles_excluding(
+        self, replicas: Iterable[Any], column: str, quantiles: Sequence[float]
+    ) -> list[float] | None:
         """Exact quantiles of ``column`` over the rows of every replica but ``replicas``, in
         the store; ``None`` when those rows have no value."""
         if column not in MEASURED_COLUMNS:
@@ -461,7 +532,9 @@ class StoredWindow:
         count, values = self.store.query(
             f"SELECT count(), quantilesExactInclusive({levels})({expression}) FROM inferpath_requests FINAL"
             f" WHERE {self._where} AND {expression} IS NOT NULL AND replica NOT IN {{unwanted:Array(String)}}"
-            f"{FINAL_SETTINGS}", self._parameters | {"unwanted": sorted(str(r) for r in replicas)})[0]
+            f"{FINAL_SETTINGS}",
+            self._parameters | {"unwanted": sorted(str(r) for r in replicas)},
+        )[0]
         return [float(v) for v in values] if count else None
 
     def rows_of(self, replicas: Iterable[Any]) -> list[Mapping[str, Any]]:
@@ -469,14 +542,19 @@ class StoredWindow:
         wanted = sorted(str(r) for r in set(replicas) if r is not None)
         if not wanted:
             return []
-        return [with_client_measures(r) for r in self.store.query_dicts(
-            f"SELECT {', '.join(WINDOW_COLUMNS)} FROM inferpath_requests FINAL WHERE {self._where}"
-            f" AND replica IN {{replicas:Array(String)}} ORDER BY timestamp{FINAL_SETTINGS}",
-            self._parameters | {"replicas": wanted})]
+        return [
+            with_client_measures(r)
+            for r in self.store.query_dicts(
+                f"SELECT {', '.join(WINDOW_COLUMNS)} FROM inferpath_requests FINAL WHERE {self._where}"
+                f" AND replica IN {{replicas:Array(String)}} ORDER BY timestamp{FINAL_SETTINGS}",
+                self._parameters | {"replicas": wanted},
+            )
+        ]
 
 
-def prepare_attribution(current: "RequestWindow", baseline: "RequestWindow", measure: str,
-                        current_edge: float, baseline_edge: float) -> None:
+def prepare_attribution(
+    current: RequestWindow, baseline: RequestWindow, measure: str, current_edge: float, baseline_edge: float
+) -> None:
     """Read, in one scan, what attributing ``measure``'s growth needs from two stored windows
     made by :meth:`StoredWindow.pair`: the tail-band sums at each window's edge (ns) and the
     queue time's quantiles. Later calls of :meth:`StoredWindow.tail_sums` and the queue
@@ -487,11 +565,13 @@ def prepare_attribution(current: "RequestWindow", baseline: "RequestWindow", mea
     if current._aggregates is not baseline._aggregates:
         return
     # The queue time's quantiles ride along: the batching-window rule always reads them.
-    current._aggregates.load_rest(["queue_ns"], tails={current._index: (measure, float(current_edge)),
-                                                       baseline._index: (measure, float(baseline_edge))})
+    current._aggregates.load_rest(
+        ["queue_ns"],
+        tails={current._index: (measure, float(current_edge)), baseline._index: (measure, float(baseline_edge))},
+    )
 
 
-def prefetch_quantiles(current: "RequestWindow", baseline: "RequestWindow", columns: Iterable[str]) -> None:
+def prefetch_quantiles(current: RequestWindow, baseline: RequestWindow, columns: Iterable[str]) -> None:
     """Read the :data:`QUANTILE_LEVELS` of ``columns`` (of :data:`MEASURED_COLUMNS`) for two
     stored windows made by :meth:`StoredWindow.pair` in one scan, rather than one scan per
     column on first use. Does nothing for other windows. Raises ``ValueError`` for an
@@ -500,8 +580,11 @@ def prefetch_quantiles(current: "RequestWindow", baseline: "RequestWindow", colu
     for column in wanted:
         if column not in MEASURED_COLUMNS:
             raise ValueError(f"column: {column!r} is not one of {MEASURED_COLUMNS}")
-    if (isinstance(current, StoredWindow) and isinstance(baseline, StoredWindow)
-            and current._aggregates is baseline._aggregates):
+    if (
+        isinstance(current, StoredWindow)
+        and isinstance(baseline, StoredWindow)
+        and current._aggregates is baseline._aggregates
+    ):
         current._aggregates.load_rest(wanted)
 
 
@@ -516,5 +599,20 @@ def as_window(rows: RequestWindow | Sequence[Mapping[str, Any]]) -> RequestWindo
     return RowsWindow(rows)
 
 
-__all__ = ["ClassStats", "MEASURE_SQL", "column_sql", "with_client_measures", "FIRST_COLUMNS", "MEASURED_COLUMNS", "QUANTILE_LEVELS", "RequestWindow", "RowsWindow", "StoredWindow",
-           "TailSums", "WINDOW_COLUMNS", "as_window", "prefetch_quantiles", "prepare_attribution"]
+__all__ = [
+    "ClassStats",
+    "MEASURE_SQL",
+    "column_sql",
+    "with_client_measures",
+    "FIRST_COLUMNS",
+    "MEASURED_COLUMNS",
+    "QUANTILE_LEVELS",
+    "RequestWindow",
+    "RowsWindow",
+    "StoredWindow",
+    "TailSums",
+    "WINDOW_COLUMNS",
+    "as_window",
+    "prefetch_quantiles",
+    "prepare_attribution",
+]

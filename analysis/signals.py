@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from inferpath.analysis.percentiles import quantile
 from inferpath.storage.rows import unix_ns_from_datetime
@@ -48,7 +49,8 @@ def _mean(values: Sequence[float]) -> float:
 _ACROSS: dict[str, Callable[[Sequence[float]], float]] = {"sum": math.fsum, "max": max, "mean": _mean}
 
 COMBINE: dict[str, Callable[[Sequence[float]], float]] = {
-    name: _ACROSS[signal.across] for name, signal in SIGNALS.items() if signal.kind == "gauge"}
+    name: _ACROSS[signal.across] for name, signal in SIGNALS.items() if signal.kind == "gauge"
+}
 """Gauge name → how its series (engines, GPUs) combine into one value: the vocabulary's
 :attr:`~inferpath.vocabulary.Signal.across` as a function of the series' values."""
 
@@ -92,7 +94,9 @@ SeriesKey = tuple
 
 
 def combined_asof(
-    series: Mapping[SeriesKey, Series], at_ns: int, combine: Callable[[Sequence[float]], float],
+    series: Mapping[SeriesKey, Series],
+    at_ns: int,
+    combine: Callable[[Sequence[float]], float],
     lookback_ns: int,
 ) -> float | None:
     """As-of value of each series at ``at_ns`` combined with ``combine``; ``None`` if none has one."""
@@ -101,8 +105,13 @@ def combined_asof(
 
 
 def fetch_series(
-    store: Any, metric_name: str, start: datetime, end: datetime, *,
-    table: str = "otel_metrics_gauge", lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    store: Any,
+    metric_name: str,
+    start: datetime,
+    end: datetime,
+    *,
+    table: str = "otel_metrics_gauge",
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
     service_name: str | None = None,
 ) -> dict[SeriesKey, Series]:
     """Samples of ``metric_name`` with ``start - lookback < TimeUnix ≤ end``, one :class:`Series`
@@ -159,7 +168,7 @@ class SignalStats:
     samples: int
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> "SignalStats | None":
+    def of(cls, values: Sequence[float]) -> SignalStats | None:
         """Stats of ``values``; ``None`` for no values."""
         if not values:
             return None
@@ -186,18 +195,25 @@ class WindowSignals:
         return None if stats is None else getattr(stats, which)
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Iterable[float]], preemptions: float | None = None) -> "WindowSignals":
+    def from_values(cls, values: Mapping[str, Iterable[float]], preemptions: float | None = None) -> WindowSignals:
         """Build from already-aligned values per gauge (tests, other sources)."""
         gauges = {}
         for name, series in values.items():
             stats = SignalStats.of([float(v) for v in series])
             if stats is not None:
                 gauges[name] = stats
-        return cls(gauges=gauges, preemptions=preemptions, steps=aligned_steps(
-            {name: [None if v is None else float(v) for v in series] for name, series in values.items()}))
+        return cls(
+            gauges=gauges,
+            preemptions=preemptions,
+            steps=aligned_steps(
+                {name: [None if v is None else float(v) for v in series] for name, series in values.items()}
+            ),
+        )
 
 
-def aligned_steps(columns: Mapping[str, Sequence[float | None]]) -> list[tuple[float | None, float | None, float | None]]:
+def aligned_steps(
+    columns: Mapping[str, Sequence[float | None]],
+) -> list[tuple[float | None, float | None, float | None]]:
     """(queue depth, running, KV usage) per step from aligned gauge columns of equal length;
     empty when the engine reported none of the three."""
     picked = [list(columns.get(name) or []) for name in (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO)]
@@ -248,8 +264,13 @@ def alignment_grid(start: datetime, end: datetime, step_seconds: float) -> tuple
 
 
 def fetch_window_signals_rows(
-    store: Any, start: datetime, end: datetime, *, step_seconds: float | None = None,
-    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+    store: Any,
+    start: datetime,
+    end: datetime,
+    *,
+    step_seconds: float | None = None,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    service_name: str | None = None,
 ) -> WindowSignals:
     """:func:`~inferpath.analysis.timeline_query.fetch_window_signals` over every sample read
     into Python (:func:`fetch_series`): the reference definition, slow over wide windows."""
@@ -268,10 +289,18 @@ def fetch_window_signals_rows(
         if stats is not None:
             result.gauges[name] = stats
     result.steps = aligned_steps(columns)
-    counters = fetch_series(store, PREEMPTIONS_TOTAL, start, end, table="otel_metrics_sum",
-                            lookback_seconds=lookback_seconds, service_name=service_name)
-    increases = [c for c in (s.counter_increase(start_ns, end_ns, lookback_ns) for s in counters.values())
-                 if c is not None]
+    counters = fetch_series(
+        store,
+        PREEMPTIONS_TOTAL,
+        start,
+        end,
+        table="otel_metrics_sum",
+        lookback_seconds=lookback_seconds,
+        service_name=service_name,
+    )
+    increases = [
+        c for c in (s.counter_increase(start_ns, end_ns, lookback_ns) for s in counters.values()) if c is not None
+    ]
     result.preemptions = math.fsum(increases) if increases else None
     return result
 

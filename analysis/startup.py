@@ -17,9 +17,10 @@ root's id names the replica, and it matches request spans of the API-server proc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
+from typing import Any, overload
 
 STARTUP_ROOT_SPAN = "Overall Loading"
 """Name of the root span of a vLLM start-up trace."""
@@ -46,10 +47,13 @@ class ReplicaStartup:
 
     def text(self) -> str:
         """``replica X loaded in 35.5 s (Warmup (CPU) 13.0 s, Load weights 0.02 s, …)``."""
-        phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in
-                           sorted(self.phases_seconds.items(), key=lambda kv: -kv[1])[:4])
-        return (f"replica {self.replica or self.service_name} loaded in {self.loading_seconds:.1f} s"
-                + (f" ({phases})" if phases else ""))
+        phases = ", ".join(
+            f"{name} {seconds:.2f} s"
+            for name, seconds in sorted(self.phases_seconds.items(), key=lambda kv: -kv[1])[:4]
+        )
+        return f"replica {self.replica or self.service_name} loaded in {self.loading_seconds:.1f} s" + (
+            f" ({phases})" if phases else ""
+        )
 
 
 def startups_from_spans(spans: Iterable[Mapping[str, Any]]) -> list[ReplicaStartup]:
@@ -81,8 +85,17 @@ def startups_from_spans(spans: Iterable[Mapping[str, Any]]) -> list[ReplicaStart
             resource = root.get("resource_attributes") or {}
             replica = next((resource[k] for k in REPLICA_ATTRIBUTES if resource.get(k)), "")
             loading = int(root["duration_ns"]) / 1e9
-            out.append(ReplicaStartup(trace_id, str(root.get("service_name", "")), replica, root["timestamp"],
-                                      root["timestamp"] + timedelta(seconds=loading), loading, phases))
+            out.append(
+                ReplicaStartup(
+                    trace_id,
+                    str(root.get("service_name", "")),
+                    replica,
+                    root["timestamp"],
+                    root["timestamp"] + timedelta(seconds=loading),
+                    loading,
+                    phases,
+                )
+            )
     return sorted(out, key=lambda s: s.started_at)
 
 
@@ -91,17 +104,31 @@ def fetch_startups(store: Any, start: datetime, end: datetime) -> list[ReplicaSt
     with every span of their traces, from ``otel_traces``."""
     # The roots first: a window without a start-up (the usual case) then costs one index
     # read of the span-name key, not a scan for trace ids over every span of the window.
-    roots = store.query("SELECT DISTINCT TraceId FROM otel_traces WHERE SpanName = {root:String}"
-                        " AND Timestamp >= {start:DateTime64(9)} AND Timestamp < {end:DateTime64(9)}",
-                        {"root": STARTUP_ROOT_SPAN, "start": start, "end": end})
+    roots = store.query(
+        "SELECT DISTINCT TraceId FROM otel_traces WHERE SpanName = {root:String}"
+        " AND Timestamp >= {start:DateTime64(9)} AND Timestamp < {end:DateTime64(9)}",
+        {"root": STARTUP_ROOT_SPAN, "start": start, "end": end},
+    )
     if not roots:
         return []
     rows = store.query(
         "SELECT TraceId, SpanId, ParentSpanId, SpanName, Timestamp, Duration, ServiceName, ResourceAttributes"
-        " FROM otel_traces WHERE TraceId IN {traces:Array(String)}", {"traces": [r[0] for r in roots]})
-    spans = [{"trace_id": t, "span_id": s, "parent_span_id": p, "span_name": n, "timestamp": ts,
-              "duration_ns": int(d), "service_name": svc, "resource_attributes": dict(res or {})}
-             for t, s, p, n, ts, d, svc, res in rows]
+        " FROM otel_traces WHERE TraceId IN {traces:Array(String)}",
+        {"traces": [r[0] for r in roots]},
+    )
+    spans = [
+        {
+            "trace_id": t,
+            "span_id": s,
+            "parent_span_id": p,
+            "span_name": n,
+            "timestamp": ts,
+            "duration_ns": int(d),
+            "service_name": svc,
+            "resource_attributes": dict(res or {}),
+        }
+        for t, s, p, n, ts, d, svc, res in rows
+    ]
     return [s for s in startups_from_spans(spans) if start <= s.started_at < end]
 
 
@@ -110,16 +137,20 @@ class StoredStartups(Sequence[ReplicaStartup]):
     ``[ready_from, ready_before)``, read from the store on first iteration (a healthy
     diagnosis never asks). Iterable and sized like the list it stands for, oldest first."""
 
-    def __init__(self, store: Any, start: datetime, end: datetime, *,
-                 ready_from: datetime, ready_before: datetime) -> None:
+    def __init__(
+        self, store: Any, start: datetime, end: datetime, *, ready_from: datetime, ready_before: datetime
+    ) -> None:
         self.store, self.start, self.end = store, start, end
         self.ready_from, self.ready_before = ready_from, ready_before
         self._startups: list[ReplicaStartup] | None = None
 
     def _read(self) -> list[ReplicaStartup]:
         if self._startups is None:
-            self._startups = [s for s in fetch_startups(self.store, self.start, self.end)
-                              if self.ready_from <= s.ready_at < self.ready_before]
+            self._startups = [
+                s
+                for s in fetch_startups(self.store, self.start, self.end)
+                if self.ready_from <= s.ready_at < self.ready_before
+            ]
         return self._startups
 
     def __iter__(self) -> Iterator[ReplicaStartup]:
@@ -138,5 +169,11 @@ class StoredStartups(Sequence[ReplicaStartup]):
         return self._read()[index]
 
 
-__all__ = ["REPLICA_ATTRIBUTES", "STARTUP_ROOT_SPAN", "ReplicaStartup", "StoredStartups", "fetch_startups",
-           "startups_from_spans"]
+__all__ = [
+    "REPLICA_ATTRIBUTES",
+    "STARTUP_ROOT_SPAN",
+    "ReplicaStartup",
+    "StoredStartups",
+    "fetch_startups",
+    "startups_from_spans",
+]

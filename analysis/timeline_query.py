@@ -31,20 +31,32 @@ On these columns rest the window summaries a diagnosis reads (:func:`fetch_windo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Any
 
 from inferpath.analysis.breakdown import FINAL_SETTINGS, request_filter
 from inferpath.analysis.signals import (
-    COMBINE, DEFAULT_LOOKBACK_SECONDS, SignalStats, SignalWindows, WindowSignals, aligned_steps, alignment_grid,
-    aware_unix_ns, window_step_seconds,
+    COMBINE,
+    DEFAULT_LOOKBACK_SECONDS,
+    SignalStats,
+    SignalWindows,
+    WindowSignals,
+    aligned_steps,
+    alignment_grid,
+    aware_unix_ns,
+    window_step_seconds,
 )
 from inferpath.storage import gauge_rollup
 from inferpath.storage.rows import unix_ns_from_datetime
 from inferpath.vocabulary import PREEMPTIONS_TOTAL, SATURATION_GAUGES
 
 REQUEST_COLUMNS: tuple[str, ...] = (
-    "requests", "ttft_p99_seconds", "ttft_avg_seconds", "itl_p99_seconds", "e2e_p99_seconds",
+    "requests",
+    "ttft_p99_seconds",
+    "ttft_avg_seconds",
+    "itl_p99_seconds",
+    "e2e_p99_seconds",
 )
 """The request columns, as :data:`inferpath.analysis.correlate.REQUEST_COLUMNS`."""
 
@@ -59,8 +71,15 @@ def _check_step(step_ns: int, steps: int) -> None:
 
 
 def fetch_request_columns(
-    store: Any, *, start: datetime, end: datetime, step_ns: int, steps: int,
-    endpoint: str | None = None, endpoint_class: str | None = None, status: str | None = "ok",
+    store: Any,
+    *,
+    start: datetime,
+    end: datetime,
+    step_ns: int,
+    steps: int,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+    status: str | None = "ok",
 ) -> dict[str, list[float | None]]:
     """Per step ``i`` (requests with ``start + i·step_ns ≤ timestamp < start + (i+1)·step_ns``,
     ``0 ≤ i < steps``, and ``timestamp < end``): :data:`REQUEST_COLUMNS` in seconds,
@@ -71,8 +90,9 @@ def fetch_request_columns(
     Raises ``ValueError`` for a non-positive ``step_ns`` or naive datetimes.
     """
     _check_step(step_ns, steps)
-    where, parameters = request_filter(start=start, end=end, endpoint=endpoint,
-                                       endpoint_class=endpoint_class, status=status)
+    where, parameters = request_filter(
+        start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=status
+    )
     parameters |= {"origin_ns": unix_ns_from_datetime(start), "step_ns": step_ns}
     measures = ("ttft_ns", "itl_ns", "e2e_ns")
     aggregates = ", ".join(f"count({m}), quantileExactInclusive(0.99)({m}), sum({m})" for m in measures)
@@ -86,8 +106,7 @@ def fetch_request_columns(
     for step, count, *stats in store.query(sql, parameters):
         if not 0 <= step < steps:
             continue
-        (ttft_n, ttft_p99, ttft_sum), (itl_n, itl_p99, _), (e2e_n, e2e_p99, _) = (
-            stats[0:3], stats[3:6], stats[6:9])
+        (ttft_n, ttft_p99, ttft_sum), (itl_n, itl_p99, _), (e2e_n, e2e_p99, _) = (stats[0:3], stats[3:6], stats[6:9])
         columns["requests"][step] = float(count)
         if ttft_n:
             columns["ttft_p99_seconds"][step] = float(ttft_p99) / 1e9
@@ -115,12 +134,21 @@ def _sample_sql(table: str, bucket: str, aggregates: str, service_name: str | No
     )
 
 
-def _sample_parameters(names: Sequence[str], start: datetime, end: datetime, step_ns: int,
-                       lookback_seconds: float, service_name: str | None) -> dict[str, Any]:
+def _sample_parameters(
+    names: Sequence[str],
+    start: datetime,
+    end: datetime,
+    step_ns: int,
+    lookback_seconds: float,
+    service_name: str | None,
+) -> dict[str, Any]:
     start_ns = unix_ns_from_datetime(start)
     parameters: dict[str, Any] = {
-        "names": list(names), "origin_ns": start_ns, "step_ns": step_ns,
-        "from_ns": start_ns - int(lookback_seconds * 1e9), "to_ns": unix_ns_from_datetime(end),
+        "names": list(names),
+        "origin_ns": start_ns,
+        "step_ns": step_ns,
+        "from_ns": start_ns - int(lookback_seconds * 1e9),
+        "to_ns": unix_ns_from_datetime(end),
     }
     if service_name is not None:
         parameters["service"] = service_name
@@ -157,8 +185,15 @@ def _series_key(service: str, resource: Any, attributes: Any) -> tuple:
 
 
 def fetch_gauge_columns(
-    store: Any, names: Sequence[str], *, start: datetime, end: datetime, step_ns: int, steps: int,
-    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+    store: Any,
+    names: Sequence[str],
+    *,
+    start: datetime,
+    end: datetime,
+    step_ns: int,
+    steps: int,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    service_name: str | None = None,
 ) -> dict[str, list[float | None]]:
     """Per gauge name, one value per step ``i < steps``: every series' latest sample at or
     before ``start + (i+1)·step_ns − 1`` and no older than ``lookback_seconds``, combined per
@@ -171,25 +206,29 @@ def fetch_gauge_columns(
     _check_step(step_ns, steps)
     # A sample at time τ is visible from the step holding τ on: bucket ⌊(τ − start) / step⌋,
     # everything before the window's start in bucket −1.
-    bucket = ("if(time_ns < {origin_ns:Int64}, -1,"
-              " intDiv(time_ns - {origin_ns:Int64}, {step_ns:Int64}))")
+    bucket = "if(time_ns < {origin_ns:Int64}, -1, intDiv(time_ns - {origin_ns:Int64}, {step_ns:Int64}))"
     parameters = _sample_parameters(names, start, end, step_ns, lookback_seconds, service_name)
     if minute_grid(start, step_ns) and gauge_rollup.is_ready(store):
         # Every step is whole minutes from a minute's start, so each step's latest sample is
         # the latest of its minutes' latest samples: the rollup answers with ~1/30 the rows.
         sql = _rollup_sql(bucket, service_name)
     else:
-        sql = _sample_sql("otel_metrics_gauge", bucket, "max(time_ns) AS last_ns, argMax(Value, time_ns) AS last_value",
-                          service_name)
+        sql = _sample_sql(
+            "otel_metrics_gauge", bucket, "max(time_ns) AS last_ns, argMax(Value, time_ns) AS last_value", service_name
+        )
     # One row per series with its steps as an array: turning each row's two Map columns into
     # Python dicts cost more than the query itself at hundreds of steps per series.
-    rows = store.query("SELECT MetricName, ServiceName, ResourceAttributes, Attributes,"
-                       " arraySort(groupArray((bucket, last_ns, last_value)))"
-                       f" FROM ({sql}) GROUP BY MetricName, ServiceName, ResourceAttributes, Attributes", parameters)
+    rows = store.query(
+        "SELECT MetricName, ServiceName, ResourceAttributes, Attributes,"
+        " arraySort(groupArray((bucket, last_ns, last_value)))"
+        f" FROM ({sql}) GROUP BY MetricName, ServiceName, ResourceAttributes, Attributes",
+        parameters,
+    )
     latest: dict[str, dict[tuple, list[tuple[int, int, float]]]] = {name: {} for name in names}
     for name, service, resource, attributes, points in rows:
         latest[name].setdefault(_series_key(service, resource, attributes), []).extend(
-            (int(index), int(time_ns), float(value)) for index, time_ns, value in points)
+            (int(index), int(time_ns), float(value)) for index, time_ns, value in points
+        )
     for by_series in latest.values():
         for buckets in by_series.values():
             buckets.sort()  # series told apart by ClickHouse but equal here come in two runs
@@ -205,8 +244,9 @@ def fetch_gauge_columns(
     return columns
 
 
-def _carry_asof(buckets: list[tuple[int, int, float]], per_step: list[list[float]],
-                origin_ns: int, step_ns: int, lookback_ns: int) -> None:
+def _carry_asof(
+    buckets: list[tuple[int, int, float]], per_step: list[list[float]], origin_ns: int, step_ns: int, lookback_ns: int
+) -> None:
     """Append one series' as-of value at each step's end to ``per_step`` (buckets ascending)."""
     position, current = 0, None
     for step in range(len(per_step)):
@@ -219,8 +259,15 @@ def _carry_asof(buckets: list[tuple[int, int, float]], per_step: list[list[float
 
 
 def fetch_counter_increases(
-    store: Any, name: str, *, start: datetime, end: datetime, step_ns: int, steps: int,
-    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+    store: Any,
+    name: str,
+    *,
+    start: datetime,
+    end: datetime,
+    step_ns: int,
+    steps: int,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    service_name: str | None = None,
 ) -> list[float | None]:
     """Per step ``i < steps``: the reset-aware increase of counter ``name``
     (``otel_metrics_sum``) over ``(start + i·step_ns, start + (i+1)·step_ns]``, summed over
@@ -231,8 +278,7 @@ def fetch_counter_increases(
     _check_step(step_ns, steps)
     # A counter sample at τ counts events before τ: step (t, t + step] holds it, so the
     # bucket is ⌈(τ − start) / step⌉ − 1, and everything at or before start is bucket −1.
-    bucket = ("if(time_ns <= {origin_ns:Int64}, -1,"
-              " intDiv(time_ns - {origin_ns:Int64} - 1, {step_ns:Int64}))")
+    bucket = "if(time_ns <= {origin_ns:Int64}, -1, intDiv(time_ns - {origin_ns:Int64} - 1, {step_ns:Int64}))"
     ordered = "arrayMap(p -> p.2, arraySort(p -> p.1, groupArray((time_ns, Value))))"
     aggregates = (
         f"min(time_ns), max(time_ns), argMax(Value, time_ns), {ordered} AS values,"
@@ -241,9 +287,10 @@ def fetch_counter_increases(
     sql = _sample_sql("otel_metrics_sum", bucket, aggregates, service_name)
     rows = store.query(sql, _sample_parameters([name], start, end, step_ns, lookback_seconds, service_name))
     series: dict[tuple, list[tuple]] = {}
-    for _, service, resource, attributes, index, first_ns, last_ns, last, values, inside in rows:
+    for _, service, resource, attributes, index, _first_ns, last_ns, last, values, inside in rows:
         series.setdefault(_series_key(service, resource, attributes), []).append(
-            (int(index), int(last_ns), float(last), float(values[0]), float(inside)))
+            (int(index), int(last_ns), float(last), float(values[0]), float(inside))
+        )
     lookback_ns = int(lookback_seconds * 1e9)
     origin_ns = unix_ns_from_datetime(start)
     per_step: list[list[float]] = [[] for _ in range(steps)]
@@ -262,8 +309,13 @@ def fetch_counter_increases(
 
 # ----------------------------------------------------------------------------- window summaries
 def fetch_window_signals(
-    store: Any, start: datetime, end: datetime, *, step_seconds: float | None = None,
-    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+    store: Any,
+    start: datetime,
+    end: datetime,
+    *,
+    step_seconds: float | None = None,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    service_name: str | None = None,
 ) -> WindowSignals:
     """Summarize every canonical signal over ``[start, end)``.
 
@@ -281,16 +333,18 @@ def fetch_window_signals(
     origin = _datetime_of_ns(origin_ns, start)
     options: dict[str, Any] = {"lookback_seconds": lookback_seconds, "service_name": service_name}
     result = WindowSignals()
-    columns = fetch_gauge_columns(store, SATURATION_GAUGES, start=origin, end=end, step_ns=step_ns, steps=steps,
-                                  **options)
+    columns = fetch_gauge_columns(
+        store, SATURATION_GAUGES, start=origin, end=end, step_ns=step_ns, steps=steps, **options
+    )
     for name, aligned in columns.items():
         stats = SignalStats.of([v for v in aligned if v is not None])
         if stats is not None:
             result.gauges[name] = stats
     result.steps = aligned_steps(columns)
     if end_ns > start_ns:
-        result.preemptions = fetch_counter_increases(store, PREEMPTIONS_TOTAL, start=start, end=end,
-                                                     step_ns=end_ns - start_ns, steps=1, **options)[0]
+        result.preemptions = fetch_counter_increases(
+            store, PREEMPTIONS_TOTAL, start=start, end=end, step_ns=end_ns - start_ns, steps=1, **options
+        )[0]
     return result
 
 
@@ -303,8 +357,12 @@ def _datetime_of_ns(unix_ns: int, exact: datetime) -> datetime:
 
 
 def fetch_signal_windows(
-    store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime], *,
-    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS, service_name: str | None = None,
+    store: Any,
+    current: tuple[datetime, datetime],
+    baseline: tuple[datetime, datetime],
+    *,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    service_name: str | None = None,
 ) -> SignalWindows:
     """:func:`fetch_window_signals` of both windows (default steps), with one gauge query
     for both when their :func:`alignment_grid` points lie on one grid (always for windows
@@ -317,38 +375,53 @@ def fetch_signal_windows(
     first_origin = min(c_origin, b_origin)
     if c_step != b_step or (c_origin - b_origin) % c_step or not (c_steps and b_steps):
         return SignalWindows(
-            current=fetch_window_signals(store, *current, lookback_seconds=lookback_seconds,
-                                         service_name=service_name),
-            baseline=fetch_window_signals(store, *baseline, lookback_seconds=lookback_seconds,
-                                          service_name=service_name))
+            current=fetch_window_signals(store, *current, lookback_seconds=lookback_seconds, service_name=service_name),
+            baseline=fetch_window_signals(
+                store, *baseline, lookback_seconds=lookback_seconds, service_name=service_name
+            ),
+        )
     options: dict[str, Any] = {"lookback_seconds": lookback_seconds, "service_name": service_name}
     offsets = [(origin - first_origin) // c_step for origin in (c_origin, b_origin)]
     steps = max(offset + count for offset, count in zip(offsets, (c_steps, b_steps)))
     earliest = current if c_origin <= b_origin else baseline
     # Each window's points are a run of the shared grid; reading the union's samples
     # changes no as-of value (see fetch_gauge_columns).
-    columns = fetch_gauge_columns(store, SATURATION_GAUGES, start=_datetime_of_ns(first_origin, earliest[0]),
-                                  end=max(current[1], baseline[1]), step_ns=c_step, steps=steps, **options)
+    columns = fetch_gauge_columns(
+        store,
+        SATURATION_GAUGES,
+        start=_datetime_of_ns(first_origin, earliest[0]),
+        end=max(current[1], baseline[1]),
+        step_ns=c_step,
+        steps=steps,
+        **options,
+    )
     out = []
     for offset, count in zip(offsets, (c_steps, b_steps)):
         signals = WindowSignals()
         for name, aligned in columns.items():
-            stats = SignalStats.of([v for v in aligned[offset:offset + count] if v is not None])
+            stats = SignalStats.of([v for v in aligned[offset : offset + count] if v is not None])
             if stats is not None:
                 signals.gauges[name] = stats
-        signals.steps = aligned_steps({name: aligned[offset:offset + count] for name, aligned in columns.items()})
+        signals.steps = aligned_steps({name: aligned[offset : offset + count] for name, aligned in columns.items()})
         out.append(signals)
     length_ns = aware_unix_ns(current[1], "end") - aware_unix_ns(current[0], "start")
     if baseline[1] == current[0] and baseline[1] - baseline[0] == current[1] - current[0] and length_ns > 0:
         # Steps (baseline_start, baseline_end] and (window_start, window_end]: as two calls.
         out[1].preemptions, out[0].preemptions = fetch_counter_increases(
-            store, PREEMPTIONS_TOTAL, start=baseline[0], end=current[1], step_ns=length_ns, steps=2, **options)
+            store, PREEMPTIONS_TOTAL, start=baseline[0], end=current[1], step_ns=length_ns, steps=2, **options
+        )
     else:
         for signals, (start, end) in zip(out, (current, baseline)):
             if end > start:
                 signals.preemptions = fetch_counter_increases(
-                    store, PREEMPTIONS_TOTAL, start=start, end=end,
-                    step_ns=aware_unix_ns(end, "end") - aware_unix_ns(start, "start"), steps=1, **options)[0]
+                    store,
+                    PREEMPTIONS_TOTAL,
+                    start=start,
+                    end=end,
+                    step_ns=aware_unix_ns(end, "end") - aware_unix_ns(start, "start"),
+                    steps=1,
+                    **options,
+                )[0]
     return SignalWindows(current=out[0], baseline=out[1])
 
 
@@ -359,8 +432,14 @@ class StoredSignalWindows:
     ``(start, end)`` timezone-aware datetimes; ``baseline`` ``None`` when the diagnosis has
     none (its signals are then empty)."""
 
-    def __init__(self, store: Any, current: tuple[datetime, datetime], baseline: tuple[datetime, datetime] | None,
-                 *, service_name: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        current: tuple[datetime, datetime],
+        baseline: tuple[datetime, datetime] | None,
+        *,
+        service_name: str | None = None,
+    ) -> None:
         self.store, self.service_name = store, service_name
         self._windows = (current, baseline)
         self._read: SignalWindows | None = None
@@ -369,8 +448,9 @@ class StoredSignalWindows:
         if self._read is None:
             current, baseline = self._windows
             if baseline is None:
-                self._read = SignalWindows(current=fetch_window_signals(self.store, *current,
-                                                                        service_name=self.service_name))
+                self._read = SignalWindows(
+                    current=fetch_window_signals(self.store, *current, service_name=self.service_name)
+                )
             else:
                 self._read = fetch_signal_windows(self.store, current, baseline, service_name=self.service_name)
         return self._read
@@ -386,5 +466,13 @@ class StoredSignalWindows:
         return self._get().baseline
 
 
-__all__ = ["REQUEST_COLUMNS", "StoredSignalWindows", "fetch_counter_increases", "fetch_gauge_columns",
-           "fetch_request_columns", "fetch_signal_windows", "fetch_window_signals", "minute_grid"]
+__all__ = [
+    "REQUEST_COLUMNS",
+    "StoredSignalWindows",
+    "fetch_counter_increases",
+    "fetch_gauge_columns",
+    "fetch_request_columns",
+    "fetch_signal_windows",
+    "fetch_window_signals",
+    "minute_grid",
+]

@@ -13,8 +13,15 @@ from datetime import datetime
 from typing import Any
 
 CAUSES: tuple[str, ...] = (
-    "tokenization", "retrieval", "queueing", "batching", "network_hop",
-    "gpu_compute", "gpu_memory", "cold_start", "unexplained",
+    "tokenization",
+    "retrieval",
+    "queueing",
+    "batching",
+    "network_hop",
+    "gpu_compute",
+    "gpu_memory",
+    "cold_start",
+    "unexplained",
 )
 """Cause names a :class:`Cause` may carry. ``retrieval`` is a CPU stage of its own (a slow
 retriever is not a tokenizer problem); ``unexplained`` is time that no stage span covers."""
@@ -139,7 +146,7 @@ class Verdict:
     baseline_requests: int
     objectives: list[Any] = field(default_factory=list)
     tail: list[Any] = field(default_factory=list)
-    baseline: "BaselineInfo | None" = None
+    baseline: BaselineInfo | None = None
     engine: Any = None
     budget: Any = None
     notes: list[str] = field(default_factory=list)
@@ -158,8 +165,12 @@ def verdict_to_dict(verdict: Verdict) -> dict[str, Any]:
     out["top_cause"] = verdict.top_cause
     engine = verdict.engine
     if engine is not None and out.get("engine") is not None:
-        out["engine"].update(bound=engine.bound, memory_pressure=engine.memory_pressure,
-                             waiting_share=engine.waiting_share, text=engine.text())
+        out["engine"].update(
+            bound=engine.bound,
+            memory_pressure=engine.memory_pressure,
+            waiting_share=engine.waiting_share,
+            text=engine.text(),
+        )
     if verdict.budget is not None and out.get("budget") is not None:
         out["budget"]["text"] = verdict.budget.text()
     return out
@@ -181,4 +192,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["CAUSES", "MIN_CAUSE_SHARE", "MIN_REQUESTS", "TAIL_QUANTILE", "BaselineInfo", "InsufficientDataError", "Cause", "Degradation", "Evidence", "Verdict", "Window", "verdict_to_dict"]
+__all__ = [
+    "CAUSES",
+    "MIN_CAUSE_SHARE",
+    "MIN_REQUESTS",
+    "TAIL_QUANTILE",
+    "BaselineInfo",
+    "InsufficientDataError",
+    "Cause",
+    "Degradation",
+    "Evidence",
+    "Verdict",
+    "Window",
+    "verdict_to_dict",
+]

@@ -78,7 +78,7 @@ import httpx
 from inferpath.instrumentation import receipt
 from inferpath.instrumentation.clients import stream_chat_completion
 
-SERVER = r'''
+SERVER = r"""
 import asyncio, json, os, socket, sys, time
 ttft, itl, tokens, log_path = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 log = open(log_path, "w")
@@ -116,7 +116,7 @@ async def main():
     print(server.sockets[0].getsockname()[1], flush=True)
     await server.serve_forever()
 asyncio.run(main())
-'''
+"""
 
 #: stamp -> (receipt.enabled, receipt.kernel_stamps)
 STAMPS = {"default": (False, False), "kernel": (True, True), "raw read": (True, False)}
@@ -148,9 +148,14 @@ async def _loop_lag(lags_ms: list[float], stop: asyncio.Event) -> None:
         lags_ms.append((time.perf_counter() - began - 0.001) * 1e3)
 
 
-async def client_run(url: str, requests: int, concurrency: int, prefix: str,
-                     mean_gap_seconds: float = 0.0, lags_ms: list[float] | None = None
-                     ) -> dict[str, tuple]:
+async def client_run(
+    url: str,
+    requests: int,
+    concurrency: int,
+    prefix: str,
+    mean_gap_seconds: float = 0.0,
+    lags_ms: list[float] | None = None,
+) -> dict[str, tuple]:
     """Stream ``requests`` calls, at most ``concurrency`` at once. ``mean_gap_seconds`` 0:
     every waiting call starts as soon as a slot frees (all first tokens of a wave are written
     in the same instant); > 0: calls arrive with exponential gaps of that mean (seeded).
@@ -167,14 +172,16 @@ async def client_run(url: str, requests: int, concurrency: int, prefix: str,
     began = time.perf_counter()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+
         async def one(index: int) -> None:
             request_id = f"{prefix}-{index}"
             delay = began + offsets[index] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             async with gate:
-                stream = stream_chat_completion(client, url, {"model": "m", "user": request_id,
-                                                              "messages": []}, stage=None)
+                stream = stream_chat_completion(
+                    client, url, {"model": "m", "user": request_id, "messages": []}, stage=None
+                )
                 async with stream:
                     async for _ in stream:
                         pass
@@ -198,17 +205,33 @@ def _errors(measured: dict[str, tuple], writes: dict[str, dict]) -> dict[str, fl
         itl_errors.append((itl - true_itl) * 1e3)
         server_lags.extend(lag * 1e3 for lag in writes[request_id]["lags"])
     ttft_abs, itl_abs = [abs(e) for e in ttft_errors], [abs(e) for e in itl_errors]
-    return {"ttft_p50_ms": percentile(ttft_abs, 0.5), "ttft_p99_ms": percentile(ttft_abs, 0.99),
-            "ttft_max_ms": max(ttft_abs), "ttft_min_signed_ms": min(ttft_errors),
-            "itl_p50_ms": percentile(itl_abs, 0.5), "itl_p99_ms": percentile(itl_abs, 0.99),
-            "server_lag_p99_ms": percentile(server_lags, 0.99),
-            "requests": len(measured)}
+    return {
+        "ttft_p50_ms": percentile(ttft_abs, 0.5),
+        "ttft_p99_ms": percentile(ttft_abs, 0.99),
+        "ttft_max_ms": max(ttft_abs),
+        "ttft_min_signed_ms": min(ttft_errors),
+        "itl_p50_ms": percentile(itl_abs, 0.5),
+        "itl_p99_ms": percentile(itl_abs, 0.99),
+        "server_lag_p99_ms": percentile(server_lags, 0.99),
+        "requests": len(measured),
+    }
 
 
-def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c1: int = 100,
-        rounds: int = 1, pin: bool = False, nice: int = 0, realtime: bool = False,
-        exporter: str = "otlp", gc_freeze: bool = False,
-        diagnose: bool = False) -> dict[str, dict]:
+def run(
+    requests: int,
+    tokens: int,
+    ttft_ms: float,
+    itl_ms: float,
+    *,
+    requests_c1: int = 100,
+    rounds: int = 1,
+    pin: bool = False,
+    nice: int = 0,
+    realtime: bool = False,
+    exporter: str = "otlp",
+    gc_freeze: bool = False,
+    diagnose: bool = False,
+) -> dict[str, dict]:
     """Run every case ``rounds`` times with both stamps interleaved; returns
     ``{case: row}`` where row holds the raw-read stamp's figures of the last round
     (``ttft_p50_ms``, ``ttft_p99_ms``, ``itl_p50_ms``, ``itl_p99_ms``, ``requests``, ...)
@@ -227,9 +250,11 @@ def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c
     own_policy, own_param = os.sched_getscheduler(0), os.sched_getparam(0)
     with tempfile.TemporaryDirectory() as folder:
         log_path = Path(folder) / "writes.jsonl"
-        server = subprocess.Popen([sys.executable, "-c", SERVER, str(ttft_ms / 1000),
-                                   str(itl_ms / 1000), str(tokens), str(log_path)],
-                                  stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(ttft_ms / 1000), str(itl_ms / 1000), str(tokens), str(log_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             if pinned:
                 cpus = sorted(affinity)
@@ -248,6 +273,7 @@ def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c
                 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
                     InMemorySpanExporter,
                 )
+
                 span_exporter = InMemorySpanExporter()
             else:
                 span_exporter = OTLPSpanExporter(endpoint=f"{base}/v1/traces", timeout=2)
@@ -261,11 +287,13 @@ def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c
                 gc.collect()
                 gc.freeze()
             gc.callbacks.append(pauses)
-            cores = "client cpu %d, server cpu %d" % tuple(sorted(affinity)[:2]) if pinned else "no"
+            cores = "client cpu {}, server cpu {}".format(*sorted(affinity)[:2]) if pinned else "no"
             sink = "in-memory" if exporter == "memory" else "OTLP/HTTP to a local sink"
-            print(f"settings: pin={cores}, nice={nice}, realtime={realtime}, "
-                  f"gc_freeze={gc_freeze}, exporter={sink}, tokens={tokens}, "
-                  f"ttft={ttft_ms:g} ms, itl={itl_ms:g} ms")
+            print(
+                f"settings: pin={cores}, nice={nice}, realtime={realtime}, "
+                f"gc_freeze={gc_freeze}, exporter={sink}, tokens={tokens}, "
+                f"ttft={ttft_ms:g} ms, itl={itl_ms:g} ms"
+            )
             for round_index in range(rounds):
                 for case_index, (case, (concurrency, mean_gap)) in enumerate(cases.items()):
                     count = min(requests, requests_c1) if concurrency == 1 else requests
@@ -285,20 +313,22 @@ def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c
                         lags_ms: list[float] | None = [] if diagnose else None
                         load = os.getloadavg()[0]
                         prefix = f"r{round_index}-{case.replace(' ', '-')}-{stamp.replace(' ', '-')}"
-                        measured = asyncio.run(
-                            client_run(url, count, concurrency, prefix, mean_gap, lags_ms))
+                        measured = asyncio.run(client_run(url, count, concurrency, prefix, mean_gap, lags_ms))
                         time.sleep(0.2)  # the server logs a request after its last write
                         writes = {}
                         for line in log_path.read_text().splitlines():
                             entry = json.loads(line)
                             writes[entry["id"]] = entry
                         row = _errors(measured, writes)
-                        row.update(stamp=stamp, round=round_index, load_average=load,
-                                   gc_pauses=len(pauses.pauses_ms),
-                                   gc_max_ms=max(pauses.pauses_ms, default=0.0))
+                        row.update(
+                            stamp=stamp,
+                            round=round_index,
+                            load_average=load,
+                            gc_pauses=len(pauses.pauses_ms),
+                            gc_max_ms=max(pauses.pauses_ms, default=0.0),
+                        )
                         if lags_ms:
-                            row.update(loop_lag_p99_ms=percentile(lags_ms, 0.99),
-                                       loop_lag_max_ms=max(lags_ms))
+                            row.update(loop_lag_p99_ms=percentile(lags_ms, 0.99), loop_lag_max_ms=max(lags_ms))
                         print(_line(case, row), flush=True)
                         entry = report.setdefault(case, {"rounds": []})
                         entry["rounds"].append(row)
@@ -323,13 +353,15 @@ def run(requests: int, tokens: int, ttft_ms: float, itl_ms: float, *, requests_c
 
 
 def _line(case: str, row: dict) -> str:
-    text = (f"concurrency {case:<10} stamp {row['stamp']:<11} ({row['requests']} requests, load "
-            f"{row['load_average']:.1f}): |TTFT error| p50 {row['ttft_p50_ms']:.3f} ms, p99 "
-            f"{row['ttft_p99_ms']:.3f} ms, max {row['ttft_max_ms']:.3f} (signed min "
-            f"{row['ttft_min_signed_ms']:.3f}); |ITL error| p50 "
-            f"{row['itl_p50_ms']:.3f} ms, p99 {row['itl_p99_ms']:.3f} ms; server lag p99 "
-            f"{row['server_lag_p99_ms']:.2f} ms; gc {row['gc_pauses']} pauses, max "
-            f"{row['gc_max_ms']:.1f} ms")
+    text = (
+        f"concurrency {case:<10} stamp {row['stamp']:<11} ({row['requests']} requests, load "
+        f"{row['load_average']:.1f}): |TTFT error| p50 {row['ttft_p50_ms']:.3f} ms, p99 "
+        f"{row['ttft_p99_ms']:.3f} ms, max {row['ttft_max_ms']:.3f} (signed min "
+        f"{row['ttft_min_signed_ms']:.3f}); |ITL error| p50 "
+        f"{row['itl_p50_ms']:.3f} ms, p99 {row['itl_p99_ms']:.3f} ms; server lag p99 "
+        f"{row['server_lag_p99_ms']:.2f} ms; gc {row['gc_pauses']} pauses, max "
+        f"{row['gc_max_ms']:.1f} ms"
+    )
     if "loop_lag_p99_ms" in row:
         text += f"; loop lag p99 {row['loop_lag_p99_ms']:.2f} ms, max {row['loop_lag_max_ms']:.1f}"
     return text + " (default's target: p99 <= 3 at concurrency 1, <= 10 at 64)"
@@ -337,26 +369,40 @@ def _line(case: str, row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--requests", type=int, default=256,
-                        help="per case at concurrency 64")
-    parser.add_argument("--requests-c1", type=int, default=100,
-                        help="at concurrency 1 (at most --requests; each takes one call's duration)")
+    parser.add_argument("--requests", type=int, default=256, help="per case at concurrency 64")
+    parser.add_argument(
+        "--requests-c1",
+        type=int,
+        default=100,
+        help="at concurrency 1 (at most --requests; each takes one call's duration)",
+    )
     parser.add_argument("--tokens", type=int, default=20)
     parser.add_argument("--ttft-ms", type=float, default=100.0)
     parser.add_argument("--itl-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--pin", action="store_true", help="client on CPU 0, server on CPU 1")
-    parser.add_argument("--nice", type=int, default=0,
-                        help="scheduling priority of client and server (negative needs privileges)")
-    parser.add_argument("--realtime", action="store_true",
-                        help="client and server under SCHED_FIFO (needs privileges)")
+    parser.add_argument(
+        "--nice", type=int, default=0, help="scheduling priority of client and server (negative needs privileges)"
+    )
+    parser.add_argument("--realtime", action="store_true", help="client and server under SCHED_FIFO (needs privileges)")
     parser.add_argument("--exporter", choices=("otlp", "memory"), default="otlp")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
     parser.add_argument("--diagnose", action="store_true", help="measure the client loop's lag")
     args = parser.parse_args(argv)
-    return run(args.requests, args.tokens, args.ttft_ms, args.itl_ms,
-               requests_c1=args.requests_c1, rounds=args.rounds, pin=args.pin, nice=args.nice,
-               realtime=args.realtime, exporter=args.exporter, gc_freeze=args.gc_freeze, diagnose=args.diagnose)
+    return run(
+        args.requests,
+        args.tokens,
+        args.ttft_ms,
+        args.itl_ms,
+        requests_c1=args.requests_c1,
+        rounds=args.rounds,
+        pin=args.pin,
+        nice=args.nice,
+        realtime=args.realtime,
+        exporter=args.exporter,
+        gc_freeze=args.gc_freeze,
+        diagnose=args.diagnose,
+    )
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ import asyncio
 import os
 import time
 
+from bench_stage_span import DiscardingExporter
 from fastapi import FastAPI
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 import inferpath
-from bench_stage_span import DiscardingExporter
 from inferpath.instrumentation import provider
 
 
@@ -60,11 +60,20 @@ async def call(app: FastAPI, requests: int, traceparent: bool = False) -> tuple[
     headers = [(b"host", b"bench")]
     if traceparent:
         headers.append((b"traceparent", TRACEPARENT))
-    scope_template = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                      "method": "GET", "scheme": "http", "path": "/v1/models/m1",
-                      "raw_path": b"/v1/models/m1", "root_path": "", "query_string": b"",
-                      "headers": headers, "client": ("127.0.0.1", 1),
-                      "server": ("127.0.0.1", 80)}
+    scope_template = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/v1/models/m1",
+        "raw_path": b"/v1/models/m1",
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
 
     async def receive() -> dict:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -84,11 +93,18 @@ def bare_span_seconds(spans: int) -> tuple[float, float]:
     """One SDK SERVER span with the gateway span's eight attributes, made current and
     ended, in a tight loop. (wall, CPU) seconds per span."""
     tracer = provider.current_provider().get_tracer("bench-bare")
-    start_attributes = {"inferpath.stage": "gateway", "inferpath.endpoint_class": "interactive",
-                        "http.request.method": "GET", "url.path": "/v1/models/m1",
-                        "url.scheme": "http"}
-    end_attributes = {"http.response.status_code": 200, "http.route": "/v1/models/{name}",
-                      "inferpath.endpoint": "/v1/models/{name}"}
+    start_attributes = {
+        "inferpath.stage": "gateway",
+        "inferpath.endpoint_class": "interactive",
+        "http.request.method": "GET",
+        "url.path": "/v1/models/m1",
+        "url.scheme": "http",
+    }
+    end_attributes = {
+        "http.response.status_code": 200,
+        "http.route": "/v1/models/{name}",
+        "inferpath.endpoint": "/v1/models/{name}",
+    }
     cpu_started = time.thread_time()
     started = time.perf_counter()
     for _ in range(spans):
@@ -105,8 +121,9 @@ def bare_span_seconds(spans: int) -> tuple[float, float]:
 def run(requests: int, rounds: int, traceparent: bool = False) -> dict[str, float]:
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-    provider.configure("bench-gateway", span_exporter=DiscardingExporter(),
-                       max_queue_size=1 << 20, schedule_delay_seconds=0.2)
+    provider.configure(
+        "bench-gateway", span_exporter=DiscardingExporter(), max_queue_size=1 << 20, schedule_delay_seconds=0.2
+    )
     apps = {"bare": build_app(), "inferpath": build_app(), "stock": build_app()}
     inferpath.instrument(apps["inferpath"], service_name="bench-gateway")
     FastAPIInstrumentor.instrument_app(apps["stock"], tracer_provider=provider.current_provider())
@@ -133,33 +150,40 @@ def run(requests: int, rounds: int, traceparent: bool = False) -> dict[str, floa
     provider.shutdown(5.0)
     ours = best["inferpath"] - best["bare"]
     stock = best["stock"] - best["bare"]
-    return {"bare_us": best["bare"] * 1e6, "ours_overhead_us": ours * 1e6,
-            "stock_overhead_us": stock * 1e6, "ratio": ours / stock,
-            "bare_cpu_us": best_cpu["bare"] * 1e6,
-            "ours_overhead_cpu_us": (best_cpu["inferpath"] - best_cpu["bare"]) * 1e6,
-            "stock_overhead_cpu_us": (best_cpu["stock"] - best_cpu["bare"]) * 1e6,
-            "bare_span_us": best["span"] * 1e6, "bare_span_cpu_us": best_cpu["span"] * 1e6,
-            "load_before": load_before, "load_after": load_after}
+    return {
+        "bare_us": best["bare"] * 1e6,
+        "ours_overhead_us": ours * 1e6,
+        "stock_overhead_us": stock * 1e6,
+        "ratio": ours / stock,
+        "bare_cpu_us": best_cpu["bare"] * 1e6,
+        "ours_overhead_cpu_us": (best_cpu["inferpath"] - best_cpu["bare"]) * 1e6,
+        "stock_overhead_cpu_us": (best_cpu["stock"] - best_cpu["bare"]) * 1e6,
+        "bare_span_us": best["span"] * 1e6,
+        "bare_span_cpu_us": best_cpu["span"] * 1e6,
+        "load_before": load_before,
+        "load_after": load_after,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--traceparent", action="store_true",
-                        help="send a W3C traceparent header with every request")
+    parser.add_argument("--traceparent", action="store_true", help="send a W3C traceparent header with every request")
     args = parser.parse_args(argv)
     result = run(args.requests, args.rounds, args.traceparent)
     print(f"load average: {result['load_before']:.2f} -> {result['load_after']:.2f}")
     print("best round of each side: wall / request-thread CPU")
-    print(f"uninstrumented request (reference): {result['bare_us']:.1f} / "
-          f"{result['bare_cpu_us']:.1f} us")
-    print(f"stock FastAPIInstrumentor adds:     {result['stock_overhead_us']:.1f} / "
-          f"{result['stock_overhead_cpu_us']:.1f} us/request")
-    print(f"inferpath adds:                     {result['ours_overhead_us']:.1f} / "
-          f"{result['ours_overhead_cpu_us']:.1f} us/request")
-    print(f"bare SDK server span, tight loop:   {result['bare_span_us']:.1f} / "
-          f"{result['bare_span_cpu_us']:.1f} us")
+    print(f"uninstrumented request (reference): {result['bare_us']:.1f} / {result['bare_cpu_us']:.1f} us")
+    print(
+        f"stock FastAPIInstrumentor adds:     {result['stock_overhead_us']:.1f} / "
+        f"{result['stock_overhead_cpu_us']:.1f} us/request"
+    )
+    print(
+        f"inferpath adds:                     {result['ours_overhead_us']:.1f} / "
+        f"{result['ours_overhead_cpu_us']:.1f} us/request"
+    )
+    print(f"bare SDK server span, tight loop:   {result['bare_span_us']:.1f} / {result['bare_span_cpu_us']:.1f} us")
     print(f"ratio inferpath/stock: {result['ratio']:.2f} (target <= 0.5)")
     return result
 

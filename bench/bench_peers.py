@@ -26,7 +26,7 @@ import json
 import subprocess
 import sys
 
-SERVER = r'''
+SERVER = r"""
 import asyncio, json, sys
 def frame(delta, finish=None):
     return ("data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
@@ -48,9 +48,9 @@ async def main():
     print(server.sockets[0].getsockname()[1], flush=True)
     await server.serve_forever()
 asyncio.run(main())
-'''
+"""
 
-CLIENT = r'''
+CLIENT = r"""
 import json, os, statistics, sys, time
 side, port, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -79,7 +79,7 @@ for _ in range(calls):
 assert tokens == 20, tokens
 print(json.dumps({"side": side, "median_us": statistics.median(durations) * 1e6}))
 os._exit(0)  # no exporter flush in the measurement process
-'''
+"""
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -93,8 +93,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         port = server.stdout.readline().strip()
         for _ in range(args.rounds):  # interleaved; best median of each side
             for side in ("bare", "inferpath", "traceloop", "langfuse"):
-                done = subprocess.run([sys.executable, "-c", CLIENT, side, port, str(args.calls)],
-                                      capture_output=True, text=True, timeout=600)
+                done = subprocess.run(
+                    [sys.executable, "-c", CLIENT, side, port, str(args.calls)],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
                 if done.returncode != 0:
                     print(f"{side}: failed: {done.stderr.strip().splitlines()[-1:]}")
                     continue

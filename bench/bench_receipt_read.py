@@ -100,9 +100,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     result = {f"{name.replace(' ', '_')}_us": seconds * 1e6 for name, seconds in best.items()}
     for name in ("raw read", "kernel"):
         result[f"{name.replace(' ', '_')}_added_us"] = (best[name] - best["reference"]) * 1e6
-    print(f"send + recv + data_received: reference {result['reference_us']:.2f} us; stamped at the "
-          f"raw read +{result['raw_read_added_us']:.2f} us; with the kernel stamp "
-          f"+{result['kernel_added_us']:.2f} us per read (best of {args.rounds} rounds of {args.reads})")
+    print(
+        f"send + recv + data_received: reference {result['reference_us']:.2f} us; stamped at the "
+        f"raw read +{result['raw_read_added_us']:.2f} us; with the kernel stamp "
+        f"+{result['kernel_added_us']:.2f} us per read (best of {args.rounds} rounds of {args.reads})"
+    )
     return result
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -28,8 +28,7 @@ class DiscardingExporter(SpanExporter):
 
 
 def run(spans: int, rounds: int) -> dict[str, float]:
-    provider.configure("bench", span_exporter=DiscardingExporter(), max_queue_size=1 << 20,
-                       schedule_delay_seconds=0.2)
+    provider.configure("bench", span_exporter=DiscardingExporter(), max_queue_size=1 << 20, schedule_delay_seconds=0.2)
     tracer = provider.current_provider().get_tracer("bare")
     bare_attributes = {"inferpath.stage": "retrieval", **ATTRIBUTES}
 
@@ -51,8 +50,7 @@ def run(spans: int, rounds: int) -> dict[str, float]:
             best[name] = min(best[name], (time.perf_counter() - started) / spans)
             provider.force_flush(5.0)
     provider.shutdown(5.0)
-    return {"bare_us": best["bare"] * 1e6, "ours_us": best["ours"] * 1e6,
-            "ratio": best["ours"] / best["bare"]}
+    return {"bare_us": best["bare"] * 1e6, "ours_us": best["ours"] * 1e6, "ratio": best["ours"] / best["bare"]}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

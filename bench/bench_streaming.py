@@ -32,16 +32,27 @@ from inferpath.instrumentation.streaming import ChatStreamMeter
 
 def recorded_reads(tokens: int) -> list[bytes]:
     def frame(delta: dict, finish: str | None = None) -> bytes:
-        chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                 "model": "emulated-7b",
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        chunk = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "emulated-7b",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
         return f"data: {json.dumps(chunk)}\n\n".encode()
 
     reads = [frame({"role": "assistant", "content": ""})]
     reads += [frame({"content": f" tok{i}"}) for i in range(tokens)]
     reads.append(frame({}, "stop"))
-    reads.append(("data: " + json.dumps({"id": "chatcmpl-1", "choices": [], "usage": {
-        "prompt_tokens": 7, "completion_tokens": tokens}}) + "\n\n").encode())
+    reads.append(
+        (
+            "data: "
+            + json.dumps(
+                {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": tokens}}
+            )
+            + "\n\n"
+        ).encode()
+    )
     reads.append(b"data: [DONE]\n\n")
     return reads
 
@@ -83,20 +94,26 @@ def run(tokens: int, rounds: int) -> dict[str, float]:
         assert tracker.timeline.output_tokens == tokens and len(sink) == tokens + 3
 
     best = dict.fromkeys(("reference", "meter", "client_reference", "client_meter"), float("inf"))
-    bodies = (("reference", reference), ("meter", meter),
-              ("client_reference", client_reference), ("client_meter", client_meter))
+    bodies = (
+        ("reference", reference),
+        ("meter", meter),
+        ("client_reference", client_reference),
+        ("client_meter", client_meter),
+    )
     for _ in range(rounds):
         for name, body in bodies:
             started = time.perf_counter()
             body()
             best[name] = min(best[name], time.perf_counter() - started)
     per_token = {name: seconds / tokens * 1e6 for name, seconds in best.items()}
-    return {"reference_us_per_token": per_token["reference"],
-            "meter_us_per_token": per_token["meter"],
-            "added_us_per_token": per_token["meter"] - per_token["reference"],
-            "client_reference_us_per_token": per_token["client_reference"],
-            "client_meter_us_per_token": per_token["client_meter"],
-            "client_added_us_per_token": per_token["client_meter"] - per_token["client_reference"]}
+    return {
+        "reference_us_per_token": per_token["reference"],
+        "meter_us_per_token": per_token["meter"],
+        "added_us_per_token": per_token["meter"] - per_token["reference"],
+        "client_reference_us_per_token": per_token["client_reference"],
+        "client_meter_us_per_token": per_token["client_meter"],
+        "client_added_us_per_token": per_token["client_meter"] - per_token["client_reference"],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -108,8 +125,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"pass-through (reference): {result['reference_us_per_token']:.3f} us/token")
     print(f"with TTFT/ITL tracking:   {result['meter_us_per_token']:.3f} us/token")
     print(f"added: {result['added_us_per_token']:.3f} us/token (target <= 0.5)")
-    print(f"client decoding chunks, reference (SSE split + json.loads): "
-          f"{result['client_reference_us_per_token']:.3f} us/token")
+    print(
+        f"client decoding chunks, reference (SSE split + json.loads): "
+        f"{result['client_reference_us_per_token']:.3f} us/token"
+    )
     print(f"client decoding chunks, with tracking: {result['client_meter_us_per_token']:.3f} us/token")
     print(f"client added: {result['client_added_us_per_token']:.3f} us/token")
     try:

@@ -36,8 +36,10 @@ def _direct_calls(fake: FakePynvml, handles: list) -> None:
 
 def run(gpus: int = 8, call_latency_us: float = 20.0, polls: int = 2000) -> dict:
     """Per-GPU poll time, reference time and overhead, in µs."""
-    fake = FakePynvml([l40s(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000") for i in range(gpus)],
-                      latency_seconds=call_latency_us / 1e6)
+    fake = FakePynvml(
+        [l40s(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000") for i in range(gpus)],
+        latency_seconds=call_latency_us / 1e6,
+    )
     adapter = NvmlAdapter(fake)
     adapter.init()
     # Process memory every 10 s: outside a 1 s poll's steady state, so off here.
@@ -55,9 +57,13 @@ def run(gpus: int = 8, call_latency_us: float = 20.0, polls: int = 2000) -> dict
             _direct_calls(fake, handles)
         best_reference = min(best_reference, (time.perf_counter() - start) / polls)
     assert len(samples) == gpus * 10
-    return {"gpus": gpus, "call_latency_us": call_latency_us,
-            "poll_us_per_gpu": best_poll / gpus * 1e6, "reference_us_per_gpu": best_reference / gpus * 1e6,
-            "overhead_us_per_gpu": (best_poll - best_reference) / gpus * 1e6}
+    return {
+        "gpus": gpus,
+        "call_latency_us": call_latency_us,
+        "poll_us_per_gpu": best_poll / gpus * 1e6,
+        "reference_us_per_gpu": best_reference / gpus * 1e6,
+        "overhead_us_per_gpu": (best_poll - best_reference) / gpus * 1e6,
+    }
 
 
 def main() -> None:
@@ -67,9 +73,11 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=2000)
     args = parser.parse_args()
     result = run(args.gpus, args.call_latency_us, args.polls)
-    print(f"{result['gpus']} GPUs, NVML call latency {result['call_latency_us']:g} µs: "
-          f"poll {result['poll_us_per_gpu']:.1f} µs/GPU, NVML calls alone {result['reference_us_per_gpu']:.1f} µs/GPU, "
-          f"overhead {result['overhead_us_per_gpu']:.1f} µs/GPU (target ≤ 20)")
+    print(
+        f"{result['gpus']} GPUs, NVML call latency {result['call_latency_us']:g} µs: "
+        f"poll {result['poll_us_per_gpu']:.1f} µs/GPU, NVML calls alone {result['reference_us_per_gpu']:.1f} µs/GPU, "
+        f"overhead {result['overhead_us_per_gpu']:.1f} µs/GPU (target ≤ 20)"
+    )
 
 
 if __name__ == "__main__":

@@ -47,11 +47,19 @@ def run(seconds: float = 2.0, data: Path = DATA) -> list[dict]:
     for source, relative in FILES:
         text = (data / relative).read_text()
         lines = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#"))
-        raw = _rate(lambda: list(text_string_to_metric_families(text)), seconds)
-        ours = _rate(lambda: parse_scrape(text, source, timestamp=timestamp), seconds)
-        rows.append({"file": relative, "source": source, "sample_lines": lines,
-                     "raw_scrapes_per_s": raw, "pipeline_scrapes_per_s": ours, "ratio": ours / raw,
-                     "pipeline_samples_per_s": ours * lines})
+        raw = _rate(lambda text=text: list(text_string_to_metric_families(text)), seconds)
+        ours = _rate(lambda text=text, source=source: parse_scrape(text, source, timestamp=timestamp), seconds)
+        rows.append(
+            {
+                "file": relative,
+                "source": source,
+                "sample_lines": lines,
+                "raw_scrapes_per_s": raw,
+                "pipeline_scrapes_per_s": ours,
+                "ratio": ours / raw,
+                "pipeline_samples_per_s": ours * lines,
+            }
+        )
     return rows
 
 
@@ -61,8 +69,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'file':60} {'lines':>6} {'raw/s':>9} {'ours/s':>9} {'ratio':>6} {'samples/s':>11}")
     for row in run(args.seconds):
-        print(f"{row['file']:60} {row['sample_lines']:6d} {row['raw_scrapes_per_s']:9.0f} "
-              f"{row['pipeline_scrapes_per_s']:9.0f} {row['ratio']:6.2f} {row['pipeline_samples_per_s']:11.0f}")
+        print(
+            f"{row['file']:60} {row['sample_lines']:6d} {row['raw_scrapes_per_s']:9.0f} "
+            f"{row['pipeline_scrapes_per_s']:9.0f} {row['ratio']:6.2f} {row['pipeline_samples_per_s']:11.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -70,10 +70,12 @@ def main() -> None:
 
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
-    up = dict(otlp_endpoint=f"http://127.0.0.1:{sink.server_port}", schedule_delay_seconds=0.05,
-              export_timeout_seconds=0.5)
-    down = dict(otlp_endpoint=f"http://127.0.0.1:{_closed_port()}", schedule_delay_seconds=0.05,
-                export_timeout_seconds=0.5)
+    up = dict(
+        otlp_endpoint=f"http://127.0.0.1:{sink.server_port}", schedule_delay_seconds=0.05, export_timeout_seconds=0.5
+    )
+    down = dict(
+        otlp_endpoint=f"http://127.0.0.1:{_closed_port()}", schedule_delay_seconds=0.05, export_timeout_seconds=0.5
+    )
 
     app = FastAPI()
 
@@ -111,8 +113,10 @@ def main() -> None:
     failed = provider.export_failed_spans_total() - failed_before
     p99_up = statistics.quantiles(baseline, n=100)[98]
     p99_down = statistics.quantiles(outage, n=100)[98]
-    print(f"load average {load_start:.2f} -> {os.getloadavg()[0]:.2f}; "
-          f"{len(baseline)} requests per side, {failed} spans failed to export during the outage")
+    print(
+        f"load average {load_start:.2f} -> {os.getloadavg()[0]:.2f}; "
+        f"{len(baseline)} requests per side, {failed} spans failed to export during the outage"
+    )
     print(f"collector up:   p50 {statistics.median(baseline) * 1e3:.1f} ms, p99 {p99_up * 1e3:.1f} ms")
     print(f"collector down: p50 {statistics.median(outage) * 1e3:.1f} ms, p99 {p99_down * 1e3:.1f} ms")
     print(f"ratio (down / up p99): {p99_down / p99_up:.3f} (target <= 1.10)")

@@ -58,11 +58,17 @@ def _run(folder: Path, spans: int, repeat: int) -> dict:
         rollup_seconds = time.monotonic() - started
         data_start = store.query("SELECT toStartOfHour(min(timestamp)) FROM inferpath_requests")[0][0]
         stored_spans = store.query("SELECT count() FROM otel_traces")[0][0]
-        results: dict = {"stored_spans": stored_spans, "fill": fill, "rollup_pass_seconds": round(rollup_seconds, 2),
-                         "windows": {}}
+        results: dict = {
+            "stored_spans": stored_spans,
+            "fill": fill,
+            "rollup_pass_seconds": round(rollup_seconds, 2),
+            "windows": {},
+        }
         with httpx.Client(base_url=running.url, timeout=300) as http:
-            for label, (a, b) in {"24h": (data_start, data_start + DAY),
-                                  "1h": (data_start + DAY - timedelta(hours=1), data_start + DAY)}.items():
+            for label, (a, b) in {
+                "24h": (data_start, data_start + DAY),
+                "1h": (data_start + DAY - timedelta(hours=1), data_start + DAY),
+            }.items():
                 window = {"start": a.isoformat(), "end": b.isoformat()}
                 http.get("/api/v1/summary", params=window).raise_for_status()  # warm, as a dashboard would
                 raw_times, api_times = [], []
@@ -72,7 +78,8 @@ def _run(folder: Path, spans: int, repeat: int) -> dict:
                     exact, count = store.query(
                         "SELECT quantileExact(0.99)(ttft_ns), count() FROM inferpath_requests FINAL"
                         " WHERE timestamp >= {a:DateTime64(9, 'UTC')} AND timestamp < {b:DateTime64(9, 'UTC')}",
-                        {"a": a, "b": b})[0]
+                        {"a": a, "b": b},
+                    )[0]
                     raw_times.append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     response = http.get("/api/v1/summary", params=window)
@@ -81,7 +88,8 @@ def _run(folder: Path, spans: int, repeat: int) -> dict:
                     summary = response.json()
                 ttft = next(m for m in summary["measures"] if m["measure"] == "ttft")
                 results["windows"][label] = {
-                    "request_count": summary["request_count"], "exact_count": int(count),
+                    "request_count": summary["request_count"],
+                    "exact_count": int(count),
                     "percentiles": summary["percentiles"],
                     "raw_quantile_exact_ms": round(1000 * statistics.median(raw_times), 1),
                     "api_summary_ms": round(1000 * statistics.median(api_times), 1),
@@ -97,8 +105,12 @@ def main() -> int:
     parser.add_argument("--spans", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--store", default=None, help="store folder to reuse (filled when empty)")
-    parser.add_argument("--limit-ms", type=float, default=None,
-                        help="exit 1 when a median is above (default: the issue's 100 ms up to 10M spans, else 300 ms)")
+    parser.add_argument(
+        "--limit-ms",
+        type=float,
+        default=None,
+        help="exit 1 when a median is above (default: the issue's 100 ms up to 10M spans, else 300 ms)",
+    )
     args = parser.parse_args()
     if args.limit_ms is None:
         args.limit_ms = 100.0 if args.spans <= 10_000_000 else 300.0
@@ -106,13 +118,18 @@ def main() -> int:
     print(json.dumps(result, indent=2, default=str))
     failed = False
     for label, figures in result["windows"].items():
-        bad = (figures["api_summary_ms"] > args.limit_ms or figures["p99_relative_deviation"] >= 0.01
-               or figures["request_count"] != figures["exact_count"])
+        bad = (
+            figures["api_summary_ms"] > args.limit_ms
+            or figures["p99_relative_deviation"] >= 0.01
+            or figures["request_count"] != figures["exact_count"]
+        )
         failed |= bad
-        print(f"{result['stored_spans']} spans, window {label} ({figures['percentiles']}): /api/v1/summary "
-              f"{figures['api_summary_ms']} ms (median) vs raw quantileExact {figures['raw_quantile_exact_ms']} ms:"
-              f" ratio {figures['ratio']}; p99 deviation {figures['p99_relative_deviation']:.2e}"
-              f"{'  FAILED' if bad else ''}")
+        print(
+            f"{result['stored_spans']} spans, window {label} ({figures['percentiles']}): /api/v1/summary "
+            f"{figures['api_summary_ms']} ms (median) vs raw quantileExact {figures['raw_quantile_exact_ms']} ms:"
+            f" ratio {figures['ratio']}; p99 deviation {figures['p99_relative_deviation']:.2e}"
+            f"{'  FAILED' if bad else ''}"
+        )
     return 1 if failed else 0
 
 

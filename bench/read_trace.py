@@ -75,33 +75,43 @@ def _cpu_wall(call) -> tuple[float, float, object]:
 
 def _measure(store: Store, lookups: int, fill: dict | None) -> dict:
     stored = store.query("SELECT count() FROM otel_traces")[0][0]
-    known = [row[0] for row in store.query(
-        "SELECT TraceId FROM otel_traces_trace_id_ts ORDER BY cityHash64(TraceId) LIMIT {n:UInt32}",
-        {"n": lookups})]
+    known = [
+        row[0]
+        for row in store.query(
+            "SELECT TraceId FROM otel_traces_trace_id_ts ORDER BY cityHash64(TraceId) LIMIT {n:UInt32}", {"n": lookups}
+        )
+    ]
     unknown = [secrets.token_hex(16) for _ in range(lookups)]
     reader = Reader(store)
-    reference = lambda trace_id: [SpanRow.from_db_row(r) for r in store.query(  # noqa: E731
-        REFERENCE_SQL, {"trace_id": trace_id})]
+    reference = lambda trace_id: [
+        SpanRow.from_db_row(r)
+        for r in store.query(  # noqa: E731
+            REFERENCE_SQL, {"trace_id": trace_id}
+        )
+    ]
     for warm in (known[0], unknown[0]):  # first queries load marks and indexes: not timed
         reference(warm), reader.trace_spans(warm)
     cases: dict[str, dict] = {}
     for case, ids in (("stored", known), ("unknown", unknown)):
-        figures: dict[str, dict[str, list[float]]] = {side: {"cpu": [], "wall": []} for side in ("reference", "inferpath")}
+        figures: dict[str, dict[str, list[float]]] = {
+            side: {"cpu": [], "wall": []} for side in ("reference", "inferpath")
+        }
         order = random.Random(7)
         for trace_id in ids:
             sides = [("reference", reference), ("inferpath", reader.trace_spans)]
             order.shuffle(sides)  # neither side always runs on the other's warm caches
             results = {}
             for side, lookup in sides:
-                cpu, wall, results[side] = _cpu_wall(lambda: lookup(trace_id))
+                cpu, wall, results[side] = _cpu_wall(lambda lookup=lookup, trace_id=trace_id: lookup(trace_id))
                 figures[side]["cpu"].append(cpu * 1000)
                 figures[side]["wall"].append(wall * 1000)
             assert results["reference"] == results["inferpath"], f"different spans for trace {trace_id}"
             if case == "stored":
                 assert results["inferpath"], f"stored trace {trace_id} not found"
-        summary = {side: {"cpu_ms": round(statistics.mean(f["cpu"]), 3),
-                          "wall_ms_p50": round(statistics.median(f["wall"]), 3)}
-                   for side, f in figures.items()}
+        summary = {
+            side: {"cpu_ms": round(statistics.mean(f["cpu"]), 3), "wall_ms_p50": round(statistics.median(f["wall"]), 3)}
+            for side, f in figures.items()
+        }
         summary["cpu_ratio"] = round(summary["reference"]["cpu_ms"] / summary["inferpath"]["cpu_ms"], 2)
         cases[case] = summary
     return {"stored_spans": stored, "lookups": lookups, "fill": fill, "cases": cases}
@@ -116,9 +126,11 @@ def main() -> None:
     result = run(args.spans, args.lookups, args.store)
     print(json.dumps(result, indent=2, default=str))
     for case, figures in result["cases"].items():
-        print(f"{case} trace: inferpath {figures['inferpath']['cpu_ms']} ms CPU per lookup vs the exporter's"
-              f" query {figures['reference']['cpu_ms']} ms: ratio {figures['cpu_ratio']}"
-              f" (wall p50 {figures['inferpath']['wall_ms_p50']} vs {figures['reference']['wall_ms_p50']} ms)")
+        print(
+            f"{case} trace: inferpath {figures['inferpath']['cpu_ms']} ms CPU per lookup vs the exporter's"
+            f" query {figures['reference']['cpu_ms']} ms: ratio {figures['cpu_ratio']}"
+            f" (wall p50 {figures['inferpath']['wall_ms_p50']} vs {figures['reference']['wall_ms_p50']} ms)"
+        )
 
 
 if __name__ == "__main__":

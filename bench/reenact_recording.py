@@ -117,9 +117,23 @@ def main(argv: list[str] | None = None) -> int:
         """Recorded wall-clock ns → the present run's wall-clock ns."""
         return wall0_ns + int((recorded_ns - first_ns) / args.speed)
 
-    up = subprocess.Popen([sys.executable, "-m", "inferpath.cli", "up", "--store", f"chdb://{workdir / 'store'}",
-                           "--port", str(port), "--no-dashboard", "--scrape", f"vllm={metrics_url}"],
-                          stdout=(workdir / "up.log").open("w"), stderr=subprocess.STDOUT)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferpath.cli",
+            "up",
+            "--store",
+            f"chdb://{workdir / 'store'}",
+            "--port",
+            str(port),
+            "--no-dashboard",
+            "--scrape",
+            f"vllm={metrics_url}",
+        ],
+        stdout=(workdir / "up.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         with httpx.Client(base_url=server_url, timeout=60.0) as client:
             deadline = time.monotonic() + 120
@@ -148,12 +162,26 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(remaining + 2.0)
             client.post("/api/v1/flush").raise_for_status()
         window = truth["window"]
-        command = [sys.executable, "-m", "inferpath.cli", "diagnose", "--json", "--server", server_url,
-                   "--from", str(to_now(window["start_unix_ns"]) / 1e9),
-                   "--to", str(to_now(window["end_unix_ns"]) / 1e9)]
+        command = [
+            sys.executable,
+            "-m",
+            "inferpath.cli",
+            "diagnose",
+            "--json",
+            "--server",
+            server_url,
+            "--from",
+            str(to_now(window["start_unix_ns"]) / 1e9),
+            "--to",
+            str(to_now(window["end_unix_ns"]) / 1e9),
+        ]
         if truth.get("baseline"):
-            command += ["--baseline-from", str(to_now(truth["baseline"]["start_unix_ns"]) / 1e9),
-                        "--baseline-to", str(to_now(truth["baseline"]["end_unix_ns"]) / 1e9)]
+            command += [
+                "--baseline-from",
+                str(to_now(truth["baseline"]["start_unix_ns"]) / 1e9),
+                "--baseline-to",
+                str(to_now(truth["baseline"]["end_unix_ns"]) / 1e9),
+            ]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     finally:
         up.terminate()
@@ -169,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     got = "healthy" if verdict.get("healthy") else verdict.get("top_cause")
     expected = truth["expected_top_cause"]
-    print(f"{truth.get('name', args.recording.name)}: live verdict {got!r} ({verdict.get('summary', verdict)}); "
-          f"recorded truth {expected!r}; {time.monotonic() - t0:.0f} s at speed {args.speed:g}")
+    print(
+        f"{truth.get('name', args.recording.name)}: live verdict {got!r} ({verdict.get('summary', verdict)}); "
+        f"recorded truth {expected!r}; {time.monotonic() - t0:.0f} s at speed {args.speed:g}"
+    )
     return 0 if got == expected else 1
 
 

@@ -40,11 +40,11 @@ def run_pass(names: list[str], burners: int, log_root: Path) -> tuple[list, floa
     started = time.monotonic()
     try:
         for name in names:
-            outcomes.append(run_scenario(name, ScenarioOptions(log_dir=log_root / f"{burners}-{name}"),
-                                         log=lambda _line: None))
+            outcomes.append(
+                run_scenario(name, ScenarioOptions(log_dir=log_root / f"{burners}-{name}"), log=lambda _line: None)
+            )
             peak = max(peak, os.getloadavg()[0])
-            print(f"  {name}: {outcomes[-1].diagnosed_cause} ({'ok' if outcomes[-1].correct else 'WRONG'})",
-                  flush=True)
+            print(f"  {name}: {outcomes[-1].diagnosed_cause} ({'ok' if outcomes[-1].correct else 'WRONG'})", flush=True)
     finally:
         for proc in procs:
             proc.terminate()
@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.only.split(",") if n] or list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown or not 0 <= args.burners <= 64:
-        parser.error(f"unknown scenario(s) {unknown}; one of {', '.join(SCENARIOS)}" if unknown
-                     else "--burners must be in 0..64")
+        parser.error(
+            f"unknown scenario(s) {unknown}; one of {', '.join(SCENARIOS)}" if unknown else "--burners must be in 0..64"
+        )
     log_root = Path(tempfile.mkdtemp(prefix="inferpath-scenarios-"))
     all_correct = True
     for burners in (0, args.burners):

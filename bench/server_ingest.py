@@ -73,7 +73,6 @@ from scratch import scratch_folder  # noqa: E402,F401  (server_soak takes it fro
 from server.otlp_factory import trace_body  # noqa: E402
 
 from inferpath.demo.processes import free_port  # noqa: E402
-
 from inferpath.server.otlp import decode_trace_request  # noqa: E402
 from inferpath.storage.rows import SPAN_COLUMNS  # noqa: E402
 from inferpath.storage.store import Store  # noqa: E402
@@ -88,8 +87,12 @@ def _free_port() -> int:
 def _start(store_url: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m inferpath.server`` on ``store_url`` and ``port`` (``env``: variables added
     to this process's), once its ``/healthz`` answers; raises ``RuntimeError`` after 60 s."""
-    process = subprocess.Popen([sys.executable, "-m", "inferpath.server", "--port", str(port), "--store", store_url],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "inferpath.server", "--port", str(port), "--store", store_url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -172,8 +175,15 @@ def _cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
-def _check_arguments(seconds: float, clients: int, spans_per_request: int, rounds: int, reference_seconds: float,
-                     max_rate: float, probe_poll_seconds: float | None) -> None:
+def _check_arguments(
+    seconds: float,
+    clients: int,
+    spans_per_request: int,
+    rounds: int,
+    reference_seconds: float,
+    max_rate: float,
+    probe_poll_seconds: float | None,
+) -> None:
     """Raise ``ValueError`` naming the first argument out of range: times and rates must be
     finite and > 0, ``clients`` and ``rounds`` ≥ 1, ``spans_per_request`` a positive multiple
     of 10 (bodies hold whole 10-span traces)."""
@@ -190,10 +200,19 @@ def _check_arguments(seconds: float, clients: int, spans_per_request: int, round
         raise ValueError(f"spans_per_request must be a positive multiple of 10, got {spans_per_request}")
 
 
-def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, bodies: int | None = None,
-        workdir: str | None = None, rounds: int = 1, reference_seconds: float = 5.0,
-        max_rate: float = 60_000.0, probe_poll_seconds: float | None = 0.1, kill: bool = True,
-        server_env: dict[str, str] | None = None) -> dict:
+def run(
+    seconds: float = 60.0,
+    clients: int = 4,
+    spans_per_request: int = 1000,
+    bodies: int | None = None,
+    workdir: str | None = None,
+    rounds: int = 1,
+    reference_seconds: float = 5.0,
+    max_rate: float = 60_000.0,
+    probe_poll_seconds: float | None = 0.1,
+    kill: bool = True,
+    server_env: dict[str, str] | None = None,
+) -> dict:
     """Run the benchmark; returns the figures as a dict (also printed by ``main``).
 
     ``max_rate`` (spans/s) sizes the pool of distinct pre-built bodies; if the server drains
@@ -205,8 +224,19 @@ def run(seconds: float = 60.0, clients: int = 4, spans_per_request: int = 1000, 
     """
     _check_arguments(seconds, clients, spans_per_request, rounds, reference_seconds, max_rate, probe_poll_seconds)
     with scratch_folder(workdir, "inferpath-bench-") as folder:
-        return _run(folder, seconds, clients, spans_per_request, bodies, rounds, reference_seconds, max_rate,
-                    probe_poll_seconds, kill, dict(server_env or {}))
+        return _run(
+            folder,
+            seconds,
+            clients,
+            spans_per_request,
+            bodies,
+            rounds,
+            reference_seconds,
+            max_rate,
+            probe_poll_seconds,
+            kill,
+            dict(server_env or {}),
+        )
 
 
 def python_loop_ms() -> float:
@@ -220,14 +250,25 @@ def python_loop_ms() -> float:
     return round(best * 1000, 1)
 
 
-def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bodies: int | None, rounds: int,
-         reference_seconds: float, max_rate: float, probe_poll_seconds: float | None, kill: bool,
-         server_env: dict[str, str]) -> dict:
+def _run(
+    folder: Path,
+    seconds: float,
+    clients: int,
+    spans_per_request: int,
+    bodies: int | None,
+    rounds: int,
+    reference_seconds: float,
+    max_rate: float,
+    probe_poll_seconds: float | None,
+    kill: bool,
+    server_env: dict[str, str],
+) -> dict:
     spans_per_trace = 10
     loop_ms = [python_loop_ms()]
     count = bodies or max(clients * 4, int(seconds * max_rate / spans_per_request) + clients)
-    prepared = [trace_body(spans_per_trace=spans_per_trace, traces=spans_per_request // spans_per_trace)
-                for _ in range(count)]
+    prepared = [
+        trace_body(spans_per_trace=spans_per_trace, traces=spans_per_request // spans_per_trace) for _ in range(count)
+    ]
     store_url = f"chdb://{folder / 'store'}"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -327,9 +368,17 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         split["bench_clients"] = round(time.process_time() - bench_before, 2)
         loads.append(os.getloadavg()[0])
         spans = (len(acked) - acked_before) * spans_per_request
-        phases.append({"side": "server", "seconds": round(elapsed, 2), "spans": spans,
-                       "spans_per_second": round(spans / elapsed), "cpu_seconds": round(cpu, 2),
-                       "cpu_split_seconds": split, "load_average": loads[-1]})
+        phases.append(
+            {
+                "side": "server",
+                "seconds": round(elapsed, 2),
+                "spans": spans,
+                "spans_per_second": round(spans / elapsed),
+                "cpu_seconds": round(cpu, 2),
+                "cpu_split_seconds": split,
+                "load_average": loads[-1],
+            }
+        )
 
     ref_cursor = [0]
 
@@ -340,17 +389,26 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         while insert_seconds < reference_seconds and ref_cursor[0] < count:
             body = prepared[ref_cursor[0]][0]
             ref_cursor[0] += 1
-            rows = [s.to_insert_row() for s in decode_trace_request(
-                body, content_type="application/x-protobuf", content_encoding=None).spans]
+            rows = [
+                s.to_insert_row()
+                for s in decode_trace_request(body, content_type="application/x-protobuf", content_encoding=None).spans
+            ]
             began, cpu_began = time.perf_counter(), time.process_time()
             client.insert("otel_traces", rows, column_names=list(SPAN_COLUMNS))
             insert_seconds += time.perf_counter() - began
             cpu += time.process_time() - cpu_began
             rows_total += len(rows)
         loads.append(os.getloadavg()[0])
-        phases.append({"side": "reference", "seconds": round(insert_seconds, 2), "spans": rows_total,
-                       "spans_per_second": round(rows_total / insert_seconds) if insert_seconds else 0,
-                       "cpu_seconds": round(cpu, 2), "load_average": loads[-1]})
+        phases.append(
+            {
+                "side": "reference",
+                "seconds": round(insert_seconds, 2),
+                "spans": rows_total,
+                "spans_per_second": round(rows_total / insert_seconds) if insert_seconds else 0,
+                "cpu_seconds": round(cpu, 2),
+                "load_average": loads[-1],
+            }
+        )
 
     async_cursor = [0]
 
@@ -361,8 +419,14 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         for _ in range(exports):
             body = prepared[async_cursor[0] % count][0]
             async_cursor[0] += 1
-            batches.append([s.to_insert_row() for s in decode_trace_request(
-                body, content_type="application/x-protobuf", content_encoding=None).spans])
+            batches.append(
+                [
+                    s.to_insert_row()
+                    for s in decode_trace_request(
+                        body, content_type="application/x-protobuf", content_encoding=None
+                    ).spans
+                ]
+            )
         queued_before = _async_insert_queries(store._client)
         pending = iter(batches)
         take = threading.Lock()
@@ -374,8 +438,12 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
                         rows = next(pending, None)
                     if rows is None:
                         return
-                    client.insert("otel_traces", rows, column_names=list(SPAN_COLUMNS),
-                                  settings={"async_insert": 1, "wait_for_async_insert": 1})
+                    client.insert(
+                        "otel_traces",
+                        rows,
+                        column_names=list(SPAN_COLUMNS),
+                        settings={"async_insert": 1, "wait_for_async_insert": 1},
+                    )
 
         threads = [threading.Thread(target=inserter) for _ in range(clients)]
         began, cpu_began = time.perf_counter(), time.process_time()
@@ -385,16 +453,25 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
             thread.join()
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
         rows_total = sum(map(len, batches))
-        phases.append({"side": "async", "seconds": round(wall, 2), "spans": rows_total,
-                       "spans_per_second": round(rows_total / wall) if wall else 0, "cpu_seconds": round(cpu, 2),
-                       "async_insert_queries": _async_insert_queries(store._client) - queued_before})
+        phases.append(
+            {
+                "side": "async",
+                "seconds": round(wall, 2),
+                "spans": rows_total,
+                "spans_per_second": round(rows_total / wall) if wall else 0,
+                "cpu_seconds": round(cpu, 2),
+                "async_insert_queries": _async_insert_queries(store._client) - queued_before,
+            }
+        )
 
     def reference_phases(ref: Store, async_ref: Store) -> None:
         reference_phase(ref._client)
         async_phase(async_ref, max(clients, round(phases[-1]["spans"] / spans_per_request)))
 
-    with Store.open(f"chdb://{folder / 'reference'}?database=rawref") as ref, \
-            Store.open(f"chdb://{folder / 'reference'}?database=rawasync") as async_ref:
+    with (
+        Store.open(f"chdb://{folder / 'reference'}?database=rawref") as ref,
+        Store.open(f"chdb://{folder / 'reference'}?database=rawasync") as async_ref,
+    ):
         reference_phases(ref, async_ref)
         for round_index in range(rounds):
             server_phase(seconds / rounds, last=round_index == rounds - 1)
@@ -404,8 +481,10 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
     exports = _metric(metrics, "inferpath_ingest_commits_total")
     # Whether request assembly kept up: traces derived from held spans or read back, held
     # traces let go over the bounds, span batches held back for room.
-    assembly = {name: int(_metric(metrics, f"inferpath_assembler_{name}_total")) for name in (
-        "rows_from_memory", "rows_from_store", "held_span_evictions", "room_waits")}
+    assembly = {
+        name: int(_metric(metrics, f"inferpath_assembler_{name}_total"))
+        for name in ("rows_from_memory", "rows_from_store", "held_span_evictions", "room_waits")
+    }
     if kill:  # start again on the same store: what was acknowledged before the kill is inserted
         server = _start(store_url, port, server_env)
         httpx.post(f"{url}/api/v1/flush", timeout=120)
@@ -415,8 +494,9 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
     acked_spans = len(acked) * spans_per_request
     expected = {s for i in acked for spans in prepared[i][1].values() for s in spans}
     with Store.open(store_url) as store:
-        rows, distinct = store.query("SELECT count(), uniqExact(SpanId) FROM otel_traces"
-                                     " WHERE ServiceName = 'bench-engine'")[0]
+        rows, distinct = store.query(
+            "SELECT count(), uniqExact(SpanId) FROM otel_traces WHERE ServiceName = 'bench-engine'"
+        )[0]
         stored = {r[0] for r in store.query("SELECT SpanId FROM otel_traces WHERE ServiceName = 'bench-engine'")}
     lost = len(expected - stored)
     server_seconds = sum(p["seconds"] for p in phases if p["side"] == "server")
@@ -429,12 +509,21 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
     async_phases = [p for p in phases if p["side"] == "async"]
     async_rate = sum(p["spans"] for p in async_phases) / max(sum(p["seconds"] for p in async_phases), 1e-9)
     return {
-        "seconds": round(server_seconds, 1), "clients": clients, "spans_per_request": spans_per_request,
-        "rounds": rounds, "acked_spans": acked_spans, "server_spans_per_second": round(server_rate),
-        "raw_insert_spans_per_second": round(raw_rate), "ratio": round(server_rate / raw_rate, 3),
-        "async_insert_spans_per_second": round(async_rate), "async_ratio": round(async_rate / raw_rate, 3),
+        "seconds": round(server_seconds, 1),
+        "clients": clients,
+        "spans_per_request": spans_per_request,
+        "rounds": rounds,
+        "acked_spans": acked_spans,
+        "server_spans_per_second": round(server_rate),
+        "raw_insert_spans_per_second": round(raw_rate),
+        "ratio": round(server_rate / raw_rate, 3),
+        "async_insert_spans_per_second": round(async_rate),
+        "async_ratio": round(async_rate / raw_rate, 3),
         "async_insert_queries": sum(p["async_insert_queries"] for p in async_phases),
-        "killed": kill, "lost_spans": lost, "stored_twice": int(rows) - int(distinct), "retries_503": retries[0],
+        "killed": kill,
+        "lost_spans": lost,
+        "stored_twice": int(rows) - int(distinct),
+        "retries_503": retries[0],
         "rss_peak_mb": round(max(rss_samples, default=0) / 2**20, 1),
         "rss_last_mb": round(rss_samples[-1] / 2**20, 1) if rss_samples else None,
         "server_env": server_env,
@@ -442,12 +531,18 @@ def _run(folder: Path, seconds: float, clients: int, spans_per_request: int, bod
         # sensitive to other load than rates.
         "server_cpu_us_per_span": round(server_cpu / acked_spans * 1e6, 1) if acked_spans else None,
         "raw_insert_cpu_us_per_span": round(ref_cpu / ref_spans * 1e6, 1) if ref_spans else None,
-        "exports_per_insert": round(exports / inserts, 2) if inserts else None, "assembly": assembly,
+        "exports_per_insert": round(exports / inserts, 2) if inserts else None,
+        "assembly": assembly,
         "visible_p50_seconds": round(_p(visible_seconds, 0.5), 4) if visible_seconds else None,
         "visible_p99_seconds": round(_p(visible_seconds, 0.99), 4) if visible_seconds else None,
-        "probes": len(visible_seconds), "probe_poll_seconds": probe_poll_seconds, "probe_reads": probe_reads[0],
-        "load_average_min": min(loads), "load_average_max": max(loads), "python_loop_ms": loop_ms,
-        "all_bodies_used": len(acked) == count, "phases": phases,
+        "probes": len(visible_seconds),
+        "probe_poll_seconds": probe_poll_seconds,
+        "probe_reads": probe_reads[0],
+        "load_average_min": min(loads),
+        "load_average_max": max(loads),
+        "python_loop_ms": loop_ms,
+        "all_bodies_used": len(acked) == count,
+        "phases": phases,
     }
 
 
@@ -459,35 +554,57 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="server phases, each between two reference phases")
     parser.add_argument("--reference-seconds", type=float, default=5.0, help="insert time per reference phase")
     parser.add_argument("--max-rate", type=float, default=60_000.0, help="spans/s the body pool is sized for")
-    parser.add_argument("--probe-poll-seconds", type=float, default=0.1,
-                        help="the visibility probe's poll interval (> 0)")
+    parser.add_argument(
+        "--probe-poll-seconds", type=float, default=0.1, help="the visibility probe's poll interval (> 0)"
+    )
     parser.add_argument("--no-probe", action="store_true", help="run without the visibility probe")
     parser.add_argument("--no-kill", action="store_true", help="stop the server gracefully instead of kill -9")
-    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="a variable for the server process (repeatable)")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a variable for the server process (repeatable)",
+    )
     args = parser.parse_args()
     if any("=" not in item for item in args.server_env):
         parser.error("--server-env takes NAME=VALUE")
     probe_poll_seconds = None if args.no_probe else args.probe_poll_seconds
     try:
-        _check_arguments(args.seconds, args.clients, args.spans_per_request, args.rounds, args.reference_seconds,
-                         args.max_rate, probe_poll_seconds)
+        _check_arguments(
+            args.seconds,
+            args.clients,
+            args.spans_per_request,
+            args.rounds,
+            args.reference_seconds,
+            args.max_rate,
+            probe_poll_seconds,
+        )
     except ValueError as exc:
         parser.error(str(exc))
-    result = run(args.seconds, args.clients, args.spans_per_request, rounds=args.rounds,
-                 reference_seconds=args.reference_seconds, max_rate=args.max_rate,
-                 probe_poll_seconds=probe_poll_seconds, kill=not args.no_kill,
-                 server_env=dict(item.split("=", 1) for item in args.server_env))
+    result = run(
+        args.seconds,
+        args.clients,
+        args.spans_per_request,
+        rounds=args.rounds,
+        reference_seconds=args.reference_seconds,
+        max_rate=args.max_rate,
+        probe_poll_seconds=probe_poll_seconds,
+        kill=not args.no_kill,
+        server_env=dict(item.split("=", 1) for item in args.server_env),
+    )
     print(json.dumps(result, indent=2))
-    print(f"server {result['server_spans_per_second']} spans/s vs raw clickhouse-connect "
-          f"{result['raw_insert_spans_per_second']} spans/s: ratio {result['ratio']}; "
-          f"{result['clients']} async_insert clients {result['async_insert_spans_per_second']} spans/s "
-          f"(ratio {result['async_ratio']}, {result['async_insert_queries']} queued by the engine); "
-          f"lost {result['lost_spans']} after {'kill -9' if result['killed'] else 'a graceful stop'}, "
-          f"stored twice {result['stored_twice']}; RSS peak {result['rss_peak_mb']} MB; span end -> visible p99 {result['visible_p99_seconds']} s "
-          f"(poll {result['probe_poll_seconds']} s); "
-          f"load average {result['load_average_min']:.1f}-{result['load_average_max']:.1f}; "
-          f"python loop {result['python_loop_ms'][0]}/{result['python_loop_ms'][1]} ms")
+    print(
+        f"server {result['server_spans_per_second']} spans/s vs raw clickhouse-connect "
+        f"{result['raw_insert_spans_per_second']} spans/s: ratio {result['ratio']}; "
+        f"{result['clients']} async_insert clients {result['async_insert_spans_per_second']} spans/s "
+        f"(ratio {result['async_ratio']}, {result['async_insert_queries']} queued by the engine); "
+        f"lost {result['lost_spans']} after {'kill -9' if result['killed'] else 'a graceful stop'}, "
+        f"stored twice {result['stored_twice']}; RSS peak {result['rss_peak_mb']} MB; span end -> visible p99 {result['visible_p99_seconds']} s "
+        f"(poll {result['probe_poll_seconds']} s); "
+        f"load average {result['load_average_min']:.1f}-{result['load_average_max']:.1f}; "
+        f"python loop {result['python_loop_ms'][0]}/{result['python_loop_ms'][1]} ms"
+    )
     return 0
 
 

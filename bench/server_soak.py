@@ -45,15 +45,21 @@ from server_ingest import PROTOBUF, _free_port, _start, children, scratch_folder
 from inferpath.storage.store import Store  # noqa: E402
 
 # Counted on the server's /metrics; any of them above 0 fails the soak.
-REFUSED_METRICS = ("inferpath_server_spans_refused_total", "inferpath_ingest_refused_busy_total",
-                   "inferpath_ingest_refused_store_unavailable_total")
+REFUSED_METRICS = (
+    "inferpath_server_spans_refused_total",
+    "inferpath_ingest_refused_busy_total",
+    "inferpath_ingest_refused_store_unavailable_total",
+)
 DROPPED_METRICS = ("inferpath_server_spans_dropped_total", "inferpath_writer_rows_dropped_total")
 
 
 def _metric_sum(text: str, name: str) -> float:
     """Sum of every series of metric ``name`` in Prometheus text (NaN when absent)."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name + " ") or line.startswith(name + "{")]
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    ]
     return sum(values) if values else float("nan")
 
 
@@ -64,8 +70,10 @@ def _allocator_bytes(url: str) -> tuple[float, float]:
         text = httpx.get(f"{url}/metrics", timeout=10).text
     except httpx.HTTPError:
         return float("nan"), float("nan")
-    return (_metric_sum(text, "inferpath_embedded_store_resident_bytes"),
-            _metric_sum(text, "inferpath_embedded_store_allocated_bytes"))
+    return (
+        _metric_sum(text, "inferpath_embedded_store_resident_bytes"),
+        _metric_sum(text, "inferpath_embedded_store_allocated_bytes"),
+    )
 
 
 def rss_bytes(pid: int) -> int:
@@ -88,15 +96,29 @@ def tree_rss_bytes(pid: int) -> tuple[int, int]:
     return rss_bytes(pid), kids
 
 
-def run(seconds: float = 600.0, rate: float = 20_000.0, clients: int = 4, spans_per_request: int = 1000,
-        sample_seconds: float = 10.0, warmup_seconds: float = 60.0, workdir: str | None = None) -> dict:
+def run(
+    seconds: float = 600.0,
+    rate: float = 20_000.0,
+    clients: int = 4,
+    spans_per_request: int = 1000,
+    sample_seconds: float = 10.0,
+    warmup_seconds: float = 60.0,
+    workdir: str | None = None,
+) -> dict:
     """Run the soak; returns its figures (RSS samples in MB, rates, losses)."""
     with scratch_folder(workdir, "inferpath-soak-") as folder:
         return _run(folder, seconds, rate, clients, spans_per_request, sample_seconds, warmup_seconds)
 
 
-def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_request: int, sample_seconds: float,
-         warmup_seconds: float) -> dict:
+def _run(
+    folder: Path,
+    seconds: float,
+    rate: float,
+    clients: int,
+    spans_per_request: int,
+    sample_seconds: float,
+    warmup_seconds: float,
+) -> dict:
     store_url = f"chdb://{folder / 'store'}"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -147,8 +169,9 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
     server.send_signal(signal.SIGTERM)
     server.wait(300)
     with Store.open(store_url) as store:
-        stored = dict(store.query("SELECT SpanId, count() FROM otel_traces WHERE ServiceName != 'probe'"
-                                  " GROUP BY SpanId"))
+        stored = dict(
+            store.query("SELECT SpanId, count() FROM otel_traces WHERE ServiceName != 'probe' GROUP BY SpanId")
+        )
     expected = set(acked_span_ids)
     # Growth is of the whole process tree.
     totals = [(at, rss + kids) for at, rss, kids in samples]
@@ -158,12 +181,18 @@ def _run(folder: Path, seconds: float, rate: float, clients: int, spans_per_requ
     first = [rss for at, rss in totals if warmup_seconds <= at < warmup_seconds + 60] or [reference]
     last = [rss for at, rss in totals if at >= totals[-1][0] - 60]
     return {
-        "seconds": seconds, "target_rate": rate, "clients": clients,
-        "acked_spans": len(acked_span_ids), "achieved_rate": round(len(acked_span_ids) / seconds),
-        "retries": retries[0], "lost": len(expected - set(stored)),
+        "seconds": seconds,
+        "target_rate": rate,
+        "clients": clients,
+        "acked_spans": len(acked_span_ids),
+        "achieved_rate": round(len(acked_span_ids) / seconds),
+        "retries": retries[0],
+        "lost": len(expected - set(stored)),
         "stored_twice": sum(1 for span_id, n in stored.items() if n > 1 and span_id in expected),
-        "refused": refused, "dropped": dropped,
-        "rss_reference_mb": round(reference / 2**20, 1), "rss_last_mb": round(totals[-1][1] / 2**20, 1),
+        "refused": refused,
+        "dropped": dropped,
+        "rss_reference_mb": round(reference / 2**20, 1),
+        "rss_last_mb": round(totals[-1][1] / 2**20, 1),
         "rss_max_mb": round(max(rss for _, rss in totals) / 2**20, 1),
         "rss_growth": round(totals[-1][1] / reference - 1, 4),
         "rss_growth_of_medians": round(statistics.median(last) / statistics.median(first) - 1, 4),
@@ -183,18 +212,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-seconds", type=float, default=10.0)
     parser.add_argument("--warmup-seconds", type=float, default=60.0)
     args = parser.parse_args(argv)
-    result = run(args.seconds, args.rate, args.clients, args.spans_per_request, args.sample_seconds,
-                 args.warmup_seconds)
+    result = run(
+        args.seconds, args.rate, args.clients, args.spans_per_request, args.sample_seconds, args.warmup_seconds
+    )
     print(json.dumps(result, indent=2))
     counted = list(result["refused"].values()) + list(result["dropped"].values())
-    bad = (result["rss_growth_of_medians"] > 0.10 or result["lost"] or result["stored_twice"]
-           or any(v for v in counted if v == v))  # NaN: metric absent
-    print(f"{result['acked_spans']} spans in {args.seconds:.0f} s ({result['achieved_rate']} spans/s of "
-          f"{args.rate:.0f} offered): RSS {result['rss_reference_mb']} -> {result['rss_last_mb']} MB "
-          f"(last sample {result['rss_growth']:+.1%}, peak {result['rss_max_mb']} MB; growth of the medians "
-          f"{result['rss_growth_of_medians']:+.1%}), lost {result['lost']}, twice {result['stored_twice']}, "
-          f"refused {result['refused']} (retries {result['retries']}), dropped {result['dropped']}"
-          f"{'  FAILED' if bad else ''}")
+    bad = (
+        result["rss_growth_of_medians"] > 0.10
+        or result["lost"]
+        or result["stored_twice"]
+        or any(v for v in counted if v == v)
+    )  # NaN: metric absent
+    print(
+        f"{result['acked_spans']} spans in {args.seconds:.0f} s ({result['achieved_rate']} spans/s of "
+        f"{args.rate:.0f} offered): RSS {result['rss_reference_mb']} -> {result['rss_last_mb']} MB "
+        f"(last sample {result['rss_growth']:+.1%}, peak {result['rss_max_mb']} MB; growth of the medians "
+        f"{result['rss_growth_of_medians']:+.1%}), lost {result['lost']}, twice {result['stored_twice']}, "
+        f"refused {result['refused']} (retries {result['retries']}), dropped {result['dropped']}"
+        f"{'  FAILED' if bad else ''}"
+    )
     return 1 if bad else 0
 
 

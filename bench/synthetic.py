@@ -66,12 +66,19 @@ def fill(store, *, spans: int, start: datetime, duration: timedelta, sample_seco
     window_ns = int(duration.total_seconds() * 1e9)
     params = {"start": start, "traces": traces, "window_ns": window_ns}
     # Float spacing: t * window_ns would overflow Int64 past ~100k traces a day.
-    t_start_ns = ("toUnixTimestamp64Nano({start:DateTime64(9, 'UTC')})"
-                  " + toInt64(t * ({window_ns:Int64} / {traces:UInt64}))")
-    case = lambda column: "multiIf(" + ", ".join(  # noqa: E731 - one small SQL builder
-        f"k = {spec[0]}, {column(spec)}" for spec in _SPANS[:-1]) + f", {column(_SPANS[-1])})"
-    parent = "multiIf(" + ", ".join(
-        f"k = {k}, {p}" for k, p, *_ in _SPANS) + ", -1)"
+    t_start_ns = (
+        "toUnixTimestamp64Nano({start:DateTime64(9, 'UTC')}) + toInt64(t * ({window_ns:Int64} / {traces:UInt64}))"
+    )
+    case = (
+        lambda column: (
+            "multiIf("
+            + ", ".join(  # noqa: E731 - one small SQL builder
+                f"k = {spec[0]}, {column(spec)}" for spec in _SPANS[:-1]
+            )
+            + f", {column(_SPANS[-1])})"
+        )
+    )
+    parent = "multiIf(" + ", ".join(f"k = {k}, {p}" for k, p, *_ in _SPANS) + ", -1)"
     slow = f"if({_incident('t / {traces:UInt64}')}, 8, 1)"
     store.command(
         "INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind,"
@@ -100,8 +107,7 @@ def fill(store, *, spans: int, start: datetime, duration: timedelta, sample_seco
     # A standard normal from two hashes of the row number (Box-Muller), so that every fill
     # of the same size holds the same values; the salt keeps the stages independent.
     uniform = "((cityHash64(t, {salt}) % 1000000000) + 0.5) / 1e9"
-    normal = (f"(sqrt(-2 * log({uniform.format(salt='{salt}1')}))"
-              f" * cos(2 * pi() * {uniform.format(salt='{salt}2')}))")
+    normal = f"(sqrt(-2 * log({uniform.format(salt='{salt}1')})) * cos(2 * pi() * {uniform.format(salt='{salt}2')}))"
     lognormal = "exp({mu} + {sigma} * " + normal + ")"
     store.command(
         "INSERT INTO inferpath_requests (timestamp, trace_id, service_name, endpoint, endpoint_class,"
@@ -131,13 +137,16 @@ def fill(store, *, spans: int, start: datetime, duration: timedelta, sample_seco
     )
     samples = max(1, int(duration.total_seconds() // sample_seconds))
     gauge_params = {**params, "samples": samples, "step_ns": sample_seconds * 1_000_000_000}
-    sample_time = ("fromUnixTimestamp64Nano(toUnixTimestamp64Nano({start:DateTime64(9, 'UTC')})"
-                   " + toInt64(s) * {step_ns:Int64}, 'UTC')")
+    sample_time = (
+        "fromUnixTimestamp64Nano(toUnixTimestamp64Nano({start:DateTime64(9, 'UTC')})"
+        " + toInt64(s) * {step_ns:Int64}, 'UTC')"
+    )
     in_incident = _incident("s / {samples:UInt64}")
     engine_attributes = "map('engine', 'vllm', 'model_name', 'llama-2-70b')"
     engine_resource = "map('service.name', 'engine', 'host', 'node-1')"
-    gauge_columns = ("(ResourceAttributes, ServiceName, MetricName, MetricUnit, Attributes,"
-                     " StartTimeUnix, TimeUnix, Value)")
+    gauge_columns = (
+        "(ResourceAttributes, ServiceName, MetricName, MetricUnit, Attributes, StartTimeUnix, TimeUnix, Value)"
+    )
     store.command(
         f"INSERT INTO otel_metrics_gauge {gauge_columns}"
         f" SELECT {engine_resource}, 'engine', name, unit, {engine_attributes}, ts, ts, value"
@@ -175,5 +184,10 @@ def fill(store, *, spans: int, start: datetime, duration: timedelta, sample_seco
     # Request rows are read with FINAL, whose cost depends on the parts: merge them as a
     # settled store would have. Spans are left as inserted (no query merges them).
     store.command("OPTIMIZE TABLE inferpath_requests FINAL")
-    return {"spans": traces * SPANS_PER_TRACE, "requests": traces, "gauge_points": samples * 15,
-            "sum_points": samples, "seconds": time.monotonic() - started}
+    return {
+        "spans": traces * SPANS_PER_TRACE,
+        "requests": traces,
+        "gauge_points": samples * 15,
+        "sum_points": samples,
+        "seconds": time.monotonic() - started,
+    }

@@ -21,8 +21,9 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -74,9 +75,17 @@ def parse_scrape_targets(targets: Iterable[object]) -> list[tuple[str, str]]:
 class _Exporter:
     """Bounded buffer + OTLP/HTTP sender with backoff; never raises."""
 
-    def __init__(self, server_url: str, *, token: str | None, client: httpx.Client | None,
-                 max_buffered_samples: int, stats: AgentStats, resource_attributes: dict[str, str],
-                 timeout_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        server_url: str,
+        *,
+        token: str | None,
+        client: httpx.Client | None,
+        max_buffered_samples: int,
+        stats: AgentStats,
+        resource_attributes: dict[str, str],
+        timeout_seconds: float = 5.0,
+    ) -> None:
         self.url = server_url.rstrip("/") + "/v1/metrics"
         self.headers = {"Content-Type": "application/x-protobuf"}
         if token:
@@ -156,11 +165,20 @@ def _retry_after_seconds(value: str | None) -> float | None:
         return None  # an HTTP date: fall back to backoff rather than parse calendars here
 
 
-def run_agent(server_url: str, *, nvml: bool, scrape_targets: Sequence[object], interval_seconds: float = 1.0,
-              token: str | None = None, stop_event: threading.Event | None = None,
-              max_buffered_samples: int = 100_000, nvml_poller: NvmlPoller | None = None,
-              client: httpx.Client | None = None, host: str | None = None,
-              max_ticks: int | None = None) -> AgentStats:
+def run_agent(
+    server_url: str,
+    *,
+    nvml: bool,
+    scrape_targets: Sequence[object],
+    interval_seconds: float = 1.0,
+    token: str | None = None,
+    stop_event: threading.Event | None = None,
+    max_buffered_samples: int = 100_000,
+    nvml_poller: NvmlPoller | None = None,
+    client: httpx.Client | None = None,
+    host: str | None = None,
+    max_ticks: int | None = None,
+) -> AgentStats:
     """Collect and push until ``stop_event`` is set (or ``max_ticks`` ticks); returns the counters.
 
     ``server_url``: the inferpath server (``http://host:4318``); ``nvml``: poll local GPUs
@@ -184,8 +202,14 @@ def run_agent(server_url: str, *, nvml: bool, scrape_targets: Sequence[object], 
     host = host or socket.gethostname()
     poller = nvml_poller if nvml_poller is not None else (NvmlPoller.from_system(host=host) if nvml else None)
     scrapers = [(source, Scraper(url, source)) for source, url in targets]
-    exporter = _Exporter(server_url, token=token, client=client, max_buffered_samples=max_buffered_samples,
-                         stats=stats, resource_attributes={"host.name": host})
+    exporter = _Exporter(
+        server_url,
+        token=token,
+        client=client,
+        max_buffered_samples=max_buffered_samples,
+        stats=stats,
+        resource_attributes={"host.name": host},
+    )
     next_tick = time.monotonic()
     try:
         while not stop_event.is_set():

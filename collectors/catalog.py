@@ -26,8 +26,8 @@ preempts) or ``device`` (one series per GPU, never combined).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from inferpath.vocabulary import (
     GPU_MEMORY_USED_BYTES,
@@ -151,12 +151,15 @@ CATALOG: tuple[SourceMetric, ...] = (
     _R("triton", "nv_gpu_memory_used_bytes", "gpu_memory_used_bytes"),
     _R("triton", "nv_gpu_memory_total_bytes", "gpu_memory_total_bytes"),
     _R("triton", "nv_gpu_power_usage", "gpu_power_watts"),
-    _R("triton", "nv_inference_first_response_histogram_ms", "time_to_first_token_seconds",
-       milliseconds_to_seconds),
+    _R("triton", "nv_inference_first_response_histogram_ms", "time_to_first_token_seconds", milliseconds_to_seconds),
     _R("triton", "nv_trt_llm_request_metrics", "queue_depth", labels=(("request_type", "waiting"),)),
     _R("triton", "nv_trt_llm_request_metrics", "running_requests", labels=(("request_type", "scheduled"),)),
-    _R("triton", "nv_trt_llm_kv_cache_block_metrics", "kv_cache_usage_ratio",
-       labels=(("kv_cache_block_type", "fraction"),)),
+    _R(
+        "triton",
+        "nv_trt_llm_kv_cache_block_metrics",
+        "kv_cache_usage_ratio",
+        labels=(("kv_cache_block_type", "fraction"),),
+    ),
     # trtllm-serve's own /metrics (MetricsCollector, prefix trtllm_).
     _R("trtllm", "trtllm_num_requests_waiting", "queue_depth"),
     _R("trtllm", "trtllm_num_requests_running", "running_requests"),
@@ -167,16 +170,25 @@ CATALOG: tuple[SourceMetric, ...] = (
     # The same TensorRT-LLM backend gauges reach a scrape configured as source "trtllm".
     _R("trtllm", "nv_trt_llm_request_metrics", "queue_depth", labels=(("request_type", "waiting"),)),
     _R("trtllm", "nv_trt_llm_request_metrics", "running_requests", labels=(("request_type", "scheduled"),)),
-    _R("trtllm", "nv_trt_llm_kv_cache_block_metrics", "kv_cache_usage_ratio",
-       labels=(("kv_cache_block_type", "fraction"),)),
+    _R(
+        "trtllm",
+        "nv_trt_llm_kv_cache_block_metrics",
+        "kv_cache_usage_ratio",
+        labels=(("kv_cache_block_type", "fraction"),),
+    ),
 )
 
 # dcgm-exporter has no total; the framebuffer splits into used + free + reserved (the
 # reserved part is exported by recent versions: L40S 0 + 45459 + 608 = 46067 MiB, what
 # nvidia-smi shows as 46068 MiB).
 DERIVED: tuple[DerivedMetric, ...] = (
-    DerivedMetric("dcgm", "gpu_memory_total_bytes", ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"),
-                  ("DCGM_FI_DEV_FB_RESERVED",), mib_to_bytes),
+    DerivedMetric(
+        "dcgm",
+        "gpu_memory_total_bytes",
+        ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"),
+        ("DCGM_FI_DEV_FB_RESERVED",),
+        mib_to_bytes,
+    ),
 )
 
 # NVML (nvidia-ml-py) readings and their units, as the poller converts them.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import List, Optional
 
 import typer
 
@@ -15,15 +14,19 @@ from inferpath.vocabulary import SOURCES
 
 def collect(
     nvml: bool = typer.Option(False, "--nvml/--no-nvml", help="Poll this machine's GPUs through NVML."),
-    scrape: Optional[List[str]] = typer.Option(
-        None, "--scrape", metavar="SOURCE=URL",
+    scrape: list[str] | None = typer.Option(
+        None,
+        "--scrape",
+        metavar="SOURCE=URL",
         help="A Prometheus endpoint to scrape, e.g. dcgm=http://127.0.0.1:9400/metrics or "
-             f"vllm=http://127.0.0.1:8000/metrics (repeatable; sources: {', '.join(SOURCES)}; a bare URL is "
-             "vllm, as for inferpath up)."),
-    server: str = typer.Option("http://127.0.0.1:4318", "--server", envvar=ENV_SERVER_URL,
-                               help="The inferpath server to push OTLP metrics to."),
+        f"vllm=http://127.0.0.1:8000/metrics (repeatable; sources: {', '.join(SOURCES)}; a bare URL is "
+        "vllm, as for inferpath up).",
+    ),
+    server: str = typer.Option(
+        "http://127.0.0.1:4318", "--server", envvar=ENV_SERVER_URL, help="The inferpath server to push OTLP metrics to."
+    ),
     interval_seconds: float = typer.Option(1.0, "--interval", min=0.05, help="Seconds between polls."),
-    token: Optional[str] = typer.Option(None, "--token", envvar=ENV_TOKEN, help="Bearer token of the server."),
+    token: str | None = typer.Option(None, "--token", envvar=ENV_TOKEN, help="Bearer token of the server."),
 ) -> None:
     """Collect GPU and engine metrics on this node and push them to an inferpath server."""
     from inferpath.collectors.agent import parse_scrape_targets, run_agent
@@ -41,8 +44,9 @@ def collect(
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     typer.echo(f"collecting every {interval_seconds:g} s -> {server}/v1/metrics (Ctrl-C stops)")
     try:
-        stats = run_agent(server, nvml=nvml, scrape_targets=targets, interval_seconds=interval_seconds,
-                          token=token, stop_event=stop)
+        stats = run_agent(
+            server, nvml=nvml, scrape_targets=targets, interval_seconds=interval_seconds, token=token, stop_event=stop
+        )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -26,8 +26,8 @@ for GPUs (typically MIG instances) that have no utilization reading of their own
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
 
 from inferpath.collectors.catalog import ENGINE_LABELS, PID_LABEL, signal
 from inferpath.collectors.identity import device_key
@@ -86,8 +86,17 @@ def combine(samples: Iterable[Sample], histograms: Iterable[HistogramSample] = (
         first = members[0]
         attributes = dict(key)
         attributes[COMBINED_ATTRIBUTE] = "sum"
-        out.append(Sample(name, math.fsum(m.value for m in members), first.kind, first.unit, attributes,
-                          first.timestamp, _join_metric(members)))
+        out.append(
+            Sample(
+                name,
+                math.fsum(m.value for m in members),
+                first.kind,
+                first.unit,
+                attributes,
+                first.timestamp,
+                _join_metric(members),
+            )
+        )
     # 3. per engine + pod max.
     maxes: dict[tuple, list[Sample]] = {}
     for sample in by_rule["max"]:
@@ -98,8 +107,9 @@ def combine(samples: Iterable[Sample], histograms: Iterable[HistogramSample] = (
             best = max(members, key=lambda s: s.value)
             attributes = dict(key)
             attributes[COMBINED_ATTRIBUTE] = "max"
-            out.append(Sample(name, best.value, best.kind, best.unit, attributes, best.timestamp,
-                              _join_metric(members)))
+            out.append(
+                Sample(name, best.value, best.kind, best.unit, attributes, best.timestamp, _join_metric(members))
+            )
     out.sort(key=lambda s: (s.signal, _key(s.attributes, set())))
     return Combined(out, merge_histograms(histograms), duplicated)
 
@@ -121,9 +131,19 @@ def merge_histograms(histograms: Iterable[HistogramSample]) -> list[HistogramSam
             continue
         first = members[0]
         counts = tuple(math.fsum(col) for col in zip(*(m.cumulative_counts for m in members)))
-        merged.append(HistogramSample(
-            name, bounds, counts, math.fsum(m.count for m in members), math.fsum(m.sum for m in members),
-            first.unit, dict(key), first.timestamp, "+".join(sorted({m.source_metric for m in members}))))
+        merged.append(
+            HistogramSample(
+                name,
+                bounds,
+                counts,
+                math.fsum(m.count for m in members),
+                math.fsum(m.sum for m in members),
+                first.unit,
+                dict(key),
+                first.timestamp,
+                "+".join(sorted({m.source_metric for m in members})),
+            )
+        )
     return merged
 
 

@@ -12,7 +12,7 @@ and the NVML poller writes the same names so both sources line up.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 HOST = "host"
@@ -42,8 +42,9 @@ def is_loopback_host(host: str) -> bool:
     return host.strip().lower() in _LOOPBACK_HOSTS
 
 
-def attributes_from_labels(labels: Mapping[str, str], *, scrape_host: str | None = None,
-                           extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def attributes_from_labels(
+    labels: Mapping[str, str], *, scrape_host: str | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Series labels -> attributes: host label renamed ``host`` and resolved, ``extra`` added.
 
     A ``host`` of ``localhost`` (or a loopback address) becomes ``scrape_host`` when one is

@@ -43,9 +43,10 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from inferpath.collectors.catalog import NVML_CONVERSIONS, signal
 from inferpath.collectors.identity import (
@@ -120,12 +121,16 @@ class NvmlAdapter:
         self._not_supported = pynvml.NVML_ERROR_NOT_SUPPORTED
         self._lost = pynvml.NVML_ERROR_GPU_IS_LOST
         self._not_found = pynvml.NVML_ERROR_NOT_FOUND
-        self._driver_gone = {getattr(pynvml, name) for name in (
-            "NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_UNINITIALIZED")
-            if hasattr(pynvml, name)}
+        self._driver_gone = {
+            getattr(pynvml, name)
+            for name in ("NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_UNINITIALIZED")
+            if hasattr(pynvml, name)
+        }
         # Newer drivers renamed throttle reasons "clocks event reasons"; use what exists.
-        self._event_reasons = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                               or getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons"))
+        self._event_reasons = (
+            getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
 
     def call(self, function: Callable[..., Any], *args: Any) -> Any:
         """Call one NVML function, translating its errors (see the class docstring)."""
@@ -237,8 +242,15 @@ class NvmlAdapter:
 # Field name -> (adapter method, [(catalog NVML key, index into a tuple result or None)]).
 _FIELDS: tuple[tuple[str, str, tuple[tuple[str, int | None], ...]], ...] = (
     ("utilization", "utilization_percent", (("nvmlDeviceGetUtilizationRates.gpu", None),)),
-    ("memory", "memory_bytes", (("nvmlDeviceGetMemoryInfo.used", 0), ("nvmlDeviceGetMemoryInfo.free", 1),
-                                ("nvmlDeviceGetMemoryInfo.total", 2))),
+    (
+        "memory",
+        "memory_bytes",
+        (
+            ("nvmlDeviceGetMemoryInfo.used", 0),
+            ("nvmlDeviceGetMemoryInfo.free", 1),
+            ("nvmlDeviceGetMemoryInfo.total", 2),
+        ),
+    ),
     ("power", "power_milliwatts", (("nvmlDeviceGetPowerUsage", None),)),
     ("temperature", "temperature_celsius", (("nvmlDeviceGetTemperature", None),)),
     ("sm_clock", "sm_clock_mhz", (("nvmlDeviceGetClockInfo.sm", None),)),
@@ -248,9 +260,16 @@ _FIELDS: tuple[tuple[str, str, tuple[tuple[str, int | None], ...]], ...] = (
 _PROCESS_FIELD = "process_memory"
 # Resolved once: (field, adapter method, [(signal, convert, unit, tuple position, NVML name)]).
 _READERS = tuple(
-    (field_name, method, tuple((NVML_CONVERSIONS[key][0], NVML_CONVERSIONS[key][1],
-                                signal(NVML_CONVERSIONS[key][0]).unit, position, key) for key, position in outputs))
-    for field_name, method, outputs in _FIELDS)
+    (
+        field_name,
+        method,
+        tuple(
+            (NVML_CONVERSIONS[key][0], NVML_CONVERSIONS[key][1], signal(NVML_CONVERSIONS[key][0]).unit, position, key)
+            for key, position in outputs
+        ),
+    )
+    for field_name, method, outputs in _FIELDS
+)
 
 
 class NvmlPoller:
@@ -269,17 +288,28 @@ class NvmlPoller:
     ``init_failures_total``.
     """
 
-    def __init__(self, adapter: NvmlAdapter | None, *, host: str | None = None, interval_seconds: float = 1.0,
-                 process_interval_seconds: float = 10.0, retry_unsupported_seconds: float = 600.0,
-                 topology_refresh_seconds: float = 60.0, disabled_reason: str = "",
-                 init_retry_seconds: float = 5.0, init_retry_max_seconds: float = 300.0,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+    def __init__(
+        self,
+        adapter: NvmlAdapter | None,
+        *,
+        host: str | None = None,
+        interval_seconds: float = 1.0,
+        process_interval_seconds: float = 10.0,
+        retry_unsupported_seconds: float = 600.0,
+        topology_refresh_seconds: float = 60.0,
+        disabled_reason: str = "",
+        init_retry_seconds: float = 5.0,
+        init_retry_max_seconds: float = 300.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
         if interval_seconds <= 0:
             raise ValueError(f"interval_seconds: must be > 0, got {interval_seconds}")
         if not 0 < init_retry_seconds <= init_retry_max_seconds:
-            raise ValueError(f"init_retry_seconds: must be > 0 and <= init_retry_max_seconds, got "
-                             f"{init_retry_seconds} and {init_retry_max_seconds}")
+            raise ValueError(
+                f"init_retry_seconds: must be > 0 and <= init_retry_max_seconds, got "
+                f"{init_retry_seconds} and {init_retry_max_seconds}"
+            )
         self.adapter = adapter
         self.host = host or socket.gethostname()
         self.interval_seconds = interval_seconds
@@ -308,7 +338,7 @@ class NvmlPoller:
         self._init_log = RateLimitedLog(logger, _LOG_INTERVAL_SECONDS, clock=monotonic)
 
     @classmethod
-    def from_system(cls, **kwargs: Any) -> "NvmlPoller":
+    def from_system(cls, **kwargs: Any) -> NvmlPoller:
         """A poller over the real driver: imports ``pynvml`` and calls ``nvmlInit``.
 
         Never raises for a missing package, library or driver: it logs one warning. Without
@@ -329,7 +359,7 @@ class NvmlPoller:
         return poller
 
     @classmethod
-    def _disabled(cls, reason: str, kwargs: dict) -> "NvmlPoller":
+    def _disabled(cls, reason: str, kwargs: dict) -> NvmlPoller:
         logger.warning("NVML collector off: %s", reason)
         return cls(None, disabled_reason=reason, **kwargs)
 
@@ -380,8 +410,18 @@ class NvmlPoller:
 
     def _all_down(self, devices: list[Device], timestamp: datetime) -> list[Sample]:
         """``gpu_up`` 0 for each of ``devices`` (known, but unreadable now)."""
-        return [Sample(GPU_UP, 0.0, "gauge", UNIT_RATIO, self._attributes[(d.uuid, d.mig_instance_id)], timestamp,
-                       _SOURCE_METRIC) for d in devices]
+        return [
+            Sample(
+                GPU_UP,
+                0.0,
+                "gauge",
+                UNIT_RATIO,
+                self._attributes[(d.uuid, d.mig_instance_id)],
+                timestamp,
+                _SOURCE_METRIC,
+            )
+            for d in devices
+        ]
 
     def _adapter(self) -> NvmlAdapter:
         """The adapter; ``RuntimeError`` once :meth:`close` released it."""
@@ -400,8 +440,9 @@ class NvmlPoller:
             self.init_failures_total += 1
             self._init_failed(exc, now)
             return False
-        logger.info("NVML started after %d %s", self.init_retries_total,
-                    "retry" if self.init_retries_total == 1 else "retries")
+        logger.info(
+            "NVML started after %d %s", self.init_retries_total, "retry" if self.init_retries_total == 1 else "retries"
+        )
         self.disabled_reason = ""
         self._init_backoff_s = self.init_retry_seconds
         self.lost.clear()  # a restarted driver enumerates its GPUs afresh
@@ -416,8 +457,12 @@ class NvmlPoller:
         self._next_init_at = now + wait
         self._init_backoff_s = min(wait * 2, self.init_retry_max_seconds)
         self.disabled_reason = f"{exc} (no NVIDIA driver on this machine?)" if first else str(exc)
-        self._init_log.warning("NVML collector off: %s; retrying nvmlInit in %.0f s (backoff up to %.0f s)",
-                               self.disabled_reason, wait, self.init_retry_max_seconds)
+        self._init_log.warning(
+            "NVML collector off: %s; retrying nvmlInit in %.0f s (backoff up to %.0f s)",
+            self.disabled_reason,
+            wait,
+            self.init_retry_max_seconds,
+        )
 
     def _refresh_devices(self, now: float) -> None:
         devices = self._adapter().devices()
@@ -426,8 +471,11 @@ class NvmlPoller:
             if device.unreadable:
                 # Keep the identity it had, so its series continue and turn gpu_up 0.
                 known = known_gpus.get(device.index)
-                device = (replace(known, handle=None, unreadable=device.unreadable) if known is not None
-                          else replace(device, uuid=UNKNOWN_GPU_UUID.format(index=device.index)))
+                device = (
+                    replace(known, handle=None, unreadable=device.unreadable)
+                    if known is not None
+                    else replace(device, uuid=UNKNOWN_GPU_UUID.format(index=device.index))
+                )
                 devices[position] = device
                 self._mark_lost(device, device.uuid, device.unreadable)
                 for instance in self._devices:  # its MIG instances went with it
@@ -435,21 +483,36 @@ class NvmlPoller:
                         self._mark_lost(instance, instance.mig_uuid, device.unreadable)
         # A lost GPU may no longer enumerate; keep it listed so that it keeps reporting gpu_up 0.
         listed = {(d.uuid, d.mig_instance_id) for d in devices}
-        devices += [d for d in self._devices
-                    if (d.mig_uuid or d.uuid) in self.lost and (d.uuid, d.mig_instance_id) not in listed]
+        devices += [
+            d
+            for d in self._devices
+            if (d.mig_uuid or d.uuid) in self.lost and (d.uuid, d.mig_instance_id) not in listed
+        ]
         self._devices = devices
         self._devices_at = now
         self._attributes = {}
         for d in self._devices:
-            attributes = {HOST: self.host, GPU_UUID: d.uuid, GPU_INDEX: str(d.index), GPU_MODEL: d.name,
-                          GPU_PCI_BUS_ID: d.pci_bus_id}
+            attributes = {
+                HOST: self.host,
+                GPU_UUID: d.uuid,
+                GPU_INDEX: str(d.index),
+                GPU_MODEL: d.name,
+                GPU_PCI_BUS_ID: d.pci_bus_id,
+            }
             if d.mig_instance_id is not None:
                 attributes[GPU_MIG_INSTANCE_ID] = str(d.mig_instance_id)
                 attributes[GPU_MIG_UUID] = d.mig_uuid
             self._attributes[(d.uuid, d.mig_instance_id)] = {k: v for k, v in attributes.items() if v}
 
-    def _poll_device(self, device: Device, readers: list, timestamp: datetime, now: float, with_processes: bool,
-                     samples: list[Sample]) -> None:
+    def _poll_device(
+        self,
+        device: Device,
+        readers: list,
+        timestamp: datetime,
+        now: float,
+        with_processes: bool,
+        samples: list[Sample],
+    ) -> None:
         key = (device.uuid, device.mig_instance_id)
         # One attribute dict per device, shared by its samples (they are never mutated).
         attributes = self._attributes[key]
@@ -488,8 +551,15 @@ class NvmlPoller:
         if with_processes and (key, _PROCESS_FIELD) not in unsupported:
             self._poll_processes(device, key, attributes, timestamp, now, samples)
 
-    def _poll_processes(self, device: Device, key: tuple, attributes: dict[str, str], timestamp: datetime,
-                        now: float, samples: list[Sample]) -> None:
+    def _poll_processes(
+        self,
+        device: Device,
+        key: tuple,
+        attributes: dict[str, str],
+        timestamp: datetime,
+        now: float,
+        samples: list[Sample],
+    ) -> None:
         try:
             processes = self._adapter().process_memory_bytes(device.handle)
         except FieldNotSupported:
@@ -505,14 +575,27 @@ class NvmlPoller:
             return
         name, convert = NVML_CONVERSIONS["nvmlDeviceGetComputeRunningProcesses.usedGpuMemory"]
         for pid, used in processes:
-            samples.append(Sample(name, convert(used), "gauge", "By", {**attributes, PROCESS_PID: str(pid)},
-                                  timestamp, "nvmlDeviceGetComputeRunningProcesses.usedGpuMemory"))
+            samples.append(
+                Sample(
+                    name,
+                    convert(used),
+                    "gauge",
+                    "By",
+                    {**attributes, PROCESS_PID: str(pid)},
+                    timestamp,
+                    "nvmlDeviceGetComputeRunningProcesses.usedGpuMemory",
+                )
+            )
 
     def _mark_lost(self, device: Device, lost_key: str, reason: str = "GPU is lost") -> None:
         if lost_key not in self.lost:
             self.lost.add(lost_key)
-            logger.error("GPU %s (index %d): %s; reported as gpu_up 0, the other GPUs keep reporting",
-                         lost_key, device.index, reason)
+            logger.error(
+                "GPU %s (index %d): %s; reported as gpu_up 0, the other GPUs keep reporting",
+                lost_key,
+                device.index,
+                reason,
+            )
 
     def _failed(self, what: str, exc: Exception) -> None:
         self.errors_total += 1

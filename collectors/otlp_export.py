@@ -10,8 +10,8 @@ the server's OTLP receiver equal those of its own scrape loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Iterable, Mapping, Sequence
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -26,8 +26,9 @@ def _key_values(attributes: Mapping[str, str]) -> list[KeyValue]:
     return [KeyValue(key=str(k), value=AnyValue(string_value=str(v))) for k, v in sorted(attributes.items())]
 
 
-def build_request(batches: Iterable[tuple[str, Sequence]], *,
-                  resource_attributes: Mapping[str, str] | None = None) -> ExportMetricsServiceRequest:
+def build_request(
+    batches: Iterable[tuple[str, Sequence]], *, resource_attributes: Mapping[str, str] | None = None
+) -> ExportMetricsServiceRequest:
     """Build one export request from ``(source, samples)`` batches.
 
     ``samples``: collector :class:`~inferpath.collectors.prometheus.Sample` or
@@ -57,8 +58,7 @@ def build_request(batches: Iterable[tuple[str, Sequence]], *,
                     metric.sum.aggregation_temporality = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
                     metric.sum.is_monotonic = True
                 elif sample.kind == "histogram":
-                    metric.histogram.aggregation_temporality = (
-                        AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE)
+                    metric.histogram.aggregation_temporality = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
             _add_point(metric, sample)
     return request
 

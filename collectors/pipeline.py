@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Mapping
 
 from inferpath.collectors.catalog import expected_signals
 from inferpath.collectors.combine import combine, fill_utilization
@@ -31,15 +31,20 @@ class ScrapeResult:
         return [*self.samples, *self.histograms]
 
 
-def parse_scrape(text: str, source: str, *, timestamp: datetime, scrape_host: str | None = None,
-                 extra_attributes: Mapping[str, str] | None = None) -> ScrapeResult:
+def parse_scrape(
+    text: str,
+    source: str,
+    *,
+    timestamp: datetime,
+    scrape_host: str | None = None,
+    extra_attributes: Mapping[str, str] | None = None,
+) -> ScrapeResult:
     """Prometheus text of ``source`` -> :class:`ScrapeResult`.
 
     Arguments as :func:`inferpath.collectors.prometheus.map_scrape`, whose ``ValueError``
     (unknown source, naive timestamp, malformed text) it raises.
     """
-    mapped = map_scrape(text, source, timestamp=timestamp, scrape_host=scrape_host,
-                        extra_attributes=extra_attributes)
+    mapped = map_scrape(text, source, timestamp=timestamp, scrape_host=scrape_host, extra_attributes=extra_attributes)
     combined = combine(mapped.samples, mapped.histograms)
     samples = fill_utilization(combined.samples) if source == "dcgm" else combined.samples
     present = {s.signal for s in samples}

@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from functools import lru_cache
-from typing import Iterable, Literal, Mapping
+from functools import cache, lru_cache
+from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -102,9 +103,11 @@ class MappedScrape:
 
 def is_dcgm_blank(value: float) -> bool:
     """True for DCGM's "no value" sentinels (see the module docstring)."""
-    return (value >= _DCGM_INT64_BLANK
-            or _DCGM_INT32_BLANK <= value < _DCGM_INT32_BLANK + _DCGM_RESERVED_CODES
-            or _DCGM_FP64_BLANK <= value < _DCGM_FP64_BLANK + _DCGM_RESERVED_CODES)
+    return (
+        value >= _DCGM_INT64_BLANK
+        or _DCGM_INT32_BLANK <= value < _DCGM_INT32_BLANK + _DCGM_RESERVED_CODES
+        or _DCGM_FP64_BLANK <= value < _DCGM_FP64_BLANK + _DCGM_RESERVED_CODES
+    )
 
 
 def _usable(value: float, source: str) -> bool:
@@ -113,7 +116,7 @@ def _usable(value: float, source: str) -> bool:
     return not (source == "dcgm" and is_dcgm_blank(value))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _wanted_lines_pattern(source: str) -> re.Pattern[str]:
     names = set(metrics_for(source))
     names |= {name for d in derived_for(source) for name in (*d.required, *d.optional)}
@@ -167,8 +170,14 @@ def _check_timestamp(timestamp: datetime) -> datetime:
     return timestamp.astimezone(timezone.utc)
 
 
-def map_scrape(text: str, source: str, *, timestamp: datetime, scrape_host: str | None = None,
-               extra_attributes: Mapping[str, str] | None = None) -> MappedScrape:
+def map_scrape(
+    text: str,
+    source: str,
+    *,
+    timestamp: datetime,
+    scrape_host: str | None = None,
+    extra_attributes: Mapping[str, str] | None = None,
+) -> MappedScrape:
     """Parse a Prometheus text scrape of ``source`` into per-series canonical samples.
 
     ``source``: a catalog source (``dcgm``, ``vllm``, ``sglang``, ``tgi``, ``triton``,
@@ -208,13 +217,19 @@ def map_scrape(text: str, source: str, *, timestamp: datetime, scrape_host: str 
                 kept = {k: v for k, v in labels.items() if k not in dict(row.labels)}
                 if row.deprecated:
                     deprecated.add(len(samples))
-                samples.append(Sample(row.signal, row.convert(value), spec.kind, spec.unit,
-                                      attributes_from_labels(kept, scrape_host=scrape_host,
-                                                             extra=extra_attributes),
-                                      timestamp, name))
+                samples.append(
+                    Sample(
+                        row.signal,
+                        row.convert(value),
+                        spec.kind,
+                        spec.unit,
+                        attributes_from_labels(kept, scrape_host=scrape_host, extra=extra_attributes),
+                        timestamp,
+                        name,
+                    )
+                )
         if name in derived_inputs:
-            key = tuple(sorted(attributes_from_labels(labels, scrape_host=scrape_host,
-                                                      extra=extra_attributes).items()))
+            key = tuple(sorted(attributes_from_labels(labels, scrape_host=scrape_host, extra=extra_attributes).items()))
             series_inputs.setdefault(key, {})[name] = value
 
     for d in derived:
@@ -225,19 +240,34 @@ def map_scrape(text: str, source: str, *, timestamp: datetime, scrape_host: str 
             if not all(name in values for name in d.required):
                 continue
             used = [name for name in (*d.required, *d.optional) if name in values]
-            samples.append(Sample(d.signal, d.convert(sum(values[n] for n in used)), spec.kind, spec.unit,
-                                  dict(key), timestamp, "+".join(used)))
+            samples.append(
+                Sample(
+                    d.signal,
+                    d.convert(sum(values[n] for n in used)),
+                    spec.kind,
+                    spec.unit,
+                    dict(key),
+                    timestamp,
+                    "+".join(used),
+                )
+            )
     samples = _prefer_current_names(samples, deprecated)
     histograms = _build_histograms(histogram_parts, timestamp, scrape_host, extra_attributes)
     return MappedScrape(samples, histograms)
 
 
-def scrape_samples(text: str, source: str, *, timestamp: datetime,
-                   extra_attributes: Mapping[str, str] | None = None,
-                   scrape_host: str | None = None) -> list[Sample]:
+def scrape_samples(
+    text: str,
+    source: str,
+    *,
+    timestamp: datetime,
+    extra_attributes: Mapping[str, str] | None = None,
+    scrape_host: str | None = None,
+) -> list[Sample]:
     """The gauge and counter samples of :func:`map_scrape`, one per series (no combining)."""
-    return map_scrape(text, source, timestamp=timestamp, scrape_host=scrape_host,
-                      extra_attributes=extra_attributes).samples
+    return map_scrape(
+        text, source, timestamp=timestamp, scrape_host=scrape_host, extra_attributes=extra_attributes
+    ).samples
 
 
 def _split_histogram_name(name: str) -> tuple[str, str]:
@@ -247,8 +277,9 @@ def _split_histogram_name(name: str) -> tuple[str, str]:
     return name, ""
 
 
-def _add_histogram_part(parts: dict, rows: tuple[SourceMetric, ...], suffix: str,
-                        labels: Mapping[str, str], value: float) -> None:
+def _add_histogram_part(
+    parts: dict, rows: tuple[SourceMetric, ...], suffix: str, labels: Mapping[str, str], value: float
+) -> None:
     row = _row_for(rows, labels)
     if row is None or signal(row.signal).kind != "histogram":
         return
@@ -263,8 +294,9 @@ def _add_histogram_part(parts: dict, rows: tuple[SourceMetric, ...], suffix: str
         part[suffix[1:]] = value
 
 
-def _build_histograms(parts: dict, timestamp: datetime, scrape_host: str | None,
-                      extra: Mapping[str, str] | None) -> list[HistogramSample]:
+def _build_histograms(
+    parts: dict, timestamp: datetime, scrape_host: str | None, extra: Mapping[str, str] | None
+) -> list[HistogramSample]:
     histograms = []
     for (row, series_labels), part in sorted(parts.items(), key=lambda item: (item[0][0].metric, item[0][1])):
         buckets = part["buckets"]
@@ -275,11 +307,19 @@ def _build_histograms(parts: dict, timestamp: datetime, scrape_host: str | None,
         spec = signal(row.signal)
         count = part["count"] if part["count"] is not None else buckets[math.inf]
         total = part["sum"] if part["sum"] is not None else 0.0
-        histograms.append(HistogramSample(
-            row.signal, tuple(row.convert(b) for b, _ in ordered[:-1]), tuple(c for _, c in ordered),
-            count, row.convert(total), spec.unit,
-            attributes_from_labels(dict(series_labels), scrape_host=scrape_host, extra=extra),
-            timestamp, row.metric))
+        histograms.append(
+            HistogramSample(
+                row.signal,
+                tuple(row.convert(b) for b, _ in ordered[:-1]),
+                tuple(c for _, c in ordered),
+                count,
+                row.convert(total),
+                spec.unit,
+                attributes_from_labels(dict(series_labels), scrape_host=scrape_host, extra=extra),
+                timestamp,
+                row.metric,
+            )
+        )
     return histograms
 
 

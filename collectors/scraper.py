@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Callable, Mapping
 
 import httpx
 
@@ -35,9 +35,16 @@ class Scraper:
     Raises ``ValueError`` at construction for an unknown source or a non-HTTP URL.
     """
 
-    def __init__(self, url: str, source: str, *, client: httpx.Client | None = None, timeout_seconds: float = 2.0,
-                 extra_attributes: Mapping[str, str] | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+    def __init__(
+        self,
+        url: str,
+        source: str,
+        *,
+        client: httpx.Client | None = None,
+        timeout_seconds: float = 2.0,
+        extra_attributes: Mapping[str, str] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
         metrics_for(source)  # validates the source name
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url: expected an http(s) URL, got {url!r}")
@@ -65,8 +72,13 @@ class Scraper:
         try:
             response = self._client.get(self.url, timeout=self.timeout_seconds)
             response.raise_for_status()
-            result = parse_scrape(response.text, self.source, timestamp=self._clock(),
-                                  scrape_host=self.scrape_host, extra_attributes=self.extra_attributes)
+            result = parse_scrape(
+                response.text,
+                self.source,
+                timestamp=self._clock(),
+                scrape_host=self.scrape_host,
+                extra_attributes=self.extra_attributes,
+            )
         except Exception as exc:  # HTTP, parse or anything else: a collector never stops its loop
             self._failed(exc)
             return []
@@ -81,8 +93,9 @@ class Scraper:
         now = time.monotonic()
         if now - self._last_missing_log_s >= _LOG_INTERVAL_SECONDS:
             self._last_missing_log_s = now
-            logger.warning("scrape of %s (%s): metric missing for %s; no value stored",
-                           self.url, self.source, ", ".join(missing))
+            logger.warning(
+                "scrape of %s (%s): metric missing for %s; no value stored", self.url, self.source, ", ".join(missing)
+            )
 
     def _failed(self, exc: Exception) -> None:
         self.errors_total += 1
@@ -99,7 +112,7 @@ class Scraper:
         if self._owns_client:
             self._client.close()
 
-    def __enter__(self) -> "Scraper":
+    def __enter__(self) -> Scraper:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

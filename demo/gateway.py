@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import time
 import uuid
-import itertools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal
+from typing import Any, Literal
 
 import httpx
 from fastapi import FastAPI
@@ -103,9 +104,14 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gateway",
-                       endpoint_class: str = "interactive", otlp_endpoint: str | None = None,
-                       span_exporter: Any = None) -> FastAPI:
+def create_gateway_app(
+    config: GatewayConfig,
+    *,
+    service_name: str = "demo-gateway",
+    endpoint_class: str = "interactive",
+    otlp_endpoint: str | None = None,
+    span_exporter: Any = None,
+) -> FastAPI:
     """Build the gateway app, instrumented with ``inferpath.instrument``."""
     from inferpath.demo.retrieval import BM25Retriever
     from inferpath.instrumentation.clients import stream_chat_completion
@@ -121,17 +127,24 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
     turn = itertools.count()
 
     async def lifespan(app: FastAPI):
-        state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0),
-                                            limits=httpx.Limits(max_connections=512,
-                                                                keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS))
+        state["client"] = httpx.AsyncClient(
+            timeout=httpx.Timeout(600.0, connect=5.0),
+            limits=httpx.Limits(max_connections=512, keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS),
+        )
         yield
         await state["client"].aclose()
         from inferpath.instrumentation.provider import shutdown
+
         shutdown()
 
     app = FastAPI(title="inferpath demo gateway", lifespan=lifespan)
-    inferpath.instrument(app, service_name=service_name, endpoint_class=endpoint_class,
-                         otlp_endpoint=otlp_endpoint, span_exporter=span_exporter)
+    inferpath.instrument(
+        app,
+        service_name=service_name,
+        endpoint_class=endpoint_class,
+        otlp_endpoint=otlp_endpoint,
+        span_exporter=span_exporter,
+    )
 
     def encode(text: str) -> list[int]:
         return prompt_tokenizer.encode(text, add_special_tokens=False).ids
@@ -153,8 +166,11 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
         """Change the fault knobs (demo scenarios); answers the settings now in force."""
         for name, value in body.model_dump(exclude_none=True).items():
             setattr(config, name, [u.rstrip("/") for u in value] if name == "engine_urls" else value)
-        return {"tokenize_delay_seconds": config.tokenize_delay_seconds,
-                "retrieval_delay_seconds": config.retrieval_delay_seconds, "engine_urls": config.engine_urls}
+        return {
+            "tokenize_delay_seconds": config.tokenize_delay_seconds,
+            "retrieval_delay_seconds": config.retrieval_delay_seconds,
+            "engine_urls": config.engine_urls,
+        }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest):
@@ -175,15 +191,20 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
         created = int(time.time())
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-            return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                    "model": request.model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+            return {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": request.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
 
         async def stream() -> AsyncIterator[bytes]:
             usage: dict[str, Any] | None = None
             yield _sse(chunk({"role": "assistant", "content": ""}))
-            async for event in stream_chat_completion(state["client"], f"{engine_url}/v1/completions",
-                                                      payload, stage="model"):
+            async for event in stream_chat_completion(
+                state["client"], f"{engine_url}/v1/completions", payload, stage="model"
+            ):
                 if event.get("usage"):
                     usage = event["usage"]
                 for choice in event.get("choices") or ():
@@ -191,8 +212,16 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
                         yield _sse(chunk({"content": choice["text"]}))
             yield _sse(chunk({}, "length"))
             if request.stream_options and request.stream_options.include_usage and usage:
-                yield _sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                            "model": request.model, "choices": [], "usage": usage})
+                yield _sse(
+                    {
+                        "id": completion_id,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": request.model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
             yield b"data: [DONE]\n\n"
 
         if request.stream:
@@ -202,10 +231,17 @@ def create_gateway_app(config: GatewayConfig, *, service_name: str = "demo-gatew
             if raw.startswith(b"data: {"):
                 for choice in json.loads(raw[6:]).get("choices") or ():
                     text.append(choice.get("delta", {}).get("content") or "")
-        return JSONResponse({"id": completion_id, "object": "chat.completion", "created": created,
-                             "model": request.model,
-                             "choices": [{"index": 0, "finish_reason": "length",
-                                          "message": {"role": "assistant", "content": "".join(text)}}]})
+        return JSONResponse(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": request.model,
+                "choices": [
+                    {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "".join(text)}}
+                ],
+            }
+        )
 
     return app
 
@@ -223,12 +259,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenize-delay-seconds", type=float, default=0.0)
     parser.add_argument("--retrieval-delay-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
-    config = GatewayConfig(engine_url=args.engine_url.rstrip("/"),
-                           tokenize_delay_seconds=args.tokenize_delay_seconds,
-                           retrieval_delay_seconds=args.retrieval_delay_seconds)
+    config = GatewayConfig(
+        engine_url=args.engine_url.rstrip("/"),
+        tokenize_delay_seconds=args.tokenize_delay_seconds,
+        retrieval_delay_seconds=args.retrieval_delay_seconds,
+    )
     app = create_gateway_app(config, endpoint_class=args.endpoint_class, otlp_endpoint=args.otlp_endpoint)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
 
 
 if __name__ == "__main__":

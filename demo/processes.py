@@ -17,7 +17,6 @@ import httpx
 
 from inferpath.children import die_with_parent
 
-
 # Ports handed out by free_port in this process: never twice.
 _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
@@ -69,8 +68,10 @@ def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port", 
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise RuntimeError(f"{what} {host}:{port} is already in use ({exc.strerror}); "
-                               f"is `inferpath up` or another demo running? Choose another with {option}") from None
+            raise RuntimeError(
+                f"{what} {host}:{port} is already in use ({exc.strerror}); "
+                f"is `inferpath up` or another demo running? Choose another with {option}"
+            ) from None
 
 
 @dataclass
@@ -121,8 +122,16 @@ class ChildService:
                 self.process.wait(5)
 
 
-def start_module(name: str, module: str, args: list[str], *, port: int, host: str = "127.0.0.1",
-                 log_path: str | None = None, extra_env: dict[str, str] | None = None) -> ChildService:
+def start_module(
+    name: str,
+    module: str,
+    args: list[str],
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    log_path: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> ChildService:
     """Run ``python -m module args`` as a child process serving on ``host:port``."""
     env = dict(os.environ)
     # Export spans every 0.5 s: the demo's table should not wait on the SDK's 5 s default.
@@ -130,19 +139,38 @@ def start_module(name: str, module: str, args: list[str], *, port: int, host: st
     env.update(extra_env or {})
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     # Stops when this process dies, even by kill -9 (inferpath/children.py).
-    process = subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdout=out,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
+    )
     return ChildService(name, f"http://{host}:{port}", process, log_path)
 
 
-def start_server(store_url: str, port: int, engine_url: str, log_dir: Path, *,
-                 extra_env: dict[str, str] | None = None) -> ChildService:
+def start_server(
+    store_url: str, port: int, engine_url: str, log_dir: Path, *, extra_env: dict[str, str] | None = None
+) -> ChildService:
     """The inferpath server in its own process (``python -m inferpath.serve``: with the alert
     evaluator, rules from ``INFERPATH_ALERT_RULES`` in ``extra_env``), owning ``store_url``
     and scraping the demo engine's vLLM-compatible ``/metrics`` and dcgm-exporter-compatible
     ``/gpu/metrics``."""
-    return start_module("server", "inferpath.serve",
-                        ["--port", str(port), "--store", store_url,
-                         "--scrape", f"vllm={engine_url}/metrics",
-                         "--scrape", f"dcgm={engine_url}/gpu/metrics"],
-                        port=port, log_path=str(log_dir / "server.log"), extra_env=extra_env)
+    return start_module(
+        "server",
+        "inferpath.serve",
+        [
+            "--port",
+            str(port),
+            "--store",
+            store_url,
+            "--scrape",
+            f"vllm={engine_url}/metrics",
+            "--scrape",
+            f"dcgm={engine_url}/gpu/metrics",
+        ],
+        port=port,
+        log_path=str(log_dir / "server.log"),
+        extra_env=extra_env,
+    )

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import httpx
 from starlette.applications import Starlette
@@ -26,8 +26,20 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx recomputes are not forwarded.
-_HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                          "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+_HOP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 
 # Below uvicorn's 5 s keep-alive timeout on the other side: an idle pooled connection is
 # dropped here before the server closes it, so a request never goes out on a connection the
@@ -50,9 +62,10 @@ def create_proxy_app(upstream_url: str, delay_seconds: float) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0),
-                                            limits=httpx.Limits(max_connections=512,
-                                                                keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS))
+        state["client"] = httpx.AsyncClient(
+            timeout=httpx.Timeout(600.0, connect=5.0),
+            limits=httpx.Limits(max_connections=512, keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS),
+        )
         yield
         await state["client"].aclose()
 
@@ -71,12 +84,17 @@ def create_proxy_app(upstream_url: str, delay_seconds: float) -> Starlette:
             return Response(f"upstream unreachable: {type(exc).__name__}", status_code=502)
         # Raw bytes are forwarded, so Content-Encoding stays as the upstream set it.
         reply_headers = {k: v for k, v in reply.headers.items() if k.lower() not in _HOP_HEADERS}
-        return StreamingResponse(reply.aiter_raw(), status_code=reply.status_code, headers=reply_headers,
-                                 background=BackgroundTask(reply.aclose))
+        return StreamingResponse(
+            reply.aiter_raw(),
+            status_code=reply.status_code,
+            headers=reply_headers,
+            background=BackgroundTask(reply.aclose),
+        )
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-    return Starlette(routes=[Route("/health", health), Route("/{path:path}", forward, methods=methods)],
-                     lifespan=lifespan)
+    return Starlette(
+        routes=[Route("/health", health), Route("/{path:path}", forward, methods=methods)], lifespan=lifespan
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,8 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
     app = create_proxy_app(args.upstream, args.delay_seconds)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
 
 
 if __name__ == "__main__":

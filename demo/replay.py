@@ -27,9 +27,9 @@ import gc
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import httpx
 
@@ -113,13 +113,20 @@ async def _one(client: httpx.AsyncClient, url: str, request: TraceRequest, model
     e2e_seconds = None if error is not None else since_start(witness.last_chunk_ns)
     if error is None and e2e_seconds is None:
         error = "stream ended without a chunk"
-    return ReplayResult(request.index, stream.trace_id, stream.http_status, ttft_seconds, e2e_seconds,
-                        witness.content_chunks, error)
+    return ReplayResult(
+        request.index, stream.trace_id, stream.http_status, ttft_seconds, e2e_seconds, witness.content_chunks, error
+    )
 
 
-async def replay(gateway_url: str, requests: Sequence[TraceRequest], *, speed: float = 1.0,
-                 model: str = "llama2-70b", results_path: Path | str | None = None,
-                 on_done: Callable[[ReplayResult], None] | None = None) -> list[ReplayResult]:
+async def replay(
+    gateway_url: str,
+    requests: Sequence[TraceRequest],
+    *,
+    speed: float = 1.0,
+    model: str = "llama2-70b",
+    results_path: Path | str | None = None,
+    on_done: Callable[[ReplayResult], None] | None = None,
+) -> list[ReplayResult]:
     """Play ``requests`` against ``{gateway_url}/v1/chat/completions``; returns one result each.
 
     Requests are started at ``arrival_offset_seconds / speed`` after the call (open loop: a slow
@@ -145,11 +152,19 @@ async def replay(gateway_url: str, requests: Sequence[TraceRequest], *, speed: f
         sys.setswitchinterval(previous_switch_interval)
 
 
-async def _replay(url: str, requests: Sequence[TraceRequest], speed: float, model: str,
-                  results_path: Path | str | None, on_done: Callable[[ReplayResult], None] | None,
-                  results: list[ReplayResult]) -> list[ReplayResult]:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0),
-                                 limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256)) as client:
+async def _replay(
+    url: str,
+    requests: Sequence[TraceRequest],
+    speed: float,
+    model: str,
+    results_path: Path | str | None,
+    on_done: Callable[[ReplayResult], None] | None,
+    results: list[ReplayResult],
+) -> list[ReplayResult]:
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(600.0, connect=10.0),
+        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+    ) as client:
         start = time.perf_counter()
 
         async def scheduled(request: TraceRequest) -> ReplayResult:

@@ -40,8 +40,9 @@ class BM25Retriever:
             raise ValueError(f"{path.name}: corpus is empty")
         self.passages = passages
         self._retriever = bm25s.BM25()
-        self._retriever.index(bm25s.tokenize([f"{p.title}. {p.text}" for p in passages], show_progress=False),
-                              show_progress=False)
+        self._retriever.index(
+            bm25s.tokenize([f"{p.title}. {p.text}" for p in passages], show_progress=False), show_progress=False
+        )
 
     def search(self, query: str, k: int = 3) -> list[Passage]:
         """The ``k`` best passages for ``query`` (fewer if the corpus is smaller)."""

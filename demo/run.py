@@ -87,14 +87,20 @@ def summary_table(summary: list[dict[str, Any]], title: str) -> Table:
     for row in summary:
         if not row.get("count"):
             continue
-        table.add_row(MEASURE_TITLES.get(row["measure"], row["measure"]), str(row["count"]),
-                      _fmt_ms(row["avg_seconds"]), _fmt_ms(row["p50_seconds"]),
-                      _fmt_ms(row["p95_seconds"]), _fmt_ms(row["p99_seconds"]))
+        table.add_row(
+            MEASURE_TITLES.get(row["measure"], row["measure"]),
+            str(row["count"]),
+            _fmt_ms(row["avg_seconds"]),
+            _fmt_ms(row["p50_seconds"]),
+            _fmt_ms(row["p95_seconds"]),
+            _fmt_ms(row["p99_seconds"]),
+        )
     return table
 
 
-def _wait_for_rows(server_url: str, token: str | None, start: datetime, end: datetime, expected: int,
-                   timeout_seconds: float) -> int:
+def _wait_for_rows(
+    server_url: str, token: str | None, start: datetime, end: datetime, expected: int, timeout_seconds: float
+) -> int:
     """Flush the server until ``expected`` request rows exist in [start, end) or time runs out."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     params = {"start": start.isoformat(), "end": end.isoformat()}
@@ -109,8 +115,14 @@ def _wait_for_rows(server_url: str, token: str | None, start: datetime, end: dat
             time.sleep(0.5)
 
 
-def serve_until_stopped(options: DemoOptions, console: Console, server_url: str, token: str | None,
-                        log_dir: Path, children: list[ChildService]) -> str | None:
+def serve_until_stopped(
+    options: DemoOptions,
+    console: Console,
+    server_url: str,
+    token: str | None,
+    log_dir: Path,
+    children: list[ChildService],
+) -> str | None:
     """Serve the dashboard on ``options.dashboard_port`` (unless ``options.dashboard`` is off)
     while ``children`` run, until Ctrl-C; returns the dashboard URL. Raises ``RuntimeError``
     naming a child that exits meanwhile (a crash, the OOM killer, a signal sent to it alone)
@@ -158,16 +170,24 @@ def _print_scenario(outcome: Any, console: Console) -> None:
     for column in ("cause", "share", "evidence", "would help", "would not help"):
         table.add_column(column)
     for cause in verdict.get("causes", []):
-        table.add_row(cause["cause"], f"{cause['share']:.0%}", "\n".join(e["text"] for e in cause["evidence"]),
-                      "\n".join(cause["would_help"]), "\n".join(cause["would_not_help"]))
+        table.add_row(
+            cause["cause"],
+            f"{cause['share']:.0%}",
+            "\n".join(e["text"] for e in cause["evidence"]),
+            "\n".join(cause["would_help"]),
+            "\n".join(cause["would_not_help"]),
+        )
     console.print(table)
     verdict_word = "[green]correct[/]" if outcome.correct else "[red]wrong[/]"
     console.print(f"diagnosis: {verdict['summary']} — expected {outcome.scenario.cause or 'healthy'}: {verdict_word}")
     console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.timings_seconds.items()))
     start, end = outcome.baseline_window[0], outcome.fault_window[1]
-    console.print(f"diagnose this incident again: inferpath diagnose "
-                  f"--from {start.isoformat()} --to {end.isoformat()} --store {outcome.store_url}",
-                  soft_wrap=True, highlight=False)
+    console.print(
+        f"diagnose this incident again: inferpath diagnose "
+        f"--from {start.isoformat()} --to {end.isoformat()} --store {outcome.store_url}",
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
@@ -185,21 +205,37 @@ def _run_scenario(options: DemoOptions, console: Console) -> DemoOutcome:
 
     def done(outcome: Any, children: Any) -> None:
         _print_scenario(outcome, console)
-        console.print(f"store: {store_url} (this scenario's own; open it again with "
-                      f"`{up_command(store_url, options.dashboard_port)}`)", soft_wrap=True, highlight=False)
+        console.print(
+            f"store: {store_url} (this scenario's own; open it again with "
+            f"`{up_command(store_url, options.dashboard_port)}`)",
+            soft_wrap=True,
+            highlight=False,
+        )
         if options.exit_when_done:
             return
-        dashboard_url[0] = serve_until_stopped(options, console, outcome.server_url, settings.token,
-                                               log_dir, list(children))
+        dashboard_url[0] = serve_until_stopped(
+            options, console, outcome.server_url, settings.token, log_dir, list(children)
+        )
 
-    outcome = run_scenario(options.scenario or "",
-                           ScenarioOptions(store_url=store_url, log_dir=log_dir, port=server_port,
-                                           trace_path=options.trace_path, on_done=done),
-                           log=console.print)
+    outcome = run_scenario(
+        options.scenario or "",
+        ScenarioOptions(
+            store_url=store_url, log_dir=log_dir, port=server_port, trace_path=options.trace_path, on_done=done
+        ),
+        log=console.print,
+    )
     verdict = outcome.verdict
-    return DemoOutcome(outcome.server_url, outcome.baseline_window[0], outcome.fault_window[1], outcome.results, [],
-                       verdict.get("current_requests", 0) + verdict.get("baseline_requests", 0),
-                       outcome.timings_seconds, dashboard_url=dashboard_url[0], verdict=verdict)
+    return DemoOutcome(
+        outcome.server_url,
+        outcome.baseline_window[0],
+        outcome.fault_window[1],
+        outcome.results,
+        [],
+        verdict.get("current_requests", 0) + verdict.get("baseline_requests", 0),
+        outcome.timings_seconds,
+        dashboard_url=dashboard_url[0],
+        verdict=verdict,
+    )
 
 
 def print_demo_verdict(console: Console, verdict: dict | None, answer: httpx.Response) -> None:
@@ -250,17 +286,23 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     parse_store_url(store_url)  # a bad URL fails here, naming what is wrong, before anything starts
     trace = load_trace(options.trace_path, limit=options.requests)  # a bad file fails here
     if options.results_path is not None and not Path(options.results_path).parent.is_dir():
-        raise RuntimeError(f"cannot write the results to {options.results_path}: "
-                           f"folder {Path(options.results_path).parent} does not exist")
+        raise RuntimeError(
+            f"cannot write the results to {options.results_path}: "
+            f"folder {Path(options.results_path).parent} does not exist"
+        )
     server_port = _server_port(options, settings)
     server_url = f"http://127.0.0.1:{server_port}"
     children: list[ChildService] = []
     try:
         # The engine first, so that the server's first scrape finds it; its spans are exported
         # only once requests arrive, when the server is up.
-        engine = start_module("engine", "inferpath.demo.engine",
-                              ["--port", str(engine_port), "--otlp-endpoint", server_url, *options.engine_args],
-                              port=engine_port, log_path=str(log_dir / "engine.log"))
+        engine = start_module(
+            "engine",
+            "inferpath.demo.engine",
+            ["--port", str(engine_port), "--otlp-endpoint", server_url, *options.engine_args],
+            port=engine_port,
+            log_path=str(log_dir / "engine.log"),
+        )
         children.append(engine)
         engine.wait_ready("/health")
         # The server owns the embedded store in its own process, as in production; this
@@ -270,26 +312,51 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         server.wait_ready("/healthz")
         timings["server + engine start"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        gateway = start_module("gateway", "inferpath.demo.gateway",
-                               ["--port", str(gateway_port), "--engine-url", engine_url,
-                                "--otlp-endpoint", server_url, *options.gateway_args],
-                               port=gateway_port, log_path=str(log_dir / "gateway.log"))
+        gateway = start_module(
+            "gateway",
+            "inferpath.demo.gateway",
+            [
+                "--port",
+                str(gateway_port),
+                "--engine-url",
+                engine_url,
+                "--otlp-endpoint",
+                server_url,
+                *options.gateway_args,
+            ],
+            port=gateway_port,
+            log_path=str(log_dir / "gateway.log"),
+        )
         children.append(gateway)
         gateway.wait_ready("/health")
         timings["gateway start"] = time.perf_counter() - t1
-        console.print(f"[bold]inferpath[/] server {server_url} (store {store_url}), "
-                      f"engine {engine_url}, gateway {gateway.url}; logs in {log_dir}")
+        console.print(
+            f"[bold]inferpath[/] server {server_url} (store {store_url}), "
+            f"engine {engine_url}, gateway {gateway.url}; logs in {log_dir}"
+        )
 
         console.print(f"trace: {trace.describe()}", highlight=False)
         configure("demo-client", endpoint_class="interactive", otlp_endpoint=server_url)
         window_start = datetime.now(timezone.utc)
         t2 = time.perf_counter()
-        with Progress(TextColumn(f"replaying {trace.source.name}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=False) as progress:
+        with Progress(
+            TextColumn(f"replaying {trace.source.name}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
             task = progress.add_task("replay", total=len(trace.requests))
-            results = asyncio.run(replay(gateway.url, trace.requests, speed=options.speed,
-                                         results_path=options.results_path,
-                                         on_done=lambda _r: progress.advance(task)))
+            results = asyncio.run(
+                replay(
+                    gateway.url,
+                    trace.requests,
+                    speed=options.speed,
+                    results_path=options.results_path,
+                    on_done=lambda _r: progress.advance(task),
+                )
+            )
         timings["replay"] = time.perf_counter() - t2
         failed = [r for r in results if r.error or r.e2e_seconds is None]
         if failed:
@@ -302,36 +369,52 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
                 child.stop()
         window_end = datetime.now(timezone.utc) + timedelta(seconds=1)
         expected = sum(1 for r in results if r.trace_id)
-        stored = _wait_for_rows(server_url, settings.token, window_start, window_end, expected,
-                                options.settle_timeout_seconds)
+        stored = _wait_for_rows(
+            server_url, settings.token, window_start, window_end, expected, options.settle_timeout_seconds
+        )
         # A last forced assembly so late engine spans are folded into the rows we print.
         time.sleep(1.0)
         stored = _wait_for_rows(server_url, settings.token, window_start, window_end, expected, 0)
         timings["export + assembly"] = time.perf_counter() - t3
-        with httpx.Client(base_url=server_url, timeout=60.0,
-                          headers={"Authorization": f"Bearer {settings.token}"} if settings.token else {}) as c:
-            summary = c.get("/api/v1/summary", params={"start": window_start.isoformat(),
-                                                       "end": window_end.isoformat()}).json()
-            answer = c.get("/api/v1/diagnosis", params={"start": window_start.isoformat(),
-                                                         "end": window_end.isoformat()})
+        with httpx.Client(
+            base_url=server_url,
+            timeout=60.0,
+            headers={"Authorization": f"Bearer {settings.token}"} if settings.token else {},
+        ) as c:
+            summary = c.get(
+                "/api/v1/summary", params={"start": window_start.isoformat(), "end": window_end.isoformat()}
+            ).json()
+            answer = c.get(
+                "/api/v1/diagnosis", params={"start": window_start.isoformat(), "end": window_end.isoformat()}
+            )
         summary_rows = summary["measures"] if isinstance(summary, dict) else summary
         console.print(summary_table(summary_rows, f"{stored} requests stored of {len(results)} replayed"))
         verdict = answer.json() if answer.status_code == 200 else None
         print_demo_verdict(console, verdict, answer)
         console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
-        outcome = DemoOutcome(server_url, window_start, window_end, results, summary_rows, stored, timings,
-                              verdict=verdict)
-        console.print(f"diagnose this window again: inferpath diagnose --from {window_start.isoformat()} "
-                      f"--to {window_end.isoformat()} --store {store_url}", soft_wrap=True, highlight=False)
+        outcome = DemoOutcome(
+            server_url, window_start, window_end, results, summary_rows, stored, timings, verdict=verdict
+        )
+        console.print(
+            f"diagnose this window again: inferpath diagnose --from {window_start.isoformat()} "
+            f"--to {window_end.isoformat()} --store {store_url}",
+            soft_wrap=True,
+            highlight=False,
+        )
 
-        console.print(f"store: {store_url} (the demo's own; open it again with "
-                      f"`{up_command(store_url, options.dashboard_port)}`)", soft_wrap=True, highlight=False)
+        console.print(
+            f"store: {store_url} (the demo's own; open it again with "
+            f"`{up_command(store_url, options.dashboard_port)}`)",
+            soft_wrap=True,
+            highlight=False,
+        )
         if not options.exit_when_done:
-            outcome.dashboard_url = serve_until_stopped(options, console, server_url, settings.token,
-                                                        log_dir, children)
+            outcome.dashboard_url = serve_until_stopped(options, console, server_url, settings.token, log_dir, children)
         else:
-            console.print(f"dashboard: run `{up_command(store_url, options.dashboard_port)}` and open "
-                          f"http://127.0.0.1:{options.dashboard_port}")
+            console.print(
+                f"dashboard: run `{up_command(store_url, options.dashboard_port)}` and open "
+                f"http://127.0.0.1:{options.dashboard_port}"
+            )
         return outcome
     finally:
         for child in reversed(children):

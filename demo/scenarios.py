@@ -35,10 +35,11 @@ import asyncio
 import random
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import httpx
 
@@ -85,24 +86,55 @@ class Scenario:
     fault_rate_multiplier: float = 1.0
 
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("healthy", None, "no fault: the same requests twice"),
-    Scenario("slow-tokenizer", "tokenization", "tokenization takes 250 ms longer (a pure-Python tokenizer)",
-             gateway_faults={"tokenize_delay_seconds": 0.25}),
-    Scenario("slow-retrieval", "retrieval", "each retrieval call takes 300 ms longer (a slow vector store)",
-             gateway_faults={"retrieval_delay_seconds": 0.3}),
-    Scenario("network-hop", "network_hop", "an extra proxy hop adding 250 ms between gateway and engine",
-             proxy_delay_seconds=0.25),
-    Scenario("batch-window", "batching", "the engine holds new requests 500 ms to batch their prefills",
-             engine_faults={"batch_window_seconds": 0.5}),
-    Scenario("kv-pressure", "gpu_memory", "the KV-cache pool shrinks to 160 blocks (2,560 tokens)",
-             engine_faults={"num_kv_blocks": 160}),
-    Scenario("gpu-saturated", "gpu_compute", "every engine step takes 5x longer (a GPU shared with another "
-             "job): the same arrivals now exceed its capacity, KV ample", engine_faults={"time_scale": 5.0}),
-    Scenario("cold-start", "cold_start", "a second replica finishes loading mid-run and serves its first "
-             "requests cold",
-             cold_replica=True),
-)}
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("healthy", None, "no fault: the same requests twice"),
+        Scenario(
+            "slow-tokenizer",
+            "tokenization",
+            "tokenization takes 250 ms longer (a pure-Python tokenizer)",
+            gateway_faults={"tokenize_delay_seconds": 0.25},
+        ),
+        Scenario(
+            "slow-retrieval",
+            "retrieval",
+            "each retrieval call takes 300 ms longer (a slow vector store)",
+            gateway_faults={"retrieval_delay_seconds": 0.3},
+        ),
+        Scenario(
+            "network-hop",
+            "network_hop",
+            "an extra proxy hop adding 250 ms between gateway and engine",
+            proxy_delay_seconds=0.25,
+        ),
+        Scenario(
+            "batch-window",
+            "batching",
+            "the engine holds new requests 500 ms to batch their prefills",
+            engine_faults={"batch_window_seconds": 0.5},
+        ),
+        Scenario(
+            "kv-pressure",
+            "gpu_memory",
+            "the KV-cache pool shrinks to 160 blocks (2,560 tokens)",
+            engine_faults={"num_kv_blocks": 160},
+        ),
+        Scenario(
+            "gpu-saturated",
+            "gpu_compute",
+            "every engine step takes 5x longer (a GPU shared with another "
+            "job): the same arrivals now exceed its capacity, KV ample",
+            engine_faults={"time_scale": 5.0},
+        ),
+        Scenario(
+            "cold-start",
+            "cold_start",
+            "a second replica finishes loading mid-run and serves its first requests cold",
+            cold_replica=True,
+        ),
+    )
+}
 
 
 @dataclass
@@ -157,8 +189,9 @@ class ScenarioOutcome:
         return self.diagnosed_cause == (self.scenario.cause or "healthy")
 
 
-def scenario_requests(count: int, rate_per_second: float, seed: int,
-                      trace_path: Path | None = None) -> list[TraceRequest]:
+def scenario_requests(
+    count: int, rate_per_second: float, seed: int, trace_path: Path | None = None
+) -> list[TraceRequest]:
     """The first ``count`` requests of a trace (default: the Azure code trace; any format of
     :mod:`inferpath.demo.trace`), token counts capped, re-timed as a Poisson process of
     ``rate_per_second`` (seeded, so every run plays the same arrivals)."""
@@ -167,8 +200,14 @@ def scenario_requests(count: int, rate_per_second: float, seed: int,
     rng = random.Random(seed)
     at, out = 0.0, []
     for request in load_trace(trace_path, limit=count).requests:
-        out.append(TraceRequest(request.index, at, min(request.context_tokens, CONTEXT_TOKENS_CAP),
-                                min(request.generated_tokens, OUTPUT_TOKENS_CAP)))
+        out.append(
+            TraceRequest(
+                request.index,
+                at,
+                min(request.context_tokens, CONTEXT_TOKENS_CAP),
+                min(request.generated_tokens, OUTPUT_TOKENS_CAP),
+            )
+        )
         at += rng.expovariate(rate_per_second)
     return out
 
@@ -177,9 +216,14 @@ def two_phases(requests: list[TraceRequest], rate_multiplier: float) -> tuple[li
     """The baseline phase followed by the same requests again (arrivals compressed by
     ``rate_multiplier``); returns the combined list and the fault phase's start offset (s)."""
     fault_start = requests[-1].arrival_offset_seconds + DRAIN_SECONDS
-    fault = [replace(r, index=len(requests) + r.index,
-                     arrival_offset_seconds=fault_start + r.arrival_offset_seconds / rate_multiplier)
-             for r in requests]
+    fault = [
+        replace(
+            r,
+            index=len(requests) + r.index,
+            arrival_offset_seconds=fault_start + r.arrival_offset_seconds / rate_multiplier,
+        )
+        for r in requests
+    ]
     return requests + fault, fault_start
 
 
@@ -188,15 +232,31 @@ async def _post(url: str, body: dict[str, Any]) -> None:
         (await client.post(url, json=body)).raise_for_status()
 
 
-def _start_cold_replica(scenario: Scenario, options: ScenarioOptions, server_url: str, loading_seconds: float,
-                        log_dir: Path) -> ChildService:
+def _start_cold_replica(
+    scenario: Scenario, options: ScenarioOptions, server_url: str, loading_seconds: float, log_dir: Path
+) -> ChildService:
     """A second engine whose emulated loading lasts ``loading_seconds`` (it listens only then)."""
     port = free_port()
-    return start_module("engine-2", "inferpath.demo.engine",
-                        ["--port", str(port), "--otlp-endpoint", server_url, "--time-scale", str(options.time_scale),
-                         "--kv-blocks", str(options.kv_blocks), "--startup-seconds", f"{loading_seconds:.2f}",
-                         *options.engine_args, *scenario.cold_replica_args],
-                        port=port, log_path=str(log_dir / "engine-2.log"))
+    return start_module(
+        "engine-2",
+        "inferpath.demo.engine",
+        [
+            "--port",
+            str(port),
+            "--otlp-endpoint",
+            server_url,
+            "--time-scale",
+            str(options.time_scale),
+            "--kv-blocks",
+            str(options.kv_blocks),
+            "--startup-seconds",
+            f"{loading_seconds:.2f}",
+            *options.engine_args,
+            *scenario.cold_replica_args,
+        ],
+        port=port,
+        log_path=str(log_dir / "engine-2.log"),
+    )
 
 
 async def _join_when_ready(replica: ChildService, gateway_url: str, engine_url: str) -> None:
@@ -205,8 +265,9 @@ async def _join_when_ready(replica: ChildService, gateway_url: str, engine_url: 
     await _post(f"{gateway_url}/admin/faults", {"engine_urls": [engine_url, replica.url]})
 
 
-def run_scenario(name: str, options: ScenarioOptions | None = None,
-                 log: Callable[[str], None] = print) -> ScenarioOutcome:
+def run_scenario(
+    name: str, options: ScenarioOptions | None = None, log: Callable[[str], None] = print
+) -> ScenarioOutcome:
     """Run scenario ``name`` (a key of :data:`SCENARIOS`) end to end and diagnose it.
 
     Raises ``KeyError`` for an unknown name, ``RuntimeError`` if a process fails to start or
@@ -227,34 +288,62 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
         engine_url = f"http://127.0.0.1:{engine_port}"
         server = start_server(store_url, server_port, engine_url, log_dir, extra_env=dict(options.server_env))
         children.append(server)
-        engine = start_module("engine", "inferpath.demo.engine",
-                              ["--port", str(engine_port), "--otlp-endpoint", server.url,
-                               "--time-scale", str(options.time_scale), "--kv-blocks", str(options.kv_blocks),
-                               *options.engine_args],
-                              port=engine_port, log_path=str(log_dir / "engine.log"))
+        engine = start_module(
+            "engine",
+            "inferpath.demo.engine",
+            [
+                "--port",
+                str(engine_port),
+                "--otlp-endpoint",
+                server.url,
+                "--time-scale",
+                str(options.time_scale),
+                "--kv-blocks",
+                str(options.kv_blocks),
+                *options.engine_args,
+            ],
+            port=engine_port,
+            log_path=str(log_dir / "engine.log"),
+        )
         children.append(engine)
-        gateway = start_module("gateway", "inferpath.demo.gateway",
-                               ["--port", str(gateway_port), "--engine-url", engine_url,
-                                "--otlp-endpoint", server.url],
-                               port=gateway_port, log_path=str(log_dir / "gateway.log"))
+        gateway = start_module(
+            "gateway",
+            "inferpath.demo.gateway",
+            ["--port", str(gateway_port), "--engine-url", engine_url, "--otlp-endpoint", server.url],
+            port=gateway_port,
+            log_path=str(log_dir / "gateway.log"),
+        )
         children.append(gateway)
         proxy = None
         if scenario.proxy_delay_seconds is not None:
             proxy_port = free_port()
-            proxy = start_module("proxy", "inferpath.demo.proxy",
-                                 ["--port", str(proxy_port), "--upstream", engine_url,
-                                  "--delay-seconds", str(scenario.proxy_delay_seconds)],
-                                 port=proxy_port, log_path=str(log_dir / "proxy.log"))
+            proxy = start_module(
+                "proxy",
+                "inferpath.demo.proxy",
+                [
+                    "--port",
+                    str(proxy_port),
+                    "--upstream",
+                    engine_url,
+                    "--delay-seconds",
+                    str(scenario.proxy_delay_seconds),
+                ],
+                port=proxy_port,
+                log_path=str(log_dir / "proxy.log"),
+            )
             children.append(proxy)
         for child in children:
             child.wait_ready("/healthz" if child is server else "/health")
         timings["start"] = time.perf_counter() - t0
         requests, fault_offset = two_phases(
-            scenario_requests(options.requests_per_phase, options.rate_per_second, options.seed,
-                              options.trace_path),
-            scenario.fault_rate_multiplier)
-        cold = (_start_cold_replica(scenario, options, server.url, fault_offset + 1.0, log_dir)
-                if scenario.cold_replica else None)
+            scenario_requests(options.requests_per_phase, options.rate_per_second, options.seed, options.trace_path),
+            scenario.fault_rate_multiplier,
+        )
+        cold = (
+            _start_cold_replica(scenario, options, server.url, fault_offset + 1.0, log_dir)
+            if scenario.cold_replica
+            else None
+        )
         if cold is not None:
             children.append(cold)
             time.sleep(3.0)  # its interpreter start-up, out of the measured phases
@@ -288,9 +377,13 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
         t1 = time.perf_counter()
         # Warm-up outside both windows: the first requests through fresh processes pay for lazy
         # imports, connection set-up and first inserts, which would inflate the baseline's tail.
-        asyncio.run(replay(gateway.url, scenario_requests(WARMUP_REQUESTS, WARMUP_RATE_PER_SECOND, options.seed + 1,
-                                                          options.trace_path),
-                           speed=1.0))
+        asyncio.run(
+            replay(
+                gateway.url,
+                scenario_requests(WARMUP_REQUESTS, WARMUP_RATE_PER_SECOND, options.seed + 1, options.trace_path),
+                speed=1.0,
+            )
+        )
         timings["warm-up"] = time.perf_counter() - t1
         t1 = time.perf_counter()
         start = datetime.now(timezone.utc)
@@ -304,9 +397,14 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
             log(f"{len(failed)} of {len(results)} requests failed; first: {failed[0].error}")
 
         t2 = time.perf_counter()
-        verdict = _diagnose_when_stored(server.url, start, fault_start, end,
-                                        expected=sum(1 for r in results if r.trace_id),
-                                        timeout_seconds=options.settle_timeout_seconds)
+        verdict = _diagnose_when_stored(
+            server.url,
+            start,
+            fault_start,
+            end,
+            expected=sum(1 for r in results if r.trace_id),
+            timeout_seconds=options.settle_timeout_seconds,
+        )
         timings["assembly + diagnosis"] = time.perf_counter() - t2
         if options.tail_seconds > 0:
             # Only engine faults are turned off; the tail carries no traffic either way.
@@ -319,8 +417,17 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
                 asyncio.run(_post(f"{engine.url}/admin/config", reset))
             time.sleep(options.tail_seconds)
             timings["tail"] = options.tail_seconds
-        outcome = ScenarioOutcome(scenario, server.url, (start, fault_start), (fault_start, end), results,
-                                  verdict, timings, store_url, log_dir)
+        outcome = ScenarioOutcome(
+            scenario,
+            server.url,
+            (start, fault_start),
+            (fault_start, end),
+            results,
+            verdict,
+            timings,
+            store_url,
+            log_dir,
+        )
         if options.on_done is not None:
             options.on_done(outcome, list(children))
         return outcome
@@ -329,8 +436,9 @@ def run_scenario(name: str, options: ScenarioOptions | None = None,
             child.stop()
 
 
-def _diagnose_when_stored(server_url: str, start: datetime, fault_start: datetime, end: datetime, *,
-                          expected: int, timeout_seconds: float) -> dict[str, Any]:
+def _diagnose_when_stored(
+    server_url: str, start: datetime, fault_start: datetime, end: datetime, *, expected: int, timeout_seconds: float
+) -> dict[str, Any]:
     """Flush until ``expected`` rows are stored (or time runs out), then read the diagnosis."""
     window = {"start": start.isoformat(), "end": end.isoformat()}
     deadline = time.monotonic() + timeout_seconds
@@ -344,10 +452,16 @@ def _diagnose_when_stored(server_url: str, start: datetime, fault_start: datetim
         # Late engine spans re-assemble rows: one more flush after they had time to arrive.
         time.sleep(1.0)
         client.post("/api/v1/flush").raise_for_status()
-        response = client.get("/api/v1/diagnosis", params={
-            "start": fault_start.isoformat(), "end": end.isoformat(),
-            "baseline_start": start.isoformat(), "baseline_end": fault_start.isoformat(),
-            "endpoint": ENDPOINT})
+        response = client.get(
+            "/api/v1/diagnosis",
+            params={
+                "start": fault_start.isoformat(),
+                "end": end.isoformat(),
+                "baseline_start": start.isoformat(),
+                "baseline_end": fault_start.isoformat(),
+                "endpoint": ENDPOINT,
+            },
+        )
         if response.status_code != 200:
             raise RuntimeError(f"diagnosis failed ({response.status_code}): {response.text}")
         return response.json()
@@ -358,11 +472,23 @@ def confusion_table(outcomes: list[ScenarioOutcome]) -> str:
     whether it matches; then the count of correct diagnoses."""
     lines = [f"{'scenario':<16} {'expected':<14} {'diagnosed':<14} ok", "-" * 50]
     for outcome in outcomes:
-        lines.append(f"{outcome.scenario.name:<16} {outcome.scenario.cause or 'healthy':<14} "
-                     f"{outcome.diagnosed_cause or '-':<14} {'yes' if outcome.correct else 'NO'}")
+        lines.append(
+            f"{outcome.scenario.name:<16} {outcome.scenario.cause or 'healthy':<14} "
+            f"{outcome.diagnosed_cause or '-':<14} {'yes' if outcome.correct else 'NO'}"
+        )
     lines.append(f"{sum(o.correct for o in outcomes)}/{len(outcomes)} named correctly")
     return "\n".join(lines)
 
 
-__all__ = ["CONTEXT_TOKENS_CAP", "OUTPUT_TOKENS_CAP", "SCENARIOS", "Scenario", "ScenarioOptions",
-           "ScenarioOutcome", "confusion_table", "run_scenario", "scenario_requests", "two_phases"]
+__all__ = [
+    "CONTEXT_TOKENS_CAP",
+    "OUTPUT_TOKENS_CAP",
+    "SCENARIOS",
+    "Scenario",
+    "ScenarioOptions",
+    "ScenarioOutcome",
+    "confusion_table",
+    "run_scenario",
+    "scenario_requests",
+    "two_phases",
+]

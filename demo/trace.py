@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping
+from typing import Any, Literal
 
 from inferpath.demo.assets import AZURE_CODE_TRACE_CSV
 
@@ -157,25 +158,32 @@ def _burstgpt_row(row: Mapping[str, Any]) -> tuple[int, int, int]:
 
 
 def _mooncake_row(row: Mapping[str, Any]) -> tuple[int, int, int]:
-    return (_instant_ns(row, "timestamp", 1_000_000), _count(row, "input_length"),
-            _count(row, "output_length"))
+    return (_instant_ns(row, "timestamp", 1_000_000), _count(row, "input_length"), _count(row, "output_length"))
 
 
 def _minimal_row(row: Mapping[str, Any]) -> tuple[int, int, int]:
-    return (_instant_ns(row, "timestamp", NS_PER_SECOND), _count(row, "input_tokens"),
-            _count(row, "output_tokens"))
+    return (_instant_ns(row, "timestamp", NS_PER_SECOND), _count(row, "input_tokens"), _count(row, "output_tokens"))
 
 
-TRACE_FORMATS: dict[str, TraceFormat] = {fmt.name: fmt for fmt in (
-    TraceFormat("azure", "Azure LLM inference trace 2023 CSV", "csv",
-                ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), _azure_row),
-    TraceFormat("burstgpt", "BurstGPT CSV", "csv",
-                ("Timestamp", "Request tokens", "Response tokens"), _burstgpt_row),
-    TraceFormat("mooncake", "Mooncake FAST'25 JSONL", "jsonl",
-                ("timestamp", "input_length", "output_length"), _mooncake_row),
-    TraceFormat("jsonl", "minimal JSONL", "jsonl",
-                ("timestamp", "input_tokens", "output_tokens"), _minimal_row),
-)}
+TRACE_FORMATS: dict[str, TraceFormat] = {
+    fmt.name: fmt
+    for fmt in (
+        TraceFormat(
+            "azure",
+            "Azure LLM inference trace 2023 CSV",
+            "csv",
+            ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+            _azure_row,
+        ),
+        TraceFormat(
+            "burstgpt", "BurstGPT CSV", "csv", ("Timestamp", "Request tokens", "Response tokens"), _burstgpt_row
+        ),
+        TraceFormat(
+            "mooncake", "Mooncake FAST'25 JSONL", "jsonl", ("timestamp", "input_length", "output_length"), _mooncake_row
+        ),
+        TraceFormat("jsonl", "minimal JSONL", "jsonl", ("timestamp", "input_tokens", "output_tokens"), _minimal_row),
+    )
+}
 """Every trace format, tried in this order; adding one is one entry here and its test."""
 
 
@@ -205,11 +213,14 @@ def detect_format(source: Path) -> TraceFormat:
     for fmt in candidates:
         if set(fmt.fields) <= set(found):
             return fmt
-    needs = "; ".join(f"{fmt.title} needs {', '.join(fmt.fields)} (missing "
-                      f"{', '.join(f for f in fmt.fields if f not in found)})" for fmt in candidates)
+    needs = "; ".join(
+        f"{fmt.title} needs {', '.join(fmt.fields)} (missing {', '.join(f for f in fmt.fields if f not in found)})"
+        for fmt in candidates
+    )
     what = "keys" if kind == "jsonl" else "columns"
-    raise TraceError(f"{source.name}: not a known trace format; first line has {what} "
-                     f"{', '.join(found) or 'none'}. {needs}")
+    raise TraceError(
+        f"{source.name}: not a known trace format; first line has {what} {', '.join(found) or 'none'}. {needs}"
+    )
 
 
 def _rows(source: Path, fmt: TraceFormat) -> Iterator[tuple[int, Mapping[str, Any] | str]]:
@@ -220,8 +231,10 @@ def _rows(source: Path, fmt: TraceFormat) -> Iterator[tuple[int, Mapping[str, An
             reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
             for row in reader:
                 if None in row:
-                    yield reader.line_num, f"{len(reader.fieldnames) + len(row[None])} values " \
-                                           f"for {len(reader.fieldnames)} columns"
+                    yield (
+                        reader.line_num,
+                        f"{len(reader.fieldnames) + len(row[None])} values for {len(reader.fieldnames)} columns",
+                    )
                     continue
                 if all(value in (None, "") for value in row.values()):
                     continue
@@ -267,15 +280,16 @@ def load_trace(path: Path | str | None = None, *, limit: int | None = None) -> T
                 bad.append(f"line {line_number}: {exc}")
     if bad_total:
         more = f"; and {bad_total - len(bad)} more" if bad_total > len(bad) else ""
-        raise TraceError(f"{source.name} ({fmt.title}): {bad_total} bad row(s): "
-                         + "; ".join(bad) + more)
+        raise TraceError(f"{source.name} ({fmt.title}): {bad_total} bad row(s): " + "; ".join(bad) + more)
     if not rows:
         skipped_text = f" ({skipped} rows skipped: {skip_reason})" if skipped else ""
         raise TraceError(f"{source.name} ({fmt.title}): no requests{skipped_text}")
     rows.sort(key=lambda r: r[0])
     first_ns = rows[0][0]
-    requests = [TraceRequest(i, (arrival_ns - first_ns) / NS_PER_SECOND, context, generated)
-                for i, (arrival_ns, context, generated) in enumerate(rows)]
+    requests = [
+        TraceRequest(i, (arrival_ns - first_ns) / NS_PER_SECOND, context, generated)
+        for i, (arrival_ns, context, generated) in enumerate(rows)
+    ]
     return Trace(source, fmt, requests, skipped, skip_reason)
 
 

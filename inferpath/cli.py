@@ -7,7 +7,6 @@ or configuration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -22,9 +21,12 @@ app = new_app(help="Trace the inference request path and name the bottleneck.")
 console = Console()
 
 
-_TRACE_HELP = ("Request trace to replay, format recognised from the content: Azure LLM trace 2023 CSV, "
-               "BurstGPT CSV, Mooncake JSONL, or JSONL of timestamp (s), input_tokens, output_tokens "
-               "(default: the shipped Azure code trace).")
+_TRACE_HELP = (
+    "Request trace to replay, format recognised from the content: Azure LLM trace 2023 CSV, "
+    "BurstGPT CSV, Mooncake JSONL, or JSONL of timestamp (s), input_tokens, output_tokens "
+    "(default: the shipped Azure code trace)."
+)
+
 
 def _check_store_url(url: str | None) -> None:
     from inferpath.storage.url import parse_store_url
@@ -43,17 +45,23 @@ def demo(
     requests: int = typer.Option(300, min=1, max=19366, help="How many trace requests to replay."),
     speed: float = typer.Option(10.0, min=0.01, help="Replay speed-up of the trace's arrival times."),
     exit_: bool = typer.Option(False, "--exit", help="Exit after printing the table instead of serving."),
-    store: Optional[str] = typer.Option(None, help="Store URL (default: the demo's own embedded store, "
-                                                   "<XDG_DATA_HOME or ~/.local/share>/inferpath/demo-store, never "
-                                                   "the store of `inferpath up` or INFERPATH_STORE)."),
-    port: Optional[int] = typer.Option(None, min=0, max=65535,
-                                       help="inferpath server port (default INFERPATH_PORT or 4318; 0: any free port)."),
-    dashboard_port: Optional[int] = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
-    results: Optional[Path] = typer.Option(None, help="Write the replay client's own measurements here (JSONL)."),
-    scenario: Optional[str] = typer.Option(
-        None, help="Inject one known fault after a healthy baseline and diagnose it: healthy, slow-tokenizer, "
-                   "slow-retrieval, network-hop, batch-window, kv-pressure, gpu-saturated, cold-start."),
-    trace: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help=_TRACE_HELP),
+    store: str | None = typer.Option(
+        None,
+        help="Store URL (default: the demo's own embedded store, "
+        "<XDG_DATA_HOME or ~/.local/share>/inferpath/demo-store, never "
+        "the store of `inferpath up` or INFERPATH_STORE).",
+    ),
+    port: int | None = typer.Option(
+        None, min=0, max=65535, help="inferpath server port (default INFERPATH_PORT or 4318; 0: any free port)."
+    ),
+    dashboard_port: int | None = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
+    results: Path | None = typer.Option(None, help="Write the replay client's own measurements here (JSONL)."),
+    scenario: str | None = typer.Option(
+        None,
+        help="Inject one known fault after a healthy baseline and diagnose it: healthy, slow-tokenizer, "
+        "slow-retrieval, network-hop, batch-window, kv-pressure, gpu-saturated, cold-start.",
+    ),
+    trace: Path | None = typer.Option(None, exists=True, dir_okay=False, help=_TRACE_HELP),
 ) -> None:
     """Run the reference inference path on a real request trace (default: the Azure LLM trace 2023) and print
     the per-stage latency table."""
@@ -75,10 +83,20 @@ def demo(
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        outcome = run_demo(DemoOptions(requests=requests, speed=speed, exit_when_done=exit_,
-                                       store_url=store, port=port,
-                                       dashboard_port=settings.dashboard_port, results_path=results,
-                                       scenario=scenario, trace_path=trace), console)
+        outcome = run_demo(
+            DemoOptions(
+                requests=requests,
+                speed=speed,
+                exit_when_done=exit_,
+                store_url=store,
+                port=port,
+                dashboard_port=settings.dashboard_port,
+                results_path=results,
+                scenario=scenario,
+                trace_path=trace,
+            ),
+            console,
+        )
     except TraceError as exc:
         console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
@@ -100,20 +118,26 @@ def demo(
 
 @app.command()
 def up(
-    store: Optional[str] = typer.Option(None, help="Store URL: chdb:///path or http(s)://host:port/db."),
-    host: Optional[str] = typer.Option(None, help="Listen address (default 127.0.0.1)."),
-    port: Optional[int] = typer.Option(None, min=0, max=65535, help="Listen port (default 4318)."),
-    scrape: Optional[list[str]] = typer.Option(None, help="Scrape target, e.g. vllm=http://h:8000/metrics (repeatable)."),
+    store: str | None = typer.Option(None, help="Store URL: chdb:///path or http(s)://host:port/db."),
+    host: str | None = typer.Option(None, help="Listen address (default 127.0.0.1)."),
+    port: int | None = typer.Option(None, min=0, max=65535, help="Listen port (default 4318)."),
+    scrape: list[str] | None = typer.Option(None, help="Scrape target, e.g. vllm=http://h:8000/metrics (repeatable)."),
     dashboard: bool = typer.Option(True, help="Also serve the dashboard."),
-    dashboard_port: Optional[int] = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
-    alerts: Optional[str] = typer.Option(None, help="Alert rules to evaluate: a YAML file, 'default' or 'off' "
-                                                    "(default INFERPATH_ALERT_RULES, else off)."),
+    dashboard_port: int | None = typer.Option(None, min=1, max=65535, help="Dashboard port (default 8501)."),
+    alerts: str | None = typer.Option(
+        None, help="Alert rules to evaluate: a YAML file, 'default' or 'off' (default INFERPATH_ALERT_RULES, else off)."
+    ),
 ) -> None:
     """Run the inferpath server: OTLP/HTTP receiver, assembler, read API, collectors and the dashboard."""
     from inferpath.server.runtime import serve_in_thread
 
-    overrides: dict[str, object] = {"store_url": store, "host": host, "port": port,
-                                    "dashboard_port": dashboard_port, "alert_rules": alerts}
+    overrides: dict[str, object] = {
+        "store_url": store,
+        "host": host,
+        "port": port,
+        "dashboard_port": dashboard_port,
+        "alert_rules": alerts,
+    }
     if scrape:
         overrides["scrape_targets"] = ",".join(scrape)
     settings = command_settings(**overrides)
@@ -172,8 +196,8 @@ def replay_cmd(
     gateway: str = typer.Option(..., help="Base URL of an OpenAI-compatible gateway."),
     requests: int = typer.Option(100, min=1),
     speed: float = typer.Option(1.0, min=0.01),
-    trace: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help=_TRACE_HELP),
-    results: Optional[Path] = typer.Option(None, help="Write per-request measurements here (JSONL)."),
+    trace: Path | None = typer.Option(None, exists=True, dir_okay=False, help=_TRACE_HELP),
+    results: Path | None = typer.Option(None, help="Write per-request measurements here (JSONL)."),
     model: str = typer.Option("llama2-70b"),
 ) -> None:
     """Replay a real request trace against a gateway, as the instrumented root client."""

@@ -33,9 +33,11 @@ class WrappingGroup(TyperGroup):
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         # ``ctx`` and ``formatter`` are the Context and HelpFormatter of the click that Typer
         # vendors (``typer._click``), which has no public name to annotate with.
-        rows = [(name, command.get_short_help_str(limit=10_000))
-                for name in self.list_commands(ctx)
-                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        rows = [
+            (name, command.get_short_help_str(limit=10_000))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -44,13 +46,24 @@ class WrappingGroup(TyperGroup):
 def new_app(*, help: str, **settings: Any) -> typer.Typer:
     """A Typer app (the root ``inferpath`` or a command group such as ``inferpath alerts``)
     with inferpath's help settings; ``settings`` go to :class:`typer.Typer` as they are."""
-    return typer.Typer(cls=WrappingGroup, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                       context_settings={"max_content_width": HELP_WIDTH_MAX}, help=help, **settings)
+    return typer.Typer(
+        cls=WrappingGroup,
+        add_completion=False,
+        no_args_is_help=True,
+        rich_markup_mode=None,
+        context_settings={"max_content_width": HELP_WIDTH_MAX},
+        help=help,
+        **settings,
+    )
 
 
 # Settings fields whose command-line option is not named after the field.
-_OPTION_OF_FIELD = {"store_url": "--store", "server_url": "--server", "alert_rules": "--alerts",
-                    "scrape_targets": "--scrape"}
+_OPTION_OF_FIELD = {
+    "store_url": "--store",
+    "server_url": "--server",
+    "alert_rules": "--alerts",
+    "scrape_targets": "--scrape",
+}
 _console = Console()
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -109,7 +110,7 @@ class ScrapeTarget(BaseModel):
         return value
 
     @classmethod
-    def parse(cls, text: str) -> "ScrapeTarget":
+    def parse(cls, text: str) -> ScrapeTarget:
         """``SOURCE=URL`` (``dcgm=http://h:9400/metrics``) or a bare ``URL`` (source
         ``vllm``) → a target. Raises ``ValueError`` naming the entry and what is wrong with it
         (an unknown source, not an http(s) URL with a host)."""
@@ -208,7 +209,7 @@ class Settings(BaseModel):
         return value
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Build settings from ``INFERPATH_*`` variables; ``overrides`` (e.g. CLI flags) win.
 
         Raises ``pydantic.ValidationError`` naming the field of any invalid value.

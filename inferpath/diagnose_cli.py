@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -21,29 +21,38 @@ from inferpath.cli_app import command_settings
 from inferpath.server_access import ask, console, fail, refusal_text, server_for
 from inferpath.vocabulary import SOURCES
 
+
 def diagnose(
-    since: Optional[str] = typer.Option(None, help="Window ending now, e.g. 15m or 1h30m (default 15m "
-                                                    "when --from is not given)."),
-    from_: Optional[str] = typer.Option(None, "--from", help="Window start: ISO-8601 with offset, -30m, now "
-                                                             "or Unix seconds."),
-    to: Optional[str] = typer.Option(None, "--to", help="Window end (default now)."),
-    baseline: Optional[str] = typer.Option(None, help="Also compare with the window of this length just "
-                                                      "before (e.g. 15m)."),
-    baseline_from: Optional[str] = typer.Option(None, "--baseline-from", help="Baseline start (with --baseline-to)."),
-    baseline_to: Optional[str] = typer.Option(None, "--baseline-to", help="Baseline end."),
-    endpoint: Optional[str] = typer.Option(None, help="Only this endpoint (route)."),
-    objectives: Optional[Path] = typer.Option(None, help="YAML file of latency objectives per endpoint "
-                                                         "class (default INFERPATH_OBJECTIVES_FILE, else "
-                                                         "interactive TTFT p99 1 s, bulk 10 s)."),
-    ttft_p99: Optional[float] = typer.Option(None, "--ttft-p99", min=0.001, help="TTFT p99 objective in "
-                                                                                 "seconds, every class."),
-    itl_p99: Optional[float] = typer.Option(None, "--itl-p99", min=0.0001, help="ITL p99 objective in "
-                                                                               "seconds, every class."),
-    json_output: bool = typer.Option(False, "--json", help="Print the verdict as JSON (an error as "
-                                                           "{\"error\": ...})."),
-    server: Optional[str] = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
-    store: Optional[str] = typer.Option(None, help="Read this store directly instead of a server "
-                                                   "(chdb:///path or http://host:8123/db)."),
+    since: str | None = typer.Option(
+        None, help="Window ending now, e.g. 15m or 1h30m (default 15m when --from is not given)."
+    ),
+    from_: str | None = typer.Option(
+        None, "--from", help="Window start: ISO-8601 with offset, -30m, now or Unix seconds."
+    ),
+    to: str | None = typer.Option(None, "--to", help="Window end (default now)."),
+    baseline: str | None = typer.Option(
+        None, help="Also compare with the window of this length just before (e.g. 15m)."
+    ),
+    baseline_from: str | None = typer.Option(None, "--baseline-from", help="Baseline start (with --baseline-to)."),
+    baseline_to: str | None = typer.Option(None, "--baseline-to", help="Baseline end."),
+    endpoint: str | None = typer.Option(None, help="Only this endpoint (route)."),
+    objectives: Path | None = typer.Option(
+        None,
+        help="YAML file of latency objectives per endpoint "
+        "class (default INFERPATH_OBJECTIVES_FILE, else "
+        "interactive TTFT p99 1 s, bulk 10 s).",
+    ),
+    ttft_p99: float | None = typer.Option(
+        None, "--ttft-p99", min=0.001, help="TTFT p99 objective in seconds, every class."
+    ),
+    itl_p99: float | None = typer.Option(
+        None, "--itl-p99", min=0.0001, help="ITL p99 objective in seconds, every class."
+    ),
+    json_output: bool = typer.Option(False, "--json", help='Print the verdict as JSON (an error as {"error": ...}).'),
+    server: str | None = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
+    store: str | None = typer.Option(
+        None, help="Read this store directly instead of a server (chdb:///path or http://host:8123/db)."
+    ),
 ) -> None:
     """Name the bottleneck of a window against the latency objectives, and against a baseline
     when given. Exit 0 healthy, 1 degraded, 2 no verdict."""
@@ -85,8 +94,10 @@ def diagnose(
     elif baseline_from or baseline_to:
         if not (baseline_from and baseline_to):
             fail("give --baseline-from and --baseline-to together", json_output)
-        params |= {"baseline_start": when(baseline_from, "--baseline-from").isoformat(),
-                   "baseline_end": when(baseline_to, "--baseline-to").isoformat()}
+        params |= {
+            "baseline_start": when(baseline_from, "--baseline-from").isoformat(),
+            "baseline_end": when(baseline_to, "--baseline-to").isoformat(),
+        }
     if endpoint:
         params["endpoint"] = endpoint
     if objectives is not None:
@@ -106,9 +117,12 @@ def diagnose(
     response = ask("GET", "/api/v1/diagnosis", server, store, json_output, params=params, timeout_seconds=120.0)
     if response.status_code != 200:
         message = refusal_text(response)
-        hint = ("" if "insufficient data" not in message else
-                "\nwiden the window (--since 1h, --from/--to) or check that requests reach the server "
-                "(inferpath up; GET /api/v1/summary)")
+        hint = (
+            ""
+            if "insufficient data" not in message
+            else "\nwiden the window (--since 1h, --from/--to) or check that requests reach the server "
+            "(inferpath up; GET /api/v1/summary)"
+        )
         fail(f"no verdict: {message}{hint}", json_output, http_status=response.status_code)
     verdict = response.json()
     if json_output:
@@ -131,9 +145,13 @@ def print_verdict(verdict: dict[str, Any]) -> None:
         for column in ("cause", "share", "evidence", "would help", "would not help"):
             table.add_column(column)
         for cause in verdict["causes"]:
-            table.add_row(cause["cause"], f"{min(1.0, max(0.0, cause['share'])) * 100:.0f}%",
-                          "\n".join(e["text"] for e in cause.get("evidence", [])),
-                          "\n".join(cause.get("would_help", [])), "\n".join(cause.get("would_not_help", [])))
+            table.add_row(
+                cause["cause"],
+                f"{min(1.0, max(0.0, cause['share'])) * 100:.0f}%",
+                "\n".join(e["text"] for e in cause.get("evidence", [])),
+                "\n".join(cause.get("would_help", [])),
+                "\n".join(cause.get("would_not_help", [])),
+            )
         console.print(table)
     budget = verdict.get("budget")
     if budget:
@@ -143,14 +161,21 @@ def print_verdict(verdict: dict[str, Any]) -> None:
 
 
 def import_cmd(
-    path: Path = typer.Argument(..., help="A recording: a folder (metrics_<unix_ns>.prom scrapes, otlp/*.pb "
-                                          "bodies), a .tar.gz of one, or an exposition with timestamps."),
-    server: Optional[str] = typer.Option(None, help="Post to this running inferpath server."),
-    store: Optional[str] = typer.Option(None, help="Import into this store directly (chdb:///path)."),
-    shift: str = typer.Option("auto", help="auto: move the times to now only when the recording is older than "
-                                           "the store keeps data; now: always; none: never."),
-    source: Optional[str] = typer.Option(None, help=f"Collector source of the scrapes ({', '.join(SOURCES)}; "
-                                                    "default: recognised)."),
+    path: Path = typer.Argument(
+        ...,
+        help="A recording: a folder (metrics_<unix_ns>.prom scrapes, otlp/*.pb "
+        "bodies), a .tar.gz of one, or an exposition with timestamps.",
+    ),
+    server: str | None = typer.Option(None, help="Post to this running inferpath server."),
+    store: str | None = typer.Option(None, help="Import into this store directly (chdb:///path)."),
+    shift: str = typer.Option(
+        "auto",
+        help="auto: move the times to now only when the recording is older than "
+        "the store keeps data; now: always; none: never.",
+    ),
+    source: str | None = typer.Option(
+        None, help=f"Collector source of the scrapes ({', '.join(SOURCES)}; default: recognised)."
+    ),
 ) -> None:
     """Load a recorded incident (scrapes with their times, OTLP trace bodies) so that
     `inferpath diagnose` can judge it afterwards."""
@@ -174,15 +199,22 @@ def import_cmd(
                 result = import_recording(recording, client, offset_ns=offset, source=source)
             except (RecordingError, httpx.HTTPError) as exc:
                 fail(f"import failed: {exc}")
-    console.print(f"imported {result.scrapes} scrapes ({result.source or 'no known engine'}) and "
-                  f"{result.trace_bodies} trace bodies into {store or url}", highlight=False)
+    console.print(
+        f"imported {result.scrapes} scrapes ({result.source or 'no known engine'}) and "
+        f"{result.trace_bodies} trace bodies into {store or url}",
+        highlight=False,
+    )
     if offset:
-        console.print(f"times moved by {offset / 1e9:+.0f} s (the recording is older than the store keeps data)",
-                      highlight=False)
+        console.print(
+            f"times moved by {offset / 1e9:+.0f} s (the recording is older than the store keeps data)", highlight=False
+        )
     if result.start and result.end:
         where = f" --store {store}" if store else ""
-        console.print(f"diagnose it: inferpath diagnose --from {result.start.isoformat()} "
-                      f"--to {result.end.isoformat()}{where}", soft_wrap=True, highlight=False)
+        console.print(
+            f"diagnose it: inferpath diagnose --from {result.start.isoformat()} --to {result.end.isoformat()}{where}",
+            soft_wrap=True,
+            highlight=False,
+        )
     if not result.flushed:
         fail("the server did not finish storing everything in time; run the command again")
 

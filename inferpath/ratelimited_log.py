@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["RateLimitFilter", "RateLimitedLog"]
 
@@ -31,8 +32,9 @@ class RateLimitedLog:
     since the last one. Thread-safe: the lines are formatted and written outside the lock.
     Raises ``ValueError`` for a negative interval."""
 
-    def __init__(self, logger: logging.Logger, interval_seconds: float = 10.0, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval_seconds: float = 10.0, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         _check_interval(interval_seconds)
         self._logger = logger
         self._interval_seconds = interval_seconds

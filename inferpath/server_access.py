@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -38,8 +39,9 @@ def fail(message: str, json_output: bool = False, **extra: Any) -> NoReturn:
 
 
 @contextlib.contextmanager
-def server_for(server: str | None, store: str | None, *, fallback_to_default_store: bool,
-               json_output: bool = False) -> Iterator[tuple[str, dict[str, str]]]:
+def server_for(
+    server: str | None, store: str | None, *, fallback_to_default_store: bool, json_output: bool = False
+) -> Iterator[tuple[str, dict[str, str]]]:
     """Yield ``(base URL, headers)`` of the server to talk to (module docstring)."""
     import httpx
 
@@ -61,9 +63,11 @@ def server_for(server: str | None, store: str | None, *, fallback_to_default_sto
                 fail(f"invalid store URL {default!r}: {bad}", json_output)
             folder = parsed.path if parsed.kind == "chdb" else None
             if server or not fallback_to_default_store or not folder or not Path(folder).exists():
-                fail(f"cannot reach the inferpath server at {url} ({exc}). Start it with `inferpath up`, "
-                     f"point --server at it, or read a store directly with --store chdb:///path/to/store",
-                     json_output)
+                fail(
+                    f"cannot reach the inferpath server at {url} ({exc}). Start it with `inferpath up`, "
+                    f"point --server at it, or read a store directly with --store chdb:///path/to/store",
+                    json_output,
+                )
             store = default
             if not json_output:
                 console.print(f"no server at {url}: reading the store {store} directly", highlight=False)
@@ -71,23 +75,39 @@ def server_for(server: str | None, store: str | None, *, fallback_to_default_sto
     from inferpath.serve import server_services
     from inferpath.server.runtime import StoreOpenError, serve_in_thread
 
-    local = Settings(store_url=store, port=0, token=settings.token, ttl_days=settings.ttl_days,
-                     objectives_file=settings.objectives_file, assembly_settle_seconds=0.2)
+    local = Settings(
+        store_url=store,
+        port=0,
+        token=settings.token,
+        ttl_days=settings.ttl_days,
+        objectives_file=settings.objectives_file,
+        assembly_settle_seconds=0.2,
+    )
     try:
         # Its services answer (alert back-tests) but notify no one: it is this command's own.
         running = serve_in_thread(local, port=0, services=server_services(local, evaluate_rules=False))
     except Exception as exc:  # the store is held by another process, or cannot be opened
-        fail(str(StoreOpenError(store, exc)) + "\nwhile a server owns it, use --server URL instead of --store",
-             json_output)
+        fail(
+            str(StoreOpenError(store, exc)) + "\nwhile a server owns it, use --server URL instead of --store",
+            json_output,
+        )
     try:
         yield running.url, headers
     finally:
         running.stop()
 
 
-def ask(method: str, path: str, server: str | None, store: str | None, json_output: bool, *,
-        timeout_seconds: float, params: dict[str, Any] | None = None,
-        json_body: dict[str, Any] | None = None) -> "httpx.Response":
+def ask(
+    method: str,
+    path: str,
+    server: str | None,
+    store: str | None,
+    json_output: bool,
+    *,
+    timeout_seconds: float,
+    params: dict[str, Any] | None = None,
+    json_body: dict[str, Any] | None = None,
+) -> httpx.Response:
     """``method path`` (with query ``params``, a JSON body ``json_body``) on the server
     :func:`server_for` picks, falling back to the default store when no server answers;
     exits 2 when it does not answer. Returns the response, whatever its status."""
@@ -95,14 +115,15 @@ def ask(method: str, path: str, server: str | None, store: str | None, json_outp
 
     with server_for(server, store, fallback_to_default_store=True, json_output=json_output) as (url, headers):
         try:
-            return httpx.request(method, f"{url}{path}", params=params, json=json_body, headers=headers,
-                                 timeout=timeout_seconds)
+            return httpx.request(
+                method, f"{url}{path}", params=params, json=json_body, headers=headers, timeout=timeout_seconds
+            )
         except httpx.HTTPError as exc:
             fail(f"the inferpath server at {url} did not answer: {exc}", json_output)
             raise
 
 
-def refusal_text(response: "httpx.Response") -> str:
+def refusal_text(response: httpx.Response) -> str:
     """The server's own words for a refusal: FastAPI's ``detail`` messages joined, else the body."""
     try:
         detail = response.json().get("detail")

@@ -35,8 +35,18 @@ NS_PER_SECOND = 1_000_000_000
 in every answer of the read API."""
 
 # ----------------------------------------------------------------------------- stages
-STAGES: tuple[str, ...] = ("gateway", "tokenize", "retrieval", "queue", "prefill", "decode", "model",
-                           "network", "postprocess", "other")
+STAGES: tuple[str, ...] = (
+    "gateway",
+    "tokenize",
+    "retrieval",
+    "queue",
+    "prefill",
+    "decode",
+    "model",
+    "network",
+    "postprocess",
+    "other",
+)
 """Values of the span attribute ``inferpath.stage``. ``model``: a whole model call seen from
 the caller (it contains the engine's queue, prefill and decode); ``network``: derived, a
 caller's client span minus its callee's server span; ``other``: anything else."""
@@ -51,8 +61,20 @@ TTFT_STAGES: tuple[str, ...] = tuple(s for s in BREAKDOWN_STAGES if s != "decode
 
 # ----------------------------------------------------------------------------- measures
 REQUEST_MEASURES: tuple[str, ...] = (
-    "client_ttft", "client_e2e", "ttft", "e2e", "itl", "gateway", "tokenize", "retrieval",
-    "queue", "prefill", "decode", "model", "network", "postprocess",
+    "client_ttft",
+    "client_e2e",
+    "ttft",
+    "e2e",
+    "itl",
+    "gateway",
+    "tokenize",
+    "retrieval",
+    "queue",
+    "prefill",
+    "decode",
+    "model",
+    "network",
+    "postprocess",
 )
 """Per-request durations (AIPerf definitions, DESIGN.md §3), each stored in nanoseconds as
 the ``<measure>_ns`` column of ``inferpath_requests`` (:func:`measure_column`). ``ttft`` and
@@ -60,10 +82,20 @@ the ``<measure>_ns`` column of ``inferpath_requests`` (:func:`measure_column`). 
 instrumented; ``itl`` = (E2E − TTFT) / (output tokens − 1)."""
 
 MEASURE_TITLES: dict[str, str] = {
-    "client_ttft": "TTFT (client)", "client_e2e": "E2E (client)", "ttft": "TTFT (server)",
-    "e2e": "E2E (server)", "itl": "ITL", "gateway": "gateway (self time)", "tokenize": "tokenize",
-    "retrieval": "retrieval", "queue": "queue", "prefill": "prefill", "decode": "decode",
-    "model": "model call", "network": "network", "postprocess": "postprocess",
+    "client_ttft": "TTFT (client)",
+    "client_e2e": "E2E (client)",
+    "ttft": "TTFT (server)",
+    "e2e": "E2E (server)",
+    "itl": "ITL",
+    "gateway": "gateway (self time)",
+    "tokenize": "tokenize",
+    "retrieval": "retrieval",
+    "queue": "queue",
+    "prefill": "prefill",
+    "decode": "decode",
+    "model": "model call",
+    "network": "network",
+    "postprocess": "postprocess",
 }
 """A few words per measure of :data:`REQUEST_MEASURES` for a table or a chart."""
 
@@ -142,61 +174,208 @@ E2E_REQUEST_LATENCY_SECONDS = "e2e_request_latency_seconds"
 REQUEST_QUEUE_TIME_SECONDS = "request_queue_time_seconds"
 
 _S = Signal
-SIGNALS: dict[str, Signal] = {s.name: s for s in (
-    # GPU state: one series per device (host + GPU UUID, + MIG instance).
-    _S(GPU_UTILIZATION_RATIO, UNIT_RATIO, "gauge", "device", "mean",
-       "Fraction of time a kernel ran on the GPU, 0-1.", "GPU utilization"),
-    _S(GPU_GRAPHICS_ENGINE_ACTIVE_RATIO, UNIT_RATIO, "gauge", "device", "mean",
-       "Fraction of time the graphics/compute engine was active (DCGM profiling), 0-1.", "GPU engine active"),
-    _S(GPU_SM_ACTIVE_RATIO, UNIT_RATIO, "gauge", "device", "mean",
-       "Fraction of time at least one warp was active on an SM, 0-1.", "SM active"),
-    _S(GPU_MEMORY_USED_BYTES, UNIT_BYTES, "gauge", "device", "sum", "GPU framebuffer memory in use.",
-       "GPU memory used"),
-    _S(GPU_MEMORY_FREE_BYTES, UNIT_BYTES, "gauge", "device", "sum", "GPU framebuffer memory free.",
-       "GPU memory free"),
-    _S(GPU_MEMORY_TOTAL_BYTES, UNIT_BYTES, "gauge", "device", "sum", "GPU framebuffer memory in total.",
-       "GPU memory total"),
-    _S(GPU_POWER_WATTS, UNIT_WATTS, "gauge", "device", "sum", "GPU power draw.", "GPU power"),
-    _S("gpu_temperature_celsius", UNIT_CELSIUS, "gauge", "device", "max", "GPU core temperature.",
-       "GPU temperature"),
-    _S("gpu_sm_clock_hertz", UNIT_HERTZ, "gauge", "device", "mean", "Current SM clock.", "SM clock"),
-    _S("gpu_memory_clock_hertz", UNIT_HERTZ, "gauge", "device", "mean", "Current memory clock.", "Memory clock"),
-    _S("gpu_clock_event_reasons", UNIT_RATIO, "gauge", "device", "max",
-       "Bitmask of active clock-event (throttle) reasons, nvmlClocksEventReason* bits.", "Clock-event reasons"),
-    _S("gpu_process_memory_used_bytes", UNIT_BYTES, "gauge", "device", "sum",
-       "GPU memory used by one process (process.pid).", "GPU memory per process"),
-    _S(GPU_UP, UNIT_RATIO, "gauge", "device", "mean",
-       "1 while the GPU answers, 0 once it is lost or cannot be read (also while the driver is gone).", "GPU up"),
-    # Engine state.
-    _S(QUEUE_DEPTH, UNIT_REQUESTS, "gauge", "sum", "sum", "Requests waiting to be scheduled by the engine.",
-       "Queue depth"),
-    _S(RUNNING_REQUESTS, UNIT_REQUESTS, "gauge", "sum", "sum", "Requests in the engine's running batch.",
-       "Running requests"),
-    _S(KV_CACHE_USAGE_RATIO, UNIT_RATIO, "gauge", "max", "max",
-       "Fraction of KV-cache blocks (or token slots) in use, 0-1.", "KV-cache usage"),
-    _S(PREEMPTIONS_TOTAL, UNIT_PREEMPTIONS, "sum", "sum", "sum", "Sequences preempted by the engine since start.",
-       "Preemptions"),
-    _S(BATCH_SIZE, UNIT_REQUESTS, "gauge", "sum", "sum", "Size of the batch the engine is currently running.",
-       "Batch size"),
-    _S(KV_CACHE_CONFIG_INFO, UNIT_INFO, "gauge", "max", "max",
-       "Always 1, one series per engine; its attributes are the engine's KV-cache configuration "
-       "(vLLM's cache_config_info labels: num_gpu_blocks, block_size, ...).", "KV-cache configuration"),
-    # Engine latency histograms: kept as buckets, never as quantiles.
-    _S(TIME_TO_FIRST_TOKEN_SECONDS, UNIT_SECONDS, "histogram", "sum", "sum", "Time to first token, per request.",
-       "Engine TTFT"),
-    _S(E2E_REQUEST_LATENCY_SECONDS, UNIT_SECONDS, "histogram", "sum", "sum",
-       "End-to-end request latency, per request.", "Engine E2E latency"),
-    _S(REQUEST_QUEUE_TIME_SECONDS, UNIT_SECONDS, "histogram", "sum", "sum", "Time a request waited in the queue.",
-       "Engine queue time"),
-)}
+SIGNALS: dict[str, Signal] = {
+    s.name: s
+    for s in (
+        # GPU state: one series per device (host + GPU UUID, + MIG instance).
+        _S(
+            GPU_UTILIZATION_RATIO,
+            UNIT_RATIO,
+            "gauge",
+            "device",
+            "mean",
+            "Fraction of time a kernel ran on the GPU, 0-1.",
+            "GPU utilization",
+        ),
+        _S(
+            GPU_GRAPHICS_ENGINE_ACTIVE_RATIO,
+            UNIT_RATIO,
+            "gauge",
+            "device",
+            "mean",
+            "Fraction of time the graphics/compute engine was active (DCGM profiling), 0-1.",
+            "GPU engine active",
+        ),
+        _S(
+            GPU_SM_ACTIVE_RATIO,
+            UNIT_RATIO,
+            "gauge",
+            "device",
+            "mean",
+            "Fraction of time at least one warp was active on an SM, 0-1.",
+            "SM active",
+        ),
+        _S(
+            GPU_MEMORY_USED_BYTES,
+            UNIT_BYTES,
+            "gauge",
+            "device",
+            "sum",
+            "GPU framebuffer memory in use.",
+            "GPU memory used",
+        ),
+        _S(
+            GPU_MEMORY_FREE_BYTES,
+            UNIT_BYTES,
+            "gauge",
+            "device",
+            "sum",
+            "GPU framebuffer memory free.",
+            "GPU memory free",
+        ),
+        _S(
+            GPU_MEMORY_TOTAL_BYTES,
+            UNIT_BYTES,
+            "gauge",
+            "device",
+            "sum",
+            "GPU framebuffer memory in total.",
+            "GPU memory total",
+        ),
+        _S(GPU_POWER_WATTS, UNIT_WATTS, "gauge", "device", "sum", "GPU power draw.", "GPU power"),
+        _S(
+            "gpu_temperature_celsius",
+            UNIT_CELSIUS,
+            "gauge",
+            "device",
+            "max",
+            "GPU core temperature.",
+            "GPU temperature",
+        ),
+        _S("gpu_sm_clock_hertz", UNIT_HERTZ, "gauge", "device", "mean", "Current SM clock.", "SM clock"),
+        _S("gpu_memory_clock_hertz", UNIT_HERTZ, "gauge", "device", "mean", "Current memory clock.", "Memory clock"),
+        _S(
+            "gpu_clock_event_reasons",
+            UNIT_RATIO,
+            "gauge",
+            "device",
+            "max",
+            "Bitmask of active clock-event (throttle) reasons, nvmlClocksEventReason* bits.",
+            "Clock-event reasons",
+        ),
+        _S(
+            "gpu_process_memory_used_bytes",
+            UNIT_BYTES,
+            "gauge",
+            "device",
+            "sum",
+            "GPU memory used by one process (process.pid).",
+            "GPU memory per process",
+        ),
+        _S(
+            GPU_UP,
+            UNIT_RATIO,
+            "gauge",
+            "device",
+            "mean",
+            "1 while the GPU answers, 0 once it is lost or cannot be read (also while the driver is gone).",
+            "GPU up",
+        ),
+        # Engine state.
+        _S(
+            QUEUE_DEPTH,
+            UNIT_REQUESTS,
+            "gauge",
+            "sum",
+            "sum",
+            "Requests waiting to be scheduled by the engine.",
+            "Queue depth",
+        ),
+        _S(
+            RUNNING_REQUESTS,
+            UNIT_REQUESTS,
+            "gauge",
+            "sum",
+            "sum",
+            "Requests in the engine's running batch.",
+            "Running requests",
+        ),
+        _S(
+            KV_CACHE_USAGE_RATIO,
+            UNIT_RATIO,
+            "gauge",
+            "max",
+            "max",
+            "Fraction of KV-cache blocks (or token slots) in use, 0-1.",
+            "KV-cache usage",
+        ),
+        _S(
+            PREEMPTIONS_TOTAL,
+            UNIT_PREEMPTIONS,
+            "sum",
+            "sum",
+            "sum",
+            "Sequences preempted by the engine since start.",
+            "Preemptions",
+        ),
+        _S(
+            BATCH_SIZE,
+            UNIT_REQUESTS,
+            "gauge",
+            "sum",
+            "sum",
+            "Size of the batch the engine is currently running.",
+            "Batch size",
+        ),
+        _S(
+            KV_CACHE_CONFIG_INFO,
+            UNIT_INFO,
+            "gauge",
+            "max",
+            "max",
+            "Always 1, one series per engine; its attributes are the engine's KV-cache configuration "
+            "(vLLM's cache_config_info labels: num_gpu_blocks, block_size, ...).",
+            "KV-cache configuration",
+        ),
+        # Engine latency histograms: kept as buckets, never as quantiles.
+        _S(
+            TIME_TO_FIRST_TOKEN_SECONDS,
+            UNIT_SECONDS,
+            "histogram",
+            "sum",
+            "sum",
+            "Time to first token, per request.",
+            "Engine TTFT",
+        ),
+        _S(
+            E2E_REQUEST_LATENCY_SECONDS,
+            UNIT_SECONDS,
+            "histogram",
+            "sum",
+            "sum",
+            "End-to-end request latency, per request.",
+            "Engine E2E latency",
+        ),
+        _S(
+            REQUEST_QUEUE_TIME_SECONDS,
+            UNIT_SECONDS,
+            "histogram",
+            "sum",
+            "sum",
+            "Time a request waited in the queue.",
+            "Engine queue time",
+        ),
+    )
+}
 """Every canonical signal by name (DESIGN.md §3)."""
 
-ENGINE_STATE_SIGNALS: tuple[str, ...] = (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO, PREEMPTIONS_TOTAL,
-                                         BATCH_SIZE)
+ENGINE_STATE_SIGNALS: tuple[str, ...] = (
+    QUEUE_DEPTH,
+    RUNNING_REQUESTS,
+    KV_CACHE_USAGE_RATIO,
+    PREEMPTIONS_TOTAL,
+    BATCH_SIZE,
+)
 """The engine's own state, one series per engine."""
 
-SATURATION_GAUGES: tuple[str, ...] = (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO, GPU_UTILIZATION_RATIO,
-                                      GPU_MEMORY_USED_BYTES, GPU_POWER_WATTS)
+SATURATION_GAUGES: tuple[str, ...] = (
+    QUEUE_DEPTH,
+    RUNNING_REQUESTS,
+    KV_CACHE_USAGE_RATIO,
+    GPU_UTILIZATION_RATIO,
+    GPU_MEMORY_USED_BYTES,
+    GPU_POWER_WATTS,
+)
 """The gauges a diagnosis reads over a window: the engine's saturation and the GPUs'."""
 
 # ----------------------------------------------------------------------------- sources
@@ -208,12 +387,48 @@ DEFAULT_SCRAPE_SOURCE = "vllm"
 """The source of a scrape target given as a bare URL."""
 
 __all__ = [
-    "BATCH_SIZE", "BREAKDOWN_MEASURES", "BREAKDOWN_STAGES", "DEFAULT_SCRAPE_SOURCE", "E2E_REQUEST_LATENCY_SECONDS",
-    "ENDPOINT_CLASSES", "ENGINE_STATE_SIGNALS", "GPU_GRAPHICS_ENGINE_ACTIVE_RATIO", "GPU_MEMORY_FREE_BYTES",
-    "GPU_MEMORY_TOTAL_BYTES", "GPU_MEMORY_USED_BYTES", "GPU_POWER_WATTS", "GPU_SM_ACTIVE_RATIO", "GPU_UP",
-    "GPU_UTILIZATION_RATIO", "KV_CACHE_CONFIG_INFO", "KV_CACHE_USAGE_RATIO", "MEASURE_TITLES", "NS_PER_SECOND",
-    "OBJECTIVE_MEASURES", "PREEMPTIONS_TOTAL", "QUEUE_DEPTH", "REQUEST_DURATION_COLUMNS", "REQUEST_MEASURES",
-    "REQUEST_QUEUE_TIME_SECONDS", "RUNNING_REQUESTS", "SATURATION_GAUGES", "SIGNALS", "SOURCES", "STAGES", "Signal",
-    "TIME_TO_FIRST_TOKEN_SECONDS", "TTFT_PHASE_COLUMNS", "TTFT_STAGES", "UNIT_BYTES", "UNIT_CELSIUS", "UNIT_HERTZ",
-    "UNIT_INFO", "UNIT_PREEMPTIONS", "UNIT_RATIO", "UNIT_REQUESTS", "UNIT_SECONDS", "UNIT_WATTS", "measure_column",
+    "BATCH_SIZE",
+    "BREAKDOWN_MEASURES",
+    "BREAKDOWN_STAGES",
+    "DEFAULT_SCRAPE_SOURCE",
+    "E2E_REQUEST_LATENCY_SECONDS",
+    "ENDPOINT_CLASSES",
+    "ENGINE_STATE_SIGNALS",
+    "GPU_GRAPHICS_ENGINE_ACTIVE_RATIO",
+    "GPU_MEMORY_FREE_BYTES",
+    "GPU_MEMORY_TOTAL_BYTES",
+    "GPU_MEMORY_USED_BYTES",
+    "GPU_POWER_WATTS",
+    "GPU_SM_ACTIVE_RATIO",
+    "GPU_UP",
+    "GPU_UTILIZATION_RATIO",
+    "KV_CACHE_CONFIG_INFO",
+    "KV_CACHE_USAGE_RATIO",
+    "MEASURE_TITLES",
+    "NS_PER_SECOND",
+    "OBJECTIVE_MEASURES",
+    "PREEMPTIONS_TOTAL",
+    "QUEUE_DEPTH",
+    "REQUEST_DURATION_COLUMNS",
+    "REQUEST_MEASURES",
+    "REQUEST_QUEUE_TIME_SECONDS",
+    "RUNNING_REQUESTS",
+    "SATURATION_GAUGES",
+    "SIGNALS",
+    "SOURCES",
+    "STAGES",
+    "Signal",
+    "TIME_TO_FIRST_TOKEN_SECONDS",
+    "TTFT_PHASE_COLUMNS",
+    "TTFT_STAGES",
+    "UNIT_BYTES",
+    "UNIT_CELSIUS",
+    "UNIT_HERTZ",
+    "UNIT_INFO",
+    "UNIT_PREEMPTIONS",
+    "UNIT_RATIO",
+    "UNIT_REQUESTS",
+    "UNIT_SECONDS",
+    "UNIT_WATTS",
+    "measure_column",
 ]

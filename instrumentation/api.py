@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -72,9 +73,7 @@ def instrument(
     callable): setup errors, raised before anything is traced.
     """
     if endpoint_class not in ENDPOINT_CLASSES:
-        raise ValueError(
-            f"endpoint_class must be one of {ENDPOINT_CLASSES}, got {endpoint_class!r}"
-        )
+        raise ValueError(f"endpoint_class must be one of {ENDPOINT_CLASSES}, got {endpoint_class!r}")
     known = {integration.name for integration in registry.INTEGRATIONS}
     if integrations is None:
         names: tuple[str, ...] | None = None if app is None else ()
@@ -95,8 +94,9 @@ def instrument(
         receipt.enable(True)
     with _lock:
         if not provider.is_configured():
-            provider.configure(service_name, endpoint_class=endpoint_class,
-                               otlp_endpoint=otlp_endpoint, span_exporter=span_exporter)
+            provider.configure(
+                service_name, endpoint_class=endpoint_class, otlp_endpoint=otlp_endpoint, span_exporter=span_exporter
+            )
         elif service_name is not None and (not service_name or not isinstance(service_name, str)):
             raise ValueError("service_name must be a non-empty string")
         if app is not None:
@@ -104,8 +104,7 @@ def instrument(
 
             instrument_app(app, endpoint_class=endpoint_class, endpoint=endpoint)
         if names is None or names:
-            registry.instrument_integrations(only=names, endpoint_class=endpoint_class,
-                                             endpoint=endpoint)
+            registry.instrument_integrations(only=names, endpoint_class=endpoint_class, endpoint=endpoint)
 
 
 def uninstrument(app: Any = None) -> None:

@@ -32,7 +32,8 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -101,10 +102,21 @@ class _ServerRequest:
     validation pass instead of one per attribute.
     """
 
-    __slots__ = ("span", "token", "start_wall_ns", "start_perf_ns", "method", "status_code",
-                 "meter", "ended", "disconnected", "middleware", "scope")
+    __slots__ = (
+        "span",
+        "token",
+        "start_wall_ns",
+        "start_perf_ns",
+        "method",
+        "status_code",
+        "meter",
+        "ended",
+        "disconnected",
+        "middleware",
+        "scope",
+    )
 
-    def __init__(self, middleware: "InferpathASGIMiddleware", scope: Scope) -> None:
+    def __init__(self, middleware: InferpathASGIMiddleware, scope: Scope) -> None:
         # Wall clock for the span's timestamps, monotonic for its duration (module docstring).
         self.start_perf_ns = time.perf_counter_ns()
         self.start_wall_ns = start_wall_ns = time.time_ns()
@@ -125,8 +137,8 @@ class _ServerRequest:
         attributes[sc.URL_PATH] = str(scope.get("path") or "")
         attributes[sc.URL_SCHEME] = str(scope.get("scheme") or "http")
         self.span: Span = provider.get_tracer().start_span(
-            method, context=parent, kind=SpanKind.SERVER, attributes=attributes,
-            start_time=start_wall_ns)
+            method, context=parent, kind=SpanKind.SERVER, attributes=attributes, start_time=start_wall_ns
+        )
         self.token = otel_context.attach(trace.set_span_in_context(self.span, parent))
         next(_started)
 
@@ -139,8 +151,7 @@ class _ServerRequest:
                     self.meter = ChatStreamMeter(start_ns=self.start_perf_ns, decode_chunks=False)
                 break
 
-    def end(self, stream_status: str | None, reason: str | None,
-            error: BaseException | None = None) -> None:
+    def end(self, stream_status: str | None, reason: str | None, error: BaseException | None = None) -> None:
         """End the span once: stream attributes, status, error; ``stream_status`` None
         means a complete non-streamed response."""
         if self.ended:
@@ -156,8 +167,7 @@ class _ServerRequest:
                 attributes[sc.HTTP_RESPONSE_STATUS_CODE] = status_code
             route = self.scope.get("route")
             if route is not None:
-                names = self.middleware.route_names(self.method, route,
-                                                    self.scope.get("root_path") or "")
+                names = self.middleware.route_names(self.method, route, self.scope.get("root_path") or "")
                 if names is not None:
                     span.update_name(names[0])
                     attributes[sc.HTTP_ROUTE] = names[1]
@@ -213,9 +223,14 @@ class InferpathASGIMiddleware:
     served untraced. ``websocket`` and ``lifespan`` scopes pass through untouched.
     """
 
-    def __init__(self, app: ASGIApp, *, endpoint_class: str | None = None,
-                 endpoint: str | None = None,
-                 excluded_paths: frozenset[str] = DEFAULT_EXCLUDED_PATHS) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        endpoint_class: str | None = None,
+        endpoint: str | None = None,
+        excluded_paths: frozenset[str] = DEFAULT_EXCLUDED_PATHS,
+    ) -> None:
         self.app = app
         self.endpoint_class = endpoint_class
         self.endpoint = endpoint
@@ -326,8 +341,7 @@ class InferpathASGIMiddleware:
             raise
         else:
             if not request.ended:
-                reason = (sc.REASON_CLIENT_DISCONNECT if request.disconnected
-                          else sc.REASON_RESPONSE_NOT_FINISHED)
+                reason = sc.REASON_CLIENT_DISCONNECT if request.disconnected else sc.REASON_RESPONSE_NOT_FINISHED
                 request.end(sc.STATUS_INCOMPLETE, reason)
         finally:
             request.detach()

@@ -26,7 +26,8 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -56,16 +57,25 @@ class ChatCompletionStream:
     ``response`` (the ``httpx.Response``).
     """
 
-    def __init__(self, client: httpx.AsyncClient, url: str, payload: dict[str, Any], *,
-                 stage: str | None, headers: dict[str, str] | None,
-                 on_chunk: OnChunk | None) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        payload: dict[str, Any],
+        *,
+        stage: str | None,
+        headers: dict[str, str] | None,
+        on_chunk: OnChunk | None,
+    ) -> None:
         if not isinstance(payload, dict):
             raise TypeError(f"payload must be a dict (the JSON request body), got {type(payload)!r}")
         if stage is not None and stage not in STAGES:
             raise ValueError(f"stage must be None or one of {', '.join(STAGES)}; got {stage!r}")
         self._client = client
         self._request = client.build_request(
-            "POST", url, json=payload if payload.get("stream") is True else {**payload, "stream": True},
+            "POST",
+            url,
+            json=payload if payload.get("stream") is True else {**payload, "stream": True},
             headers=headers,
         )
         # This call makes its own span; the httpx integration must not make a second one.
@@ -120,7 +130,7 @@ class ChatCompletionStream:
         return None if self.meter is None else self.meter.timeline
 
     # -- iteration ---------------------------------------------------------------------
-    def __aiter__(self) -> "ChatCompletionStream":
+    def __aiter__(self) -> ChatCompletionStream:
         return self
 
     async def __anext__(self) -> dict[str, Any]:
@@ -181,8 +191,9 @@ class ChatCompletionStream:
 
     async def _open(self) -> None:
         request = self._request
-        self._call = call = ModelCall(request, _operation(request.url.path) or "chat",
-                                      stage=self._stage, payload=self._payload)
+        self._call = call = ModelCall(
+            request, _operation(request.url.path) or "chat", stage=self._stage, payload=self._payload
+        )
         try:
             self.response = await self._client.send(request, stream=True)
             call.on_response(self.response, decode_chunks=True)
@@ -245,7 +256,7 @@ class ChatCompletionStream:
             self._exhausted = True
             await self._close_response()
 
-    async def __aenter__(self) -> "ChatCompletionStream":
+    async def __aenter__(self) -> ChatCompletionStream:
         return self
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -293,5 +304,4 @@ def stream_chat_completion(
     errors); transport errors and HTTP statuses ≥ 400 (``httpx.HTTPStatusError``) are
     recorded on the span and re-raised from the iteration.
     """
-    return ChatCompletionStream(client, url, payload, stage=stage, headers=headers,
-                                on_chunk=on_chunk)
+    return ChatCompletionStream(client, url, payload, stage=stage, headers=headers, on_chunk=on_chunk)

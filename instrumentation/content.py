@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["configure_content_capture", "content_capture_enabled", "redacted",
-           "input_messages_attribute", "output_messages_attribute",
-           "GEN_AI_INPUT_MESSAGES", "GEN_AI_OUTPUT_MESSAGES"]
+__all__ = [
+    "configure_content_capture",
+    "content_capture_enabled",
+    "redacted",
+    "input_messages_attribute",
+    "output_messages_attribute",
+    "GEN_AI_INPUT_MESSAGES",
+    "GEN_AI_OUTPUT_MESSAGES",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -68,8 +75,7 @@ def redacted(text: Any) -> str | None:
         try:
             text = capture.redact(text)
         except Exception:
-            _logger.warning("inferpath: the content redaction hook failed; text dropped",
-                            exc_info=True)
+            _logger.warning("inferpath: the content redaction hook failed; text dropped", exc_info=True)
             return None
         if not isinstance(text, str):
             return None

@@ -23,13 +23,19 @@ from typing import Any
 from inferpath.instrumentation.asgi import InferpathASGIMiddleware
 from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 
-__all__ = ["instrument_app", "uninstrument_app", "uninstrument_all_apps", "is_instrumented",
-           "instrument_library", "uninstrument_library"]
+__all__ = [
+    "instrument_app",
+    "uninstrument_app",
+    "uninstrument_all_apps",
+    "is_instrumented",
+    "instrument_library",
+    "uninstrument_library",
+]
 
 _logger = logging.getLogger(__name__)
 _NATIVE_TRACING = "_inferpath_native_tracing"
 # Every app given the middleware, so a global uninstrument can find them again.
-_instrumented_apps: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_instrumented_apps: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _disable_native_tracing(app: Any) -> None:
@@ -39,8 +45,7 @@ def _disable_native_tracing(app: Any) -> None:
         # applies to the next request without rebuilding anything.
         setattr(app, _NATIVE_TRACING, config["tracing"])
         config["tracing"] = False
-        _logger.info("inferpath: FastAPI native tracing turned off for this app; "
-                     "inferpath emits its server span")
+        _logger.info("inferpath: FastAPI native tracing turned off for this app; inferpath emits its server span")
 
 
 def _restore_native_tracing(app: Any) -> None:
@@ -52,12 +57,10 @@ def _restore_native_tracing(app: Any) -> None:
 
 def is_instrumented(app: Any) -> bool:
     """True if ``app`` (a Starlette/FastAPI application) carries the inferpath middleware."""
-    return any(getattr(m, "cls", None) is InferpathASGIMiddleware
-               for m in getattr(app, "user_middleware", ()))
+    return any(getattr(m, "cls", None) is InferpathASGIMiddleware for m in getattr(app, "user_middleware", ()))
 
 
-def instrument_app(app: Any, *, endpoint_class: str | None = None,
-                   endpoint: str | None = None) -> bool:
+def instrument_app(app: Any, *, endpoint_class: str | None = None, endpoint: str | None = None) -> bool:
     """Add :class:`InferpathASGIMiddleware` as the outermost user middleware of ``app``.
 
     Returns ``True`` if it was added, ``False`` if it was already there. Raises
@@ -73,8 +76,7 @@ def instrument_app(app: Any, *, endpoint_class: str | None = None,
         _disable_native_tracing(app)
     except Exception:
         _logger.warning("inferpath: could not turn FastAPI native tracing off", exc_info=True)
-    app.user_middleware.insert(0, Middleware(InferpathASGIMiddleware,
-                                             endpoint_class=endpoint_class, endpoint=endpoint))
+    app.user_middleware.insert(0, Middleware(InferpathASGIMiddleware, endpoint_class=endpoint_class, endpoint=endpoint))
     try:
         _instrumented_apps.add(app)
     except TypeError:  # pragma: no cover - an app class without weakref support

@@ -45,8 +45,14 @@ from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 from inferpath.instrumentation.receipt import ReceiptClock, probe, receipt_clock, trace_connect
 from inferpath.instrumentation.streaming import ChatStreamMeter
 
-__all__ = ["instrument_library", "uninstrument_library", "open_calls", "ModelCall",
-           "TRACED_EXTENSION", "MAX_JSON_BODY_BYTES"]
+__all__ = [
+    "instrument_library",
+    "uninstrument_library",
+    "open_calls",
+    "ModelCall",
+    "TRACED_EXTENSION",
+    "MAX_JSON_BODY_BYTES",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -104,11 +110,23 @@ class ModelCall:
     ``status``/``reason`` are set when the span ends.
     """
 
-    __slots__ = ("span", "start_wall_ns", "start_perf_ns", "meter", "json_body", "ended",
-                 "text_parts", "capture", "receipt", "status", "reason")
+    __slots__ = (
+        "span",
+        "start_wall_ns",
+        "start_perf_ns",
+        "meter",
+        "json_body",
+        "ended",
+        "text_parts",
+        "capture",
+        "receipt",
+        "status",
+        "reason",
+    )
 
-    def __init__(self, request: httpx.Request, operation: str, *, stage: str | None = _IN_A_TRACE,
-                 payload: Any = None) -> None:
+    def __init__(
+        self, request: httpx.Request, operation: str, *, stage: str | None = _IN_A_TRACE, payload: Any = None
+    ) -> None:
         self.start_perf_ns = time.perf_counter_ns()
         self.start_wall_ns = time.time_ns()
         self.meter: ChatStreamMeter | None = None
@@ -147,7 +165,8 @@ class ModelCall:
         name = f"{operation} {model}" if isinstance(model, str) and model else operation
         try:
             self.span = provider.get_tracer().start_span(
-                name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.start_wall_ns)
+                name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.start_wall_ns
+            )
             carrier: dict[str, str] = {}
             provider.PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self.span))
             request.headers.update(carrier)
@@ -168,8 +187,7 @@ class ModelCall:
             content_type = response.headers.get("content-type", "").lower()
             if decode_chunks or content_type.startswith("text/event-stream"):
                 # Chunks are decoded only for a caller, or when their text is captured.
-                self.meter = ChatStreamMeter(start_ns=self.start_perf_ns,
-                                             decode_chunks=decode_chunks or self.capture)
+                self.meter = ChatStreamMeter(start_ns=self.start_perf_ns, decode_chunks=decode_chunks or self.capture)
                 # Opt-in, async clients: stamp chunks at the kernel's receipt (receipt.py).
                 self.receipt = receipt_clock(response)
             elif "json" in content_type:
@@ -219,8 +237,9 @@ class ModelCall:
         except Exception:
             _logger.warning("inferpath: model-call chunk not measured", exc_info=True)
 
-    def end(self, status: str | None, reason: str | None, *, at_ns: int | None = None,
-            error: BaseException | None = None) -> None:
+    def end(
+        self, status: str | None, reason: str | None, *, at_ns: int | None = None, error: BaseException | None = None
+    ) -> None:
         """End the span once. ``status`` None: the body ended normally."""
         if self.ended:
             return
@@ -296,8 +315,10 @@ def _json_answer_attributes(body: bytes, capture: bool) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
     usage = answer.get("usage")
     if isinstance(usage, dict):
-        for key, attribute in (("completion_tokens", sc.GEN_AI_USAGE_OUTPUT_TOKENS),
-                               ("prompt_tokens", sc.GEN_AI_USAGE_INPUT_TOKENS)):
+        for key, attribute in (
+            ("completion_tokens", sc.GEN_AI_USAGE_OUTPUT_TOKENS),
+            ("prompt_tokens", sc.GEN_AI_USAGE_INPUT_TOKENS),
+        ):
             value = usage.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 attributes[attribute] = value
@@ -417,12 +438,15 @@ def _start_call(request: Any) -> ModelCall | None:
 def _stream_classes(library: Any) -> tuple[type, type]:
     # httpx checks ``isinstance(stream, SyncByteStream)`` of its own module when closing a
     # response, so each library gets wrappers that subclass its own base classes.
-    return (type("TracedSyncStream", (_TracedSyncStream, library.SyncByteStream), {}),
-            type("TracedAsyncStream", (_TracedAsyncStream, library.AsyncByteStream), {}))
+    return (
+        type("TracedSyncStream", (_TracedSyncStream, library.SyncByteStream), {}),
+        type("TracedAsyncStream", (_TracedAsyncStream, library.AsyncByteStream), {}),
+    )
 
 
 def _traced_sync(stream_class: type) -> Any:
     """wrapt wrapper of ``HTTPTransport.handle_request``."""
+
     def handle_request(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
         request = args[0] if args else kwargs["request"]
         call = _start_call(request)
@@ -442,6 +466,7 @@ def _traced_sync(stream_class: type) -> Any:
 
 def _traced_async(stream_class: type) -> Any:
     """wrapt wrapper of ``AsyncHTTPTransport.handle_async_request``."""
+
     async def handle_async_request(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
         request = args[0] if args else kwargs["request"]
         call = _start_call(request)
@@ -486,8 +511,7 @@ def instrument_library(*, owner: str = "httpx", **_options: Any) -> None:
         for library in _libraries():
             sync_stream, async_stream = _stream_classes(library)
             wrap_methods(library.HTTPTransport, {"handle_request": _traced_sync(sync_stream)})
-            wrap_methods(library.AsyncHTTPTransport,
-                         {"handle_async_request": _traced_async(async_stream)})
+            wrap_methods(library.AsyncHTTPTransport, {"handle_async_request": _traced_async(async_stream)})
 
 
 def uninstrument_library(*, owner: str = "httpx") -> None:

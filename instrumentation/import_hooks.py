@@ -12,8 +12,9 @@ import importlib.machinery
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["when_imported", "cancel"]
 
@@ -40,8 +41,7 @@ class _Loader(importlib.abc.Loader):
             try:
                 callback()
             except Exception:  # an integration must never break the application's import
-                _logger.warning("inferpath: post-import hook for %s failed", self._name,
-                                exc_info=True)
+                _logger.warning("inferpath: post-import hook for %s failed", self._name, exc_info=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

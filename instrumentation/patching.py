@@ -12,7 +12,8 @@ held (or removes the wrapper of an inherited method). A wrapper has wrapt's sign
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import wrapt
 
@@ -61,8 +62,7 @@ def wrap_methods(cls: type, wrappers: Mapping[str, Wrapper], *, inherited: bool 
 def unwrap_methods(cls: type, names: Any = None) -> None:
     """Undo :func:`wrap_methods` on ``cls`` (``names``: only those; no-op where unwrapped)."""
     with _lock:
-        _unwrap(cls, [name for (owner, name) in list(_originals)
-                      if owner is cls and (names is None or name in names)])
+        _unwrap(cls, [name for (owner, name) in list(_originals) if owner is cls and (names is None or name in names)])
 
 
 def _unwrap(cls: type, names: list[str]) -> None:

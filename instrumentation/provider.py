@@ -42,8 +42,9 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.environment_variables import (
@@ -159,9 +160,14 @@ class _FailureCountingExporter(SpanExporter):
         if result is not SpanExportResult.SUCCESS:
             self.failed_total += len(spans)
             self._unreported += len(spans)
-            if self._failure_log.warning("inferpath: %d span(s) could not be exported (%s); %d failed in "
-                                         "total; the next report comes in %.0f s at the earliest",
-                                         self._unreported, cause, self.failed_total, LOG_INTERVAL_SECONDS):
+            if self._failure_log.warning(
+                "inferpath: %d span(s) could not be exported (%s); %d failed in "
+                "total; the next report comes in %.0f s at the earliest",
+                self._unreported,
+                cause,
+                self.failed_total,
+                LOG_INTERVAL_SECONDS,
+            ):
                 self._unreported = 0
         return result
 
@@ -212,8 +218,10 @@ def traces_endpoint(otlp_endpoint: str | None) -> str | None:
     else ``INFERPATH_OTLP_ENDPOINT`` (default ``http://127.0.0.1:4318``) + ``/v1/traces``."""
     base = otlp_endpoint
     if base is None:
-        if os.environ.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").strip() or os.environ.get(
-                OTEL_EXPORTER_OTLP_ENDPOINT, "").strip():
+        if (
+            os.environ.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").strip()
+            or os.environ.get(OTEL_EXPORTER_OTLP_ENDPOINT, "").strip()
+        ):
             return None
         from inferpath.config import Settings
 
@@ -223,13 +231,11 @@ def traces_endpoint(otlp_endpoint: str | None) -> str | None:
 
 def _validate(settings: _Settings) -> None:
     if settings.service_name is not None and (
-            not isinstance(settings.service_name, str) or not settings.service_name.strip()):
-        raise ValueError("service_name must be a non-empty string (or None: OTEL_SERVICE_NAME, "
-                         "else the SDK's default)")
+        not isinstance(settings.service_name, str) or not settings.service_name.strip()
+    ):
+        raise ValueError("service_name must be a non-empty string (or None: OTEL_SERVICE_NAME, else the SDK's default)")
     if settings.endpoint_class not in ENDPOINT_CLASSES:
-        raise ValueError(
-            f"endpoint_class must be one of {ENDPOINT_CLASSES}, got {settings.endpoint_class!r}"
-        )
+        raise ValueError(f"endpoint_class must be one of {ENDPOINT_CLASSES}, got {settings.endpoint_class!r}")
     if not 0 < settings.export_timeout_seconds <= _MAX_TIMEOUT_SECONDS:
         raise ValueError(
             "export_timeout_seconds is in seconds and must be in (0, "
@@ -244,12 +250,8 @@ def _validate(settings: _Settings) -> None:
         )
     if not isinstance(settings.max_queue_size, int) or settings.max_queue_size < 1:
         raise ValueError(f"max_queue_size must be a positive int, got {settings.max_queue_size!r}")
-    if settings.otlp_endpoint is not None and not settings.otlp_endpoint.startswith(
-        ("http://", "https://")
-    ):
-        raise ValueError(
-            f"otlp_endpoint must be an http(s):// URL, got {settings.otlp_endpoint!r}"
-        )
+    if settings.otlp_endpoint is not None and not settings.otlp_endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"otlp_endpoint must be an http(s):// URL, got {settings.otlp_endpoint!r}")
 
 
 def _build(settings: _Settings) -> _State:
@@ -272,8 +274,9 @@ def _build(settings: _Settings) -> _State:
     exporter = settings.span_exporter
     if exporter is None:
         # Headers: the exporter reads OTEL_EXPORTER_OTLP_[TRACES_]HEADERS itself.
-        exporter = OTLPSpanExporter(endpoint=traces_endpoint(settings.otlp_endpoint),
-                                    timeout=settings.export_timeout_seconds)
+        exporter = OTLPSpanExporter(
+            endpoint=traces_endpoint(settings.otlp_endpoint), timeout=settings.export_timeout_seconds
+        )
     delay_ms = settings.schedule_delay_seconds * 1000.0
     exporter = _FailureCountingExporter(exporter)
     processor = _CountedBatchProcessor(
@@ -376,8 +379,9 @@ def _retire(state: _State, timeout_seconds: float) -> None:
         worker.start()
         worker.join(timeout_seconds)
         if worker.is_alive():
-            _logger.warning("inferpath: span flush did not finish within %.1f s; "
-                            "remaining spans may be lost", timeout_seconds)
+            _logger.warning(
+                "inferpath: span flush did not finish within %.1f s; remaining spans may be lost", timeout_seconds
+            )
     _dropped_before_total += state.processor.dropped_total
     _failed_before_total += state.exporter.failed_total
 

@@ -27,8 +27,7 @@ from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 __all__ = ["instrument_library", "uninstrument_library", "documents_returned"]
 
 _logger = logging.getLogger(__name__)
-_METHODS = ("query_points", "query_batch_points", "query_points_groups", "retrieve", "scroll",
-            "search", "search_batch")
+_METHODS = ("query_points", "query_batch_points", "query_points_groups", "retrieve", "scroll", "search", "search_batch")
 DB_SYSTEM_NAME = "db.system.name"
 DB_OPERATION_NAME = "db.operation.name"
 DB_COLLECTION_NAME = "db.collection.name"
@@ -47,26 +46,26 @@ def documents_returned(result: Any) -> int:
     if isinstance(groups, list):
         return sum(len(getattr(group, "hits", ()) or ()) for group in groups)
     if isinstance(result, list):
-        return sum(documents_returned(item) if hasattr(item, "points") or isinstance(item, list)
-                   else 1 for item in result)
+        return sum(
+            documents_returned(item) if hasattr(item, "points") or isinstance(item, list) else 1 for item in result
+        )
     raise TypeError(f"not a qdrant result: {type(result)!r}")
 
 
 def _in_retrieval_stage() -> bool:
     span = trace.get_current_span()
     attributes = getattr(span, "attributes", None)
-    return bool(attributes) and attributes is not None and attributes.get(sc.STAGE) == "retrieval" \
-        and span.is_recording()
+    return (
+        bool(attributes) and attributes is not None and attributes.get(sc.STAGE) == "retrieval" and span.is_recording()
+    )
 
 
 def _start(method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
     collection = kwargs.get("collection_name", args[0] if args else None)
-    attributes: dict[str, Any] = {sc.STAGE: "retrieval", DB_SYSTEM_NAME: "qdrant",
-                                  DB_OPERATION_NAME: method_name}
+    attributes: dict[str, Any] = {sc.STAGE: "retrieval", DB_SYSTEM_NAME: "qdrant", DB_OPERATION_NAME: method_name}
     if isinstance(collection, str):
         attributes[DB_COLLECTION_NAME] = collection
-    span = provider.get_tracer().start_span("retrieval", kind=SpanKind.INTERNAL,
-                                            attributes=attributes)
+    span = provider.get_tracer().start_span("retrieval", kind=SpanKind.INTERNAL, attributes=attributes)
     token = otel_context.attach(trace.set_span_in_context(span))
     return span, token
 
@@ -92,6 +91,7 @@ def _end(span: Any, token: Any, result: Any, error: BaseException | None) -> Non
 def _traced(name: str, is_async: bool) -> Any:
     """The wrapt wrapper of read method ``name`` (a coroutine function when ``is_async``)."""
     if is_async:
+
         async def async_method(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
             if _in_retrieval_stage():
                 return await wrapped(*args, **kwargs)
@@ -138,8 +138,14 @@ def _classes() -> tuple[type, ...]:
 def instrument_library(**_options: Any) -> None:
     """Wrap the read methods of ``QdrantClient`` and ``AsyncQdrantClient`` (idempotent)."""
     for cls in _classes():
-        wrap_methods(cls, {name: _traced(name, inspect.iscoroutinefunction(cls.__dict__[name]))
-                           for name in _METHODS if name in cls.__dict__})
+        wrap_methods(
+            cls,
+            {
+                name: _traced(name, inspect.iscoroutinefunction(cls.__dict__[name]))
+                for name in _METHODS
+                if name in cls.__dict__
+            },
+        )
 
 
 def uninstrument_library() -> None:

@@ -69,8 +69,12 @@ class QueueTicket:
             if batch_size is not None:
                 attributes[ATTR_BATCH_SIZE] = batch_size
             span = provider.get_tracer().start_span(
-                "queue", context=self.context, kind=SpanKind.INTERNAL, attributes=attributes,
-                start_time=self.enqueued_wall_ns)
+                "queue",
+                context=self.context,
+                kind=SpanKind.INTERNAL,
+                attributes=attributes,
+                start_time=self.enqueued_wall_ns,
+            )
             span.end(end_time=self.enqueued_wall_ns + wait_ns)
         except Exception:
             _logger.warning("inferpath: could not record a queue span", exc_info=True)

@@ -85,8 +85,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["ReceiptClock", "receipt_clock", "trace_connect", "probe", "enable", "enabled",
-           "kernel_stamps"]
+__all__ = ["ReceiptClock", "receipt_clock", "trace_connect", "probe", "enable", "enabled", "kernel_stamps"]
 
 #: The opt-in (see the module docstring; :func:`enable` sets it). False (the default):
 #: :func:`receipt_clock` returns None and every stamp is taken when the body piece comes
@@ -101,8 +100,7 @@ kernel_stamps = True
 # name) and its control message, a native ``struct timespec``. Other architectures number the
 # option differently, so only these two are trusted.
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-_HAS_KERNEL_STAMPS = (sys.platform.startswith("linux")
-                      and platform.machine() in ("x86_64", "aarch64"))
+_HAS_KERNEL_STAMPS = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64")
 _TIMESPEC = struct.Struct("@ll")
 _ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if _HAS_KERNEL_STAMPS else 0
 # Linux turns receive timestamping on for the host when the first socket asks for it (the
@@ -237,8 +235,7 @@ def _watch_socket(stream: Any, clock: ReceiptClock) -> None:
     watch.clocks[fd] = clock
 
 
-def _kernel_time(ancdata: list, now_ns: int, _unpack: Any = _TIMESPEC.unpack_from,
-                 _time_ns: Any = time.time_ns) -> int:
+def _kernel_time(ancdata: list, now_ns: int, _unpack: Any = _TIMESPEC.unpack_from, _time_ns: Any = time.time_ns) -> int:
     """The receive timestamp among a read's control messages, moved from ``CLOCK_REALTIME``
     to the monotonic clock by the offset between the two now; ``now_ns`` if there is none."""
     try:
@@ -272,8 +269,7 @@ class _KernelStampedSocket(socket.socket):
         except TypeError:
             return super().recv_into(buffer, nbytes, flags)
         with view:
-            if (view.readonly or view.format != "B" or view.ndim != 1 or nbytes < 0
-                    or nbytes > view.nbytes):
+            if view.readonly or view.format != "B" or view.ndim != 1 or nbytes < 0 or nbytes > view.nbytes:
                 # Anything but a writable byte buffer that fits: the plain call (and its
                 # errors), unstamped.
                 return super().recv_into(buffer, nbytes, flags)
@@ -310,8 +306,7 @@ def _kernel_stamp_socket(stream: Any, clock: ReceiptClock) -> bool:
         return False
     transport = getattr(stream, "_transport", None)
     sock: Any = getattr(transport, "_sock", None)  # asyncio's selector transports keep it here
-    if type(sock) not in (socket.socket, _KernelStampedSocket) or sock.family not in (
-            socket.AF_INET, socket.AF_INET6):
+    if type(sock) not in (socket.socket, _KernelStampedSocket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return False
     fd = sock.fileno()
     if fd < 0:
@@ -356,8 +351,7 @@ def _stamping_class(cls: type) -> type:
         return stamping
     base_data_received = cls.data_received  # type: ignore[attr-defined]  # a protocol class
 
-    def data_received(self: Any, data: Any, _base: Any = base_data_received,
-                      _now: Any = time.perf_counter_ns) -> None:
+    def data_received(self: Any, data: Any, _base: Any = base_data_received, _now: Any = time.perf_counter_ns) -> None:
         clock = self.__dict__.get(_ATTRIBUTE)
         if clock is not None:
             read_ns = _now()
@@ -379,8 +373,7 @@ def _stamping_class(cls: type) -> type:
             clock.reads.append((clock.received, clock.read_ns))
         _base(self, data)
 
-    stamping = type(cls.__name__, (cls,), {"data_received": data_received,
-                                           "__module__": cls.__module__})
+    stamping = type(cls.__name__, (cls,), {"data_received": data_received, "__module__": cls.__module__})
     _stamping_classes[cls] = stamping
     return stamping
 

@@ -21,8 +21,7 @@ from typing import Any
 
 from inferpath.instrumentation import import_hooks
 
-__all__ = ["Integration", "INTEGRATIONS", "instrument_integrations", "uninstrument_integrations",
-           "active_integrations"]
+__all__ = ["Integration", "INTEGRATIONS", "instrument_integrations", "uninstrument_integrations", "active_integrations"]
 
 _logger = logging.getLogger(__name__)
 
@@ -46,14 +45,17 @@ INTEGRATIONS: tuple[Integration, ...] = (
     Integration("threads", "inferpath.instrumentation.threads", "concurrent.futures"),
     Integration("httpx", "inferpath.instrumentation.genai_http", "httpx", "httpx", (0, 23)),
     Integration("openai", "inferpath.instrumentation.openai_sdk", "openai", "openai", (1, 0)),
-    Integration("tokenizers", "inferpath.instrumentation.tokenizers", "tokenizers",
-                "tokenizers", (0, 13)),
-    Integration("transformers", "inferpath.instrumentation.transformers_tokenizers",
-                "transformers", "transformers", (4, 30), deferred=True),
-    Integration("tiktoken", "inferpath.instrumentation.tiktoken_tokens", "tiktoken",
-                "tiktoken", (0, 4)),
-    Integration("qdrant", "inferpath.instrumentation.qdrant", "qdrant_client", "qdrant-client",
-                (1, 10), deferred=True),
+    Integration("tokenizers", "inferpath.instrumentation.tokenizers", "tokenizers", "tokenizers", (0, 13)),
+    Integration(
+        "transformers",
+        "inferpath.instrumentation.transformers_tokenizers",
+        "transformers",
+        "transformers",
+        (4, 30),
+        deferred=True,
+    ),
+    Integration("tiktoken", "inferpath.instrumentation.tiktoken_tokens", "tiktoken", "tiktoken", (0, 4)),
+    Integration("qdrant", "inferpath.instrumentation.qdrant", "qdrant_client", "qdrant-client", (1, 10), deferred=True),
 )
 
 _active: dict[str, Any] = {}
@@ -79,8 +81,9 @@ def _unsupported_version(integration: Integration) -> str | None:
     return installed if _version_tuple(installed) < integration.min_version else None
 
 
-def instrument_integrations(*, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
-                            **options: Any) -> list[str]:
+def instrument_integrations(
+    *, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None, **options: Any
+) -> list[str]:
     """Instrument every registered integration whose library is installed, except ``skip``
     (or only those named in ``only``).
 
@@ -94,27 +97,27 @@ def instrument_integrations(*, skip: tuple[str, ...] = (), only: tuple[str, ...]
             continue
         try:
             if importlib.util.find_spec(integration.requires) is None:
-                _logger.info("inferpath: %s not installed; its integration is skipped",
-                             integration.requires)
+                _logger.info("inferpath: %s not installed; its integration is skipped", integration.requires)
                 continue
             too_old = _unsupported_version(integration)
             if too_old is not None:
-                _logger.info("inferpath: %s %s is older than the supported %s; its integration "
-                             "is skipped", integration.distribution, too_old,
-                             ".".join(map(str, integration.min_version)))
+                _logger.info(
+                    "inferpath: %s %s is older than the supported %s; its integration is skipped",
+                    integration.distribution,
+                    too_old,
+                    ".".join(map(str, integration.min_version)),
+                )
                 continue
             module = importlib.import_module(integration.module)
             if integration.deferred:
                 # Importing transformers or qdrant_client costs seconds: wait until the
                 # application imports it (at once if it already has).
-                import_hooks.when_imported(integration.requires,
-                                           _guarded(integration.name, module, options))
+                import_hooks.when_imported(integration.requires, _guarded(integration.name, module, options))
             else:
                 module.instrument_library(**options)
             _active[integration.name] = module
         except Exception:
-            _logger.warning("inferpath: integration %s failed and is skipped",
-                            integration.name, exc_info=True)
+            _logger.warning("inferpath: integration %s failed and is skipped", integration.name, exc_info=True)
     return active_integrations()
 
 

@@ -109,8 +109,7 @@ def _scalar_value(value: Any) -> Any:
     if kind in _OTEL_SCALARS:
         return value
     module = kind.__module__
-    if (module == "numpy" or module.startswith("numpy.")) and hasattr(value, "item") \
-            and getattr(value, "ndim", 0) == 0:
+    if (module == "numpy" or module.startswith("numpy.")) and hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
         if getattr(value, "itemsize", 8) < 8 and kind.__name__.startswith("float"):
             # np.float32(0.7).item() is 0.699999988...; its shortest text is the value meant.
             return float(str(value))

@@ -18,7 +18,8 @@ import contextvars
 import functools
 import inspect
 import logging
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -36,8 +37,8 @@ _INVALID_SPAN = NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
 # Open ``with`` entries of this task/thread: a module-level marker such as
 # ``RETRIEVAL = stage("retrieval")`` may be entered by many concurrent requests, and each
 # must close its own span, so the bookkeeping lives in the context, not on the marker.
-_open_entries: contextvars.ContextVar[tuple[tuple["Stage", Span, object | None], ...]] = (
-    contextvars.ContextVar("inferpath_open_stages", default=())
+_open_entries: contextvars.ContextVar[tuple[tuple[Stage, Span, object | None], ...]] = contextvars.ContextVar(
+    "inferpath_open_stages", default=()
 )
 
 
@@ -56,9 +57,7 @@ class Stage:
     # -- span lifecycle, every step guarded ------------------------------------------
     def _start(self) -> tuple[Span, object | None]:
         try:
-            span = provider.get_tracer().start_span(
-                self.name, kind=SpanKind.INTERNAL, attributes=self.attributes
-            )
+            span = provider.get_tracer().start_span(self.name, kind=SpanKind.INTERNAL, attributes=self.attributes)
             token = otel_context.attach(trace.set_span_in_context(span))
             return span, token
         except Exception:
@@ -89,7 +88,7 @@ class Stage:
         for index in range(len(entries) - 1, -1, -1):
             if entries[index][0] is self:
                 _, span, token = entries[index]
-                _open_entries.set(entries[:index] + entries[index + 1:])
+                _open_entries.set(entries[:index] + entries[index + 1 :])
                 self._end(span, token, exc)
                 break
         return None  # never swallow the caller's exception
@@ -103,6 +102,7 @@ class Stage:
     # -- decorator ---------------------------------------------------------------------
     def __call__(self, func: F) -> F:
         if inspect.iscoroutinefunction(func):
+
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 span, token = self._start()

@@ -21,7 +21,8 @@ from __future__ import annotations
 import codecs
 import json
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = [
     "TokenTimeline",
@@ -45,8 +46,16 @@ class TokenTimeline:
     :meth:`finish` at the end of the stream.
     """
 
-    __slots__ = ("start_ns", "end_ns", "_last_silent_ns", "_silent_chunks", "_token_ns",
-                 "_extra_tokens", "usage_output_tokens", "usage_input_tokens")
+    __slots__ = (
+        "start_ns",
+        "end_ns",
+        "_last_silent_ns",
+        "_silent_chunks",
+        "_token_ns",
+        "_extra_tokens",
+        "usage_output_tokens",
+        "usage_input_tokens",
+    )
 
     def __init__(self, start_ns: int | None = None) -> None:
         self.start_ns: int = time.perf_counter_ns() if start_ns is None else start_ns
@@ -223,8 +232,9 @@ class SSEParser:
     def idle(self) -> bool:
         """True between events: no partial line, open event, pending ``\\r`` or partial
         UTF-8 character is held, so the next byte starts a new event."""
-        return (not self._buffer and self._data_lines is None and not self._pending_cr
-                and not self._decoder.getstate()[0])
+        return (
+            not self._buffer and self._data_lines is None and not self._pending_cr and not self._decoder.getstate()[0]
+        )
 
     def close(self) -> list[str]:
         """End of body: returns the payload of an event left without its blank line.
@@ -295,9 +305,12 @@ def visible_token_count(chunk: dict[str, Any]) -> int:
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             continue
-        if (_non_empty(delta.get("content")) or _non_empty(delta.get("tool_calls"))
-                or _non_empty(delta.get("reasoning_content"))
-                or _non_empty(delta.get("reasoning"))):
+        if (
+            _non_empty(delta.get("content"))
+            or _non_empty(delta.get("tool_calls"))
+            or _non_empty(delta.get("reasoning_content"))
+            or _non_empty(delta.get("reasoning"))
+        ):
             count += 1
     return count
 
@@ -367,9 +380,23 @@ class ChatStreamMeter:
     ``decoded_payloads`` (events decoded to be measured, i.e. not by their bytes).
     """
 
-    __slots__ = ("parser", "timeline", "decode_chunks", "unparsed_payloads", "decoded_payloads",
-                 "response_model", "finish_reasons", "_decoded_chat_chunks", "_decoded_visible",
-                 "_append_token", "_template", "_frame", "_fast_frame", "_parser_idle", "_learned")
+    __slots__ = (
+        "parser",
+        "timeline",
+        "decode_chunks",
+        "unparsed_payloads",
+        "decoded_payloads",
+        "response_model",
+        "finish_reasons",
+        "_decoded_chat_chunks",
+        "_decoded_visible",
+        "_append_token",
+        "_template",
+        "_frame",
+        "_fast_frame",
+        "_parser_idle",
+        "_learned",
+    )
 
     def __init__(self, start_ns: int | None = None, *, decode_chunks: bool = True) -> None:
         self.parser = SSEParser()
@@ -405,8 +432,12 @@ class ChatStreamMeter:
             # The common read: exactly one plain token event, settled by three C calls.
             try:
                 size = len(data)
-                plain = (size > least and data.find(b'"', head) == size - tail
-                         and data.startswith(prefix) and data.endswith(suffix))
+                plain = (
+                    size > least
+                    and data.find(b'"', head) == size - tail
+                    and data.startswith(prefix)
+                    and data.endswith(suffix)
+                )
             except TypeError:  # a str read: the parser takes it
                 plain = False
             if plain:
@@ -473,7 +504,7 @@ class ChatStreamMeter:
             end = data.find(_FRAME_END, start)
             if end == -1 or not data.startswith(b"data:", start) or data.find(b"\n", start) != end:
                 break
-            body = start + 6 if data[start + 5:start + 6] == b" " else start + 5
+            body = start + 6 if data[start + 5 : start + 6] == b" " else start + 5
             payload = data[body:end]
             start = end + 2
             if self._is_plain_token(payload):
@@ -498,8 +529,12 @@ class ChatStreamMeter:
             return False
         prefix, suffix, least, _model = template
         size = len(payload)
-        return (size > least and payload.find(b'"', len(prefix)) == size - len(suffix)
-                and payload.startswith(prefix) and payload.endswith(suffix))
+        return (
+            size > least
+            and payload.find(b'"', len(prefix)) == size - len(suffix)
+            and payload.startswith(prefix)
+            and payload.endswith(suffix)
+        )
 
     def _forget_template(self) -> None:
         self._template = self._frame = self._fast_frame = None
@@ -523,26 +558,30 @@ class ChatStreamMeter:
         if raw.count(_CONTENT_KEY) != 1:
             return
         opening = raw.find(_CONTENT_KEY) + len(_CONTENT_KEY)
-        while raw[opening:opening + 1] in (b" ", b"\t", b"\n", b"\r"):
+        while raw[opening : opening + 1] in (b" ", b"\t", b"\n", b"\r"):
             opening += 1
-        if raw[opening:opening + 1] != b'"':
+        if raw[opening : opening + 1] != b'"':
             return
         closing = raw.find(b'"', opening + 1)
-        written = raw[opening + 1:closing]
+        written = raw[opening + 1 : closing]
         if closing == -1 or b"\\" in written or written.decode("utf-8", "replace") != text:
             return
-        prefix, suffix = raw[:opening + 1], raw[closing:]
+        prefix, suffix = raw[: opening + 1], raw[closing:]
         after_next_quote = suffix.find(b'"', 1) + 1
-        if after_next_quote and suffix[after_next_quote:after_next_quote + 1] in _AFTER_STRING:
+        if after_next_quote and suffix[after_next_quote : after_next_quote + 1] in _AFTER_STRING:
             return  # a text ending in a backslash could then be valid JSON (class docstring)
         self._template = (prefix, suffix, len(prefix) + len(suffix), chunk.get("model"))
         frame_prefix, frame_suffix = _FRAME_START + prefix, suffix + _FRAME_END
-        self._frame = (frame_prefix, frame_suffix, len(frame_prefix), len(frame_suffix),
-                       len(frame_prefix) + len(frame_suffix))
+        self._frame = (
+            frame_prefix,
+            frame_suffix,
+            len(frame_prefix),
+            len(frame_suffix),
+            len(frame_prefix) + len(frame_suffix),
+        )
         self._fast_frame = self._frame if self._parser_idle else None
 
-    def _consume(self, payloads: Iterable[str], at_ns: int,
-                 raw: bytes | None = None) -> list[dict[str, Any]]:
+    def _consume(self, payloads: Iterable[str], at_ns: int, raw: bytes | None = None) -> list[dict[str, Any]]:
         chunks: list[dict[str, Any]] = []
         timeline = self.timeline
         for payload in payloads:

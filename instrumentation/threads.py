@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from inferpath.instrumentation.patching import is_wrapped, unwrap_methods, wrap_methods
 
-__all__ = ["instrument_library", "uninstrument_library", "is_instrumented", "wrap_executor",
-           "ContextExecutor"]
+__all__ = ["instrument_library", "uninstrument_library", "is_instrumented", "wrap_executor", "ContextExecutor"]
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ class ContextExecutor(concurrent.futures.Executor):
     def __init__(self, inner: concurrent.futures.Executor) -> None:
         self.inner = inner
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> "concurrent.futures.Future[T]":
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         return self.inner.submit(contextvars.copy_context().run, fn, *args, **kwargs)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

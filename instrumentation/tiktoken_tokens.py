@@ -28,8 +28,15 @@ from typing import Any
 from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 from inferpath.instrumentation.tokenizers import run_traced
 
-__all__ = ["TokenCount", "count_tokens", "load_cached_encoding", "instrument_library",
-           "uninstrument_library", "CHARS_PER_TOKEN_ESTIMATE", "ATTR_ESTIMATED"]
+__all__ = [
+    "TokenCount",
+    "count_tokens",
+    "load_cached_encoding",
+    "instrument_library",
+    "uninstrument_library",
+    "CHARS_PER_TOKEN_ESTIMATE",
+    "ATTR_ESTIMATED",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -55,8 +62,7 @@ class DownloadBlocked(OSError):
 
 
 def _blocked_read_file(blobpath: str) -> bytes:
-    raise DownloadBlocked(f"inferpath loads tiktoken encodings from the cache only; "
-                          f"{blobpath} is not cached")
+    raise DownloadBlocked(f"inferpath loads tiktoken encodings from the cache only; {blobpath} is not cached")
 
 
 def load_cached_encoding(encoding_name: str) -> Any | None:
@@ -84,13 +90,20 @@ def load_cached_encoding(encoding_name: str) -> Any | None:
             finally:
                 tiktoken_load.read_file = original
         except ImportError:
-            _logger.warning("inferpath: tiktoken is not installed; token counts for %s are "
-                            "estimated (characters / %d)", encoding_name, CHARS_PER_TOKEN_ESTIMATE)
+            _logger.warning(
+                "inferpath: tiktoken is not installed; token counts for %s are estimated (characters / %d)",
+                encoding_name,
+                CHARS_PER_TOKEN_ESTIMATE,
+            )
         except Exception as error:
-            _logger.warning("inferpath: tiktoken encoding %s is not in the local cache (%s); "
-                            "token counts are estimated (characters / %d) and no download is "
-                            "attempted", encoding_name, type(error).__name__,
-                            CHARS_PER_TOKEN_ESTIMATE)
+            _logger.warning(
+                "inferpath: tiktoken encoding %s is not in the local cache (%s); "
+                "token counts are estimated (characters / %d) and no download is "
+                "attempted",
+                encoding_name,
+                type(error).__name__,
+                CHARS_PER_TOKEN_ESTIMATE,
+            )
         _encodings[encoding_name] = encoding
         return encoding
 
@@ -105,12 +118,12 @@ def count_tokens(text: str, encoding_name: str = "cl100k_base") -> TokenCount:
         raise TypeError(f"text must be a str, got {type(text)!r}")
     encoding = load_cached_encoding(encoding_name)
     if encoding is not None:
-        tokens = run_traced(encoding.encode, (text,), {"disallowed_special": ()}, len,
-                            attributes={ATTR_ESTIMATED: False})
+        tokens = run_traced(
+            encoding.encode, (text,), {"disallowed_special": ()}, len, attributes={ATTR_ESTIMATED: False}
+        )
         return TokenCount(len(tokens), False)
     estimate = math.ceil(len(text) / CHARS_PER_TOKEN_ESTIMATE)
-    run_traced(lambda: estimate, (), {}, lambda result: result,
-               attributes={ATTR_ESTIMATED: True})
+    run_traced(lambda: estimate, (), {}, lambda result: result, attributes={ATTR_ESTIMATED: True})
     return TokenCount(estimate, True)
 
 
@@ -122,16 +135,16 @@ def _traced(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _traced_batch(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
-    return run_traced(wrapped, args, kwargs, lambda result: sum(len(ids) for ids in result),
-                      batch_size=len, require_parent=True)
+    return run_traced(
+        wrapped, args, kwargs, lambda result: sum(len(ids) for ids in result), batch_size=len, require_parent=True
+    )
 
 
 def instrument_library(**_options: Any) -> None:
     """Wrap ``tiktoken.Encoding``'s encode methods (idempotent)."""
     import tiktoken
 
-    wrap_methods(tiktoken.Encoding, {name: _traced_batch if name.endswith("_batch") else _traced
-                                     for name in _METHODS})
+    wrap_methods(tiktoken.Encoding, {name: _traced_batch if name.endswith("_batch") else _traced for name in _METHODS})
 
 
 def uninstrument_library() -> None:

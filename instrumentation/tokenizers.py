@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -21,14 +22,12 @@ from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
 from inferpath.instrumentation.patching import unwrap_methods, wrap_methods
 
-__all__ = ["instrument_tokenizer", "InstrumentedTokenizer", "run_traced", "instrument_library",
-           "uninstrument_library"]
+__all__ = ["instrument_tokenizer", "InstrumentedTokenizer", "run_traced", "instrument_library", "uninstrument_library"]
 
 _logger = logging.getLogger(__name__)
 # True while a tokenize span of this task/thread is open: libraries call their own
 # encode methods from one another, and one user call must make one span.
-_in_tokenize: contextvars.ContextVar[bool] = contextvars.ContextVar("inferpath_in_tokenize",
-                                                                    default=False)
+_in_tokenize: contextvars.ContextVar[bool] = contextvars.ContextVar("inferpath_in_tokenize", default=False)
 
 
 class InstrumentedTokenizer:
@@ -56,16 +55,25 @@ class InstrumentedTokenizer:
     @staticmethod
     def _traced(method: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, batch: bool) -> Any:
         if batch:
-            return run_traced(method, args, kwargs,
-                              lambda result: sum(len(encoding.ids) for encoding in result),
-                              batch_size=lambda result: len(result))
+            return run_traced(
+                method,
+                args,
+                kwargs,
+                lambda result: sum(len(encoding.ids) for encoding in result),
+                batch_size=lambda result: len(result),
+            )
         return run_traced(method, args, kwargs, lambda result: len(result.ids))
 
 
-def run_traced(method: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               count_tokens: Callable[[Any], int],
-               batch_size: Callable[[Any], int] | None = None,
-               attributes: dict[str, Any] | None = None, require_parent: bool = False) -> Any:
+def run_traced(
+    method: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    count_tokens: Callable[[Any], int],
+    batch_size: Callable[[Any], int] | None = None,
+    attributes: dict[str, Any] | None = None,
+    require_parent: bool = False,
+) -> Any:
     """Call ``method(*args, **kwargs)`` inside one INTERNAL ``tokenize`` span.
 
     ``count_tokens(result)`` gives ``gen_ai.usage.input_tokens``; ``batch_size(result)``,
@@ -78,12 +86,12 @@ def run_traced(method: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     set it: tokenizing at start-up is not a stage of any request, and worker threads of a
     library's own batch pool (tiktoken's ``encode_batch``) must not become root spans.
     """
-    if _in_tokenize.get() or (
-            require_parent and not trace.get_current_span().get_span_context().is_valid):
+    if _in_tokenize.get() or (require_parent and not trace.get_current_span().get_span_context().is_valid):
         return method(*args, **kwargs)
     try:
         span = provider.get_tracer().start_span(
-            "tokenize", kind=SpanKind.INTERNAL, attributes={sc.STAGE: "tokenize", **(attributes or {})})
+            "tokenize", kind=SpanKind.INTERNAL, attributes={sc.STAGE: "tokenize", **(attributes or {})}
+        )
     except Exception:
         _logger.warning("inferpath: could not start a tokenize span", exc_info=True)
         return method(*args, **kwargs)
@@ -135,9 +143,14 @@ def _traced(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _traced_batch(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
-    return run_traced(wrapped, args, kwargs,
-                      lambda result: sum(len(encoding.ids) for encoding in result),
-                      batch_size=len, require_parent=True)
+    return run_traced(
+        wrapped,
+        args,
+        kwargs,
+        lambda result: sum(len(encoding.ids) for encoding in result),
+        batch_size=len,
+        require_parent=True,
+    )
 
 
 def instrument_library(**_options: Any) -> None:
@@ -149,8 +162,11 @@ def instrument_library(**_options: Any) -> None:
     """
     import tokenizers
 
-    wrap_methods(tokenizers.Tokenizer, {name: _traced if name == "encode" else _traced_batch
-                                        for name in _PATCHED_METHODS}, inherited=True)
+    wrap_methods(
+        tokenizers.Tokenizer,
+        {name: _traced if name == "encode" else _traced_batch for name in _PATCHED_METHODS},
+        inherited=True,
+    )
 
 
 def uninstrument_library() -> None:

@@ -18,7 +18,7 @@ the SDK's ASGI getter would take the first line).
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -76,8 +76,11 @@ def parent_context(headers: Iterable[tuple[bytes, bytes]]) -> Context | None:
         if sum(map(len, tracestate)) + len(tracestate) - 1 <= _MAX_TRACESTATE_CHARS:
             state = TraceState.from_header(tracestate)
     span_context = trace.SpanContext(
-        trace_id=int(trace_id_hex, 16), span_id=int(span_id_hex, 16), is_remote=True,
-        trace_flags=_FLAGS[int(flags_hex, 16)], trace_state=state,
+        trace_id=int(trace_id_hex, 16),
+        span_id=int(span_id_hex, 16),
+        is_remote=True,
+        trace_flags=_FLAGS[int(flags_hex, 16)],
+        trace_state=state,
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(span_context), Context())
 

@@ -38,9 +38,14 @@ def count_input_ids(result: Any) -> int:
 
 
 def _traced(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> Any:
-    return run_traced(wrapped, args, kwargs, count_input_ids,
-                      attributes={"inferpath.tokenize.library": "transformers"},
-                      require_parent=True)
+    return run_traced(
+        wrapped,
+        args,
+        kwargs,
+        count_input_ids,
+        attributes={"inferpath.tokenize.library": "transformers"},
+        require_parent=True,
+    )
 
 
 def instrument_library(**_options: Any) -> None:

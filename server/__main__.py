@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -26,7 +26,6 @@ from inferpath.config import (
 from inferpath.server.runtime import ListenError, StoreOpenError, serve_forever
 from inferpath.server.services import BackgroundService
 
-
 QUIET_LOGGERS = ("httpx", "httpcore")
 """Libraries that log every HTTP call at INFO: the collectors' scrapes made two such lines a
 second, which buried the server's own messages. They keep WARNING and above."""
@@ -40,9 +39,12 @@ def configure_logging(level: int = logging.INFO) -> None:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
 
 
-def main(argv: list[str] | None = None, *,
-         services_for: Callable[[Settings], Sequence[BackgroundService]] | None = None,
-         prog: str = "python -m inferpath.server") -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    services_for: Callable[[Settings], Sequence[BackgroundService]] | None = None,
+    prog: str = "python -m inferpath.server",
+) -> int:
     """Parse ``argv``, build the settings, serve until SIGINT/SIGTERM. ``services_for``: the
     services to run over the settings (none by default). Returns 0 after a clean stop, 1
     when the address or the store cannot be used, 2 for invalid configuration (a
@@ -50,23 +52,35 @@ def main(argv: list[str] | None = None, *,
     defaults = Settings.model_fields
     parser = argparse.ArgumentParser(
         prog=prog,
-        description=("The inferpath server alone" if services_for is None else "The inferpath server") +
-                    ": OTLP/HTTP receiver, request assembly, read API. Each flag overrides its INFERPATH_*"
-                    " variable.",
+        description=("The inferpath server alone" if services_for is None else "The inferpath server")
+        + ": OTLP/HTTP receiver, request assembly, read API. Each flag overrides its INFERPATH_*"
+        " variable.",
         epilog=f"Other settings come from the environment only, e.g. {ENV_TOKEN} (a bearer token that ingest,"
-               f" reads and /metrics then require), {ENV_MAX_BODY_BYTES} (413 above it, default"
-               f" {defaults['max_body_bytes'].default} bytes), {ENV_TTL_DAYS}; all of them: the Settings class in"
-               " inferpath/config.py.")
-    parser.add_argument("--host", default=None,
-                        help=f"listen address (default {ENV_HOST} or {defaults['host'].default})")
-    parser.add_argument("--port", type=int, default=None,
-                        help=f"listen port (default {ENV_PORT} or {defaults['port'].default}; 0: any free port)")
-    parser.add_argument("--store", default=None,
-                        help=f"chdb:///path or http(s)://host:port/db (default {ENV_STORE} or embedded chDB"
-                             " in the user data folder)")
-    parser.add_argument("--scrape", action="append", default=None,
-                        help="scrape target SOURCE=URL, e.g. vllm=http://127.0.0.1:8000/metrics (repeatable;"
-                             f" default {ENV_SCRAPE_TARGETS} or none)")
+        f" reads and /metrics then require), {ENV_MAX_BODY_BYTES} (413 above it, default"
+        f" {defaults['max_body_bytes'].default} bytes), {ENV_TTL_DAYS}; all of them: the Settings class in"
+        " inferpath/config.py.",
+    )
+    parser.add_argument(
+        "--host", default=None, help=f"listen address (default {ENV_HOST} or {defaults['host'].default})"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"listen port (default {ENV_PORT} or {defaults['port'].default}; 0: any free port)",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        help=f"chdb:///path or http(s)://host:port/db (default {ENV_STORE} or embedded chDB in the user data folder)",
+    )
+    parser.add_argument(
+        "--scrape",
+        action="append",
+        default=None,
+        help="scrape target SOURCE=URL, e.g. vllm=http://127.0.0.1:8000/metrics (repeatable;"
+        f" default {ENV_SCRAPE_TARGETS} or none)",
+    )
     args = parser.parse_args(argv)
     overrides: dict[str, object] = {"host": args.host, "port": args.port, "store_url": args.store}
     if args.scrape:

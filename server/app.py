@@ -41,6 +41,7 @@ from starlette.requests import ClientDisconnect
 
 import inferpath
 from inferpath.ratelimited_log import RateLimitedLog
+from inferpath.server.ingest import CommitResult, dedup_token
 from inferpath.server.otlp import (
     BodyTooLargeError,
     DecodedMetrics,
@@ -50,7 +51,6 @@ from inferpath.server.otlp import (
     decode_metrics_request,
     decode_trace_request,
 )
-from inferpath.server.ingest import CommitResult, dedup_token
 from inferpath.server.otlp_body import BodyFormat, body_format, encode_message
 from inferpath.server.read_api import router as read_router
 from inferpath.server.selfmetrics import make_registry
@@ -67,19 +67,26 @@ _MEDIA_TYPES = {"protobuf": "application/x-protobuf", "json": "application/json"
 _INVALID_ARGUMENT, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNAVAILABLE, _UNAUTHENTICATED = 3, 4, 8, 14, 16
 _UNIMPLEMENTED = 12
 
-LOGS_NOT_ACCEPTED = ("inferpath does not accept OTLP logs: it stores traces (POST /v1/traces) and metrics "
-                     "(POST /v1/metrics); send logs to an OpenTelemetry Collector or a log backend instead")
+LOGS_NOT_ACCEPTED = (
+    "inferpath does not accept OTLP logs: it stores traces (POST /v1/traces) and metrics "
+    "(POST /v1/metrics); send logs to an OpenTelemetry Collector or a log backend instead"
+)
 
 
 class _BodyTooLarge(Exception):
     pass
 
 
-def _status_response(http_status: int, code: int, message: str, fmt: BodyFormat | None,
-                     headers: dict[str, str] | None = None) -> Response:
+def _status_response(
+    http_status: int, code: int, message: str, fmt: BodyFormat | None, headers: dict[str, str] | None = None
+) -> Response:
     fmt = fmt or "json"
-    return Response(encode_message(status_pb2.Status(code=code, message=message), fmt),
-                    status_code=http_status, media_type=_MEDIA_TYPES[fmt], headers=headers)
+    return Response(
+        encode_message(status_pb2.Status(code=code, message=message), fmt),
+        status_code=http_status,
+        media_type=_MEDIA_TYPES[fmt],
+        headers=headers,
+    )
 
 
 async def _read_body(request: Request, max_bytes: int) -> bytes:
@@ -110,8 +117,9 @@ def _auth_dependency(token: str | None):
         # The scheme is case-insensitive (RFC 9110 §11.1); the token is compared in constant time.
         scheme, _, credentials = request.headers.get("authorization", "").strip().partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip().encode(), expected):
-            raise HTTPException(status_code=401, detail="missing or wrong bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                status_code=401, detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
 
     return require_token
 
@@ -141,8 +149,9 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     """
     settings = runtime.settings
     guard = Depends(_auth_dependency(settings.token))
-    app = FastAPI(title="inferpath", version=inferpath.__version__,
-                  description="OTLP/HTTP receiver and read API of inferpath.")
+    app = FastAPI(
+        title="inferpath", version=inferpath.__version__, description="OTLP/HTTP receiver and read API of inferpath."
+    )
     app.state.runtime = runtime
     registry = make_registry(runtime)
     # What the server refused or dropped of a client's exports, said in the server's log too
@@ -151,12 +160,20 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     refusals = RateLimitedLog(logger, interval_seconds=10.0)
     partial_rejections = RateLimitedLog(logger, interval_seconds=10.0)
 
-    def _refused(request: Request, signal: str, http_status: int, code: int, message: str,
-                 fmt: BodyFormat | None, headers: dict[str, str] | None = None) -> Response:
+    def _refused(
+        request: Request,
+        signal: str,
+        http_status: int,
+        code: int,
+        message: str,
+        fmt: BodyFormat | None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
         """Count and log a refusal (4xx, or the 501 of ``/v1/logs``) of an OTLP export, and build it."""
         runtime.count_bad_request()
-        refusals.warning("OTLP %s export from %s answered %d: %s", signal, _peer(request), http_status,
-                         _bounded(message))
+        refusals.warning(
+            "OTLP %s export from %s answered %d: %s", signal, _peer(request), http_status, _bounded(message)
+        )
         return _status_response(http_status, code, message, fmt, headers=headers)
 
     @app.exception_handler(HTTPException)
@@ -172,15 +189,15 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             fmt = None
         code = _UNAUTHENTICATED if exc.status_code == 401 else _INVALID_ARGUMENT
         if exc.status_code == 401:  # not a malformed export: logged, not counted as one
-            refusals.warning("OTLP export to %s from %s answered 401: %s", request.url.path, _peer(request),
-                             exc.detail)
+            refusals.warning("OTLP export to %s from %s answered 401: %s", request.url.path, _peer(request), exc.detail)
         return _status_response(exc.status_code, code, str(exc.detail), fmt, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_errors(request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's 422, with over-long inputs cut (the messages name the parameter).
         return await request_validation_exception_handler(
-            request, RequestValidationError(_bounded(list(exc.errors())), body=None))
+            request, RequestValidationError(_bounded(list(exc.errors())), body=None)
+        )
 
     async def _ingest(request: Request, signal: str) -> Response:
         content_type = request.headers.get("content-type")
@@ -197,18 +214,35 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             return _unavailable(admission, fmt)
         with admission:
             try:
-                body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes),
-                                              settings.body_read_timeout_seconds)
-            except asyncio.TimeoutError:  # a stalled upload must not hold its in-flight slot
-                return _refused(request, signal, 408, _DEADLINE_EXCEEDED,
-                                f"body not received within body_read_timeout_seconds="
-                                f"{settings.body_read_timeout_seconds:g}", fmt, headers={"Connection": "close"})
+                body = await asyncio.wait_for(
+                    _read_body(request, settings.max_body_bytes), settings.body_read_timeout_seconds
+                )
+            except TimeoutError:  # a stalled upload must not hold its in-flight slot
+                return _refused(
+                    request,
+                    signal,
+                    408,
+                    _DEADLINE_EXCEEDED,
+                    f"body not received within body_read_timeout_seconds={settings.body_read_timeout_seconds:g}",
+                    fmt,
+                    headers={"Connection": "close"},
+                )
             except _BodyTooLarge:
-                return _refused(request, signal, 413, _RESOURCE_EXHAUSTED,
-                                f"body exceeds max_body_bytes={settings.max_body_bytes}", fmt)
+                return _refused(
+                    request,
+                    signal,
+                    413,
+                    _RESOURCE_EXHAUSTED,
+                    f"body exceeds max_body_bytes={settings.max_body_bytes}",
+                    fmt,
+                )
             except ClientDisconnect:  # the exporter gave up mid-upload (its timeout): nothing to answer
-                refusals.log(logging.INFO, "OTLP %s export from %s ended before its whole body arrived"
-                             " (client disconnected)", signal, _peer(request))
+                refusals.log(
+                    logging.INFO,
+                    "OTLP %s export from %s ended before its whole body arrived (client disconnected)",
+                    signal,
+                    _peer(request),
+                )
                 return Response(status_code=400)
             if signal != "traces":
                 return await _decode_and_commit(request, signal, body, content_type, fmt)
@@ -219,21 +253,24 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                 return await _decode_and_commit(request, signal, body, content_type, fmt)
 
     def _unavailable(result: CommitResult, fmt: BodyFormat | None) -> Response:
-        return _status_response(503, _UNAVAILABLE, result.message, fmt,
-                                headers={"Retry-After": str(result.retry_after_seconds)})
+        return _status_response(
+            503, _UNAVAILABLE, result.message, fmt, headers={"Retry-After": str(result.retry_after_seconds)}
+        )
 
-    async def _decode_and_commit(request: Request, signal: str, body: bytes, content_type: str | None,
-                                 fmt: BodyFormat | None) -> Response:
+    async def _decode_and_commit(
+        request: Request, signal: str, body: bytes, content_type: str | None, fmt: BodyFormat | None
+    ) -> Response:
         content_encoding = request.headers.get("content-encoding")
         decode = decode_trace_request if signal == "traces" else decode_metrics_request
         # Items older than the table's TTL would vanish at insert: reject them with a reason.
-        oldest_unix_ns = runtime.oldest_storable_unix_ns(
-            "otel_traces" if signal == "traces" else "otel_metrics_gauge")
+        oldest_unix_ns = runtime.oldest_storable_unix_ns("otel_traces" if signal == "traces" else "otel_metrics_gauge")
+
         def decode_and_commit() -> tuple[DecodedSpans | DecodedMetrics, CommitResult] | Exception:
             # One worker-thread hop per export: decoding and committing are both blocking.
             try:
-                decoded = decode(body, content_type=content_type, content_encoding=content_encoding,
-                                 oldest_unix_ns=oldest_unix_ns)
+                decoded = decode(
+                    body, content_type=content_type, content_encoding=content_encoding, oldest_unix_ns=oldest_unix_ns
+                )
             except Exception as exc:  # noqa: BLE001 - answered below, never raised into the loop
                 return exc
             token = dedup_token(signal, content_type, content_encoding, body)
@@ -269,8 +306,12 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             return _unavailable(result, fmt)
         partial = response.partial_success
         if partial.rejected_spans if isinstance(decoded, DecodedSpans) else partial.rejected_data_points:
-            partial_rejections.warning("OTLP %s export from %s stored without what it rejected: %s", signal,
-                                       _peer(request), _bounded(partial.error_message))
+            partial_rejections.warning(
+                "OTLP %s export from %s stored without what it rejected: %s",
+                signal,
+                _peer(request),
+                _bounded(partial.error_message),
+            )
         return Response(encode_message(response, fmt), media_type=_MEDIA_TYPES[fmt])
 
     @app.post("/v1/traces", dependencies=[guard], tags=["otlp"])
@@ -305,8 +346,11 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         ``"unavailable"`` while inserts back off after a store error."""
         if runtime.closed:
             raise HTTPException(status_code=503, detail="shutting down")
-        return {"status": "ok", "version": inferpath.__version__,
-                "store": "available" if runtime.ingest.store_available else "unavailable"}
+        return {
+            "status": "ok",
+            "version": inferpath.__version__,
+            "store": "available" if runtime.ingest.store_available else "unavailable",
+        }
 
     @app.get("/metrics", dependencies=[guard], tags=["ops"])
     async def metrics() -> Response:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
-from typing import Callable, Iterable
 
 from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.server.derive import DerivationCounts, assemble_request, seconds_to_ns, union_ns
@@ -62,7 +62,7 @@ def read_trace_spans(store: Store, trace_ids: Iterable[str]) -> dict[str, list[S
     ids = list(dict.fromkeys(trace_ids))
     out: dict[str, list[SpanRow]] = {}
     for offset in range(0, len(ids), _READ_BATCH_TRACES):
-        chunk = ids[offset:offset + _READ_BATCH_TRACES]
+        chunk = ids[offset : offset + _READ_BATCH_TRACES]
         rows = store.query(
             f"SELECT {_SPAN_SELECT} FROM otel_traces WHERE TraceId IN {{ids:Array(String)}}",
             {"ids": chunk},
@@ -158,8 +158,12 @@ class RequestAssembler:
             except Exception as exc:  # noqa: BLE001 - without a cutoff, read everything back
                 logger.warning("could not read the newest stored span; request rows are read back: %s", exc)
             else:
-                self._buffer = SpanBuffer(cutoff, max_spans=max_held_spans, max_traces=max_held_traces,
-                                          late_window_seconds=late_window_seconds)
+                self._buffer = SpanBuffer(
+                    cutoff,
+                    max_spans=max_held_spans,
+                    max_traces=max_held_traces,
+                    late_window_seconds=late_window_seconds,
+                )
 
     @property
     def pending_traces(self) -> int:
@@ -228,8 +232,12 @@ class RequestAssembler:
         began = time.monotonic()
         deadline = began + self.max_room_wait_seconds
         waited = False
-        while (buffer.pending_spans and not buffer.has_room_for(spans, traces)
-               and thread.is_alive() and not self._stop.is_set()):
+        while (
+            buffer.pending_spans
+            and not buffer.has_room_for(spans, traces)
+            and thread.is_alive()
+            and not self._stop.is_set()
+        ):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -265,8 +273,7 @@ class RequestAssembler:
             memory: dict[str, list[SpanRow]] = {}
             unverified: list[str] = []
             with self._lock:
-                due = [t for t, noted in self._pending.items()
-                       if force or stamp - noted >= self.settle_seconds]
+                due = [t for t, noted in self._pending.items() if force or stamp - noted >= self.settle_seconds]
                 for trace_id in due:
                     del self._pending[trace_id]
                 if buffer is not None:
@@ -316,7 +323,9 @@ class RequestAssembler:
             if ignored:
                 self._ignored_timings_log.warning(
                     "ignored %d malformed chunk event(s) or first-token time(s) (before the span's start, after "
-                    "its end, or unparsable); the span's other measures were kept", ignored)
+                    "its end, or unparsable); the span's other measures were kept",
+                    ignored,
+                )
             self.assembled_from_memory_total += len(memory)
             self.assembled_from_store_total += len(due) - len(memory)
             if rows and self.writer.submit(rows):
@@ -332,9 +341,8 @@ class RequestAssembler:
         stale: set[str] = set(malformed)
         cutoff = self._buffer.cutoff_unix_s
         for offset in range(0, len(ids), _CHECK_BATCH_TRACES):
-            chunk = ids[offset:offset + _CHECK_BATCH_TRACES]
-            stale.update(row[0] for row in self.store.query(STORED_BEFORE_CUTOFF_SQL,
-                                                            {"ids": chunk, "cutoff": cutoff}))
+            chunk = ids[offset : offset + _CHECK_BATCH_TRACES]
+            stale.update(row[0] for row in self.store.query(STORED_BEFORE_CUTOFF_SQL, {"ids": chunk, "cutoff": cutoff}))
         with self._lock:
             for trace_id in stale:
                 self._buffer.demote(trace_id)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Iterable
 from decimal import Decimal
-from typing import Any, Iterable
+from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
@@ -69,8 +70,13 @@ def _go_json(raw: Any) -> str:
         return _go_json(base64.b64encode(raw).decode("ascii"))
     if isinstance(raw, str):
         text = json.dumps(raw, ensure_ascii=False)
-        return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-                .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+        return (
+            text.replace("<", "\\u003c")
+            .replace(">", "\\u003e")
+            .replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028")
+            .replace("\u2029", "\\u2029")
+        )
     if isinstance(raw, dict):
         items = ",".join(f"{_go_json(key)}:{_go_json(raw[key])}" for key in sorted(raw))
         return "{" + items + "}"

@@ -30,16 +30,25 @@ stored start (wall clock, µs resolution) and ``duration_ns`` (the emitter's clo
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
-from typing import Iterable, Sequence
 
 from inferpath.server import engine_sources, sources
 from inferpath.server.engine_sources import union_ns
 from inferpath.server.sources import DerivationCounts, TTFTReading, seconds_to_ns, span_ttft
 from inferpath.storage.rows import RequestRow, SpanRow
 
-__all__ = ["assemble_request", "DerivationCounts", "seconds_to_ns", "union_ns", "dedup_spans", "derivation_view", "derivation_view_fields",
-           "derivation_attributes", "derivation_resource_attributes"]
+__all__ = [
+    "assemble_request",
+    "DerivationCounts",
+    "seconds_to_ns",
+    "union_ns",
+    "dedup_spans",
+    "derivation_view",
+    "derivation_view_fields",
+    "derivation_attributes",
+    "derivation_resource_attributes",
+]
 
 STAGE = "inferpath.stage"
 TTFT_SECONDS = "gen_ai.response.time_to_first_chunk"
@@ -64,10 +73,24 @@ REPLICA = ("inferpath.replica", "service.instance.id", "host.name")
 # (tests/server/test_derive.py).
 _GENAI_PREFIX = "gen_ai."
 _ENGINE_PREFIX = "gen_ai.latency."
-_DERIVATION_ATTRIBUTES = frozenset({
-    STAGE, TTFT_SECONDS, ITL_SECONDS, *engine_sources.ENGINE_ATTRIBUTES, *INPUT_TOKENS, *OUTPUT_TOKENS,
-    *HTTP_STATUS, ENDPOINT_CLASS, ENDPOINT, HTTP_ROUTE, STREAM_STATUS,
-    REQUEST_MODEL, RESPONSE_MODEL, *sources.SOURCE_ATTRIBUTES})
+_DERIVATION_ATTRIBUTES = frozenset(
+    {
+        STAGE,
+        TTFT_SECONDS,
+        ITL_SECONDS,
+        *engine_sources.ENGINE_ATTRIBUTES,
+        *INPUT_TOKENS,
+        *OUTPUT_TOKENS,
+        *HTTP_STATUS,
+        ENDPOINT_CLASS,
+        ENDPOINT,
+        HTTP_ROUTE,
+        STREAM_STATUS,
+        REQUEST_MODEL,
+        RESPONSE_MODEL,
+        *sources.SOURCE_ATTRIBUTES,
+    }
+)
 _DERIVATION_RESOURCE_ATTRIBUTES = frozenset({ENDPOINT_CLASS, *REPLICA})
 
 
@@ -102,9 +125,26 @@ def derivation_view_fields(span: SpanRow, resource_attributes: dict[str, str]) -
     """The arguments of :meth:`SpanRow.from_checked` for ``span``'s :func:`derivation_view`,
     with ``resource_attributes`` already :func:`derivation_resource_attributes` of its
     resource's (so that the spans of one resource can share one)."""
-    return (span.timestamp, span.trace_id, span.span_id, span.parent_span_id, "", span.span_name, span.span_kind,
-            span.service_name, resource_attributes, span.scope_name, "", derivation_attributes(span.span_attributes),
-            span.duration_ns, span.status_code, "", sources.timing_events(span), (), span.start_ns)
+    return (
+        span.timestamp,
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id,
+        "",
+        span.span_name,
+        span.span_kind,
+        span.service_name,
+        resource_attributes,
+        span.scope_name,
+        "",
+        derivation_attributes(span.span_attributes),
+        span.duration_ns,
+        span.status_code,
+        "",
+        sources.timing_events(span),
+        (),
+        span.start_ns,
+    )
 
 
 def derivation_view(span: SpanRow) -> SpanRow:
@@ -193,8 +233,9 @@ def _span_ttft_ns(span: SpanRow) -> int | None:
     return reading.ttft_ns if reading is not None else None
 
 
-def _hop_ttft_part_ns(client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int,
-                      server_reading: TTFTReading | None = None) -> int:
+def _hop_ttft_part_ns(
+    client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int, server_reading: TTFTReading | None = None
+) -> int:
     """The part of one hop's overhead inside the TTFT window ``[lo_ns, hi_ns]`` (ns, ≥ 0).
 
     When both spans carry a TTFT (a streamed model call), each side's first-token phase is
@@ -210,8 +251,11 @@ def _hop_ttft_part_ns(client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int,
         client_end_ns, server_end_ns = client.start_ns + client_ttft_ns, server.start_ns + server_ttft_ns
     else:
         client_end_ns, server_end_ns = client.end_ns, server.end_ns
-    return max(0, _overlap_ns(client.start_ns, client_end_ns, lo_ns, hi_ns)
-               - _overlap_ns(server.start_ns, server_end_ns, lo_ns, hi_ns))
+    return max(
+        0,
+        _overlap_ns(client.start_ns, client_end_ns, lo_ns, hi_ns)
+        - _overlap_ns(server.start_ns, server_end_ns, lo_ns, hi_ns),
+    )
 
 
 def _first(*values):
@@ -269,8 +313,9 @@ def _first_int(spans: Iterable[SpanRow | None], names: Sequence[str]) -> int | N
     return None
 
 
-def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = None,
-                     counts: DerivationCounts | None = None) -> RequestRow | None:
+def assemble_request(
+    spans: Sequence[SpanRow], *, updated_at: datetime | None = None, counts: DerivationCounts | None = None
+) -> RequestRow | None:
     """Derive the ``inferpath_requests`` row of one trace from its spans.
 
     ``spans``: the spans of ONE trace, in any order, possibly with duplicates (deduplicated
@@ -324,8 +369,13 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     if not root_clients and not gateways:
         # A model call inside the app's own spans (an LLM span of OpenInference or Langfuse, or
         # a GenAI CLIENT span outside inferpath's stages), with no gateway: the outermost one.
-        nested = llm_calls or [s for s in by_start if s.span_kind == "Client" and STAGE not in s.span_attributes
-                               and any(k.startswith(_GENAI_PREFIX) for k in s.span_attributes)]
+        nested = llm_calls or [
+            s
+            for s in by_start
+            if s.span_kind == "Client"
+            and STAGE not in s.span_attributes
+            and any(k.startswith(_GENAI_PREFIX) for k in s.span_attributes)
+        ]
         if nested:
             root_clients = [min(nested, key=lambda s: (_depth(s, by_id), s.start_ns))]
     # Prefer the root client that carries a TTFT (the end user's streaming call).
@@ -339,8 +389,9 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     gateway = min(gateways, key=lambda s: (_depth(s, by_id), s.start_ns)) if gateways else None
     engine = engines[0] if engines else None
     model_clients = [s for s in by_stage.get("model", ()) if s.span_kind == "Client"]
-    genai_client = root_client is not None and (sources.is_llm_call(root_client) or any(
-        k.startswith(_GENAI_PREFIX) for k in root_client.span_attributes))
+    genai_client = root_client is not None and (
+        sources.is_llm_call(root_client) or any(k.startswith(_GENAI_PREFIX) for k in root_client.span_attributes)
+    )
     if not (gateway or engine or staged or genai_client):
         return None
 
@@ -354,9 +405,13 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     client_e2e_ns = root_client.duration_ns if root_client is not None else None
 
     # The engine's own measures (engine_sources: vLLM, SGLang, TGI), its descendants on demand.
-    engine_reading = engine_sources.read_engine(
-        engine, lambda: _descendants(engine, unique), counts if counts is not None else DerivationCounts()) \
-        if engine is not None else _NO_ENGINE_READING
+    engine_reading = (
+        engine_sources.read_engine(
+            engine, lambda: _descendants(engine, unique), counts if counts is not None else DerivationCounts()
+        )
+        if engine is not None
+        else _NO_ENGINE_READING
+    )
 
     # Server-side TTFT/E2E: the gateway's, else the engine's own measurement.
     if gateway is not None:
@@ -377,8 +432,9 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     if tokenize_ns is None:
         tokenize_ns = engine_reading.tokenize_ns
 
-    input_tokens = _first_int((gateway, root_client, *model_clients, *by_stage.get("tokenize", ()), engine),
-                              INPUT_TOKENS)
+    input_tokens = _first_int(
+        (gateway, root_client, *model_clients, *by_stage.get("tokenize", ()), engine), INPUT_TOKENS
+    )
     output_tokens = _first_int((gateway, root_client, *model_clients, engine), OUTPUT_TOKENS)
     if output_tokens is None:
         output_tokens = engine_reading.output_tokens
@@ -405,24 +461,30 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
     # difference is time on the wire plus the callee's framework before/after its span.
     # An engine's request span under a CLIENT span is the callee's side of a hop too, whatever
     # its kind (SGLang's and TGI's are INTERNAL).
-    hops = [(by_id[s.parent_span_id], s) for s in unique
-            if (s.span_kind == "Server" or s is engine) and s.parent_span_id in by_id
-            and by_id[s.parent_span_id].span_kind == "Client"]
+    hops = [
+        (by_id[s.parent_span_id], s)
+        for s in unique
+        if (s.span_kind == "Server" or s is engine)
+        and s.parent_span_id in by_id
+        and by_id[s.parent_span_id].span_kind == "Client"
+    ]
     network_ns = sum(max(0, c.duration_ns - srv.duration_ns) for c, srv in hops) if hops else None
 
     gateway_ns = gateway_ttft_ns = network_ttft_ns = None
     # The TTFT window: the measuring span's start → its first token (same clock as ttft_ns).
     measuring = gateway if gateway is not None else engine
-    window = (measuring.start_ns, measuring.start_ns + ttft_ns) if (
-        measuring is not None and ttft_ns is not None) else None
+    window = (
+        (measuring.start_ns, measuring.start_ns + ttft_ns) if (measuring is not None and ttft_ns is not None) else None
+    )
     if gateway is not None:
         inner = _descendants(gateway, unique)
         gateway_ns = _self_ns(gateway, inner, gateway.start_ns, gateway.end_ns)
         if window is not None:
             gateway_ttft_ns = _self_ns(gateway, inner, *window)
     if window is not None and hops:
-        network_ttft_ns = sum(_hop_ttft_part_ns(c, srv, *window, engine_reading.ttft if srv is engine else None)
-                              for c, srv in hops)
+        network_ttft_ns = sum(
+            _hop_ttft_part_ns(c, srv, *window, engine_reading.ttft if srv is engine else None) for c, srv in hops
+        )
 
     top = [s for s in (gateway, root_client, engine) if s is not None]
     http_status_code = _first(_http_status(gateway), _http_status(root_client)) or 0
@@ -441,11 +503,15 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         gateway_attrs.get(ENDPOINT_CLASS)
         or (gateway.resource_attributes.get(ENDPOINT_CLASS) if gateway is not None else None)
         or _first_resource_value(by_start, ENDPOINT_CLASS)
-        or _first_value(by_start, ENDPOINT_CLASS)) or ""
-    model = (_first_value((*model_clients, root_client, gateway, engine), REQUEST_MODEL)
-             or engine_attrs.get(RESPONSE_MODEL)
-             or client_attrs.get(sources.OPENINFERENCE_MODEL) or client_attrs.get(sources.LANGFUSE_MODEL)
-             or UNKNOWN_MODEL)
+        or _first_value(by_start, ENDPOINT_CLASS)
+    ) or ""
+    model = (
+        _first_value((*model_clients, root_client, gateway, engine), REQUEST_MODEL)
+        or engine_attrs.get(RESPONSE_MODEL)
+        or client_attrs.get(sources.OPENINFERENCE_MODEL)
+        or client_attrs.get(sources.LANGFUSE_MODEL)
+        or UNKNOWN_MODEL
+    )
     model_version = _first_value((engine, *model_clients, root_client), RESPONSE_MODEL) or ""
     replica = ""
     if engine is not None:
@@ -482,10 +548,14 @@ def assemble_request(spans: Sequence[SpanRow], *, updated_at: datetime | None = 
         network_ttft_ns=network_ttft_ns,
         ttft_source=shown_reading.source if shown_reading is not None else "",
         missing_measures=sources.missing_measures(
-            client=root_client, gateway=gateway, engine=engine,
+            client=root_client,
+            gateway=gateway,
+            engine=engine,
             ttft_ns=client_ttft_ns if client_ttft_ns is not None else ttft_ns,
             e2e_ns=client_e2e_ns if client_e2e_ns is not None else e2e_ns,
-            output_tokens=output_tokens, itl_ns=itl_ns),
+            output_tokens=output_tokens,
+            itl_ns=itl_ns,
+        ),
         span_count=len(unique),
         updated_at=updated_at or datetime.now(timezone.utc),
     )

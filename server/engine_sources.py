@@ -47,14 +47,25 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 from inferpath.server.sources import DerivationCounts, TTFTReading, seconds_to_ns
 from inferpath.storage.rows import SpanRow
 
-__all__ = ["EngineReading", "EngineSource", "ENGINE_SOURCES", "SGLANG", "TGI", "VLLM", "ENGINE_ATTRIBUTES", "engine_source",
-           "read_engine", "rust_duration_to_ns", "union_ns"]
+__all__ = [
+    "EngineReading",
+    "EngineSource",
+    "ENGINE_SOURCES",
+    "SGLANG",
+    "TGI",
+    "VLLM",
+    "ENGINE_ATTRIBUTES",
+    "engine_source",
+    "read_engine",
+    "rust_duration_to_ns",
+    "union_ns",
+]
 
 #: ``ttft_source`` of each engine's TTFT (vLLM's keeps the name rows had before SGLang and TGI).
 VLLM_SOURCE, SGLANG_SOURCE, TGI_SOURCE = "engine", "sglang.time_to_first_token", "tgi.send_generation"
@@ -91,8 +102,19 @@ TGI_STEP_SPAN = "infer"
 TGI_SEND_SPAN = "send_generation"
 
 #: Span attributes the engine readers look up (held in derivation views).
-ENGINE_ATTRIBUTES = frozenset({ENGINE_TTFT, ENGINE_E2E, ENGINE_QUEUE, ENGINE_PREFILL, ENGINE_DECODE,
-                               *ENGINE_INPUT_TOKENS, *ENGINE_OUTPUT_TOKENS, SGLANG_MODULE, *TGI_TIMINGS})
+ENGINE_ATTRIBUTES = frozenset(
+    {
+        ENGINE_TTFT,
+        ENGINE_E2E,
+        ENGINE_QUEUE,
+        ENGINE_PREFILL,
+        ENGINE_DECODE,
+        *ENGINE_INPUT_TOKENS,
+        *ENGINE_OUTPUT_TOKENS,
+        SGLANG_MODULE,
+        *TGI_TIMINGS,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +203,7 @@ def _claims_vllm(span: SpanRow) -> bool:
     return False
 
 
-def _read_vllm(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]],
-               counts: DerivationCounts) -> EngineReading:
+def _read_vllm(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]], counts: DerivationCounts) -> EngineReading:
     ttft_ns = _seconds(span, ENGINE_TTFT, counts)
     return EngineReading(
         ttft=TTFTReading(ttft_ns, VLLM_SOURCE) if ttft_ns is not None else None,
@@ -190,7 +211,8 @@ def _read_vllm(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]],
         queue_ns=seconds_to_ns(span.span_attributes.get(ENGINE_QUEUE)),
         prefill_ns=seconds_to_ns(span.span_attributes.get(ENGINE_PREFILL)),
         decode_ns=seconds_to_ns(span.span_attributes.get(ENGINE_DECODE)),
-        output_tokens=_tokens(span, ENGINE_OUTPUT_TOKENS))
+        output_tokens=_tokens(span, ENGINE_OUTPUT_TOKENS),
+    )
 
 
 # --------------------------------------------------------------------------- SGLang
@@ -198,7 +220,8 @@ def _read_vllm(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]],
 
 def _claims_sglang(span: SpanRow) -> bool:
     if span.scope_name != SGLANG_SCOPE and not span.span_attributes.get(SGLANG_MODULE, "").startswith(
-            SGLANG_MODULE_PREFIX):
+        SGLANG_MODULE_PREFIX
+    ):
         return False
     for key in span.span_attributes:
         if key.startswith(GENAI_LATENCY_PREFIX):
@@ -206,8 +229,9 @@ def _claims_sglang(span: SpanRow) -> bool:
     return False
 
 
-def _read_sglang(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]],
-                 counts: DerivationCounts) -> EngineReading:
+def _read_sglang(
+    span: SpanRow, descendants: Callable[[], Sequence[SpanRow]], counts: DerivationCounts
+) -> EngineReading:
     ttft_ns = _seconds(span, ENGINE_TTFT, counts)
     below = descendants()
     return EngineReading(
@@ -218,7 +242,8 @@ def _read_sglang(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]],
         prefill_ns=_named_union(below, SGLANG_PREFILL_SPAN),
         decode_ns=seconds_to_ns(span.span_attributes.get(ENGINE_DECODE)),
         tokenize_ns=_named_union(below, SGLANG_TOKENIZE_SPAN),
-        output_tokens=_tokens(span, ENGINE_OUTPUT_TOKENS))
+        output_tokens=_tokens(span, ENGINE_OUTPUT_TOKENS),
+    )
 
 
 # --------------------------------------------------------------------------- TGI
@@ -263,8 +288,7 @@ def _tgi_duration(span: SpanRow, name: str, counts: DerivationCounts) -> int | N
     return ns
 
 
-def _read_tgi(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]],
-              counts: DerivationCounts) -> EngineReading:
+def _read_tgi(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]], counts: DerivationCounts) -> EngineReading:
     below = descendants()
     sends = sorted(s.start_ns for s in below if s.span_name == TGI_SEND_SPAN)
     steps = [s.start_ns for s in below if s.span_name == TGI_STEP_SPAN]
@@ -288,11 +312,13 @@ def _read_tgi(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]],
         ttft=TTFTReading(ttft_ns, TGI_SOURCE) if ttft_ns is not None else None,
         e2e_ns=e2e_ns,
         queue_ns=queue_ns,
-        prefill_ns=first_send - first_step if first_send is not None and first_step is not None
-        and first_step <= first_send else None,
+        prefill_ns=first_send - first_step
+        if first_send is not None and first_step is not None and first_step <= first_send
+        else None,
         decode_ns=sends[-1] - first_send if first_send is not None else None,
         tokenize_ns=_tgi_duration(span, TGI_VALIDATION_TIME, counts),
-        output_tokens=output_tokens)
+        output_tokens=output_tokens,
+    )
 
 
 SGLANG = EngineSource(SGLANG_SOURCE, _claims_sglang, _read_sglang)
@@ -321,8 +347,7 @@ def engine_source(span: SpanRow) -> EngineSource | None:
     return None
 
 
-def read_engine(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]],
-                counts: DerivationCounts) -> EngineReading:
+def read_engine(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]], counts: DerivationCounts) -> EngineReading:
     """The measures of engine request span ``span`` (see :func:`engine_source`); an empty
     reading for a span no engine claims."""
     source = engine_source(span)

@@ -36,14 +36,23 @@ import re
 import struct
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
 
-__all__ = ["CommitResult", "DirectSpanSink", "DurableIngest", "Reservation", "SpanSink", "TableRows",
-           "dedup_token", "INSERT_SECONDS_BUCKETS"]
+__all__ = [
+    "CommitResult",
+    "DirectSpanSink",
+    "DurableIngest",
+    "Reservation",
+    "SpanSink",
+    "TableRows",
+    "dedup_token",
+    "INSERT_SECONDS_BUCKETS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +131,7 @@ class Reservation:
             self._released = True
             self._release(self._body_bytes)
 
-    def __enter__(self) -> "Reservation":
+    def __enter__(self) -> Reservation:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -145,16 +154,25 @@ class DurableIngest:
     ``inflight_requests``, ``inflight_bytes`` and their peaks ``peak_inflight_*``.
     """
 
-    def __init__(self, store: Store, *, max_inflight_requests: int = 64,
-                 max_inflight_bytes: int = 256 * 1024 * 1024, retry_after_seconds: float = 1.0,
-                 max_retry_after_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_inflight_requests: int = 64,
+        max_inflight_bytes: int = 256 * 1024 * 1024,
+        retry_after_seconds: float = 1.0,
+        max_retry_after_seconds: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_inflight_requests < 1:
             raise ValueError(f"max_inflight_requests must be >= 1, got {max_inflight_requests}")
         if max_inflight_bytes < 1:
             raise ValueError(f"max_inflight_bytes must be >= 1, got {max_inflight_bytes}")
         if not 0 < retry_after_seconds <= max_retry_after_seconds:
-            raise ValueError("retry_after_seconds must be > 0 and <= max_retry_after_seconds, "
-                             f"got {retry_after_seconds} and {max_retry_after_seconds}")
+            raise ValueError(
+                "retry_after_seconds must be > 0 and <= max_retry_after_seconds, "
+                f"got {retry_after_seconds} and {max_retry_after_seconds}"
+            )
         self.store = store
         self.max_inflight_requests = max_inflight_requests
         self.max_inflight_bytes = max_inflight_bytes
@@ -188,8 +206,7 @@ class DurableIngest:
     def _unavailable(self, now: float) -> CommitResult:
         self.unavailable_total += 1
         wait = max(1, math.ceil(self._unavailable_until - now))
-        return CommitResult("unavailable", f"store unavailable ({self.last_store_error}); retry later",
-                            wait)
+        return CommitResult("unavailable", f"store unavailable ({self.last_store_error}); retry later", wait)
 
     def admit(self, body_bytes: int) -> Reservation | CommitResult:
         """Reserve room for one export of ``body_bytes``; a :class:`CommitResult` (503) when
@@ -199,13 +216,16 @@ class DurableIngest:
             now = self._clock()
             if now < self._unavailable_until:
                 return self._unavailable(now)
-            if (self.inflight_requests + 1 > self.max_inflight_requests
-                    or (self.inflight_requests and self.inflight_bytes + body_bytes > self.max_inflight_bytes)):
+            if self.inflight_requests + 1 > self.max_inflight_requests or (
+                self.inflight_requests and self.inflight_bytes + body_bytes > self.max_inflight_bytes
+            ):
                 self.overloaded_total += 1
-                return CommitResult("overloaded",
-                                    f"receiver busy ({self.inflight_requests} exports, "
-                                    f"{self.inflight_bytes} bytes in flight); retry later",
-                                    max(1, math.ceil(self.retry_after_seconds)))
+                return CommitResult(
+                    "overloaded",
+                    f"receiver busy ({self.inflight_requests} exports, "
+                    f"{self.inflight_bytes} bytes in flight); retry later",
+                    max(1, math.ceil(self.retry_after_seconds)),
+                )
             self.inflight_requests += 1
             self.inflight_bytes += body_bytes
             self.peak_inflight_requests = max(self.peak_inflight_requests, self.inflight_requests)
@@ -246,8 +266,7 @@ class DurableIngest:
             started = time.monotonic()
             part_token = None if token is None else f"{token}:{part.table}"
             try:
-                self.store.insert(part.table, part.rows, part.columns, dedup_token=part_token,
-                                  checked=part.checked)
+                self.store.insert(part.table, part.rows, part.columns, dedup_token=part_token, checked=part.checked)
             except Exception as exc:  # noqa: BLE001 - answered as 400/503, never raised
                 return self._failed(part.table, exc)
             self._observe(time.monotonic() - started)
@@ -280,8 +299,9 @@ class DurableIngest:
                 # must not double the back-off once per export in flight.
                 return self._unavailable(now)
             self._consecutive_failures += 1
-            backoff = min(self.retry_after_seconds * 2 ** (self._consecutive_failures - 1),
-                          self.max_retry_after_seconds)
+            backoff = min(
+                self.retry_after_seconds * 2 ** (self._consecutive_failures - 1), self.max_retry_after_seconds
+            )
             self._unavailable_until = now + backoff
             self.last_store_error = f"{type(exc).__name__}: {text[:120]}"
             if self._consecutive_failures == 1:
@@ -311,8 +331,9 @@ class SpanSink(Protocol):
 
     def reserve(self, body_bytes: int) -> Reservation | CommitResult: ...
 
-    def accept(self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None,
-               content_encoding: str | None) -> CommitResult: ...
+    def accept(
+        self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None, content_encoding: str | None
+    ) -> CommitResult: ...
 
     def start(self) -> None: ...
 
@@ -329,8 +350,9 @@ class DirectSpanSink:
     where several stateless receivers share no folder for a log, and for embedded chDB with
     ``span_log`` off."""
 
-    def __init__(self, ingest: DurableIngest,
-                 on_committed: Callable[[list[SpanRow]], None] = lambda spans: None) -> None:
+    def __init__(
+        self, ingest: DurableIngest, on_committed: Callable[[list[SpanRow]], None] = lambda spans: None
+    ) -> None:
         self.ingest = ingest
         self.on_committed = on_committed
         self.inserted_spans_total = 0
@@ -341,8 +363,9 @@ class DirectSpanSink:
         """Nothing to reserve beyond the receiver's in-flight limits (:meth:`DurableIngest.admit`)."""
         return Reservation(lambda _: None, body_bytes)
 
-    def accept(self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None,
-               content_encoding: str | None) -> CommitResult:
+    def accept(
+        self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None, content_encoding: str | None
+    ) -> CommitResult:
         """Insert ``spans`` (token ``token``); ``body`` and its media type are not kept."""
         rows = [span.to_insert_row(timestamp_ns=True) for span in spans]
         result = self.ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)], token)

@@ -53,8 +53,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from inferpath.server.ingest import CommitResult, DurableIngest, Reservation, TableRows
 from inferpath.server.otlp import decode_trace_request
@@ -120,11 +120,18 @@ class LoggedSpanIngest:
     ``refused_spans_total``, ``recovered_spans_total`` (queued again at start-up).
     """
 
-    def __init__(self, ingest: DurableIngest, log: SpanLog, *,
-                 on_committed: Callable[[list[SpanRow]], None] = lambda spans: None,
-                 insert_rows: int = 60_000, linger_seconds: float = 0.5,
-                 max_backlog_bytes: int = 16 * 1024 * 1024, max_backlog_seconds: float = 1.0,
-                 backlog_wait_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        ingest: DurableIngest,
+        log: SpanLog,
+        *,
+        on_committed: Callable[[list[SpanRow]], None] = lambda spans: None,
+        insert_rows: int = 60_000,
+        linger_seconds: float = 0.5,
+        max_backlog_bytes: int = 16 * 1024 * 1024,
+        max_backlog_seconds: float = 1.0,
+        backlog_wait_seconds: float = 1.0,
+    ) -> None:
         if insert_rows < 1:
             raise ValueError(f"insert_rows must be >= 1, got {insert_rows}")
         if not 0 <= linger_seconds <= 60:
@@ -182,7 +189,7 @@ class LoggedSpanIngest:
         self.log.unfinished = []  # decoded below: drop the bodies as we go
         settled_present = settled_absent = 0
         for first in range(0, len(records), _LOOKUP_CHUNK_RECORDS):
-            chunk = [self._decode(record) for record in records[first:first + _LOOKUP_CHUNK_RECORDS]]
+            chunk = [self._decode(record) for record in records[first : first + _LOOKUP_CHUNK_RECORDS]]
             lookup = [queued for queued in chunk if queued.start < self.log.lookup_until]
             if lookup:
                 stored = self._stored_samples([queued.spans[0] for queued in lookup if queued.spans])
@@ -202,21 +209,32 @@ class LoggedSpanIngest:
                 self._queued_spans += len(queued.spans)
                 self.recovered_spans_total += len(queued.spans)
         if settled_present or settled_absent:
-            logger.info("span log: settled %d records by looking their spans up (no progress): %d already stored,"
-                        " %d re-queued", settled_present + settled_absent, settled_present, settled_absent)
+            logger.info(
+                "span log: settled %d records by looking their spans up (no progress): %d already stored, %d re-queued",
+                settled_present + settled_absent,
+                settled_present,
+                settled_absent,
+            )
         unfinished = self.log.unfinished_insert
         if unfinished is not None:
             if unfinished.span_id and self._present(unfinished.trace_id, unfinished.span_id):
-                logger.info("span log: the insert of [%d, %d) interrupted by a crash had landed",
-                            unfinished.start, unfinished.end)
+                logger.info(
+                    "span log: the insert of [%d, %d) interrupted by a crash had landed",
+                    unfinished.start,
+                    unfinished.end,
+                )
                 while self._queue and self._queue[0].end <= unfinished.end:
                     dropped = self._queue.popleft()
                     self._queued_spans -= len(dropped.spans)
                     self.recovered_spans_total -= len(dropped.spans)
                 self.log.done_insert(unfinished.end)
             else:
-                logger.info("span log: the insert of [%d, %d) interrupted by a crash had not landed; inserting"
-                            " exactly that range again", unfinished.start, unfinished.end)
+                logger.info(
+                    "span log: the insert of [%d, %d) interrupted by a crash had not landed; inserting"
+                    " exactly that range again",
+                    unfinished.start,
+                    unfinished.end,
+                )
                 self._forced_end = unfinished.end
         # Everything before the first queued record is settled (stored, empty, or damaged and
         # skipped by the log): record it, so that the next insert starts at the committed offset
@@ -225,14 +243,18 @@ class LoggedSpanIngest:
         if head > self.log.committed_offset:
             self.log.done_insert(head)
         if self._queue:
-            logger.info("span log: re-queued %d records (%d spans) not inserted before the last stop",
-                        len(self._queue), self._queued_spans)
+            logger.info(
+                "span log: re-queued %d records (%d spans) not inserted before the last stop",
+                len(self._queue),
+                self._queued_spans,
+            )
 
     def _decode(self, record) -> _Queued:
         """A log record decoded again into a queue entry (no spans when it cannot be decoded)."""
         try:
-            decoded = decode_trace_request(record.body, content_type=record.content_type,
-                                           content_encoding=record.content_encoding)
+            decoded = decode_trace_request(
+                record.body, content_type=record.content_type, content_encoding=record.content_encoding
+            )
         except Exception as exc:  # noqa: BLE001 - accepted once, unreadable now: count, go on
             logger.error("span log record at %d could not be decoded again (%s); skipped", record.start, exc)
             self.refused_spans_total += 1
@@ -250,10 +272,12 @@ class LoggedSpanIngest:
             rows = self.ingest.store.query(
                 "SELECT DISTINCT TraceId, SpanId FROM otel_traces"
                 " WHERE TraceId IN {t:Array(String)} AND SpanId IN {s:Array(String)}",
-                {"t": sorted({span.trace_id for span in samples}), "s": sorted({span.span_id for span in samples})})
+                {"t": sorted({span.trace_id for span in samples}), "s": sorted({span.span_id for span in samples})},
+            )
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            logger.error("span log: could not look up %d sample spans (%s); inserting their records again",
-                         len(samples), exc)
+            logger.error(
+                "span log: could not look up %d sample spans (%s); inserting their records again", len(samples), exc
+            )
             return set()
         return {(trace_id, span_id) for trace_id, span_id in rows}
 
@@ -261,7 +285,8 @@ class LoggedSpanIngest:
         try:
             rows = self.ingest.store.query(
                 "SELECT count() FROM otel_traces WHERE TraceId = {t:String} AND SpanId = {s:String}",
-                {"t": trace_id, "s": span_id})
+                {"t": trace_id, "s": span_id},
+            )
         except Exception as exc:  # noqa: BLE001 - unknown: insert again, the token dedups
             logger.warning("span log: could not look up a sample span (%s); inserting the range again", exc)
             return False
@@ -278,8 +303,9 @@ class LoggedSpanIngest:
         """Spans queued for the drainer."""
         return self._queued_spans
 
-    def accept(self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None,
-               content_encoding: str | None) -> CommitResult:
+    def accept(
+        self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None, content_encoding: str | None
+    ) -> CommitResult:
         """Log one decoded export and queue its rows; ``committed`` once the record is written.
 
         ``spans``: the export's valid spans; ``token``: its dedup token
@@ -311,8 +337,11 @@ class LoggedSpanIngest:
             # Flow control first: a client holds one export in flight, so making it wait a
             # moment for room slows it down without a Retry-After pause that idles the drainer.
             deadline = time.monotonic() + self.backlog_wait_seconds
-            while (self._backlog_full(len(body), len(spans)) and not self._stopping
-                   and (left := deadline - time.monotonic()) > 0):
+            while (
+                self._backlog_full(len(body), len(spans))
+                and not self._stopping
+                and (left := deadline - time.monotonic()) > 0
+            ):
                 self._room_waiters += 1  # the drainer stops lingering: the backlog is full
                 self._cond.notify_all()
                 try:
@@ -324,11 +353,14 @@ class LoggedSpanIngest:
                 return CommitResult("committed", duplicate=True)
             if self._backlog_full(len(body), len(spans)):
                 self.backlog_full_total += 1
-                return CommitResult("overloaded", f"ingest backlog full ({self.log.backlog_bytes} bytes,"
-                                    f" {self._queued_spans} spans not yet inserted; max_backlog_bytes="
-                                    f"{self.max_backlog_bytes}, max_backlog_seconds={self.max_backlog_seconds}"
-                                    f" at {self.drain_spans_per_second:.0f} spans/s); retry later",
-                                    max(1, round(self.ingest.retry_after_seconds)))
+                return CommitResult(
+                    "overloaded",
+                    f"ingest backlog full ({self.log.backlog_bytes} bytes,"
+                    f" {self._queued_spans} spans not yet inserted; max_backlog_bytes="
+                    f"{self.max_backlog_bytes}, max_backlog_seconds={self.max_backlog_seconds}"
+                    f" at {self.drain_spans_per_second:.0f} spans/s); retry later",
+                    max(1, round(self.ingest.retry_after_seconds)),
+                )
             try:
                 start, end = self.log.append(digest, flags, body)
             except Exception as exc:  # noqa: BLE001 - disk full, …: the client retries
@@ -356,9 +388,13 @@ class LoggedSpanIngest:
             backlog, reserved = self.log.backlog_bytes, self._reserved_bytes
             if (backlog or reserved) and backlog + reserved + body_bytes > self.max_backlog_bytes:
                 self.backlog_full_total += 1
-                return CommitResult("overloaded", f"ingest backlog full ({backlog} bytes logged, {reserved} bytes"
-                                    f" being decoded, {body_bytes} more; max_backlog_bytes={self.max_backlog_bytes});"
-                                    " retry later", max(1, round(self.ingest.retry_after_seconds)))
+                return CommitResult(
+                    "overloaded",
+                    f"ingest backlog full ({backlog} bytes logged, {reserved} bytes"
+                    f" being decoded, {body_bytes} more; max_backlog_bytes={self.max_backlog_bytes});"
+                    " retry later",
+                    max(1, round(self.ingest.retry_after_seconds)),
+                )
             self._reserved_bytes += body_bytes
         return Reservation(self._unreserve, body_bytes)
 
@@ -387,8 +423,7 @@ class LoggedSpanIngest:
     def start(self) -> None:
         """Start the drainer thread (idempotent)."""
         if self._thread is None:
-            self._notifier = threading.Thread(target=self._notify_loop, name="inferpath-span-log-notify",
-                                              daemon=True)
+            self._notifier = threading.Thread(target=self._notify_loop, name="inferpath-span-log-notify", daemon=True)
             self._notifier.start()
             self._thread = threading.Thread(target=self._run, name="inferpath-span-log", daemon=True)
             self._thread.start()
@@ -403,9 +438,14 @@ class LoggedSpanIngest:
                     self._cond.wait(0.5)
                     continue
                 waited = time.monotonic() - self._queue[0].enqueued
-                if (self._queued_spans < self.insert_rows and waited < self.linger_seconds
-                        and not self._flush_waiters and not self._room_waiters and not self._stopping
-                        and self._forced_end is None):
+                if (
+                    self._queued_spans < self.insert_rows
+                    and waited < self.linger_seconds
+                    and not self._flush_waiters
+                    and not self._room_waiters
+                    and not self._stopping
+                    and self._forced_end is None
+                ):
                     self._cond.wait(self.linger_seconds - waited)
                     continue
                 batch, rows = [], 0
@@ -413,8 +453,7 @@ class LoggedSpanIngest:
                     if self._forced_end is not None:
                         if queued.end > self._forced_end:
                             break
-                    elif batch and (rows + len(queued.spans) > self.insert_rows
-                                    or queued.start < self._single_until):
+                    elif batch and (rows + len(queued.spans) > self.insert_rows or queued.start < self._single_until):
                         break
                     batch.append(queued)
                     rows += len(queued.spans)
@@ -454,15 +493,19 @@ class LoggedSpanIngest:
                 self._pause(1.0)
                 return
             block = [span.to_insert_row(timestamp_ns=True) for queued in batch for span in queued.spans]
-            result = self.ingest.commit([TableRows(SPANS_TABLE, SPAN_COLUMNS, block, checked=True)],
-                                        f"wal-{self.log.log_id}-{start}-{end}", exports=len(batch))
+            result = self.ingest.commit(
+                [TableRows(SPANS_TABLE, SPAN_COLUMNS, block, checked=True)],
+                f"wal-{self.log.log_id}-{start}-{end}",
+                exports=len(batch),
+            )
             del block
         if result.status == "unavailable":
             return  # back-off opened; the next round waits for it
         if result.status == "invalid":
             if len(batch) > 1:
-                logger.warning("the store refused a block of %d exports for its data; inserting them one by one",
-                               len(batch))
+                logger.warning(
+                    "the store refused a block of %d exports for its data; inserting them one by one", len(batch)
+                )
                 self._single_until = end
                 self._forced_end = None
                 return
@@ -479,8 +522,11 @@ class LoggedSpanIngest:
             self._cond.notify_all()
         if result.ok and spans:
             sample_rate = len(spans) / max(time.monotonic() - taken, 1e-3)
-            self.drain_spans_per_second = (sample_rate if not self.drain_spans_per_second
-                                           else 0.7 * self.drain_spans_per_second + 0.3 * sample_rate)
+            self.drain_spans_per_second = (
+                sample_rate
+                if not self.drain_spans_per_second
+                else 0.7 * self.drain_spans_per_second + 0.3 * sample_rate
+            )
             self.inserts_total += 1
             self.inserted_spans_total += len(spans)
             self._hand_off(spans)

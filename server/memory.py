@@ -53,13 +53,23 @@ import ctypes.util
 import gc
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from inferpath.storage.periodic import PeriodicPasses
 
-__all__ = ["AllocatorStats", "COLLECT_INTERVAL_SECONDS", "MemoryReleaser", "SERVER_GC_THRESHOLDS", "SERVER_MALLOC_ARENAS",
-           "allocator_stats", "limit_c_heap_arenas", "trim_c_heap", "tune_gc_for_server"]
+__all__ = [
+    "AllocatorStats",
+    "COLLECT_INTERVAL_SECONDS",
+    "MemoryReleaser",
+    "SERVER_GC_THRESHOLDS",
+    "SERVER_MALLOC_ARENAS",
+    "allocator_stats",
+    "limit_c_heap_arenas",
+    "trim_c_heap",
+    "tune_gc_for_server",
+]
 
 SERVER_MALLOC_ARENAS = 2
 """glibc malloc arenas a server process uses at most (module docstring)."""
@@ -72,8 +82,11 @@ COLLECT_INTERVAL_SECONDS = 60.0
 
 # malloc_stats_print's summary line (jemalloc 5.x): "Allocated: N, active: N, metadata: N
 # (n_thp N), resident: N, mapped: N, retained: N" - the counters of jemalloc's stats.* mallctls.
-_SUMMARY = re.compile(r"Allocated: (\d+), active: (\d+), metadata: (\d+).*?resident: (\d+), mapped: (\d+), "
-                      r"retained: (\d+)", re.S)
+_SUMMARY = re.compile(
+    r"Allocated: (\d+), active: (\d+), metadata: (\d+).*?resident: (\d+), mapped: (\d+), "
+    r"retained: (\d+)",
+    re.S,
+)
 
 
 @dataclass(frozen=True)

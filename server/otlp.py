@@ -33,6 +33,8 @@ from inferpath.server.otlp_body import (
 )
 from inferpath.storage.rows import (
     UNIX_EPOCH as _EPOCH,
+)
+from inferpath.storage.rows import (
     GaugeRow,
     HistogramRow,
     SpanRow,
@@ -53,8 +55,7 @@ __all__ = [
 ]
 
 # Collector pdata ``ptrace.SpanKind.String()`` minus its prefix, as the exporter stores it.
-SPAN_KIND_NAMES = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client",
-                   4: "Producer", 5: "Consumer"}
+SPAN_KIND_NAMES = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 STATUS_CODE_NAMES = {0: "Unset", 1: "Ok", 2: "Error"}
 # How many per-item reasons one partial_success message quotes before summarizing.
 _MAX_REASONS = 5
@@ -137,8 +138,9 @@ class _Rejections:
         if self.warned:
             more = self.warned - len(self.warnings)
             tail = f"; and {more} more" if more > 0 else ""
-            parts.append(f"{self.warned} {self._nouns(self.warned)} kept with a warning: "
-                         + "; ".join(self.warnings) + tail)
+            parts.append(
+                f"{self.warned} {self._nouns(self.warned)} kept with a warning: " + "; ".join(self.warnings) + tail
+            )
         return ". ".join(parts)
 
 
@@ -152,8 +154,10 @@ def _time_problem(name: str, unix_ns: int, oldest_unix_ns: int) -> str | None:
     if unix_ns > MAX_STORABLE_UNIX_NS:
         return f"{name} {unix_ns} is after 2262-04-11, the last time DateTime64(9) can hold"
     if unix_ns < oldest_unix_ns:
-        return (f"{name} {unix_ns} is older than the store's retention (rows older than "
-                f"{oldest_unix_ns} ns would be dropped by the table's TTL)")
+        return (
+            f"{name} {unix_ns} is older than the store's retention (rows older than "
+            f"{oldest_unix_ns} ns would be dropped by the table's TTL)"
+        )
     return None
 
 
@@ -170,8 +174,9 @@ def _span_problem(span, oldest_unix_ns: int = 0) -> str | None:
         return "startTimeUnixNano is missing"
     if span.end_time_unix_nano < span.start_time_unix_nano:
         return "endTimeUnixNano is before startTimeUnixNano"
-    problem = (_time_problem("startTimeUnixNano", span.start_time_unix_nano, oldest_unix_ns)
-               or _time_problem("endTimeUnixNano", span.end_time_unix_nano, 0))
+    problem = _time_problem("startTimeUnixNano", span.start_time_unix_nano, oldest_unix_ns) or _time_problem(
+        "endTimeUnixNano", span.end_time_unix_nano, 0
+    )
     if problem:
         return problem
     for n, event in enumerate(span.events):
@@ -180,8 +185,9 @@ def _span_problem(span, oldest_unix_ns: int = 0) -> str | None:
     return None
 
 
-def decode_trace_request(body: bytes, *, content_type: str, content_encoding: str | None,
-                         oldest_unix_ns: int = 0) -> DecodedSpans:
+def decode_trace_request(
+    body: bytes, *, content_type: str, content_encoding: str | None, oldest_unix_ns: int = 0
+) -> DecodedSpans:
     """Decode an OTLP/HTTP ``/v1/traces`` body into span rows.
 
     ``content_type``: ``application/x-protobuf`` or ``application/json``; ``content_encoding``:
@@ -216,12 +222,17 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
                 # The common case, decided in one expression: well-sized non-zero ids, times in
                 # order and storable, no events or links. Anything else takes the full checks,
                 # which name the field.
-                if not (len(trace_id) == 16 and len(span_id) == 8
-                        and (not parent_span_id or len(parent_span_id) == 8)
-                        and trace_id != _ZERO_TRACE_ID and span_id != _ZERO_SPAN_ID
-                        and 0 < start_ns <= end_ns <= MAX_STORABLE_UNIX_NS
-                        and start_ns >= oldest_unix_ns and not (links := span.links)
-                        and not (events := span.events)):
+                if not (
+                    len(trace_id) == 16
+                    and len(span_id) == 8
+                    and (not parent_span_id or len(parent_span_id) == 8)
+                    and trace_id != _ZERO_TRACE_ID
+                    and span_id != _ZERO_SPAN_ID
+                    and 0 < start_ns <= end_ns <= MAX_STORABLE_UNIX_NS
+                    and start_ns >= oldest_unix_ns
+                    and not (links := span.links)
+                    and not (events := span.events)
+                ):
                     path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
                     _check_id(trace_id, 16, f"{path}.traceId")
                     _check_id(span_id, 8, f"{path}.spanId")
@@ -236,8 +247,23 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
                             warnings.pop(path, None)
                         continue
                     links, events = span.links, span.events
-                spans.append(_span_row(span, trace_id, span_id, parent_span_id, start_ns, end_ns, events, links,
-                                       service_name, resource_attributes, scope_name, scope_version, unknown))
+                spans.append(
+                    _span_row(
+                        span,
+                        trace_id,
+                        span_id,
+                        parent_span_id,
+                        start_ns,
+                        end_ns,
+                        events,
+                        links,
+                        service_name,
+                        resource_attributes,
+                        scope_name,
+                        scope_version,
+                        unknown,
+                    )
+                )
                 if unknown or warnings:
                     path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
                     found = warnings.pop(path, []) + unknown
@@ -247,18 +273,42 @@ def decode_trace_request(body: bytes, *, content_type: str, content_encoding: st
     return DecodedSpans(spans, rejections.count, rejections.message(), warned_spans=rejections.warned)
 
 
-def _span_row(span, trace_id: bytes, span_id: bytes, parent_span_id: bytes, start_ns: int, end_ns: int,
-              events, links, service_name: str, resource_attributes: dict[str, str],
-              scope_name: str, scope_version: str, unknown: list[str]) -> SpanRow:
+def _span_row(
+    span,
+    trace_id: bytes,
+    span_id: bytes,
+    parent_span_id: bytes,
+    start_ns: int,
+    end_ns: int,
+    events,
+    links,
+    service_name: str,
+    resource_attributes: dict[str, str],
+    scope_name: str,
+    scope_version: str,
+    unknown: list[str],
+) -> SpanRow:
     """``span`` as a row; the ids, times, events and links are those already read from it
     (each field read from the message builds a new Python object). A kind or status code
     number OTLP does not define is stored as the default and named in ``unknown``."""
     # No events or links (most spans): the shared empty tuple, which the garbage collector
     # does not track, instead of two new lists per span held for assembly.
-    events = [(datetime_from_unix_ns(event.time_unix_nano), event.name,
-               attributes_to_map(event.attributes)) for event in events] if events else ()
-    links = [(link.trace_id.hex(), link.span_id.hex(), link.trace_state,
-              attributes_to_map(link.attributes)) for link in links] if links else ()
+    events = (
+        [
+            (datetime_from_unix_ns(event.time_unix_nano), event.name, attributes_to_map(event.attributes))
+            for event in events
+        ]
+        if events
+        else ()
+    )
+    links = (
+        [
+            (link.trace_id.hex(), link.span_id.hex(), link.trace_state, attributes_to_map(link.attributes))
+            for link in links
+        ]
+        if links
+        else ()
+    )
     # Every field was checked by _check_id/_span_problem (ids of 16/8 bytes, not zero; end
     # not before start; times storable): build the row without re-validating it.
     status = span.status
@@ -303,8 +353,9 @@ def _number_value(point) -> float | None:
     return None
 
 
-def decode_metrics_request(body: bytes, *, content_type: str,
-                           content_encoding: str | None, oldest_unix_ns: int = 0) -> DecodedMetrics:
+def decode_metrics_request(
+    body: bytes, *, content_type: str, content_encoding: str | None, oldest_unix_ns: int = 0
+) -> DecodedMetrics:
     """Decode an OTLP/HTTP ``/v1/metrics`` body into gauge, sum and histogram rows.
 
     Same media types, encodings and errors as :func:`decode_trace_request`. Data points without
@@ -332,29 +383,44 @@ def decode_metrics_request(body: bytes, *, content_type: str,
                     kind = metric.WhichOneof("data")
                     points = len(getattr(metric, kind).data_points) if kind else 0
                     if points:
-                        problem = (f"{len(metric.name)} characters, at most {MAX_METRIC_NAME_CHARS}" if metric.name
-                                   else "missing")
-                        rejections.add(f"{path}.name", f"{problem} (its {points} data point{'s' * (points != 1)})",
-                                       points)
+                        problem = (
+                            f"{len(metric.name)} characters, at most {MAX_METRIC_NAME_CHARS}"
+                            if metric.name
+                            else "missing"
+                        )
+                        rejections.add(
+                            f"{path}.name", f"{problem} (its {points} data point{'s' * (points != 1)})", points
+                        )
                     continue
-                common = dict(resource_attributes=resource_attributes, service_name=service_name,
-                              scope_name=scope.name, scope_version=scope.version,
-                              metric_name=metric.name, description=metric.description,
-                              unit=metric.unit)
+                common = dict(
+                    resource_attributes=resource_attributes,
+                    service_name=service_name,
+                    scope_name=scope.name,
+                    scope_version=scope.version,
+                    metric_name=metric.name,
+                    description=metric.description,
+                    unit=metric.unit,
+                )
                 _decode_metric(metric, common, path, out, rejections, oldest_unix_ns)
-    return DecodedMetrics(out.gauges, out.sums, out.histograms, rejections.count,
-                          rejections.message())
+    return DecodedMetrics(out.gauges, out.sums, out.histograms, rejections.count, rejections.message())
 
 
 def _point_time_problem(point, oldest_unix_ns: int) -> str | None:
     if point.time_unix_nano == 0:
         return "timeUnixNano is missing"
-    return (_time_problem("timeUnixNano", point.time_unix_nano, oldest_unix_ns)
-            or _time_problem("startTimeUnixNano", point.start_time_unix_nano, 0))
+    return _time_problem("timeUnixNano", point.time_unix_nano, oldest_unix_ns) or _time_problem(
+        "startTimeUnixNano", point.start_time_unix_nano, 0
+    )
 
 
-def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
-                   out: DecodedMetrics, rejections: _Rejections, oldest_unix_ns: int = 0) -> None:
+def _decode_metric(
+    metric: metrics_pb2.Metric,
+    common: dict,
+    path: str,
+    out: DecodedMetrics,
+    rejections: _Rejections,
+    oldest_unix_ns: int = 0,
+) -> None:
     kind = metric.WhichOneof("data")
     if kind in ("gauge", "sum"):
         data = getattr(metric, kind)
@@ -375,9 +441,13 @@ def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
             if kind == "gauge":
                 out.gauges.append(GaugeRow(**fields))
             else:
-                out.sums.append(SumRow(
-                    **fields, aggregation_temporality=int(data.aggregation_temporality),
-                    is_monotonic=bool(data.is_monotonic)))
+                out.sums.append(
+                    SumRow(
+                        **fields,
+                        aggregation_temporality=int(data.aggregation_temporality),
+                        is_monotonic=bool(data.is_monotonic),
+                    )
+                )
     elif kind == "histogram":
         data = metric.histogram
         for n, point in enumerate(data.data_points):
@@ -389,21 +459,32 @@ def _decode_metric(metric: metrics_pb2.Metric, common: dict, path: str,
             if point.bucket_counts and len(point.bucket_counts) != len(point.explicit_bounds) + 1:
                 rejections.add(ppath, "bucketCounts must have one more entry than explicitBounds")
                 continue
-            not_finite = next((name for name, number in (("sum", point.sum), ("min", point.min), ("max", point.max))
-                               if not math.isfinite(number)), None)
+            not_finite = next(
+                (
+                    name
+                    for name, number in (("sum", point.sum), ("min", point.min), ("max", point.max))
+                    if not math.isfinite(number)
+                ),
+                None,
+            )
             if not_finite is None and not all(map(math.isfinite, point.explicit_bounds)):
                 not_finite = "explicitBounds"
             if not_finite is not None:
                 rejections.add(ppath, f"{not_finite} is not a finite number")
                 continue
-            out.histograms.append(HistogramRow(
-                **common, **_point_fields(point),
-                count=int(point.count), sum=float(point.sum),
-                bucket_counts=[int(c) for c in point.bucket_counts],
-                explicit_bounds=[float(b) for b in point.explicit_bounds],
-                min=float(point.min) if point.HasField("min") else None,
-                max=float(point.max) if point.HasField("max") else None,
-                aggregation_temporality=int(data.aggregation_temporality)))
+            out.histograms.append(
+                HistogramRow(
+                    **common,
+                    **_point_fields(point),
+                    count=int(point.count),
+                    sum=float(point.sum),
+                    bucket_counts=[int(c) for c in point.bucket_counts],
+                    explicit_bounds=[float(b) for b in point.explicit_bounds],
+                    min=float(point.min) if point.HasField("min") else None,
+                    max=float(point.max) if point.HasField("max") else None,
+                    aggregation_temporality=int(data.aggregation_temporality),
+                )
+            )
     elif kind is None:
         rejections.add(path, "metric has no data (gauge, sum or histogram)")
     else:

@@ -69,8 +69,7 @@ def body_format(content_type: str | None) -> BodyFormat:
     )
 
 
-def decompress(body: bytes, content_encoding: str | None,
-               max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+def decompress(body: bytes, content_encoding: str | None, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
     """Undo ``Content-Encoding`` (``gzip``, ``deflate`` or ``identity``/none).
 
     Raises :class:`BodyTooLargeError` for a stream inflating past ``max_bytes``,
@@ -82,7 +81,8 @@ def decompress(body: bytes, content_encoding: str | None,
         return body
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise UnsupportedMediaTypeError(
-            f"unsupported Content-Encoding {content_encoding!r}: use gzip, deflate or identity")
+            f"unsupported Content-Encoding {content_encoding!r}: use gzip, deflate or identity"
+        )
     # wbits 47 = auto-detect zlib or gzip header; deflate bodies in the wild are zlib-wrapped.
     # A gzip body may hold several members (RFC 1952), inflated one after the other; bytes
     # after the last stream that are not another member are an error, as is a cut stream.
@@ -113,8 +113,7 @@ def _hex_to_base64(value: Any, path: str, hex_digits: int) -> str:
     if value == "":
         return ""
     if len(value) != hex_digits:
-        raise OTLPDecodeError(
-            f"{path}: expected {hex_digits} hex digits, got {len(value)} ({value[:40]!r})")
+        raise OTLPDecodeError(f"{path}: expected {hex_digits} hex digits, got {len(value)} ({value[:40]!r})")
     try:
         raw = binascii.unhexlify(value)
     except (binascii.Error, ValueError):
@@ -154,13 +153,17 @@ def _convert_ids(obj: dict, path: str, fields: tuple[tuple[str, str, int], ...])
             obj[key] = _hex_to_base64(value, f"{path}.{camel}", digits)
 
 
-_SPAN_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16),
-             ("parentSpanId", "parent_span_id", 16))
+_SPAN_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16), ("parentSpanId", "parent_span_id", 16))
 _LINK_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16))
 _SPAN_KINDS = frozenset(Span.SpanKind.keys())
 _STATUS_CODES = frozenset(Status.StatusCode.keys())
-_METRIC_KINDS = (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"),
-                 ("exponentialHistogram", "exponential_histogram"), ("summary", "summary"))
+_METRIC_KINDS = (
+    ("gauge", "gauge"),
+    ("sum", "sum"),
+    ("histogram", "histogram"),
+    ("exponentialHistogram", "exponential_histogram"),
+    ("summary", "summary"),
+)
 
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -187,15 +190,17 @@ def _enum_value(value: Any, names: frozenset[str], path: str, what: str) -> tupl
     elif isinstance(value, float) and value.is_integer() and _INT32[0] <= value <= _INT32[1]:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise OTLPDecodeError(f"{path}: expected a {what} name or integer, got {type(value).__name__}"
-                              f" ({repr(value)[:_SHOWN]})")
+        raise OTLPDecodeError(
+            f"{path}: expected a {what} name or integer, got {type(value).__name__} ({repr(value)[:_SHOWN]})"
+        )
     if not _INT32[0] <= value <= _INT32[1]:
         raise OTLPDecodeError(f"{path}: {what} {str(value)[:_SHOWN]} is outside the int32 range of an enum")
     return value, None
 
 
-def _check_enum(obj: dict, camel: str, names: frozenset[str], path: str, what: str, found: list[str],
-                label: str) -> None:
+def _check_enum(
+    obj: dict, camel: str, names: frozenset[str], path: str, what: str, found: list[str], label: str
+) -> None:
     """:func:`_enum_value` of ``obj[camel]`` in place (``null`` is the default); a warning
     is appended to ``found`` as ``"{label}: …"`` (``label``: the field's path in the span)."""
     value = obj.get(camel)
@@ -221,9 +226,10 @@ def _check_event_time(event: dict, label: str, found: list[str]) -> None:
     if key is None or value is None:
         return
     if isinstance(value, bool) or not (
-            (isinstance(value, int) and value >= 0)
-            or (isinstance(value, float) and value.is_integer() and value >= 0)
-            or (isinstance(value, str) and _UNSIGNED_TEXT.match(value))):
+        (isinstance(value, int) and value >= 0)
+        or (isinstance(value, float) and value.is_integer() and value >= 0)
+        or (isinstance(value, str) and _UNSIGNED_TEXT.match(value))
+    ):
         del event[key]
         found.append(f"{label}.timeUnixNano: {value!r} is not a time in ns; the event is kept without a time")
 
@@ -240,18 +246,17 @@ def _object_at(obj: dict, camel: str, snake: str, path: str) -> dict | None:
     return value
 
 
-def _prepare_json(document: dict, signal: Literal["traces", "metrics"],
-                  warnings: dict[str, list[str]] | None = None) -> None:
+def _prepare_json(
+    document: dict, signal: Literal["traces", "metrics"], warnings: dict[str, list[str]] | None = None
+) -> None:
     """Make an OTLP/JSON document ready for proto3 JSON parsing, in place: hex ids to the
     base64 it expects; span kinds and status codes checked (:func:`_enum_value`), unknown
     names removed with a warning in ``warnings[span path]``; resources, scopes and statuses
     that are not objects refused. Raises :class:`OTLPDecodeError` naming the path."""
     if signal == "traces":
-        for rpath, resource in _objects(
-                _list_at(document, "resourceSpans", "resource_spans", ""), "resourceSpans"):
+        for rpath, resource in _objects(_list_at(document, "resourceSpans", "resource_spans", ""), "resourceSpans"):
             _object_at(resource, "resource", "resource", rpath)
-            for spath, scope in _objects(
-                    _list_at(resource, "scopeSpans", "scope_spans", rpath), f"{rpath}.scopeSpans"):
+            for spath, scope in _objects(_list_at(resource, "scopeSpans", "scope_spans", rpath), f"{rpath}.scopeSpans"):
                 _object_at(scope, "scope", "scope", spath)
                 for path, span in _objects(_list_at(scope, "spans", "spans", spath), f"{spath}.spans"):
                     _convert_ids(span, path, _SPAN_IDS)
@@ -259,20 +264,21 @@ def _prepare_json(document: dict, signal: Literal["traces", "metrics"],
                     _check_enum(span, "kind", _SPAN_KINDS, path, "span kind", found, "kind")
                     status = _object_at(span, "status", "status", path)
                     if status is not None:
-                        _check_enum(status, "code", _STATUS_CODES, f"{path}.status", "status code", found,
-                                    "status.code")
+                        _check_enum(
+                            status, "code", _STATUS_CODES, f"{path}.status", "status code", found, "status.code"
+                        )
                     for epath, event in _objects(_list_at(span, "events", "events", path), f"{path}.events"):
-                        _check_event_time(event, epath[len(path) + 1:], found)
+                        _check_event_time(event, epath[len(path) + 1 :], found)
                     if found and warnings is not None:
                         warnings[path] = found
                     for lpath, link in _objects(_list_at(span, "links", "links", path), f"{path}.links"):
                         _convert_ids(link, lpath, _LINK_IDS)
         return
-    for rpath, resource in _objects(
-            _list_at(document, "resourceMetrics", "resource_metrics", ""), "resourceMetrics"):
+    for rpath, resource in _objects(_list_at(document, "resourceMetrics", "resource_metrics", ""), "resourceMetrics"):
         _object_at(resource, "resource", "resource", rpath)
         for spath, scope in _objects(
-                _list_at(resource, "scopeMetrics", "scope_metrics", rpath), f"{rpath}.scopeMetrics"):
+            _list_at(resource, "scopeMetrics", "scope_metrics", rpath), f"{rpath}.scopeMetrics"
+        ):
             _object_at(scope, "scope", "scope", spath)
             for mpath, metric in _objects(_list_at(scope, "metrics", "metrics", spath), f"{spath}.metrics"):
                 for camel, snake in _METRIC_KINDS:
@@ -281,9 +287,11 @@ def _prepare_json(document: dict, signal: Literal["traces", "metrics"],
                         continue
                     dpath = f"{mpath}.{camel}.dataPoints"
                     for ppath, point in _objects(
-                            _list_at(data, "dataPoints", "data_points", f"{mpath}.{camel}"), dpath):
+                        _list_at(data, "dataPoints", "data_points", f"{mpath}.{camel}"), dpath
+                    ):
                         for epath, exemplar in _objects(
-                                _list_at(point, "exemplars", "exemplars", ppath), f"{ppath}.exemplars"):
+                            _list_at(point, "exemplars", "exemplars", ppath), f"{ppath}.exemplars"
+                        ):
                             _convert_ids(exemplar, epath, _LINK_IDS)
 
 
@@ -296,7 +304,7 @@ def _parse_error(exc: json_format.ParseError) -> tuple[list[str], str]:
     text, fields = str(exc), []
     while match := _PARSE_STEP.match(text):
         fields.append(match.group(1))
-        text = text[match.end():]
+        text = text[match.end() :]
     reason = text.rstrip(".")
     return fields, (reason if len(reason) <= 200 else f"{reason[:200]}… ({len(reason)} characters)")
 
@@ -312,16 +320,24 @@ def _located(document: dict, signal: Literal["traces", "metrics"]) -> str | None
     metric, resource or scope that fails alone (``None`` if none does). Only on the error
     path, so a malformed body is answered with the index of the item to fix."""
     top, scopes, items, item_type = (
-        ("resourceSpans", "scopeSpans", "spans", Span) if signal == "traces"
-        else ("resourceMetrics", "scopeMetrics", "metrics", Metric))
-    snake = {"resourceSpans": "resource_spans", "scopeSpans": "scope_spans",
-             "resourceMetrics": "resource_metrics", "scopeMetrics": "scope_metrics"}
+        ("resourceSpans", "scopeSpans", "spans", Span)
+        if signal == "traces"
+        else ("resourceMetrics", "scopeMetrics", "metrics", Metric)
+    )
+    snake = {
+        "resourceSpans": "resource_spans",
+        "scopeSpans": "scope_spans",
+        "resourceMetrics": "resource_metrics",
+        "scopeMetrics": "scope_metrics",
+    }
     for i, resource in enumerate(_get(document, top, snake[top])[1] or ()):
         candidates = [(f"{top}[{i}].resource", resource.get("resource"), Resource)]
         for j, scope in enumerate(_get(resource, scopes, snake[scopes])[1] or ()):
             candidates.append((f"{top}[{i}].{scopes}[{j}].scope", scope.get("scope"), InstrumentationScope))
-            candidates.extend((f"{top}[{i}].{scopes}[{j}].{items}[{k}]", item, item_type)
-                              for k, item in enumerate(scope.get(items) or ()))
+            candidates.extend(
+                (f"{top}[{i}].{scopes}[{j}].{items}[{k}]", item, item_type)
+                for k, item in enumerate(scope.get(items) or ())
+            )
         for path, value, message_type in candidates:
             if not isinstance(value, dict):
                 continue
@@ -335,14 +351,18 @@ def _located(document: dict, signal: Literal["traces", "metrics"]) -> str | None
 
 
 # The one field at the top of each signal's Export*ServiceRequest (lowerCamelCase, snake_case).
-_TOP_LEVEL_FIELDS = {"traces": ("resourceSpans", "resource_spans"),
-                     "metrics": ("resourceMetrics", "resource_metrics")}
+_TOP_LEVEL_FIELDS = {"traces": ("resourceSpans", "resource_spans"), "metrics": ("resourceMetrics", "resource_metrics")}
 # Top-level fields of every OTLP export, to say which signal a misrouted body carries.
-_SIGNAL_OF_FIELD = {"resourceSpans": ("traces", "/v1/traces"), "resource_spans": ("traces", "/v1/traces"),
-                    "resourceMetrics": ("metrics", "/v1/metrics"), "resource_metrics": ("metrics", "/v1/metrics"),
-                    "resourceLogs": ("logs", "/v1/logs"), "resource_logs": ("logs", "/v1/logs"),
-                    "resourceProfiles": ("profiles", "/v1development/profiles"),
-                    "resource_profiles": ("profiles", "/v1development/profiles")}
+_SIGNAL_OF_FIELD = {
+    "resourceSpans": ("traces", "/v1/traces"),
+    "resource_spans": ("traces", "/v1/traces"),
+    "resourceMetrics": ("metrics", "/v1/metrics"),
+    "resource_metrics": ("metrics", "/v1/metrics"),
+    "resourceLogs": ("logs", "/v1/logs"),
+    "resource_logs": ("logs", "/v1/logs"),
+    "resourceProfiles": ("profiles", "/v1development/profiles"),
+    "resource_profiles": ("profiles", "/v1development/profiles"),
+}
 _SHOWN_KEYS = 5
 
 
@@ -361,19 +381,25 @@ def _check_top_level(document: dict, signal: Literal["traces", "metrics"], name:
         return
     keys = sorted(map(str, document))
     shown = ", ".join(repr(k[:64]) for k in keys[:_SHOWN_KEYS]) + (
-        f" and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else "")
+        f" and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else ""
+    )
     other = next((_SIGNAL_OF_FIELD[k] for k in keys if k in _SIGNAL_OF_FIELD), None)
     hint = ""
     if other is not None:
         accepted = other[0] in _TOP_LEVEL_FIELDS
-        hint = (f": an OTLP {other[0]} export, which belongs at {other[1]}"
-                + ("" if accepted else " (inferpath accepts traces and metrics only)"))
-    raise OTLPDecodeError(
-        f"JSON body is not an {name}: no {expected[0]} at the top level, found {shown}{hint}")
+        hint = f": an OTLP {other[0]} export, which belongs at {other[1]}" + (
+            "" if accepted else " (inferpath accepts traces and metrics only)"
+        )
+    raise OTLPDecodeError(f"JSON body is not an {name}: no {expected[0]} at the top level, found {shown}{hint}")
 
 
-def parse_message(payload: bytes, fmt: BodyFormat, message: Message,
-                  signal: Literal["traces", "metrics"], warnings: dict[str, list[str]] | None = None) -> Message:
+def parse_message(
+    payload: bytes,
+    fmt: BodyFormat,
+    message: Message,
+    signal: Literal["traces", "metrics"],
+    warnings: dict[str, list[str]] | None = None,
+) -> Message:
     """Fill ``message`` (an ``Export*ServiceRequest``) from a decompressed body.
 
     JSON follows the OTLP/JSON mapping: lowerCamelCase (snake_case also accepted), enums as

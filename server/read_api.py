@@ -52,8 +52,7 @@ LATEST = datetime(2100, 1, 1, tzinfo=timezone.utc)
 
 
 def _invalid(param: str, message: str, where: str = "query") -> HTTPException:
-    return HTTPException(status_code=422, detail=[{"loc": [where, param], "msg": message,
-                                                   "type": "value_error"}])
+    return HTTPException(status_code=422, detail=[{"loc": [where, param], "msg": message, "type": "value_error"}])
 
 
 # (path, methods) of a route → (its query parameter names, those taking one value)
@@ -63,8 +62,11 @@ _KNOWN_PARAMS: dict[tuple[str, frozenset[str]], tuple[frozenset[str], frozenset[
 def _query_param_names(dependant, *, repeatable: bool | None = None) -> set[str]:
     """Names (aliases) of the query parameters of a FastAPI ``Dependant`` and its dependencies;
     with ``repeatable`` only those that take (True) or do not take (False) several values."""
-    names = {param.alias for param in dependant.query_params
-             if repeatable is None or _is_sequence(param.field_info.annotation) == repeatable}
+    names = {
+        param.alias
+        for param in dependant.query_params
+        if repeatable is None or _is_sequence(param.field_info.annotation) == repeatable
+    }
     for sub in dependant.dependencies:
         names |= _query_param_names(sub, repeatable=repeatable)
     return names
@@ -86,21 +88,39 @@ async def _reject_unknown_params(request: Request) -> None:
     key = (route.path, frozenset(route.methods or ()))
     known = _KNOWN_PARAMS.get(key)
     if known is None:
-        known = _KNOWN_PARAMS[key] = (frozenset(_query_param_names(route.dependant)),
-                                      frozenset(_query_param_names(route.dependant, repeatable=False)))
+        known = _KNOWN_PARAMS[key] = (
+            frozenset(_query_param_names(route.dependant)),
+            frozenset(_query_param_names(route.dependant, repeatable=False)),
+        )
     names, single = known
     unknown = sorted(set(request.query_params) - names)
     if unknown:
-        raise HTTPException(status_code=422, detail=[
-            {"loc": ["query", name], "type": "value_error",
-             "msg": f"unknown query parameter {name!r}; this endpoint takes "
-                    f"{', '.join(sorted(names)) or 'none'}"} for name in unknown])
+        raise HTTPException(
+            status_code=422,
+            detail=[
+                {
+                    "loc": ["query", name],
+                    "type": "value_error",
+                    "msg": f"unknown query parameter {name!r}; this endpoint takes "
+                    f"{', '.join(sorted(names)) or 'none'}",
+                }
+                for name in unknown
+            ],
+        )
     repeated = sorted(name for name in single if len(request.query_params.getlist(name)) > 1)
     if repeated:
-        raise HTTPException(status_code=422, detail=[
-            {"loc": ["query", name], "type": "value_error",
-             "msg": f"query parameter {name!r} is given {len(request.query_params.getlist(name))} times; "
-                    f"it takes one value"} for name in repeated])
+        raise HTTPException(
+            status_code=422,
+            detail=[
+                {
+                    "loc": ["query", name],
+                    "type": "value_error",
+                    "msg": f"query parameter {name!r} is given {len(request.query_params.getlist(name))} times; "
+                    f"it takes one value",
+                }
+                for name in repeated
+            ],
+        )
 
 
 router = APIRouter(prefix="/api/v1", tags=["read"], dependencies=[Depends(_reject_unknown_params)])
@@ -126,8 +146,11 @@ def parse_time(value: str | None, param: str, *, where: str = "query") -> dateti
     except ValueError as exc:
         raise _invalid(param, f"{param}: {exc}", where) from None
     if parsed is None or not EARLIEST <= parsed <= LATEST:
-        raise _invalid(param, f"{param} is out of range: {text!r} (times from {EARLIEST.isoformat()} "
-                              f"to {LATEST.isoformat()})", where)
+        raise _invalid(
+            param,
+            f"{param} is out of range: {text!r} (times from {EARLIEST.isoformat()} to {LATEST.isoformat()})",
+            where,
+        )
     return parsed
 
 
@@ -135,8 +158,7 @@ def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
     end_dt = parse_time(end, "end") or datetime.now(timezone.utc)
     start_dt = parse_time(start, "start") or max(EARLIEST, end_dt - DEFAULT_WINDOW)
     if end_dt <= start_dt:
-        raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, "
-                              f"end={end_dt.isoformat()})")
+        raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, end={end_dt.isoformat()})")
     return start_dt, end_dt
 
 
@@ -148,8 +170,9 @@ async def _read(call, *args, **kwargs):
         # Reader messages start with the argument's name ("step_seconds=1 gives …", "end must …").
         match = re.match(r"[A-Za-z_][A-Za-z0-9_]*", str(exc))
         param = match.group(0) if match else "query"
-        raise HTTPException(status_code=422, detail=[{"loc": ["query", param], "msg": str(exc),
-                                                      "type": "value_error"}]) from None
+        raise HTTPException(
+            status_code=422, detail=[{"loc": ["query", param], "msg": str(exc), "type": "value_error"}]
+        ) from None
 
 
 StartQuery = Query(None, description="Window start: ISO-8601 with offset or Unix seconds (default end − 15 min).")
@@ -157,69 +180,109 @@ EndQuery = Query(None, description="Window end: ISO-8601 with offset or Unix sec
 
 
 @router.get("/summary")
-async def summary(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                  endpoint: str | None = None, endpoint_class: str | None = None) -> dict:
+async def summary(
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+) -> dict:
     """Latency summary per measure (count, mean, p50, p95, p99 in seconds) over the window.
 
     ``percentiles`` says how they were computed: ``exact``, or ``ddsketch`` (merged per-minute
     sketches, within 0.5 % of a value of that rank) for windows of at least
     ``INFERPATH_ROLLUP_MIN_WINDOW_SECONDS``; counts and means are exact either way."""
     start_dt, end_dt = _window(start, end)
-    body = await _read(request.app.state.runtime.reader.summary, start_dt, end_dt, endpoint=endpoint,
-                       endpoint_class=endpoint_class)
-    return {"start": start_dt, "end": end_dt, "endpoint": endpoint, "endpoint_class": endpoint_class,
-            **body}
+    body = await _read(
+        request.app.state.runtime.reader.summary, start_dt, end_dt, endpoint=endpoint, endpoint_class=endpoint_class
+    )
+    return {"start": start_dt, "end": end_dt, "endpoint": endpoint, "endpoint_class": endpoint_class, **body}
 
 
 @router.get("/requests")
-async def requests_(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                    endpoint: str | None = None, endpoint_class: str | None = None,
-                    limit: int = Query(100, ge=1, le=10_000),
-                    order: Literal["timestamp", "slowest"] = "timestamp") -> dict:
+async def requests_(
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+    limit: int = Query(100, ge=1, le=10_000),
+    order: Literal["timestamp", "slowest"] = "timestamp",
+) -> dict:
     """Request rows in the window (durations in ns), newest first or slowest first."""
     start_dt, end_dt = _window(start, end)
-    rows = await _read(request.app.state.runtime.reader.requests, start_dt, end_dt, endpoint=endpoint,
-                       endpoint_class=endpoint_class, limit=limit, order=order)
+    rows = await _read(
+        request.app.state.runtime.reader.requests,
+        start_dt,
+        end_dt,
+        endpoint=endpoint,
+        endpoint_class=endpoint_class,
+        limit=limit,
+        order=order,
+    )
     return {"start": start_dt, "end": end_dt, "requests": rows}
 
 
 @router.get("/requests/count")
-async def requests_count(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                         endpoint: str | None = None, endpoint_class: str | None = None) -> dict:
+async def requests_count(
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+) -> dict:
     """Number of requests in the window."""
     start_dt, end_dt = _window(start, end)
-    count = await _read(request.app.state.runtime.reader.request_count, start_dt, end_dt,
-                        endpoint=endpoint, endpoint_class=endpoint_class)
+    count = await _read(
+        request.app.state.runtime.reader.request_count,
+        start_dt,
+        end_dt,
+        endpoint=endpoint,
+        endpoint_class=endpoint_class,
+    )
     return {"start": start_dt, "end": end_dt, "count": count}
 
 
 @router.get("/timeseries/ttft")
-async def ttft_timeseries(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                          step_seconds: int = Query(60, ge=1, le=86_400),
-                          endpoint_class: str | None = None) -> dict:
+async def ttft_timeseries(
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    step_seconds: int = Query(60, ge=1, le=86_400),
+    endpoint_class: str | None = None,
+) -> dict:
     """TTFT per time bucket and endpoint class (seconds)."""
     start_dt, end_dt = _window(start, end)
-    points = await _read(request.app.state.runtime.reader.ttft_timeseries, start_dt, end_dt,
-                         step_seconds=step_seconds, endpoint_class=endpoint_class)
+    points = await _read(
+        request.app.state.runtime.reader.ttft_timeseries,
+        start_dt,
+        end_dt,
+        step_seconds=step_seconds,
+        endpoint_class=endpoint_class,
+    )
     return {"start": start_dt, "end": end_dt, "step_seconds": step_seconds, "points": points}
 
 
 @router.get("/timeseries/gauge")
-async def gauge_timeseries(request: Request, metric: str = Query(..., min_length=1, max_length=MAX_METRIC_NAME_CHARS),
-                           start: str | None = StartQuery, end: str | None = EndQuery,
-                           step_seconds: int = Query(60, ge=1, le=86_400)) -> dict:
+async def gauge_timeseries(
+    request: Request,
+    metric: str = Query(..., min_length=1, max_length=MAX_METRIC_NAME_CHARS),
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    step_seconds: int = Query(60, ge=1, le=86_400),
+) -> dict:
     """Mean of one gauge (canonical signal name) per bucket, service and attribute set."""
     start_dt, end_dt = _window(start, end)
-    points = await _read(request.app.state.runtime.reader.gauge_timeseries, metric, start_dt, end_dt,
-                         step_seconds=step_seconds)
-    return {"metric": metric, "start": start_dt, "end": end_dt, "step_seconds": step_seconds,
-            "points": points}
+    points = await _read(
+        request.app.state.runtime.reader.gauge_timeseries, metric, start_dt, end_dt, step_seconds=step_seconds
+    )
+    return {"metric": metric, "start": start_dt, "end": end_dt, "step_seconds": step_seconds, "points": points}
 
 
 @router.get("/traces/{trace_id}")
-async def trace(request: Request,
-                trace_id: str = Path(..., pattern="^[0-9a-fA-F]{32}$",
-                                     description="32 hex digits")) -> dict:
+async def trace(
+    request: Request, trace_id: str = Path(..., pattern="^[0-9a-fA-F]{32}$", description="32 hex digits")
+) -> dict:
     """All spans of one trace, ordered by start; 404 when the trace is unknown."""
     spans = await _read(request.app.state.runtime.reader.trace_spans, trace_id)
     if not spans:
@@ -233,23 +296,32 @@ async def trace(request: Request,
 
 
 @router.get("/diagnosis")
-async def diagnosis(request: Request,
-                    start: str | None = Query(None, description="Window start (required): ISO-8601 with "
-                                              "offset or Unix seconds."),
-                    end: str | None = Query(None, description="Window end (required): ISO-8601 with offset "
-                                            "or Unix seconds."),
-                    baseline_start: str | None = Query(None, description="Baseline start (optional; give "
-                                                       "baseline_end with it)."),
-                    baseline_end: str | None = Query(None, description="Baseline end (optional)."),
-                    endpoint: str | None = None,
-                    ttft_p99_seconds: float | None = Query(None, gt=0, le=3600, description="TTFT p99 objective "
-                                                           "for every endpoint class (default: the objectives "
-                                                           "file, else 1 s interactive / 10 s bulk)."),
-                    itl_p99_seconds: float | None = Query(None, gt=0, le=3600, description="ITL p99 objective "
-                                                          "for every endpoint class."),
-                    objectives: str | None = Query(None, max_length=16_384, description="Objectives per "
-                                                   "endpoint class as JSON, the objectives file's shape, e.g. "
-                                                   '{"interactive": {"ttft_p99_seconds": 0.6}}.')) -> dict:
+async def diagnosis(
+    request: Request,
+    start: str | None = Query(None, description="Window start (required): ISO-8601 with offset or Unix seconds."),
+    end: str | None = Query(None, description="Window end (required): ISO-8601 with offset or Unix seconds."),
+    baseline_start: str | None = Query(None, description="Baseline start (optional; give baseline_end with it)."),
+    baseline_end: str | None = Query(None, description="Baseline end (optional)."),
+    endpoint: str | None = None,
+    ttft_p99_seconds: float | None = Query(
+        None,
+        gt=0,
+        le=3600,
+        description="TTFT p99 objective "
+        "for every endpoint class (default: the objectives "
+        "file, else 1 s interactive / 10 s bulk).",
+    ),
+    itl_p99_seconds: float | None = Query(
+        None, gt=0, le=3600, description="ITL p99 objective for every endpoint class."
+    ),
+    objectives: str | None = Query(
+        None,
+        max_length=16_384,
+        description="Objectives per "
+        "endpoint class as JSON, the objectives file's shape, e.g. "
+        '{"interactive": {"ttft_p99_seconds": 0.6}}.',
+    ),
+) -> dict:
     """The verdict for the window: healthy or not against the latency objectives per endpoint
     class, named causes with evidence, what would help; against the baseline too when given.
 
@@ -269,11 +341,16 @@ async def diagnosis(request: Request,
     base_start, base_end = parse_time(baseline_start, "baseline_start"), parse_time(baseline_end, "baseline_end")
     if (base_start is None) != (base_end is None):
         missing = "baseline_end" if base_end is None else "baseline_start"
-        raise _invalid(missing, "give baseline_start and baseline_end together, or neither for a verdict "
-                                "against the objectives alone")
+        raise _invalid(
+            missing,
+            "give baseline_start and baseline_end together, or neither for a verdict against the objectives alone",
+        )
     if base_start is not None and base_end is not None and base_end <= base_start:
-        raise _invalid("baseline_end", f"baseline_end must be after baseline_start (baseline_start="
-                                       f"{base_start.isoformat()}, baseline_end={base_end.isoformat()})")
+        raise _invalid(
+            "baseline_end",
+            f"baseline_end must be after baseline_start (baseline_start="
+            f"{base_start.isoformat()}, baseline_end={base_end.isoformat()})",
+        )
     runtime = request.app.state.runtime
     if objectives is not None:
         from inferpath.analysis.objectives import objectives_from_mapping
@@ -293,15 +370,33 @@ async def diagnosis(request: Request,
         chosen = chosen.with_limit("itl", itl_p99_seconds)
     store = runtime.store
     if endpoint is not None:
-        known = await run_in_threadpool(store.query, "SELECT count() FROM inferpath_requests WHERE endpoint = "
-                                        "{endpoint:String}", {"endpoint": endpoint})
+        known = await run_in_threadpool(
+            store.query,
+            "SELECT count() FROM inferpath_requests WHERE endpoint = {endpoint:String}",
+            {"endpoint": endpoint},
+        )
         if not known or not known[0][0]:
-            raise HTTPException(status_code=404, detail=[{"loc": ["query", "endpoint"], "type": "not_found",
-                                                          "msg": f"no request of endpoint {endpoint!r} is stored"}])
+            raise HTTPException(
+                status_code=404,
+                detail=[
+                    {
+                        "loc": ["query", "endpoint"],
+                        "type": "not_found",
+                        "msg": f"no request of endpoint {endpoint!r} is stored",
+                    }
+                ],
+            )
     try:
-        verdict = await run_in_threadpool(diagnose, store, window_start=start_dt, window_end=end_dt,
-                                          baseline_start=base_start, baseline_end=base_end, endpoint=endpoint,
-                                          objectives=chosen)
+        verdict = await run_in_threadpool(
+            diagnose,
+            store,
+            window_start=start_dt,
+            window_end=end_dt,
+            baseline_start=base_start,
+            baseline_end=base_end,
+            endpoint=endpoint,
+            objectives=chosen,
+        )
     except ValueError as exc:  # InsufficientDataError included: name the window it is about
         param = "baseline_start" if getattr(exc, "window", "current") == "baseline" else "start"
         raise _invalid(param, str(exc)) from None
@@ -309,21 +404,28 @@ async def diagnosis(request: Request,
 
 
 @router.get("/whatif")
-async def whatif(request: Request,
-                 start: str = Query(..., description="Window start: ISO-8601 with offset or Unix seconds."),
-                 end: str = Query(..., description="Window end: ISO-8601 with offset or Unix seconds."),
-                 replicas: int | None = Query(None, ge=1, le=1024, description="Engines behind a round-robin gateway."),
-                 max_num_seqs: int | None = Query(None, ge=1, le=65_536, description="Batch slots per engine."),
-                 kv_blocks: str | None = Query(None, max_length=32, description="KV blocks per engine: a count "
-                                               "(96) or a factor of the calibrated pool (x2)."),
-                 batch_window_ms: float | None = Query(None, ge=0, le=60_000, description="Hold the queue head "
-                                                       "this long for more requests to join its prefill."),
-                 rate: str | None = Query(None, max_length=32, description="Arrival rate factor, e.g. x2."),
-                 split_endpoint_classes: str | None = Query(None, max_length=200, description="Each endpoint class "
-                                                            "on engines of its own: CLASS=REPLICAS,... e.g. "
-                                                            "interactive=2,bulk=1."),
-                 max_calibration_error: float = Query(0.30, gt=0, le=10, description="Refuse when the replay of "
-                                                      "the observed configuration is off by more than this.")) -> dict:
+async def whatif(
+    request: Request,
+    start: str = Query(..., description="Window start: ISO-8601 with offset or Unix seconds."),
+    end: str = Query(..., description="Window end: ISO-8601 with offset or Unix seconds."),
+    replicas: int | None = Query(None, ge=1, le=1024, description="Engines behind a round-robin gateway."),
+    max_num_seqs: int | None = Query(None, ge=1, le=65_536, description="Batch slots per engine."),
+    kv_blocks: str | None = Query(
+        None, max_length=32, description="KV blocks per engine: a count (96) or a factor of the calibrated pool (x2)."
+    ),
+    batch_window_ms: float | None = Query(
+        None, ge=0, le=60_000, description="Hold the queue head this long for more requests to join its prefill."
+    ),
+    rate: str | None = Query(None, max_length=32, description="Arrival rate factor, e.g. x2."),
+    split_endpoint_classes: str | None = Query(
+        None,
+        max_length=200,
+        description="Each endpoint class on engines of its own: CLASS=REPLICAS,... e.g. interactive=2,bulk=1.",
+    ),
+    max_calibration_error: float = Query(
+        0.30, gt=0, le=10, description="Refuse when the replay of the observed configuration is off by more than this."
+    ),
+) -> dict:
     """Predict TTFT, queue time, ITL and KV usage per endpoint class under a changed engine
     configuration, from the window's own requests and engine signals, beside what was observed
     and beside the replay of the observed configuration (``analysis/whatif.py``).
@@ -332,8 +434,14 @@ async def whatif(request: Request,
     cannot be calibrated (no engine spans, too few requests) or the replay is off by more than
     ``max_calibration_error``.
     """
-    from inferpath.analysis.whatif import (Change, WhatIfRefused, parse_class_split, parse_factor_or_count, predict,
-                                           what_if_to_dict)
+    from inferpath.analysis.whatif import (
+        Change,
+        WhatIfRefused,
+        parse_class_split,
+        parse_factor_or_count,
+        predict,
+        what_if_to_dict,
+    )
 
     start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
     if start_dt is None or end_dt is None:
@@ -348,16 +456,24 @@ async def whatif(request: Request,
             count, rate_factor = parse_factor_or_count(rate, "rate")
             rate_factor = rate_factor if rate_factor is not None else float(count)  # type: ignore[arg-type]
         split = parse_class_split(split_endpoint_classes) if split_endpoint_classes is not None else None
-        change = Change(replicas=replicas, max_num_seqs=max_num_seqs, kv_blocks=blocks, kv_blocks_factor=factor,
-                        batch_window_seconds=None if batch_window_ms is None else batch_window_ms / 1000.0,
-                        rate_factor=rate_factor, split_classes=split)
+        change = Change(
+            replicas=replicas,
+            max_num_seqs=max_num_seqs,
+            kv_blocks=blocks,
+            kv_blocks_factor=factor,
+            batch_window_seconds=None if batch_window_ms is None else batch_window_ms / 1000.0,
+            rate_factor=rate_factor,
+            split_classes=split,
+        )
     except ValueError as exc:
         name = str(exc).split(":", 1)[0]
-        raise _invalid({"rate_factor": "rate", "split_classes": "split_endpoint_classes"}.get(name, name),
-                       str(exc)) from None
+        raise _invalid(
+            {"rate_factor": "rate", "split_classes": "split_endpoint_classes"}.get(name, name), str(exc)
+        ) from None
     try:
-        answer = await run_in_threadpool(predict, request.app.state.runtime.store, start_dt, end_dt, change,
-                                         max_error=max_calibration_error)
+        answer = await run_in_threadpool(
+            predict, request.app.state.runtime.store, start_dt, end_dt, change, max_error=max_calibration_error
+        )
     except WhatIfRefused as exc:
         raise _invalid("start", f"no prediction: {exc}") from None
     return what_if_to_dict(answer)
@@ -388,13 +504,13 @@ VIEW_MAX_POINTS = 10_000
 _VIEW_QUANTILES = (0.5, 0.95, 0.99)
 """How far past the window a callee's server span may start: it starts after its caller."""
 
-MaxPointsQuery = Query(600, ge=1, le=VIEW_MAX_POINTS,
-                       description="Most buckets per series; the step grows to stay under it.")
+MaxPointsQuery = Query(
+    600, ge=1, le=VIEW_MAX_POINTS, description="Most buckets per series; the step grows to stay under it."
+)
 StepQuery = Query(None, ge=1, le=86_400, description="Smallest bucket width in seconds.")
 
 
-def view_step_seconds(start: datetime, end: datetime, step_seconds: int | None,
-                      max_points: int) -> int:
+def view_step_seconds(start: datetime, end: datetime, step_seconds: int | None, max_points: int) -> int:
     """Bucket width in whole seconds for ``[start, end)``: ``step_seconds`` (default 1),
     widened to ``ceil(duration / max_points)`` so the window has at most ``max_points``
     buckets. Raises ``ValueError`` for ``max_points`` < 1."""
@@ -411,8 +527,15 @@ def _ns_seconds(value: object) -> float | None:
     return None if number != number else number / 1e9  # NaN: missing
 
 
-def latency_view_points(store, start: datetime, end: datetime, *, step_seconds: int,
-                        endpoint_class: str | None = None, plan: WindowPlan | None = None) -> list[dict]:
+def latency_view_points(
+    store,
+    start: datetime,
+    end: datetime,
+    *,
+    step_seconds: int,
+    endpoint_class: str | None = None,
+    plan: WindowPlan | None = None,
+) -> list[dict]:
     """Per bucket and endpoint class: request count, error count, and TTFT, ITL and E2E
     mean / p50 / p95 / p99 in seconds (``None`` where no request measured them).
 
@@ -424,17 +547,17 @@ def latency_view_points(store, start: datetime, end: datetime, *, step_seconds: 
     if plan is not None:
         return _latency_points_from_rollup(store, plan, step_seconds, endpoint_class)
     params: dict = {"start": start, "end": end, "step": step_seconds}
-    where = ("timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}")
+    where = "timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
     if endpoint_class:
         where += " AND endpoint_class = {endpoint_class:String}"
         params["endpoint_class"] = endpoint_class
     measures = ("ttft", "itl", "e2e")
-    aggregates = ", ".join(
-        f"avg({m}), quantilesExactInclusive{_VIEW_QUANTILES}({m})" for m in measures)
+    aggregates = ", ".join(f"avg({m}), quantilesExactInclusive{_VIEW_QUANTILES}({m})" for m in measures)
     sql = (
         "SELECT toDateTime64(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 0, 'UTC')"
-        " AS bucket, endpoint_class, count(), countIf(status = 'error'), " + aggregates +
-        " FROM (SELECT timestamp, endpoint_class, status,"
+        " AS bucket, endpoint_class, count(), countIf(status = 'error'), "
+        + aggregates
+        + " FROM (SELECT timestamp, endpoint_class, status,"
         " coalesce(client_ttft_ns, ttft_ns) AS ttft, itl_ns AS itl,"
         " coalesce(client_e2e_ns, e2e_ns) AS e2e"
         f" FROM inferpath_requests FINAL WHERE {where})"
@@ -443,35 +566,44 @@ def latency_view_points(store, start: datetime, end: datetime, *, step_seconds: 
     points = []
     for row in store.query(sql, params):
         bucket, klass, count, errors, *stats = row
-        point = {"bucket": bucket, "endpoint_class": klass, "requests": int(count),
-                 "errors": int(errors)}
+        point = {"bucket": bucket, "endpoint_class": klass, "requests": int(count), "errors": int(errors)}
         for index, measure in enumerate(measures):
             avg_ns, quantiles_ns = stats[2 * index], stats[2 * index + 1]
             point[f"{measure}_avg_seconds"] = _ns_seconds(avg_ns)
             for q, value in zip(("p50", "p95", "p99"), quantiles_ns or (None,) * 3):
                 # An all-null bucket gives NaN quantiles: missing, not zero.
-                point[f"{measure}_{q}_seconds"] = None if point[f"{measure}_avg_seconds"] is None \
-                    else _ns_seconds(value)
+                point[f"{measure}_{q}_seconds"] = (
+                    None if point[f"{measure}_avg_seconds"] is None else _ns_seconds(value)
+                )
         points.append(point)
     return points
 
 
-def _latency_points_from_rollup(store, plan: WindowPlan, step_seconds: int,
-                                endpoint_class: str | None) -> list[dict]:
+def _latency_points_from_rollup(store, plan: WindowPlan, step_seconds: int, endpoint_class: str | None) -> list[dict]:
     level = {q: ROLLUP_LEVELS.index(q) for q in _VIEW_QUANTILES}
     measures = {"ttft": "ttft_best", "itl": "itl", "e2e": "e2e_best"}
-    rows = rollup_aggregate(store, plan, measures=measures.values(), step_seconds=step_seconds,
-                            filters={"endpoint_class": endpoint_class} if endpoint_class else None)
+    rows = rollup_aggregate(
+        store,
+        plan,
+        measures=measures.values(),
+        step_seconds=step_seconds,
+        filters={"endpoint_class": endpoint_class} if endpoint_class else None,
+    )
     points = []
     for row in rows:
-        point = {"bucket": row["bucket"], "endpoint_class": row["endpoint_class"],
-                 "requests": row["requests"], "errors": row["errors"]}
+        point = {
+            "bucket": row["bucket"],
+            "endpoint_class": row["endpoint_class"],
+            "requests": row["requests"],
+            "errors": row["errors"],
+        }
         for name, measure in measures.items():
             count = row[f"{measure}_count"]
             point[f"{name}_avg_seconds"] = row[f"{measure}_sum_ns"] / count / 1e9 if count else None
             for q in _VIEW_QUANTILES:
                 point[f"{name}_p{round(q * 100)}_seconds"] = (
-                    _ns_seconds(row[f"{measure}_q"][level[q]]) if count else None)
+                    _ns_seconds(row[f"{measure}_q"][level[q]]) if count else None
+                )
         points.append(point)
     return points
 
@@ -488,56 +620,86 @@ def latency_view_plan(reader, start: datetime, end: datetime, step_seconds: int)
 
 
 @router.get("/views/latency")
-async def latency_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                       endpoint_class: str | None = None, step_seconds: int | None = StepQuery,
-                       max_points: int = MaxPointsQuery) -> dict:
+async def latency_view(
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    endpoint_class: str | None = None,
+    step_seconds: int | None = StepQuery,
+    max_points: int = MaxPointsQuery,
+) -> dict:
     """Overview: per bucket and endpoint class, requests, errors and TTFT / ITL / E2E
     mean, p50, p95, p99 (seconds); ``step_seconds`` is the width actually used."""
     start_dt, end_dt = _window(start, end)
     step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
     runtime = request.app.state.runtime
     step, plan = await _read(latency_view_plan, runtime.reader, start_dt, end_dt, step)
-    points = await _read(latency_view_points, runtime.store, start_dt, end_dt,
-                         step_seconds=step, endpoint_class=endpoint_class, plan=plan)
-    return {"start": start_dt, "end": end_dt, "step_seconds": step,
-            "percentiles": "exact" if plan is None else "ddsketch", "points": points}
+    points = await _read(
+        latency_view_points,
+        runtime.store,
+        start_dt,
+        end_dt,
+        step_seconds=step,
+        endpoint_class=endpoint_class,
+        plan=plan,
+    )
+    return {
+        "start": start_dt,
+        "end": end_dt,
+        "step_seconds": step,
+        "percentiles": "exact" if plan is None else "ddsketch",
+        "points": points,
+    }
 
 
-def correlate_view_body(store, start: datetime, end: datetime, *, step_seconds: int,
-                        endpoint: str | None = None) -> dict:
+def correlate_view_body(
+    store, start: datetime, end: datetime, *, step_seconds: int, endpoint: str | None = None
+) -> dict:
     """The correlation timeline (:func:`inferpath.analysis.correlate.fetch_timeline`) as
     JSON rows with a ``time`` per step, plus the TTFT p99 spike windows
     (:func:`~inferpath.analysis.correlate.detect_spikes`). Signals are combined across
     engines and GPUs as the analysis defines (queue summed, KV usage max, utilization mean)."""
     from inferpath.analysis.correlate import SPIKE_FACTOR, detect_spikes, fetch_timeline
 
-    timeline = fetch_timeline(store, start=start, end=end, step_seconds=float(step_seconds),
-                              endpoint=endpoint)
+    timeline = fetch_timeline(store, start=start, end=end, step_seconds=float(step_seconds), endpoint=endpoint)
     points = []
     for row in timeline.rows():
         step_start_ns = row.pop("step_start_ns")
         points.append({"time": datetime.fromtimestamp(step_start_ns / 1e9, tz=timezone.utc), **row})
-    spikes = detect_spikes(timeline.step_start_ns, timeline.columns["ttft_p99_seconds"],
-                           timeline.step_seconds)
+    spikes = detect_spikes(timeline.step_start_ns, timeline.columns["ttft_p99_seconds"], timeline.step_seconds)
     return {
-        "columns": list(timeline.columns), "spike_factor": SPIKE_FACTOR, "points": points,
-        "spikes": [{"start": datetime.fromtimestamp(s.start_ns / 1e9, tz=timezone.utc),
-                    "end": datetime.fromtimestamp(s.end_ns / 1e9, tz=timezone.utc),
-                    "peak_seconds": s.peak, "baseline_seconds": s.baseline, "ratio": s.ratio}
-                   for s in spikes],
+        "columns": list(timeline.columns),
+        "spike_factor": SPIKE_FACTOR,
+        "points": points,
+        "spikes": [
+            {
+                "start": datetime.fromtimestamp(s.start_ns / 1e9, tz=timezone.utc),
+                "end": datetime.fromtimestamp(s.end_ns / 1e9, tz=timezone.utc),
+                "peak_seconds": s.peak,
+                "baseline_seconds": s.baseline,
+                "ratio": s.ratio,
+            }
+            for s in spikes
+        ],
     }
 
 
 @router.get("/views/correlate")
-async def correlate_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                         endpoint: str | None = None, step_seconds: int | None = StepQuery,
-                         max_points: int = MaxPointsQuery) -> dict:
+async def correlate_view(
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    endpoint: str | None = None,
+    step_seconds: int | None = StepQuery,
+    max_points: int = MaxPointsQuery,
+) -> dict:
     """Correlate: TTFT p99 and mean per step beside queue depth, running requests, KV-cache
     usage, preemptions per second, GPU utilization and memory; detected TTFT spikes."""
     start_dt, end_dt = _window(start, end)
     step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
-    body = await _read(correlate_view_body, request.app.state.runtime.store, start_dt, end_dt,
-                       step_seconds=step, endpoint=endpoint)
+    body = await _read(
+        correlate_view_body, request.app.state.runtime.store, start_dt, end_dt, step_seconds=step, endpoint=endpoint
+    )
     return {"start": start_dt, "end": end_dt, "step_seconds": step, **body}
 
 
@@ -553,8 +715,13 @@ def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
     spans. When any call holds more than one client or server span (a span exported twice,
     a retried call), the exact pairs of the join are taken instead, so the answer is the
     join's either way."""
-    parameters = {"start": start, "end": end, "slack_start": start - HOP_SLACK,
-                  "slack_end": end + HOP_SLACK, "slack_ns": int(HOP_SLACK.total_seconds() * 1e9)}
+    parameters = {
+        "start": start,
+        "end": end,
+        "slack_start": start - HOP_SLACK,
+        "slack_end": end + HOP_SLACK,
+        "slack_ns": int(HOP_SLACK.total_seconds() * 1e9),
+    }
     calls_sql = (
         "SELECT caller, callee, callee_span, count(), avg(overhead),"
         f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead), max(clients * servers)"
@@ -585,16 +752,19 @@ def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
 def hop_overhead_rows_joined(store, start: datetime, end: datetime) -> list[dict]:
     """:func:`hop_overhead_rows` by joining every CLIENT span of the window with its callee's
     SERVER spans: the definition, counting each (client, server) pair."""
-    sql = (f"SELECT caller, callee, callee_span, count(), avg(overhead),"
-           f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead) FROM "
-           + hop_pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}")
-           + " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span")
+    sql = (
+        f"SELECT caller, callee, callee_span, count(), avg(overhead),"
+        f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead) FROM "
+        + hop_pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}")
+        + " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
+    )
     parameters = {"start": start, "end": end, "slack_ns": int(HOP_SLACK.total_seconds() * 1e9)}
     return [_hop_row(*row) for row in store.query(sql, parameters)]
 
 
-def hop_overhead_view(store, start: datetime, end: datetime, *,
-                      rollup_min_window_seconds: float | None = None) -> tuple[list[dict], str]:
+def hop_overhead_view(
+    store, start: datetime, end: datetime, *, rollup_min_window_seconds: float | None = None
+) -> tuple[list[dict], str]:
     """``(rows, percentiles)``: :func:`hop_overhead_rows` (``"exact"``) for windows shorter
     than ``rollup_min_window_seconds`` (or with it ``None``, or before the hop rollup's first
     pass), else the same rows from the per-minute hop rollup with the window's ragged edges
@@ -607,14 +777,24 @@ def hop_overhead_view(store, start: datetime, end: datetime, *,
 
 
 def _hop_row(caller: str, callee: str, span: str, count: int, avg_ns: float, quantiles: list) -> dict:
-    return {"caller_service": caller, "callee_service": callee, "callee_span": span,
-            "count": int(count), "avg_seconds": _ns_seconds(avg_ns),
-            **{f"{q}_seconds": _ns_seconds(v) for q, v in zip(("p50", "p95", "p99"), quantiles)}}
+    return {
+        "caller_service": caller,
+        "callee_service": callee,
+        "callee_span": span,
+        "count": int(count),
+        "avg_seconds": _ns_seconds(avg_ns),
+        **{f"{q}_seconds": _ns_seconds(v) for q, v in zip(("p50", "p95", "p99"), quantiles)},
+    }
 
 
-def breakdown_view_body(store, start: datetime, end: datetime, *,
-                        endpoint_class: str | None = None,
-                        rollup_min_window_seconds: float | None = None) -> dict:
+def breakdown_view_body(
+    store,
+    start: datetime,
+    end: datetime,
+    *,
+    endpoint_class: str | None = None,
+    rollup_min_window_seconds: float | None = None,
+) -> dict:
     """Stage shares of TTFT and E2E per percentile band
     (:func:`inferpath.analysis.breakdown.breakdown_by_band`, ``*_ns`` means and ratios, exact)
     over the ``ok`` requests of the window, computed inside the store
@@ -622,28 +802,30 @@ def breakdown_view_body(store, start: datetime, end: datetime, *,
     (:func:`hop_overhead_view`; ``hop_percentiles`` says ``exact`` or ``ddsketch``)."""
     from inferpath.analysis.band_query import fetch_breakdown_bands
 
-    request_count, summaries = fetch_breakdown_bands(store, start=start, end=end,
-                                                     endpoint_class=endpoint_class)
-    bands = {measure: [dataclasses.asdict(summary) for summary in summaries[measure]]
-             for measure in ("ttft", "e2e")}
-    hops, hop_percentiles = hop_overhead_view(store, start, end,
-                                              rollup_min_window_seconds=rollup_min_window_seconds)
-    return {"request_count": request_count, "bands": bands, "hops": hops,
-            "hop_percentiles": hop_percentiles}
+    request_count, summaries = fetch_breakdown_bands(store, start=start, end=end, endpoint_class=endpoint_class)
+    bands = {measure: [dataclasses.asdict(summary) for summary in summaries[measure]] for measure in ("ttft", "e2e")}
+    hops, hop_percentiles = hop_overhead_view(store, start, end, rollup_min_window_seconds=rollup_min_window_seconds)
+    return {"request_count": request_count, "bands": bands, "hops": hops, "hop_percentiles": hop_percentiles}
 
 
 @router.get("/views/breakdown")
-async def breakdown_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                         endpoint_class: str | None = None) -> dict:
+async def breakdown_view(
+    request: Request, start: str | None = StartQuery, end: str | None = EndQuery, endpoint_class: str | None = None
+) -> dict:
     """Breakdown: stage shares of TTFT and E2E per percentile band (exact); overhead per hop
     (``hop_percentiles``: ``exact``, or ``ddsketch`` from the per-minute hop rollup for
     windows of at least ``INFERPATH_ROLLUP_MIN_WINDOW_SECONDS``, within 0.5 % of a value
     of that rank; counts and means exact either way)."""
     start_dt, end_dt = _window(start, end)
     runtime = request.app.state.runtime
-    body = await _read(breakdown_view_body, runtime.store, start_dt, end_dt,
-                       endpoint_class=endpoint_class,
-                       rollup_min_window_seconds=runtime.reader.rollup_min_window_seconds)
+    body = await _read(
+        breakdown_view_body,
+        runtime.store,
+        start_dt,
+        end_dt,
+        endpoint_class=endpoint_class,
+        rollup_min_window_seconds=runtime.reader.rollup_min_window_seconds,
+    )
     return {"start": start_dt, "end": end_dt, **body}
 
 
@@ -664,11 +846,20 @@ def fleet_series_rows(store, start: datetime, end: datetime) -> list[dict]:
             " ORDER BY ServiceName, toString(Attributes), MetricName"
         )
         for name, service, attributes, count, last_time, last, first, low, mean, high in store.query(
-                sql, {"names": names, "start": start, "end": end}):
-            row = {"signal": name, "kind": kind, "service_name": service,
-                   "attributes": dict(attributes), "samples": int(count), "last_time": last_time,
-                   "last_value": float(last), "min_value": float(low), "avg_value": float(mean),
-                   "max_value": float(high)}
+            sql, {"names": names, "start": start, "end": end}
+        ):
+            row = {
+                "signal": name,
+                "kind": kind,
+                "service_name": service,
+                "attributes": dict(attributes),
+                "samples": int(count),
+                "last_time": last_time,
+                "last_value": float(last),
+                "min_value": float(low),
+                "avg_value": float(mean),
+                "max_value": float(high),
+            }
             if kind == "sum":
                 row["increase"] = float(last) - float(first)
             out.append(row)
@@ -676,8 +867,7 @@ def fleet_series_rows(store, start: datetime, end: datetime) -> list[dict]:
 
 
 @router.get("/views/fleet")
-async def fleet_view(request: Request, start: str | None = StartQuery,
-                     end: str | None = EndQuery) -> dict:
+async def fleet_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery) -> dict:
     """GPUs and engines: per signal series, the window's samples, last value, min/mean/max;
     plus the signal catalog (which source can report which signal), so a reader can tell
     a signal a source does not export from one that sent nothing in this window."""
@@ -689,10 +879,15 @@ async def fleet_view(request: Request, start: str | None = StartQuery,
     for row in (*CATALOG, *DERIVED):
         metrics = sources.setdefault(row.source, {}).setdefault(row.signal, [])
         metrics.append(getattr(row, "metric", None) or "+".join(row.required))
-    return {"start": start_dt, "end": end_dt, "series": series,
-            "signals": {name: {"unit": s.unit, "kind": s.kind, "description": s.description}
-                        for name, s in SIGNALS.items()},
-            "sources": sources}
+    return {
+        "start": start_dt,
+        "end": end_dt,
+        "series": series,
+        "signals": {
+            name: {"unit": s.unit, "kind": s.kind, "description": s.description} for name, s in SIGNALS.items()
+        },
+        "sources": sources,
+    }
 
 
 def _alerts_service(request: Request) -> AlertsService | None:
@@ -702,8 +897,12 @@ def _alerts_service(request: Request) -> AlertsService | None:
 
 
 @router.get("/alerts")
-async def alerts_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                      limit: int = Query(500, ge=1, le=10000, description="Most history rows returned.")) -> dict:
+async def alerts_view(
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    limit: int = Query(500, ge=1, le=10000, description="Most history rows returned."),
+) -> dict:
     """Alerts firing and pending now (the server's alerts service) and the state changes of
     ``[start, end)`` from ``inferpath_alerts`` (``history``, oldest first); when the server
     evaluates no rules (none configured, or no alerts service) ``{"configured": false,
@@ -742,17 +941,20 @@ async def alerts_backtest(request: Request, body: BacktestRequest) -> dict:
     inferpath.server`` alone)."""
     service = _alerts_service(request)
     if service is None:
-        raise HTTPException(status_code=404, detail="this server runs without the alerts service "
-                                                    "(start it with `inferpath up`)")
+        raise HTTPException(
+            status_code=404, detail="this server runs without the alerts service (start it with `inferpath up`)"
+        )
     start_dt, end_dt = parse_time(body.start, "start", where="body"), parse_time(body.end, "end", where="body")
     if start_dt is None or end_dt is None or end_dt <= start_dt:
         raise _invalid("end", f"end must be after start (start={body.start!r}, end={body.end!r})", "body")
     try:
-        transitions = await run_in_threadpool(service.backtest, body.rules, body.source, start_dt, end_dt,
-                                              body.step_seconds)
+        transitions = await run_in_threadpool(
+            service.backtest, body.rules, body.source, start_dt, end_dt, body.step_seconds
+        )
     except ValueError as exc:
-        raise HTTPException(status_code=422, detail=[{"loc": ["body", "rules"], "msg": str(exc),
-                                                      "type": "value_error"}]) from None
+        raise HTTPException(
+            status_code=422, detail=[{"loc": ["body", "rules"], "msg": str(exc), "type": "value_error"}]
+        ) from None
     return {"transitions": transitions}
 
 
@@ -769,13 +971,26 @@ async def objectives_view(request: Request) -> dict:
         chosen = runtime_objectives(settings)
     except ValueError as exc:
         raise HTTPException(status_code=500, detail=f"the server's objectives file is invalid: {exc}") from None
-    return {"by_class": {name: [{"measure": o.measure, "quantile": o.quantile, "limit_seconds": o.limit_seconds}
-                                for o in objectives] for name, objectives in chosen.by_class.items()},
-            "default_class": DEFAULT_CLASS, "source": settings.objectives_file or "defaults"}
+    return {
+        "by_class": {
+            name: [{"measure": o.measure, "quantile": o.quantile, "limit_seconds": o.limit_seconds} for o in objectives]
+            for name, objectives in chosen.by_class.items()
+        },
+        "default_class": DEFAULT_CLASS,
+        "source": settings.objectives_file or "defaults",
+    }
 
 
-SIGNAL_VIEW_METRICS = (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO, BATCH_SIZE, GPU_UTILIZATION_RATIO,
-                       GPU_MEMORY_USED_BYTES, GPU_MEMORY_TOTAL_BYTES, GPU_POWER_WATTS)
+SIGNAL_VIEW_METRICS = (
+    QUEUE_DEPTH,
+    RUNNING_REQUESTS,
+    KV_CACHE_USAGE_RATIO,
+    BATCH_SIZE,
+    GPU_UTILIZATION_RATIO,
+    GPU_MEMORY_USED_BYTES,
+    GPU_MEMORY_TOTAL_BYTES,
+    GPU_POWER_WATTS,
+)
 """Gauges of ``/views/signals``: the engine's and the GPUs' saturation and their capacity."""
 
 
@@ -798,8 +1013,9 @@ def signals_view_body(store, start: datetime, end: datetime, *, step_seconds: in
         " GROUP BY MetricName, bucket, ServiceName, Attributes ORDER BY MetricName, bucket"
     )
     grouped: dict[str, dict] = {}
-    for name, bucket, service, attributes, high, mean, last in store.query(sql, {
-            "names": list(SIGNAL_VIEW_METRICS), "start": start, "end": end, "step": step_seconds}):
+    for name, bucket, service, attributes, high, mean, last in store.query(
+        sql, {"names": list(SIGNAL_VIEW_METRICS), "start": start, "end": end, "step": step_seconds}
+    ):
         signal = grouped.setdefault(name, {"series": set(), "last_time": last, "steps": {}})
         signal["series"].add((service, tuple(sorted(dict(attributes).items()))))
         signal["last_time"] = max(signal["last_time"], last)
@@ -809,21 +1025,28 @@ def signals_view_body(store, start: datetime, end: datetime, *, step_seconds: in
         combine = COMBINE[name]
         out[name] = {
             "combine": SIGNALS[name].across,
-            "series": len(signal["series"]), "last_time": signal["last_time"],
-            "points": [{"time": bucket, "max": combine([h for h, _ in values]),
-                        "mean": combine([m for _, m in values])}
-                       for bucket, values in sorted(signal["steps"].items())]}
+            "series": len(signal["series"]),
+            "last_time": signal["last_time"],
+            "points": [
+                {"time": bucket, "max": combine([h for h, _ in values]), "mean": combine([m for _, m in values])}
+                for bucket, values in sorted(signal["steps"].items())
+            ],
+        }
     return {"signals": out}
 
 
 @router.get("/views/signals")
-async def signals_view(request: Request, start: str | None = StartQuery, end: str | None = EndQuery,
-                       step_seconds: int | None = StepQuery, max_points: int = MaxPointsQuery) -> dict:
+async def signals_view(
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    step_seconds: int | None = StepQuery,
+    max_points: int = MaxPointsQuery,
+) -> dict:
     """Engine and GPU saturation per step: the max and the mean of each gauge in the step
     (queue depth, running requests, KV usage, batch size, GPU utilization, memory used and
     total, power), the number of series summed and the last sample time per signal."""
     start_dt, end_dt = _window(start, end)
     step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
-    body = await _read(signals_view_body, request.app.state.runtime.store, start_dt, end_dt,
-                       step_seconds=step)
+    body = await _read(signals_view_body, request.app.state.runtime.store, start_dt, end_dt, step_seconds=step)
     return {"start": start_dt, "end": end_dt, "step_seconds": step, **body}

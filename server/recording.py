@@ -26,18 +26,23 @@ import json
 import re
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
 SCRAPE_FILE = re.compile(r"^metrics_(\d{10,20})\.prom(\.gz)?$")
 TRACE_FOLDERS = ("startup_otlp", "otlp", "traces")
 SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
-    ("vllm:", "vllm"), ("sglang:", "sglang"), ("tgi_", "tgi"), ("nv_inference", "triton"),
-    ("trtllm_", "trtllm"), ("DCGM_FI_", "dcgm"),
+    ("vllm:", "vllm"),
+    ("sglang:", "sglang"),
+    ("tgi_", "tgi"),
+    ("nv_inference", "triton"),
+    ("trtllm_", "trtllm"),
+    ("DCGM_FI_", "dcgm"),
 )
 """Metric-name prefix → collector source, for recognising what a scrape came from."""
 PROTOBUF = {"content-type": "application/x-protobuf"}
@@ -115,8 +120,9 @@ def open_recording(path: str | Path, *, workdir: str | Path | None = None) -> Re
     # Start-up traces first (the engine loaded before it served), then by receive time.
     recording.trace_files.sort(key=lambda f: (TRACE_FOLDERS.index(f.parent.name), f.name))
     if not recording.scrapes and not recording.trace_files:
-        raise RecordingError(f"{root}: no scrapes (metrics_<unix_ns>.prom, *.om) and no OTLP trace bodies "
-                             f"(otlp/*.pb, otlp/*.json) found")
+        raise RecordingError(
+            f"{root}: no scrapes (metrics_<unix_ns>.prom, *.om) and no OTLP trace bodies (otlp/*.pb, otlp/*.json) found"
+        )
     return recording
 
 
@@ -154,8 +160,10 @@ def _timestamped_scrapes(file: Path, text: str) -> list[tuple[int, str]]:
             continue
         parts = line.rsplit(" ", 2)
         if len(parts) != 3 or not _is_number(parts[1]) or not _is_number(parts[2]):
-            raise RecordingError(f"{file}:{number}: a sample without a timestamp; a single exposition must "
-                                 "carry one on every sample (or use one metrics_<unix_ns>.prom file per scrape)")
+            raise RecordingError(
+                f"{file}:{number}: a sample without a timestamp; a single exposition must "
+                "carry one on every sample (or use one metrics_<unix_ns>.prom file per scrape)"
+            )
         stamp = float(parts[2])
         at_ns = int(round(stamp * 1e9)) if openmetrics else int(stamp) * 1_000_000
         groups.setdefault(at_ns, []).append(f"{parts[0]} {parts[1]}")
@@ -229,8 +237,9 @@ def _spans(request: Any) -> Iterator[Any]:
             yield from scope_spans.spans
 
 
-def import_recording(recording: Recording, client: httpx.Client, *, offset_ns: int = 0,
-                     source: str | None = None) -> ImportResult:
+def import_recording(
+    recording: Recording, client: httpx.Client, *, offset_ns: int = 0, source: str | None = None
+) -> ImportResult:
     """Post ``recording`` to the inferpath server behind ``client`` (module docstring) with
     every time moved by ``offset_ns``, then flush it so it is readable. ``source``: the
     collector source of the scrapes (default: recognised from each scrape). Raises
@@ -248,8 +257,11 @@ def import_recording(recording: Recording, client: httpx.Client, *, offset_ns: i
                 span.end_time_unix_nano += offset_ns
                 for event in span.events:
                     event.time_unix_nano += offset_ns
-            span_range = [min(span_range[0], span.start_time_unix_nano), max(span_range[1], span.end_time_unix_nano)] \
-                if span_range else [span.start_time_unix_nano, span.end_time_unix_nano]
+            span_range = (
+                [min(span_range[0], span.start_time_unix_nano), max(span_range[1], span.end_time_unix_nano)]
+                if span_range
+                else [span.start_time_unix_nano, span.end_time_unix_nano]
+            )
         _post(client, "/v1/traces", request.SerializeToString(), "trace body")
         bodies += 1
     seen_source = None
@@ -280,5 +292,13 @@ def _post(client: httpx.Client, path: str, body: bytes, what: str) -> None:
         raise RecordingError(f"the server refused a {what} ({response.status_code}): {response.text[:300]}")
 
 
-__all__ = ["ImportResult", "Recording", "RecordingError", "SOURCE_PREFIXES", "choose_offset_ns", "detect_source",
-           "import_recording", "open_recording"]
+__all__ = [
+    "ImportResult",
+    "Recording",
+    "RecordingError",
+    "SOURCE_PREFIXES",
+    "choose_offset_ns",
+    "detect_source",
+    "import_recording",
+    "open_recording",
+]

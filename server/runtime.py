@@ -20,24 +20,24 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from inferpath.config import Settings
+from inferpath.server.app import create_app
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
 from inferpath.server.ingest import CommitResult, DirectSpanSink, DurableIngest, SpanSink, TableRows
 from inferpath.server.log_ingest import LoggedSpanIngest
 from inferpath.server.memory import MemoryReleaser, limit_c_heap_arenas, tune_gc_for_server
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans
-from inferpath.server.app import create_app
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.server.services import BackgroundService
 from inferpath.server.span_log import SpanLog
 from inferpath.storage import gauge_rollup
 from inferpath.storage.reader import Reader
-from inferpath.storage.repair import repair_trace_id_index
 from inferpath.storage.refresher import RollupRefresher
+from inferpath.storage.repair import repair_trace_id_index
 from inferpath.storage.rollup import RefreshResult
 from inferpath.storage.rows import (
     GAUGE_COLUMNS,
@@ -86,15 +86,15 @@ class _FlushPasses:
             if self._running is None:
                 self._start_locked()
         if not pending["done"].wait(max(0.0, timeout_seconds)):
-            logger.warning("%s at flush still running after %.1f s; answering without it",
-                           self.name, max(0.0, timeout_seconds))
+            logger.warning(
+                "%s at flush still running after %.1f s; answering without it", self.name, max(0.0, timeout_seconds)
+            )
             return False
         return pending["ok"]
 
     def _start_locked(self) -> None:
         pending, self._waiting = self._waiting, None
-        self._running = threading.Thread(target=self._pass, args=(pending,),
-                                         name=self.thread_name, daemon=True)
+        self._running = threading.Thread(target=self._pass, args=(pending,), name=self.thread_name, daemon=True)
         self._running.start()
 
     def _pass(self, pending: dict) -> None:
@@ -131,8 +131,9 @@ class ServerRuntime:
             if service.name in self.services:
                 raise ValueError(f"two services are named {service.name!r}")
             self.services[service.name] = service
-        self.store = Store.open(settings.store_url, ttl_days=settings.ttl_days,
-                                ttl_days_by_table=settings.ttl_days_by_table or None)
+        self.store = Store.open(
+            settings.store_url, ttl_days=settings.ttl_days, ttl_days_by_table=settings.ttl_days_by_table or None
+        )
         self.rollups = RollupRefresher(self.store, interval_seconds=settings.rollup_interval_seconds)
         self.reader = Reader(self.store, rollup_min_window_seconds=settings.rollup_min_window_seconds)
         # OTLP exports are committed synchronously (a 200 means stored); see ingest.py.
@@ -162,10 +163,12 @@ class ServerRuntime:
         self.span_sink: SpanSink = self._open_span_sink(settings)
         # Flush work that can take long (after a restart, every recovered trace is read back;
         # a rollup pass over days of backdated traces): waited for only until the timeout.
-        self._flush_assembly = _FlushPasses("request assembly", "inferpath-flush-assembly",
-                                            lambda: self.assembler.run_once(force=True))
-        self._flush_rollups = _FlushPasses("rollup refresh", "inferpath-flush-rollup",
-                                           lambda: self.rollups.refresh_now())
+        self._flush_assembly = _FlushPasses(
+            "request assembly", "inferpath-flush-assembly", lambda: self.assembler.run_once(force=True)
+        )
+        self._flush_rollups = _FlushPasses(
+            "rollup refresh", "inferpath-flush-rollup", lambda: self.rollups.refresh_now()
+        )
         self.scrape_loop = ScrapeLoop(
             settings.scrape_targets,
             self.writers["otel_metrics_gauge"],
@@ -174,8 +177,11 @@ class ServerRuntime:
             histogram_writer=self.writers["otel_metrics_histogram"],
         )
         # Free allocator pages back to the OS on a timer (server/memory.py); None when off.
-        self.memory_releaser = (MemoryReleaser(self.store, interval_seconds=settings.memory_release_interval_seconds)
-                                if settings.memory_release_interval_seconds > 0 else None)
+        self.memory_releaser = (
+            MemoryReleaser(self.store, interval_seconds=settings.memory_release_interval_seconds)
+            if settings.memory_release_interval_seconds > 0
+            else None
+        )
         self._lock = threading.Lock()
         self._ttl_days_by_table: dict[str, int] = {}
         self._closed = False
@@ -216,8 +222,12 @@ class ServerRuntime:
         except (OSError, ValueError) as exc:
             logger.warning("span log %s unusable (%s); inserting every export before its 200", folder, exc)
             return direct
-        return LoggedSpanIngest(self.ingest, log, on_committed=self.assembler.note_spans,
-                                max_backlog_bytes=settings.span_log_max_backlog_bytes)
+        return LoggedSpanIngest(
+            self.ingest,
+            log,
+            on_committed=self.assembler.note_spans,
+            max_backlog_bytes=settings.span_log_max_backlog_bytes,
+        )
 
     def oldest_storable_unix_ns(self, table: str) -> int:
         """Unix ns before which ``table``'s TTL drops a row at insert (0: no TTL found).
@@ -229,9 +239,10 @@ class ServerRuntime:
         if days is None:
             days = 0
             try:
-                rows = self.store.query("SELECT engine_full FROM system.tables"
-                                        " WHERE database = {db:String} AND name = {table:String}",
-                                        {"db": self.store.database, "table": table})
+                rows = self.store.query(
+                    "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {table:String}",
+                    {"db": self.store.database, "table": table},
+                )
                 match = re.search(r"toIntervalDay\((\d+)\)", rows[0][0]) if rows else None
                 days = int(match.group(1)) if match else 0
             except Exception as exc:  # noqa: BLE001 - unknown TTL: reject nothing for age
@@ -248,8 +259,9 @@ class ServerRuntime:
         try:
             repaired = repair_trace_id_index(self.store, window_seconds=RECOVERY_WINDOW_SECONDS)
             if repaired:
-                logger.warning("restored the trace-id bounds of %d traces an interrupted insert left"
-                               " without them", repaired)
+                logger.warning(
+                    "restored the trace-id bounds of %d traces an interrupted insert left without them", repaired
+                )
         except Exception as exc:  # noqa: BLE001 - a repair failure must not stop the server
             logger.warning("could not check the trace-id bounds of recent traces: %s", exc)
         self.assembler.recover()
@@ -269,8 +281,14 @@ class ServerRuntime:
         return self.rollups.refresh_now()
 
     # ------------------------------------------------------------------ ingest
-    def ingest_spans(self, decoded: DecodedSpans, dedup_token: str, body: bytes, content_type: str | None = None,
-                     content_encoding: str | None = None) -> CommitResult:
+    def ingest_spans(
+        self,
+        decoded: DecodedSpans,
+        dedup_token: str,
+        body: bytes,
+        content_type: str | None = None,
+        content_encoding: str | None = None,
+    ) -> CommitResult:
         """Keep decoded spans durably through :attr:`span_sink`; the sink hands them to the
         assembler once they are in ``otel_traces``.
 
@@ -294,12 +312,14 @@ class ServerRuntime:
 
     def ingest_metrics(self, decoded: DecodedMetrics, dedup_token: str | None = None) -> CommitResult:
         """Commit decoded gauge/sum/histogram rows (one insert per table); see :meth:`ingest_spans`."""
-        result = self.ingest.commit([
-            TableRows("otel_metrics_gauge", GAUGE_COLUMNS, [r.to_insert_row() for r in decoded.gauges]),
-            TableRows("otel_metrics_sum", SUM_COLUMNS, [r.to_insert_row() for r in decoded.sums]),
-            TableRows("otel_metrics_histogram", HISTOGRAM_COLUMNS,
-                      [r.to_insert_row() for r in decoded.histograms]),
-        ], dedup_token)
+        result = self.ingest.commit(
+            [
+                TableRows("otel_metrics_gauge", GAUGE_COLUMNS, [r.to_insert_row() for r in decoded.gauges]),
+                TableRows("otel_metrics_sum", SUM_COLUMNS, [r.to_insert_row() for r in decoded.sums]),
+                TableRows("otel_metrics_histogram", HISTOGRAM_COLUMNS, [r.to_insert_row() for r in decoded.histograms]),
+            ],
+            dedup_token,
+        )
         kept = decoded.data_points if result.ok else 0
         with self._lock:
             self.data_points_rejected_total += decoded.rejected_data_points
@@ -341,8 +361,8 @@ class ServerRuntime:
             # Exports are committed (inserted or logged) before their 200; after the log's
             # flush above, its drainer inserted all it will (recovered spans included).
             "spans_inserted_total": self.span_sink.inserted_spans_total,
-            "data_points_inserted_total": self.data_points_received_total + sum(
-                self.writers[t].rows_inserted_total for t in ("otel_metrics_gauge", "otel_metrics_sum")),
+            "data_points_inserted_total": self.data_points_received_total
+            + sum(self.writers[t].rows_inserted_total for t in ("otel_metrics_gauge", "otel_metrics_sum")),
             "requests_inserted_total": self.writers[REQUESTS_TABLE].rows_inserted_total,
             "pending_traces": self.assembler.pending_traces,
         }
@@ -357,8 +377,9 @@ class ServerRuntime:
         backlog = self.span_sink.backlog_spans
         pending = self.assembler.pending_traces
         if backlog or pending:  # the work that can make a stop take seconds, said before it starts
-            logger.info("stopping: inserting %d spans still in the span log, assembling %d pending traces",
-                        backlog, pending)
+            logger.info(
+                "stopping: inserting %d spans still in the span log, assembling %d pending traces", backlog, pending
+            )
         self.scrape_loop.stop()
         if self.memory_releaser is not None:
             self.memory_releaser.stop()
@@ -396,10 +417,16 @@ class StoreOpenError(RuntimeError):
         text = str(cause)
         if isinstance(cause, OSError) and cause.strerror:
             text = cause.strerror + (f": {cause.filename}" if cause.filename else "")
-        hint = ("\n(an embedded chDB store is owned by one process: is `inferpath up` or `inferpath demo` "
-                "already using it?)" if embedded and not isinstance(cause, OSError) else "")
-        super().__init__(f"cannot open the store {store_url or url}: {type(cause).__name__}: "
-                         f"{text.splitlines()[0] if text else ''}{hint}")
+        hint = (
+            "\n(an embedded chDB store is owned by one process: is `inferpath up` or `inferpath demo` "
+            "already using it?)"
+            if embedded and not isinstance(cause, OSError)
+            else ""
+        )
+        super().__init__(
+            f"cannot open the store {store_url or url}: {type(cause).__name__}: "
+            f"{text.splitlines()[0] if text else ''}{hint}"
+        )
 
 
 class ListenError(OSError):
@@ -460,8 +487,9 @@ def _listen(sock: socket.socket) -> None:
 def _uvicorn_server(app, settings: Settings):
     import uvicorn
 
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                            lifespan="off", access_log=False)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level="warning", lifespan="off", access_log=False
+    )
     return uvicorn.Server(config)
 
 
@@ -482,15 +510,16 @@ class RunningServer:
         self._thread.join(timeout_seconds)
         self.runtime.close(timeout_seconds)
 
-    def __enter__(self) -> "RunningServer":
+    def __enter__(self) -> RunningServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def serve_in_thread(settings: Settings, *, port: int | None = None,
-                    services: Sequence[BackgroundService] = ()) -> RunningServer:
+def serve_in_thread(
+    settings: Settings, *, port: int | None = None, services: Sequence[BackgroundService] = ()
+) -> RunningServer:
     """Start the server (runtime + HTTP) on ``settings.host:settings.port`` in a daemon thread.
 
     ``port`` overrides ``settings.port``; 0 picks a free port (``Settings`` itself only
@@ -509,8 +538,7 @@ def serve_in_thread(settings: Settings, *, port: int | None = None,
         raise
     runtime.start()
     server = _uvicorn_server(create_app(runtime), settings)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name="inferpath-http", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="inferpath-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + _STARTUP_TIMEOUT_SECONDS
     while not server.started:
@@ -523,8 +551,9 @@ def serve_in_thread(settings: Settings, *, port: int | None = None,
         time.sleep(0.02)
     bound_port = sock.getsockname()[1]
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    return RunningServer(url=f"http://{shown_host}:{bound_port}", port=bound_port, runtime=runtime,
-                         _server=server, _thread=thread)
+    return RunningServer(
+        url=f"http://{shown_host}:{bound_port}", port=bound_port, runtime=runtime, _server=server, _thread=thread
+    )
 
 
 class _Terminated(Exception):
@@ -565,8 +594,12 @@ def serve_forever(settings: Settings, services: Sequence[BackgroundService] = ()
         tune_gc_for_server()
         server = _uvicorn_server(create_app(runtime), settings)
         shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-        logger.info("inferpath server listening on http://%s:%d (store %s)",
-                    shown_host, sock.getsockname()[1], runtime.store.url)
+        logger.info(
+            "inferpath server listening on http://%s:%d (store %s)",
+            shown_host,
+            sock.getsockname()[1],
+            runtime.store.url,
+        )
         server.run(sockets=[sock])
     except (KeyboardInterrupt, _Terminated):
         pass

@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from inferpath.config import ScrapeTarget
 from inferpath.ratelimited_log import RateLimitedLog
@@ -31,8 +32,7 @@ SOURCE_METRIC_ATTRIBUTE = "inferpath.source_metric"
 _OTLP_CUMULATIVE = 2
 
 
-def samples_to_rows(samples: Iterable[Any], source: str
-                    ) -> tuple[list[GaugeRow], list[SumRow], list[HistogramRow]]:
+def samples_to_rows(samples: Iterable[Any], source: str) -> tuple[list[GaugeRow], list[SumRow], list[HistogramRow]]:
     """Convert collector samples to gauge, sum and histogram rows.
 
     Gauge/counter samples carry ``signal``, ``value``, ``kind``, ``unit``, ``attributes``,
@@ -47,20 +47,34 @@ def samples_to_rows(samples: Iterable[Any], source: str
     for sample in samples:
         attributes = {str(k): str(v) for k, v in dict(sample.attributes).items()}
         attributes[SOURCE_METRIC_ATTRIBUTE] = str(sample.source_metric)
-        common = dict(resource_attributes=dict(resource), service_name=source,
-                      metric_name=str(sample.signal), description="", unit=str(sample.unit or ""),
-                      attributes=attributes, start_time=None, time=sample.timestamp,
-                      scope_name="inferpath.collectors")
+        common = dict(
+            resource_attributes=dict(resource),
+            service_name=source,
+            metric_name=str(sample.signal),
+            description="",
+            unit=str(sample.unit or ""),
+            attributes=attributes,
+            start_time=None,
+            time=sample.timestamp,
+            scope_name="inferpath.collectors",
+        )
         if sample.kind == "gauge":
             gauges.append(GaugeRow(**common, value=float(sample.value)))
         elif sample.kind == "sum":
-            sums.append(SumRow(**common, value=float(sample.value), aggregation_temporality=_OTLP_CUMULATIVE,
-                               is_monotonic=True))
+            sums.append(
+                SumRow(**common, value=float(sample.value), aggregation_temporality=_OTLP_CUMULATIVE, is_monotonic=True)
+            )
         elif sample.kind == "histogram":
-            histograms.append(HistogramRow(**common, count=int(round(sample.count)), sum=float(sample.sum),
-                                           bucket_counts=list(sample.bucket_counts()),
-                                           explicit_bounds=[float(b) for b in sample.bounds],
-                                           aggregation_temporality=_OTLP_CUMULATIVE))
+            histograms.append(
+                HistogramRow(
+                    **common,
+                    count=int(round(sample.count)),
+                    sum=float(sample.sum),
+                    bucket_counts=list(sample.bucket_counts()),
+                    explicit_bounds=[float(b) for b in sample.bounds],
+                    aggregation_temporality=_OTLP_CUMULATIVE,
+                )
+            )
     return gauges, sums, histograms
 
 
@@ -124,8 +138,7 @@ class ScrapeLoop:
                 self._failure_log.warning("scrape of %s (%s) failed: %s", target.url, target.source, exc)
             if failed:
                 self.scrape_errors_total += failed
-                self.scrape_errors_by_target[target.url] = (
-                    self.scrape_errors_by_target.get(target.url, 0) + failed)
+                self.scrape_errors_by_target[target.url] = self.scrape_errors_by_target.get(target.url, 0) + failed
             self.gauge_writer.submit([row.to_insert_row() for row in gauges])
             self.sum_writer.submit([row.to_insert_row() for row in sums])
             if self.histogram_writer is not None:

@@ -14,8 +14,9 @@ not start); ``stop`` and ``metric_families`` must not.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from prometheus_client.core import Metric
@@ -59,5 +60,6 @@ class AlertsService(BackgroundService, Protocol):
 
     def snapshot(self) -> dict[str, Any] | None: ...
 
-    def backtest(self, rules_text: str, source: str, start: datetime, end: datetime,
-                 step_seconds: float | None) -> list[dict[str, Any]]: ...
+    def backtest(
+        self, rules_text: str, source: str, start: datetime, end: datetime, step_seconds: float | None
+    ) -> list[dict[str, Any]]: ...

@@ -45,15 +45,28 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterable
 
 from inferpath.storage.rows import SpanRow, unix_ns_from_datetime
 
-__all__ = ["TTFT_SOURCES", "TTFTSource", "TTFTReading", "DerivationCounts", "CONFLICT_TOLERANCE_NS",
-           "seconds_to_ns", "span_ttft", "is_llm_call", "langfuse_usage_tokens", "timing_events",
-           "missing_measures", "describe_instrumentation", "SOURCE_ATTRIBUTES", "TIMING_EVENT_NAMES"]
+__all__ = [
+    "TTFT_SOURCES",
+    "TTFTSource",
+    "TTFTReading",
+    "DerivationCounts",
+    "CONFLICT_TOLERANCE_NS",
+    "seconds_to_ns",
+    "span_ttft",
+    "is_llm_call",
+    "langfuse_usage_tokens",
+    "timing_events",
+    "missing_measures",
+    "describe_instrumentation",
+    "SOURCE_ATTRIBUTES",
+    "TIMING_EVENT_NAMES",
+]
 
 # --------------------------------------------------------------------------- names
 TTFT_SECONDS = "gen_ai.response.time_to_first_chunk"
@@ -84,10 +97,24 @@ _LANGFUSE_INPUT_KEYS = ("input", "prompt_tokens", "input_tokens")
 _LANGFUSE_OUTPUT_KEYS = ("output", "completion_tokens", "output_tokens")
 
 #: Span attributes the readers here look up (held in derivation views).
-SOURCE_ATTRIBUTES = frozenset({
-    TTFT_SECONDS, *INFERPATH_STREAM_MARKS, INFERPATH_INCOMPLETE_REASON, ENGINE_TTFT, *OPENLLMETRY_STREAMING,
-    GENAI_REQUEST_STREAM, OPENINFERENCE_KIND, OPENINFERENCE_MODEL, OPENINFERENCE_INPUT_TOKENS,
-    OPENINFERENCE_OUTPUT_TOKENS, LANGFUSE_TYPE, LANGFUSE_COMPLETION_START, LANGFUSE_MODEL, LANGFUSE_USAGE})
+SOURCE_ATTRIBUTES = frozenset(
+    {
+        TTFT_SECONDS,
+        *INFERPATH_STREAM_MARKS,
+        INFERPATH_INCOMPLETE_REASON,
+        ENGINE_TTFT,
+        *OPENLLMETRY_STREAMING,
+        GENAI_REQUEST_STREAM,
+        OPENINFERENCE_KIND,
+        OPENINFERENCE_MODEL,
+        OPENINFERENCE_INPUT_TOKENS,
+        OPENINFERENCE_OUTPUT_TOKENS,
+        LANGFUSE_TYPE,
+        LANGFUSE_COMPLETION_START,
+        LANGFUSE_MODEL,
+        LANGFUSE_USAGE,
+    }
+)
 #: Event names the readers look at.
 TIMING_EVENT_NAMES = frozenset({*CHUNK_EVENTS, FIRST_TOKEN_EVENT})
 
@@ -266,8 +293,9 @@ def is_llm_call(span: SpanRow) -> bool:
     """True for a model call that another instrumentation marks without the GenAI client
     shape: an OpenInference ``LLM`` span or a Langfuse ``generation`` (both INTERNAL)."""
     attributes = span.span_attributes
-    return (attributes.get(OPENINFERENCE_KIND) == OPENINFERENCE_LLM
-            or attributes.get(LANGFUSE_TYPE) == LANGFUSE_GENERATION)
+    return (
+        attributes.get(OPENINFERENCE_KIND) == OPENINFERENCE_LLM or attributes.get(LANGFUSE_TYPE) == LANGFUSE_GENERATION
+    )
 
 
 def langfuse_usage_tokens(span: SpanRow | None) -> tuple[int | None, int | None]:
@@ -286,8 +314,7 @@ def langfuse_usage_tokens(span: SpanRow | None) -> tuple[int | None, int | None]
     def first(keys: Iterable[str]) -> int | None:
         for key in keys:
             value = usage.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-                    and value >= 0:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
                 return int(value)
         return None
 
@@ -310,8 +337,11 @@ def timing_events(span: SpanRow) -> tuple:
             continue
         moment = event[0]
         slim = (moment, name, {})
-        if isinstance(moment, datetime) and moment.tzinfo is not None \
-                and start_ns <= unix_ns_from_datetime(moment) <= end_ns:
+        if (
+            isinstance(moment, datetime)
+            and moment.tzinfo is not None
+            and start_ns <= unix_ns_from_datetime(moment) <= end_ns
+        ):
             valid.append(slim)
         else:
             malformed.append(slim)
@@ -341,9 +371,16 @@ def _not_streamed(span: SpanRow) -> bool:
     return False
 
 
-def missing_measures(*, client: SpanRow | None, gateway: SpanRow | None, engine: SpanRow | None,
-                     ttft_ns: int | None, e2e_ns: int | None, output_tokens: int | None,
-                     itl_ns: int | None) -> str:
+def missing_measures(
+    *,
+    client: SpanRow | None,
+    gateway: SpanRow | None,
+    engine: SpanRow | None,
+    ttft_ns: int | None,
+    e2e_ns: int | None,
+    output_tokens: int | None,
+    itl_ns: int | None,
+) -> str:
     """Why a request row lacks TTFT, E2E, output tokens or ITL: ``"measure: reason"`` entries
     joined by ``"; "``, empty when nothing is missing. ``ttft_ns`` / ``e2e_ns``: the row's
     best (client, else server) values; ``client``/``gateway``/``engine``: the spans that
@@ -354,8 +391,7 @@ def missing_measures(*, client: SpanRow | None, gateway: SpanRow | None, engine:
     if e2e_ns is None:
         reasons.append("e2e: no client, gateway or engine span gives the request's duration")
     if output_tokens is None:
-        reasons.append("output_tokens: no span reports usage (a stream reports it with "
-                       "stream_options.include_usage)")
+        reasons.append("output_tokens: no span reports usage (a stream reports it with stream_options.include_usage)")
     if itl_ns is None:
         if output_tokens is not None and output_tokens < 2:
             reasons.append("itl: fewer than 2 output tokens")
@@ -378,17 +414,23 @@ def _ttft_reason(client: SpanRow | None, gateway: SpanRow | None, engine: SpanRo
         if _not_streamed(client):
             return f"not a streamed call ({who})"
         if any(event[1] in CHUNK_EVENTS for event in client.events):
-            return (f"{who} recorded fewer than 2 usable chunk events (the first one is the role "
-                    "chunk; events before the span's start or after its end are ignored)")
-        return (f"{who} records no per-chunk timing; add inferpath.instrument() (its openai/httpx "
-                "integration) or enable chunk events (OpenLLMetry)")
+            return (
+                f"{who} recorded fewer than 2 usable chunk events (the first one is the role "
+                "chunk; events before the span's start or after its end are ignored)"
+            )
+        return (
+            f"{who} records no per-chunk timing; add inferpath.instrument() (its openai/httpx "
+            "integration) or enable chunk events (OpenLLMetry)"
+        )
     if gateway is not None:
         return "the gateway's response was not an OpenAI-style stream"
     if engine is not None:
         from inferpath.server import engine_sources  # it imports this module
 
         if engine_sources.engine_source(engine) is engine_sources.TGI:
-            return (f"TGI's request span '{engine.span_name}' has no {engine_sources.TGI_SEND_SPAN} span under it "
-                    "(the router hands no token back)")
+            return (
+                f"TGI's request span '{engine.span_name}' has no {engine_sources.TGI_SEND_SPAN} span under it "
+                "(the router hands no token back)"
+            )
         return f"the engine span carries no {ENGINE_TTFT}"
     return "no span of this trace measures a first token"

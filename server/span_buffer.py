@@ -47,8 +47,8 @@ from __future__ import annotations
 import operator
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
-from typing import Iterable
 
 from inferpath.storage.rows import SpanRow
 
@@ -169,8 +169,15 @@ class SpanBuffer:
     ``held_traces`` (now).
     """
 
-    def __init__(self, cutoff_unix_s: int, *, max_spans: int = 100_000, max_traces: int = 20_000,
-                 late_window_seconds: float = 30.0, trace_filter: TraceIdFilter | None = None) -> None:
+    def __init__(
+        self,
+        cutoff_unix_s: int,
+        *,
+        max_spans: int = 100_000,
+        max_traces: int = 20_000,
+        late_window_seconds: float = 30.0,
+        trace_filter: TraceIdFilter | None = None,
+    ) -> None:
         if max_spans < 1 or max_traces < 1:
             raise ValueError(f"max_spans and max_traces must be >= 1, got {max_spans}, {max_traces}")
         if late_window_seconds < 0:
@@ -202,8 +209,7 @@ class SpanBuffer:
     def has_room_for(self, spans: int, traces: int) -> bool:
         """True when ``spans`` more spans of ``traces`` more traces fit the bounds without
         letting go of a pending trace (assembled ones may still be let go)."""
-        return (self.pending_spans + spans <= self.max_spans
-                and len(self._pending) + traces <= self.max_traces)
+        return self.pending_spans + spans <= self.max_spans and len(self._pending) + traces <= self.max_traces
 
     # ------------------------------------------------------------------ noting
     def add(self, trace_id: str, spans: list[SpanRow], was_pending: bool) -> None:

@@ -132,7 +132,7 @@ def _valid_record_end(data: bytes, position: int) -> int | None:
     record_end = position + HEADER_BYTES + size
     if magic != MAGIC or record_end > len(data):
         return None
-    if _crc(token, flags, memoryview(data)[position + HEADER_BYTES:record_end]) != crc:
+    if _crc(token, flags, memoryview(data)[position + HEADER_BYTES : record_end]) != crc:
         return None
     return record_end
 
@@ -174,8 +174,14 @@ class SpanLog:
     ``ValueError`` for bad limits. Thread-safe.
     """
 
-    def __init__(self, folder: Path, *, segment_bytes: int = 64 * 1024 * 1024,
-                 retain_drained_bytes: int = 64 * 1024 * 1024, max_tokens: int = 100_000) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        segment_bytes: int = 64 * 1024 * 1024,
+        retain_drained_bytes: int = 64 * 1024 * 1024,
+        max_tokens: int = 100_000,
+    ) -> None:
         if segment_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
         if retain_drained_bytes < 0:
@@ -199,23 +205,32 @@ class SpanLog:
         progress_found = (self.folder / _PROGRESS).exists()
         self.committed_offset, self.unfinished_insert, self.lookup_until = self._read_progress()
         self._segments: list[int] = sorted(
-            int(p.stem) for p in self.folder.glob(f"*{_SEGMENT_SUFFIX}") if p.stem.isdigit())
+            int(p.stem) for p in self.folder.glob(f"*{_SEGMENT_SUFFIX}") if p.stem.isdigit()
+        )
         self.unfinished: list[LogRecord] = []
         self.end_offset = self._scan()
         if not progress_found and self.unfinished:
             # Without progress every record looks un-inserted; inserting them all again would
             # store each drained span twice, so each is settled by a lookup (log_ingest.py).
-            logger.warning("span log %s: the progress file is missing; the %d records in the log will be"
-                           " settled by looking their spans up in the store", self.folder, len(self.unfinished))
+            logger.warning(
+                "span log %s: the progress file is missing; the %d records in the log will be"
+                " settled by looking their spans up in the store",
+                self.folder,
+                len(self.unfinished),
+            )
             self.lookup_until = self.end_offset
         new_segment = not self._segments or self._segment_path(self._segments[-1]).stat().st_size >= segment_bytes
         if self.committed_offset > self.end_offset:
             # Progress past the data (segments removed or cut by hand): offsets only ever grow,
             # so new records go into a new segment named by the progress offset; none of them
             # can then fall below the "already inserted" mark.
-            logger.warning("span log %s: progress %d is past the log's end %d; appending from %d in a new"
-                           " segment", self.folder, self.committed_offset, self.end_offset,
-                           self.committed_offset)
+            logger.warning(
+                "span log %s: progress %d is past the log's end %d; appending from %d in a new segment",
+                self.folder,
+                self.committed_offset,
+                self.end_offset,
+                self.committed_offset,
+            )
             self.end_offset = self.committed_offset
             new_segment = True
         if self.unfinished_insert is not None and self.unfinished_insert.start < self.committed_offset:
@@ -289,9 +304,14 @@ class SpanLog:
                         # the crash (never answered 200). Nothing valid follows, so the cut loses
                         # no record.
                         dropped = len(data) - position
-                        logger.warning("span log %s: cutting off a torn last record (%s, %d bytes at %d); its"
-                                       " export was never acknowledged", path.name,
-                                       _problem(data, position), dropped, position)
+                        logger.warning(
+                            "span log %s: cutting off a torn last record (%s, %d bytes at %d); its"
+                            " export was never acknowledged",
+                            path.name,
+                            _problem(data, position),
+                            dropped,
+                            position,
+                        )
                         self.torn_bytes_dropped += dropped
                         os.truncate(path, position)
                         break
@@ -303,8 +323,15 @@ class SpanLog:
                     continue
                 magic, size, crc, token, flags = _HEADER.unpack_from(data, position)
                 if start + record_end > self.committed_offset:
-                    self.unfinished.append(LogRecord(start + position, start + record_end, token, flags,
-                                                     bytes(data[position + HEADER_BYTES:record_end])))
+                    self.unfinished.append(
+                        LogRecord(
+                            start + position,
+                            start + record_end,
+                            token,
+                            flags,
+                            bytes(data[position + HEADER_BYTES : record_end]),
+                        )
+                    )
                 self._remember(token)
                 position = record_end
             end = start + position
@@ -316,10 +343,18 @@ class SpanLog:
 
     def _note_corrupt(self, path: Path, segment_start: int, position: int, skipped: int, problem: str) -> None:
         inserted = segment_start + position + skipped <= self.committed_offset
-        logger.error("span log %s: damaged record (%s) at offset %d of the segment (global %d); skipped %d bytes"
-                     " to the next valid record%s", path.name, problem, position, segment_start + position,
-                     skipped, " (behind the drained mark: inserted, or lost and reported at an earlier start)"
-                     if inserted else "; an acknowledged export in them is lost")
+        logger.error(
+            "span log %s: damaged record (%s) at offset %d of the segment (global %d); skipped %d bytes"
+            " to the next valid record%s",
+            path.name,
+            problem,
+            position,
+            segment_start + position,
+            skipped,
+            " (behind the drained mark: inserted, or lost and reported at an earlier start)"
+            if inserted
+            else "; an acknowledged export in them is lost",
+        )
         self.corrupt_records_total += 1
         self.corrupt_bytes_total += skipped
 
@@ -431,10 +466,10 @@ class SpanLog:
                 continue
             kept += end - start
             if kept > self.retain_drained_bytes:
-                for old in self._segments[:index + 1]:
+                for old in self._segments[: index + 1]:
                     try:
                         self._segment_path(old).unlink()
                     except FileNotFoundError:
                         pass
-                del self._segments[:index + 1]
+                del self._segments[: index + 1]
                 return

@@ -22,8 +22,8 @@ assembly and ``FINAL`` on ``inferpath_requests`` see whole traces; metrics shard
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from inferpath.storage.schema_files import SCHEMA_DIR, Migration, created_table, load_migrations, validate_ttl_days
 from inferpath.storage.url import validate_identifier
@@ -46,7 +46,8 @@ DEFAULT_REPLICATION_PATH = "/clickhouse/tables/{shard}"
 
 _ENGINE = re.compile(r"ENGINE\s*=\s*([A-Za-z]*)MergeTree\(([^)]*)\)")
 _CREATE_VIEW = re.compile(
-    r"^CREATE\s+MATERIALIZED\s+VIEW\s+IF\s+NOT\s+EXISTS\s+`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+    r"^CREATE\s+MATERIALIZED\s+VIEW\s+IF\s+NOT\s+EXISTS\s+`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE
+)
 _ALTER_TABLE = re.compile(r"^ALTER\s+TABLE\s+`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 _TABLE_REF = re.compile(r"`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)")
 _COLUMN_CHANGE = re.compile(r"\b(?:ADD|DROP|MODIFY|RENAME|COMMENT)\s+COLUMN\b", re.IGNORECASE)
@@ -100,9 +101,14 @@ def _raw_cluster_statements(raw: str, cluster: str, replication_path: str) -> li
     raise ValueError(f"no cluster form for statement: {raw[:80]!r}")
 
 
-def migration_cluster_statements(migration: Migration, cluster: str, database: str, ttl_days: int,
-                                 ttl_days_by_table: Mapping[str, int] | None = None,
-                                 replication_path: str = DEFAULT_REPLICATION_PATH) -> list[str]:
+def migration_cluster_statements(
+    migration: Migration,
+    cluster: str,
+    database: str,
+    ttl_days: int,
+    ttl_days_by_table: Mapping[str, int] | None = None,
+    replication_path: str = DEFAULT_REPLICATION_PATH,
+) -> list[str]:
     """The cluster form of one migration's statements, placeholders filled.
 
     Raises ``ValueError`` for a bad cluster/database name or TTL, or a statement with no
@@ -111,8 +117,7 @@ def migration_cluster_statements(migration: Migration, cluster: str, database: s
     validate_identifier(cluster, "cluster")
     validate_identifier(database)
     validate_ttl_days(ttl_days)
-    overrides = {validate_identifier(t, "table"): validate_ttl_days(d)
-                 for t, d in (ttl_days_by_table or {}).items()}
+    overrides = {validate_identifier(t, "table"): validate_ttl_days(d) for t, d in (ttl_days_by_table or {}).items()}
     if "'" in replication_path or "`" in replication_path:
         raise ValueError(f"replication_path must not contain quotes, got {replication_path!r}")
     out = []
@@ -124,10 +129,15 @@ def migration_cluster_statements(migration: Migration, cluster: str, database: s
     return out
 
 
-def cluster_statements(cluster: str, database: str = "inferpath", ttl_days: int = 30, *,
-                       ttl_days_by_table: Mapping[str, int] | None = None,
-                       replication_path: str = DEFAULT_REPLICATION_PATH,
-                       schema_dir: Path = SCHEMA_DIR) -> list[str]:
+def cluster_statements(
+    cluster: str,
+    database: str = "inferpath",
+    ttl_days: int = 30,
+    *,
+    ttl_days_by_table: Mapping[str, int] | None = None,
+    replication_path: str = DEFAULT_REPLICATION_PATH,
+    schema_dir: Path = SCHEMA_DIR,
+) -> list[str]:
     """The whole schema as cluster DDL: ``CREATE DATABASE … ON CLUSTER`` then, per schema
     file in version order, the statements of :func:`migration_cluster_statements`.
 
@@ -138,8 +148,9 @@ def cluster_statements(cluster: str, database: str = "inferpath", ttl_days: int 
     validate_identifier(database)
     out = [f"CREATE DATABASE IF NOT EXISTS `{database}` ON CLUSTER `{cluster}`"]
     for migration in load_migrations(schema_dir):
-        out.extend(migration_cluster_statements(migration, cluster, database, ttl_days,
-                                                ttl_days_by_table, replication_path))
+        out.extend(
+            migration_cluster_statements(migration, cluster, database, ttl_days, ttl_days_by_table, replication_path)
+        )
     return out
 
 
@@ -151,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= len(args) <= 3:
         print("usage: python -m inferpath.storage.cluster CLUSTER [DATABASE] [TTL_DAYS]", file=sys.stderr)
         return 2
-    statements = cluster_statements(args[0], args[1] if len(args) > 1 else "inferpath",
-                                    int(args[2]) if len(args) > 2 else 30)
+    statements = cluster_statements(
+        args[0], args[1] if len(args) > 1 else "inferpath", int(args[2]) if len(args) > 2 else 30
+    )
     print(";\n\n".join(statements) + ";")
     return 0
 

@@ -24,7 +24,7 @@ STATE_NAME = "otel_metrics_gauge_1m_backfill"
 """The backfill's row in the state table (its watermark: when the backfill ran)."""
 MINUTE_NS = 60_000_000_000
 
-_ready: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_ready: weakref.WeakSet[Any] = weakref.WeakSet()
 """Stores seen ready: once backfilled, a store stays so (the view keeps the rollup whole)."""
 
 _FOLD = (
@@ -57,9 +57,11 @@ def backfill(store: Any) -> bool:
         return False
     store.command(_FOLD)
     now = datetime.now(timezone.utc)
-    store.command(f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at)"
-                  " VALUES ({name:String}, {now:DateTime64(9, 'UTC')}, {now:DateTime64(9, 'UTC')})",
-                  {"name": STATE_NAME, "now": now})
+    store.command(
+        f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at)"
+        " VALUES ({name:String}, {now:DateTime64(9, 'UTC')}, {now:DateTime64(9, 'UTC')})",
+        {"name": STATE_NAME, "now": now},
+    )
     _ready.add(store)
     return True
 

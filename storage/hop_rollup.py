@@ -33,12 +33,20 @@ the recent minutes are paired from raw spans and sketched in the same query.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Any
 
 from inferpath.storage.rollup import (
-    DEFAULT_MARGIN_SECONDS, MINUTE, RELATIVE_ACCURACY, STATE_TABLE, RefreshResult, WindowPlan,
-    _latest_rebuild, _param, _runs, plan_window,
+    DEFAULT_MARGIN_SECONDS,
+    RELATIVE_ACCURACY,
+    STATE_TABLE,
+    RefreshResult,
+    WindowPlan,
+    _latest_rebuild,
+    _param,
+    _runs,
+    plan_window,
 )
 
 HOP_TABLE = "inferpath_hops_1m"
@@ -83,8 +91,9 @@ def _slack_ns() -> int:
 # ----------------------------------------------------------------------------- refresh
 def hop_watermark(store) -> datetime | None:
     """The hop refresher's watermark (aware UTC), ``None`` before its first pass."""
-    rows = store.query(f"SELECT max(watermark), count() FROM {STATE_TABLE} WHERE name = {{name:String}}",
-                       {"name": HOP_STATE_NAME})
+    rows = store.query(
+        f"SELECT max(watermark), count() FROM {STATE_TABLE} WHERE name = {{name:String}}", {"name": HOP_STATE_NAME}
+    )
     return rows[0][0] if rows and rows[0][1] else None
 
 
@@ -105,12 +114,18 @@ def _changed_minutes(store, since: datetime | None) -> list[datetime]:
         " toStartOfMinute(last)), {max_minutes:UInt32}) + 1))) FROM (SELECT TraceId,"
         " toStartOfMinute(min(Start)) AS first, max(End) AS last FROM otel_traces_trace_id_ts"
         " WHERE TraceId IN (SELECT trace_id FROM inferpath_requests"
-        "  WHERE updated_at >= {since:DateTime64(9, 'UTC')}) GROUP BY TraceId)")
+        "  WHERE updated_at >= {since:DateTime64(9, 'UTC')}) GROUP BY TraceId)"
+    )
     return [row[0] for row in store.query(sql, {"since": since, "max_minutes": MAX_TRACE_MINUTES - 1})]
 
 
-def refresh_hops(store, *, now: datetime | None = None, margin_seconds: float = DEFAULT_MARGIN_SECONDS,
-                 max_minutes_per_insert: int = 60) -> RefreshResult:
+def refresh_hops(
+    store,
+    *,
+    now: datetime | None = None,
+    margin_seconds: float = DEFAULT_MARGIN_SECONDS,
+    max_minutes_per_insert: int = 60,
+) -> RefreshResult:
     """Rebuild the hop-rollup minutes holding spans of traces whose request row changed since
     the watermark (every minute with a CLIENT span on the first pass).
 
@@ -131,13 +146,16 @@ def refresh_hops(store, *, now: datetime | None = None, margin_seconds: float = 
             " now64(9, 'UTC') FROM "
             + pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}")
             + " GROUP BY minute, caller, callee, callee_span",
-            {"start": run_start, "end": run_end, "slack_ns": _slack_ns()})
+            {"start": run_start, "end": run_end, "slack_ns": _slack_ns()},
+        )
     mark = pass_time - timedelta(seconds=margin_seconds)
     if since is not None:
         mark = max(since, mark)
-    store.command(f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at) VALUES"
-                  " ({name:String}, {mark:DateTime64(9, 'UTC')}, now64(9, 'UTC'))",
-                  {"name": HOP_STATE_NAME, "mark": mark})
+    store.command(
+        f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at) VALUES"
+        " ({name:String}, {mark:DateTime64(9, 'UTC')}, now64(9, 'UTC'))",
+        {"name": HOP_STATE_NAME, "mark": mark},
+    )
     return RefreshResult(minutes=len(minutes), seconds=time.monotonic() - started, watermark=mark)
 
 
@@ -168,23 +186,37 @@ def hop_aggregate(store, plan: WindowPlan, levels: Sequence[float]) -> list[tupl
         parts.append(
             "SELECT caller_service AS caller, callee_service AS callee, callee_span, calls,"
             f" overhead_sum_ns, overhead_q FROM {HOP_TABLE} WHERE "
-            + _latest_rebuild(HOP_TABLE, "minute", _param(f"r{index}_start"), _param(f"r{index}_end")))
+            + _latest_rebuild(HOP_TABLE, "minute", _param(f"r{index}_start"), _param(f"r{index}_end"))
+        )
     for index, (a, b) in enumerate(plan.raw):
         params[f"a{index}"], params[f"b{index}"] = a, b
         parts.append(
             f"SELECT caller, callee, callee_span, count() AS calls, sum(overhead) AS overhead_sum_ns,"
             f" quantilesDDState({_SKETCH_ARGS})(overhead) AS overhead_q FROM "
             + pairs_sql(f"{{a{index}:DateTime64(9, 'UTC')}}", f"{{b{index}:DateTime64(9, 'UTC')}}")
-            + " GROUP BY caller, callee, callee_span")
-    sql = (f"SELECT caller, callee, callee_span, sum(calls), sum(overhead_sum_ns),"
-           f" quantilesDDMerge({_SKETCH_ARGS})(overhead_q) FROM ({' UNION ALL '.join(parts)})"
-           " GROUP BY caller, callee, callee_span HAVING sum(calls) > 0"
-           " ORDER BY caller, callee, callee_span")
+            + " GROUP BY caller, callee, callee_span"
+        )
+    sql = (
+        f"SELECT caller, callee, callee_span, sum(calls), sum(overhead_sum_ns),"
+        f" quantilesDDMerge({_SKETCH_ARGS})(overhead_q) FROM ({' UNION ALL '.join(parts)})"
+        " GROUP BY caller, callee, callee_span HAVING sum(calls) > 0"
+        " ORDER BY caller, callee, callee_span"
+    )
     positions = [HOP_QUANTILE_LEVELS.index(q) for q in levels]
-    return [(caller, callee, span, int(count), int(total) / int(count),
-             [float(quantiles[i]) for i in positions])
-            for caller, callee, span, count, total, quantiles in store.query(sql, params)]
+    return [
+        (caller, callee, span, int(count), int(total) / int(count), [float(quantiles[i]) for i in positions])
+        for caller, callee, span, count, total, quantiles in store.query(sql, params)
+    ]
 
 
-__all__ = ["HOP_SLACK", "HOP_STATE_NAME", "HOP_TABLE", "hop_aggregate", "hop_horizon", "hop_plan",
-           "hop_watermark", "pairs_sql", "refresh_hops"]
+__all__ = [
+    "HOP_SLACK",
+    "HOP_STATE_NAME",
+    "HOP_TABLE",
+    "hop_aggregate",
+    "hop_horizon",
+    "hop_plan",
+    "hop_watermark",
+    "pairs_sql",
+    "refresh_hops",
+]

@@ -10,9 +10,10 @@ migrating the same ClickHouse at once (server replicas) do no harm.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from inferpath.storage.cluster import migration_cluster_statements
 from inferpath.storage.schema_files import SCHEMA_DIR, created_table, load_migrations, validate_ttl_days
@@ -24,14 +25,15 @@ if TYPE_CHECKING:  # pragma: no cover
 MIGRATIONS_TABLE = "inferpath_schema_migrations"
 
 
-def applied_versions(store: "Store") -> set[int]:
+def applied_versions(store: Store) -> set[int]:
     """Versions recorded in ``inferpath_schema_migrations`` of the store's database."""
     rows = store.query(f"SELECT DISTINCT version FROM `{store.database}`.{MIGRATIONS_TABLE}")
     return {int(r[0]) for r in rows}
 
 
-def apply_migrations(store: "Store", ttl_days: int, schema_dir: Path = SCHEMA_DIR,
-                     ttl_days_by_table: Mapping[str, int] | None = None) -> list[int]:
+def apply_migrations(
+    store: Store, ttl_days: int, schema_dir: Path = SCHEMA_DIR, ttl_days_by_table: Mapping[str, int] | None = None
+) -> list[int]:
     """Create the database and apply every migration not yet recorded; return their versions.
 
     ``ttl_days_by_table`` overrides ``ttl_days`` for the tables it names (when they are
@@ -63,8 +65,7 @@ def apply_migrations(store: "Store", ttl_days: int, schema_dir: Path = SCHEMA_DI
             store.command(statement)
         store.insert(
             f"{database}.{MIGRATIONS_TABLE}",
-            [(migration.version, migration.name, migration.checksum, ttl_days,
-              datetime.now(timezone.utc))],
+            [(migration.version, migration.name, migration.checksum, ttl_days, datetime.now(timezone.utc))],
             ["version", "name", "checksum", "ttl_days", "applied_at"],
         )
         newly_applied.append(migration.version)
@@ -87,7 +88,7 @@ def table_ttl_expressions(schema_dir: Path = SCHEMA_DIR) -> dict[str, str]:
     return out
 
 
-def set_table_ttl(store: "Store", table: str, ttl_days: int, schema_dir: Path = SCHEMA_DIR) -> None:
+def set_table_ttl(store: Store, table: str, ttl_days: int, schema_dir: Path = SCHEMA_DIR) -> None:
     """Change the TTL of an existing ``table`` to ``ttl_days`` (``ALTER TABLE … MODIFY TTL``).
 
     ClickHouse re-applies the new TTL to existing parts in the background. Raises
@@ -98,5 +99,4 @@ def set_table_ttl(store: "Store", table: str, ttl_days: int, schema_dir: Path = 
     if table not in expressions:
         raise ValueError(f"table must be one of {sorted(expressions)}, got {table!r}")
     database = validate_identifier(store.database)
-    store.command(f"ALTER TABLE `{database}`.{table} MODIFY TTL "
-                  f"{expressions[table]} + toIntervalDay({int(ttl_days)})")
+    store.command(f"ALTER TABLE `{database}`.{table} MODIFY TTL {expressions[table]} + toIntervalDay({int(ttl_days)})")

@@ -56,5 +56,6 @@ class PeriodicPasses:
                 self.failures_total += 1
                 if not failing:
                     logging.getLogger(type(self).__module__).warning(
-                        "%s (retrying every %g s): %s", self.failure_message, self.interval_seconds, exc)
+                        "%s (retrying every %g s): %s", self.failure_message, self.interval_seconds, exc
+                    )
                 failing = True

@@ -28,8 +28,9 @@ class RollupRefresher(PeriodicPasses):
     thread_name = "inferpath-rollup"
     failure_message = "rollup refresh failed"
 
-    def __init__(self, store, *, interval_seconds: float = 10.0,
-                 margin_seconds: float = DEFAULT_MARGIN_SECONDS) -> None:
+    def __init__(
+        self, store, *, interval_seconds: float = 10.0, margin_seconds: float = DEFAULT_MARGIN_SECONDS
+    ) -> None:
         super().__init__(interval_seconds)
         self.store = store
         self.margin_seconds = margin_seconds

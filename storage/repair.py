@@ -25,16 +25,25 @@ def repair_trace_id_index(store, *, window_seconds: float = 3600.0, now: datetim
     """
     since = (now or datetime.now(timezone.utc)) - timedelta(seconds=window_seconds)
     # Bounds are whole seconds (DateTime); a trace's index rows may start a day earlier.
-    sql_spans = ("SELECT TraceId, min(Timestamp) AS first, max(Timestamp) AS last FROM otel_traces"
-                 " WHERE Timestamp >= {since:DateTime64(9, 'UTC')} AND TraceId != '' GROUP BY TraceId")
-    sql_index = ("SELECT TraceId, min(Start) AS indexed_first, max(End) AS indexed_last"
-                 " FROM otel_traces_trace_id_ts WHERE Start >= {index_since:DateTime('UTC')} GROUP BY TraceId")
-    missing = (f"SELECT s.TraceId, s.first, s.last FROM ({sql_spans}) AS s LEFT JOIN ({sql_index}) AS i"
-               " ON i.TraceId = s.TraceId"
-               " WHERE i.TraceId = '' OR i.indexed_first > toDateTime(s.first) OR i.indexed_last < toDateTime(s.last)")
+    sql_spans = (
+        "SELECT TraceId, min(Timestamp) AS first, max(Timestamp) AS last FROM otel_traces"
+        " WHERE Timestamp >= {since:DateTime64(9, 'UTC')} AND TraceId != '' GROUP BY TraceId"
+    )
+    sql_index = (
+        "SELECT TraceId, min(Start) AS indexed_first, max(End) AS indexed_last"
+        " FROM otel_traces_trace_id_ts WHERE Start >= {index_since:DateTime('UTC')} GROUP BY TraceId"
+    )
+    missing = (
+        f"SELECT s.TraceId, s.first, s.last FROM ({sql_spans}) AS s LEFT JOIN ({sql_index}) AS i"
+        " ON i.TraceId = s.TraceId"
+        " WHERE i.TraceId = '' OR i.indexed_first > toDateTime(s.first) OR i.indexed_last < toDateTime(s.last)"
+    )
     params = {"since": since, "index_since": since - timedelta(days=1)}
     count = int(store.query(f"SELECT count() FROM ({missing})", params)[0][0])
     if count:
-        store.command("INSERT INTO otel_traces_trace_id_ts (TraceId, Start, End)"
-                      f" SELECT TraceId, toDateTime(first), toDateTime(last) FROM ({missing})", params)
+        store.command(
+            "INSERT INTO otel_traces_trace_id_ts (TraceId, Start, End)"
+            f" SELECT TraceId, toDateTime(first), toDateTime(last) FROM ({missing})",
+            params,
+        )
     return count

@@ -26,9 +26,10 @@ so the answer covers every request of the window.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from inferpath.vocabulary import REQUEST_MEASURES, measure_column
 
@@ -73,9 +74,11 @@ def _latest_rebuild(table: str, column: str, start: str, end: str) -> str:
     its latest rebuild. A rebuild writes every group of its minutes with one ``rolled_at``;
     a group that no longer exists (a request re-derived into another endpoint or status)
     keeps an older one and so drops out here, where FINAL alone would keep it."""
-    return (f"{column} >= {start} AND {column} < {end} AND ({column}, rolled_at) IN"
-            f" (SELECT {column}, max(rolled_at) FROM {table}"
-            f" WHERE {column} >= {start} AND {column} < {end} GROUP BY {column})")
+    return (
+        f"{column} >= {start} AND {column} < {end} AND ({column}, rolled_at) IN"
+        f" (SELECT {column}, max(rolled_at) FROM {table}"
+        f" WHERE {column} >= {start} AND {column} < {end} GROUP BY {column})"
+    )
 
 
 def _sketch_columns(source: str = "raw") -> list[str]:
@@ -113,8 +116,9 @@ class RefreshResult:
 
 def watermark(store) -> datetime | None:
     """The refresher's watermark (aware UTC), ``None`` before its first pass."""
-    rows = store.query(f"SELECT max(watermark), count() FROM {STATE_TABLE} WHERE name = {{name:String}}",
-                       {"name": STATE_NAME})
+    rows = store.query(
+        f"SELECT max(watermark), count() FROM {STATE_TABLE} WHERE name = {{name:String}}", {"name": STATE_NAME}
+    )
     return rows[0][0] if rows and rows[0][1] else None
 
 
@@ -137,8 +141,13 @@ def _runs(starts: Sequence[datetime], max_units: int, unit: timedelta = MINUTE) 
     return runs
 
 
-def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAULT_MARGIN_SECONDS,
-            max_minutes_per_insert: int = 60) -> RefreshResult:
+def refresh(
+    store,
+    *,
+    now: datetime | None = None,
+    margin_seconds: float = DEFAULT_MARGIN_SECONDS,
+    max_minutes_per_insert: int = 60,
+) -> RefreshResult:
     """Rebuild the rollup minutes that hold request rows updated since the watermark.
 
     ``now``: aware wall-clock time of the pass (default: now); the new watermark is
@@ -151,32 +160,42 @@ def refresh(store, *, now: datetime | None = None, margin_seconds: float = DEFAU
     started = time.monotonic()
     pass_time = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     since = watermark(store) or _EPOCH
-    minutes = [row[0] for row in store.query(
-        "SELECT DISTINCT toStartOfMinute(timestamp) FROM inferpath_requests"
-        " WHERE updated_at >= {since:DateTime64(9, 'UTC')}", {"since": since})]
+    minutes = [
+        row[0]
+        for row in store.query(
+            "SELECT DISTINCT toStartOfMinute(timestamp) FROM inferpath_requests"
+            " WHERE updated_at >= {since:DateTime64(9, 'UTC')}",
+            {"since": since},
+        )
+    ]
     for run_start, run_end in _runs(minutes, max_minutes_per_insert):
         store.command(
             f"INSERT INTO {ROLLUP_TABLE} SELECT toStartOfMinute(timestamp) AS minute,"
             " endpoint_class, endpoint, status, count() AS requests, "
-            + ", ".join(_sketch_columns()) +
-            ", now64(9, 'UTC') AS rolled_at FROM inferpath_requests FINAL"
+            + ", ".join(_sketch_columns())
+            + ", now64(9, 'UTC') AS rolled_at FROM inferpath_requests FINAL"
             f" WHERE timestamp >= {_RANGE} GROUP BY minute, endpoint_class, endpoint, status",
-            {"start": run_start, "end": run_end})
+            {"start": run_start, "end": run_end},
+        )
     hours = sorted({m.replace(minute=0) for m in minutes})
     for run_start, run_end in _runs(hours, max_minutes_per_insert, unit=HOUR):
         merged = ", ".join(
             f"sum({m}_count), sum({m}_sum_ns), {_SKETCH.replace('quantilesDD', 'quantilesDDMergeState')}({m}_q)"
-            for m in ROLLUP_MEASURES)
+            for m in ROLLUP_MEASURES
+        )
         store.command(
             f"INSERT INTO {HOURLY_TABLE} SELECT toStartOfHour(minute) AS hour, endpoint_class, endpoint,"
             f" status, sum(requests), {merged}, now64(9, 'UTC') FROM {ROLLUP_TABLE}"
             f" WHERE {_latest_rebuild(ROLLUP_TABLE, 'minute', _START_PARAM, _END_PARAM)}"
             " GROUP BY hour, endpoint_class, endpoint, status",
-            {"start": run_start, "end": run_end})
+            {"start": run_start, "end": run_end},
+        )
     mark = max(since, pass_time - timedelta(seconds=margin_seconds))
-    store.command(f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at) VALUES"
-                  " ({name:String}, {mark:DateTime64(9, 'UTC')}, now64(9, 'UTC'))",
-                  {"name": STATE_NAME, "mark": mark})
+    store.command(
+        f"INSERT INTO {STATE_TABLE} (name, watermark, updated_at) VALUES"
+        " ({name:String}, {mark:DateTime64(9, 'UTC')}, now64(9, 'UTC'))",
+        {"name": STATE_NAME, "mark": mark},
+    )
     return RefreshResult(minutes=len(minutes), seconds=time.monotonic() - started, watermark=mark)
 
 
@@ -202,8 +221,9 @@ def _floor(value: datetime, unit: timedelta) -> datetime:
     return value - ((value - _EPOCH) % unit)
 
 
-def plan_window(start: datetime, end: datetime, rollup_horizon: datetime | None, *,
-                align_seconds: int = 60, hourly: bool = True) -> WindowPlan:
+def plan_window(
+    start: datetime, end: datetime, rollup_horizon: datetime | None, *, align_seconds: int = 60, hourly: bool = True
+) -> WindowPlan:
     """Split ``[start, end)`` (aware) between the rollups and the raw rows.
 
     The rollup part is the longest run of whole ``align_seconds`` buckets (a multiple of
@@ -226,14 +246,26 @@ def plan_window(start: datetime, end: datetime, rollup_horizon: datetime | None,
     hours_first, hours_last = _ceil(first, HOUR), _floor(last, HOUR)
     if not hourly or hours_last <= hours_first:
         return WindowPlan((first, last), raw, ((ROLLUP_TABLE, first, last),))
-    tiers = tuple((table, a, b) for table, a, b in (
-        (ROLLUP_TABLE, first, hours_first), (HOURLY_TABLE, hours_first, hours_last),
-        (ROLLUP_TABLE, hours_last, last)) if b > a)
+    tiers = tuple(
+        (table, a, b)
+        for table, a, b in (
+            (ROLLUP_TABLE, first, hours_first),
+            (HOURLY_TABLE, hours_first, hours_last),
+            (ROLLUP_TABLE, hours_last, last),
+        )
+        if b > a
+    )
     return WindowPlan((first, last), raw, tiers)
 
 
-def aggregate(store, plan: WindowPlan, *, measures: Iterable[str], step_seconds: int | None = None,
-              filters: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def aggregate(
+    store,
+    plan: WindowPlan,
+    *,
+    measures: Iterable[str],
+    step_seconds: int | None = None,
+    filters: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Counts, sums and DDSketch quantiles per measure over a planned window.
 
     ``measures``: names from :data:`ROLLUP_MEASURES` (``ValueError`` otherwise).
@@ -269,25 +301,36 @@ def aggregate(store, plan: WindowPlan, *, measures: Iterable[str], step_seconds:
         parts.append(
             f"SELECT {column} AS t, endpoint_class, status, requests, {', '.join(per_measure)}"
             f" FROM {table} WHERE {_latest_rebuild(table, column, _param(f'r{index}_start'), _param(f'r{index}_end'))}"
-            f"{filter_sql}")
+            f"{filter_sql}"
+        )
     for index, (a, b) in enumerate(plan.raw):
         params[f"a{index}"], params[f"b{index}"] = a, b
         # Raw rows go straight into their step's bucket (the step need not be whole minutes).
-        bucket = ("toDateTime(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 'UTC')"
-                  if step_seconds else "toDateTime(0, 'UTC')")
+        bucket = (
+            "toDateTime(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 'UTC')"
+            if step_seconds
+            else "toDateTime(0, 'UTC')"
+        )
         group = "t, endpoint_class, status" if step_seconds else "endpoint_class, status"
         parts.append(
             f"SELECT {bucket} AS t,"
             f" endpoint_class, status, count() AS requests, {', '.join(raw_items)}"
             f" FROM inferpath_requests FINAL WHERE timestamp >= {{a{index}:DateTime64(9, 'UTC')}}"
-            f" AND timestamp < {{b{index}:DateTime64(9, 'UTC')}}{filter_sql} GROUP BY {group}")
-    merged = [f"sum({m}_count), sum({m}_sum_ns), "
-              f"{_SKETCH.replace('quantilesDD', 'quantilesDDMerge')}({m}_q)" for m in names]
-    keys = ("toDateTime(intDiv(toUnixTimestamp(t), {step:UInt32}) * {step:UInt32}, 'UTC') AS bucket,"
-            " endpoint_class, " if step_seconds else "")
-    sql = (f"SELECT {keys}sum(requests), sumIf(requests, status = 'error'), {', '.join(merged)}"
-           f" FROM ({' UNION ALL '.join(parts)})"
-           + (" GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class" if step_seconds else ""))
+            f" AND timestamp < {{b{index}:DateTime64(9, 'UTC')}}{filter_sql} GROUP BY {group}"
+        )
+    merged = [
+        f"sum({m}_count), sum({m}_sum_ns), {_SKETCH.replace('quantilesDD', 'quantilesDDMerge')}({m}_q)" for m in names
+    ]
+    keys = (
+        "toDateTime(intDiv(toUnixTimestamp(t), {step:UInt32}) * {step:UInt32}, 'UTC') AS bucket, endpoint_class, "
+        if step_seconds
+        else ""
+    )
+    sql = (
+        f"SELECT {keys}sum(requests), sumIf(requests, status = 'error'), {', '.join(merged)}"
+        f" FROM ({' UNION ALL '.join(parts)})"
+        + (" GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class" if step_seconds else "")
+    )
     out = []
     for row in store.query(sql, params):
         values = list(row)
@@ -297,11 +340,10 @@ def aggregate(store, plan: WindowPlan, *, measures: Iterable[str], step_seconds:
             values = values[2:]
         item["requests"], item["errors"] = int(values[0] or 0), int(values[1] or 0)
         for index, m in enumerate(names):
-            count, total, quantiles = values[2 + 3 * index: 5 + 3 * index]
+            count, total, quantiles = values[2 + 3 * index : 5 + 3 * index]
             # A filter matching nothing leaves one row of empty aggregates (sums NULL).
             item[f"{m}_count"] = int(count or 0)
             item[f"{m}_sum_ns"] = float(total or 0.0)
-            item[f"{m}_q"] = ([float(q) for q in quantiles] if count
-                              else [None] * len(QUANTILE_LEVELS))
+            item[f"{m}_q"] = [float(q) for q in quantiles] if count else [None] * len(QUANTILE_LEVELS)
         out.append(item)
     return out

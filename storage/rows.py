@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Any
 
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -94,6 +95,7 @@ HISTOGRAM_COLUMNS: tuple[str, ...] = (
     + _EXEMPLARS
     + ("Flags", "Min", "Max", "AggregationTemporality")
 )
+
 
 def span_kind_name(kind: int) -> str:
     """The exporter's ``SpanKind`` string for an OTLP ``Span.SpanKind`` enum value (0..5).
@@ -195,12 +197,27 @@ class SpanRow(_StartNsCache):
             raise ValueError(f"duration_ns must be a non-negative int, got {self.duration_ns!r}")
 
     @classmethod
-    def from_checked(cls, timestamp: datetime, trace_id: str, span_id: str, parent_span_id: str,
-                     trace_state: str, span_name: str, span_kind: str, service_name: str,
-                     resource_attributes: dict[str, str], scope_name: str, scope_version: str,
-                     span_attributes: dict[str, str], duration_ns: int, status_code: str,
-                     status_message: str, events: Sequence, links: Sequence,
-                     start_ns: int | None = None) -> "SpanRow":
+    def from_checked(
+        cls,
+        timestamp: datetime,
+        trace_id: str,
+        span_id: str,
+        parent_span_id: str,
+        trace_state: str,
+        span_name: str,
+        span_kind: str,
+        service_name: str,
+        resource_attributes: dict[str, str],
+        scope_name: str,
+        scope_version: str,
+        span_attributes: dict[str, str],
+        duration_ns: int,
+        status_code: str,
+        status_message: str,
+        events: Sequence,
+        links: Sequence,
+        start_ns: int | None = None,
+    ) -> SpanRow:
         """Build without the checks of ``__post_init__``, all fields given in declaration order.
 
         Only for values already checked by the caller: ``timestamp`` aware UTC, ids lowercase
@@ -211,7 +228,12 @@ class SpanRow(_StartNsCache):
         """
         row = cls.__new__(cls)
         row.timestamp, row.trace_id, row.span_id, row.parent_span_id = timestamp, trace_id, span_id, parent_span_id
-        row.trace_state, row.span_name, row.span_kind, row.service_name = trace_state, span_name, span_kind, service_name
+        row.trace_state, row.span_name, row.span_kind, row.service_name = (
+            trace_state,
+            span_name,
+            span_kind,
+            service_name,
+        )
         row.resource_attributes, row.scope_name, row.scope_version = resource_attributes, scope_name, scope_version
         row.span_attributes, row.duration_ns, row.status_code = span_attributes, duration_ns, status_code
         row.status_message, row.events, row.links = status_message, events, links
@@ -253,10 +275,30 @@ class SpanRow(_StartNsCache):
             # datetimes and string-only dicts is untracked by the garbage collector at its first
             # young collection, so rows waiting for their insert are not rescanned by every
             # later one (collections had taken ~1/3 of the server's CPU at 20k spans/s).
-            return (start, self.trace_id, self.span_id, self.parent_span_id, self.trace_state,
-                    self.span_name, self.span_kind, self.service_name, self.resource_attributes,
-                    self.scope_name, self.scope_version, self.span_attributes, self.duration_ns,
-                    self.status_code, self.status_message, (), (), (), (), (), (), ())
+            return (
+                start,
+                self.trace_id,
+                self.span_id,
+                self.parent_span_id,
+                self.trace_state,
+                self.span_name,
+                self.span_kind,
+                self.service_name,
+                self.resource_attributes,
+                self.scope_name,
+                self.scope_version,
+                self.span_attributes,
+                self.duration_ns,
+                self.status_code,
+                self.status_message,
+                (),
+                (),
+                (),
+                (),
+                (),
+                (),
+                (),
+            )
         return (
             start,
             self.trace_id,
@@ -283,16 +325,37 @@ class SpanRow(_StartNsCache):
         )
 
     @classmethod
-    def from_db_row(cls, row: Sequence[Any]) -> "SpanRow":
+    def from_db_row(cls, row: Sequence[Any]) -> SpanRow:
         """Build from a row selected in :data:`SPAN_COLUMNS` order.
 
         Legacy ``SPAN_KIND_*`` / ``STATUS_CODE_*`` strings are mapped to the current ones.
         """
         if len(row) != len(SPAN_COLUMNS):
             raise ValueError(f"span row must have {len(SPAN_COLUMNS)} values, got {len(row)}")
-        (ts, trace_id, span_id, parent, state, name, kind, service, res_attrs, scope_name,
-         scope_version, span_attrs, duration, status, status_message, ev_ts, ev_names,
-         ev_attrs, l_trace, l_span, l_state, l_attrs) = row
+        (
+            ts,
+            trace_id,
+            span_id,
+            parent,
+            state,
+            name,
+            kind,
+            service,
+            res_attrs,
+            scope_name,
+            scope_version,
+            span_attrs,
+            duration,
+            status,
+            status_message,
+            ev_ts,
+            ev_names,
+            ev_attrs,
+            l_trace,
+            l_span,
+            l_state,
+            l_attrs,
+        ) = row
         return cls(
             timestamp=ts,
             trace_id=trace_id,
@@ -377,7 +440,7 @@ class RequestRow:
         return _REQUEST_VALUES(self)
 
     @classmethod
-    def from_db_row(cls, row: Sequence[Any]) -> "RequestRow":
+    def from_db_row(cls, row: Sequence[Any]) -> RequestRow:
         """Build from a row selected in :data:`REQUEST_COLUMNS` order."""
         if len(row) != len(REQUEST_COLUMNS):
             raise ValueError(f"request row must have {len(REQUEST_COLUMNS)} values, got {len(row)}")
@@ -402,9 +465,19 @@ class _MetricPoint:
     def _head(self) -> tuple:
         start = UNIX_EPOCH if self.start_time is None else _require_aware(self.start_time, "start_time")
         return (
-            self.resource_attributes, "", getattr(self, "scope_name", ""),
-            getattr(self, "scope_version", ""), {}, 0, "", self.service_name, self.metric_name,
-            self.description, self.unit, self.attributes, start,
+            self.resource_attributes,
+            "",
+            getattr(self, "scope_name", ""),
+            getattr(self, "scope_version", ""),
+            {},
+            0,
+            "",
+            self.service_name,
+            self.metric_name,
+            self.description,
+            self.unit,
+            self.attributes,
+            start,
             _require_aware(self.time, "time"),
         )
 
@@ -444,8 +517,12 @@ class SumRow(_MetricPoint):
 
     def to_insert_row(self) -> tuple:
         """Values in :data:`SUM_COLUMNS` order."""
-        return (self._head() + (float(self.value), 0) + _NO_EXEMPLARS
-                + (int(self.aggregation_temporality), bool(self.is_monotonic)))
+        return (
+            self._head()
+            + (float(self.value), 0)
+            + _NO_EXEMPLARS
+            + (int(self.aggregation_temporality), bool(self.is_monotonic))
+        )
 
 
 @dataclass(slots=True)
@@ -475,8 +552,12 @@ class HistogramRow(_MetricPoint):
             )
         return (
             self._head()
-            + (int(self.count), float(self.sum), [int(c) for c in self.bucket_counts],
-               [float(b) for b in self.explicit_bounds])
+            + (
+                int(self.count),
+                float(self.sum),
+                [int(c) for c in self.bucket_counts],
+                [float(b) for b in self.explicit_bounds],
+            )
             + _NO_EXEMPLARS
             + (0, float(self.min or 0.0), float(self.max or 0.0), int(self.aggregation_temporality))
         )

@@ -9,10 +9,10 @@ cluster form is :mod:`.cluster`; both read the files through this module.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
-from typing import Mapping
 
 from inferpath.storage.url import validate_identifier
 
@@ -35,8 +35,7 @@ class Migration:
         """sha256 of the raw file text, recorded so a changed file can be noticed."""
         return sha256(self.sql.encode()).hexdigest()
 
-    def statements(self, database: str, ttl_days: int,
-                   ttl_days_by_table: Mapping[str, int] | None = None) -> list[str]:
+    def statements(self, database: str, ttl_days: int, ttl_days_by_table: Mapping[str, int] | None = None) -> list[str]:
         """The file's statements with placeholders filled; comments-only chunks dropped.
 
         ``ttl_days_by_table`` (table name → days) overrides ``ttl_days`` in the statement
@@ -44,8 +43,9 @@ class Migration:
         """
         validate_identifier(database)
         validate_ttl_days(ttl_days)
-        overrides = {validate_identifier(t, "table"): validate_ttl_days(d)
-                     for t, d in (ttl_days_by_table or {}).items()}
+        overrides = {
+            validate_identifier(t, "table"): validate_ttl_days(d) for t, d in (ttl_days_by_table or {}).items()
+        }
         out = []
         for raw in self.raw_statements():
             created = created_table(raw)
@@ -56,14 +56,13 @@ class Migration:
     def raw_statements(self) -> list[str]:
         """The file's statements with placeholders left in; comments-only chunks dropped."""
         # Whole-line comments go first so that a ';' ending a comment line splits nothing.
-        code = "\n".join(
-            line for line in self.sql.splitlines() if not line.lstrip().startswith("--")
-        )
+        code = "\n".join(line for line in self.sql.splitlines() if not line.lstrip().startswith("--"))
         return [chunk.strip() for chunk in _STATEMENT_END.split(code) if chunk.strip()]
 
 
-_CREATE_TABLE = re.compile(r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)",
-                           re.IGNORECASE)
+_CREATE_TABLE = re.compile(
+    r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+`\{database\}`\.([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE
+)
 
 
 def created_table(raw_statement: str) -> str | None:

@@ -29,9 +29,10 @@ import logging
 import operator
 import re
 import threading
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from inferpath.storage.migrations import apply_migrations, validate_ttl_days
 from inferpath.storage.url import StoreURL, default_store_url, parse_store_url
@@ -124,8 +125,9 @@ class Store:
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def open(cls, url: str | None = None, *, ttl_days: int = 30,
-             ttl_days_by_table: Mapping[str, int] | None = None) -> "Store":
+    def open(
+        cls, url: str | None = None, *, ttl_days: int = 30, ttl_days_by_table: Mapping[str, int] | None = None
+    ) -> Store:
         """Connect to the store at ``url`` (default :func:`default_store_url`) and migrate it.
 
         For chDB the data folder is created if missing. ``ttl_days`` (1..3650) sets the TTL
@@ -255,7 +257,7 @@ class Store:
         """True after :meth:`close`."""
         return self._closed
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -309,9 +311,16 @@ class Store:
             _check_value(value, f"parameter {name!r}")
         return dict(parameters)
 
-    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str],
-               *, dedup_token: str | None = None, checked: bool = False,
-               rejected: list[Rejection] | None = None) -> int:
+    def insert(
+        self,
+        table: str,
+        rows: Sequence[Sequence[Any]],
+        column_names: Sequence[str],
+        *,
+        dedup_token: str | None = None,
+        checked: bool = False,
+        rejected: list[Rejection] | None = None,
+    ) -> int:
         """Insert ``rows`` (each a sequence in ``column_names`` order) into ``table``.
 
         Every value goes through :func:`~inferpath.storage.values.convert_columns`, the one
@@ -340,8 +349,11 @@ class Store:
         width, total_rows = len(names), len(rows)
         rejections: list[Rejection] = []
         if set(map(len, rows)) != {width}:
-            rejections = [Rejection(i, None, f"has {len(row)} values for {width} columns")
-                          for i, row in enumerate(rows) if len(row) != width]
+            rejections = [
+                Rejection(i, None, f"has {len(row)} values for {width} columns")
+                for i, row in enumerate(rows)
+                if len(row) != width
+            ]
             if rejected is None:
                 raise RowsRejected(rejections, total_rows)
             wrong = {r.row for r in rejections}
@@ -355,8 +367,9 @@ class Store:
         columns: list = list(zip(*rows))
         try:
             with self._connection() as client:
-                context = client.create_insert_context(table, column_names=names, column_oriented=True,
-                                                       settings=settings)
+                context = client.create_insert_context(
+                    table, column_names=names, column_oriented=True, settings=settings
+                )
                 try:
                     if not checked:
                         columns, found = convert_columns(columns, names, context.column_types)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 ENV_CLICKHOUSE_USER = "CLICKHOUSE_USER"
@@ -114,16 +115,13 @@ def parse_store_url(url: str, environ: Mapping[str, str] | None = None) -> Store
         return _parse_chdb(parts)
     if scheme in _DEFAULT_PORTS:
         return _parse_http(parts, scheme, env)
-    raise ValueError(
-        f"store url scheme must be chdb, http or https, got {parts.scheme or '(none)'!r}"
-    )
+    raise ValueError(f"store url scheme must be chdb, http or https, got {parts.scheme or '(none)'!r}")
 
 
 def _parse_chdb(parts) -> StoreURL:
     if parts.netloc:
         raise ValueError(
-            "chdb store url must be chdb:///absolute/path (three slashes); "
-            f"got host part {parts.netloc!r}"
+            f"chdb store url must be chdb:///absolute/path (three slashes); got host part {parts.netloc!r}"
         )
     if not parts.path or not parts.path.startswith("/"):
         raise ValueError("chdb store url path must be absolute, e.g. chdb:///var/lib/inferpath")
@@ -155,8 +153,7 @@ def _parse_http(parts, scheme: str, env: Mapping[str, str]) -> StoreURL:
     query = parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(query) - {"cluster"})
     if unknown:
-        raise ValueError(f"{scheme} store url has unknown query parameter(s): {', '.join(unknown)}"
-                         " (only cluster=NAME)")
+        raise ValueError(f"{scheme} store url has unknown query parameter(s): {', '.join(unknown)} (only cluster=NAME)")
     cluster = validate_identifier(query["cluster"][-1], "cluster") if "cluster" in query else None
     username = unquote(parts.username) if parts.username else env.get(ENV_CLICKHOUSE_USER) or None
     if parts.password is not None:

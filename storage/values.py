@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from functools import partial
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["Rejection", "RowsRejected", "convert_columns", "convert_value"]
 
@@ -90,7 +91,7 @@ class _Unstorable(Exception):
 
 def _show(value: Any) -> str:
     text = repr(value)
-    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
 def _plain(value: Any) -> Any:
@@ -191,12 +192,13 @@ class _Int(_Column):
 
     def __init__(self, nullable: bool, type_name: str) -> None:
         super().__init__(nullable)
-        bits = int(type_name[type_name.index("t") + 1:])  # "UInt64" -> 64
+        bits = int(type_name[type_name.index("t") + 1 :])  # "UInt64" -> 64
         self.type_name = type_name
         self.low: int
         self.high: int
-        self.low, self.high = ((0, 2 ** bits - 1) if type_name.startswith("U")
-                               else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1))
+        self.low, self.high = (
+            (0, 2**bits - 1) if type_name.startswith("U") else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        )
         self.clean = self._with_none(int)
 
     def fast_ok(self, column: Sequence[Any]) -> bool:
@@ -397,8 +399,9 @@ def convert_value(value: Any, ch_type: Any) -> Any:
         raise ValueError(f"{exc} (got {_show(value)})") from None
 
 
-def convert_columns(columns: Sequence[Sequence[Any]], names: Sequence[str],
-                    ch_types: Sequence[Any]) -> tuple[list[Sequence[Any]], list[Rejection]]:
+def convert_columns(
+    columns: Sequence[Sequence[Any]], names: Sequence[str], ch_types: Sequence[Any]
+) -> tuple[list[Sequence[Any]], list[Rejection]]:
     """Convert column-oriented values for storage.
 
     ``columns[i]`` holds the values of column ``names[i]`` of type ``ch_types[i]``
@@ -430,6 +433,5 @@ def convert_columns(columns: Sequence[Sequence[Any]], names: Sequence[str],
         return converted, []
     rejections.sort(key=operator.attrgetter("row"))
     bad_rows = {r.row for r in rejections}
-    kept: list[Sequence[Any]] = [[v for index, v in enumerate(column) if index not in bad_rows]
-                                 for column in converted]
+    kept: list[Sequence[Any]] = [[v for index, v in enumerate(column) if index not in bad_rows] for column in converted]
     return kept, rejections

@@ -16,12 +16,11 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Sequence
-
-from inferpath.storage.values import Rejection
+from collections.abc import Sequence
 
 from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.storage.store import Store, validate_table_name
+from inferpath.storage.values import Rejection
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +83,7 @@ class BatchWriter:
         self._cond = threading.Condition()
         self._log = RateLimitedLog(logger)
         self._rejected_log = RateLimitedLog(logger)
-        self._thread = threading.Thread(
-            target=self._run, name=f"inferpath-writer-{table}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"inferpath-writer-{table}", daemon=True)
         self._thread.start()
 
     @property
@@ -175,8 +172,12 @@ class BatchWriter:
             with self._cond:
                 while True:
                     now = time.monotonic()
-                    if (self._queue_rows >= self.max_batch_rows or self._closing
-                            or (self._flush_waiters and self._queue) or now >= next_flush):
+                    if (
+                        self._queue_rows >= self.max_batch_rows
+                        or self._closing
+                        or (self._flush_waiters and self._queue)
+                        or now >= next_flush
+                    ):
                         break
                     self._cond.wait(next_flush - now)
                 batch = self._take_batch()
@@ -202,7 +203,11 @@ class BatchWriter:
                 self.insert_errors_total += 1
                 self._log.warning(
                     "insert of %d rows into %s failed (attempt %d/%d): %s",
-                    len(batch), self.table, attempt, self.max_insert_attempts, exc,
+                    len(batch),
+                    self.table,
+                    attempt,
+                    self.max_insert_attempts,
+                    exc,
                 )
                 # A ValueError is a bad call, not a transient fault: retrying cannot help.
                 if isinstance(exc, ValueError) or attempt == self.max_insert_attempts:
@@ -227,5 +232,8 @@ class BatchWriter:
             self._insert_dropped_total += rows
         self._rejected_log.warning(
             "%d of %d rows for %s cannot be stored and were dropped (the others were inserted): %s",
-            rows, batch_rows, self.table, "; ".join(map(str, rejected[:5])) + ("; …" if len(rejected) > 5 else ""),
+            rows,
+            batch_rows,
+            self.table,
+            "; ".join(map(str, rejected[:5])) + ("; …" if len(rejected) > 5 else ""),
         )

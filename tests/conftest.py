@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import uvicorn
@@ -18,8 +18,11 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 # the scenario suite and the alert test share the scenario runs (``scenario_runs``); the browser
 # tests share their dashboard (and run kv-pressure once more on their own worker: ~35 s, less
 # than the scenario suite's worker would take with them).
-WORKER_GROUPS = {"tests/scenarios/": "scenario-runs", "tests/alerts/test_alerts_scenario.py": "scenario-runs",
-                 "tests/browser/": "browser"}
+WORKER_GROUPS = {
+    "tests/scenarios/": "scenario-runs",
+    "tests/alerts/test_alerts_scenario.py": "scenario-runs",
+    "tests/browser/": "browser",
+}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -15,8 +15,9 @@ from inferpath.demo.engine.scheduler import EngineConfig
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line flags (names follow vLLM's where vLLM has one)."""
-    parser = argparse.ArgumentParser(prog="python -m inferpath.demo.engine",
-                                     description="Emulated GPU inference engine with a vLLM-compatible API.")
+    parser = argparse.ArgumentParser(
+        prog="python -m inferpath.demo.engine", description="Emulated GPU inference engine with a vLLM-compatible API."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default="llama2-70b", help="profile model: llama2-70b or bloom-176b")
@@ -30,12 +31,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies every step time")
     parser.add_argument("--prefill-slowdown", type=float, default=1.0)
     parser.add_argument("--decode-slowdown", type=float, default=1.0)
-    parser.add_argument("--batch-window-seconds", type=float, default=0.0,
-                        help="hold the queue head this long so more requests join its prefill")
-    parser.add_argument("--startup-seconds", type=float, default=0.0,
-                        help="emulated model loading before serving, recorded as start-up spans")
-    parser.add_argument("--cold-seconds", type=float, default=0.0,
-                        help="from the first request on, steps run --cold-slowdown times slower for this long")
+    parser.add_argument(
+        "--batch-window-seconds",
+        type=float,
+        default=0.0,
+        help="hold the queue head this long so more requests join its prefill",
+    )
+    parser.add_argument(
+        "--startup-seconds",
+        type=float,
+        default=0.0,
+        help="emulated model loading before serving, recorded as start-up spans",
+    )
+    parser.add_argument(
+        "--cold-seconds",
+        type=float,
+        default=0.0,
+        help="from the first request on, steps run --cold-slowdown times slower for this long",
+    )
     parser.add_argument("--cold-slowdown", type=float, default=1.0)
     parser.add_argument("--service-name", default="demo-engine")
     parser.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP base URL, e.g. http://127.0.0.1:4318")
@@ -48,17 +61,30 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = EngineConfig(model=args.model, hardware=args.hardware, tensor_parallel=args.tensor_parallel_size,
-                              served_model_name=args.served_model_name, num_kv_blocks=args.kv_blocks,
-                              block_size_tokens=args.block_size, max_num_seqs=args.max_num_seqs,
-                              max_num_batched_tokens=args.max_num_batched_tokens, time_scale=args.time_scale,
-                              prefill_slowdown=args.prefill_slowdown, decode_slowdown=args.decode_slowdown,
-                              batch_window_seconds=args.batch_window_seconds, cold_seconds=args.cold_seconds,
-                              cold_slowdown=args.cold_slowdown)
+        config = EngineConfig(
+            model=args.model,
+            hardware=args.hardware,
+            tensor_parallel=args.tensor_parallel_size,
+            served_model_name=args.served_model_name,
+            num_kv_blocks=args.kv_blocks,
+            block_size_tokens=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            time_scale=args.time_scale,
+            prefill_slowdown=args.prefill_slowdown,
+            decode_slowdown=args.decode_slowdown,
+            batch_window_seconds=args.batch_window_seconds,
+            cold_seconds=args.cold_seconds,
+            cold_slowdown=args.cold_slowdown,
+        )
         from inferpath.demo.engine.server import create_app
 
-        app = create_app(config, service_name=args.service_name, otlp_endpoint=args.otlp_endpoint,
-                         startup_seconds=args.startup_seconds)
+        app = create_app(
+            config,
+            service_name=args.service_name,
+            otlp_endpoint=args.otlp_endpoint,
+            startup_seconds=args.startup_seconds,
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import socket
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -26,12 +26,74 @@ from inferpath.demo.engine.scheduler import Engine, RequestMetrics
 from inferpath.demo.engine.specs import MIB_BYTES
 
 # vLLM V1's buckets (vllm/v1/metrics/loggers.py), identical to the recorded capture.
-TTFT_BUCKETS_SECONDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                        2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-REQUEST_LATENCY_BUCKETS_SECONDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-                                   40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-ITL_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-                       5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TTFT_BUCKETS_SECONDS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+REQUEST_LATENCY_BUCKETS_SECONDS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+ITL_BUCKETS_SECONDS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 ENGINE_INDEX = "0"
 
@@ -56,21 +118,33 @@ class _VllmStateCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         stats = self._engine.stats()
         config = self._engine.config
-        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                          stats.num_requests_running)
-        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                          stats.num_requests_waiting)
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                          stats.kv_cache_usage_perc)
-        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                            stats.num_preemptions_total)
+        yield self._gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", stats.num_requests_running
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_requests_waiting
+        )
+        yield self._gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage_perc
+        )
+        yield self._counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.num_preemptions_total
+        )
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens_total)
-        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                            stats.generation_tokens_total)
-        yield self._counter("vllm:request_success", "Count of successfully processed requests.",
-                            stats.num_requests_finished_total, finished_reason="length")
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 labels=["block_size", "engine", "num_gpu_blocks"])
+        yield self._counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens_total
+        )
+        yield self._counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            stats.num_requests_finished_total,
+            finished_reason="length",
+        )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "engine", "num_gpu_blocks"],
+        )
         info.add_metric([str(config.block_size_tokens), ENGINE_INDEX, str(config.num_kv_blocks)], 1.0)
         yield info
 
@@ -88,24 +162,41 @@ class EngineMetrics:
         labels = ["model_name", "engine"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(model_name, ENGINE_INDEX)
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(
+                model_name, ENGINE_INDEX
+            )
 
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS_SECONDS)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             ITL_BUCKETS_SECONDS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY_BUCKETS_SECONDS)
-        self.queue = histogram("vllm:request_queue_time_seconds",
-                               "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS_SECONDS)
-        self.inference = histogram("vllm:request_inference_time_seconds",
-                                   "Histogram of time spent in RUNNING phase for request.",
-                                   REQUEST_LATENCY_BUCKETS_SECONDS)
-        self.prefill = histogram("vllm:request_prefill_time_seconds",
-                                 "Histogram of time spent in PREFILL phase for request.",
-                                 REQUEST_LATENCY_BUCKETS_SECONDS)
-        self.decode = histogram("vllm:request_decode_time_seconds",
-                                "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS_SECONDS)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS_SECONDS
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS_SECONDS
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS_SECONDS,
+        )
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS_SECONDS,
+        )
+        self.inference = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_LATENCY_BUCKETS_SECONDS,
+        )
+        self.prefill = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS_SECONDS,
+        )
+        self.decode = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS_SECONDS,
+        )
 
     def observe_finished(self, metrics: RequestMetrics, inter_token_seconds: Iterable[float] = ()) -> None:
         """Record one finished request's intervals (seconds) and its inter-token gaps."""
@@ -135,8 +226,16 @@ class DcgmCollector(Collector):
         self._gpus = []
         for index in range(engine.config.tensor_parallel):
             gpu_uuid = uuid.uuid5(uuid.NAMESPACE_DNS, f"{self._hostname}.gpu{index}.inferpath-demo")
-            self._gpus.append([str(index), f"GPU-{gpu_uuid}", f"00000000:{0x18 + index:02X}:00.0",
-                               f"nvidia{index}", engine.gpu.model_name, self._hostname])
+            self._gpus.append(
+                [
+                    str(index),
+                    f"GPU-{gpu_uuid}",
+                    f"00000000:{0x18 + index:02X}:00.0",
+                    f"nvidia{index}",
+                    engine.gpu.model_name,
+                    self._hostname,
+                ]
+            )
 
     def collect(self) -> Iterable[Metric]:
         stats = self._engine.stats()

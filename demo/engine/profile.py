@@ -102,7 +102,7 @@ class PerfProfile:
         tensor_parallel: int = 4,
         *,
         path: Path | str = PROFILE_CSV,
-    ) -> "PerfProfile":
+    ) -> PerfProfile:
         """Read the SplitwiseSim CSV and build the curves for one configuration.
 
         ``model``: ``llama2-70b`` or ``bloom-176b``; ``hardware``: ``a100-80gb``,
@@ -118,7 +118,9 @@ class PerfProfile:
         mine = [r for r in rows if r["model"] == model]
         hardwares = {r["hardware"] for r in mine}
         if hardware not in hardwares:
-            raise ValueError(f"hardware: no profile rows for {hardware!r} with {model}, expected one of {sorted(hardwares)}")
+            raise ValueError(
+                f"hardware: no profile rows for {hardware!r} with {model}, expected one of {sorted(hardwares)}"
+            )
         mine = [r for r in mine if r["hardware"] == hardware]
         tps = {int(r["tensor_parallel"]) for r in mine}
         if tensor_parallel not in tps:
@@ -146,9 +148,16 @@ class PerfProfile:
     @staticmethod
     def _power_rows(rows: list[dict[str, str]], model: str, hardware: str, tp: int) -> tuple[list[dict[str, str]], str]:
         for hw in (hardware, _POWER_FALLBACK_HARDWARE):
-            found = [r for r in rows if r["model"] == model and r["hardware"] == hw
-                     and int(r["tensor_parallel"]) == tp and int(r["prompt_size"]) == _SWEEP_PROMPT_SIZE
-                     and int(r["token_size"]) == _SWEEP_TOKEN_SIZE and float(r["average_power"]) > 0]
+            found = [
+                r
+                for r in rows
+                if r["model"] == model
+                and r["hardware"] == hw
+                and int(r["tensor_parallel"]) == tp
+                and int(r["prompt_size"]) == _SWEEP_PROMPT_SIZE
+                and int(r["token_size"]) == _SWEEP_TOKEN_SIZE
+                and float(r["average_power"]) > 0
+            ]
             if found:
                 return found, hw
         return [], "none"

@@ -23,8 +23,8 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from inferpath.analysis.continuous_batching import ContinuousBatcher, Emitted, RequestMetrics, Sequence
 from inferpath.demo.engine.profile import PerfProfile
@@ -100,7 +100,8 @@ class EngineConfig:
             raise ValueError(
                 f"num_kv_blocks: {self.num_kv_blocks} blocks plus {self.model} weights need "
                 f"{per_gpu / 2**30:.1f} GiB per GPU at tensor_parallel={self.tensor_parallel}, "
-                f"more than the {gpu.memory_total_bytes / 2**30:.1f} GiB of {self.hardware}")
+                f"more than the {gpu.memory_total_bytes / 2**30:.1f} GiB of {self.hardware}"
+            )
         if self.served_model_name is None:
             self.served_model_name = self.model
 
@@ -174,7 +175,7 @@ class RequestStream:
     aborts the request and frees its KV blocks.
     """
 
-    def __init__(self, engine: "Engine", sequence: _Sequence) -> None:
+    def __init__(self, engine: Engine, sequence: _Sequence) -> None:
         self._engine = engine
         self._sequence = sequence
         self._done = False
@@ -189,7 +190,7 @@ class RequestStream:
         """The request's lifecycle timestamps so far."""
         return self._sequence.metrics
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> TokenEvent:
@@ -287,7 +288,8 @@ class Engine:
         if need > self.config.num_kv_blocks:
             raise ValueError(
                 f"prompt_tokens + max_tokens: {prompt_tokens + max_tokens} tokens need {need} KV blocks, "
-                f"the pool has {self.config.num_kv_blocks}")
+                f"the pool has {self.config.num_kv_blocks}"
+            )
         rid = request_id or f"cmpl-{uuid.uuid4().hex[:16]}-0"
         if rid in self._by_id:
             raise ValueError(f"request_id: {rid!r} is already in flight")
@@ -344,8 +346,11 @@ class Engine:
         """``time_scale`` times the cold-start slowdown while the engine is still cold
         (within ``cold_seconds`` of its first request)."""
         cfg = self.config
-        cold = (cfg.cold_seconds > 0 and self._first_request_s is not None
-                and self._clock() - self._first_request_s < cfg.cold_seconds)
+        cold = (
+            cfg.cold_seconds > 0
+            and self._first_request_s is not None
+            and self._clock() - self._first_request_s < cfg.cold_seconds
+        )
         return cfg.time_scale * (cfg.cold_slowdown if cold else 1.0)
 
     def _batch_window_wait_seconds(self) -> float:
@@ -441,8 +446,9 @@ class Engine:
             if token.finished:
                 self._by_id.pop(seq.metrics.request_id, None)
             token_id = (seq.token_seed + token.index * 7919) % _VOCAB_SIZE
-            seq.events.put_nowait(TokenEvent(token.index, token_id, token.finished, now,
-                                             seq.metrics if token.finished else None))
+            seq.events.put_nowait(
+                TokenEvent(token.index, token_id, token.finished, now, seq.metrics if token.finished else None)
+            )
 
     def _release(self, seq: _Sequence) -> None:
         self.batcher.release(seq)

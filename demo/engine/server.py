@@ -26,8 +26,9 @@ import json
 import logging
 import math
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Literal
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -48,9 +49,40 @@ from inferpath.demo.engine.tracing import (
 
 logger = logging.getLogger(__name__)
 
-_WORDS = ("the", "model", "returns", "a", "token", "for", "each", "step", "of", "decode", "and", "every",
-          "request", "waits", "in", "queue", "until", "blocks", "are", "free", "then", "prefill", "runs",
-          "over", "its", "prompt", "while", "batch", "grows", "with", "load", "so")
+_WORDS = (
+    "the",
+    "model",
+    "returns",
+    "a",
+    "token",
+    "for",
+    "each",
+    "step",
+    "of",
+    "decode",
+    "and",
+    "every",
+    "request",
+    "waits",
+    "in",
+    "queue",
+    "until",
+    "blocks",
+    "are",
+    "free",
+    "then",
+    "prefill",
+    "runs",
+    "over",
+    "its",
+    "prompt",
+    "while",
+    "batch",
+    "grows",
+    "with",
+    "load",
+    "so",
+)
 _CHAT_TOKENS_PER_MESSAGE = 4  # role and separator tokens a chat template adds per message
 _SPAN_SHUTDOWN_SECONDS = 2.0
 
@@ -93,8 +125,9 @@ class ChatCompletionRequest(_GenerationParams):
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     kind = "NotFoundError" if status == 404 else "BadRequestError"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+    )
 
 
 def _text_tokens(text: str) -> int:
@@ -147,9 +180,15 @@ class AdminConfig(BaseModel):
     num_kv_blocks: int | None = Field(None, ge=1)
 
 
-def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine", otlp_endpoint: str | None = None,
-               span_exporter: SpanExporter | None = None, hostname: str | None = None,
-               startup_seconds: float = 0.0) -> FastAPI:
+def create_app(
+    engine_config: EngineConfig,
+    *,
+    service_name: str = "demo-engine",
+    otlp_endpoint: str | None = None,
+    span_exporter: SpanExporter | None = None,
+    hostname: str | None = None,
+    startup_seconds: float = 0.0,
+) -> FastAPI:
     """Build the emulated engine's FastAPI app (the engine runs while the app is served).
 
     ``otlp_endpoint``: base URL of an OTLP/HTTP receiver (spans go to ``/v1/traces``);
@@ -207,8 +246,9 @@ def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine"
             return _error(404, f"The model `{params.model}` does not exist.", "model")
         return None
 
-    async def run(request: Request, params: _GenerationParams, prompt_tokens: int, max_tokens: int,
-                  chat: bool) -> Response:
+    async def run(
+        request: Request, params: _GenerationParams, prompt_tokens: int, max_tokens: int, chat: bool
+    ) -> Response:
         parent = extract_parent(request.headers)
         try:
             stream = engine.submit(prompt_tokens, max_tokens)
@@ -217,12 +257,17 @@ def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine"
         created = int(time.time())
         rid = stream.request_id if not chat else stream.request_id.replace("cmpl-", "chatcmpl-", 1)
         obj = "chat.completion" if chat else "text_completion"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                 "total_tokens": prompt_tokens + max_tokens}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": max_tokens,
+            "total_tokens": prompt_tokens + max_tokens,
+        }
         if params.stream:
             include_usage = bool(params.stream_options and params.stream_options.include_usage)
-            return StreamingResponse(_stream(stream, params, parent, rid, created, chat, include_usage, usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _stream(stream, params, parent, rid, created, chat, include_usage, usage),
+                media_type="text/event-stream",
+            )
         emits: list[float] = []
         words: list[str] = []
         try:
@@ -241,16 +286,30 @@ def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine"
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return JSONResponse({"id": rid, "object": obj, "created": created, "model": model_name,
-                             "choices": [choice], "usage": usage})
+        return JSONResponse(
+            {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice], "usage": usage}
+        )
 
-    async def _stream(stream: RequestStream, params: _GenerationParams, parent, rid: str, created: int, chat: bool,
-                      include_usage: bool, usage: dict[str, int]) -> AsyncIterator[str]:
+    async def _stream(
+        stream: RequestStream,
+        params: _GenerationParams,
+        parent,
+        rid: str,
+        created: int,
+        chat: bool,
+        include_usage: bool,
+        usage: dict[str, int],
+    ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(choice: dict[str, Any] | None) -> dict[str, Any]:
-            body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model_name,
-                                    "choices": [choice] if choice else []}
+            body: dict[str, Any] = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model_name,
+                "choices": [choice] if choice else [],
+            }
             if include_usage:
                 body["usage"] = None
             return body
@@ -258,16 +317,29 @@ def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine"
         emits: list[float] = []
         try:
             if chat:
-                yield _sse(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}))
+                yield _sse(
+                    chunk(
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    )
+                )
             async for event in stream:
                 emits.append(event.emitted_s)
                 reason = "length" if event.finished else None
                 if chat:
                     choice = {"index": 0, "delta": {"content": _word(event)}, "logprobs": None, "finish_reason": reason}
                 else:
-                    choice = {"index": 0, "text": _word(event), "logprobs": None, "finish_reason": reason,
-                              "stop_reason": None}
+                    choice = {
+                        "index": 0,
+                        "text": _word(event),
+                        "logprobs": None,
+                        "finish_reason": reason,
+                        "stop_reason": None,
+                    }
                 yield _sse(chunk(choice))
                 if event.finished:
                     finish(event.metrics, emits, parent, params)
@@ -308,8 +380,18 @@ def create_app(engine_config: EngineConfig, *, service_name: str = "demo-engine"
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "inferpath-demo", "root": engine_config.model}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "inferpath-demo",
+                    "root": engine_config.model,
+                }
+            ],
+        }
 
     @app.get("/health")
     async def health() -> Response:

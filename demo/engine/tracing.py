@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from typing import Mapping
+from collections.abc import Mapping
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -37,8 +37,9 @@ _EXPORT_TIMEOUT_SECONDS = 2.0
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def build_tracer_provider(service_name: str, otlp_endpoint: str | None = None,
-                          span_exporter: SpanExporter | None = None) -> TracerProvider:
+def build_tracer_provider(
+    service_name: str, otlp_endpoint: str | None = None, span_exporter: SpanExporter | None = None
+) -> TracerProvider:
     """A provider whose resource has ``service.name`` = ``service_name``.
 
     ``otlp_endpoint`` (e.g. ``http://127.0.0.1:4318``) adds an OTLP/HTTP protobuf exporter
@@ -48,8 +49,7 @@ def build_tracer_provider(service_name: str, otlp_endpoint: str | None = None,
     resource = Resource.create({"service.name": service_name, "service.instance.id": str(uuid.uuid4())})
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     if otlp_endpoint:
-        exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint.rstrip('/')}/v1/traces",
-                                    timeout=_EXPORT_TIMEOUT_SECONDS)
+        exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint.rstrip('/')}/v1/traces", timeout=_EXPORT_TIMEOUT_SECONDS)
         provider.add_span_processor(BatchSpanProcessor(exporter))
     if span_exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(span_exporter))
@@ -69,28 +69,38 @@ class RequestSpanRecorder:
         self._model_name = model_name
         self.errors_total = 0
 
-    def record(self, metrics: RequestMetrics, parent: Context | None, *, temperature: float = 1.0,
-               top_p: float = 1.0, n: int = 1) -> None:
+    def record(
+        self,
+        metrics: RequestMetrics,
+        parent: Context | None,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        n: int = 1,
+    ) -> None:
         """Emit the span for a finished request; never raises."""
         try:
-            span = self._tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.SERVER,
-                                           start_time=metrics.arrival_wall_ns)
-            span.set_attributes({
-                "gen_ai.response.model": self._model_name,
-                "gen_ai.request.id": metrics.request_id,
-                "gen_ai.request.temperature": float(temperature),
-                "gen_ai.request.top_p": float(top_p),
-                "gen_ai.request.max_tokens": metrics.max_tokens,
-                "gen_ai.request.n": n,
-                "gen_ai.usage.prompt_tokens": metrics.prompt_tokens,
-                "gen_ai.usage.completion_tokens": metrics.completion_tokens,
-                "gen_ai.latency.time_in_queue": metrics.queue_seconds,
-                "gen_ai.latency.time_to_first_token": metrics.ttft_seconds,
-                "gen_ai.latency.e2e": metrics.e2e_seconds,
-                "gen_ai.latency.time_in_model_prefill": metrics.prefill_seconds,
-                "gen_ai.latency.time_in_model_decode": metrics.decode_seconds,
-                "gen_ai.latency.time_in_model_inference": metrics.inference_seconds,
-            })
+            span = self._tracer.start_span(
+                SPAN_NAME, context=parent, kind=SpanKind.SERVER, start_time=metrics.arrival_wall_ns
+            )
+            span.set_attributes(
+                {
+                    "gen_ai.response.model": self._model_name,
+                    "gen_ai.request.id": metrics.request_id,
+                    "gen_ai.request.temperature": float(temperature),
+                    "gen_ai.request.top_p": float(top_p),
+                    "gen_ai.request.max_tokens": metrics.max_tokens,
+                    "gen_ai.request.n": n,
+                    "gen_ai.usage.prompt_tokens": metrics.prompt_tokens,
+                    "gen_ai.usage.completion_tokens": metrics.completion_tokens,
+                    "gen_ai.latency.time_in_queue": metrics.queue_seconds,
+                    "gen_ai.latency.time_to_first_token": metrics.ttft_seconds,
+                    "gen_ai.latency.e2e": metrics.e2e_seconds,
+                    "gen_ai.latency.time_in_model_prefill": metrics.prefill_seconds,
+                    "gen_ai.latency.time_in_model_decode": metrics.decode_seconds,
+                    "gen_ai.latency.time_in_model_inference": metrics.inference_seconds,
+                }
+            )
             span.end(end_time=metrics.finished_wall_ns)
         except Exception:  # telemetry must not fail the request
             self.errors_total += 1

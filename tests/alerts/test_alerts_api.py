@@ -20,8 +20,9 @@ def test_alerts_route_without_evaluator(store_url) -> None:
     try:
         body = httpx.get(f"{alone.url}/api/v1/alerts", timeout=10).json()
         metrics = httpx.get(f"{alone.url}/metrics", timeout=10).text
-        refused = httpx.post(f"{alone.url}/api/v1/alerts/backtest", timeout=10,
-                             json={"rules": "rules: []", "start": "-60", "end": "0"})
+        refused = httpx.post(
+            f"{alone.url}/api/v1/alerts/backtest", timeout=10, json={"rules": "rules: []", "start": "-60", "end": "0"}
+        )
     finally:
         alone.stop()
     assert body["configured"] is False and body["history"] == []
@@ -31,15 +32,31 @@ def test_alerts_route_without_evaluator(store_url) -> None:
     quiet = serve_in_thread(settings, port=0, services=server_services(settings))
     try:
         body = httpx.get(f"{quiet.url}/api/v1/alerts", timeout=10).json()
-        bad = httpx.post(f"{quiet.url}/api/v1/alerts/backtest", timeout=10,
-                         json={"rules": "rules:\n  - name: A\n    kind: nope\n", "source": "mine.yaml",
-                               "start": "2026-12-03T10:00:00Z", "end": "2026-12-03T11:00:00Z"})
-        long = httpx.post(f"{quiet.url}/api/v1/alerts/backtest", timeout=10,
-                          json={"rules": "rules: []", "start": "2026-01-01T00:00:00Z", "end": "2026-12-01T00:00:00Z",
-                                "step_seconds": 60})
-        backwards = httpx.post(f"{quiet.url}/api/v1/alerts/backtest", timeout=10,
-                               json={"rules": "rules: []", "start": "2026-12-03T11:00:00Z",
-                                     "end": "2026-12-03T10:00:00Z"})
+        bad = httpx.post(
+            f"{quiet.url}/api/v1/alerts/backtest",
+            timeout=10,
+            json={
+                "rules": "rules:\n  - name: A\n    kind: nope\n",
+                "source": "mine.yaml",
+                "start": "2026-12-03T10:00:00Z",
+                "end": "2026-12-03T11:00:00Z",
+            },
+        )
+        long = httpx.post(
+            f"{quiet.url}/api/v1/alerts/backtest",
+            timeout=10,
+            json={
+                "rules": "rules: []",
+                "start": "2026-01-01T00:00:00Z",
+                "end": "2026-12-01T00:00:00Z",
+                "step_seconds": 60,
+            },
+        )
+        backwards = httpx.post(
+            f"{quiet.url}/api/v1/alerts/backtest",
+            timeout=10,
+            json={"rules": "rules: []", "start": "2026-12-03T11:00:00Z", "end": "2026-12-03T10:00:00Z"},
+        )
     finally:
         quiet.stop()
     assert body["configured"] is False
@@ -66,9 +83,13 @@ rules:
     server = serve_in_thread(settings, port=0, services=server_services(settings))
     try:
         now = datetime.now(timezone.utc)
-        insert_requests(server.runtime.store, [
-            request(now - timedelta(seconds=60) + timedelta(milliseconds=200 * i), 3.0 if i % 30 == 0 else 0.1)
-            for i in range(300)])
+        insert_requests(
+            server.runtime.store,
+            [
+                request(now - timedelta(seconds=60) + timedelta(milliseconds=200 * i), 3.0 if i % 30 == 0 else 0.1)
+                for i in range(300)
+            ],
+        )
         deadline = time.monotonic() + 20
         while not captured.bodies("/api/v2/alerts") and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -7,7 +7,14 @@ from datetime import timedelta
 
 import numpy as np
 from alert_scenarios import (
-    T0, healthy_ttft, insert_requests, insert_signals, request, signal_rows, simulate, traffic,
+    T0,
+    healthy_ttft,
+    insert_requests,
+    insert_signals,
+    request,
+    signal_rows,
+    simulate,
+    traffic,
 )
 
 from inferpath.alerts.evaluator import AlertEvaluator
@@ -35,8 +42,10 @@ def _evaluate(store, rule_file, at):
 def test_case1_divergence_fires_on_pooled_replicas(store) -> None:
     # Replica A: 1,000 at 100 ms; replica B: 950 at 100 ms and 50 at 3,000 ms.
     rows = [request(T0 + timedelta(milliseconds=i * 200), 0.1, replica="a") for i in range(1000)]
-    rows += [request(T0 + timedelta(milliseconds=i * 200 + 100), 3.0 if i % 19 == 0 and i < 950 else 0.1,
-                     replica="b") for i in range(1000)]
+    rows += [
+        request(T0 + timedelta(milliseconds=i * 200 + 100), 3.0 if i % 19 == 0 and i < 950 else 0.1, replica="b")
+        for i in range(1000)
+    ]
     assert sum(1 for r in rows if r.ttft_ns == 3_000_000_000) == 50
     insert_requests(store, rows)
     (sample,) = _evaluate(store, DIVERGENCE, T0 + timedelta(minutes=10))
@@ -60,8 +69,9 @@ def test_case1_true_p99_over_windows_does_not_fire(store) -> None:
     (sample,) = _evaluate(store, DIVERGENCE, T0 + timedelta(minutes=10))
     assert sample.evidence["samples"] == 1010
     assert math.isclose(sample.evidence["quantile_seconds"], 0.1, rel_tol=1e-9)
-    assert math.isclose(sample.evidence["quantile_seconds"],
-                        float(np.percentile([0.1] * 1000 + [5.0] * 10, 99)), rel_tol=1e-9)
+    assert math.isclose(
+        sample.evidence["quantile_seconds"], float(np.percentile([0.1] * 1000 + [5.0] * 10, 99)), rel_tol=1e-9
+    )
     assert not sample.active
     evaluator = AlertEvaluator(DIVERGENCE, store, notifiers=[], diagnose=False)
     assert evaluator.evaluate_once(T0 + timedelta(minutes=10)) == []
@@ -85,9 +95,18 @@ def test_case4_healthy_ten_minutes_nothing_fires(store) -> None:
     # Ten minutes of healthy traffic on both classes with the shipped rule pack.
     minutes = 10
     insert_requests(store, traffic(T0 - timedelta(minutes=10), (minutes + 10) * 60, 4.0, healthy_ttft, seed=3))
-    insert_requests(store, traffic(T0 - timedelta(minutes=10), (minutes + 10) * 60, 1.0,
-                                   lambda rng, t: 1.5 * rng.lognormvariate(0.0, 0.4), seed=4,
-                                   endpoint_class="bulk", endpoint="/v1/batch"))
+    insert_requests(
+        store,
+        traffic(
+            T0 - timedelta(minutes=10),
+            (minutes + 10) * 60,
+            1.0,
+            lambda rng, t: 1.5 * rng.lognormvariate(0.0, 0.4),
+            seed=4,
+            endpoint_class="bulk",
+            endpoint="/v1/batch",
+        ),
+    )
     gauges, sums = signal_rows(T0 - timedelta(minutes=10), (minutes + 10) * 60)
     insert_signals(store, gauges, sums)
     rules = load_rule_file("default")
@@ -143,8 +162,9 @@ rules:
     kind: kv_pressure
     window: 5m
 """)
-    gauges, sums = signal_rows(T0, 300, queue_depth=lambda t: 0.1 * t, kv_cache_usage_ratio=0.95,
-                               preemptions_per_minute=6.0)
+    gauges, sums = signal_rows(
+        T0, 300, queue_depth=lambda t: 0.1 * t, kv_cache_usage_ratio=0.95, preemptions_per_minute=6.0
+    )
     insert_signals(store, gauges, sums)
     queue, kv = (evaluate_rule(store, rule, T0 + timedelta(minutes=5))[0] for rule in rules.rules)
     assert queue.active and math.isclose(queue.evidence["slope_per_second"], 0.1, rel_tol=0.05)

@@ -55,8 +55,9 @@ def test_cli_test_rejects_bad_since(tmp_path) -> None:
 
 def test_cli_refuses_a_replay_too_long_to_run_before_opening_the_store(tmp_path) -> None:
     store = tmp_path / "never-opened"
-    result = CliRunner().invoke(app, ["test", "default", "--since", "100000d", "--step", "1d",
-                                      "--store", f"chdb://{store}"])
+    result = CliRunner().invoke(
+        app, ["test", "default", "--since", "100000d", "--step", "1d", "--store", f"chdb://{store}"]
+    )
     assert result.exit_code == 2
     assert "100000 evaluations" in result.output and "shorten --since" in result.output
     many = CliRunner().invoke(app, ["test", "default", "--since", "30d", "--step", "15s", "--store", f"chdb://{store}"])

@@ -14,8 +14,8 @@ import time
 from datetime import timedelta
 
 import uvicorn
-from alert_scenarios import FAULT_END, FAULT_START, T0, batch_window_traffic, insert_requests, simulate
 from alert_receiver import Captured, receiver_app
+from alert_scenarios import FAULT_END, FAULT_START, T0, batch_window_traffic, insert_requests, simulate
 
 from inferpath.alerts.evaluator import AlertEvaluator
 from inferpath.alerts.history import AlertHistory
@@ -86,8 +86,7 @@ def test_case3_batch_window_pending_firing_resolved_one_notification_each(store,
     posts = captured.bodies("/api/v2/alerts")
     assert len(posts) == 2, posts  # one firing, one resolution; not one per evaluation
     (firing,), (resolved,) = posts
-    assert firing["labels"] == {"alertname": "TTFTTailDivergence", "endpoint_class": "interactive",
-                                "severity": "page"}
+    assert firing["labels"] == {"alertname": "TTFTTailDivergence", "endpoint_class": "interactive", "severity": "page"}
     assert firing["startsAt"] == firing_at.isoformat().replace("+00:00", "Z")
     assert firing["endsAt"] > firing["startsAt"]  # ahead of now, until the next resend
     assert firing["generatorURL"] == "http://inferpath:4318"
@@ -145,8 +144,15 @@ def test_case6_receiver_down_retries_with_backoff_and_nothing_blocks(store, capl
     port = _free_port()
     secret_url = f"http://alert:s3cr3t-pw@127.0.0.1:{port}/hook?token=t0k3n-secret"
     insert_requests(store, batch_window_traffic())
-    delivery = Delivery(name="hook", kind="webhook", url=secret_url, timeout_seconds=1.0, max_attempts=10,
-                        backoff_initial_seconds=0.05, backoff_max_seconds=0.4)
+    delivery = Delivery(
+        name="hook",
+        kind="webhook",
+        url=secret_url,
+        timeout_seconds=1.0,
+        max_attempts=10,
+        backoff_initial_seconds=0.05,
+        backoff_max_seconds=0.4,
+    )
     rules = _rules(f"http://127.0.0.1:{port}")
     evaluator = AlertEvaluator(rules, store, notifiers=[delivery], diagnose=False)
     server = None
@@ -167,8 +173,9 @@ def test_case6_receiver_down_retries_with_backoff_and_nothing_blocks(store, capl
         assert time.monotonic() - busy_started < max(2.0, 2 * evaluation_seconds)
         # The receiver comes up on its port: the pending notification is delivered.
         captured = Captured()
-        server = uvicorn.Server(uvicorn.Config(receiver_app(captured), host="127.0.0.1", port=port,
-                                               log_level="warning"))
+        server = uvicorn.Server(
+            uvicorn.Config(receiver_app(captured), host="127.0.0.1", port=port, log_level="warning")
+        )
         threading.Thread(target=server.run, daemon=True).start()
         assert _wait_for(lambda: delivery.sent_total == 1, 15.0)
         (body,) = captured.bodies("/hook")

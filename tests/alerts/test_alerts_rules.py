@@ -25,21 +25,45 @@ def test_default_pack_covers_each_class_and_kind() -> None:
     assert kv.usage_threshold == 0.9
 
 
-@pytest.mark.parametrize(("text", "line", "field", "words"), [
-    ("rules:\n  - name: A\n    kind: tail_divergence\n    ratio_threshold: 4\n    for: 5 minutes\n",
-     5, "rules[0].for", "duration"),
-    ("rules:\n  - name: A\n    kind: tail_divergence\n", 2, "rules[0].ratio_threshold", "required"),
-    ("rules:\n  - name: A\n    kind: tail_divergenc\n    ratio_threshold: 4\n", 3, "rules[0].kind", "tail_divergence"),
-    ("rules:\n  - name: A\n    kind: error_rate\n    threshold_ratio: 0.05\n    windw: 5m\n",
-     5, "rules[0].windw", "not permitted"),
-    ("rules:\n  - name: A\n    kind: quantile_over_slo\n    slo_seconds: 1\n    measure: tftt\n",
-     5, "rules[0].measure", "ttft"),
-    ("receivers:\n  - name: am\n    type: alertmanager\nrules: []\n", 2, "receivers[0]", "url is required"),
-    ("rules:\n  - name: A\n    kind: kv_pressure\n    annotations:\n      summary: '{{ evidence.p99 }}'\n",
-     5, "rules[0].annotations.summary", "kv_cache_usage_ratio"),
-    ("rules:\n  - name: A\n    kind: kv_pressure\n  - name: A\n    kind: kv_pressure\n", 1, "rules", "two rules"),
-    ("rules:\n  - name: A\n    kind: [oops\n", 3, "(file)", "YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "field", "words"),
+    [
+        (
+            "rules:\n  - name: A\n    kind: tail_divergence\n    ratio_threshold: 4\n    for: 5 minutes\n",
+            5,
+            "rules[0].for",
+            "duration",
+        ),
+        ("rules:\n  - name: A\n    kind: tail_divergence\n", 2, "rules[0].ratio_threshold", "required"),
+        (
+            "rules:\n  - name: A\n    kind: tail_divergenc\n    ratio_threshold: 4\n",
+            3,
+            "rules[0].kind",
+            "tail_divergence",
+        ),
+        (
+            "rules:\n  - name: A\n    kind: error_rate\n    threshold_ratio: 0.05\n    windw: 5m\n",
+            5,
+            "rules[0].windw",
+            "not permitted",
+        ),
+        (
+            "rules:\n  - name: A\n    kind: quantile_over_slo\n    slo_seconds: 1\n    measure: tftt\n",
+            5,
+            "rules[0].measure",
+            "ttft",
+        ),
+        ("receivers:\n  - name: am\n    type: alertmanager\nrules: []\n", 2, "receivers[0]", "url is required"),
+        (
+            "rules:\n  - name: A\n    kind: kv_pressure\n    annotations:\n      summary: '{{ evidence.p99 }}'\n",
+            5,
+            "rules[0].annotations.summary",
+            "kv_cache_usage_ratio",
+        ),
+        ("rules:\n  - name: A\n    kind: kv_pressure\n  - name: A\n    kind: kv_pressure\n", 1, "rules", "two rules"),
+        ("rules:\n  - name: A\n    kind: [oops\n", 3, "(file)", "YAML"),
+    ],
+)
 def test_errors_name_file_line_and_field(text: str, line: int, field: str, words: str) -> None:
     with pytest.raises(RuleFileError) as caught:
         parse_rule_text(text, "team.yaml")
@@ -55,10 +79,13 @@ def test_unreadable_file_names_the_file(tmp_path) -> None:
 
 
 def test_templates_render_evidence_with_filters() -> None:
-    text = render("p99 {{ evidence.quantile_seconds | ms }} is {{ value }}x ({{ labels.endpoint_class }}); "
-                  "{{ evidence.error_ratio | percent }} {{ evidence.missing }}",
-                  value=17.391304, labels={"endpoint_class": "interactive"},
-                  evidence={"quantile_seconds": 3.0, "error_ratio": 0.05})
+    text = render(
+        "p99 {{ evidence.quantile_seconds | ms }} is {{ value }}x ({{ labels.endpoint_class }}); "
+        "{{ evidence.error_ratio | percent }} {{ evidence.missing }}",
+        value=17.391304,
+        labels={"endpoint_class": "interactive"},
+        evidence={"quantile_seconds": 3.0, "error_ratio": 0.05},
+    )
     assert text == "p99 3000.0 ms is 17.39x (interactive); 5.0% n/a"
 
 

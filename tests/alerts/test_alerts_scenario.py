@@ -58,14 +58,21 @@ def test_batch_window_scenario_fires_once_and_resolves(tmp_path, store_url, rece
     rules.write_text(_rules(url))
     # The scenario suite's load (2 x 60 requests): this run is also the session's batch-window
     # run that tests/scenarios diagnoses (tests/conftest.py), so the scenario runs once.
-    outcome = scenario_runs.run("batch-window", ScenarioOptions(
-        store_url=store_url, log_dir=tmp_path / "logs",
-        server_env={"INFERPATH_ALERT_RULES": str(rules)}, tail_seconds=OFFSET_SECONDS + WINDOW_SECONDS + 4 * INTERVAL_SECONDS))
+    outcome = scenario_runs.run(
+        "batch-window",
+        ScenarioOptions(
+            store_url=store_url,
+            log_dir=tmp_path / "logs",
+            server_env={"INFERPATH_ALERT_RULES": str(rules)},
+            tail_seconds=OFFSET_SECONDS + WINDOW_SECONDS + 4 * INTERVAL_SECONDS,
+        ),
+    )
     fault_start, fault_end = outcome.fault_window
 
     with Store.open(store_url, ttl_days=3650) as store:
-        rows = store.query_dicts("SELECT timestamp, state FROM inferpath_alerts WHERE rule = 'TTFTp99OverSLO'"
-                                 " ORDER BY timestamp")
+        rows = store.query_dicts(
+            "SELECT timestamp, state FROM inferpath_alerts WHERE rule = 'TTFTp99OverSLO' ORDER BY timestamp"
+        )
     states = [row["state"] for row in rows]
     assert states == ["pending", "firing", "resolved"], (states, (tmp_path / "logs" / "server.log").read_text()[-3000:])
     pending_at, firing_at, resolved_at = (row["timestamp"] for row in rows)
@@ -73,7 +80,8 @@ def test_batch_window_scenario_fires_once_and_resolves(tmp_path, store_url, rece
     # plus two evaluation intervals of it, on the alert clock (wall clock - query_offset).
     assert fault_start <= pending_at - timedelta(seconds=OFFSET_SECONDS)
     assert firing_at - timedelta(seconds=OFFSET_SECONDS) - fault_start <= timedelta(
-        seconds=FOR_SECONDS + 2 * INTERVAL_SECONDS), (pending_at - fault_start, firing_at - fault_start)
+        seconds=FOR_SECONDS + 2 * INTERVAL_SECONDS
+    ), (pending_at - fault_start, firing_at - fault_start)
     assert resolved_at > fault_end
 
     # One firing notification (not one per evaluation), then the resolution.

@@ -56,9 +56,13 @@ rules:
     try:
         assert server.runtime.services[ALERTS].evaluator is not None
         now = datetime.now(timezone.utc)
-        insert_requests(server.runtime.store, [
-            request(now - timedelta(seconds=60) + timedelta(milliseconds=200 * i), 3.0 if i % 30 == 0 else 0.1)
-            for i in range(300)])
+        insert_requests(
+            server.runtime.store,
+            [
+                request(now - timedelta(seconds=60) + timedelta(milliseconds=200 * i), 3.0 if i % 30 == 0 else 0.1)
+                for i in range(300)
+            ],
+        )
         deadline = time.monotonic() + 20
         while not captured.bodies("/api/v2/alerts") and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from fault_scenarios import SCENARIOS, T0, WINDOW, request_rows
@@ -11,9 +11,11 @@ from fault_scenarios import SCENARIOS, T0, WINDOW, request_rows
 @pytest.fixture()
 def scenario_rows() -> Callable[[str], tuple[list[dict], list[dict]]]:
     """name -> (current rows, baseline rows) as dicts, without a store."""
+
     def build(name: str) -> tuple[list[dict], list[dict]]:
         scenario = SCENARIOS[name]
         baseline = [vars(r) | {} for r in request_rows(scenario.baseline, T0, seed=1)]
         current = [vars(r) | {} for r in request_rows(scenario.current, T0 + WINDOW, seed=2)]
         return current, baseline
+
     return build

@@ -54,12 +54,27 @@ SCENARIOS: dict[str, Scenario] = {
     "slow_retrieval": Scenario(current=Profile(retrieval_ms=400.0)),
     "extra_network_hop": Scenario(current=Profile(network_ms=90.0)),
     "oversized_batch": Scenario(current=Profile(itl_ms=48.0, running_requests=40.0, gpu_utilization_ratio=0.8)),
-    "kv_cache_pressure": Scenario(current=Profile(
-        queue_ms=60.0, queue_tail_ms=900.0, queue_depth=24.0, kv_cache_usage_ratio=0.95,
-        preemptions_per_minute=12.0, gpu_utilization_ratio=0.7, itl_ms=24.0)),
-    "gpu_saturation": Scenario(current=Profile(
-        queue_ms=80.0, queue_tail_ms=700.0, queue_depth=20.0, prefill_ms=55.0,
-        gpu_utilization_ratio=0.99, kv_cache_usage_ratio=0.6)),
+    "kv_cache_pressure": Scenario(
+        current=Profile(
+            queue_ms=60.0,
+            queue_tail_ms=900.0,
+            queue_depth=24.0,
+            kv_cache_usage_ratio=0.95,
+            preemptions_per_minute=12.0,
+            gpu_utilization_ratio=0.7,
+            itl_ms=24.0,
+        )
+    ),
+    "gpu_saturation": Scenario(
+        current=Profile(
+            queue_ms=80.0,
+            queue_tail_ms=700.0,
+            queue_depth=20.0,
+            prefill_ms=55.0,
+            gpu_utilization_ratio=0.99,
+            kv_cache_usage_ratio=0.6,
+        )
+    ),
     "cold_start": Scenario(current=Profile(cold_replica="engine-1", cold_extra_ms=4000.0)),
 }
 
@@ -95,13 +110,27 @@ def request_rows(profile: Profile, start: datetime, seed: int, per_second: float
         itl_ns = _jitter(rng, profile.itl_ms)
         decode_ns = itl_ns * (output_tokens - 1)
         ttft_ns = sum(stages.values()) + MS + extra  # 1 ms nobody instruments, plus a cold start
-        rows.append(RequestRow(
-            timestamp=ts, trace_id=f"{seed:08x}{i:024x}", service_name="gateway",
-            endpoint="/v1/chat/completions", endpoint_class="interactive", model="m", replica=replica,
-            status="ok", http_status_code=200, input_tokens=512, output_tokens=output_tokens,
-            ttft_ns=ttft_ns, e2e_ns=ttft_ns + decode_ns, itl_ns=itl_ns, decode_ns=decode_ns,
-            model_ns=stages["queue_ns"] + stages["prefill_ns"] + decode_ns, **stages,
-        ))
+        rows.append(
+            RequestRow(
+                timestamp=ts,
+                trace_id=f"{seed:08x}{i:024x}",
+                service_name="gateway",
+                endpoint="/v1/chat/completions",
+                endpoint_class="interactive",
+                model="m",
+                replica=replica,
+                status="ok",
+                http_status_code=200,
+                input_tokens=512,
+                output_tokens=output_tokens,
+                ttft_ns=ttft_ns,
+                e2e_ns=ttft_ns + decode_ns,
+                itl_ns=itl_ns,
+                decode_ns=decode_ns,
+                model_ns=stages["queue_ns"] + stages["prefill_ns"] + decode_ns,
+                **stages,
+            )
+        )
     return rows
 
 
@@ -122,29 +151,52 @@ def signal_rows(profile: Profile, start: datetime, seed: int, preemptions_before
         }
         for name, value in values.items():
             attributes = {"gpu": "0"} if name.startswith("gpu_") else {"engine": "0"}
-            gauges.append(GaugeRow(resource_attributes={"service.instance.id": "engine-0"}, service_name="engine",
-                                   metric_name=name, description="", unit="", attributes=attributes,
-                                   start_time=None, time=ts, value=value))
+            gauges.append(
+                GaugeRow(
+                    resource_attributes={"service.instance.id": "engine-0"},
+                    service_name="engine",
+                    metric_name=name,
+                    description="",
+                    unit="",
+                    attributes=attributes,
+                    start_time=None,
+                    time=ts,
+                    value=value,
+                )
+            )
         counter += profile.preemptions_per_minute / 60.0
-        sums.append(SumRow(resource_attributes={"service.instance.id": "engine-0"}, service_name="engine",
-                           metric_name="preemptions_total", description="", unit="", attributes={"engine": "0"},
-                           start_time=T0, time=ts, value=float(int(counter))))
+        sums.append(
+            SumRow(
+                resource_attributes={"service.instance.id": "engine-0"},
+                service_name="engine",
+                metric_name="preemptions_total",
+                description="",
+                unit="",
+                attributes={"engine": "0"},
+                start_time=T0,
+                time=ts,
+                value=float(int(counter)),
+            )
+        )
     return gauges, sums, counter
 
 
 def load_scenario(store: Any, scenario: Scenario) -> dict[str, datetime]:
     """Insert both windows of ``scenario`` into ``store``; return the window bounds."""
     baseline_start, current_start = T0, T0 + WINDOW
-    requests = (request_rows(scenario.baseline, baseline_start, seed=1)
-                + request_rows(scenario.current, current_start, seed=2))
+    requests = request_rows(scenario.baseline, baseline_start, seed=1) + request_rows(
+        scenario.current, current_start, seed=2
+    )
     gauges_b, sums_b, counter = signal_rows(scenario.baseline, baseline_start, seed=1, preemptions_before=0.0)
     gauges_c, sums_c, _ = signal_rows(scenario.current, current_start, seed=2, preemptions_before=counter)
     store.insert("inferpath_requests", [r.to_insert_row() for r in requests], REQUEST_COLUMNS)
     store.insert("otel_metrics_gauge", [g.to_insert_row() for g in gauges_b + gauges_c], GAUGE_COLUMNS)
     store.insert("otel_metrics_sum", [s.to_insert_row() for s in sums_b + sums_c], SUM_COLUMNS)
     return {
-        "baseline_start": baseline_start, "baseline_end": current_start,
-        "window_start": current_start, "window_end": current_start + WINDOW,
+        "baseline_start": baseline_start,
+        "baseline_end": current_start,
+        "window_start": current_start,
+        "window_end": current_start + WINDOW,
     }
 
 
@@ -155,11 +207,25 @@ def budget_rows(count: int, tokenize_ms: float, retrieval_ms: float, prefill_ms:
     rng = random.Random(3)
     rows = []
     for i in range(count):
-        stages = {"gateway_ns": 8 * MS, "tokenize_ns": int(tokenize_ms * MS * rng.uniform(0.97, 1.03)),
-                  "retrieval_ns": int(retrieval_ms * MS * rng.uniform(0.97, 1.03)), "queue_ns": 20 * MS,
-                  "prefill_ns": int(prefill_ms * MS * rng.uniform(0.97, 1.03)), "network_ns": 2 * MS}
+        stages = {
+            "gateway_ns": 8 * MS,
+            "tokenize_ns": int(tokenize_ms * MS * rng.uniform(0.97, 1.03)),
+            "retrieval_ns": int(retrieval_ms * MS * rng.uniform(0.97, 1.03)),
+            "queue_ns": 20 * MS,
+            "prefill_ns": int(prefill_ms * MS * rng.uniform(0.97, 1.03)),
+            "network_ns": 2 * MS,
+        }
         ttft = sum(stages.values()) + 10 * MS
-        rows.append({"timestamp": T0 + timedelta(seconds=i), "trace_id": f"{i:032x}", "replica": "r",
-                     "endpoint_class": "interactive", "ttft_ns": ttft, "e2e_ns": ttft + 400 * MS,
-                     "decode_ns": 400 * MS, **stages})
+        rows.append(
+            {
+                "timestamp": T0 + timedelta(seconds=i),
+                "trace_id": f"{i:032x}",
+                "replica": "r",
+                "endpoint_class": "interactive",
+                "ttft_ns": ttft,
+                "e2e_ns": ttft + 400 * MS,
+                "decode_ns": 400 * MS,
+                **stages,
+            }
+        )
     return rows

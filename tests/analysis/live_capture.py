@@ -77,8 +77,9 @@ def ingest_capture(client: httpx.Client, shared_data: Path) -> int:
         response = client.post("/v1/traces", content=shifted_trace_body(path, offset_ns), headers=PROTOBUF)
         assert response.status_code == 200, response.text
     for at_ns, path in scrapes:
-        response = client.post("/v1/metrics", content=scrape_as_otlp(path.read_text(), at_ns + offset_ns),
-                               headers=PROTOBUF)
+        response = client.post(
+            "/v1/metrics", content=scrape_as_otlp(path.read_text(), at_ns + offset_ns), headers=PROTOBUF
+        )
         assert response.status_code == 200, response.text
     flushed = client.post("/api/v1/flush").json()
     assert flushed["ok"] is True

@@ -8,7 +8,11 @@ import pytest
 from fault_scenarios import MS, T0, WINDOW, Profile, request_rows
 
 from inferpath.analysis.breakdown import (
-    breakdown_by, breakdown_by_band, fetch_request_rows, request_breakdown, summarize,
+    breakdown_by,
+    breakdown_by_band,
+    fetch_request_rows,
+    request_breakdown,
+    summarize,
 )
 from inferpath.storage.rows import REQUEST_COLUMNS, RequestRow
 from inferpath.storage.store import Store
@@ -21,8 +25,17 @@ def _row(**values: int | str | None) -> dict:
 
 
 def test_request_breakdown_splits_e2e_and_ttft() -> None:
-    row = _row(ttft_ns=100 * MS, e2e_ns=500 * MS, tokenize_ns=10 * MS, retrieval_ns=30 * MS,
-               queue_ns=20 * MS, prefill_ns=30 * MS, decode_ns=400 * MS, gateway_ns=None, network_ns=5 * MS)
+    row = _row(
+        ttft_ns=100 * MS,
+        e2e_ns=500 * MS,
+        tokenize_ns=10 * MS,
+        retrieval_ns=30 * MS,
+        queue_ns=20 * MS,
+        prefill_ns=30 * MS,
+        decode_ns=400 * MS,
+        gateway_ns=None,
+        network_ns=5 * MS,
+    )
     e2e = request_breakdown(row, "e2e")
     ttft = request_breakdown(row, "ttft")
     assert e2e is not None and ttft is not None

@@ -11,7 +11,6 @@ from inferpath.analysis.signals import SignalWindows, WindowSignals
 from inferpath.vocabulary import GPU_UTILIZATION_RATIO
 
 
-
 def test_tokenization_and_retrieval_not_gpu_recover_about_300_ms() -> None:
     rows = budget_rows(200, tokenize_ms=150, retrieval_ms=150, prefill_ms=560)  # TTFT ≈ 900 ms
     signals = SignalWindows(current=WindowSignals.from_values({GPU_UTILIZATION_RATIO: [0.3, 0.35, 0.4]}))

@@ -33,8 +33,9 @@ def test_counter_increase_survives_a_restart() -> None:
 
 
 def test_build_timeline_joins_requests_and_signals_per_step() -> None:
-    rows = [{"timestamp": t * S, "ttft_ns": v, "e2e_ns": 2 * v, "itl_ns": None}
-            for t, v in [(1, 100), (2, 300), (12, 1000)]]
+    rows = [
+        {"timestamp": t * S, "ttft_ns": v, "e2e_ns": 2 * v, "itl_ns": None} for t, v in [(1, 100), (2, 300), (12, 1000)]
+    ]
     gauges = {
         "queue_depth": {("a",): Series([0, 9 * S], [1.0, 2.0]), ("b",): Series([5 * S], [10.0])},
         "kv_cache_usage_ratio": {("a",): Series([0, 15 * S], [0.5, 0.9]), ("b",): Series([0], [0.7])},

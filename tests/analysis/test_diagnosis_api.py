@@ -31,8 +31,12 @@ def _get(server, **params) -> httpx.Response:
 def test_read_api_names_the_slow_tokenizer_with_and_without_a_baseline(tokenizer_server) -> None:
     server, windows = tokenizer_server
     window = {"start": windows["window_start"].isoformat(), "end": windows["window_end"].isoformat()}
-    verdict = _get(server, **window, baseline_start=windows["baseline_start"].isoformat(),
-                   baseline_end=windows["baseline_end"].isoformat()).json()
+    verdict = _get(
+        server,
+        **window,
+        baseline_start=windows["baseline_start"].isoformat(),
+        baseline_end=windows["baseline_end"].isoformat(),
+    ).json()
     assert verdict["healthy"] is False and verdict["basis"] == "baseline"
     assert verdict["top_cause"] == "tokenization"
     assert verdict["causes"][0]["would_not_help"][0].startswith("adding GPUs will not help")
@@ -51,20 +55,45 @@ def test_read_api_names_the_slow_tokenizer_with_and_without_a_baseline(tokenizer
     assert thin.status_code == 200 and "baseline ignored" in thin.json()["notes"][0]
 
 
-@pytest.mark.parametrize(("params", "status", "param", "words"), [
-    ({"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z"}, 422, "start", "insufficient data: 0 requests"),
-    ({"end": "2001-01-01T00:10:00Z"}, 422, "start", "required"),
-    ({"start": "2001-01-01T00:10:00Z", "end": "2001-01-01T00:00:00Z"}, 422, "end", "after start"),
-    ({"start": "2099-01-01T00:00:00Z", "end": "2099-01-01T00:10:00Z"}, 422, "start", "future"),
-    ({"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z", "baseline_start": "2000-12-31T00:00:00Z"},
-     422, "baseline_end", "together"),
-    ({"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z", "endpoint": "/nowhere"}, 404, "endpoint",
-     "no request of endpoint"),
-    ({"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z", "objectives": '{"interactive": {"ttft": 1}}'},
-     422, "objectives", "ttft_p99_seconds"),
-])
-def test_bad_windows_and_parameters_get_a_4xx_naming_the_parameter(tokenizer_server, params, status, param,
-                                                                    words) -> None:
+@pytest.mark.parametrize(
+    ("params", "status", "param", "words"),
+    [
+        (
+            {"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z"},
+            422,
+            "start",
+            "insufficient data: 0 requests",
+        ),
+        ({"end": "2001-01-01T00:10:00Z"}, 422, "start", "required"),
+        ({"start": "2001-01-01T00:10:00Z", "end": "2001-01-01T00:00:00Z"}, 422, "end", "after start"),
+        ({"start": "2099-01-01T00:00:00Z", "end": "2099-01-01T00:10:00Z"}, 422, "start", "future"),
+        (
+            {"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z", "baseline_start": "2000-12-31T00:00:00Z"},
+            422,
+            "baseline_end",
+            "together",
+        ),
+        (
+            {"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z", "endpoint": "/nowhere"},
+            404,
+            "endpoint",
+            "no request of endpoint",
+        ),
+        (
+            {
+                "start": "2001-01-01T00:00:00Z",
+                "end": "2001-01-01T00:10:00Z",
+                "objectives": '{"interactive": {"ttft": 1}}',
+            },
+            422,
+            "objectives",
+            "ttft_p99_seconds",
+        ),
+    ],
+)
+def test_bad_windows_and_parameters_get_a_4xx_naming_the_parameter(
+    tokenizer_server, params, status, param, words
+) -> None:
     server, _ = tokenizer_server
     response = _get(server, **params)
     assert response.status_code == status, response.text
@@ -87,8 +116,9 @@ def test_diagnose_command_exit_codes() -> None:
 def test_diagnose_json_prints_a_refusal_as_json(store_url: str) -> None:
     server = serve_in_thread(Settings(store_url=store_url), port=0)
     try:  # an empty store: the window cannot be judged (422)
-        result = CliRunner().invoke(app, ["diagnose", "--from", "-15m", "--to", "now", "--json",
-                                          "--server", server.url])
+        result = CliRunner().invoke(
+            app, ["diagnose", "--from", "-15m", "--to", "now", "--json", "--server", server.url]
+        )
     finally:
         server.stop()
     assert result.exit_code == 2
@@ -103,9 +133,21 @@ def test_diagnose_reads_a_store_directly_when_no_server_holds_it(store_url: str)
     finally:
         server.stop()
     start, end = windows["window_start"], windows["window_end"]
-    result = CliRunner().invoke(app, ["diagnose", "--from", start.isoformat(), "--to", end.isoformat(),
-                                      "--baseline", f"{int((end - start).total_seconds())}s", "--json",
-                                      "--store", store_url])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            "--from",
+            start.isoformat(),
+            "--to",
+            end.isoformat(),
+            "--baseline",
+            f"{int((end - start).total_seconds())}s",
+            "--json",
+            "--store",
+            store_url,
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert json.loads(result.stdout)["top_cause"] == "tokenization"
     assert datetime.fromisoformat(json.loads(result.stdout)["current_window"][0]) == start.astimezone(timezone.utc)

@@ -11,8 +11,14 @@ from fault_scenarios import MS, T0, budget_rows
 
 from inferpath.analysis.causes import REGISTRY, Context, cause_of
 from inferpath.analysis.diagnosis import (
-    DEGRADED_RATIO, MIN_DEGRADATION_NS, InsufficientDataError, batch_grew, cold_start_rows, degradation,
-    diagnose_from, queue_held,
+    DEGRADED_RATIO,
+    MIN_DEGRADATION_NS,
+    InsufficientDataError,
+    batch_grew,
+    cold_start_rows,
+    degradation,
+    diagnose_from,
+    queue_held,
 )
 from inferpath.analysis.engine_state import EngineState, engine_state
 from inferpath.analysis.objectives import DEFAULT_OBJECTIVES
@@ -22,13 +28,16 @@ from inferpath.analysis.verdict import CAUSES, verdict_to_dict
 
 
 def _signals(current: dict, baseline: dict, current_preemptions=None, baseline_preemptions=None) -> SignalWindows:
-    return SignalWindows(current=WindowSignals.from_values(current, current_preemptions),
-                         baseline=WindowSignals.from_values(baseline, baseline_preemptions))
+    return SignalWindows(
+        current=WindowSignals.from_values(current, current_preemptions),
+        baseline=WindowSignals.from_values(baseline, baseline_preemptions),
+    )
 
 
 def _engine(queue, running, kv, preemptions=None, limit=None) -> EngineState:
-    window = WindowSignals.from_values({"queue_depth": queue, "running_requests": running,
-                                        "kv_cache_usage_ratio": kv}, preemptions)
+    window = WindowSignals.from_values(
+        {"queue_depth": queue, "running_requests": running, "kv_cache_usage_ratio": kv}, preemptions
+    )
     return engine_state(window, configured_limit=limit)
 
 
@@ -70,26 +79,29 @@ IDLE = _engine([0, 0], [2, 3], [0.1, 0.1])
 NONE = engine_state(WindowSignals())
 
 
-@pytest.mark.parametrize(("stage", "state", "flags", "cause"), [
-    ("tokenize", MEMORY, {}, "tokenization"),
-    ("retrieval", SLOTS, {}, "retrieval"),
-    ("network", SLOTS, {}, "network_hop"),
-    ("queue", MEMORY, {}, "gpu_memory"),
-    ("queue", SLOTS, {}, "gpu_compute"),          # no GPU utilization needed
-    ("queue", HELD, {}, "batching"),
-    ("queue", HELD, {"gpu_utilization": 0.99}, "gpu_compute"),
-    ("queue", IDLE, {}, "queueing"),               # nothing waits in the engine: the queue is upstream
-    ("queue", NONE, {}, "queueing"),
-    ("queue", NONE, {"queue_held": True}, "batching"),
-    ("prefill", MEMORY, {}, "gpu_memory"),
-    ("prefill", SLOTS, {}, "gpu_compute"),
-    ("decode", IDLE, {"batch_grew": True}, "batching"),
-    ("decode", SLOTS, {"batch_grew": True}, "gpu_compute"),
-    ("decode", IDLE, {}, "gpu_compute"),
-    ("decode", MEMORY, {"batch_grew": True}, "gpu_memory"),
-    ("gateway", SLOTS, {}, "unexplained"),
-    ("rest", SLOTS, {}, "unexplained"),
-])
+@pytest.mark.parametrize(
+    ("stage", "state", "flags", "cause"),
+    [
+        ("tokenize", MEMORY, {}, "tokenization"),
+        ("retrieval", SLOTS, {}, "retrieval"),
+        ("network", SLOTS, {}, "network_hop"),
+        ("queue", MEMORY, {}, "gpu_memory"),
+        ("queue", SLOTS, {}, "gpu_compute"),  # no GPU utilization needed
+        ("queue", HELD, {}, "batching"),
+        ("queue", HELD, {"gpu_utilization": 0.99}, "gpu_compute"),
+        ("queue", IDLE, {}, "queueing"),  # nothing waits in the engine: the queue is upstream
+        ("queue", NONE, {}, "queueing"),
+        ("queue", NONE, {"queue_held": True}, "batching"),
+        ("prefill", MEMORY, {}, "gpu_memory"),
+        ("prefill", SLOTS, {}, "gpu_compute"),
+        ("decode", IDLE, {"batch_grew": True}, "batching"),
+        ("decode", SLOTS, {"batch_grew": True}, "gpu_compute"),
+        ("decode", IDLE, {}, "gpu_compute"),
+        ("decode", MEMORY, {"batch_grew": True}, "gpu_memory"),
+        ("gateway", SLOTS, {}, "unexplained"),
+        ("rest", SLOTS, {}, "unexplained"),
+    ],
+)
 def test_each_stage_goes_to_the_first_cause_of_the_registry_that_claims_it(stage, state, flags, cause) -> None:
     assert cause_of(stage, _context(state, **flags)) == cause
     assert cause in CAUSES
@@ -122,8 +134,16 @@ def test_batch_growth_and_a_hold_on_every_request() -> None:
 
 
 def _replica_rows(replica: str, ttft_ms: list[float], start_s: float = 0.0) -> list[dict]:
-    return [{"replica": replica, "timestamp": T0 + timedelta(seconds=start_s + i), "trace_id": f"{replica}{i}",
-             "ttft_ns": int(v * MS), "e2e_ns": int(v * MS) + 100 * MS} for i, v in enumerate(ttft_ms)]
+    return [
+        {
+            "replica": replica,
+            "timestamp": T0 + timedelta(seconds=start_s + i),
+            "trace_id": f"{replica}{i}",
+            "ttft_ns": int(v * MS),
+            "e2e_ns": int(v * MS) + 100 * MS,
+        }
+        for i, v in enumerate(ttft_ms)
+    ]
 
 
 def test_a_replica_whose_first_requests_are_slower_than_its_steady_state_is_a_cold_start() -> None:
@@ -196,8 +216,10 @@ def test_a_baseline_that_breaks_the_objectives_never_makes_the_window_healthy() 
 def test_advice_never_contradicts_itself_within_one_verdict(scenario_rows) -> None:
     for name in ("oversized_batch", "gpu_saturation", "kv_cache_pressure", "slow_tokenizer"):
         current, baseline = scenario_rows(name)
-        signals = _signals({"queue_depth": [3] * 10, "running_requests": [8] * 10},
-                           {"queue_depth": [0] * 10, "running_requests": [8] * 10})
+        signals = _signals(
+            {"queue_depth": [3] * 10, "running_requests": [8] * 10},
+            {"queue_depth": [0] * 10, "running_requests": [8] * 10},
+        )
         data = verdict_to_dict(diagnose_from(current, baseline, signals))
         helps = " ".join(h for c in data["causes"] for h in c["would_help"]).lower()
         for cause in data["causes"]:
@@ -228,9 +250,18 @@ def test_rows_with_only_a_client_measurement_get_a_verdict_not_a_refusal() -> No
     rows = []
     for i in range(40):
         ttft = int(rng.uniform(1.2, 2.5) * 1e9)
-        rows.append({"timestamp": T0 + timedelta(seconds=i), "trace_id": f"{i:032x}", "replica": "",
-                     "endpoint_class": "interactive", "ttft_ns": None, "e2e_ns": None,
-                     "client_ttft_ns": ttft, "client_e2e_ns": ttft + 300 * MS})
+        rows.append(
+            {
+                "timestamp": T0 + timedelta(seconds=i),
+                "trace_id": f"{i:032x}",
+                "replica": "",
+                "endpoint_class": "interactive",
+                "ttft_ns": None,
+                "e2e_ns": None,
+                "client_ttft_ns": ttft,
+                "client_e2e_ns": ttft + 300 * MS,
+            }
+        )
     verdict = diagnose_from(rows)
     assert not verdict.healthy and verdict.measure == "ttft"
     assert verdict.objectives[0].value_ns > 1e9 and verdict.objectives[0].requests == 40
@@ -242,9 +273,9 @@ def test_in_a_small_window_one_stalled_request_is_not_a_regression() -> None:
     base = [{"ttft_ns": (100 + i) * MS} for i in range(60)]
     one_stall = [{"ttft_ns": (100 + i) * MS} for i in range(59)] + [{"ttft_ns": 900 * MS}]
     assert degradation("ttft", one_stall, base).ratio > DEGRADED_RATIO
-    assert not degradation("ttft", one_stall, base).degraded       # p99 is the stalled request
+    assert not degradation("ttft", one_stall, base).degraded  # p99 is the stalled request
     slower = [{"ttft_ns": (300 + i) * MS} for i in range(60)]
-    assert degradation("ttft", slower, base).degraded                # the whole tail moved
+    assert degradation("ttft", slower, base).degraded  # the whole tail moved
     # With 120 requests a p99 is two requests deep: two stalls at 900 ms are a regression.
     assert degradation("ttft", one_stall * 2, base * 2).degraded
 

@@ -12,18 +12,48 @@ from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
 
 
-def _call(trace: int, at_seconds: float, client_ms: int, server_ms: int, *, server_delay_seconds: float = 0.0,
-          caller: str = "gateway", callee: str = "engine") -> list[SpanRow]:
+def _call(
+    trace: int,
+    at_seconds: float,
+    client_ms: int,
+    server_ms: int,
+    *,
+    server_delay_seconds: float = 0.0,
+    caller: str = "gateway",
+    callee: str = "engine",
+) -> list[SpanRow]:
     trace_id, client_id = f"{trace:032x}", f"{trace:015x}c"
     start = T0 + timedelta(seconds=at_seconds)
     return [
-        SpanRow(timestamp=start, trace_id=trace_id, span_id=f"{trace:015x}a", span_name="POST /chat",
-                span_kind="Server", service_name=caller, duration_ns=(client_ms + 5) * MS),
-        SpanRow(timestamp=start, trace_id=trace_id, span_id=client_id, parent_span_id=f"{trace:015x}a",
-                span_name="chat", span_kind="Client", service_name=caller, duration_ns=client_ms * MS),
-        SpanRow(timestamp=start + timedelta(seconds=server_delay_seconds), trace_id=trace_id,
-                span_id=f"{trace:015x}e", parent_span_id=client_id, span_name="POST /v1/chat/completions",
-                span_kind="Server", service_name=callee, duration_ns=server_ms * MS),
+        SpanRow(
+            timestamp=start,
+            trace_id=trace_id,
+            span_id=f"{trace:015x}a",
+            span_name="POST /chat",
+            span_kind="Server",
+            service_name=caller,
+            duration_ns=(client_ms + 5) * MS,
+        ),
+        SpanRow(
+            timestamp=start,
+            trace_id=trace_id,
+            span_id=client_id,
+            parent_span_id=f"{trace:015x}a",
+            span_name="chat",
+            span_kind="Client",
+            service_name=caller,
+            duration_ns=client_ms * MS,
+        ),
+        SpanRow(
+            timestamp=start + timedelta(seconds=server_delay_seconds),
+            trace_id=trace_id,
+            span_id=f"{trace:015x}e",
+            parent_span_id=client_id,
+            span_name="POST /v1/chat/completions",
+            span_kind="Server",
+            service_name=callee,
+            duration_ns=server_ms * MS,
+        ),
     ]
 
 

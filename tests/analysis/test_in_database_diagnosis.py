@@ -19,16 +19,23 @@ from inferpath.storage.store import Store
 
 def _python_diagnosis(store, windows: dict) -> dict:
     """The diagnosis over every request row and sample read into Python (the definition)."""
-    current = fetch_request_rows(store, start=windows["window_start"], end=windows["window_end"],
-                                 columns=DIAGNOSIS_COLUMNS)
-    baseline = fetch_request_rows(store, start=windows["baseline_start"], end=windows["baseline_end"],
-                                  columns=DIAGNOSIS_COLUMNS)
-    signals = SignalWindows(current=fetch_window_signals_rows(store, windows["window_start"], windows["window_end"]),
-                            baseline=fetch_window_signals_rows(store, windows["baseline_start"],
-                                                               windows["baseline_end"]))
-    verdict = diagnose_from(current, baseline, signals,
-                            current_window=(windows["window_start"], windows["window_end"]),
-                            baseline_window=(windows["baseline_start"], windows["baseline_end"]))
+    current = fetch_request_rows(
+        store, start=windows["window_start"], end=windows["window_end"], columns=DIAGNOSIS_COLUMNS
+    )
+    baseline = fetch_request_rows(
+        store, start=windows["baseline_start"], end=windows["baseline_end"], columns=DIAGNOSIS_COLUMNS
+    )
+    signals = SignalWindows(
+        current=fetch_window_signals_rows(store, windows["window_start"], windows["window_end"]),
+        baseline=fetch_window_signals_rows(store, windows["baseline_start"], windows["baseline_end"]),
+    )
+    verdict = diagnose_from(
+        current,
+        baseline,
+        signals,
+        current_window=(windows["window_start"], windows["window_end"]),
+        baseline_window=(windows["baseline_start"], windows["baseline_end"]),
+    )
     return verdict_to_dict(verdict)
 
 
@@ -51,9 +58,15 @@ def _assert_same(got, expected, where: str = "verdict") -> None:
 def test_diagnosis_from_the_store_equals_the_diagnosis_of_its_rows(tmp_path, scenario) -> None:
     with Store.open(f"chdb://{tmp_path / 'store'}") as store:
         windows = load_scenario(store, SCENARIOS[scenario])
-        got = verdict_to_dict(diagnose(store, window_start=windows["window_start"], window_end=windows["window_end"],
-                                       baseline_start=windows["baseline_start"],
-                                       baseline_end=windows["baseline_end"]))
+        got = verdict_to_dict(
+            diagnose(
+                store,
+                window_start=windows["window_start"],
+                window_end=windows["window_end"],
+                baseline_start=windows["baseline_start"],
+                baseline_end=windows["baseline_end"],
+            )
+        )
         expected = _python_diagnosis(store, windows)
     _assert_same(got, expected)
     assert got["healthy"] == (scenario == "healthy")

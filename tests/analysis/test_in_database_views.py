@@ -7,7 +7,7 @@ import math
 from datetime import timedelta
 
 import pytest
-from fault_scenarios import MS, SCENARIOS, T0, WINDOW, load_scenario, request_rows, Profile
+from fault_scenarios import MS, SCENARIOS, T0, WINDOW, Profile, load_scenario, request_rows
 
 from inferpath.analysis.band_query import fetch_breakdown_bands
 from inferpath.analysis.breakdown import breakdown_by_band, fetch_request_rows
@@ -24,7 +24,7 @@ def _odd_requests() -> list[RequestRow]:
     rows = request_rows(Profile(queue_tail_ms=300.0), T0, seed=9, per_second=0.5)
     odd = []
     for i, row in enumerate(rows):
-        changes: dict = {"trace_id": f"{0xabc:08x}{i:024x}"}
+        changes: dict = {"trace_id": f"{0xABC:08x}{i:024x}"}
         if i % 7 == 0:
             changes |= {"ttft_ns": None, "itl_ns": None}  # a non-streamed response
         if i % 5 == 0:
@@ -47,16 +47,46 @@ def _odd_signals() -> tuple[list[GaugeRow], list[SumRow]]:
     for k in range(0, int(2 * WINDOW.total_seconds()), 7):
         ts = T0 + timedelta(seconds=k, milliseconds=300)
         if k < 500:
-            gauges.append(GaugeRow(resource_attributes={"service.instance.id": "engine-1"}, service_name="engine",
-                                   metric_name="queue_depth", description="", unit="", attributes={"engine": "1"},
-                                   start_time=None, time=ts, value=float(k % 17)))
-        gauges.append(GaugeRow(resource_attributes={"service.instance.id": "engine-1"}, service_name="engine",
-                               metric_name="kv_cache_usage_ratio", description="", unit="",
-                               attributes={"engine": "1"}, start_time=None, time=ts, value=(k % 50) / 50))
+            gauges.append(
+                GaugeRow(
+                    resource_attributes={"service.instance.id": "engine-1"},
+                    service_name="engine",
+                    metric_name="queue_depth",
+                    description="",
+                    unit="",
+                    attributes={"engine": "1"},
+                    start_time=None,
+                    time=ts,
+                    value=float(k % 17),
+                )
+            )
+        gauges.append(
+            GaugeRow(
+                resource_attributes={"service.instance.id": "engine-1"},
+                service_name="engine",
+                metric_name="kv_cache_usage_ratio",
+                description="",
+                unit="",
+                attributes={"engine": "1"},
+                start_time=None,
+                time=ts,
+                value=(k % 50) / 50,
+            )
+        )
         counter = 0.0 if k == 700 else counter + (k % 4)  # the engine restarted at 700 s
-        sums.append(SumRow(resource_attributes={"service.instance.id": "engine-1"}, service_name="engine",
-                           metric_name="preemptions_total", description="", unit="", attributes={"engine": "1"},
-                           start_time=T0, time=ts, value=counter))
+        sums.append(
+            SumRow(
+                resource_attributes={"service.instance.id": "engine-1"},
+                service_name="engine",
+                metric_name="preemptions_total",
+                description="",
+                unit="",
+                attributes={"engine": "1"},
+                start_time=T0,
+                time=ts,
+                value=counter,
+            )
+        )
     return gauges, sums
 
 
@@ -117,7 +147,8 @@ def test_timeline_in_sql_equals_the_python_timeline(filled_store, step_seconds, 
         mine = got.columns[name]
         assert [v is None for v in mine] == [v is None for v in values], name
         assert [v for v in mine if v is not None] == pytest.approx(
-            [v for v in values if v is not None], rel=1e-12, abs=1e-12), name
+            [v for v in values if v is not None], rel=1e-12, abs=1e-12
+        ), name
     assert any(v is None for v in expected.columns["ttft_p99_seconds"])  # the empty tail steps
     assert max(v or 0 for v in expected.columns["preemptions_per_second"]) > 0
     assert not any(v is not None and math.isnan(v) for v in got.columns["ttft_p99_seconds"])
@@ -125,12 +156,19 @@ def test_timeline_in_sql_equals_the_python_timeline(filled_store, step_seconds, 
 
 def test_timeline_of_one_endpoint(filled_store) -> None:
     store, windows = filled_store
-    window = {"start": windows["baseline_start"], "end": windows["window_end"], "step_seconds": 20.0,
-              "endpoint": "/v1/completions"}
+    window = {
+        "start": windows["baseline_start"],
+        "end": windows["window_end"],
+        "step_seconds": 20.0,
+        "endpoint": "/v1/completions",
+    }
     got, expected = fetch_timeline(store, **window), fetch_timeline_rows(store, **window)
     assert got.columns["requests"] == expected.columns["requests"]
-    assert 0 < sum(got.columns["requests"]) < sum(fetch_timeline(store, **(window | {"endpoint": None}))
-                                                  .columns["requests"])
+    assert (
+        0
+        < sum(got.columns["requests"])
+        < sum(fetch_timeline(store, **(window | {"endpoint": None})).columns["requests"])
+    )
 
 
 @pytest.mark.parametrize("window", [("baseline_start", "baseline_end"), ("window_start", "window_end")])
@@ -146,4 +184,3 @@ def test_window_signals_in_sql_equal_the_python_ones(filled_store, window) -> No
     assert expected.preemptions is not None
     later = windows["window_end"] + 2 * WINDOW
     assert fetch_window_signals(store, later, later + WINDOW).gauges == {}
-

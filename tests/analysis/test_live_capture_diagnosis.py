@@ -30,14 +30,21 @@ def test_live_vllm_capture_is_diagnosed_as_kv_pressure(shared_data: Path, store_
             from inferpath.storage.rows import datetime_from_unix_ns
 
             first_scrape = datetime_from_unix_ns(scrape_files(shared_data)[0][0] + offset_ns)
-            rows = fetch_request_rows(server.runtime.store, start=first_scrape - timedelta(minutes=5),
-                                      end=first_scrape + timedelta(minutes=5))
+            rows = fetch_request_rows(
+                server.runtime.store, start=first_scrape - timedelta(minutes=5), end=first_scrape + timedelta(minutes=5)
+            )
             assert len(rows) == 120  # every llm_request span vLLM exported became one request row
             start = rows[0]["timestamp"] - timedelta(seconds=1)
             split = start + timedelta(seconds=40)  # the easy first part vs the burst near the end
-            verdict = client.get("/api/v1/diagnosis", params={
-                "start": split.isoformat(), "end": (start + timedelta(seconds=90)).isoformat(),
-                "baseline_start": start.isoformat(), "baseline_end": split.isoformat()}).json()
+            verdict = client.get(
+                "/api/v1/diagnosis",
+                params={
+                    "start": split.isoformat(),
+                    "end": (start + timedelta(seconds=90)).isoformat(),
+                    "baseline_start": start.isoformat(),
+                    "baseline_end": split.isoformat(),
+                },
+            ).json()
     finally:
         server.stop()
     assert (verdict["baseline_requests"], verdict["current_requests"]) == (63, 57)

@@ -28,8 +28,10 @@ def test_real_vllm_startup_is_found_in_the_store_and_measured(shared_data: Path,
     try:
         with httpx.Client(base_url=server.url, timeout=30.0) as client:
             for path in files:
-                assert client.post("/v1/traces", content=shifted_trace_body(path, offset_ns),
-                                   headers=PROTOBUF).status_code == 200
+                assert (
+                    client.post("/v1/traces", content=shifted_trace_body(path, offset_ns), headers=PROTOBUF).status_code
+                    == 200
+                )
             assert client.post("/api/v1/flush").json()["ok"] is True
         around = datetime_from_unix_ns(first_ns + offset_ns)
         startups = fetch_startups(server.runtime.store, around - timedelta(minutes=5), around + timedelta(minutes=5))
@@ -58,10 +60,20 @@ def test_emulated_engine_records_vllm_style_startup_spans() -> None:
     asyncio.run(asyncio.wait_for(start_and_stop(), timeout=30))
     spans = exporter.get_finished_spans()
     records = startups_from_spans(
-        [{"trace_id": f"{s.context.trace_id:032x}", "span_id": f"{s.context.span_id:016x}",
-          "parent_span_id": f"{s.parent.span_id:016x}" if s.parent else "", "span_name": s.name,
-          "timestamp": datetime_from_unix_ns(s.start_time), "duration_ns": s.end_time - s.start_time,
-          "service_name": "demo-engine", "resource_attributes": dict(s.resource.attributes)} for s in spans])
+        [
+            {
+                "trace_id": f"{s.context.trace_id:032x}",
+                "span_id": f"{s.context.span_id:016x}",
+                "parent_span_id": f"{s.parent.span_id:016x}" if s.parent else "",
+                "span_name": s.name,
+                "timestamp": datetime_from_unix_ns(s.start_time),
+                "duration_ns": s.end_time - s.start_time,
+                "service_name": "demo-engine",
+                "resource_attributes": dict(s.resource.attributes),
+            }
+            for s in spans
+        ]
+    )
     assert len(records) == 1
     assert 0.19 < records[0].loading_seconds < 0.5
     assert set(records[0].phases_seconds) == {"Load weights", "Allocate KV cache", "Warmup"}
@@ -70,5 +82,15 @@ def test_emulated_engine_records_vllm_style_startup_spans() -> None:
 
 def test_negative_duration_is_refused() -> None:
     with pytest.raises(ValueError, match="duration_ns"):
-        startups_from_spans([{"trace_id": "a", "span_id": "b", "parent_span_id": "", "span_name": "Overall Loading",
-                              "timestamp": None, "duration_ns": -1}])
+        startups_from_spans(
+            [
+                {
+                    "trace_id": "a",
+                    "span_id": "b",
+                    "parent_span_id": "",
+                    "span_name": "Overall Loading",
+                    "timestamp": None,
+                    "duration_ns": -1,
+                }
+            ]
+        )

@@ -10,7 +10,11 @@ import pytest
 
 from inferpath.analysis.band_query import fetch_breakdown_bands
 from inferpath.analysis.breakdown import (
-    breakdown_by_band, fetch_request_rows, request_breakdown, stage_columns, stage_sql,
+    breakdown_by_band,
+    fetch_request_rows,
+    request_breakdown,
+    stage_columns,
+    stage_sql,
 )
 from inferpath.storage.migrations import apply_migrations
 from inferpath.storage.rows import REQUEST_COLUMNS, RequestRow
@@ -26,13 +30,24 @@ def streamed_row(i: int, *, phases: bool = True) -> RequestRow:
     self time and network overhead exceed the TTFT; their TTFT parts are small."""
     ttft_ms = 200 + 7 * i
     return RequestRow(
-        timestamp=T0 + timedelta(seconds=i), trace_id=f"{i + 1:032x}", endpoint="/v1/chat/completions",
-        endpoint_class="interactive", status="ok", ttft_ns=ttft_ms * MS, e2e_ns=(1500 + 11 * i) * MS,
-        tokenize_ns=5 * MS, retrieval_ns=40 * MS, queue_ns=(10 + i % 9) * MS, prefill_ns=60 * MS,
-        decode_ns=(1100 + 9 * i) * MS, gateway_ns=(150 + i) * MS, network_ns=(120 + 2 * i) * MS,
+        timestamp=T0 + timedelta(seconds=i),
+        trace_id=f"{i + 1:032x}",
+        endpoint="/v1/chat/completions",
+        endpoint_class="interactive",
+        status="ok",
+        ttft_ns=ttft_ms * MS,
+        e2e_ns=(1500 + 11 * i) * MS,
+        tokenize_ns=5 * MS,
+        retrieval_ns=40 * MS,
+        queue_ns=(10 + i % 9) * MS,
+        prefill_ns=60 * MS,
+        decode_ns=(1100 + 9 * i) * MS,
+        gateway_ns=(150 + i) * MS,
+        network_ns=(120 + 2 * i) * MS,
         gateway_ttft_ns=(4 + i % 3) * MS if phases else None,
         network_ttft_ns=(6 + i % 5) * MS if phases else None,
-        updated_at=T0 + timedelta(minutes=1))
+        updated_at=T0 + timedelta(minutes=1),
+    )
 
 
 def test_ttft_reads_the_phase_columns_and_e2e_the_whole_call() -> None:
@@ -85,8 +100,10 @@ def test_rows_stored_before_schema_012_get_null_and_fall_back(tmp_path) -> None:
         assert [n for n, _ in store.table_columns("inferpath_requests")] == list(REQUEST_COLUMNS)
         store.insert("inferpath_requests", [r.to_insert_row() for r in new], REQUEST_COLUMNS)
 
-        stored = store.query("SELECT countIf(gateway_ttft_ns IS NULL), countIf(network_ttft_ns IS NULL),"
-                             " countIf(gateway_ttft_ns IS NOT NULL) FROM inferpath_requests FINAL")
+        stored = store.query(
+            "SELECT countIf(gateway_ttft_ns IS NULL), countIf(network_ttft_ns IS NULL),"
+            " countIf(gateway_ttft_ns IS NOT NULL) FROM inferpath_requests FINAL"
+        )
         assert stored == [(len(old), len(old), len(new))]
         start, end = T0 - timedelta(minutes=1), T0 + timedelta(minutes=5)
         rows = fetch_request_rows(store, start=start, end=end)
@@ -102,5 +119,4 @@ def test_rows_stored_before_schema_012_get_null_and_fall_back(tmp_path) -> None:
     # Bands of rows with the phase columns explain no more than their TTFT.
     assert all(band.stage_mean_ns["rest"] >= 0 for band in bands["ttft"][1:])
     # E2E reads the whole call everywhere.
-    assert sum(b.stage_mean_ns["gateway"] * b.count for b in bands["e2e"]) == sum(
-        r.gateway_ns for r in old + new)
+    assert sum(b.stage_mean_ns["gateway"] * b.count for b in bands["e2e"]) == sum(r.gateway_ns for r in old + new)

@@ -40,8 +40,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory):
         with httpx.Client(base_url=server.url, timeout=120.0) as client:
             for path in RECORDINGS:
                 recording = open_recording(path, workdir=root / path.name.split(".")[0])
-                offset = choose_offset_ns(recording, ttl_days=server.runtime.settings.ttl_days,
-                                          now_ns=time.time_ns())
+                offset = choose_offset_ns(recording, ttl_days=server.runtime.settings.ttl_days, now_ns=time.time_ns())
                 result = import_recording(recording, client, offset_ns=offset)
                 assert result.flushed and result.source == "vllm"
                 loaded[path.name.split(".")[0]] = (recording.ground_truth, offset)
@@ -61,10 +60,13 @@ def test_the_verdict_names_the_recorded_cause(imported, name: str) -> None:
     truth, offset = loaded[name]
     assert truth is not None, f"{name}: the recording has no ground_truth.json"
     window, baseline = truth["window"], truth.get("baseline")
-    verdict = diagnose(server.runtime.store, window_start=_at(window["start_unix_ns"], offset),
-                       window_end=_at(window["end_unix_ns"], offset),
-                       baseline_start=_at(baseline["start_unix_ns"], offset) if baseline else None,
-                       baseline_end=_at(baseline["end_unix_ns"], offset) if baseline else None)
+    verdict = diagnose(
+        server.runtime.store,
+        window_start=_at(window["start_unix_ns"], offset),
+        window_end=_at(window["end_unix_ns"], offset),
+        baseline_start=_at(baseline["start_unix_ns"], offset) if baseline else None,
+        baseline_end=_at(baseline["end_unix_ns"], offset) if baseline else None,
+    )
     expected = truth["expected_top_cause"]
     if expected == "healthy":
         assert verdict.healthy, verdict.summary

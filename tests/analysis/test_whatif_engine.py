@@ -95,8 +95,11 @@ def test_the_fast_engine_schedules_as_the_scheduler_does(case: str) -> None:
             continue
         assert not run.rejected[i]
         assert run.preemptions[i] == m.num_preemptions, i
-        for got, want in ((run.first_scheduled_s[i], m.first_scheduled_s), (run.first_token_s[i], m.first_token_s),
-                          (run.finished_s[i], m.finished_s)):
+        for got, want in (
+            (run.first_scheduled_s[i], m.first_scheduled_s),
+            (run.first_token_s[i], m.first_token_s),
+            (run.finished_s[i], m.finished_s),
+        ):
             assert got == pytest.approx(want, abs=1e-6), (i, got, want)
     # the case exercises what it is named for
     preemptions = sum(run.preemptions)

@@ -22,7 +22,11 @@ from test_in_database_diagnosis import _assert_same, _python_diagnosis
 from inferpath.analysis.breakdown import fetch_request_rows
 from inferpath.analysis.diagnosis import DIAGNOSIS_COLUMNS, InsufficientDataError, diagnose
 from inferpath.analysis.request_window import (
-    MEASURED_COLUMNS, QUANTILE_LEVELS, RowsWindow, StoredWindow, prepare_attribution,
+    MEASURED_COLUMNS,
+    QUANTILE_LEVELS,
+    RowsWindow,
+    StoredWindow,
+    prepare_attribution,
 )
 from inferpath.analysis.signals import alignment_grid, fetch_window_signals_rows
 from inferpath.analysis.timeline_query import fetch_signal_windows, fetch_window_signals
@@ -34,7 +38,8 @@ from inferpath.storage.store import Store
 HOURS = 11
 # Recent (tables have a TTL) and off the minute, so the wide grid's epoch anchoring is exercised.
 WIDE_START = (datetime.now(timezone.utc) - timedelta(hours=2 * HOURS + 1)).replace(
-    minute=0, second=17, microsecond=250_000)
+    minute=0, second=17, microsecond=250_000
+)
 WIDE = timedelta(hours=HOURS)
 REQUEST_SPACING = timedelta(seconds=45)
 SAMPLE_SPACING = timedelta(seconds=20)
@@ -69,8 +74,10 @@ def _wide_requests(start: datetime, *, incident_from: datetime | None, seed: int
         ts = start + i * REQUEST_SPACING
         profile = pressure if incident_from is not None and ts >= incident_from else normal
         stages = {
-            "gateway_ns": _jitter(rng, profile.gateway_ms), "tokenize_ns": _jitter(rng, profile.tokenize_ms),
-            "retrieval_ns": _jitter(rng, profile.retrieval_ms), "network_ns": _jitter(rng, profile.network_ms),
+            "gateway_ns": _jitter(rng, profile.gateway_ms),
+            "tokenize_ns": _jitter(rng, profile.tokenize_ms),
+            "retrieval_ns": _jitter(rng, profile.retrieval_ms),
+            "network_ns": _jitter(rng, profile.network_ms),
             "queue_ns": _jitter(rng, profile.queue_ms)
             + (_jitter(rng, profile.queue_tail_ms) if rng.random() < 0.3 else 0),
             "prefill_ns": _jitter(rng, profile.prefill_ms),
@@ -78,12 +85,26 @@ def _wide_requests(start: datetime, *, incident_from: datetime | None, seed: int
         output_tokens = rng.randint(50, 150)
         itl_ns = _jitter(rng, profile.itl_ms)
         ttft_ns = sum(stages.values()) + MS
-        rows.append(RequestRow(
-            timestamp=ts, trace_id=f"{seed:08x}{i:024x}", service_name="gateway", endpoint="/v1/chat/completions",
-            endpoint_class="interactive", model="m", replica="engine-0", status="ok", http_status_code=200,
-            input_tokens=512, output_tokens=output_tokens, ttft_ns=ttft_ns,
-            e2e_ns=ttft_ns + itl_ns * (output_tokens - 1), itl_ns=itl_ns, decode_ns=itl_ns * (output_tokens - 1),
-            **stages))
+        rows.append(
+            RequestRow(
+                timestamp=ts,
+                trace_id=f"{seed:08x}{i:024x}",
+                service_name="gateway",
+                endpoint="/v1/chat/completions",
+                endpoint_class="interactive",
+                model="m",
+                replica="engine-0",
+                status="ok",
+                http_status_code=200,
+                input_tokens=512,
+                output_tokens=output_tokens,
+                ttft_ns=ttft_ns,
+                e2e_ns=ttft_ns + itl_ns * (output_tokens - 1),
+                itl_ns=itl_ns,
+                decode_ns=itl_ns * (output_tokens - 1),
+                **stages,
+            )
+        )
     return rows
 
 
@@ -103,19 +124,51 @@ def _wide_samples(start: datetime, end: datetime, incident_from: datetime) -> tu
                 continue
             at = ts + timedelta(seconds=3 if engine == "1" else 0)
             resource = {"service.instance.id": f"engine-{engine}"}
-            for name, value in (("queue_depth", rng.gauss(20 if hot else 1, 0.5)),
-                                ("running_requests", rng.gauss(8, 1)),
-                                ("kv_cache_usage_ratio", min(1.0, rng.gauss(0.95 if hot else 0.45, 0.02)))):
-                gauges.append(GaugeRow(resource_attributes=resource, service_name="engine", metric_name=name,
-                                       description="", unit="", attributes={"engine": engine}, start_time=None,
-                                       time=at, value=max(0.0, value)))
-        gauges.append(GaugeRow(resource_attributes={"host.name": "node-1"}, service_name="nvml",
-                               metric_name="gpu_utilization_ratio", description="", unit="",
-                               attributes={"gpu": "0"}, start_time=None, time=ts, value=rng.uniform(0.5, 0.7)))
+            for name, value in (
+                ("queue_depth", rng.gauss(20 if hot else 1, 0.5)),
+                ("running_requests", rng.gauss(8, 1)),
+                ("kv_cache_usage_ratio", min(1.0, rng.gauss(0.95 if hot else 0.45, 0.02))),
+            ):
+                gauges.append(
+                    GaugeRow(
+                        resource_attributes=resource,
+                        service_name="engine",
+                        metric_name=name,
+                        description="",
+                        unit="",
+                        attributes={"engine": engine},
+                        start_time=None,
+                        time=at,
+                        value=max(0.0, value),
+                    )
+                )
+        gauges.append(
+            GaugeRow(
+                resource_attributes={"host.name": "node-1"},
+                service_name="nvml",
+                metric_name="gpu_utilization_ratio",
+                description="",
+                unit="",
+                attributes={"gpu": "0"},
+                start_time=None,
+                time=ts,
+                value=rng.uniform(0.5, 0.7),
+            )
+        )
         counter += 3.0 if hot else 0.0
-        sums.append(SumRow(resource_attributes={"service.instance.id": "engine-0"}, service_name="engine",
-                           metric_name="preemptions_total", description="", unit="", attributes={"engine": "0"},
-                           start_time=start, time=ts, value=counter))
+        sums.append(
+            SumRow(
+                resource_attributes={"service.instance.id": "engine-0"},
+                service_name="engine",
+                metric_name="preemptions_total",
+                description="",
+                unit="",
+                attributes={"engine": "0"},
+                start_time=start,
+                time=ts,
+                value=counter,
+            )
+        )
         ts += SAMPLE_SPACING
     return gauges, sums
 
@@ -124,14 +177,19 @@ def _load_wide(store: Store) -> dict[str, datetime]:
     baseline_start, window_start = WIDE_START, WIDE_START + WIDE
     window_end = window_start + WIDE
     incident_from = window_end - timedelta(hours=2)
-    requests = (_wide_requests(baseline_start, incident_from=None, seed=1)
-                + _wide_requests(window_start, incident_from=incident_from, seed=2))
+    requests = _wide_requests(baseline_start, incident_from=None, seed=1) + _wide_requests(
+        window_start, incident_from=incident_from, seed=2
+    )
     gauges, sums = _wide_samples(baseline_start, window_end, incident_from)
     store.insert("inferpath_requests", [r.to_insert_row() for r in requests], REQUEST_COLUMNS)
     store.insert("otel_metrics_gauge", [g.to_insert_row() for g in gauges], GAUGE_COLUMNS)
     store.insert("otel_metrics_sum", [s.to_insert_row() for s in sums], SUM_COLUMNS)
-    return {"baseline_start": baseline_start, "baseline_end": window_start,
-            "window_start": window_start, "window_end": window_end}
+    return {
+        "baseline_start": baseline_start,
+        "baseline_end": window_start,
+        "window_start": window_start,
+        "window_end": window_end,
+    }
 
 
 def _utc_ns(unix_ns: int) -> datetime:
@@ -139,6 +197,7 @@ def _utc_ns(unix_ns: int) -> datetime:
 
 
 # ---------------------------------------------------------------------------- the alignment grid
+
 
 def test_a_wide_grid_is_whole_minutes_from_the_epoch_and_every_point_is_inside_the_window() -> None:
     start, end = WIDE_START, WIDE_START + WIDE
@@ -160,6 +219,7 @@ def test_a_wide_grid_is_whole_minutes_from_the_epoch_and_every_point_is_inside_t
 
 # ---------------------------------------------------------------------------- the gauge rollup
 
+
 def test_gauges_on_a_minute_grid_from_the_rollup_equal_the_samples_before_and_after_backfill(tmp_path) -> None:
     with Store.open(f"chdb://{tmp_path / 'store'}") as store:
         windows = _load_wide(store)
@@ -174,13 +234,18 @@ def test_gauges_on_a_minute_grid_from_the_rollup_equal_the_samples_before_and_af
 
         assert gauge_rollup.backfill(store) is True
         assert gauge_rollup.backfill(store) is False  # once per store
-        minutes = store.query("SELECT count() FROM (SELECT DISTINCT MetricName, ServiceName, ResourceAttributes,"
-                              " Attributes, intDiv(toUnixTimestamp64Nano(TimeUnix), 60000000000)"
-                              " FROM otel_metrics_gauge)")[0][0]
+        minutes = store.query(
+            "SELECT count() FROM (SELECT DISTINCT MetricName, ServiceName, ResourceAttributes,"
+            " Attributes, intDiv(toUnixTimestamp64Nano(TimeUnix), 60000000000)"
+            " FROM otel_metrics_gauge)"
+        )[0][0]
         assert store.query(f"SELECT count() FROM {gauge_rollup.GAUGE_ROLLUP_TABLE} FINAL")[0][0] == minutes
         counting.sql.clear()
-        for window in ((start, end), (windows["window_start"], end),
-                       (windows["baseline_start"] + timedelta(hours=2, seconds=31), end)):
+        for window in (
+            (start, end),
+            (windows["window_start"], end),
+            (windows["baseline_start"] + timedelta(hours=2, seconds=31), end),
+        ):
             got = fetch_window_signals(counting, *window)
             assert got == fetch_window_signals_rows(store, *window), window
         assert sum(gauge_rollup.GAUGE_ROLLUP_TABLE in sql for sql in counting.sql) == 3
@@ -190,9 +255,17 @@ def test_gauges_on_a_minute_grid_from_the_rollup_equal_the_samples_before_and_af
         # rollup through the view at once. It lands just before a grid point mid-window.
         origin_ns, step_ns, steps = alignment_grid(windows["window_start"], end, WIDE.total_seconds() / 600)
         point = _utc_ns(origin_ns + (steps // 2) * step_ns - 1)
-        late = GaugeRow(resource_attributes={"service.instance.id": "engine-0"}, service_name="engine",
-                        metric_name="queue_depth", description="", unit="", attributes={"engine": "0"},
-                        start_time=None, time=point, value=500.0)
+        late = GaugeRow(
+            resource_attributes={"service.instance.id": "engine-0"},
+            service_name="engine",
+            metric_name="queue_depth",
+            description="",
+            unit="",
+            attributes={"engine": "0"},
+            start_time=None,
+            time=point,
+            value=500.0,
+        )
         store.insert("otel_metrics_gauge", [late.to_insert_row(), late.to_insert_row()], GAUGE_COLUMNS)
         after = fetch_window_signals(store, windows["window_start"], end)
         assert after == fetch_window_signals_rows(store, windows["window_start"], end)
@@ -200,6 +273,7 @@ def test_gauges_on_a_minute_grid_from_the_rollup_equal_the_samples_before_and_af
 
 
 # ---------------------------------------------------------------------------- both windows per scan
+
 
 @pytest.mark.parametrize("layout", ["adjacent", "overlapping", "apart"])
 def test_a_pair_of_stored_windows_equals_each_windows_rows(tmp_path, layout) -> None:
@@ -211,8 +285,10 @@ def test_a_pair_of_stored_windows_equals_each_windows_rows(tmp_path, layout) -> 
             "overlapping": (windows["baseline_start"], windows["window_start"] + timedelta(minutes=3)),
             "apart": (windows["baseline_start"], windows["baseline_start"] + timedelta(minutes=4)),
         }[layout]
-        rows = [RowsWindow(fetch_request_rows(store, start=s, end=e, columns=DIAGNOSIS_COLUMNS))
-                for s, e in (current, baseline)]
+        rows = [
+            RowsWindow(fetch_request_rows(store, start=s, end=e, columns=DIAGNOSIS_COLUMNS))
+            for s, e in (current, baseline)
+        ]
         pair = StoredWindow.pair(store, current, baseline)
         edges = [r.quantile("ttft_ns", 0.9) for r in rows]
         prepare_attribution(pair[0], pair[1], "ttft", *edges)
@@ -240,8 +316,13 @@ def test_a_healthy_verdict_or_a_thin_window_costs_one_query(tmp_path) -> None:
         # Both windows' compared measures in one scan, then each window's objectives per class.
         assert verdict.healthy and len(counting.sql) == 3
         counting.sql.clear()
-        thin = diagnose(counting, window_start=windows["window_start"], window_end=windows["window_end"],
-                        baseline_start=T0 - timedelta(hours=2), baseline_end=T0 - timedelta(hours=1))
+        thin = diagnose(
+            counting,
+            window_start=windows["window_start"],
+            window_end=windows["window_end"],
+            baseline_start=T0 - timedelta(hours=2),
+            baseline_end=T0 - timedelta(hours=1),
+        )
         assert thin.healthy and "baseline ignored" in thin.notes[0] and len(counting.sql) == 2
         counting.sql.clear()
         with pytest.raises(InsufficientDataError, match="insufficient data: 0 requests"):
@@ -250,6 +331,7 @@ def test_a_healthy_verdict_or_a_thin_window_costs_one_query(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------- a wide diagnosis
+
 
 def test_a_diagnosis_over_two_wide_windows_equals_the_diagnosis_of_their_rows(tmp_path) -> None:
     with Store.open(f"chdb://{tmp_path / 'store'}") as store:

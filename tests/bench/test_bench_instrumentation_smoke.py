@@ -4,7 +4,6 @@ themselves are recorded in bench/README.md from full runs)."""
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +37,8 @@ def test_streaming_bench_counts_every_token(capsys) -> None:
 
 def test_accuracy_bench_measures_both_concurrencies(capsys) -> None:
     report = importlib.import_module("bench_accuracy").main(
-        ["--requests", "8", "--tokens", "3", "--ttft-ms", "5", "--itl-ms", "2"])
+        ["--requests", "8", "--tokens", "3", "--ttft-ms", "5", "--itl-ms", "2"]
+    )
     assert set(report) == {"1", "64 burst", "64 poisson"}
     assert all(row["requests"] == 8 for row in report.values())
     assert "concurrency 64" in capsys.readouterr().out

@@ -23,8 +23,7 @@ def _load(name: str):
 
 @pytest.mark.e2e
 def test_ingest_benchmark_runs_without_loss(tmp_path: Path) -> None:
-    result = _load("server_ingest").run(seconds=2.0, clients=2, spans_per_request=200, bodies=40,
-                                        workdir=str(tmp_path))
+    result = _load("server_ingest").run(seconds=2.0, clients=2, spans_per_request=200, bodies=40, workdir=str(tmp_path))
     assert result["acked_spans"] > 0 and result["lost_spans"] == 0 and result["stored_twice"] == 0
     assert result["server_spans_per_second"] > 0 and result["raw_insert_spans_per_second"] > 0
     assert result["probes"] >= 1 and result["visible_p99_seconds"] < 30
@@ -32,15 +31,17 @@ def test_ingest_benchmark_runs_without_loss(tmp_path: Path) -> None:
     assert len(result["python_loop_ms"]) == 2 and all(0 < ms < 10_000 for ms in result["python_loop_ms"])
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"probe_poll_seconds": 0.0}, "probe_poll_seconds must be a finite number > 0, got 0.0"),
-    ({"probe_poll_seconds": float("inf")}, "probe_poll_seconds must be a finite number > 0, got inf"),
-    ({"seconds": float("nan")}, "seconds must be a finite number > 0, got nan"),
-    ({"clients": 0}, "clients must be >= 1, got 0"),
-    ({"spans_per_request": 15}, "spans_per_request must be a positive multiple of 10, got 15"),
-])
-def test_ingest_benchmark_refuses_arguments_out_of_range_naming_them(tmp_path: Path, bad: dict,
-                                                                     message: str) -> None:
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"probe_poll_seconds": 0.0}, "probe_poll_seconds must be a finite number > 0, got 0.0"),
+        ({"probe_poll_seconds": float("inf")}, "probe_poll_seconds must be a finite number > 0, got inf"),
+        ({"seconds": float("nan")}, "seconds must be a finite number > 0, got nan"),
+        ({"clients": 0}, "clients must be >= 1, got 0"),
+        ({"spans_per_request": 15}, "spans_per_request must be a positive multiple of 10, got 15"),
+    ],
+)
+def test_ingest_benchmark_refuses_arguments_out_of_range_naming_them(tmp_path: Path, bad: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         _load("server_ingest").run(**{"seconds": 1.0, "workdir": str(tmp_path), **bad})
     assert not any(tmp_path.iterdir())  # refused before anything started
@@ -64,32 +65,55 @@ def test_read_summary_benchmark_matches_quantile_exact(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_dashboard_queries_benchmark_serves_every_page(tmp_path: Path) -> None:
-    result = _load("dashboard_queries").run(spans=50_000, windows_hours=(24.0,), repeat=1,
-                                            store_dir=str(tmp_path))
+    result = _load("dashboard_queries").run(spans=50_000, windows_hours=(24.0,), repeat=1, store_dir=str(tmp_path))
     assert result["stored"] == {"spans": 50_000, "requests": 5000}
     pages = result["windows"]["24h"]
-    assert set(pages) == {"reference", "overview", "correlate", "breakdown", "slowest", "trace", "gpus",
-                          "diagnosis", "alerts"}
+    assert set(pages) == {
+        "reference",
+        "overview",
+        "correlate",
+        "breakdown",
+        "slowest",
+        "trace",
+        "gpus",
+        "diagnosis",
+        "alerts",
+    }
     assert all(figures["median_ms"] > 0 for figures in pages.values())
 
 
 @pytest.mark.e2e
 def test_soak_benchmark_counts_memory_and_losses(tmp_path: Path) -> None:
-    result = _load("server_soak").run(seconds=6.0, rate=2000.0, clients=2, spans_per_request=200,
-                                      sample_seconds=1.0, warmup_seconds=2.0, workdir=str(tmp_path))
+    result = _load("server_soak").run(
+        seconds=6.0,
+        rate=2000.0,
+        clients=2,
+        spans_per_request=200,
+        sample_seconds=1.0,
+        warmup_seconds=2.0,
+        workdir=str(tmp_path),
+    )
     assert result["acked_spans"] > 0 and result["lost"] == 0 and result["stored_twice"] == 0
-    assert result["refused"] == {"inferpath_server_spans_refused_total": 0.0,
-                                 "inferpath_ingest_refused_busy_total": 0.0,
-                                 "inferpath_ingest_refused_store_unavailable_total": 0.0}
-    assert result["dropped"] == {"inferpath_server_spans_dropped_total": 0.0,
-                                 "inferpath_writer_rows_dropped_total": 0.0}
+    assert result["refused"] == {
+        "inferpath_server_spans_refused_total": 0.0,
+        "inferpath_ingest_refused_busy_total": 0.0,
+        "inferpath_ingest_refused_store_unavailable_total": 0.0,
+    }
+    assert result["dropped"] == {
+        "inferpath_server_spans_dropped_total": 0.0,
+        "inferpath_writer_rows_dropped_total": 0.0,
+    }
     assert len(result["rss_mb"]) >= 4 and result["rss_reference_mb"] > 0
     assert result["rss_growth_of_medians"] == result["rss_growth_of_medians"]  # a number, not NaN
     # The embedded store's allocator, sampled from /metrics (absent, NaN, until the server's
     # memory releaser has sampled it once, about a second after start): live bytes below resident.
-    allocator = [(resident, allocated) for (_, resident), (_, allocated)
-                 in zip(result["store_allocator_resident_mb"], result["store_allocator_allocated_mb"])
-                 if resident == resident and allocated == allocated]
+    allocator = [
+        (resident, allocated)
+        for (_, resident), (_, allocated) in zip(
+            result["store_allocator_resident_mb"], result["store_allocator_allocated_mb"]
+        )
+        if resident == resident and allocated == allocated
+    ]
     assert len(allocator) >= 3
     assert all(0 < allocated <= resident for resident, allocated in allocator)
 

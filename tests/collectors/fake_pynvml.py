@@ -65,26 +65,44 @@ class FakeGpu:
     processes: list[tuple[int, int]] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
-    mig_instances: list["FakeGpu"] = field(default_factory=list)
+    mig_instances: list[FakeGpu] = field(default_factory=list)
     gpu_instance_id: int | None = None
 
 
 def l40s(**overrides) -> FakeGpu:
     """The recorded idle L40S (nvidia-smi table + dcgm-exporter scrape)."""
-    values = dict(uuid="GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43", name="NVIDIA L40S", pci_bus_id="00000000:00:07.0",
-                  utilization_percent=0, memory_used_bytes=0, memory_free_bytes=45459 * MIB,
-                  memory_total_bytes=46068 * MIB, power_milliwatts=35686, temperature_celsius=32,
-                  sm_clock_mhz=210, memory_clock_mhz=405)
+    values = dict(
+        uuid="GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43",
+        name="NVIDIA L40S",
+        pci_bus_id="00000000:00:07.0",
+        utilization_percent=0,
+        memory_used_bytes=0,
+        memory_free_bytes=45459 * MIB,
+        memory_total_bytes=46068 * MIB,
+        power_milliwatts=35686,
+        temperature_celsius=32,
+        sm_clock_mhz=210,
+        memory_clock_mhz=405,
+    )
     values.update(overrides)
     return FakeGpu(**values)
 
 
 def l4(**overrides) -> FakeGpu:
     """The recorded idle L4 (dcgm-exporter scrape)."""
-    values = dict(uuid="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c", name="NVIDIA L4", pci_bus_id="00000000:00:04.0",
-                  utilization_percent=0, memory_used_bytes=0, memory_free_bytes=22563 * MIB,
-                  memory_total_bytes=(22563 + 470) * MIB, power_milliwatts=16365, temperature_celsius=31,
-                  sm_clock_mhz=210, memory_clock_mhz=405)
+    values = dict(
+        uuid="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",
+        name="NVIDIA L4",
+        pci_bus_id="00000000:00:04.0",
+        utilization_percent=0,
+        memory_used_bytes=0,
+        memory_free_bytes=22563 * MIB,
+        memory_total_bytes=(22563 + 470) * MIB,
+        power_milliwatts=16365,
+        temperature_celsius=31,
+        sm_clock_mhz=210,
+        memory_clock_mhz=405,
+    )
     values.update(overrides)
     return FakeGpu(**values)
 
@@ -92,12 +110,23 @@ def l4(**overrides) -> FakeGpu:
 def mig_instance(parent: FakeGpu, gpu_instance_id: int, slice_fraction: float) -> FakeGpu:
     """A MIG instance of ``parent`` holding ``slice_fraction`` of its memory."""
     total = int(parent.memory_total_bytes * slice_fraction)
-    return FakeGpu(uuid=f"MIG-{parent.uuid[4:12]}-{gpu_instance_id:04d}-0000-0000-000000000000", name=parent.name,
-                   pci_bus_id=parent.pci_bus_id, memory_used_bytes=0, memory_free_bytes=total,
-                   memory_total_bytes=total, gpu_instance_id=gpu_instance_id,
-                   unsupported={"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature",
-                                "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons",
-                                "nvmlDeviceGetComputeRunningProcesses"})
+    return FakeGpu(
+        uuid=f"MIG-{parent.uuid[4:12]}-{gpu_instance_id:04d}-0000-0000-000000000000",
+        name=parent.name,
+        pci_bus_id=parent.pci_bus_id,
+        memory_used_bytes=0,
+        memory_free_bytes=total,
+        memory_total_bytes=total,
+        gpu_instance_id=gpu_instance_id,
+        unsupported={
+            "nvmlDeviceGetUtilizationRates",
+            "nvmlDeviceGetPowerUsage",
+            "nvmlDeviceGetTemperature",
+            "nvmlDeviceGetClockInfo",
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetComputeRunningProcesses",
+        },
+    )
 
 
 class FakePynvml:
@@ -107,8 +136,14 @@ class FakePynvml:
 
     NVMLError = NVMLError
 
-    def __init__(self, gpus: list[FakeGpu], *, init_error: int | None = None, init_error_times: int | None = None,
-                 latency_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        init_error: int | None = None,
+        init_error_times: int | None = None,
+        latency_seconds: float = 0.0,
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.init_error_times = init_error_times

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fake_pynvml import MIB, FakePynvml, l40s
 from fastapi import FastAPI, Request, Response
 from typer.testing import CliRunner
 
-from fake_pynvml import MIB, FakePynvml, l40s
 from inferpath.collectors.agent import parse_scrape_targets, run_agent
 from inferpath.collectors.nvml import NvmlAdapter, NvmlPoller
 from inferpath.config import Settings
@@ -49,12 +49,21 @@ def _poller() -> NvmlPoller:
 
 def test_agent_pushes_nvml_and_scrapes_to_a_real_server(shared_data: Path, store_url: str):
     engine, engine_url = _serve_text((shared_data / CAPTURE_FILE).read_text())
-    dcgm, dcgm_url = _serve_text((shared_data / "dcgm_exporter_metrics/cncf_ai_conformance_upcloud_L40S.prom")
-                                 .read_text())
+    dcgm, dcgm_url = _serve_text(
+        (shared_data / "dcgm_exporter_metrics/cncf_ai_conformance_upcloud_L40S.prom").read_text()
+    )
     running = serve_in_thread(Settings(store_url=store_url, token="s3cret"), port=0)
     try:
-        stats = run_agent(running.url, nvml=True, nvml_poller=_poller(), token="s3cret", interval_seconds=0.05,
-                          scrape_targets=[f"vllm={engine_url}", ("dcgm", dcgm_url)], max_ticks=3, host="node-a")
+        stats = run_agent(
+            running.url,
+            nvml=True,
+            nvml_poller=_poller(),
+            token="s3cret",
+            interval_seconds=0.05,
+            scrape_targets=[f"vllm={engine_url}", ("dcgm", dcgm_url)],
+            max_ticks=3,
+            host="node-a",
+        )
         assert stats.samples_sent_total == stats.samples_collected_total > 0
         assert stats.samples_dropped_total == 0 and stats.export_failures_total == 0
         with httpx.Client(base_url=running.url, headers={"Authorization": "Bearer s3cret"}) as http:
@@ -62,7 +71,8 @@ def test_agent_pushes_nvml_and_scrapes_to_a_real_server(shared_data: Path, store
         store = running.runtime.store
         rows = store.query_dicts(
             "SELECT ServiceName, MetricName, Value, MetricUnit AS Unit, Attributes, ResourceAttributes FROM otel_metrics_gauge"
-            " ORDER BY TimeUnix")
+            " ORDER BY TimeUnix"
+        )
         by = {}
         for row in rows:
             by.setdefault((row["ServiceName"], row["MetricName"]), []).append(row)
@@ -81,7 +91,8 @@ def test_agent_pushes_nvml_and_scrapes_to_a_real_server(shared_data: Path, store
         assert by[("dcgm", "gpu_power_watts")][0]["Attributes"]["UUID"] == nvml_memory["Attributes"]["UUID"]
         histograms = store.query_dicts(
             "SELECT MetricName, Count, BucketCounts, ExplicitBounds FROM otel_metrics_histogram"
-            " WHERE MetricName = 'time_to_first_token_seconds'")
+            " WHERE MetricName = 'time_to_first_token_seconds'"
+        )
         assert len(histograms) == 3 and histograms[0]["Count"] > 0
         assert sum(histograms[0]["BucketCounts"]) == histograms[0]["Count"]
         sums = store.query("SELECT Value FROM otel_metrics_sum WHERE MetricName = 'preemptions_total'")
@@ -107,8 +118,7 @@ def test_retry_after_is_honoured_and_nothing_is_lost(serve_app):
         import time
 
         started = time.monotonic()
-        stats = run_agent(url, nvml=True, nvml_poller=_poller(), scrape_targets=[], interval_seconds=0.05,
-                          max_ticks=10)
+        stats = run_agent(url, nvml=True, nvml_poller=_poller(), scrape_targets=[], interval_seconds=0.05, max_ticks=10)
         elapsed = time.monotonic() - started
     assert stats.export_failures_total == 1
     # The retry waited for Retry-After (0.3 s) instead of the 0.05 s tick, then sent all buffered samples.
@@ -117,8 +127,15 @@ def test_retry_after_is_honoured_and_nothing_is_lost(serve_app):
 
 
 def test_unreachable_server_fills_a_bounded_buffer_and_counts_drops():
-    stats = run_agent("http://127.0.0.1:9", nvml=True, nvml_poller=_poller(), scrape_targets=[],
-                      interval_seconds=0.01, max_ticks=20, max_buffered_samples=25)
+    stats = run_agent(
+        "http://127.0.0.1:9",
+        nvml=True,
+        nvml_poller=_poller(),
+        scrape_targets=[],
+        interval_seconds=0.01,
+        max_ticks=20,
+        max_buffered_samples=25,
+    )
     per_poll = 10  # nine fields + gpu_up (no processes on this GPU)
     assert stats.samples_collected_total >= 20 * per_poll
     assert stats.samples_sent_total == 0
@@ -149,8 +166,12 @@ def test_scrape_target_validation_names_the_entry():
     # and every catalog source is accepted by both.
     assert parse_scrape_targets(["http://h/metrics"]) == [("vllm", "http://h/metrics")]
     assert [source for source, _ in parse_scrape_targets([f"{s}=http://h/m" for s in SOURCES])] == list(SOURCES)
-    assert [t.source for t in Settings.from_env({"INFERPATH_SCRAPE_TARGETS": ",".join(
-        f"{s}=http://h/m" for s in SOURCES)}).scrape_targets] == list(SOURCES)
+    assert [
+        t.source
+        for t in Settings.from_env(
+            {"INFERPATH_SCRAPE_TARGETS": ",".join(f"{s}=http://h/m" for s in SOURCES)}
+        ).scrape_targets
+    ] == list(SOURCES)
     with pytest.raises(ValueError, match="http"):
         parse_scrape_targets([("dcgm", "h:9400/metrics")])
     with pytest.raises(ValueError, match="server_url"):
@@ -180,8 +201,19 @@ def test_collect_command_validates_and_runs(shared_data: Path, monkeypatch):
         return AgentStats(samples_sent_total=5)
 
     monkeypatch.setattr("inferpath.collectors.agent.run_agent", fake_run_agent)
-    result = runner.invoke(app, ["collect", "--nvml", "--scrape", "vllm=http://127.0.0.1:8000/metrics",
-                                 "--server", "http://10.0.0.1:4318", "--interval", "2"])
+    result = runner.invoke(
+        app,
+        [
+            "collect",
+            "--nvml",
+            "--scrape",
+            "vllm=http://127.0.0.1:8000/metrics",
+            "--server",
+            "http://10.0.0.1:4318",
+            "--interval",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert captured["server_url"] == "http://10.0.0.1:4318" and captured["nvml"] is True
     assert captured["scrape_targets"] == ["vllm=http://127.0.0.1:8000/metrics"]

@@ -52,7 +52,7 @@ def test_conversions():
     assert rows["DCGM_FI_DEV_SM_CLOCK"].convert(210) == 210e6
     assert catalog.metrics_for("triton")["nv_gpu_utilization"][0].convert(0.5) == 0.5
     assert catalog.metrics_for("triton")["nv_inference_first_response_histogram_ms"][0].convert(100) == 0.1
-    for name, (signal, convert) in catalog.NVML_CONVERSIONS.items():
+    for name, (signal, _convert) in catalog.NVML_CONVERSIONS.items():
         assert signal in SIGNALS, name
     assert catalog.NVML_CONVERSIONS["nvmlDeviceGetPowerUsage"][1](35686) == pytest.approx(35.686)
 

@@ -59,8 +59,11 @@ def _check_case_3(result) -> None:
     grouped = signals_of(result.samples)
     [queue] = grouped["queue_depth"]
     assert queue.value == 8 and queue.attributes == {"model_name": "m", COMBINED_ATTRIBUTE: "sum"}
-    per_engine = {s.attributes.get("engine"): s.value for s in grouped["kv_cache_usage_ratio"]
-                  if COMBINED_ATTRIBUTE not in s.attributes}
+    per_engine = {
+        s.attributes.get("engine"): s.value
+        for s in grouped["kv_cache_usage_ratio"]
+        if COMBINED_ATTRIBUTE not in s.attributes
+    }
     assert per_engine == {"0": 0.80, "1": 0.20}
     [pod_kv] = [s for s in grouped["kv_cache_usage_ratio"] if COMBINED_ATTRIBUTE in s.attributes]
     assert pod_kv.value == 0.80 and pod_kv.attributes == {"model_name": "m", COMBINED_ATTRIBUTE: "max"}
@@ -101,10 +104,12 @@ def test_case_3_gauge_repeated_per_pid_is_deduplicated_and_flagged():
 
 
 def test_histograms_with_different_bounds_are_not_merged():
-    body = ('vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 1\n'
-            'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 1\n'
-            'vllm:time_to_first_token_seconds_bucket{engine="1",le="0.2"} 1\n'
-            'vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 2\n')
+    body = (
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 1\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 1\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="0.2"} 1\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 2\n'
+    )
     result = parse_scrape(body, "vllm", timestamp=T0)
     assert sorted(h.bounds for h in result.histograms) == [(0.1,), (0.2,)]
 
@@ -133,16 +138,20 @@ nv_inference_first_response_histogram_ms_sum{model="ensemble",version="1"} 1900
 
 
 def test_trtllm_serve_names():
-    body = ('trtllm_num_requests_waiting{model_name="q",engine_type="trtllm"} 2\n'
-            'trtllm_num_requests_running{model_name="q",engine_type="trtllm"} 7\n'
-            'trtllm_kv_cache_utilization{model_name="q",engine_type="trtllm"} 0.5\n')
+    body = (
+        'trtllm_num_requests_waiting{model_name="q",engine_type="trtllm"} 2\n'
+        'trtllm_num_requests_running{model_name="q",engine_type="trtllm"} 7\n'
+        'trtllm_kv_cache_utilization{model_name="q",engine_type="trtllm"} 0.5\n'
+    )
     values = {s.signal: s.value for s in parse_scrape(body, "trtllm", timestamp=T0).samples}
     assert values == {"queue_depth": 2, "running_requests": 7, "kv_cache_usage_ratio": 0.5}
 
 
 def _gpu_line(host_label: str, host: str, value: int) -> str:
-    return (f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43",'
-            f'modelName="NVIDIA L40S",{host_label}="{host}"}} {value}\n')
+    return (
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43",'
+        f'modelName="NVIDIA L40S",{host_label}="{host}"}} {value}\n'
+    )
 
 
 def test_case_5_host_spelling_and_localhost_resolve_to_one_key():
@@ -162,8 +171,10 @@ def test_case_5_host_spelling_and_localhost_resolve_to_one_key():
 
 @pytest.mark.parametrize("blank", ["9223372036854775794", "9223372036854775792", "2147483632", "140737488355328"])
 def test_case_6_dcgm_blank_sentinels_are_missing(blank):
-    body = (_gpu_line("Hostname", "node-a", 0).replace(" 0\n", f" {blank}\n")
-            + 'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-x",Hostname="node-a"} 70.5\n')
+    body = (
+        _gpu_line("Hostname", "node-a", 0).replace(" 0\n", f" {blank}\n")
+        + 'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-x",Hostname="node-a"} 70.5\n'
+    )
     result = parse_scrape(body, "dcgm", timestamp=T0)
     assert [s.signal for s in result.samples] == ["gpu_power_watts"]
     assert "gpu_utilization_ratio" in result.missing

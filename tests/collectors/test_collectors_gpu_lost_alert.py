@@ -24,11 +24,17 @@ def test_default_pack_fires_gpu_lost_for_the_gpu_that_no_longer_enumerates(store
     adapter = NvmlAdapter(fake)
     adapter.init()
     clock = {"now": T0}
-    poller = NvmlPoller(adapter, host="node-a", monotonic=lambda: (clock["now"] - T0).total_seconds(),
-                        wall_clock=lambda: clock["now"], topology_refresh_seconds=10.0)
+    poller = NvmlPoller(
+        adapter,
+        host="node-a",
+        monotonic=lambda: (clock["now"] - T0).total_seconds(),
+        wall_clock=lambda: clock["now"],
+        topology_refresh_seconds=10.0,
+    )
     default = load_rule_file("default")
-    rules = RuleFile(evaluation_interval=default.evaluation_interval,
-                     rules=[r for r in default.rules if r.kind == "gpu_lost"])
+    rules = RuleFile(
+        evaluation_interval=default.evaluation_interval, rules=[r for r in default.rules if r.kind == "gpu_lost"]
+    )
     assert [r.name for r in rules.rules] == ["GPULost"]
     with Store.open(store_url, ttl_days=3650) as store:
         evaluator = AlertEvaluator(rules, store, notifiers=[], diagnose=False)

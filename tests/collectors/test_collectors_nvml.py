@@ -6,7 +6,6 @@ import logging
 from datetime import datetime, timezone
 
 import pytest
-
 from fake_pynvml import (
     MIB,
     NVML_ERROR_DRIVER_NOT_LOADED,
@@ -15,15 +14,25 @@ from fake_pynvml import (
     l40s,
     mig_instance,
 )
+
 from inferpath.collectors.combine import DERIVED_FROM_ATTRIBUTE, fill_utilization
 from inferpath.collectors.identity import device_key
 from inferpath.collectors.nvml import NvmlAdapter, NvmlPoller
 from inferpath.collectors.pipeline import parse_scrape
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
-GPU_FIELDS = {"gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_memory_free_bytes", "gpu_memory_total_bytes",
-              "gpu_power_watts", "gpu_temperature_celsius", "gpu_sm_clock_hertz", "gpu_memory_clock_hertz",
-              "gpu_clock_event_reasons", "gpu_up"}
+GPU_FIELDS = {
+    "gpu_utilization_ratio",
+    "gpu_memory_used_bytes",
+    "gpu_memory_free_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_power_watts",
+    "gpu_temperature_celsius",
+    "gpu_sm_clock_hertz",
+    "gpu_memory_clock_hertz",
+    "gpu_clock_event_reasons",
+    "gpu_up",
+}
 
 
 class Clock:
@@ -69,8 +78,12 @@ def test_case_4_not_supported_fields_are_absent_and_not_asked_again():
     assert set(devices[mig_gpu]) == GPU_FIELDS - {"gpu_utilization_ratio"}
     assert set(devices[other]) == GPU_FIELDS - {"gpu_power_watts"}
     # The MIG instance answers memory only, as real MIG handles do.
-    assert set(devices[mig_instance_key]) == {"gpu_memory_used_bytes", "gpu_memory_free_bytes",
-                                               "gpu_memory_total_bytes", "gpu_up"}
+    assert set(devices[mig_instance_key]) == {
+        "gpu_memory_used_bytes",
+        "gpu_memory_free_bytes",
+        "gpu_memory_total_bytes",
+        "gpu_up",
+    }
     assert devices[mig_instance_key]["gpu_memory_total_bytes"] == int((22563 + 470) * MIB * 0.5)
     # Recorded values, converted once: L4 16.365 W, 31 C, 210/405 MHz; L40S 46068 MiB.
     assert devices[mig_gpu]["gpu_power_watts"] == pytest.approx(16.365)
@@ -104,8 +117,10 @@ def test_case_4_not_supported_fields_are_absent_and_not_asked_again():
 def test_case_4_mig_utilization_comes_from_dcgm_graphics_engine_active():
     poller = _poller(_case_4_fake())
     nvml_samples = poller.poll()
-    dcgm = ('DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",GPU_I_ID="1",'
-            'GPU_I_PROFILE="3g.12gb",Hostname="node-a"} 0.625\n')
+    dcgm = (
+        'DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",GPU_I_ID="1",'
+        'GPU_I_PROFILE="3g.12gb",Hostname="node-a"} 0.625\n'
+    )
     dcgm_samples = parse_scrape(dcgm, "dcgm", timestamp=T0).samples
     merged = fill_utilization([*nvml_samples, *dcgm_samples])
     filled = [s for s in merged if s.signal == "gpu_utilization_ratio" and DERIVED_FROM_ATTRIBUTE in s.attributes]
@@ -186,8 +201,9 @@ def test_interval_must_be_positive():
 
 
 def _four_gpus() -> list:
-    return [l40s(uuid=f"GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc4{i}", pci_bus_id=f"00000000:00:0{i + 4}.0")
-            for i in range(4)]
+    return [
+        l40s(uuid=f"GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc4{i}", pci_bus_id=f"00000000:00:0{i + 4}.0") for i in range(4)
+    ]
 
 
 def test_a_gpu_lost_before_it_enumerates_is_reported_not_dropped(caplog):
@@ -235,8 +251,9 @@ def test_nvml_init_failing_once_is_retried_with_backoff_and_counted(caplog, monk
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     clock = Clock()
     with caplog.at_level(logging.WARNING, logger="inferpath.collectors.nvml"):
-        poller = NvmlPoller.from_system(host="node-a", monotonic=clock, wall_clock=lambda: T0,
-                                        init_retry_seconds=5.0, init_retry_max_seconds=60.0)
+        poller = NvmlPoller.from_system(
+            host="node-a", monotonic=clock, wall_clock=lambda: T0, init_retry_seconds=5.0, init_retry_max_seconds=60.0
+        )
     assert not poller.enabled and "Driver Not Loaded" in poller.disabled_reason
     tried_at = []
     for _ in range(40):
@@ -269,7 +286,9 @@ def test_a_driver_that_goes_away_turns_known_gpus_down_and_is_started_again():
     clock.now += 1.0
     devices = _by_device(poller.poll())
     assert {key: values["gpu_up"] for key, values in devices.items()} == {
-        ("node-a", gpus[0].uuid, ""): 0.0, ("node-a", gpus[1].uuid, ""): 0.0}
+        ("node-a", gpus[0].uuid, ""): 0.0,
+        ("node-a", gpus[1].uuid, ""): 0.0,
+    }
     assert not poller.enabled
     fake.nvmlDeviceGetMemoryInfo = original
     clock.now += 1.0

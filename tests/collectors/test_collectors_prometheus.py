@@ -22,16 +22,26 @@ def _read(shared_data, relative: str) -> str:
 
 
 def test_dcgm_l40s(shared_data):
-    samples = scrape_samples(_read(shared_data, "dcgm_exporter_metrics/cncf_ai_conformance_upcloud_L40S.prom"), "dcgm",
-                             timestamp=T0)
+    samples = scrape_samples(
+        _read(shared_data, "dcgm_exporter_metrics/cncf_ai_conformance_upcloud_L40S.prom"), "dcgm", timestamp=T0
+    )
     assert sorted(signals_of(samples)) == [
-        "gpu_graphics_engine_active_ratio", "gpu_memory_clock_hertz", "gpu_memory_free_bytes", "gpu_memory_total_bytes",
-        "gpu_memory_used_bytes", "gpu_power_watts", "gpu_sm_clock_hertz", "gpu_temperature_celsius",
-        "gpu_utilization_ratio"]
+        "gpu_graphics_engine_active_ratio",
+        "gpu_memory_clock_hertz",
+        "gpu_memory_free_bytes",
+        "gpu_memory_total_bytes",
+        "gpu_memory_used_bytes",
+        "gpu_power_watts",
+        "gpu_sm_clock_hertz",
+        "gpu_temperature_celsius",
+        "gpu_utilization_ratio",
+    ]
     # Values read from the file: SM 210 MHz, memory 405 MHz, 32 C, FB_FREE 45459 MiB.
     assert _one(samples, "gpu_sm_clock_hertz").value == 210e6
     assert _one(samples, "gpu_memory_clock_hertz").value == 405e6
-    assert _one(samples, "gpu_temperature_celsius").value == 32 and _one(samples, "gpu_temperature_celsius").unit == "Cel"
+    assert (
+        _one(samples, "gpu_temperature_celsius").value == 32 and _one(samples, "gpu_temperature_celsius").unit == "Cel"
+    )
     assert _one(samples, "gpu_memory_free_bytes").value == 45459 * MIB
     power = _one(samples, "gpu_power_watts")
     assert power.value == pytest.approx(35.686) and power.unit == "W" and power.kind == "gauge"
@@ -49,16 +59,18 @@ def test_dcgm_l40s(shared_data):
 
 
 def test_dcgm_l4_idle(shared_data):
-    samples = scrape_samples(_read(shared_data, "dcgm_exporter_metrics/cncf_ai_conformance_kops_L4_idle.prom"), "dcgm",
-                             timestamp=T0)
+    samples = scrape_samples(
+        _read(shared_data, "dcgm_exporter_metrics/cncf_ai_conformance_kops_L4_idle.prom"), "dcgm", timestamp=T0
+    )
     assert _one(samples, "gpu_power_watts").value == pytest.approx(16.365)
     assert _one(samples, "gpu_memory_total_bytes").value == (0 + 22563 + 470) * MIB
     assert _one(samples, "gpu_power_watts").attributes["host"] == "i-030791dc5a37cd257"
 
 
 def test_sglang_under_load(shared_data):
-    samples = scrape_samples(_read(shared_data, "model_server_metrics/sglang_llama3.1-8b_under_load_docs.prom"),
-                             "sglang", timestamp=T0)
+    samples = scrape_samples(
+        _read(shared_data, "model_server_metrics/sglang_llama3.1-8b_under_load_docs.prom"), "sglang", timestamp=T0
+    )
     assert _one(samples, "queue_depth").value == 2826
     assert _one(samples, "running_requests").value == 162
     kv = _one(samples, "kv_cache_usage_ratio")
@@ -67,10 +79,16 @@ def test_sglang_under_load(shared_data):
 
 
 def test_vllm_v1_scrape_with_created_series_and_empty_family(shared_data):
-    samples = scrape_samples(_read(shared_data, "model_server_metrics/vllm_v1_qwen2.5-0.5b_cncf_kops.prom"), "vllm",
-                             timestamp=T0)
-    assert sorted(s.signal for s in samples) == ["kv_cache_config_info", "kv_cache_usage_ratio", "preemptions_total",
-                                                 "queue_depth", "running_requests"]
+    samples = scrape_samples(
+        _read(shared_data, "model_server_metrics/vllm_v1_qwen2.5-0.5b_cncf_kops.prom"), "vllm", timestamp=T0
+    )
+    assert sorted(s.signal for s in samples) == [
+        "kv_cache_config_info",
+        "kv_cache_usage_ratio",
+        "preemptions_total",
+        "queue_depth",
+        "running_requests",
+    ]
     state = [s for s in samples if s.signal != "kv_cache_config_info"]
     assert all(s.value == 0.0 for s in state)
     assert all(s.attributes == {"engine": "0", "model_name": "Qwen/Qwen2.5-0.5B-Instruct"} for s in state)
@@ -78,14 +96,18 @@ def test_vllm_v1_scrape_with_created_series_and_empty_family(shared_data):
     config = _one(samples, "kv_cache_config_info")
     assert config.value == 1.0 and config.source_metric == "vllm:cache_config_info"
     assert (config.attributes["num_gpu_blocks"], config.attributes["block_size"], config.attributes["engine"]) == (
-        "101625", "16", "0")
+        "101625",
+        "16",
+        "0",
+    )
     preemptions = _one(samples, "preemptions_total")
     assert preemptions.kind == "sum" and preemptions.source_metric == "vllm:num_preemptions_total"
 
 
 def test_vllm_live_capture_under_load(shared_data):
-    samples = scrape_samples(_read(shared_data, "vllm_live_capture/metrics_1796037503909019406.prom"), "vllm",
-                             timestamp=T0)
+    samples = scrape_samples(
+        _read(shared_data, "vllm_live_capture/metrics_1796037503909019406.prom"), "vllm", timestamp=T0
+    )
     assert _one(samples, "running_requests").value == 6
     assert _one(samples, "queue_depth").value == 3
     assert _one(samples, "kv_cache_usage_ratio").value == pytest.approx(0.8095238095238095)
@@ -100,8 +122,13 @@ def test_every_live_capture_scrape_is_sane_and_counters_only_grow(shared_data):
     for path in files:
         stamp = datetime.fromtimestamp(int(path.stem.split("_")[1]) / 1e9, tz=timezone.utc)
         grouped = signals_of(scrape_samples(path.read_text(), "vllm", timestamp=stamp))
-        assert set(grouped) == {"queue_depth", "running_requests", "kv_cache_usage_ratio", "preemptions_total",
-                                "kv_cache_config_info"}
+        assert set(grouped) == {
+            "queue_depth",
+            "running_requests",
+            "kv_cache_usage_ratio",
+            "preemptions_total",
+            "kv_cache_config_info",
+        }
         assert 0.0 <= grouped["kv_cache_usage_ratio"][0].value <= 1.0
         assert grouped["running_requests"][0].value <= 16  # --max-num-seqs 16
         assert grouped["preemptions_total"][0].value >= previous
@@ -122,7 +149,7 @@ def test_timestamps_are_utc_and_must_be_aware(shared_data):
 
 def test_dcgm_blank_sentinels_are_dropped(shared_data):
     text = _read(shared_data, "dcgm_exporter_metrics/cncf_ai_conformance_upcloud_L40S.prom")
-    line = next(l for l in text.splitlines() if l.startswith("DCGM_FI_DEV_POWER_USAGE{"))
+    line = next(row for row in text.splitlines() if row.startswith("DCGM_FI_DEV_POWER_USAGE{"))
     blanked = text.replace(line, line.rsplit(" ", 1)[0] + " 9223372036854775794")
     samples = scrape_samples(blanked, "dcgm", timestamp=T0)
     assert "gpu_power_watts" not in signals_of(samples)
@@ -139,8 +166,7 @@ def test_lowercase_hostname_and_extra_attributes():
 
 
 def test_deprecated_vllm_name_is_used_only_when_the_current_one_is_missing():
-    both = ('vllm:gpu_cache_usage_perc{model_name="m"} 0.4\n'
-            'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n')
+    both = 'vllm:gpu_cache_usage_perc{model_name="m"} 0.4\nvllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
     [kv] = scrape_samples(both, "vllm", timestamp=T0)
     assert kv.value == 0.5 and kv.source_metric == "vllm:kv_cache_usage_perc"
     [old] = scrape_samples('vllm:gpu_cache_usage_perc{model_name="m"} 0.4\n', "vllm", timestamp=T0)

@@ -23,13 +23,23 @@ def test_scrape_the_emulated_engine_over_loopback(serve_app):
     app = create_app(EngineConfig(time_scale=0.05, num_kv_blocks=2048), hostname="gpu-node-7")
     with serve_app(app) as url:
         httpx.post(f"{url}/v1/completions", json={"prompt": [1] * 100, "max_tokens": 4}, timeout=10).raise_for_status()
-        with Scraper(f"{url}/metrics", "vllm", extra_attributes={"replica": "r1"}) as engine_scraper, \
-                Scraper(f"{url}/gpu/metrics", "dcgm") as gpu_scraper:
+        with (
+            Scraper(f"{url}/metrics", "vllm", extra_attributes={"replica": "r1"}) as engine_scraper,
+            Scraper(f"{url}/gpu/metrics", "dcgm") as gpu_scraper,
+        ):
             engine = signals_of(engine_scraper.scrape())
             gpu = signals_of(gpu_scraper.scrape())
     assert engine_scraper.errors_total == 0 and engine_scraper.scrapes_total == 1
-    assert set(engine) == {"queue_depth", "running_requests", "kv_cache_usage_ratio", "preemptions_total",
-                           "kv_cache_config_info", "time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"}
+    assert set(engine) == {
+        "queue_depth",
+        "running_requests",
+        "kv_cache_usage_ratio",
+        "preemptions_total",
+        "kv_cache_config_info",
+        "time_to_first_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+    }
     # One engine: its series are the pod's, labels unchanged.
     assert engine["queue_depth"][0].attributes == {"engine": "0", "model_name": "llama2-70b", "replica": "r1"}
     assert engine["kv_cache_usage_ratio"][0].attributes == {"engine": "0", "model_name": "llama2-70b", "replica": "r1"}
@@ -78,8 +88,10 @@ def test_malformed_and_failing_endpoints_return_nothing(serve_app):
 
     with serve_app(broken) as url, httpx.Client(timeout=2) as client:
         fixed = datetime(2026, 1, 1, tzinfo=timezone.utc)
-        scrapers = {path: Scraper(f"{url}/{path}", "vllm", client=client, clock=lambda: fixed)
-                    for path in ("garbage", "error", "ok")}
+        scrapers = {
+            path: Scraper(f"{url}/{path}", "vllm", client=client, clock=lambda: fixed)
+            for path in ("garbage", "error", "ok")
+        }
         results = {path: s.scrape() for path, s in scrapers.items()}
     assert results["garbage"] == [] and scrapers["garbage"].errors_total == 1
     assert results["error"] == [] and scrapers["error"].errors_total == 1
@@ -87,11 +99,14 @@ def test_malformed_and_failing_endpoints_return_nothing(serve_app):
     assert sample.value == 3 and sample.timestamp == fixed and scrapers["ok"].errors_total == 0
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"url": "ftp://x/metrics", "source": "vllm"}, "url"),
-    ({"url": "http://x/metrics", "source": "nope"}, "source"),
-    ({"url": "http://x/metrics", "source": "vllm", "timeout_seconds": 0}, "timeout_seconds"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"url": "ftp://x/metrics", "source": "vllm"}, "url"),
+        ({"url": "http://x/metrics", "source": "nope"}, "source"),
+        ({"url": "http://x/metrics", "source": "vllm", "timeout_seconds": 0}, "timeout_seconds"),
+    ],
+)
 def test_bad_configuration_raises_at_construction(kwargs, field):
     with pytest.raises(ValueError, match=field):
         Scraper(**kwargs)

@@ -10,8 +10,17 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPONENTS = ("inferpath", "instrumentation", "collectors", "server", "storage", "analysis", "dashboard",
-              "alerts", "demo")
+COMPONENTS = (
+    "inferpath",
+    "instrumentation",
+    "collectors",
+    "server",
+    "storage",
+    "analysis",
+    "dashboard",
+    "alerts",
+    "demo",
+)
 
 KNOWN_CYCLES: set[frozenset[str]] = {
     # EngineSettings lives in whatif.py, which imports whatif_calibration.py; the calibration
@@ -121,8 +130,13 @@ def test_no_new_import_cycles() -> None:
 
 def test_the_server_does_not_import_alerts() -> None:
     graph = _imports(_modules())
-    into_alerts = sorted((m, t) for m, targets in graph.items() if m.startswith("inferpath.server")
-                         for t in targets if t.startswith("inferpath.alerts"))
+    into_alerts = sorted(
+        (m, t)
+        for m, targets in graph.items()
+        if m.startswith("inferpath.server")
+        for t in targets
+        if t.startswith("inferpath.alerts")
+    )
     assert into_alerts == []
     # The alert evaluator reaches the server through the composition above both.
     assert "inferpath.alerts.service" in graph["inferpath.serve"]

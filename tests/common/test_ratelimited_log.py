@@ -28,8 +28,7 @@ def test_filter_lets_one_record_per_logger_and_level_through(caplog: pytest.LogC
     finally:
         for logger in (chatty, other):
             logger.removeFilter(limit)
-    assert [r.getMessage() for r in caplog.records] == [
-        "batch 0 failed", "retrying 0", "other 0", "batch 5 failed"]
+    assert [r.getMessage() for r in caplog.records] == ["batch 0 failed", "retrying 0", "other 0", "batch 5 failed"]
     assert limit.suppressed_total == 12
 
 

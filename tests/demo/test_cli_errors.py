@@ -6,8 +6,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -40,11 +40,13 @@ def test_server_module_names_the_variable_in_one_line(tmp_path) -> None:
     import sys
 
     env = {**os.environ, "INFERPATH_ROLLUP_MIN_WINDOW_SECONDS": "-5", "INFERPATH_STORE": f"chdb://{tmp_path}/s"}
-    done = subprocess.run([sys.executable, "-m", "inferpath.server"], env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "inferpath.server"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "invalid configuration: INFERPATH_ROLLUP_MIN_WINDOW_SECONDS = '-5': Input should be greater than or equal to 0"]
+        "invalid configuration: INFERPATH_ROLLUP_MIN_WINDOW_SECONDS = '-5': Input should be greater than or equal to 0"
+    ]
 
 
 @pytest.mark.parametrize("command", [["up", "--no-dashboard"], ["demo", "--exit"]])
@@ -71,23 +73,49 @@ def port_taken() -> Iterator[int]:
 def test_demo_refuses_a_port_someone_else_serves_on(tmp_path) -> None:
     with port_taken() as port:
         with pytest.raises(RuntimeError, match=f"{port} is already in use"):
-            run_demo(DemoOptions(requests=1, exit_when_done=True, port=port, dashboard=False,
-                                 store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
+            run_demo(
+                DemoOptions(
+                    requests=1,
+                    exit_when_done=True,
+                    port=port,
+                    dashboard=False,
+                    store_url=f"chdb://{tmp_path}/store",
+                    log_dir=tmp_path / "logs",
+                )
+            )
 
 
 def test_demo_checks_the_dashboard_port_and_results_folder_before_starting_anything(tmp_path) -> None:
     with port_taken() as port:
         with pytest.raises(RuntimeError, match=f"dashboard port 127.0.0.1:{port} is already in use.*--dashboard-port"):
-            run_demo(DemoOptions(requests=1, exit_when_done=False, port=0, dashboard_port=port,
-                                 store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
+            run_demo(
+                DemoOptions(
+                    requests=1,
+                    exit_when_done=False,
+                    port=0,
+                    dashboard_port=port,
+                    store_url=f"chdb://{tmp_path}/store",
+                    log_dir=tmp_path / "logs",
+                )
+            )
     with pytest.raises(RuntimeError, match="cannot write the results to .*folder .*missing does not exist"):
-        run_demo(DemoOptions(requests=1, exit_when_done=True, port=0, dashboard=False,
-                             results_path=tmp_path / "missing" / "results.jsonl",
-                             store_url=f"chdb://{tmp_path}/store", log_dir=tmp_path / "logs"))
+        run_demo(
+            DemoOptions(
+                requests=1,
+                exit_when_done=True,
+                port=0,
+                dashboard=False,
+                results_path=tmp_path / "missing" / "results.jsonl",
+                store_url=f"chdb://{tmp_path}/store",
+                log_dir=tmp_path / "logs",
+            )
+        )
     assert not (tmp_path / "store").exists()  # nothing was started
 
 
-@pytest.mark.parametrize("args, env", [(["--scrape", "garbage"], {}), ([], {"INFERPATH_SCRAPE_TARGETS": "vllm=garbage"})])
+@pytest.mark.parametrize(
+    "args, env", [(["--scrape", "garbage"], {}), ([], {"INFERPATH_SCRAPE_TARGETS": "vllm=garbage"})]
+)
 def test_a_scrape_target_that_is_not_a_url_stops_the_start(args, env) -> None:
     result = runner.invoke(app, ["up", "--no-dashboard", *args], env=env)
     assert result.exit_code == 2
@@ -117,8 +145,9 @@ def test_start_up_errors_name_their_real_cause(tmp_path) -> None:
     assert "cannot open the store http://127.0.0.1:9/db" in refused and "chDB" not in refused
     # The server module (the demo's child) says the same in one line, without a traceback.
     env = {**os.environ, "INFERPATH_STORE": "chdb:///proc/forbidden/store"}
-    done = subprocess.run([sys.executable, "-m", "inferpath.server", "--port", "0"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "inferpath.server", "--port", "0"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("cannot open the store chdb:///proc/forbidden/store")
 
@@ -130,9 +159,15 @@ def test_server_module_help_names_defaults_and_variables(capsys) -> None:
         main(["--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
-    for expected in ("INFERPATH_HOST or 127.0.0.1", "INFERPATH_PORT or 4318", "INFERPATH_STORE or embedded chDB",
-                     "INFERPATH_SCRAPE_TARGETS or none", "INFERPATH_TOKEN (a bearer token",
-                     "INFERPATH_MAX_BODY_BYTES (413 above it, default 16777216 bytes)", "inferpath/config.py"):
+    for expected in (
+        "INFERPATH_HOST or 127.0.0.1",
+        "INFERPATH_PORT or 4318",
+        "INFERPATH_STORE or embedded chDB",
+        "INFERPATH_SCRAPE_TARGETS or none",
+        "INFERPATH_TOKEN (a bearer token",
+        "INFERPATH_MAX_BODY_BYTES (413 above it, default 16777216 bytes)",
+        "inferpath/config.py",
+    ):
         assert expected in text
 
 
@@ -149,9 +184,22 @@ def test_server_log_keeps_its_own_messages_and_not_the_scrapes(tmp_path, serve_a
 
     with serve_app(engine) as engine_url:
         server = subprocess.Popen(
-            [sys.executable, "-m", "inferpath.server", "--port", "0", "--store", f"chdb://{tmp_path / 'store'}",
-             "--scrape", f"vllm={engine_url}/metrics", "--scrape", f"dcgm={engine_url}/metrics"],
-            stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "inferpath.server",
+                "--port",
+                "0",
+                "--store",
+                f"chdb://{tmp_path / 'store'}",
+                "--scrape",
+                f"vllm={engine_url}/metrics",
+                "--scrape",
+                f"dcgm={engine_url}/metrics",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             time.sleep(8.0)
         finally:

@@ -14,15 +14,29 @@ import typer
 
 from inferpath.cli import app
 
-COMMANDS = [["demo"], ["up"], ["collect"], ["diagnose"], ["import"], ["whatif"], ["replay"],
-            ["alerts", "check"], ["alerts", "test"]]
+COMMANDS = [
+    ["demo"],
+    ["up"],
+    ["collect"],
+    ["diagnose"],
+    ["import"],
+    ["whatif"],
+    ["replay"],
+    ["alerts", "check"],
+    ["alerts", "test"],
+]
 
 
 def _help(command: list[str]) -> str:
     # A subprocess with its output in a pipe: no terminal, as `inferpath up --help | less`.
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH", "FORCE_COLOR")}
-    done = subprocess.run([sys.executable, "-m", "inferpath.cli", *command, "--help"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "inferpath.cli", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -40,8 +54,7 @@ def test_flags_show_no_type_and_values_do(command: list[str]) -> None:
     text = _help(command)
     for option in _options(command):
         names = [*option.opts, *option.secondary_opts]
-        line = next((line for line in text.splitlines() if re.search(rf"(^|\s){re.escape(names[0])}\b", line)),
-                    None)
+        line = next((line for line in text.splitlines() if re.search(rf"(^|\s){re.escape(names[0])}\b", line)), None)
         assert line is not None, f"{names[0]} missing from:\n{text}"
         if option.is_flag:
             assert "<bool>" not in line and "BOOLEAN" not in line, line

@@ -29,6 +29,7 @@ def _openai_stub() -> FastAPI:
             for _ in range(body["max_tokens"]):
                 yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "w "}}]}) + "\n\n"
             yield "data: [DONE]\n\n"
+
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
     @stub.post("/v1/traces")
@@ -41,12 +42,17 @@ def _openai_stub() -> FastAPI:
 def test_replay_plays_a_mooncake_trace(tmp_path: Path, serve_app) -> None:
     # Mooncake FAST'25 shape: milliseconds from the start, prefix hash blocks.
     trace = tmp_path / "conversation_trace.jsonl"
-    trace.write_text('{"timestamp": 0, "input_length": 30, "output_length": 3, "hash_ids": [0, 1]}\n'
-                     '{"timestamp": 40, "input_length": 12, "output_length": 2, "hash_ids": [0, 2]}\n')
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 30, "output_length": 3, "hash_ids": [0, 1]}\n'
+        '{"timestamp": 40, "input_length": 12, "output_length": 2, "hash_ids": [0, 2]}\n'
+    )
     stub = _openai_stub()
     with serve_app(stub) as url:
-        result = runner.invoke(app, ["replay", "--gateway", url, "--trace", str(trace), "--speed", "10"],
-                               env={"INFERPATH_OTLP_ENDPOINT": url})
+        result = runner.invoke(
+            app,
+            ["replay", "--gateway", url, "--trace", str(trace), "--speed", "10"],
+            env={"INFERPATH_OTLP_ENDPOINT": url},
+        )
     assert result.exit_code == 0, result.output
     assert "Mooncake FAST'25 JSONL): 2 requests" in result.output
     assert "2 of 2 requests completed" in result.output
@@ -55,11 +61,15 @@ def test_replay_plays_a_mooncake_trace(tmp_path: Path, serve_app) -> None:
 
 def test_bad_rows_stop_replay_and_demo_before_anything_starts(tmp_path: Path) -> None:
     trace = tmp_path / "burst.csv"
-    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-                     "5,ChatGPT,472,18,490,Conversation log\n"
-                     "6,ChatGPT,lots,18,490,Conversation log\n")
-    for command in (["replay", "--gateway", "http://127.0.0.1:9"],
-                    ["demo", "--exit", "--store", f"chdb://{tmp_path / 'store'}"]):
+    trace.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n"
+        "6,ChatGPT,lots,18,490,Conversation log\n"
+    )
+    for command in (
+        ["replay", "--gateway", "http://127.0.0.1:9"],
+        ["demo", "--exit", "--store", f"chdb://{tmp_path / 'store'}"],
+    ):
         result = runner.invoke(app, [*command, "--trace", str(trace)])
         assert result.exit_code == 2, result.output
         assert "line 3: Request tokens 'lots' is not an integer" in result.output

@@ -10,7 +10,6 @@ import tomllib
 from importlib import resources
 
 import pytest
-
 from deploy_manifests import DEPLOY_DIR, INFERPATH_IMAGE, REPO_ROOT, compose, workload
 
 jsonschema = pytest.importorskip("jsonschema")

@@ -9,7 +9,6 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 import yaml
-
 from deploy_manifests import (
     INFERPATH_IMAGE,
     KUBERNETES_DIR,
@@ -26,8 +25,9 @@ DOCUMENTS = [(name, doc) for name, doc in kubernetes_documents() if doc["kind"] 
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize(("file_name", "document"), DOCUMENTS,
-                         ids=[f"{n}:{d['kind']}/{d['metadata']['name']}" for n, d in DOCUMENTS])
+@pytest.mark.parametrize(
+    ("file_name", "document"), DOCUMENTS, ids=[f"{n}:{d['kind']}/{d['metadata']['name']}" for n, d in DOCUMENTS]
+)
 def test_manifest_matches_kubernetes_schema_strictly(file_name: str, document: dict, version: str) -> None:
     # strict: unknown fields (typos such as `livenesProbe`) fail too.
     kubernetes_validate.validate(document, version, strict=True)
@@ -88,8 +88,7 @@ def test_server_role_is_clickhouse_mode_with_token_and_healthz_probes() -> None:
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert server[probe]["httpGet"]["path"] == "/healthz"
     hpa = workload("HorizontalPodAutoscaler", "inferpath-server")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": "inferpath-server"}
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "inferpath-server"}
     assert hpa["spec"]["minReplicas"] >= 2
 
 
@@ -173,23 +172,32 @@ def _config_xml(config_map: str, key: str) -> ElementTree.Element:
 
 def test_clickhouse_remote_servers_name_every_statefulset_pod() -> None:
     root = _config_xml("clickhouse-config", "cluster.xml")
-    configured = [[r.findtext("host") for r in shard.findall("replica")]
-                  for shard in root.find("remote_servers/inferpath").findall("shard")]
+    configured = [
+        [r.findtext("host") for r in shard.findall("replica")]
+        for shard in root.find("remote_servers/inferpath").findall("shard")
+    ]
     expected = []
     for _, document in DOCUMENTS:
-        if document["kind"] == "StatefulSet" and document["metadata"]["labels"].get(
-                "app.kubernetes.io/name") == "clickhouse":
+        if (
+            document["kind"] == "StatefulSet"
+            and document["metadata"]["labels"].get("app.kubernetes.io/name") == "clickhouse"
+        ):
             name, service = document["metadata"]["name"], document["spec"]["serviceName"]
-            expected.append([f"{name}-{i}.{service}.inferpath.svc.cluster.local"
-                             for i in range(document["spec"]["replicas"])])
-            shard_env = {v["name"]: v.get("value") for v in document["spec"]["template"]["spec"]["containers"][0]["env"]}
+            expected.append(
+                [f"{name}-{i}.{service}.inferpath.svc.cluster.local" for i in range(document["spec"]["replicas"])]
+            )
+            shard_env = {
+                v["name"]: v.get("value") for v in document["spec"]["template"]["spec"]["containers"][0]["env"]
+            }
             assert shard_env["CLICKHOUSE_SHARD"] == name.rsplit("-", 1)[1]
     assert configured == expected and len(expected) >= 2
     assert root.find("macros/replica").get("from_env") == "HOSTNAME"
     keeper = workload("StatefulSet", "clickhouse-keeper")
     keeper_hosts = [n.findtext("host") for n in root.find("zookeeper").findall("node")]
-    assert keeper_hosts == [f"clickhouse-keeper-{i}.clickhouse-keeper-headless.inferpath.svc.cluster.local"
-                            for i in range(keeper["spec"]["replicas"])]
+    assert keeper_hosts == [
+        f"clickhouse-keeper-{i}.clickhouse-keeper-headless.inferpath.svc.cluster.local"
+        for i in range(keeper["spec"]["replicas"])
+    ]
     raft = _config_xml("clickhouse-keeper-config", "keeper_config.xml")
     servers = raft.find("keeper_server/raft_configuration").findall("server")
     assert [s.findtext("hostname") for s in servers] == keeper_hosts

@@ -7,12 +7,11 @@ files, the Collector ClickHouse exporter's insert column lists and the signal ca
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
-
 from deploy_manifests import DEPLOY_DIR
+
 from inferpath.collectors.catalog import CATALOG, SIGNALS
 from inferpath.storage.schema_files import SCHEMA_DIR
 from inferpath.storage.store import Store
@@ -22,22 +21,58 @@ from inferpath.storage.store import Store
 # internal/sql_templates/metrics_{gauge,sum,histogram}_insert.sql), written out here
 # independently of inferpath's own column tuples.
 _METRIC_HEAD = [
-    "ResourceAttributes", "ResourceSchemaUrl", "ScopeName", "ScopeVersion", "ScopeAttributes",
-    "ScopeDroppedAttrCount", "ScopeSchemaUrl", "ServiceName", "MetricName", "MetricDescription",
-    "MetricUnit", "Attributes", "StartTimeUnix", "TimeUnix",
+    "ResourceAttributes",
+    "ResourceSchemaUrl",
+    "ScopeName",
+    "ScopeVersion",
+    "ScopeAttributes",
+    "ScopeDroppedAttrCount",
+    "ScopeSchemaUrl",
+    "ServiceName",
+    "MetricName",
+    "MetricDescription",
+    "MetricUnit",
+    "Attributes",
+    "StartTimeUnix",
+    "TimeUnix",
 ]
-_EXEMPLARS = ["Exemplars.FilteredAttributes", "Exemplars.TimeUnix", "Exemplars.Value",
-              "Exemplars.SpanId", "Exemplars.TraceId"]
+_EXEMPLARS = [
+    "Exemplars.FilteredAttributes",
+    "Exemplars.TimeUnix",
+    "Exemplars.Value",
+    "Exemplars.SpanId",
+    "Exemplars.TraceId",
+]
 EXPORTER_INSERT_COLUMNS = {
     "traces": [
-        "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
-        "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes",
-        "Duration", "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name",
-        "Events.Attributes", "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
+        "Timestamp",
+        "TraceId",
+        "SpanId",
+        "ParentSpanId",
+        "TraceState",
+        "SpanName",
+        "SpanKind",
+        "ServiceName",
+        "ResourceAttributes",
+        "ScopeName",
+        "ScopeVersion",
+        "SpanAttributes",
+        "Duration",
+        "StatusCode",
+        "StatusMessage",
+        "Events.Timestamp",
+        "Events.Name",
+        "Events.Attributes",
+        "Links.TraceId",
+        "Links.SpanId",
+        "Links.TraceState",
+        "Links.Attributes",
     ],
     "gauge": _METRIC_HEAD + ["Value", "Flags"] + _EXEMPLARS,
     "sum": _METRIC_HEAD + ["Value", "Flags"] + _EXEMPLARS + ["AggregationTemporality", "IsMonotonic"],
-    "histogram": _METRIC_HEAD + ["Count", "Sum", "BucketCounts", "ExplicitBounds"] + _EXEMPLARS
+    "histogram": _METRIC_HEAD
+    + ["Count", "Sum", "BucketCounts", "ExplicitBounds"]
+    + _EXEMPLARS
     + ["Flags", "Min", "Max", "AggregationTemporality"],
 }
 
@@ -57,8 +92,12 @@ def real_columns(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str
     """Columns of every table of a store created by inferpath's own migrations."""
     path = tmp_path_factory.mktemp("otelcol") / "store"
     with Store.open(f"chdb://{path}") as store:
-        tables = [row[0] for row in store.query(
-            "SELECT name FROM system.tables WHERE database = {db:String}", {"db": store.database})]
+        tables = [
+            row[0]
+            for row in store.query(
+                "SELECT name FROM system.tables WHERE database = {db:String}", {"db": store.database}
+            )
+        ]
         return {table: [name for name, _ in store.table_columns(table)] for table in tables}
 
 
@@ -139,16 +178,21 @@ def test_renames_and_units_follow_the_signal_catalog(config: dict) -> None:
     # Unit statements run while the metric still has its source name.
     metric_statements = _statements(config, "metric")
     for source_metric in renames:
-        unit_at = next(i for i, s in enumerate(metric_statements) if s.startswith("set(unit") and f'"{source_metric}"' in s)
-        name_at = next(i for i, s in enumerate(metric_statements) if s.startswith("set(name") and f'"{source_metric}"' in s)
+        unit_at = next(
+            i for i, s in enumerate(metric_statements) if s.startswith("set(unit") and f'"{source_metric}"' in s
+        )
+        name_at = next(
+            i for i, s in enumerate(metric_statements) if s.startswith("set(name") and f'"{source_metric}"' in s
+        )
         assert unit_at < name_at
 
 
 def test_value_scales_equal_the_catalog_conversions(config: dict) -> None:
     scales = {}
     for statement in _statements(config, "datapoint"):
-        match = re.fullmatch(r'set\(value_double, value_double \* ([0-9.e+-]+)\) where metric\.name == "([^"]+)"',
-                             statement)
+        match = re.fullmatch(
+            r'set\(value_double, value_double \* ([0-9.e+-]+)\) where metric\.name == "([^"]+)"', statement
+        )
         if match:
             scales[match.group(2)] = float(match.group(1))
     assert scales, "no conversion found"

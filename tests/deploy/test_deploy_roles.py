@@ -14,14 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
-
 from deploy_manifests import compose, workload
+
 from inferpath.demo.processes import free_port as _free_port
 
 TOKEN = "role-test-token"
@@ -79,21 +79,30 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRole]:
     assert env["INFERPATH_STORE"].startswith("http://")
     env["INFERPATH_STORE"] = os.environ.get("INFERPATH_TEST_CLICKHOUSE_URL") or f"chdb://{folder / 'store'}"
     env.pop("CLICKHOUSE_PASSWORD", None)
-    env.update(INFERPATH_HOST="127.0.0.1", INFERPATH_PORT=str(port), INFERPATH_TOKEN=TOKEN,
-               INFERPATH_ASSEMBLY_SETTLE_SECONDS="0.5")
+    env.update(
+        INFERPATH_HOST="127.0.0.1",
+        INFERPATH_PORT=str(port),
+        INFERPATH_TOKEN=TOKEN,
+        INFERPATH_ASSEMBLY_SETTLE_SECONDS="0.5",
+    )
     log_path = folder / "server.log"
     with open(log_path, "wb") as log:
         # SIGINT back to its default in the child: a test run started in the background
         # by a shell inherits it ignored, and the image's stop signal would then do nothing.
-        process = subprocess.Popen(_local_argv(service["command"]), env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        process = subprocess.Popen(
+            _local_argv(service["command"]),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(f"{url}/healthz", process)
-    except BaseException:
+    except BaseException as exc:
         _stop(process, signal.SIGKILL)
-        raise RuntimeError(log_path.read_text(errors="replace")[-2000:])
+        raise RuntimeError(log_path.read_text(errors="replace")[-2000:]) from exc
     yield RunningRole(url, process, log_path)
     _stop(process)
 
@@ -111,18 +120,29 @@ def _send_gateway_trace(server_url: str) -> str:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.trace import SpanKind
 
-    provider = TracerProvider(resource=Resource.create({"service.name": "role-test-gateway",
-                                                        "inferpath.endpoint_class": "interactive"}))
-    provider.add_span_processor(SimpleSpanProcessor(
-        OTLPSpanExporter(endpoint=f"{server_url}/v1/traces", headers=_auth(), timeout=10)))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": "role-test-gateway", "inferpath.endpoint_class": "interactive"})
+    )
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{server_url}/v1/traces", headers=_auth(), timeout=10))
+    )
     tracer = provider.get_tracer("role-test")
-    with tracer.start_as_current_span("POST /v1/chat/completions", kind=SpanKind.SERVER, attributes={
-            "inferpath.stage": "gateway", "http.request.method": "POST",
-            "http.route": "/v1/chat/completions", "inferpath.endpoint": "/v1/chat/completions",
-            "inferpath.endpoint_class": "interactive", "http.response.status_code": 200,
-            "gen_ai.response.time_to_first_chunk": 0.02}) as root:
-        with tracer.start_as_current_span("tokenize", attributes={"inferpath.stage": "tokenize",
-                                                                 "gen_ai.usage.input_tokens": 12}):
+    with tracer.start_as_current_span(
+        "POST /v1/chat/completions",
+        kind=SpanKind.SERVER,
+        attributes={
+            "inferpath.stage": "gateway",
+            "http.request.method": "POST",
+            "http.route": "/v1/chat/completions",
+            "inferpath.endpoint": "/v1/chat/completions",
+            "inferpath.endpoint_class": "interactive",
+            "http.response.status_code": 200,
+            "gen_ai.response.time_to_first_chunk": 0.02,
+        },
+    ) as root:
+        with tracer.start_as_current_span(
+            "tokenize", attributes={"inferpath.stage": "tokenize", "gen_ai.usage.input_tokens": 12}
+        ):
             time.sleep(0.005)
         time.sleep(0.03)
     trace_id = format(root.get_span_context().trace_id, "032x")
@@ -174,10 +194,14 @@ def _collect_options() -> set[str]:
 
 def test_every_agent_command_uses_options_inferpath_collect_accepts() -> None:
     options = _collect_options()
-    commands = {name: service["command"] for name, service in compose()["services"].items()
-                if service.get("command", [None])[:2] == ["inferpath", "collect"]}
-    commands["DaemonSet inferpath-agent"] = workload("DaemonSet", "inferpath-agent")[
-        "spec"]["template"]["spec"]["containers"][0]["command"]
+    commands = {
+        name: service["command"]
+        for name, service in compose()["services"].items()
+        if service.get("command", [None])[:2] == ["inferpath", "collect"]
+    }
+    commands["DaemonSet inferpath-agent"] = workload("DaemonSet", "inferpath-agent")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["command"]
     assert {"agent", "agent-gpu"} <= set(commands)
     for name, command in commands.items():
         assert command[:2] == ["inferpath", "collect"], name
@@ -185,8 +209,9 @@ def test_every_agent_command_uses_options_inferpath_collect_accepts() -> None:
         assert used and used <= options, (name, used - options)
 
 
-def test_agent_role_pushes_recorded_dcgm_metrics_to_the_server(server: RunningRole, shared_data: Path,
-                                                               serve_app) -> None:
+def test_agent_role_pushes_recorded_dcgm_metrics_to_the_server(
+    server: RunningRole, shared_data: Path, serve_app
+) -> None:
     from fastapi import FastAPI
     from fastapi.responses import PlainTextResponse
 
@@ -214,8 +239,9 @@ def test_agent_role_pushes_recorded_dcgm_metrics_to_the_server(server: RunningRo
         argv[argv.index("--server") + 1] = server.url
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERPATH_")}
         env["INFERPATH_TOKEN"] = TOKEN
-        agent = subprocess.Popen(_local_argv(argv), env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        agent = subprocess.Popen(
+            _local_argv(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         try:
             start = datetime.now(timezone.utc) - timedelta(minutes=1)
             deadline = time.monotonic() + 30
@@ -223,9 +249,12 @@ def test_agent_role_pushes_recorded_dcgm_metrics_to_the_server(server: RunningRo
             with ReadApiClient(server.url, token=TOKEN) as client:
                 while time.monotonic() < deadline:
                     _flush(server.url)
-                    frame = client.gauge_timeseries("gpu_utilization_ratio", start,
-                                                    datetime.now(timezone.utc) + timedelta(minutes=1),
-                                                    step_seconds=60)
+                    frame = client.gauge_timeseries(
+                        "gpu_utilization_ratio",
+                        start,
+                        datetime.now(timezone.utc) + timedelta(minutes=1),
+                        step_seconds=60,
+                    )
                     if len(frame):
                         break
                     assert agent.poll() is None, agent.stdout.read().decode(errors="replace")[-2000:]
@@ -246,8 +275,9 @@ def test_dashboard_role_serves_with_its_manifest_command(server: RunningRole) ->
     argv[argv.index("--server.address") + 1] = "127.0.0.1"
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERPATH_")}
     env.update(INFERPATH_SERVER_URL=server.url, INFERPATH_TOKEN=TOKEN)
-    process = subprocess.Popen(_local_argv(argv), env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        _local_argv(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+    )
     try:
         wait_until_ready(f"http://127.0.0.1:{port}", timeout_seconds=STARTUP_TIMEOUT_SECONDS, process=process)
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
@@ -268,8 +298,13 @@ def test_schema_job_render_command_produces_cluster_ddl(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     ddl = (tmp_path / "cluster.sql").read_text()
     assert "CREATE DATABASE IF NOT EXISTS `inferpath` ON CLUSTER `inferpath`" in ddl
-    for table in ("otel_traces", "otel_metrics_gauge", "otel_metrics_sum", "otel_metrics_histogram",
-                  "inferpath_requests"):
+    for table in (
+        "otel_traces",
+        "otel_metrics_gauge",
+        "otel_metrics_sum",
+        "otel_metrics_histogram",
+        "inferpath_requests",
+    ):
         assert re.search(rf"Distributed\(`inferpath`, `inferpath`, {table}_local\b", ddl), table
         assert f"`inferpath`.{table}_local ON CLUSTER `inferpath`" in ddl, table
     assert "ReplicatedReplacingMergeTree(" in ddl

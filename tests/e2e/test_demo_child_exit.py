@@ -40,9 +40,18 @@ def test_a_child_that_dies_while_serving_ends_the_demo_naming_it(tmp_path: Path)
 
     def demo() -> None:
         try:
-            run_demo(DemoOptions(requests=5, speed=100.0, exit_when_done=False, store_url=f"chdb://{tmp_path / 'store'}",
-                                 port=0, dashboard=False, log_dir=tmp_path / "logs"),
-                     Console(file=output, width=200))
+            run_demo(
+                DemoOptions(
+                    requests=5,
+                    speed=100.0,
+                    exit_when_done=False,
+                    store_url=f"chdb://{tmp_path / 'store'}",
+                    port=0,
+                    dashboard=False,
+                    log_dir=tmp_path / "logs",
+                ),
+                Console(file=output, width=200),
+            )
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             failure.append(exc)
 

@@ -4,7 +4,6 @@ processes on loopback, the Azure LLM trace 2023 replayed with its arrival times.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,18 @@ ENGINE_ARGS = ["--time-scale", "0.2"]
 and real step times the engine saturates and the last requests queue for half a minute)."""
 # Stages of the path, each of which must fit inside the request's E2E. (The gateway's own E2E is
 # not among them: its span lasts until the body ends, after the client's last JSON chunk.)
-STAGES_NS = ("gateway_ns", "tokenize_ns", "retrieval_ns", "queue_ns", "prefill_ns", "decode_ns",
-             "model_ns", "network_ns", "postprocess_ns", "ttft_ns")
+STAGES_NS = (
+    "gateway_ns",
+    "tokenize_ns",
+    "retrieval_ns",
+    "queue_ns",
+    "prefill_ns",
+    "decode_ns",
+    "model_ns",
+    "network_ns",
+    "postprocess_ns",
+    "ttft_ns",
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +38,19 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("demo")
     store_url = f"chdb://{base / 'store'}"
     results_path = base / "client_results.jsonl"
-    outcome = run_demo(DemoOptions(requests=REPLAYED, speed=SPEED, exit_when_done=True, store_url=store_url,
-                                   port=0, dashboard=False, results_path=results_path, log_dir=base / "logs",
-                                   engine_args=ENGINE_ARGS))
+    outcome = run_demo(
+        DemoOptions(
+            requests=REPLAYED,
+            speed=SPEED,
+            exit_when_done=True,
+            store_url=store_url,
+            port=0,
+            dashboard=False,
+            results_path=results_path,
+            log_dir=base / "logs",
+            engine_args=ENGINE_ARGS,
+        )
+    )
     from inferpath.storage.reader import Reader
     from inferpath.storage.store import Store
 

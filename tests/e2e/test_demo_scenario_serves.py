@@ -25,9 +25,25 @@ def test_scenario_honours_both_ports_and_serves_the_dashboard(tmp_path: Path) ->
     port, dashboard_port = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     demo = subprocess.Popen(
-        [sys.executable, "-m", "inferpath.cli", "demo", "--scenario", "healthy", "--port", str(port),
-         "--dashboard-port", str(dashboard_port), "--store", f"chdb://{tmp_path / 'store'}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        [
+            sys.executable,
+            "-m",
+            "inferpath.cli",
+            "demo",
+            "--scenario",
+            "healthy",
+            "--port",
+            str(port),
+            "--dashboard-port",
+            str(dashboard_port),
+            "--store",
+            f"chdb://{tmp_path / 'store'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(demo.stdout), daemon=True)  # type: ignore[arg-type]
     reader.start()

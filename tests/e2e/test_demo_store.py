@@ -23,5 +23,7 @@ def test_demo_writes_its_own_store_and_says_how_to_open_it(tmp_path: Path) -> No
     assert demo_store.is_dir()
     assert not (tmp_path / "data" / "inferpath" / "store").exists() and not real_store.exists()
     flat = " ".join(result.output.split())
-    assert f"store: chdb://{demo_store} (the demo's own; open it again with `inferpath up --store chdb://{demo_store}`)" \
-        in flat, result.output
+    assert (
+        f"store: chdb://{demo_store} (the demo's own; open it again with `inferpath up --store chdb://{demo_store}`)"
+        in flat
+    ), result.output

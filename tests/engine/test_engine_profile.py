@@ -21,7 +21,10 @@ def profile() -> PerfProfile:
 
 
 def test_shipped_profile_is_the_splitwise_file(shared_data):
-    assert PROFILE_CSV.read_bytes() == (shared_data / "model_server_perf_profiles" / "splitwise_sim_perf_model.csv").read_bytes()
+    assert (
+        PROFILE_CSV.read_bytes()
+        == (shared_data / "model_server_perf_profiles" / "splitwise_sim_perf_model.csv").read_bytes()
+    )
 
 
 def test_prefill_at_a_measured_prompt_size_is_the_median_of_its_rows(profile):
@@ -50,19 +53,34 @@ def test_batched_prefill_costs_about_one_prompt_of_the_same_total_length():
 
 
 def test_decode_step_follows_token_time_over_batch_size(profile):
-    rows = _rows(model="llama2-70b", hardware="h100-80gb", tensor_parallel="4", prompt_size="512",
-                 token_size="128", batch_size="16")
-    assert profile.decode_step_seconds(16) == pytest.approx(statistics.median(float(r["token_time"]) for r in rows) / 1000)
+    rows = _rows(
+        model="llama2-70b",
+        hardware="h100-80gb",
+        tensor_parallel="4",
+        prompt_size="512",
+        token_size="128",
+        batch_size="16",
+    )
+    assert profile.decode_step_seconds(16) == pytest.approx(
+        statistics.median(float(r["token_time"]) for r in rows) / 1000
+    )
     assert profile.decode_step_seconds(1) == pytest.approx(0.02972, abs=1e-4)  # 29.72 ms by eye
     assert profile.decode_step_seconds(24) == pytest.approx(
-        (profile.decode_step_seconds(16) + profile.decode_step_seconds(32)) / 2)
+        (profile.decode_step_seconds(16) + profile.decode_step_seconds(32)) / 2
+    )
     assert profile.decode_step_seconds(128) > profile.decode_step_seconds(64)
 
 
 def test_power_ratio_falls_back_to_the_a100_readings_for_h100(profile):
     assert profile.power_source_hardware == "a100-80gb"
-    a100 = _rows(model="llama2-70b", hardware="a100-80gb", tensor_parallel="4", prompt_size="512",
-                 token_size="128", batch_size="4")
+    a100 = _rows(
+        model="llama2-70b",
+        hardware="a100-80gb",
+        tensor_parallel="4",
+        prompt_size="512",
+        token_size="128",
+        batch_size="4",
+    )
     assert profile.power_ratio(4) == pytest.approx(statistics.median(float(r["average_power"]) for r in a100))
     # Beyond the last reading (batch 16) the reading is kept, not extrapolated.
     assert profile.power_ratio(64) == profile.power_ratio(16)
@@ -75,11 +93,14 @@ def test_a100_profile_uses_its_own_power_readings():
     assert a100.power_ratio(1) == pytest.approx(0.73599375)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"model": "gpt-5"}, "model"),
-    ({"hardware": "tpu-v5"}, "hardware"),
-    ({"tensor_parallel": 3}, "tensor_parallel"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"model": "gpt-5"}, "model"),
+        ({"hardware": "tpu-v5"}, "hardware"),
+        ({"tensor_parallel": 3}, "tensor_parallel"),
+    ],
+)
 def test_unknown_choices_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         PerfProfile.load(**kwargs)

@@ -195,22 +195,31 @@ def test_stopping_the_engine_aborts_open_streams():
     _run(main())
 
 
-@pytest.mark.parametrize("prompt_tokens, max_tokens, field", [
-    (0, 5, "prompt_tokens"), (5, 0, "max_tokens"), (5, 1.5, "max_tokens"), (60_000, 10_000, "KV blocks"),
-])
+@pytest.mark.parametrize(
+    "prompt_tokens, max_tokens, field",
+    [
+        (0, 5, "prompt_tokens"),
+        (5, 0, "max_tokens"),
+        (5, 1.5, "max_tokens"),
+        (60_000, 10_000, "KV blocks"),
+    ],
+)
 def test_invalid_requests_are_rejected_naming_the_field(prompt_tokens, max_tokens, field):
     engine = Engine(EngineConfig())
     with pytest.raises(ValueError, match=field):
         engine.submit(prompt_tokens, max_tokens)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"num_kv_blocks": 0}, "num_kv_blocks"),
-    ({"time_scale": 0}, "time_scale"),
-    ({"decode_slowdown": float("nan")}, "decode_slowdown"),
-    ({"num_kv_blocks": 10_000_000}, "num_kv_blocks"),
-    ({"model": "gpt-5"}, "model"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"num_kv_blocks": 0}, "num_kv_blocks"),
+        ({"time_scale": 0}, "time_scale"),
+        ({"decode_slowdown": float("nan")}, "decode_slowdown"),
+        ({"num_kv_blocks": 10_000_000}, "num_kv_blocks"),
+        ({"model": "gpt-5"}, "model"),
+    ],
+)
 def test_invalid_configs_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         EngineConfig(**kwargs)

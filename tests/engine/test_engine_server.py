@@ -32,8 +32,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def engine_app():
     exporter = InMemorySpanExporter()
-    app = create_app(EngineConfig(time_scale=0.05), service_name="demo-engine-test", span_exporter=exporter,
-                     hostname="gpu-node-1")
+    app = create_app(
+        EngineConfig(time_scale=0.05), service_name="demo-engine-test", span_exporter=exporter, hostname="gpu-node-1"
+    )
     return app, exporter
 
 
@@ -41,7 +42,7 @@ def _sse_payloads(text: str) -> list[str]:
     assert text.endswith("\n\n")
     events = [block for block in text.split("\n\n") if block]
     assert all(block.startswith("data: ") for block in events)
-    return [block[len("data: "):] for block in events]
+    return [block[len("data: ") :] for block in events]
 
 
 def _wait_for_spans(app, exporter, count: int = 1):
@@ -55,9 +56,17 @@ def _wait_for_spans(app, exporter, count: int = 1):
 def test_streamed_completion_with_traceparent_yields_a_vllm_llm_request_span(engine_app, serve_app):
     app, exporter = engine_app
     with serve_app(app) as url, httpx.Client(base_url=url, timeout=10) as client:
-        response = client.post("/v1/completions", headers={"traceparent": TRACEPARENT},
-                               json={"model": "llama2-70b", "prompt": list(range(1, 301)), "max_tokens": 12,
-                                     "stream": True, "stream_options": {"include_usage": True}})
+        response = client.post(
+            "/v1/completions",
+            headers={"traceparent": TRACEPARENT},
+            json={
+                "model": "llama2-70b",
+                "prompt": list(range(1, 301)),
+                "max_tokens": 12,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         payloads = _sse_payloads(response.text)
@@ -84,8 +93,14 @@ def test_streamed_completion_with_traceparent_yields_a_vllm_llm_request_span(eng
     assert attrs["gen_ai.usage.completion_tokens"] == 12
     assert attrs["gen_ai.request.max_tokens"] == 12
     assert attrs["gen_ai.response.model"] == "llama2-70b"
-    for key in ("time_to_first_token", "e2e", "time_in_queue", "time_in_model_prefill", "time_in_model_decode",
-                "time_in_model_inference"):
+    for key in (
+        "time_to_first_token",
+        "e2e",
+        "time_in_queue",
+        "time_in_model_prefill",
+        "time_in_model_decode",
+        "time_in_model_inference",
+    ):
         assert isinstance(attrs[f"gen_ai.latency.{key}"], float)
     assert attrs["gen_ai.latency.e2e"] >= attrs["gen_ai.latency.time_to_first_token"] > 0
     assert attrs["gen_ai.latency.time_in_model_decode"] > 0
@@ -97,7 +112,10 @@ def test_metrics_parse_and_carry_vllm_names_and_labels(engine_app, serve_app):
     app, _ = engine_app
     with serve_app(app) as url, httpx.Client(base_url=url, timeout=10) as client:
         for _ in range(2):
-            assert client.post("/v1/completions", json={"prompt": "tell me about queues", "max_tokens": 3}).status_code == 200
+            assert (
+                client.post("/v1/completions", json={"prompt": "tell me about queues", "max_tokens": 3}).status_code
+                == 200
+            )
         text = client.get("/metrics").text
 
     families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -109,14 +127,19 @@ def test_metrics_parse_and_carry_vllm_names_and_labels(engine_app, serve_app):
     preemptions = families["vllm:num_preemptions"]
     assert preemptions.type == "counter"
     assert any(s.name == "vllm:num_preemptions_total" and s.labels["engine"] == "0" for s in preemptions.samples)
-    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-                 "vllm:request_decode_time_seconds"):
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+    ):
         assert families[name].type == "histogram"
         count = next(s for s in families[name].samples if s.name == f"{name}_count")
         assert count.value == 2 and count.labels == {"model_name": "llama2-70b", "engine": "0"}
-    ttft_buckets = [s.labels["le"] for s in families["vllm:time_to_first_token_seconds"].samples
-                    if s.name.endswith("_bucket")]
+    ttft_buckets = [
+        s.labels["le"] for s in families["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_bucket")
+    ]
     assert ttft_buckets[:3] == ["0.001", "0.005", "0.01"] and ttft_buckets[-1] == "+Inf"
 
 
@@ -138,8 +161,12 @@ def test_gpu_metrics_look_like_dcgm_exporter(engine_app, serve_app, shared_data)
     with serve_app(app) as url:
         text = httpx.get(f"{url}/gpu/metrics", timeout=10).text
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
-    assert {s.name for s in samples} == {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
-                                         "DCGM_FI_DEV_POWER_USAGE"}
+    assert {s.name for s in samples} == {
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_POWER_USAGE",
+    }
     for s in samples:
         assert set(s.labels) == real_labels[s.name] - {"DCGM_FI_DRIVER_VERSION"}
         assert s.labels["Hostname"] == "gpu-node-1" and s.labels["modelName"] == "NVIDIA H100 80GB HBM3"
@@ -154,8 +181,10 @@ def test_non_streamed_and_chat_completions(engine_app, serve_app):
     app, exporter = engine_app
     with serve_app(app) as url, httpx.Client(base_url=url, timeout=10) as client:
         plain = client.post("/v1/completions", json={"prompt": "x" * 400, "max_tokens": 4}).json()
-        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello"}],
-                                                         "max_completion_tokens": 3, "stream": True})
+        chat = client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hello"}], "max_completion_tokens": 3, "stream": True},
+        )
         models = client.get("/v1/models").json()
         health = client.get("/health")
     assert plain["object"] == "text_completion"
@@ -171,14 +200,17 @@ def test_non_streamed_and_chat_completions(engine_app, serve_app):
     assert len(_wait_for_spans(app, exporter, 2)) == 2
 
 
-@pytest.mark.parametrize("body, status, param", [
-    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-    ({"max_tokens": 5}, 400, "prompt"),
-    ({"prompt": "", "max_tokens": 5}, 400, "prompt"),
-    ({"prompt": "hi", "n": 2}, 400, "n"),
-    ({"prompt": [1, 2], "max_tokens": 1_000_000}, 400, "max_tokens"),
-    ({"prompt": "hi", "model": "other-model"}, 404, "model"),
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ({"max_tokens": 5}, 400, "prompt"),
+        ({"prompt": "", "max_tokens": 5}, 400, "prompt"),
+        ({"prompt": "hi", "n": 2}, 400, "n"),
+        ({"prompt": [1, 2], "max_tokens": 1_000_000}, 400, "max_tokens"),
+        ({"prompt": "hi", "model": "other-model"}, 404, "model"),
+    ],
+)
 def test_bad_requests_get_openai_errors_naming_the_field(engine_app, serve_app, body, status, param):
     app, _ = engine_app
     with serve_app(app) as url:
@@ -210,10 +242,27 @@ def test_module_entry_point_flushes_spans_on_sigterm():
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferpath.demo.engine", "--port", str(port), "--time-scale", "0.05",
-         "--kv-blocks", "512", "--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}",
-         "--service-name", "engine-under-test", "--log-level", "warning"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "inferpath.demo.engine",
+            "--port",
+            str(port),
+            "--time-scale",
+            "0.05",
+            "--kv-blocks",
+            "512",
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{sink.server_address[1]}",
+            "--service-name",
+            "engine-under-test",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -224,8 +273,12 @@ def test_module_entry_point_flushes_spans_on_sigterm():
                 pass
             assert time.monotonic() < deadline and proc.poll() is None, "engine did not start"
             time.sleep(0.1)
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", headers={"traceparent": TRACEPARENT},
-                              json={"prompt": [7] * 50, "max_tokens": 3}, timeout=10)
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            headers={"traceparent": TRACEPARENT},
+            json={"prompt": [7] * 50, "max_tokens": 3},
+            timeout=10,
+        )
         assert response.status_code == 200
         proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down gracefully, then re-raises the signal so the exit status says SIGTERM.

@@ -6,14 +6,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from inferpath.instrumentation import provider
 from inferpath.demo.processes import free_port
+from inferpath.instrumentation import provider
 
 
 class SpanSink:
@@ -41,8 +42,7 @@ class SpanSink:
 def spans() -> Iterator[SpanSink]:
     """A freshly configured inferpath provider exporting into memory."""
     exporter = InMemorySpanExporter()
-    provider.configure("instrumentation-tests", span_exporter=exporter,
-                       schedule_delay_seconds=0.05)
+    provider.configure("instrumentation-tests", span_exporter=exporter, schedule_delay_seconds=0.05)
     yield SpanSink(exporter)
     provider.shutdown(2.0)
 
@@ -53,8 +53,7 @@ def serve(app: Any) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

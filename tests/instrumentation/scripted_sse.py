@@ -21,8 +21,13 @@ from typing import Any
 
 
 def chunk(delta: dict, *, finish: str | None = None, model: str = "emulated-7b") -> dict:
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
 
 
 ROLE = chunk({"role": "assistant", "content": ""})
@@ -30,10 +35,18 @@ FINISH = chunk({}, finish="stop")
 
 
 def usage(completion_tokens: int, prompt_tokens: int = 7) -> dict:
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "emulated-7b",
-            "choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                     "completion_tokens": completion_tokens,
-                                     "total_tokens": prompt_tokens + completion_tokens}}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "emulated-7b",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def frame(data: dict | str) -> bytes:
@@ -69,8 +82,9 @@ class ScriptedSSEServer:
     ``status_line`` replaces ``HTTP/1.1 200 OK``; ``json_body`` answers with one JSON body
     instead of SSE."""
 
-    def __init__(self, script: list[tuple[int, bytes]], *,
-                 status_line: bytes = b"HTTP/1.1 200 OK", json_body: dict | None = None) -> None:
+    def __init__(
+        self, script: list[tuple[int, bytes]], *, status_line: bytes = b"HTTP/1.1 200 OK", json_body: dict | None = None
+    ) -> None:
         self.script = script
         self.status_line = status_line
         self.json_body = json_body
@@ -92,7 +106,7 @@ class ScriptedSSEServer:
     def url(self) -> str:
         return f"{self.base_url}/chat/completions"
 
-    def __enter__(self) -> "ScriptedSSEServer":
+    def __enter__(self) -> ScriptedSSEServer:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         if not self._ready.wait(10):
@@ -110,8 +124,7 @@ class ScriptedSSEServer:
         loop = asyncio.new_event_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
-        self._server = loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=256))
+        self._server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=256))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         try:
@@ -128,20 +141,31 @@ class ScriptedSSEServer:
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                ),
+                0,
+            )
             self.requests.append(head + await reader.readexactly(length))
             arrived = time.perf_counter()
             self.arrived_at = arrived
             if self.json_body is not None:
                 body = json.dumps(self.json_body).encode()
-                writer.write(self.status_line + b"\r\ncontent-type: application/json\r\n"
-                             + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
-                             + body)
+                writer.write(
+                    self.status_line
+                    + b"\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+                    + body
+                )
                 await writer.drain()
                 return
-            writer.write(self.status_line + b"\r\ncontent-type: text/event-stream\r\n"
-                         b"cache-control: no-cache\r\nconnection: close\r\n\r\n")
+            writer.write(
+                self.status_line + b"\r\ncontent-type: text/event-stream\r\n"
+                b"cache-control: no-cache\r\nconnection: close\r\n\r\n"
+            )
             await writer.drain()
             written_at: list[float] = []
             for at_ms, data in self.script:

@@ -39,12 +39,15 @@ def test_instrument_rejects_bad_setup_before_touching_the_app(spans) -> None:
 
 
 def test_registry_skips_missing_and_broken_integrations(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(registry, "INTEGRATIONS", (
-        registry.Integration("absent", "inferpath.instrumentation.fastapi",
-                             "no_such_library_for_inferpath"),
-        registry.Integration("broken", "inferpath.instrumentation.no_such_module", "json"),
-        registry.Integration("fastapi", "inferpath.instrumentation.fastapi", "fastapi"),
-    ))
+    monkeypatch.setattr(
+        registry,
+        "INTEGRATIONS",
+        (
+            registry.Integration("absent", "inferpath.instrumentation.fastapi", "no_such_library_for_inferpath"),
+            registry.Integration("broken", "inferpath.instrumentation.no_such_module", "json"),
+            registry.Integration("fastapi", "inferpath.instrumentation.fastapi", "fastapi"),
+        ),
+    )
     with caplog.at_level(logging.INFO, logger="inferpath.instrumentation.registry"):
         active = registry.instrument_integrations()
     try:

@@ -16,7 +16,6 @@ import inferpath
 from inferpath.instrumentation.asgi import InferpathASGIMiddleware
 from inferpath.instrumentation.stages import stage
 
-
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
@@ -30,6 +29,7 @@ def build_app() -> FastAPI:
             for index in range(5):
                 await asyncio.sleep(0.1)
                 yield f"data: event {index}\n\n"
+
         return StreamingResponse(body(), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
@@ -40,14 +40,21 @@ def build_app() -> FastAPI:
             yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
             await asyncio.sleep(0.05)
             for index in range(count):
-                payload = {"object": "chat.completion.chunk", "model": "emulated",
-                           "choices": [{"index": 0, "delta": {"content": f"t{index}"}}]}
+                payload = {
+                    "object": "chat.completion.chunk",
+                    "model": "emulated",
+                    "choices": [{"index": 0, "delta": {"content": f"t{index}"}}],
+                }
                 yield f"data: {json.dumps(payload)}\n\n"
                 if index % 50 == 0:
                     await asyncio.sleep(0.002)
-            yield "data: " + json.dumps({"choices": [], "usage": {
-                "completion_tokens": count, "prompt_tokens": 12}}) + "\n\n"
+            yield (
+                "data: "
+                + json.dumps({"choices": [], "usage": {"completion_tokens": count, "prompt_tokens": 12}})
+                + "\n\n"
+            )
             yield "data: [DONE]\n\n"
+
         with stage("retrieval"):
             pass
         return StreamingResponse(body(), media_type="text/event-stream")
@@ -68,6 +75,7 @@ def build_app() -> FastAPI:
             for index in range(100):
                 yield f"data: {index}\n\n"
                 await asyncio.sleep(0.05)
+
         return StreamingResponse(body(), media_type="text/event-stream")
 
     return app
@@ -114,8 +122,9 @@ def test_sse_stream_is_one_server_span_covering_the_whole_stream(served) -> None
 def test_300_chunk_chat_stream_makes_no_per_chunk_spans_and_measures_ttft(served) -> None:
     base_url, spans = served
     headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json={"chunks": 300},
-                      headers=headers, timeout=10) as response:
+    with httpx.stream(
+        "POST", f"{base_url}/v1/chat/completions", json={"chunks": 300}, headers=headers, timeout=10
+    ) as response:
         body = b"".join(response.iter_bytes())
     assert body.count(b"data:") == 303
     finished = spans.finished(wait_for=2)
@@ -215,6 +224,7 @@ def test_health_probes_are_not_traced() -> None:
     for path in ("/health", "/v1/chat/completions"):
         asyncio.run(middleware({"type": "http", "method": "GET", "path": path, "headers": []}, receive, send))
     from inferpath.instrumentation.provider import force_flush
+
     force_flush()
     names = [span.name for span in exporter.get_finished_spans()]
     assert len(sent) == 4

@@ -19,20 +19,36 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from inferpath.instrumentation.clients import stream_chat_completion
 
-ROLE = {"id": "c1", "object": "chat.completion.chunk", "model": "emulated-7b",
-        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                     "finish_reason": None}]}
+ROLE = {
+    "id": "c1",
+    "object": "chat.completion.chunk",
+    "model": "emulated-7b",
+    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+}
 
 
 def content(text: str) -> dict:
-    return {"id": "c1", "object": "chat.completion.chunk", "model": "emulated-7b",
-            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "emulated-7b",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
 
 
-FINISH = {"id": "c1", "object": "chat.completion.chunk", "model": "emulated-7b",
-          "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-USAGE = {"id": "c1", "object": "chat.completion.chunk", "model": "emulated-7b", "choices": [],
-         "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}}
+FINISH = {
+    "id": "c1",
+    "object": "chat.completion.chunk",
+    "model": "emulated-7b",
+    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+}
+USAGE = {
+    "id": "c1",
+    "object": "chat.completion.chunk",
+    "model": "emulated-7b",
+    "choices": [],
+    "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9},
+}
 
 
 def frame(chunk: dict | str) -> bytes:
@@ -54,15 +70,15 @@ TTFT_SCRIPT = [
 ]
 NO_TOKEN_SCRIPT = [(5, frame(ROLE)), (60, frame(FINISH)), (65, frame(USAGE)), (66, frame("[DONE]"))]
 # A token every 20 ms for 2 s: a consumer that waited for the end would take > 2 s.
-LONG_SCRIPT = [(5, frame(ROLE))] + [(20 + 20 * i, frame(content(f"t{i}"))) for i in range(100)] + [
-    (2020, frame("[DONE]"))]
+LONG_SCRIPT = (
+    [(5, frame(ROLE))] + [(20 + 20 * i, frame(content(f"t{i}"))) for i in range(100)] + [(2020, frame("[DONE]"))]
+)
 
 
 class ScriptedSSEServer:
     """HTTP/1.1 on a raw socket: reads one request, writes ``script`` at its times, closes."""
 
-    def __init__(self, script: list[tuple[int, bytes]],
-                 status_line: bytes = b"HTTP/1.1 200 OK") -> None:
+    def __init__(self, script: list[tuple[int, bytes]], status_line: bytes = b"HTTP/1.1 200 OK") -> None:
         self.script = script
         self.status_line = status_line
         self.requests: list[bytes] = []
@@ -70,7 +86,7 @@ class ScriptedSSEServer:
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
 
-    async def __aenter__(self) -> "ScriptedSSEServer":
+    async def __aenter__(self) -> ScriptedSSEServer:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
@@ -86,12 +102,15 @@ class ScriptedSSEServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length")), 0)
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0
+        )
         self.requests.append(head + await reader.readexactly(length))
         arrived = time.perf_counter()
-        writer.write(self.status_line + b"\r\ncontent-type: text/event-stream\r\n"
-                     b"cache-control: no-cache\r\nconnection: close\r\n\r\n")
+        writer.write(
+            self.status_line + b"\r\ncontent-type: text/event-stream\r\n"
+            b"cache-control: no-cache\r\nconnection: close\r\n\r\n"
+        )
         await writer.drain()
         try:
             for at_ms, data in self.script:
@@ -107,8 +126,7 @@ class ScriptedSSEServer:
             writer.close()
 
 
-PAYLOAD = {"model": "emulated-7b", "messages": [{"role": "user", "content": "hi"}],
-           "max_tokens": 16}
+PAYLOAD = {"model": "emulated-7b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 
 
 def client_spans(spans) -> list:
@@ -122,8 +140,9 @@ def test_ttft_itl_and_tokens_follow_aiperf_and_match_the_callers_clock(spans) ->
             caller_ttft = None
             chunks = []
             received: list[tuple[dict, int]] = []
-            stream = stream_chat_completion(client, server.url, PAYLOAD, stage=None,
-                                            on_chunk=lambda chunk, at_ns: received.append((chunk, at_ns)))
+            stream = stream_chat_completion(
+                client, server.url, PAYLOAD, stage=None, on_chunk=lambda chunk, at_ns: received.append((chunk, at_ns))
+            )
             async for chunk in stream:
                 if caller_ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                     caller_ttft = time.perf_counter() - caller_start
@@ -142,8 +161,9 @@ def test_ttft_itl_and_tokens_follow_aiperf_and_match_the_callers_clock(spans) ->
     # after): it can only see a later TTFT, by whatever ran in between.
     assert 0 <= caller_ttft - timeline.ttft_seconds < 0.025
     # A caller on the span's own stamps (request start, on_chunk's receipt time) agrees exactly.
-    first_content_ns = next(at_ns for chunk, at_ns in received
-                            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"))
+    first_content_ns = next(
+        at_ns for chunk, at_ns in received if chunk["choices"] and chunk["choices"][0]["delta"].get("content")
+    )
     assert (first_content_ns - timeline.start_ns) / 1e9 == timeline.ttft_seconds
     assert [chunk for chunk, _ in received] == chunks
     assert timeline.itl_list_seconds == [pytest.approx(lo_written - hel_written, abs=0.01)]
@@ -171,8 +191,9 @@ def test_ttft_itl_and_tokens_follow_aiperf_and_match_the_callers_clock(spans) ->
     assert timeline.e2e_seconds == pytest.approx(written_at[-1] - caller_start, abs=0.01)
     # The request carried this span's W3C context and asked for a stream.
     head, _, body = request.partition(b"\r\n\r\n")
-    traceparent = (f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-"
-                   f"{span.context.trace_flags:02x}").encode()
+    traceparent = (
+        f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-{span.context.trace_flags:02x}"
+    ).encode()
     assert b"traceparent: " + traceparent in head.lower()
     assert json.loads(body)["stream"] is True
 
@@ -196,8 +217,10 @@ def test_stream_without_visible_token_has_no_ttft_and_says_so(spans) -> None:
 def test_stream_cut_after_its_first_token_is_incomplete(spans) -> None:
     # The server closes its close-delimited body after one token: no finish_reason, no [DONE].
     async def main() -> Any:
-        async with ScriptedSSEServer([(5, frame(ROLE)), (20, frame(content("Hel")))]) as server, \
-                httpx.AsyncClient() as client:
+        async with (
+            ScriptedSSEServer([(5, frame(ROLE)), (20, frame(content("Hel")))]) as server,
+            httpx.AsyncClient() as client,
+        ):
             stream = stream_chat_completion(client, server.url, PAYLOAD)
             assert len([chunk async for chunk in stream]) == 2
             return stream
@@ -248,8 +271,7 @@ def test_refused_connection_is_recorded_and_raised(spans) -> None:
     async def main() -> None:
         async with httpx.AsyncClient() as client:
             with pytest.raises(httpx.ConnectError):
-                async for _ in stream_chat_completion(
-                        client, f"http://127.0.0.1:{port}/v1/completions", PAYLOAD):
+                async for _ in stream_chat_completion(client, f"http://127.0.0.1:{port}/v1/completions", PAYLOAD):
                     pass
 
     asyncio.run(main())
@@ -279,7 +301,6 @@ def test_http_error_status_is_recorded_and_raised(spans) -> None:
 def test_setup_errors_name_the_argument() -> None:
     client = httpx.AsyncClient()
     with pytest.raises(ValueError, match="stage"):
-        stream_chat_completion(client, "http://127.0.0.1:1/v1/chat/completions", PAYLOAD,
-                               stage="inference")
+        stream_chat_completion(client, "http://127.0.0.1:1/v1/chat/completions", PAYLOAD, stage="inference")
     with pytest.raises(TypeError, match="payload"):
         stream_chat_completion(client, "http://127.0.0.1:1/v1/chat/completions", "{}")  # type: ignore[arg-type]

@@ -14,9 +14,9 @@ import textwrap
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -40,8 +40,7 @@ class Collector:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 request = ExportTraceServiceRequest.FromString(body)
                 for resource_spans in request.resource_spans:
-                    resource = {kv.key: kv.value.string_value
-                                for kv in resource_spans.resource.attributes}
+                    resource = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
                     for scope_spans in resource_spans.scope_spans:
                         collector.spans.extend((resource, s.name) for s in scope_spans.spans)
                 self.send_response(200)
@@ -73,7 +72,7 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-WORKER = textwrap.dedent('''
+WORKER = textwrap.dedent("""
     import sys, uvicorn
     from fastapi import FastAPI
     import inferpath
@@ -92,15 +91,16 @@ WORKER = textwrap.dedent('''
         return {"ok": True}
 
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
-''')
+""")
 
 
 def test_case7_worker_exiting_200ms_after_its_request_exports_all_spans(collector, tmp_path) -> None:
     port = closed_port()
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    worker = subprocess.Popen([sys.executable, str(script), collector.url, str(port)],
-                              stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, str(script), collector.url, str(port)], stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -126,7 +126,7 @@ def test_case7_worker_exiting_200ms_after_its_request_exports_all_spans(collecto
     assert exit_seconds < 2.5  # the 5 s batch delay did not hold the exit
 
 
-PREFORK = textwrap.dedent('''
+PREFORK = textwrap.dedent("""
     import os, sys
     from inferpath.instrumentation import provider
 
@@ -142,29 +142,28 @@ PREFORK = textwrap.dedent('''
         children.append(pid)
     codes = [os.waitpid(pid, 0)[1] for pid in children]
     sys.exit(1 if any(codes) else 0)
-''')
+""")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_case7_provider_built_before_fork_each_worker_exports_its_own(collector, tmp_path) -> None:
     script = tmp_path / "prefork.py"
     script.write_text(PREFORK)
-    done = subprocess.run([sys.executable, str(script), collector.url], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(script), collector.url], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     by_instance: dict[str, set[str]] = defaultdict(set)
     for resource, name in collector.spans:
         by_instance[resource["service.instance.id"]].add(name)
     assert len(collector.spans) == 6
-    assert sorted(map(sorted, by_instance.values())) == [
-        [f"worker{w}-span{n}" for n in range(3)] for w in range(2)]
+    assert sorted(map(sorted, by_instance.values())) == [[f"worker{w}-span{n}" for n in range(3)] for w in range(2)]
 
 
 def test_case8_closed_collector_port_shutdown_within_budget_failures_counted(caplog) -> None:
     port = closed_port()
     failed_before = provider.export_failed_spans_total()
-    provider.configure("outage", otlp_endpoint=f"http://127.0.0.1:{port}",
-                       schedule_delay_seconds=0.05, export_timeout_seconds=0.5)
+    provider.configure(
+        "outage", otlp_endpoint=f"http://127.0.0.1:{port}", schedule_delay_seconds=0.05, export_timeout_seconds=0.5
+    )
     tracer = provider.get_tracer()
     with caplog.at_level(logging.INFO):
         for wave in range(3):
@@ -221,8 +220,11 @@ def test_case8_requests_during_the_outage_do_not_wait_for_the_export(collector, 
     blackhole.bind(("127.0.0.1", 0))
     blackhole.listen(64)
     up = dict(otlp_endpoint=collector.url, schedule_delay_seconds=0.05, export_timeout_seconds=0.5)
-    down = dict(otlp_endpoint=f"http://127.0.0.1:{blackhole.getsockname()[1]}", schedule_delay_seconds=0.05,
-                export_timeout_seconds=EXPORT_TIMEOUT_SECONDS)
+    down = dict(
+        otlp_endpoint=f"http://127.0.0.1:{blackhole.getsockname()[1]}",
+        schedule_delay_seconds=0.05,
+        export_timeout_seconds=EXPORT_TIMEOUT_SECONDS,
+    )
     provider.configure("p99", **up)
     inferpath.instrument(app, service_name="p99")
     try:

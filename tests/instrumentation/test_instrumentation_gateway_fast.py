@@ -44,10 +44,13 @@ def our_view(headers: list[tuple[bytes, bytes]]):
 def same(ours, reference) -> bool:
     if ours is None or reference is None:
         return ours is None and reference is None
-    return (ours.trace_id, ours.span_id, ours.is_remote, int(ours.trace_flags),
-            ours.trace_state.to_header()) == (
-        reference.trace_id, reference.span_id, reference.is_remote,
-        int(reference.trace_flags), reference.trace_state.to_header())
+    return (ours.trace_id, ours.span_id, ours.is_remote, int(ours.trace_flags), ours.trace_state.to_header()) == (
+        reference.trace_id,
+        reference.span_id,
+        reference.is_remote,
+        int(reference.trace_flags),
+        reference.trace_state.to_header(),
+    )
 
 
 EDGE_TRACEPARENTS = [
@@ -69,8 +72,13 @@ EDGE_TRACEPARENTS = [
     "",
     "garbage",
 ]
-EDGE_TRACESTATES = [None, ["congo=t61rcWkgMzE"], ["rojo=00f067aa0ba902b7", "congo=t61rcWkgMzE"],
-                    ["not a valid = entry"], ["a=" + "x" * 600]]
+EDGE_TRACESTATES = [
+    None,
+    ["congo=t61rcWkgMzE"],
+    ["rojo=00f067aa0ba902b7", "congo=t61rcWkgMzE"],
+    ["not a valid = entry"],
+    ["a=" + "x" * 600],
+]
 
 
 @pytest.mark.parametrize("traceparent", EDGE_TRACEPARENTS)
@@ -82,17 +90,22 @@ def test_traceparent_reader_agrees_with_the_sdk_propagator(traceparent, tracesta
 
 
 @settings(max_examples=300, deadline=None)
-@given(version=st.sampled_from(["00", "01", "ff", "0g", "a0"]),
-       trace_id=st.one_of(st.integers(0, 2**128 - 1).map(lambda i: f"{i:032x}"),
-                          st.text("0123456789abcdefABCDEF-x ", min_size=30, max_size=34)),
-       span_id=st.one_of(st.integers(0, 2**64 - 1).map(lambda i: f"{i:016x}"),
-                         st.text("0123456789abcdefABCDEF", min_size=15, max_size=17)),
-       flags=st.one_of(st.integers(0, 255).map(lambda i: f"{i:02x}"), st.text(max_size=3)),
-       suffix=st.sampled_from(["", "-", "-x", " ", "\t", "\n"]),
-       name=st.sampled_from([b"traceparent", b"Traceparent", b"TRACEPARENT"]))
-def test_traceparent_reader_agrees_on_generated_headers(version, trace_id, span_id, flags,
-                                                        suffix, name) -> None:
-    value = f"{version}-{trace_id}-{span_id}-{flags}{suffix}".encode("utf-8")
+@given(
+    version=st.sampled_from(["00", "01", "ff", "0g", "a0"]),
+    trace_id=st.one_of(
+        st.integers(0, 2**128 - 1).map(lambda i: f"{i:032x}"),
+        st.text("0123456789abcdefABCDEF-x ", min_size=30, max_size=34),
+    ),
+    span_id=st.one_of(
+        st.integers(0, 2**64 - 1).map(lambda i: f"{i:016x}"),
+        st.text("0123456789abcdefABCDEF", min_size=15, max_size=17),
+    ),
+    flags=st.one_of(st.integers(0, 255).map(lambda i: f"{i:02x}"), st.text(max_size=3)),
+    suffix=st.sampled_from(["", "-", "-x", " ", "\t", "\n"]),
+    name=st.sampled_from([b"traceparent", b"Traceparent", b"TRACEPARENT"]),
+)
+def test_traceparent_reader_agrees_on_generated_headers(version, trace_id, span_id, flags, suffix, name) -> None:
+    value = f"{version}-{trace_id}-{span_id}-{flags}{suffix}".encode()
     headers = [(b"accept", b"*/*"), (name, value)]
     assert same(our_view(headers), propagator_view(headers))
 
@@ -113,20 +126,17 @@ def test_route_names_are_cached_per_route_method_and_mount_point() -> None:
     users = Route("/users/{name}", endpoint=lambda request: None)
     assert middleware.route_names("GET", items, "") == ("GET /items/{item_id}", "/items/{item_id}")
     assert middleware.route_names("POST", items, "") == ("POST /items/{item_id}", "/items/{item_id}")
-    assert middleware.route_names("GET", items, "/api") == ("GET /api/items/{item_id}",
-                                                            "/api/items/{item_id}")
+    assert middleware.route_names("GET", items, "/api") == ("GET /api/items/{item_id}", "/api/items/{item_id}")
     assert middleware.route_names("GET", users, "") == ("GET /users/{name}", "/users/{name}")
     assert len(middleware._route_names) == 4
     # An entry whose route object is not this route (a recycled id) is never used.
-    middleware._route_names[(id(users), "DELETE", "")] = (items, "DELETE /items/{item_id}",
-                                                          "/items/{item_id}")
+    middleware._route_names[(id(users), "DELETE", "")] = (items, "DELETE /items/{item_id}", "/items/{item_id}")
     assert middleware.route_names("DELETE", users, "") == ("DELETE /users/{name}", "/users/{name}")
 
 
 def test_route_name_cache_stays_bounded() -> None:
     middleware = asgi.InferpathASGIMiddleware(app=None)
-    routes = [Route(f"/r{index}", endpoint=lambda request: None)
-              for index in range(asgi.ROUTE_CACHE_SIZE + 10)]
+    routes = [Route(f"/r{index}", endpoint=lambda request: None) for index in range(asgi.ROUTE_CACHE_SIZE + 10)]
     for route in routes:
         middleware.route_names("GET", route, "")
     assert 0 < len(middleware._route_names) <= asgi.ROUTE_CACHE_SIZE
@@ -179,9 +189,13 @@ def test_span_of_a_mounted_route_carries_every_contract_attribute_and_the_parent
     assert server.context.trace_id == int(TRACE_ID, 16)
     assert server.context.trace_state.get("congo") == "t61rcWkgMzE"
     assert dict(server.attributes) == {
-        "inferpath.stage": "gateway", "inferpath.endpoint_class": "interactive",
-        "http.request.method": "GET", "url.path": "/api/items/7", "url.scheme": "http",
-        "http.response.status_code": 200, "http.route": "/api/items/{item_id}",
+        "inferpath.stage": "gateway",
+        "inferpath.endpoint_class": "interactive",
+        "http.request.method": "GET",
+        "url.path": "/api/items/7",
+        "url.scheme": "http",
+        "http.response.status_code": 200,
+        "http.route": "/api/items/{item_id}",
         "inferpath.endpoint": "/api/items/{item_id}",
     }
     assert server.status.status_code is StatusCode.UNSET
@@ -214,14 +228,11 @@ def test_an_exception_before_the_response_keeps_the_route_and_records_the_error(
 def test_many_requests_with_random_parents_leave_no_span_open(served) -> None:
     base_url, spans = served
     rng = random.Random(7)
-    parents = [(f"{rng.getrandbits(128) or 1:032x}", f"{rng.getrandbits(64) or 1:016x}")
-               for _ in range(40)]
+    parents = [(f"{rng.getrandbits(128) or 1:032x}", f"{rng.getrandbits(64) or 1:016x}") for _ in range(40)]
     with httpx.Client(base_url=base_url, timeout=10) as client:
         for trace_id, span_id in parents:
-            response = client.get("/api/items/1",
-                                  headers={"traceparent": f"00-{trace_id}-{span_id}-01"})
+            response = client.get("/api/items/1", headers={"traceparent": f"00-{trace_id}-{span_id}-01"})
             assert response.status_code == 200
     servers = [s for s in spans.finished(wait_for=40) if s.kind is SpanKind.SERVER]
-    assert sorted((f"{s.context.trace_id:032x}", f"{s.parent.span_id:016x}") for s in servers) \
-        == sorted(parents)
+    assert sorted((f"{s.context.trace_id:032x}", f"{s.parent.span_id:016x}") for s in servers) == sorted(parents)
     assert asgi.open_requests() == 0

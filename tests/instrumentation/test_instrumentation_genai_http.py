@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import time
 
 import httpx
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
+from scripted_sse import CASE3_SCRIPT, FINISH, ROLE, ScriptedSSEServer, chunk, content, frame, scaled, usage
 
 from inferpath.instrumentation import genai_http, registry
 from inferpath.instrumentation.clients import stream_chat_completion
 from inferpath.instrumentation.stages import stage
-from scripted_sse import (CASE3_SCRIPT, FINISH, ROLE, ScriptedSSEServer, chunk, content, frame,
-                          scaled, usage)
 
 openai = pytest.importorskip("openai")
 
@@ -60,10 +58,9 @@ def assert_case3(span, server: ScriptedSSEServer) -> None:
 def test_openai_sync_stream_case3_exact_ttft_itl_tokens_and_traceparent(traced) -> None:
     with ScriptedSSEServer(CASE3_SCRIPT) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-        started = time.perf_counter()
         stream = client.chat.completions.create(
-            model="emulated-7b", messages=MESSAGES, stream=True, max_tokens=16,
-            stream_options={"include_usage": True})
+            model="emulated-7b", messages=MESSAGES, stream=True, max_tokens=16, stream_options={"include_usage": True}
+        )
         texts = [c.choices[0].delta.content for c in stream if c.choices]
         client.close()
     assert texts == ["", "Hel", "lo", None]
@@ -72,8 +69,9 @@ def test_openai_sync_stream_case3_exact_ttft_itl_tokens_and_traceparent(traced) 
     assert span.attributes["gen_ai.request.max_tokens"] == 16
     assert "inferpath.stage" not in span.attributes  # root of its trace: the request itself
     head = server.requests[0].partition(b"\r\n\r\n")[0].lower()
-    traceparent = (f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-"
-                   f"{span.context.trace_flags:02x}").encode()
+    traceparent = (
+        f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-{span.context.trace_flags:02x}"
+    ).encode()
     assert b"traceparent: " + traceparent in head
     # Privacy by default: the prompt is nowhere on the span.
     assert not any("4111" in str(v) for v in span.attributes.values())
@@ -85,9 +83,7 @@ def test_openai_async_stream_inside_a_request_is_the_model_stage(traced) -> None
         with ScriptedSSEServer(CASE3_SCRIPT) as server:
             client = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
             async with stage("gateway"):
-                started = time.perf_counter()
-                stream = await client.chat.completions.create(
-                    model="emulated-7b", messages=MESSAGES, stream=True)
+                stream = await client.chat.completions.create(model="emulated-7b", messages=MESSAGES, stream=True)
                 async for _ in stream:
                     pass
             await client.close()
@@ -107,15 +103,16 @@ def test_httpx_stream_without_sdk_fast_script(traced, mode: str) -> None:
     script = scaled(CASE3_SCRIPT, 0.1)  # same shape, 80 ms TTFT
     body = {"model": "emulated-7b", "messages": MESSAGES, "stream": True}
     with ScriptedSSEServer(script) as server:
-        started = time.perf_counter()
         if mode == "sync":
             with httpx.Client() as client, client.stream("POST", server.url, json=body) as response:
                 received = b"".join(response.iter_bytes())
         else:
+
             async def main() -> bytes:
                 async with httpx.AsyncClient() as client:
                     async with client.stream("POST", server.url, json=body) as response:
                         return b"".join([part async for part in response.aiter_bytes()])
+
             received = asyncio.run(main())
     assert received.endswith(b"data: [DONE]\n\n")  # the body passed through unchanged
     [span] = client_spans(traced)
@@ -131,10 +128,13 @@ def test_httpx_stream_without_sdk_fast_script(traced, mode: str) -> None:
 
 
 def test_non_streamed_answer_reads_usage_and_has_no_ttft(traced) -> None:
-    answer = {"id": "c2", "object": "chat.completion", "model": "emulated-7b",
-              "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
-                           "finish_reason": "stop"}],
-              "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}}
+    answer = {
+        "id": "c2",
+        "object": "chat.completion",
+        "model": "emulated-7b",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+    }
     with ScriptedSSEServer([], json_body=answer) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         result = client.chat.completions.create(model="emulated-7b", messages=MESSAGES)
@@ -149,8 +149,13 @@ def test_non_streamed_answer_reads_usage_and_has_no_ttft(traced) -> None:
 
 
 def test_case3_variant_no_visible_token_has_null_ttft_and_says_why(traced) -> None:
-    script = [(5, frame(ROLE)), (20, frame(chunk({"content": ""}))), (30, frame(FINISH)),
-              (35, frame(usage(5))), (36, frame("[DONE]"))]
+    script = [
+        (5, frame(ROLE)),
+        (20, frame(chunk({"content": ""}))),
+        (30, frame(FINISH)),
+        (35, frame(usage(5))),
+        (36, frame("[DONE]")),
+    ]
     with ScriptedSSEServer(script) as server, httpx.Client() as client:
         client.post(server.url, json={"model": "emulated-7b", "messages": MESSAGES, "stream": True})
     [span] = client_spans(traced)
@@ -160,13 +165,16 @@ def test_case3_variant_no_visible_token_has_null_ttft_and_says_why(traced) -> No
     assert span.attributes["gen_ai.usage.output_tokens"] == 5
 
 
-@pytest.mark.parametrize("script, status, reason", [
-    # Cut after the first token: the close-delimited body's end reads as a normal end.
-    ([(5, frame(ROLE)), (20, frame(content("Hel")))], "incomplete", "stream_not_finished"),
-    # A finish_reason without [DONE], or [DONE] without a finish_reason: finished.
-    ([(5, frame(ROLE)), (20, frame(content("Hel"))), (30, frame(FINISH))], "complete", None),
-    ([(5, frame(ROLE)), (20, frame(content("Hel"))), (30, frame("[DONE]"))], "complete", None),
-])
+@pytest.mark.parametrize(
+    "script, status, reason",
+    [
+        # Cut after the first token: the close-delimited body's end reads as a normal end.
+        ([(5, frame(ROLE)), (20, frame(content("Hel")))], "incomplete", "stream_not_finished"),
+        # A finish_reason without [DONE], or [DONE] without a finish_reason: finished.
+        ([(5, frame(ROLE)), (20, frame(content("Hel"))), (30, frame(FINISH))], "complete", None),
+        ([(5, frame(ROLE)), (20, frame(content("Hel"))), (30, frame("[DONE]"))], "complete", None),
+    ],
+)
 def test_a_stream_cut_before_its_finish_is_incomplete(traced, script, status, reason) -> None:
     with ScriptedSSEServer(script) as server, httpx.Client() as client:
         response = client.post(server.url, json={"model": "emulated-7b", "messages": MESSAGES, "stream": True})
@@ -177,24 +185,26 @@ def test_a_stream_cut_before_its_finish_is_incomplete(traced, script, status, re
     assert span.attributes["gen_ai.response.time_to_first_chunk"] > 0  # the token that came counts
 
 
-@pytest.mark.parametrize("first", [
-    chunk({"tool_calls": [{"index": 0, "id": "t", "type": "function",
-                           "function": {"name": "f", "arguments": ""}}]}),
-    chunk({"reasoning_content": "thinking"}),
-])
+@pytest.mark.parametrize(
+    "first",
+    [
+        chunk(
+            {"tool_calls": [{"index": 0, "id": "t", "type": "function", "function": {"name": "f", "arguments": ""}}]}
+        ),
+        chunk({"reasoning_content": "thinking"}),
+    ],
+)
 def test_tool_call_or_reasoning_delta_is_the_first_token(traced, first: dict) -> None:
-    script = [(5, frame(ROLE)), (60, frame(first)), (80, frame(content("x"))),
-              (90, frame("[DONE]"))]
+    script = [(5, frame(ROLE)), (60, frame(first)), (80, frame(content("x"))), (90, frame("[DONE]"))]
     with ScriptedSSEServer(script) as server, httpx.Client() as client:
-        started = time.perf_counter()
         client.post(server.url, json={"model": "emulated-7b", "messages": MESSAGES, "stream": True})
     [span] = client_spans(traced)
     assert span.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(
-        server.written_at[1] - server.arrived_at, abs=0.025)
+        server.written_at[1] - server.arrived_at, abs=0.025
+    )
 
 
-LONG = [(0, frame(ROLE))] + [(1 + i, frame(content(f"t{i}"))) for i in range(30)] + [
-    (40, frame("[DONE]"))]
+LONG = [(0, frame(ROLE))] + [(1 + i, frame(content(f"t{i}"))) for i in range(30)] + [(40, frame("[DONE]"))]
 
 
 def test_case4_break_close_and_aclose_each_end_one_incomplete_span(traced) -> None:
@@ -212,8 +222,7 @@ def test_case4_break_close_and_aclose_each_end_one_incomplete_span(traced) -> No
 
         async def read_one_then_aclose() -> None:
             async with httpx.AsyncClient() as http:
-                async with http.stream("POST", server.url, json={"model": "emulated-7b",
-                                                                 "stream": True}) as response:
+                async with http.stream("POST", server.url, json={"model": "emulated-7b", "stream": True}) as response:
                     async for _ in response.aiter_bytes():
                         break
 
@@ -236,8 +245,7 @@ def test_case4_thousand_early_stops_leave_no_span_open(traced) -> None:
         http = httpx.Client()
         for index in range(1000):
             if index % 2:
-                stream = client.chat.completions.create(model="emulated-7b", messages=MESSAGES,
-                                                        stream=True)
+                stream = client.chat.completions.create(model="emulated-7b", messages=MESSAGES, stream=True)
                 for _ in stream:
                     break
                 stream.close()
@@ -258,8 +266,9 @@ def test_stream_chat_completion_is_not_traced_twice(traced) -> None:
     async def main() -> None:
         with ScriptedSSEServer(scaled(CASE3_SCRIPT, 0.05)) as server:
             async with httpx.AsyncClient() as client:
-                async for _ in stream_chat_completion(client, server.url, {"model": "emulated-7b",
-                                                                           "messages": MESSAGES}):
+                async for _ in stream_chat_completion(
+                    client, server.url, {"model": "emulated-7b", "messages": MESSAGES}
+                ):
                     pass
 
     asyncio.run(main())
@@ -292,9 +301,9 @@ def test_content_is_recorded_only_when_opted_in_and_then_redacted(traced) -> Non
         content_capture.configure_content_capture(False)
     [span] = client_spans(traced)
     assert json.loads(span.attributes["gen_ai.input.messages"]) == [
-        {"role": "user", "content": "my card is **** **** **** ****"}]
-    assert json.loads(span.attributes["gen_ai.output.messages"]) == [
-        {"role": "assistant", "content": "card **** ok"}]
+        {"role": "user", "content": "my card is **** **** **** ****"}
+    ]
+    assert json.loads(span.attributes["gen_ai.output.messages"]) == [{"role": "assistant", "content": "card **** ok"}]
     with pytest.raises(TypeError, match="redact"):
         content_capture.configure_content_capture(True, "not callable")  # type: ignore[arg-type]
 

@@ -13,9 +13,9 @@ from opentelemetry.trace import SpanKind
 import inferpath
 from inferpath.demo.assets import tokenizer_json_text
 from inferpath.instrumentation import registry, threads
-from inferpath.instrumentation.threads import wrap_executor
 from inferpath.instrumentation.queues import QueueTicket, TracedQueue
 from inferpath.instrumentation.stages import stage
+from inferpath.instrumentation.threads import wrap_executor
 
 TEXT = "Where is the bottleneck of this inference request?"
 
@@ -23,6 +23,7 @@ TEXT = "Where is the bottleneck of this inference request?"
 @pytest.fixture()
 def only(spans):
     """Turn on the named integrations for one test; everything is unwrapped afterwards."""
+
     def turn_on(*names: str) -> list[str]:
         return registry.instrument_integrations(only=names)
 
@@ -71,10 +72,10 @@ def test_qdrant_in_memory_search_is_a_retrieval_span(spans, only) -> None:
     from qdrant_client import models
 
     client = qdrant_client.QdrantClient(":memory:")
-    client.create_collection("docs", vectors_config=models.VectorParams(
-        size=4, distance=models.Distance.COSINE))
-    client.upsert("docs", points=[models.PointStruct(id=i, vector=[1.0, i, 0.5, 0.0],
-                                                     payload={"n": i}) for i in range(10)])
+    client.create_collection("docs", vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE))
+    client.upsert(
+        "docs", points=[models.PointStruct(id=i, vector=[1.0, i, 0.5, 0.0], payload={"n": i}) for i in range(10)]
+    )
     assert only("qdrant") == ["qdrant"]
     with stage("gateway"):
         hits = client.query_points("docs", query=[1.0, 2.0, 0.5, 0.0], limit=3).points
@@ -94,10 +95,11 @@ def test_qdrant_in_memory_search_is_a_retrieval_span(spans, only) -> None:
 
 
 def test_registry_skips_unsupported_version_with_one_line(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(registry, "INTEGRATIONS", (
-        registry.Integration("httpx", "inferpath.instrumentation.genai_http", "httpx", "httpx",
-                             (99, 0)),
-    ))
+    monkeypatch.setattr(
+        registry,
+        "INTEGRATIONS",
+        (registry.Integration("httpx", "inferpath.instrumentation.genai_http", "httpx", "httpx", (99, 0)),),
+    )
     with caplog.at_level(logging.INFO, logger="inferpath.instrumentation.registry"):
         assert registry.instrument_integrations() == []
     assert sum("older than the supported 99.0" in r.getMessage() for r in caplog.records) == 1
@@ -119,8 +121,7 @@ def test_instrument_all_twice_then_uninstrument_restores_every_library(spans) ->
     finally:
         inferpath.uninstrument()
     assert registry.active_integrations() == []
-    assert (concurrent.futures.ThreadPoolExecutor.submit,
-            httpx.HTTPTransport.handle_request) == originals
+    assert (concurrent.futures.ThreadPoolExecutor.submit, httpx.HTTPTransport.handle_request) == originals
     with pytest.raises(ValueError, match="integrations"):
         inferpath.instrument(service_name="svc", integrations=["no-such-library"])
 
@@ -174,7 +175,8 @@ def test_context_helpers_still_work_without_the_integration(spans) -> None:
         with ThreadPoolExecutor(max_workers=1) as pool:
             async with stage("gateway"):
                 await asyncio.get_running_loop().run_in_executor(
-                    wrap_executor(pool), lambda: stage("tokenize")(lambda: None)())
+                    wrap_executor(pool), lambda: stage("tokenize")(lambda: None)()
+                )
 
     asyncio.run(main())
     finished = spans.finished(wait_for=2)

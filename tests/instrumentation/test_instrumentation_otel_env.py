@@ -5,8 +5,8 @@ precedence: explicit argument, then the ``OTEL_*`` variables, then inferpath's d
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Iterator
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -14,9 +14,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 import inferpath
 from inferpath.instrumentation import provider
 
-OTEL_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS",
-                  "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
-                  "OTEL_SDK_DISABLED", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "INFERPATH_OTLP_ENDPOINT")
+OTEL_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "INFERPATH_OTLP_ENDPOINT",
+)
 
 
 class Receiver:
@@ -29,8 +38,13 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server API
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()},
-                                       ExportTraceServiceRequest.FromString(body)))
+                outer.requests.append(
+                    (
+                        self.path,
+                        {k.lower(): v for k, v in self.headers.items()},
+                        ExportTraceServiceRequest.FromString(body),
+                    )
+                )
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -68,7 +82,8 @@ def one_span() -> None:
 
 
 def test_the_generic_endpoint_gets_v1_traces_and_headers_service_and_resource_come_from_otel(
-        receivers, monkeypatch) -> None:
+    receivers, monkeypatch
+) -> None:
     otel, inferpaths = receivers
     monkeypatch.setenv("INFERPATH_OTLP_ENDPOINT", inferpaths.url)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otel.url + "/")
@@ -83,7 +98,10 @@ def test_the_generic_endpoint_gets_v1_traces_and_headers_service_and_resource_co
     assert (headers["authorization"], headers["x-team"]) == ("Bearer s3cret", "search")
     resource = otel.resource()
     assert (resource["service.name"], resource["deployment.environment"], resource["service.instance.id"]) == (
-        "checkout", "prod", "pod-7")
+        "checkout",
+        "prod",
+        "pod-7",
+    )
     assert resource["inferpath.endpoint_class"] == "interactive"
 
 

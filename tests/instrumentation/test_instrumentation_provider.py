@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Sequence
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -16,13 +16,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from inferpath.instrumentation import provider
 
 
-@pytest.mark.parametrize(("field", "kwargs"), [
-    ("export_timeout_seconds", {"export_timeout_seconds": 2000}),
-    ("schedule_delay_seconds", {"schedule_delay_seconds": 500}),
-    ("endpoint_class", {"endpoint_class": "batch"}),
-    ("max_queue_size", {"max_queue_size": 0}),
-    ("otlp_endpoint", {"otlp_endpoint": "127.0.0.1:4318"}),
-])
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("export_timeout_seconds", {"export_timeout_seconds": 2000}),
+        ("schedule_delay_seconds", {"schedule_delay_seconds": 500}),
+        ("endpoint_class", {"endpoint_class": "batch"}),
+        ("max_queue_size", {"max_queue_size": 0}),
+        ("otlp_endpoint", {"otlp_endpoint": "127.0.0.1:4318"}),
+    ],
+)
 def test_bad_settings_raise_naming_the_field(field: str, kwargs: dict) -> None:
     with pytest.raises(ValueError, match=field) as caught:
         provider.configure("svc", **kwargs)
@@ -32,8 +35,9 @@ def test_bad_settings_raise_naming_the_field(field: str, kwargs: dict) -> None:
 
 def test_resource_carries_service_instance_and_endpoint_class() -> None:
     exporter = InMemorySpanExporter()
-    provider.configure("svc-a", endpoint_class="bulk", span_exporter=exporter,
-                       resource_attributes={"deployment.environment": "test"})
+    provider.configure(
+        "svc-a", endpoint_class="bulk", span_exporter=exporter, resource_attributes={"deployment.environment": "test"}
+    )
     try:
         with provider.get_tracer().start_as_current_span("x"):
             pass
@@ -45,8 +49,12 @@ def test_resource_carries_service_instance_and_endpoint_class() -> None:
         assert resource["deployment.environment"] == "test"
         assert len(resource["service.instance.id"]) == 36
         # Same settings: same provider; different settings: a new one with a new id.
-        same = provider.configure("svc-a", endpoint_class="bulk", span_exporter=exporter,
-                                  resource_attributes={"deployment.environment": "test"})
+        same = provider.configure(
+            "svc-a",
+            endpoint_class="bulk",
+            span_exporter=exporter,
+            resource_attributes={"deployment.environment": "test"},
+        )
         assert same is provider.current_provider()
         other = provider.configure("svc-b", span_exporter=exporter)
         assert other is not same
@@ -71,8 +79,7 @@ class _BlockingExporter(SpanExporter):
 def test_full_queue_drops_and_counts_without_blocking_the_caller() -> None:
     exporter = _BlockingExporter()
     before = provider.dropped_spans_total()
-    provider.configure("svc-drop", span_exporter=exporter, max_queue_size=4,
-                       schedule_delay_seconds=0.01)
+    provider.configure("svc-drop", span_exporter=exporter, max_queue_size=4, schedule_delay_seconds=0.01)
     try:
         tracer = provider.get_tracer()
         started = time.perf_counter()
@@ -106,8 +113,9 @@ def test_spans_reach_an_otlp_http_receiver_as_protobuf() -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        provider.configure("svc-otlp", otlp_endpoint=f"http://127.0.0.1:{server.server_port}/",
-                           schedule_delay_seconds=0.05)
+        provider.configure(
+            "svc-otlp", otlp_endpoint=f"http://127.0.0.1:{server.server_port}/", schedule_delay_seconds=0.05
+        )
         with provider.get_tracer().start_as_current_span("exported"):
             pass
         provider.shutdown(5.0)

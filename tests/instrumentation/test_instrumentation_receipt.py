@@ -19,16 +19,20 @@ from typing import Any
 
 import httpx
 import pytest
+from scripted_sse import FINISH, ROLE, ScriptedSSEServer, content, frame, usage
 
 from inferpath.instrumentation import receipt
 from inferpath.instrumentation.clients import stream_chat_completion
 from inferpath.instrumentation.receipt import ReceiptClock, receipt_clock
-from scripted_sse import FINISH, ROLE, ScriptedSSEServer, content, frame, usage
 
 STREAMS = 8
 BUSY_SECONDS = 0.004
-SCRIPT = [(5, frame(ROLE)), (300, frame(content("a"))), (320, frame(content("b"))),
-          (340, frame(FINISH) + frame(usage(2)) + frame("[DONE]"))]
+SCRIPT = [
+    (5, frame(ROLE)),
+    (300, frame(content("a"))),
+    (320, frame(content("b"))),
+    (340, frame(FINISH) + frame(usage(2)) + frame("[DONE]")),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -122,9 +126,9 @@ async def _first_token_stamps(url: str) -> tuple[list[int], int]:
             _busy(BUSY_SECONDS)  # the caller's own work on a chunk
 
     async with httpx.AsyncClient(timeout=10) as client:
+
         async def one(index: int) -> int:
-            stream = stream_chat_completion(client, url, {"model": "m", "messages": []},
-                                            stage=None, on_chunk=on_chunk)
+            stream = stream_chat_completion(client, url, {"model": "m", "messages": []}, stage=None, on_chunk=on_chunk)
             async with stream:
                 async for _ in stream:
                     pass
@@ -167,6 +171,7 @@ def test_first_tokens_read_together_are_stamped_together(spans, monkeypatch, sta
 
 def test_the_span_duration_ends_at_the_raw_read(spans) -> None:
     """E2E, TTFT and the span's duration come from the same stamps."""
+
     async def call(url: str) -> tuple:
         async with httpx.AsyncClient(timeout=10) as client:
             stream = stream_chat_completion(client, url, {"model": "m", "messages": []})
@@ -267,7 +272,7 @@ class _TriggeredSSE:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
 
-    def __enter__(self) -> "_TriggeredSSE":
+    def __enter__(self) -> _TriggeredSSE:
         self._thread.start()
         assert self._ready.wait(10)
         return self
@@ -277,8 +282,7 @@ class _TriggeredSSE:
         self._thread.join(10)
 
     async def _respond(self, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"connection: close\r\n\r\n" + frame(ROLE))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + frame(ROLE))
         await writer.drain()
         await asyncio.get_running_loop().run_in_executor(None, self.trigger.wait, 10)
         writer.write(frame(content("late")))
@@ -295,8 +299,14 @@ class _TriggeredSSE:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                ),
+                0,
+            )
             await reader.readexactly(length)
             await self._respond(writer)
             writer.close()
@@ -307,14 +317,13 @@ class _TriggeredSSE:
         self._ready.set()
         try:
             await asyncio.wait_for(done.wait(), 20)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         server.close()
 
 
 @pytest.mark.parametrize("probing", [True, False])
-def test_bytes_arriving_during_a_long_loop_iteration_are_stamped_at_arrival(
-        spans, monkeypatch, probing) -> None:
+def test_bytes_arriving_during_a_long_loop_iteration_are_stamped_at_arrival(spans, monkeypatch, probing) -> None:
     """Eight streams' chunks are handled in one loop iteration (4 ms each); the ninth
     stream's token is written while the first of them is handled. Its socket is read only
     after the iteration (~32 ms); the probe each stream makes per chunk sees it waiting
@@ -346,9 +355,11 @@ def test_bytes_arriving_during_a_long_loop_iteration_are_stamped_at_arrival(
                 _busy(BUSY_SECONDS)
 
         async with httpx.AsyncClient(timeout=10) as client:
+
             async def one(target: str) -> int:
-                stream = stream_chat_completion(client, target, {"model": "m", "messages": []},
-                                                stage=None, on_chunk=on_chunk)
+                stream = stream_chat_completion(
+                    client, target, {"model": "m", "messages": []}, stage=None, on_chunk=on_chunk
+                )
                 async with stream:
                     async for _ in stream:
                         pass
@@ -408,10 +419,10 @@ def test_the_httpx_integration_stamps_at_receipt_too(spans, monkeypatch, at_rece
         roles_seen = 0
         loop = asyncio.get_running_loop()
         async with httpx.AsyncClient(timeout=10) as client:
+
             async def one() -> None:
                 nonlocal roles_seen
-                async with client.stream("POST", url, json={"model": "m", "stream": True,
-                                                            "messages": []}) as response:
+                async with client.stream("POST", url, json={"model": "m", "stream": True, "messages": []}) as response:
                     async for data in response.aiter_bytes():
                         if b'"role"' in data:
                             roles_seen += 1
@@ -429,8 +440,7 @@ def test_the_httpx_integration_stamps_at_receipt_too(spans, monkeypatch, at_rece
     finally:
         registry.uninstrument_integrations()
     finished = spans.finished(wait_for=STREAMS)
-    firsts_ns = [s.start_time + s.attributes["gen_ai.response.time_to_first_chunk"] * 1e9
-                 for s in finished]
+    firsts_ns = [s.start_time + s.attributes["gen_ai.response.time_to_first_chunk"] * 1e9 for s in finished]
     assert len(firsts_ns) == STREAMS
     spread_ms = (max(firsts_ns) - min(firsts_ns)) / 1e6
     if at_receipt:
@@ -461,8 +471,7 @@ def test_a_token_arriving_during_a_stall_is_stamped_at_its_arrival_by_the_kernel
                 loop.call_soon(stall)
 
         async with httpx.AsyncClient(timeout=10) as client:
-            stream = stream_chat_completion(client, url, {"model": "m", "messages": []},
-                                            stage=None, on_chunk=on_chunk)
+            stream = stream_chat_completion(client, url, {"model": "m", "messages": []}, stage=None, on_chunk=on_chunk)
             async with stream:
                 async for _ in stream:
                     pass
@@ -504,8 +513,7 @@ def test_the_kernel_stamped_socket_reads_what_recv_reads() -> None:
         time.sleep(0.05)
         before_ns = time.perf_counter_ns()
         assert plain.recv(5) == stamped.recv(5) == b"hello"
-        noted_ns = receipt._kernel_time(receipt._kernel_ancdata.pop(stamped.fileno()),
-                                        time.perf_counter_ns())
+        noted_ns = receipt._kernel_time(receipt._kernel_ancdata.pop(stamped.fileno()), time.perf_counter_ns())
         # Received at the send (loopback), not at the read 50 ms later; 1 ms for the clocks.
         assert sent_ns - 1_000_000 < noted_ns < before_ns - 40_000_000
         into_plain, into_stamped = bytearray(b"......."), bytearray(b".......")
@@ -532,9 +540,15 @@ class _OneWriteSSE(_TriggeredSSE):
     async def _respond(self, writer: asyncio.StreamWriter) -> None:
         self.written_at = []
         await asyncio.sleep(0.3)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"connection: close\r\n\r\n" + frame(ROLE) + frame(content("t"))
-                     + frame(FINISH) + frame(usage(1)) + frame("[DONE]"))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"connection: close\r\n\r\n"
+            + frame(ROLE)
+            + frame(content("t"))
+            + frame(FINISH)
+            + frame(usage(1))
+            + frame("[DONE]")
+        )
         await writer.drain()
         self.written_at.append(time.perf_counter())
 
@@ -558,8 +572,7 @@ def test_a_new_connections_first_read_is_stamped_even_with_the_headers_in_it(spa
                     async for _ in stream:
                         pass
                 return stream.timeline.first_token_ns
-            async with client.stream("POST", url, json={"model": "m", "stream": True,
-                                                        "messages": []}) as response:
+            async with client.stream("POST", url, json={"model": "m", "stream": True, "messages": []}) as response:
                 async for _ in response.aiter_bytes():
                     pass
             return 0
@@ -620,10 +633,14 @@ def test_unusual_reads_of_the_swapped_socket_behave_as_plain_ones() -> None:
         outcomes = []
         for sock in (plain, stamped):
             got = []
-            for call in (lambda s: s.recv(-1), lambda s: s.recv_into(bytearray(16), 32),
-                         lambda s: s.recv_into(bytearray(16), -4), lambda s: s.recv_into(b"read-only"),
-                         lambda s: (lambda a: (s.recv_into(a, 8), a.tolist()))(array.array("i", [0] * 4)),
-                         lambda s: s.recv(4)):
+            for call in (
+                lambda s: s.recv(-1),
+                lambda s: s.recv_into(bytearray(16), 32),
+                lambda s: s.recv_into(bytearray(16), -4),
+                lambda s: s.recv_into(b"read-only"),
+                lambda s: (lambda a: (s.recv_into(a, 8), a.tolist()))(array.array("i", [0] * 4)),
+                lambda s: s.recv(4),
+            ):
                 try:
                     got.append(call(sock))
                 except Exception as error:
@@ -649,9 +666,14 @@ def test_the_holder_socket_is_closed_at_exit(tmp_path) -> None:
         "sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
         "receipt._enable_kernel_stamps(sock)\n"
         "sock.close()\n"
-        "print('holder', receipt._holder is not None or not receipt._HAS_KERNEL_STAMPS)\n")
-    result = subprocess.run([sys.executable, "-X", "dev", "-W", "error::ResourceWarning", str(script)],
-                            capture_output=True, text=True, timeout=60)
+        "print('holder', receipt._holder is not None or not receipt._HAS_KERNEL_STAMPS)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error::ResourceWarning", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "holder True" in result.stdout
     assert "ResourceWarning" not in result.stderr, result.stderr

@@ -98,13 +98,26 @@ def test_numpy_values_given_to_a_stage_become_python_values_without_warnings(spa
 
     np = pytest.importorskip("numpy")
     with caplog.at_level(logging.WARNING):
-        with stage("model", temperature=np.float32(0.7), top_k=np.int64(5), stream=np.bool_(True),
-                   stop_token_ids=np.array([2, 32000], dtype=np.int32), weights=np.array([0.25, 1.0]),
-                   mixed=[1, np.float64(2.5)], seed=None):
+        with stage(
+            "model",
+            temperature=np.float32(0.7),
+            top_k=np.int64(5),
+            stream=np.bool_(True),
+            stop_token_ids=np.array([2, 32000], dtype=np.int32),
+            weights=np.array([0.25, 1.0]),
+            mixed=[1, np.float64(2.5)],
+            seed=None,
+        ):
             pass
     [span] = spans.finished()
     values = {k: v for k, v in span.attributes.items() if k != "inferpath.stage"}
-    assert values == {"temperature": 0.7, "top_k": 5, "stream": True, "stop_token_ids": (2, 32000),
-                      "weights": (0.25, 1.0), "mixed": (1.0, 2.5)}
+    assert values == {
+        "temperature": 0.7,
+        "top_k": 5,
+        "stream": True,
+        "stop_token_ids": (2, 32000),
+        "weights": (0.25, 1.0),
+        "mixed": (1.0, 2.5),
+    }
     assert [type(values[k]) for k in ("temperature", "top_k", "stream")] == [float, int, bool]
     assert not [r for r in caplog.records if "Invalid type" in r.getMessage()]

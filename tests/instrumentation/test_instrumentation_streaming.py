@@ -18,19 +18,24 @@ MS = 1_000_000
 
 
 def chunk(**delta: object) -> dict:
-    return {"object": "chat.completion.chunk", "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+    return {
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+    }
 
 
 def test_parser_reassembles_frames_split_anywhere_including_crlf_and_utf8() -> None:
-    body = ('data: {"a": "h\u00e9"}\r\n\r\n: keep-alive comment\r\n\r\n'
-            'event: message\ndata: line1\ndata: line2\n\ndata:nospace\r\r'
-            'data: [DONE]\n\n').encode()
+    body = (
+        'data: {"a": "h\u00e9"}\r\n\r\n: keep-alive comment\r\n\r\n'
+        "event: message\ndata: line1\ndata: line2\n\ndata:nospace\r\r"
+        "data: [DONE]\n\n"
+    ).encode()
     for cut_every in (1, 2, 3, 7, len(body)):
         parser = SSEParser()
         payloads: list[str] = []
         for start in range(0, len(body), cut_every):
-            payloads.extend(parser.feed(body[start:start + cut_every]))
+            payloads.extend(parser.feed(body[start : start + cut_every]))
         payloads.extend(parser.close())
         assert payloads == ['{"a": "h\u00e9"}', "line1\nline2", "nospace"], cut_every
         assert parser.done
@@ -43,21 +48,24 @@ def test_parser_returns_event_missing_final_blank_line_on_close() -> None:
     assert not parser.done
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (chunk(role="assistant"), 0),
-    (chunk(role="assistant", content=""), 0),
-    (chunk(content="Hel"), 1),
-    (chunk(content=None, tool_calls=[{"index": 0, "function": {"arguments": "{"}}]), 1),
-    (chunk(reasoning_content="think"), 1),
-    (chunk(reasoning="think"), 1),
-    ({"object": "chat.completion.chunk", "choices": [], "usage": {"completion_tokens": 3}}, 0),
-    ({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, 0),
-    ({"object": "text_completion", "choices": [{"index": 0, "text": "lo"}]}, 1),
-    ({"object": "text_completion", "choices": [{"index": 0, "text": ""}]}, 0),
-    ({"choices": [{"delta": {"content": "a"}}, {"delta": {"content": "b"}}]}, 2),
-    ({"choices": "nonsense"}, 0),
-    ([], 0),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (chunk(role="assistant"), 0),
+        (chunk(role="assistant", content=""), 0),
+        (chunk(content="Hel"), 1),
+        (chunk(content=None, tool_calls=[{"index": 0, "function": {"arguments": "{"}}]), 1),
+        (chunk(reasoning_content="think"), 1),
+        (chunk(reasoning="think"), 1),
+        ({"object": "chat.completion.chunk", "choices": [], "usage": {"completion_tokens": 3}}, 0),
+        ({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, 0),
+        ({"object": "text_completion", "choices": [{"index": 0, "text": "lo"}]}, 1),
+        ({"object": "text_completion", "choices": [{"index": 0, "text": ""}]}, 0),
+        ({"choices": [{"delta": {"content": "a"}}, {"delta": {"content": "b"}}]}, 2),
+        ({"choices": "nonsense"}, 0),
+        ([], 0),
+    ],
+)
 def test_visible_token_count_follows_aiperf_rules(value: object, expected: int) -> None:
     assert visible_token_count(value) == expected  # type: ignore[arg-type]
 
@@ -70,11 +78,11 @@ def test_usage_tokens_reads_completion_and_prompt_counts() -> None:
 
 def test_timeline_ttft_itl_and_e2e_from_monotonic_stamps() -> None:
     timeline = TokenTimeline(start_ns=0)
-    timeline.observe(False, 0, at_ns=5 * MS)           # role-only
+    timeline.observe(False, 0, at_ns=5 * MS)  # role-only
     timeline.observe(True, at_ns=800 * MS)
     timeline.observe(True, at_ns=850 * MS)
     timeline.observe(True, at_ns=950 * MS)
-    timeline.observe(False, 0, at_ns=960 * MS)         # finish_reason only
+    timeline.observe(False, 0, at_ns=960 * MS)  # finish_reason only
     timeline.finish(at_ns=970 * MS)
     assert timeline.ttft_seconds == pytest.approx(0.800)
     assert timeline.itl_list_seconds == pytest.approx([0.050, 0.100])
@@ -100,8 +108,12 @@ def test_timeline_without_tokens_or_with_one_token_has_no_ttft_or_itl() -> None:
 
 def test_meter_counts_events_skips_non_json_and_prefers_usage() -> None:
     meter = ChatStreamMeter(start_ns=0)
-    events = [chunk(role="assistant"), chunk(content="a"), chunk(content="b"),
-              {"choices": [], "usage": {"completion_tokens": 5, "prompt_tokens": 9}}]
+    events = [
+        chunk(role="assistant"),
+        chunk(content="a"),
+        chunk(content="b"),
+        {"choices": [], "usage": {"completion_tokens": 5, "prompt_tokens": 9}},
+    ]
     body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: not json\n\ndata: [DONE]\n\n"
     parsed = meter.feed(body.encode(), at_ns=10 * MS)
     assert len(parsed) == 4

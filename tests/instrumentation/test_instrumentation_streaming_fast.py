@@ -26,14 +26,21 @@ from inferpath.instrumentation.streaming import (
 
 
 def chunk(model: str = "m", finish: str | None = None, **delta: Any) -> dict[str, Any]:
-    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
 
 
-def event(value: dict[str, Any] | str, *, compact: bool = True, ascii_only: bool = True,
-          newline: str = "\n") -> bytes:
-    text = value if isinstance(value, str) else json.dumps(
-        value, separators=(",", ":") if compact else None, ensure_ascii=ascii_only)
+def event(value: dict[str, Any] | str, *, compact: bool = True, ascii_only: bool = True, newline: str = "\n") -> bytes:
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, separators=(",", ":") if compact else None, ensure_ascii=ascii_only)
+    )
     return f"data: {text}{newline}{newline}".encode()
 
 
@@ -69,11 +76,23 @@ def reference(reads: list[bytes]) -> dict[str, Any]:
             usage_out = out if out is not None else usage_out
             if isinstance(value.get("model"), str) and value["model"]:
                 model = value["model"]
-            finishes += [c["finish_reason"] for c in value.get("choices") or ()
-                         if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
-    return {"stamps": stamps, "tokens": visible_total if usage_out is None else usage_out,
-            "events": events, "unparsed": unparsed, "chat": chat, "finishes": finishes,
-            "model": model, "done": parser.done, "last_ns": last_ns, "decoded": decoded}
+            finishes += [
+                c["finish_reason"]
+                for c in value.get("choices") or ()
+                if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)
+            ]
+    return {
+        "stamps": stamps,
+        "tokens": visible_total if usage_out is None else usage_out,
+        "events": events,
+        "unparsed": unparsed,
+        "chat": chat,
+        "finishes": finishes,
+        "model": model,
+        "done": parser.done,
+        "last_ns": last_ns,
+        "decoded": decoded,
+    }
 
 
 def metered(reads: list[bytes], *, decode_chunks: bool) -> dict[str, Any]:
@@ -82,12 +101,20 @@ def metered(reads: list[bytes], *, decode_chunks: bool) -> dict[str, Any]:
     for at_ns, data in enumerate(reads, start=1):
         returned += meter.feed(data, at_ns)
     timeline = meter.timeline
-    return {"stamps": list(timeline.token_ns), "tokens": timeline.output_tokens,
-            "events": meter.data_events, "unparsed": meter.unparsed_payloads,
-            "chat": meter.chat_chunks, "finishes": meter.finish_reasons,
-            "model": meter.response_model, "done": meter.done,
-            "last_ns": timeline.last_chunk_ns, "decoded": returned if decode_chunks else None,
-            "chunks": timeline.chunks, "meter": meter}
+    return {
+        "stamps": list(timeline.token_ns),
+        "tokens": timeline.output_tokens,
+        "events": meter.data_events,
+        "unparsed": meter.unparsed_payloads,
+        "chat": meter.chat_chunks,
+        "finishes": meter.finish_reasons,
+        "model": meter.response_model,
+        "done": meter.done,
+        "last_ns": timeline.last_chunk_ns,
+        "decoded": returned if decode_chunks else None,
+        "chunks": timeline.chunks,
+        "meter": meter,
+    }
 
 
 def assert_same_as_reference(reads: list[bytes]) -> ChatStreamMeter:
@@ -106,9 +133,20 @@ def plain_stream(tokens: int, *, compact: bool = True, newline: str = "\n") -> l
     reads = [event(chunk(role="assistant", content=""), compact=compact, newline=newline)]
     reads += [event(chunk(content=f" w{i}"), compact=compact, newline=newline) for i in range(tokens)]
     reads.append(event(chunk(finish="stop"), compact=compact, newline=newline))
-    reads.append(event({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                        "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}},
-                       compact=compact, newline=newline))
+    reads.append(
+        event(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "m",
+                "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": tokens},
+            },
+            compact=compact,
+            newline=newline,
+        )
+    )
     reads.append(f"data: [DONE]{newline}{newline}".encode())
     return reads
 
@@ -147,15 +185,19 @@ def test_split_token_frames_after_the_template_are_parsed_once() -> None:
 
 def test_role_empty_and_null_deltas_after_the_template_are_not_tokens() -> None:
     reads = plain_stream(3)
-    extra = [event(chunk(content="")), event(chunk(content=None)), event(chunk(role="assistant")),
-             event(chunk()), event(chunk(content="x"))]
+    extra = [
+        event(chunk(content="")),
+        event(chunk(content=None)),
+        event(chunk(role="assistant")),
+        event(chunk()),
+        event(chunk(content="x")),
+    ]
     meter = assert_same_as_reference(reads[:3] + extra + reads[3:])
     assert meter.timeline.visible_chunks == 4
 
 
 def test_tool_call_and_reasoning_deltas_count_as_tokens() -> None:
-    tool = chunk(tool_calls=[{"index": 0, "id": "t1", "type": "function",
-                              "function": {"name": "f", "arguments": ""}}])
+    tool = chunk(tool_calls=[{"index": 0, "id": "t1", "type": "function", "function": {"name": "f", "arguments": ""}}])
     for first in (tool, chunk(reasoning_content="think"), chunk(reasoning="hm")):
         reads = [event(chunk(role="assistant", content="")), event(first)] + plain_stream(3)[1:]
         meter = assert_same_as_reference(reads)
@@ -164,17 +206,26 @@ def test_tool_call_and_reasoning_deltas_count_as_tokens() -> None:
 
 def test_no_visible_token_leaves_ttft_unset() -> None:
     usage = {"id": "c", "choices": [], "usage": {"completion_tokens": 5, "prompt_tokens": 1}}
-    reads = [event(chunk(role="assistant", content="")), event(chunk(finish="stop")), event(usage),
-             b"data: [DONE]\n\n"]
+    reads = [event(chunk(role="assistant", content="")), event(chunk(finish="stop")), event(usage), b"data: [DONE]\n\n"]
     meter = assert_same_as_reference(reads)
     assert meter.timeline.ttft_seconds is None and meter.timeline.output_tokens == 5
 
 
 def test_escaped_quotes_unicode_and_a_model_switch_fall_back_to_decoding() -> None:
     reads = plain_stream(2)
-    extra = [event(chunk(content='say "hi"')), event(chunk(content="back\\slash")),
-             event(chunk(content="é→", ), ascii_only=False), event(chunk(content="é")),
-             event(chunk(model="other", content="x")), event(chunk(content="y"))]
+    extra = [
+        event(chunk(content='say "hi"')),
+        event(chunk(content="back\\slash")),
+        event(
+            chunk(
+                content="é→",
+            ),
+            ascii_only=False,
+        ),
+        event(chunk(content="é")),
+        event(chunk(model="other", content="x")),
+        event(chunk(content="y")),
+    ]
     meter = assert_same_as_reference(reads[:3] + extra + reads[3:])
     assert meter.timeline.visible_chunks == 8
 
@@ -189,8 +240,10 @@ def test_a_silent_chunk_naming_another_model_does_not_outlive_the_next_token() -
 
 def test_invalid_json_shaped_like_the_template() -> None:
     reads = plain_stream(2)
-    bad = b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",' \
-          b'"choices":[{"index":0,"delta":{"content":"\\q"},"finish_reason":null}]}\n\n'
+    bad = (
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+        b'"choices":[{"index":0,"delta":{"content":"\\q"},"finish_reason":null}]}\n\n'
+    )
     reads = reads[:3] + [bad] + reads[3:]
     expected = reference(reads)
     # Decoding for the caller, the bad payload is counted as unparsed, as the full decode does.
@@ -208,6 +261,7 @@ def test_no_template_when_a_trailing_backslash_could_still_make_valid_json() -> 
     # ending in a backslash would turn that key into the end of the content, still valid JSON.
     def odd(text: str) -> bytes:
         return ('data: {"choices":[{"delta":{"content":"' + text + '"},"}":1}]}\n\n').encode()
+
     reads = [odd("a"), odd("b"), odd("c")]
     meter = assert_same_as_reference(reads)
     assert meter.decoded_payloads == 3  # every event decoded: no byte-level template
@@ -217,7 +271,7 @@ def test_a_plain_looking_read_while_an_event_is_open_goes_to_the_parser() -> Non
     reads = plain_stream(3)
     token = reads[2]
     # An event left open by a lone data line; the next read looks like one plain frame.
-    reads = reads[:3] + [b"data: {\"a\":\n", token] + reads[3:]
+    reads = reads[:3] + [b'data: {"a":\n', token] + reads[3:]
     assert_same_as_reference(reads)
 
 
@@ -225,7 +279,7 @@ def test_a_plain_looking_read_while_an_event_is_open_goes_to_the_parser() -> Non
 
 _PLAIN_TEXT = st.sampled_from([" the", " a", "Hel", "lo", "x", " 42", "é", "→"])
 _TEXT = st.one_of(
-    st.sampled_from([" the", " a", "Hel", "lo", "x", " 42", "\n", "é", "→", "\"", "\\", "'", ""]),
+    st.sampled_from([" the", " a", "Hel", "lo", "x", " 42", "\n", "é", "→", '"', "\\", "'", ""]),
     st.text(max_size=4),
 )
 
@@ -244,10 +298,16 @@ def _chunk_values() -> st.SearchStrategy[dict[str, Any] | str]:
         _TEXT.map(lambda text: chunk(reasoning_content=text)),
         _TEXT.map(lambda text: chunk(reasoning=text)),
         _TEXT.map(lambda text: chunk(model="m2", content=text)),
-        st.integers(0, 9).map(lambda n: {"id": "chatcmpl-1", "choices": [],
-                                          "usage": {"completion_tokens": n, "prompt_tokens": 1}}),
-        _TEXT.map(lambda text: {"id": "cmpl-1", "object": "text_completion",
-                                "choices": [{"index": 0, "text": text, "finish_reason": None}]}),
+        st.integers(0, 9).map(
+            lambda n: {"id": "chatcmpl-1", "choices": [], "usage": {"completion_tokens": n, "prompt_tokens": 1}}
+        ),
+        _TEXT.map(
+            lambda text: {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": text, "finish_reason": None}],
+            }
+        ),
         st.sampled_from(["{not json", "[1, 2]", '"text"', "[DONE]"]),
     )
 
@@ -269,7 +329,7 @@ def streams(draw: st.DrawFn) -> list[bytes]:
             # One event written as two data lines (joined with \n by the parser).
             text = json.dumps(value, separators=(",", ":"))
             cut = text.index(",")
-            body += f"data: {text[:cut + 1]}{newline}data: {text[cut + 1:]}{newline}{newline}".encode()
+            body += f"data: {text[: cut + 1]}{newline}data: {text[cut + 1 :]}{newline}{newline}".encode()
             continue
         body += event(value, compact=compact, ascii_only=ascii_only, newline=newline)
     body += f"data: [DONE]{newline}{newline}".encode()

@@ -27,7 +27,7 @@ pytest.importorskip("tiktoken")
 
 BLOB_URL = "https://openaipublic.example/encodings/inferpath_test.tiktoken"
 
-SERVICE = textwrap.dedent('''
+SERVICE = textwrap.dedent("""
     import json, socket, statistics, sys, threading, time
     blocked = []
     _connect = socket.socket.connect
@@ -95,7 +95,7 @@ SERVICE = textwrap.dedent('''
         "estimated_attr": [s.attributes.get("inferpath.tokenize.estimated") for s in spans],
         "tokens_attr": [s.attributes.get("gen_ai.usage.input_tokens") for s in spans],
     }))
-''')
+""")
 
 
 def run_service(tmp_path: Path, encoding: str, extra_path: Path | None = None) -> tuple[dict, str]:
@@ -104,8 +104,7 @@ def run_service(tmp_path: Path, encoding: str, extra_path: Path | None = None) -
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
     script = tmp_path / "service.py"
     script.write_text(SERVICE)
-    done = subprocess.run([sys.executable, str(script), encoding], capture_output=True,
-                          text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, str(script), encoding], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -126,14 +125,14 @@ def test_empty_cache_without_network_is_served_with_a_marked_estimate(tmp_path: 
 
 
 def test_filled_cache_counts_exactly_and_opens_no_socket(tmp_path: Path) -> None:
-    ranks = b"".join(base64.b64encode(bytes([i])) + b" " + str(i).encode() + b"\n"
-                     for i in range(256))
+    ranks = b"".join(base64.b64encode(bytes([i])) + b" " + str(i).encode() + b"\n" for i in range(256))
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / hashlib.sha1(BLOB_URL.encode()).hexdigest()).write_bytes(ranks)
     plugin = tmp_path / "plugins" / "tiktoken_ext"
     plugin.mkdir(parents=True)
-    (plugin / "inferpath_test_encoding.py").write_text(textwrap.dedent(f'''
+    (plugin / "inferpath_test_encoding.py").write_text(
+        textwrap.dedent(f'''
         from tiktoken.load import load_tiktoken_bpe
 
         def inferpath_test():
@@ -146,7 +145,8 @@ def test_filled_cache_counts_exactly_and_opens_no_socket(tmp_path: Path) -> None
             }}
 
         ENCODING_CONSTRUCTORS = {{"inferpath_test": inferpath_test}}
-    '''))
+    ''')
+    )
     report, stderr = run_service(tmp_path, "inferpath_test", tmp_path / "plugins")
     prompt = "The quick brown fox jumps over the lazy dog, twice over."
     # Byte-level ranks without merges: one token per UTF-8 byte, an exact count.

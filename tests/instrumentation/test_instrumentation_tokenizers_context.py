@@ -9,10 +9,9 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 from inferpath.demo.assets import tokenizer_json_text
-from inferpath.instrumentation.threads import wrap_executor
 from inferpath.instrumentation.stages import stage
+from inferpath.instrumentation.threads import wrap_executor
 from inferpath.instrumentation.tokenizers import instrument_tokenizer
-
 
 
 @pytest.fixture(scope="module")

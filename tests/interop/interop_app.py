@@ -82,8 +82,13 @@ def setup(source: str, otlp_base_url: str):
 
         # Langfuse's own span processor, its exporter pointed at inferpath instead of Langfuse
         # Cloud; Langfuse registers its tracer provider globally.
-        client = Langfuse(public_key="pk-lf-interop", secret_key="sk-lf-interop", base_url=otlp_base_url,
-                          span_exporter=_exporter(otlp_base_url), flush_interval=0.1)
+        client = Langfuse(
+            public_key="pk-lf-interop",
+            secret_key="sk-lf-interop",
+            base_url=otlp_base_url,
+            span_exporter=_exporter(otlp_base_url),
+            flush_interval=0.1,
+        )
         from langfuse.openai import OpenAI
 
         return OpenAI, client.shutdown, trace.get_tracer_provider()
@@ -120,8 +125,11 @@ def _marks() -> tuple[int, int, int]:
 
 
 def _since(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict:
-    return {"run_queue_wait_ns": after[0] - before[0], "other_threads_cpu_ns": after[1] - before[1],
-            "cpu_ns": after[2] - before[2]}
+    return {
+        "run_queue_wait_ns": after[0] - before[0],
+        "other_threads_cpu_ns": after[1] - before[1],
+        "cpu_ns": after[2] - before[2],
+    }
 
 
 def _span_record(span) -> dict:
@@ -149,8 +157,11 @@ def main() -> None:
         start_wall_ns = time.time_ns()
         start_ns = time.perf_counter_ns()
         stream = client.chat.completions.create(
-            model="emulated-7b", messages=[{"role": "user", "content": "Say hello"}], stream=True,
-            stream_options={"include_usage": True})
+            model="emulated-7b",
+            messages=[{"role": "user", "content": "Say hello"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         first_ns = first_wall_ns = marks_first = None
         usage = None
         for chunk in stream:
@@ -164,13 +175,22 @@ def main() -> None:
         end_wall_ns = time.time_ns()
         marks_end = _marks()
         roots = [span for span in own_copy.get_finished_spans() if span.parent is None]
-        print(json.dumps({
-            "warmup": n == 0, "ttft_ns": first_ns - start_ns, "e2e_ns": end_ns - start_ns,
-            "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-            "wall": {"start_ns": start_wall_ns, "first_ns": first_wall_ns, "end_ns": end_wall_ns},
-            "span": _span_record(roots[0]) if roots else None,
-            "ttft_window": _since(marks_start, marks_first), "e2e_window": _since(marks_start, marks_end)}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "warmup": n == 0,
+                    "ttft_ns": first_ns - start_ns,
+                    "e2e_ns": end_ns - start_ns,
+                    "input_tokens": usage.prompt_tokens,
+                    "output_tokens": usage.completion_tokens,
+                    "wall": {"start_ns": start_wall_ns, "first_ns": first_wall_ns, "end_ns": end_wall_ns},
+                    "span": _span_record(roots[0]) if roots else None,
+                    "ttft_window": _since(marks_start, marks_first),
+                    "e2e_window": _since(marks_start, marks_end),
+                }
+            ),
+            flush=True,
+        )
         time.sleep(0.05)
     shutdown()
     os._exit(0)  # leave no exporter thread to wait for

@@ -67,8 +67,11 @@ def rust_debug(ns: int) -> str:
 
 def test_rust_duration_debug_text_reads_back_to_the_exact_nanosecond() -> None:
     """Both directions against rustc 1.95's own ``Debug`` output (``data/rust_duration_debug.rs``)."""
-    pairs = [line.split("\t") for line in RUST_DURATIONS.read_text(encoding="utf-8").splitlines()
-             if line and not line.startswith("#")]
+    pairs = [
+        line.split("\t")
+        for line in RUST_DURATIONS.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    ]
     assert len(pairs) == 21
     for ns, text in pairs:
         assert rust_duration_to_ns(text) == int(ns), text
@@ -83,10 +86,13 @@ def inferpath_server(store_url: str):
 
 
 def _provider(server_url: str, service_name: str, id_generator: IdGenerator | None = None) -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
-                              **({"id_generator": id_generator} if id_generator else {}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{server_url}/v1/traces"),
-                                                   schedule_delay_millis=100))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name}),
+        **({"id_generator": id_generator} if id_generator else {}),
+    )
+    provider.add_span_processor(
+        BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{server_url}/v1/traces"), schedule_delay_millis=100)
+    )
     return provider
 
 
@@ -98,9 +104,14 @@ def _stored_rows(server_url: str, since: datetime, expected: int = 1) -> list[di
     with httpx.Client(base_url=server_url, timeout=30) as http:
         while True:
             assert http.post("/api/v1/flush").json()["ok"]
-            rows = http.get("/api/v1/requests", params={
-                "start": since.isoformat(), "end": (datetime.now(timezone.utc) + timedelta(minutes=1)).isoformat(),
-                "limit": 100}).json()["requests"]
+            rows = http.get(
+                "/api/v1/requests",
+                params={
+                    "start": since.isoformat(),
+                    "end": (datetime.now(timezone.utc) + timedelta(minutes=1)).isoformat(),
+                    "limit": 100,
+                },
+            ).json()["requests"]
             if len(rows) >= expected or time.monotonic() > deadline:
                 return rows
             time.sleep(0.2)
@@ -138,8 +149,12 @@ def _sglang_thread_span(tracer, label: str, pid: int, at_ns: int, root_context, 
 
 
 def _sglang_slice(tracer, parent, name: str, start_ns: int, end_ns: int, previous=None, attributes=None):
-    span = tracer.start_span(name, start_time=start_ns, context=trace.set_span_in_context(parent),
-                             links=[Link(previous.get_span_context())] if previous is not None else None)
+    span = tracer.start_span(
+        name,
+        start_time=start_ns,
+        context=trace.set_span_in_context(parent),
+        links=[Link(previous.get_span_context())] if previous is not None else None,
+    )
     if attributes:
         span.set_attributes(attributes)
     span.end(end_time=end_ns)
@@ -162,8 +177,9 @@ def test_an_sglang_request_span_fills_the_row(inferpath_server) -> None:
         return t0 + round(ms * MS)
 
     rid = "8c7d2f0e4b5a49e1a3c6d9f2b1e07a55"
-    root = tokenizer.start_span(f" Req {rid[:8]}", start_time=at(0), context=Context(),
-                                attributes={"rid": rid, "module": "sglang::request"})
+    root = tokenizer.start_span(
+        f" Req {rid[:8]}", start_time=at(0), context=Context(), attributes={"rid": rid, "module": "sglang::request"}
+    )
     root_context = trace.set_span_in_context(root)
     # Tokenizer process: tokenize, then the dispatch to the scheduler (level 2), which ends the thread.
     thread = _sglang_thread_span(tokenizer, "Tokenizer", 4242, at(0), root_context)
@@ -175,26 +191,45 @@ def test_an_sglang_request_span_fills_the_row(inferpath_server) -> None:
     worker = _sglang_thread_span(scheduler, "Scheduler", 4343, at(2.0), remote_root, tp_rank=0)
     process = _sglang_slice(scheduler, worker, "request_process", at(2.0), at(2.2), previous=dispatch)
     waiting = _sglang_slice(scheduler, worker, "prefill_waiting", at(2.2), at(32.2), previous=process)
-    prefill = scheduler.start_span("prefill_forward", start_time=at(32.2), context=trace.set_span_in_context(worker),
-                                   links=[Link(waiting.get_span_context())])
+    prefill = scheduler.start_span(
+        "prefill_forward",
+        start_time=at(32.2),
+        context=trace.set_span_in_context(worker),
+        links=[Link(waiting.get_span_context())],
+    )
     prefill.add_event("schedule", timestamp=at(32.2))
     prefill.end(end_time=at(50.2))
     decode_waiting = _sglang_slice(scheduler, worker, "decode_waiting", at(50.2), at(50.4), previous=prefill)
-    decode = scheduler.start_span("decode_forward", start_time=at(50.4), context=trace.set_span_in_context(worker),
-                                  links=[Link(decode_waiting.get_span_context())])
+    decode = scheduler.start_span(
+        "decode_forward",
+        start_time=at(50.4),
+        context=trace.set_span_in_context(worker),
+        links=[Link(decode_waiting.get_span_context())],
+    )
     for step in range(4):
-        _sglang_slice(scheduler, decode, "decode_loop", at(50.4 + 10 * step), at(60.4 + 10 * step),
-                      attributes={"decode_ct": step})
+        _sglang_slice(
+            scheduler, decode, "decode_loop", at(50.4 + 10 * step), at(60.4 + 10 * step), attributes={"decode_ct": step}
+        )
     decode.end(end_time=at(90.6))
     worker.end(end_time=at(90.6))
     # Tokenizer: finished; the root gets the usage, the model and the latencies (seconds).
-    root.set_attributes({
-        "gen_ai.usage.completion_tokens": 5, "gen_ai.usage.prompt_tokens": 12, "gen_ai.usage.cached_tokens": 0,
-        "gen_ai.request.id": rid, "gen_ai.request.max_tokens": 64, "gen_ai.request.temperature": 0.7,
-        "gen_ai.response.model": "Qwen/Qwen2.5-0.5B-Instruct", "gen_ai.response.finish_reasons": '["stop"]',
-        "gen_ai.latency.time_to_first_token": 0.051, "gen_ai.latency.e2e": 0.0915,
-        "gen_ai.latency.time_in_model_decode": 0.0405, "gen_ai.latency.time_in_model_inference": 0.0897,
-        "gen_ai.latency.time_in_model_prefill": 0.0492})
+    root.set_attributes(
+        {
+            "gen_ai.usage.completion_tokens": 5,
+            "gen_ai.usage.prompt_tokens": 12,
+            "gen_ai.usage.cached_tokens": 0,
+            "gen_ai.request.id": rid,
+            "gen_ai.request.max_tokens": 64,
+            "gen_ai.request.temperature": 0.7,
+            "gen_ai.response.model": "Qwen/Qwen2.5-0.5B-Instruct",
+            "gen_ai.response.finish_reasons": '["stop"]',
+            "gen_ai.latency.time_to_first_token": 0.051,
+            "gen_ai.latency.e2e": 0.0915,
+            "gen_ai.latency.time_in_model_decode": 0.0405,
+            "gen_ai.latency.time_in_model_inference": 0.0897,
+            "gen_ai.latency.time_in_model_prefill": 0.0492,
+        }
+    )
     root.end(end_time=at(91.5))
     tokenizer_process.shutdown()
     scheduler_process.shutdown()
@@ -224,21 +259,44 @@ class TracingOpenTelemetry:
     def __init__(self, tracer) -> None:
         self.tracer = tracer
 
-    def span(self, name: str, start_ns: int, end_ns: int, parent=None, *, module: str, line: int,
-             fields: dict | None = None, links=None):
-        span = self.tracer.start_span(name, start_time=start_ns, links=links, context=trace.set_span_in_context(
-            parent) if parent is not None else Context())
-        span.set_attributes({"code.filepath": module.replace("::", "/").replace("text_generation_router_v3",
-                                                                                  "backends/v3/src") + ".rs",
-                             "code.namespace": module, "code.lineno": line, "thread.id": 7,
-                             "thread.name": "tokio-runtime-worker", **(fields or {})})
+    def span(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        parent=None,
+        *,
+        module: str,
+        line: int,
+        fields: dict | None = None,
+        links=None,
+    ):
+        span = self.tracer.start_span(
+            name,
+            start_time=start_ns,
+            links=links,
+            context=trace.set_span_in_context(parent) if parent is not None else Context(),
+        )
+        span.set_attributes(
+            {
+                "code.filepath": module.replace("::", "/").replace("text_generation_router_v3", "backends/v3/src")
+                + ".rs",
+                "code.namespace": module,
+                "code.lineno": line,
+                "thread.id": 7,
+                "thread.name": "tokio-runtime-worker",
+                **(fields or {}),
+            }
+        )
         span.set_attributes({"busy_ns": (end_ns - start_ns) // 10, "idle_ns": (end_ns - start_ns) * 9 // 10})
         span.end(end_time=end_ns)
         return span
 
 
-_GENERATION = ('Generation {{ request_id: 0, prefill_tokens: None, tokens: Some(Tokens {{ ids: [{id}], logprobs: '
-               '[-0.25], texts: ["{text}"], is_special: [false] }}), generated_text: {generated}, top_tokens: [] }}')
+_GENERATION = (
+    "Generation {{ request_id: 0, prefill_tokens: None, tokens: Some(Tokens {{ ids: [{id}], logprobs: "
+    '[-0.25], texts: ["{text}"], is_special: [false] }}), generated_text: {generated}, top_tokens: [] }}'
+)
 
 
 def test_a_tgi_chat_completion_fills_the_row(inferpath_server) -> None:
@@ -255,8 +313,11 @@ def test_a_tgi_chat_completion_fills_the_row(inferpath_server) -> None:
     def at(ms: float) -> int:
         return t0 + round(ms * MS)
 
-    server, backend, queue_module = "text_generation_router::server", "text_generation_router_v3::backend", \
-        "text_generation_router_v3::queue"
+    server, backend, queue_module = (
+        "text_generation_router::server",
+        "text_generation_router_v3::backend",
+        "text_generation_router_v3::queue",
+    )
     # Instants the router takes (start_time in generate_stream_internal, Entry.queue_time at
     # schedule, batch_time when the batch takes the entry, the End token's arrival).
     start_time, queued, batch_time, end_received = at(0.6), at(2.9), at(32.95), at(92.6)
@@ -265,41 +326,79 @@ def test_a_tgi_chat_completion_fills_the_row(inferpath_server) -> None:
     handler = otel.tracer.start_span("chat_completions", start_time=at(0), context=Context())
     handler_context = trace.set_span_in_context(handler)
     async_stream = otel.tracer.start_span("async_stream", start_time=at(0.6), context=handler_context)
-    infer = otel.span("generate_stream", at(0.6), at(3.0), async_stream, module="text_generation_router::infer",
-                      line=99)
+    infer = otel.span(
+        "generate_stream", at(0.6), at(3.0), async_stream, module="text_generation_router::infer", line=99
+    )
     # generate_stream's children end before it (validation, then the backend's schedule).
     validate = otel.tracer.start_span("validate", start_time=at(0.7), context=trace.set_span_in_context(infer))
-    otel.span("tokenize", at(0.75), at(2.7), validate, module="text_generation_router::validation", line=104,
-              fields={"add_special_tokens": "true", "truncate": "None"})
+    otel.span(
+        "tokenize",
+        at(0.75),
+        at(2.7),
+        validate,
+        module="text_generation_router::validation",
+        line=104,
+        fields={"add_special_tokens": "true", "truncate": "None"},
+    )
     validate.end(end_time=at(2.8))
     schedule = otel.tracer.start_span("schedule", start_time=at(2.9), context=trace.set_span_in_context(infer))
     otel.span("append", at(2.9), at(2.92), schedule, module=queue_module, line=75)
     otel.span("queued", at(2.92), batch_time, schedule, module=queue_module, line=228)
     steps = []
     for n, send_ns in enumerate(sends):
-        step = otel.tracer.start_span("infer", start_time=batch_time if n == 0 else sends[n - 1] + 100 * US,
-                                      context=trace.set_span_in_context(schedule))
+        step = otel.tracer.start_span(
+            "infer",
+            start_time=batch_time if n == 0 else sends[n - 1] + 100 * US,
+            context=trace.set_span_in_context(schedule),
+        )
         last = n == len(sends) - 1
-        otel.span("send_generation", send_ns, send_ns + 40 * US, step, module=backend, line=433, fields={
-            "generation": _GENERATION.format(id=9707 + n, text="Hello"[n], generated=(
-                'Some(GeneratedText { text: "Hello", generated_tokens: 5, finish_reason: EosToken, seed: Some(42) })'
-                if last else "None"))})
+        otel.span(
+            "send_generation",
+            send_ns,
+            send_ns + 40 * US,
+            step,
+            module=backend,
+            line=433,
+            fields={
+                "generation": _GENERATION.format(
+                    id=9707 + n,
+                    text="Hello"[n],
+                    generated=(
+                        'Some(GeneratedText { text: "Hello", generated_tokens: 5, finish_reason: EosToken, seed: Some(42) })'
+                        if last
+                        else "None"
+                    ),
+                )
+            },
+        )
         step.end(end_time=send_ns + 100 * US)
         steps.append(step)
     schedule.end(end_time=at(92.7))
     async_stream.end(end_time=at(3.0))
-    handler.set_attributes({
-        "parameters": "GenerateParameters { best_of: None, temperature: Some(0.7), repetition_penalty: None, "
-                      "max_new_tokens: Some(64), stop: [], details: true, seed: None, top_n_tokens: None }",
-        "total_time": rust_debug(end_received - start_time), "validation_time": rust_debug(queued - start_time),
-        "queue_time": rust_debug(batch_time - queued), "inference_time": rust_debug(inference_ns),
-        "time_per_token": rust_debug(inference_ns // 5), "seed": "Some(42)",
-        "code.filepath": "router/src/server.rs", "code.namespace": server, "code.lineno": 1156, "thread.id": 7,
-        "thread.name": "tokio-runtime-worker", "busy_ns": 2_100_000, "idle_ns": 91_000_000})
+    handler.set_attributes(
+        {
+            "parameters": "GenerateParameters { best_of: None, temperature: Some(0.7), repetition_penalty: None, "
+            "max_new_tokens: Some(64), stop: [], details: true, seed: None, top_n_tokens: None }",
+            "total_time": rust_debug(end_received - start_time),
+            "validation_time": rust_debug(queued - start_time),
+            "queue_time": rust_debug(batch_time - queued),
+            "inference_time": rust_debug(inference_ns),
+            "time_per_token": rust_debug(inference_ns // 5),
+            "seed": "Some(42)",
+            "code.filepath": "router/src/server.rs",
+            "code.namespace": server,
+            "code.lineno": 1156,
+            "thread.id": 7,
+            "thread.name": "tokio-runtime-worker",
+            "busy_ns": 2_100_000,
+            "idle_ns": 91_000_000,
+        }
+    )
     handler.end(end_time=at(93.0))
     # The batch: a trace of its own (parent: None), following from the entries' infer spans.
-    batch = otel.tracer.start_span("batch", start_time=batch_time, context=Context(),
-                                   links=[Link(steps[0].get_span_context())])
+    batch = otel.tracer.start_span(
+        "batch", start_time=batch_time, context=Context(), links=[Link(steps[0].get_span_context())]
+    )
     batch.set_attributes({"batch_size": 1})
     otel.span("prefill", batch_time, at(52.4), batch, module=backend, line=296)
     batch.end(end_time=at(52.6))
@@ -311,7 +410,9 @@ def test_a_tgi_chat_completion_fills_the_row(inferpath_server) -> None:
     assert row["ttft_source"] == "tgi.send_generation"
     assert row["ttft_ns"] == 52_500_000
     assert row["e2e_ns"] == end_received - start_time == 92 * MS
-    assert (row["queue_ns"], row["tokenize_ns"]) == (batch_time - queued, queued - start_time) == (30_050_000, 2_300_000)
+    assert (
+        (row["queue_ns"], row["tokenize_ns"]) == (batch_time - queued, queued - start_time) == (30_050_000, 2_300_000)
+    )
     assert row["prefill_ns"] == sends[0] - batch_time == 19_550_000
     assert row["decode_ns"] == sends[-1] - sends[0] == 40 * MS
     assert (row["output_tokens"], row["itl_ns"]) == (5, 10 * MS)

@@ -70,8 +70,13 @@ ROLE_WITH_FIRST_TOKEN = [(40, frame(ROLE)), *[(at, frame(content(text))) for at,
 def run_app(source: str, server_url: str, model_base_url: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACELOOP_", "LANGFUSE_"))}
     env.update(TRACELOOP_TELEMETRY="false", TRACELOOP_METRICS_ENABLED="false", TRACELOOP_LOGGING_ENABLED="false")
-    done = subprocess.run([sys.executable, str(APP), source, server_url, model_base_url, str(REQUESTS)],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, str(APP), source, server_url, model_base_url, str(REQUESTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     measured = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(measured) == REQUESTS + 1, done.stdout + done.stderr[-3000:]
@@ -81,9 +86,14 @@ def run_app(source: str, server_url: str, model_base_url: str) -> list[dict]:
 def stored_rows(server_url: str, since: datetime) -> list[dict]:
     with httpx.Client(base_url=server_url, timeout=30) as http:
         assert http.post("/api/v1/flush").json()["ok"]
-        rows = http.get("/api/v1/requests", params={
-            "start": since.isoformat(), "end": (datetime.now(timezone.utc) + timedelta(minutes=1)).isoformat(),
-            "limit": 1000}).json()["requests"]
+        rows = http.get(
+            "/api/v1/requests",
+            params={
+                "start": since.isoformat(),
+                "end": (datetime.now(timezone.utc) + timedelta(minutes=1)).isoformat(),
+                "limit": 1000,
+            },
+        ).json()["requests"]
     return sorted(rows, key=lambda row: row["timestamp"])
 
 
@@ -113,14 +123,18 @@ def source_first_stamp_ns(source: str, span: dict) -> int:
     raise ValueError(source)
 
 
-@pytest.mark.parametrize(("source", "script", "ttft_source"), [
-    ("openllmetry", EARLY_ROLE, "openllmetry.chunk_events"),
-    ("openinference", ROLE_WITH_FIRST_TOKEN, "openinference.first_token_event"),
-    ("langfuse", ROLE_WITH_FIRST_TOKEN, "langfuse.completion_start_time"),
-    ("openai-v2", ROLE_WITH_FIRST_TOKEN, None),
-])
+@pytest.mark.parametrize(
+    ("source", "script", "ttft_source"),
+    [
+        ("openllmetry", EARLY_ROLE, "openllmetry.chunk_events"),
+        ("openinference", ROLE_WITH_FIRST_TOKEN, "openinference.first_token_event"),
+        ("langfuse", ROLE_WITH_FIRST_TOKEN, "langfuse.completion_start_time"),
+        ("openai-v2", ROLE_WITH_FIRST_TOKEN, None),
+    ],
+)
 def test_rows_of_a_real_instrumentation_match_the_clients_own_measurement(
-        inferpath_server, source: str, script, ttft_source: str | None) -> None:
+    inferpath_server, source: str, script, ttft_source: str | None
+) -> None:
     since = datetime.now(timezone.utc) - timedelta(minutes=1)
     with ScriptedSSEServer(script) as model_server:
         measured = run_app(source, inferpath_server.url, model_server.base_url)
@@ -130,7 +144,9 @@ def test_rows_of_a_real_instrumentation_match_the_clients_own_measurement(
     for client in measured[1:]:  # the first request warms the client up
         span, wall = client["span"], client["wall"]
         row = rows[span["trace_id"]]
-        assert (row["input_tokens"], row["output_tokens"]) == (client["input_tokens"], client["output_tokens"]) == (7, 4)
+        assert (
+            (row["input_tokens"], row["output_tokens"]) == (client["input_tokens"], client["output_tokens"]) == (7, 4)
+        )
         assert row["model"] and row["status"] == "ok"
         ttft_off_cpu_ns, e2e_off_cpu_ns = off_cpu_ns(client["ttft_window"]), off_cpu_ns(client["e2e_window"])
         # 1. The source's own stamps: E2E is the span's duration, to the ns.
@@ -144,7 +160,8 @@ def test_rows_of_a_real_instrumentation_match_the_clients_own_measurement(
             assert row["client_ttft_ns"] is None and row["ttft_source"] == ""
             assert row["missing_measures"].startswith(
                 "ttft: opentelemetry-instrumentation-openai-v2 (util-genai) records no per-chunk timing; add "
-                "inferpath.instrument()"), row["missing_measures"]
+                "inferpath.instrument()"
+            ), row["missing_measures"]
             continue
         assert row["ttft_source"] == ttft_source and row["missing_measures"] == ""
         assert row["itl_ns"] == round((row["client_e2e_ns"] - row["client_ttft_ns"]) / 3)
@@ -161,9 +178,16 @@ def test_rows_of_a_real_instrumentation_match_the_clients_own_measurement(
         assert abs(client_minus_row_ns - (start_lag_ns + first_lag_ns)) <= 50_000, (client_minus_row_ns, client)
         lags.append((client_minus_row_ns, start_lag_ns, first_lag_ns, ttft_off_cpu_ns))
     if lags:
-        print(f"\n{source}: {len(lags)} rows, client TTFT − row TTFT (ms): "
-              + ", ".join(f"{name} median {statistics.median(v) / MS:.3f} max {max(v) / MS:.3f}" for name, v in (
-                  ("all", [lag[0] for lag in lags]), ("start lag", [lag[1] for lag in lags]),
-                  ("first-token lag", [lag[2] for lag in lags]))) +
-              f"; rows over 2 ms: {sum(lag[0] > TTFT_TOLERANCE_NS for lag in lags)}, of which off the CPU "
-              f"longer than the excess: {sum(TTFT_TOLERANCE_NS < lag[0] <= TTFT_TOLERANCE_NS + lag[3] for lag in lags)}")
+        print(
+            f"\n{source}: {len(lags)} rows, client TTFT − row TTFT (ms): "
+            + ", ".join(
+                f"{name} median {statistics.median(v) / MS:.3f} max {max(v) / MS:.3f}"
+                for name, v in (
+                    ("all", [lag[0] for lag in lags]),
+                    ("start lag", [lag[1] for lag in lags]),
+                    ("first-token lag", [lag[2] for lag in lags]),
+                )
+            )
+            + f"; rows over 2 ms: {sum(lag[0] > TTFT_TOLERANCE_NS for lag in lags)}, of which off the CPU "
+            f"longer than the excess: {sum(TTFT_TOLERANCE_NS < lag[0] <= TTFT_TOLERANCE_NS + lag[3] for lag in lags)}"
+        )

@@ -88,9 +88,18 @@ def test_proxy_adds_its_delay_and_passes_trace_headers(serve_app) -> None:
 def test_scenarios_replay_the_same_requests_in_both_phases() -> None:
     requests, fault_offset = two_phases(scenario_requests(30, 6.0, seed=7), 1.0)
     baseline, fault = requests[:30], requests[30:]
-    assert [(r.context_tokens, r.generated_tokens) for r in baseline] == \
-           [(r.context_tokens, r.generated_tokens) for r in fault]
+    assert [(r.context_tokens, r.generated_tokens) for r in baseline] == [
+        (r.context_tokens, r.generated_tokens) for r in fault
+    ]
     assert all(r.arrival_offset_seconds < fault_offset <= f.arrival_offset_seconds for r, f in zip(baseline, fault))
     assert max(r.context_tokens for r in requests) <= 2048
-    assert set(SCENARIOS) == {"healthy", "slow-tokenizer", "slow-retrieval", "network-hop", "batch-window",
-                              "kv-pressure", "gpu-saturated", "cold-start"}
+    assert set(SCENARIOS) == {
+        "healthy",
+        "slow-tokenizer",
+        "slow-retrieval",
+        "network-hop",
+        "batch-window",
+        "kv-pressure",
+        "gpu-saturated",
+        "cold-start",
+    }

@@ -18,7 +18,8 @@ def vllm_spans_by_trace(shared_data: Path) -> dict[str, list[SpanRow]]:
     folder = shared_data / "vllm_live_capture"
     by_trace: dict[str, list[SpanRow]] = defaultdict(list)
     for path in sorted((folder / "otlp").glob("*.pb")) + sorted((folder / "startup_otlp").glob("*.pb")):
-        for span in decode_trace_request(path.read_bytes(), content_type="application/x-protobuf",
-                                         content_encoding=None).spans:
+        for span in decode_trace_request(
+            path.read_bytes(), content_type="application/x-protobuf", content_encoding=None
+        ).spans:
             by_trace[span.trace_id].append(span)
     return dict(by_trace)

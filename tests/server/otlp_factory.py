@@ -31,8 +31,9 @@ def _kv(key: str, value) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=str(value)))
 
 
-def trace_body(spans_per_trace: int = 10, traces: int = 1, *, start_ns: int | None = None,
-               service_name: str = "bench-engine") -> tuple[bytes, dict[str, list[str]]]:
+def trace_body(
+    spans_per_trace: int = 10, traces: int = 1, *, start_ns: int | None = None, service_name: str = "bench-engine"
+) -> tuple[bytes, dict[str, list[str]]]:
     """One ``ExportTraceServiceRequest`` holding ``traces`` traces of ``spans_per_trace`` spans.
 
     Returns ``(protobuf bytes, {trace id hex: [span id hex, ...]})``. Ids are random;

@@ -27,8 +27,9 @@ def store(store_url: str):
 def startup_spans(shared_data: Path) -> list[SpanRow]:
     spans = []
     for path in sorted((shared_data / "vllm_live_capture" / "startup_otlp").glob("*.pb")):
-        spans += decode_trace_request(path.read_bytes(), content_type="application/x-protobuf",
-                                      content_encoding=None).spans
+        spans += decode_trace_request(
+            path.read_bytes(), content_type="application/x-protobuf", content_encoding=None
+        ).spans
     return spans
 
 
@@ -60,11 +61,16 @@ def test_settled_traces_are_assembled_and_late_spans_rederive_the_row(shared_dat
 
         # The caller's CLIENT span and the third engine span arrive late.
         first = engine[0]
-        caller = SpanRow(timestamp=first.timestamp - timedelta(milliseconds=5), trace_id=SHARED_TRACE,
-                         span_id=CALLER_SPAN, span_name="chat tiny", span_kind="Client", service_name="client",
-                         span_attributes={"gen_ai.operation.name": "chat",
-                                          "gen_ai.response.time_to_first_chunk": "0.25"},
-                         duration_ns=first.duration_ns + 10_000_000)
+        caller = SpanRow(
+            timestamp=first.timestamp - timedelta(milliseconds=5),
+            trace_id=SHARED_TRACE,
+            span_id=CALLER_SPAN,
+            span_name="chat tiny",
+            span_kind="Client",
+            service_name="client",
+            span_attributes={"gen_ai.operation.name": "chat", "gen_ai.response.time_to_first_chunk": "0.25"},
+            duration_ns=first.duration_ns + 10_000_000,
+        )
         insert(store, [caller, engine[2], engine[0]])  # engine[0] re-sent: deduplicated
         assembler.note_trace_ids([SHARED_TRACE], now=200.0)
         assert assembler.run_once(now=202.0) == 1

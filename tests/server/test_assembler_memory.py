@@ -104,8 +104,12 @@ def test_memory_and_read_back_assemblers_write_identical_rows(shared_data: Path,
 
 def _trace(shared_data: Path) -> list[SpanRow]:
     """The start-up capture's three engine spans sharing one trace, earliest first."""
-    spans = [s for body in recorded_bodies(shared_data) for s in decode(body)
-             if s.trace_id == "0af7651916cd43dd8448eb211c80319c"]
+    spans = [
+        s
+        for body in recorded_bodies(shared_data)
+        for s in decode(body)
+        if s.trace_id == "0af7651916cd43dd8448eb211c80319c"
+    ]
     assert len(spans) == 3
     return sorted(spans, key=lambda s: s.start_ns)
 
@@ -134,10 +138,18 @@ def test_after_a_restart_spans_stored_earlier_are_read_back(shared_data: Path, s
         assembler.stop()
 
 
-@pytest.mark.parametrize("trace_id", ["00000000000000000000000000000001", "00ff0000000000000000000000000000",
-                                      "0000000000000000ffffffffffffffff", "ffffffffffffffffffffffffffffffff"])
-def test_the_check_for_older_stored_spans_finds_ids_with_leading_zero_bytes(shared_data: Path, store: Store,
-                                                                            trace_id: str) -> None:
+@pytest.mark.parametrize(
+    "trace_id",
+    [
+        "00000000000000000000000000000001",
+        "00ff0000000000000000000000000000",
+        "0000000000000000ffffffffffffffff",
+        "ffffffffffffffffffffffffffffffff",
+    ],
+)
+def test_the_check_for_older_stored_spans_finds_ids_with_leading_zero_bytes(
+    shared_data: Path, store: Store, trace_id: str
+) -> None:
     # The check binds trace ids as 128-bit integers and formats them back to 32 digits in SQL.
     first, second, third = (replace(s, trace_id=trace_id) for s in _trace(shared_data))
     store.insert("otel_traces", [first.to_insert_row()], SPAN_COLUMNS)  # before the "restart"
@@ -174,8 +186,7 @@ def test_held_spans_older_than_the_store_are_read_back_without_a_check(shared_da
         assembler.stop()
 
 
-def test_late_spans_rederive_from_memory_within_the_window_and_read_back_after(shared_data: Path,
-                                                                                store: Store) -> None:
+def test_late_spans_rederive_from_memory_within_the_window_and_read_back_after(shared_data: Path, store: Store) -> None:
     first, second, third = _trace(shared_data)
     assembler = RequestAssembler(store, settle_seconds=2.0, late_window_seconds=30.0)
     try:
@@ -231,13 +242,23 @@ def test_trace_id_filter_rotates_and_has_no_false_negatives_within_two_generatio
 
 @pytest.mark.e2e
 def test_demo_multi_process_traces_give_the_same_rows_from_memory_and_from_the_store(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     from inferpath.demo.run import DemoOptions, run_demo
 
     base = tmp_path_factory.mktemp("demo")
     store_url = f"chdb://{base / 'store'}"
-    outcome = run_demo(DemoOptions(requests=30, speed=10.0, exit_when_done=True, store_url=store_url, port=0,
-                                   dashboard=False, log_dir=base / "logs"))
+    outcome = run_demo(
+        DemoOptions(
+            requests=30,
+            speed=10.0,
+            exit_when_done=True,
+            store_url=store_url,
+            port=0,
+            dashboard=False,
+            log_dir=base / "logs",
+        )
+    )
     assert outcome.stored_requests == 30
     store = Store.open(store_url)
     try:
@@ -263,7 +284,7 @@ def test_demo_multi_process_traces_give_the_same_rows_from_memory_and_from_the_s
         memory = RequestAssembler(store, settle_seconds=3600)
         try:
             for offset in range(0, len(chunks), 7):
-                commit(store, memory, [s for _end, group in chunks[offset:offset + 7] for s in group])
+                commit(store, memory, [s for _end, group in chunks[offset : offset + 7] for s in group])
             assert memory.flush(10.0)
             assert memory.assembled_from_memory_total == 30 and memory.assembled_from_store_total == 0
         finally:
@@ -342,8 +363,14 @@ def test_pending_spans_are_counted_apart_from_assembled_ones() -> None:
 def test_a_full_buffer_of_pending_traces_holds_the_inserter_back_instead_of_evicting(store: Store) -> None:
     """Pending traces alone at the bound: the next committed spans wait for an assembly pass
     (bounded), so no pending trace is let go into a read-back."""
-    assembler = RequestAssembler(store, settle_seconds=0.3, interval_seconds=0.05, max_held_spans=10,
-                                 max_held_traces=100, max_room_wait_seconds=5.0)
+    assembler = RequestAssembler(
+        store,
+        settle_seconds=0.3,
+        interval_seconds=0.05,
+        max_held_spans=10,
+        max_held_traces=100,
+        max_room_wait_seconds=5.0,
+    )
     now = datetime.now(timezone.utc).timestamp()
     batches = [[_span(100 * batch + n, now + 0.001 * n) for n in range(5)] for batch in range(4)]
     assembler.start()
@@ -359,8 +386,9 @@ def test_a_full_buffer_of_pending_traces_holds_the_inserter_back_instead_of_evic
 
 
 def test_without_the_assembly_thread_nothing_waits_and_the_bounds_evict(store: Store) -> None:
-    assembler = RequestAssembler(store, settle_seconds=3600, max_held_spans=10, max_held_traces=100,
-                                 max_room_wait_seconds=5.0)
+    assembler = RequestAssembler(
+        store, settle_seconds=3600, max_held_spans=10, max_held_traces=100, max_room_wait_seconds=5.0
+    )
     now = datetime.now(timezone.utc).timestamp()
     try:
         for batch in range(4):

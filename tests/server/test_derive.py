@@ -23,40 +23,93 @@ def sid(label: str) -> str:
     return label.encode().hex().ljust(16, "0")
 
 
-def span(span_id: str, parent: str, kind: str, name: str, start_ms: float, duration_ms: float,
-         service: str = "demo-gateway", resource: dict | None = None, status: str = "Unset",
-         **attributes: object) -> SpanRow:
+def span(
+    span_id: str,
+    parent: str,
+    kind: str,
+    name: str,
+    start_ms: float,
+    duration_ms: float,
+    service: str = "demo-gateway",
+    resource: dict | None = None,
+    status: str = "Unset",
+    **attributes: object,
+) -> SpanRow:
     return SpanRow(
         timestamp=datetime_from_unix_ns(T0_NS + round(start_ms * MS)),
-        trace_id=TRACE, span_id=sid(span_id), parent_span_id=sid(parent) if parent else "",
-        span_name=name, span_kind=kind, service_name=service,
+        trace_id=TRACE,
+        span_id=sid(span_id),
+        parent_span_id=sid(parent) if parent else "",
+        span_name=name,
+        span_kind=kind,
+        service_name=service,
         resource_attributes={"service.name": service, **(resource or {})},
         span_attributes={k.replace("__", "."): str(v) for k, v in attributes.items()},
-        duration_ns=round(duration_ms * MS), status_code=status)
+        duration_ns=round(duration_ms * MS),
+        status_code=status,
+    )
 
 
 def full_trace() -> list[SpanRow]:
     """client → gateway (tokenize, 2 overlapping retrievals, model client → engine, postprocess)."""
     stage = "inferpath.stage"
     return [
-        span("c1", "", "Client", "chat tiny", 0, 1000, service="demo-client",
-             **{"gen_ai.operation.name": "chat", "gen_ai.request.model": "tiny",
-                "gen_ai.response.time_to_first_chunk": 0.2, "gen_ai.usage.output_tokens": 11}),
-        span("g1", "c1", "Server", "POST /v1/chat/completions", 10, 970,
-             resource={"inferpath.endpoint_class": "interactive"},
-             **{stage: "gateway", "gen_ai.response.time_to_first_chunk": 0.18, "inferpath.itl_seconds": 0.05,
-                "http.response.status_code": 200, "inferpath.endpoint": "/v1/chat/completions",
-                "inferpath.stream.status": "complete"}),
+        span(
+            "c1",
+            "",
+            "Client",
+            "chat tiny",
+            0,
+            1000,
+            service="demo-client",
+            **{
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": "tiny",
+                "gen_ai.response.time_to_first_chunk": 0.2,
+                "gen_ai.usage.output_tokens": 11,
+            },
+        ),
+        span(
+            "g1",
+            "c1",
+            "Server",
+            "POST /v1/chat/completions",
+            10,
+            970,
+            resource={"inferpath.endpoint_class": "interactive"},
+            **{
+                stage: "gateway",
+                "gen_ai.response.time_to_first_chunk": 0.18,
+                "inferpath.itl_seconds": 0.05,
+                "http.response.status_code": 200,
+                "inferpath.endpoint": "/v1/chat/completions",
+                "inferpath.stream.status": "complete",
+            },
+        ),
         span("t1", "g1", "Internal", "tokenize", 20, 5, **{stage: "tokenize", "gen_ai.usage.input_tokens": 42}),
         span("r1", "g1", "Internal", "retrieval", 25, 30, **{stage: "retrieval"}),
         span("r2", "g1", "Internal", "retrieval", 40, 30, **{stage: "retrieval"}),
         span("m1", "g1", "Client", "chat tiny", 60, 900, **{stage: "model", "gen_ai.request.model": "tiny"}),
-        span("e1", "m1", "Server", "llm_request", 70, 880, service="demo-engine",
-             resource={"service.instance.id": "engine-1"},
-             **{"gen_ai.latency.time_in_queue": 0.01, "gen_ai.latency.time_in_model_prefill": 0.05,
-                "gen_ai.latency.time_in_model_decode": 0.8, "gen_ai.latency.time_to_first_token": 0.06,
-                "gen_ai.latency.e2e": 0.88, "gen_ai.usage.prompt_tokens": 42,
-                "gen_ai.usage.completion_tokens": 11, "gen_ai.response.model": "tiny-v2"}),
+        span(
+            "e1",
+            "m1",
+            "Server",
+            "llm_request",
+            70,
+            880,
+            service="demo-engine",
+            resource={"service.instance.id": "engine-1"},
+            **{
+                "gen_ai.latency.time_in_queue": 0.01,
+                "gen_ai.latency.time_in_model_prefill": 0.05,
+                "gen_ai.latency.time_in_model_decode": 0.8,
+                "gen_ai.latency.time_to_first_token": 0.06,
+                "gen_ai.latency.e2e": 0.88,
+                "gen_ai.usage.prompt_tokens": 42,
+                "gen_ai.usage.completion_tokens": 11,
+                "gen_ai.response.model": "tiny-v2",
+            },
+        ),
         span("p1", "g1", "Internal", "postprocess", 960, 10, **{stage: "postprocess"}),
     ]
 
@@ -76,7 +129,10 @@ def test_full_path_gives_every_measure() -> None:
     assert row.gateway_ns == 20 * MS
     assert (row.status, row.http_status_code) == ("ok", 200)
     assert (row.endpoint, row.endpoint_class, row.service_name) == (
-        "/v1/chat/completions", "interactive", "demo-gateway")
+        "/v1/chat/completions",
+        "interactive",
+        "demo-gateway",
+    )
     assert (row.model, row.model_version, row.replica) == ("tiny", "tiny-v2", "engine-1")
     assert (row.input_tokens, row.output_tokens, row.span_count) == (42, 11, 8)
     assert row.updated_at == UPDATED
@@ -101,8 +157,9 @@ def test_engine_span_alone_gives_a_row_from_its_own_latencies() -> None:
     # The model asked for: the engine's own gen_ai.request.model when no client span names
     # it, else the model it answered with.
     assert (row.model, row.model_version) == ("tiny-v2", "tiny-v2")
-    asked = replace(engine, parent_span_id="", span_attributes={**engine.span_attributes,
-                                                                "gen_ai.request.model": "tiny"})
+    asked = replace(
+        engine, parent_span_id="", span_attributes={**engine.span_attributes, "gen_ai.request.model": "tiny"}
+    )
     row = assemble_request([asked], updated_at=UPDATED)
     assert row is not None and (row.model, row.model_version) == ("tiny", "tiny-v2")
 
@@ -151,8 +208,10 @@ def test_without_gateway_ttft_comes_from_the_engine_and_the_client_root_is_kept(
 
 
 def test_traces_without_request_spans_give_no_row() -> None:
-    startup = [span("s1", "", "Internal", "Overall Loading", 0, 5000, service="vllm"),
-               span("s2", "s1", "Internal", "Load weights", 10, 100, service="vllm")]
+    startup = [
+        span("s1", "", "Internal", "Overall Loading", 0, 5000, service="vllm"),
+        span("s2", "s1", "Internal", "Load weights", 10, 100, service="vllm"),
+    ]
     assert assemble_request(startup) is None
     assert assemble_request([]) is None
 
@@ -166,8 +225,18 @@ def test_spans_of_two_traces_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "ns"),
-    [("0.0000000015", 2), (0.0080730915069580078, 8_073_092), ("1", 1_000_000_000), (0, 0),
-     ("abc", None), (-1.0, None), ("nan", None), ("inf", None), (None, None), ("", None)],
+    [
+        ("0.0000000015", 2),
+        (0.0080730915069580078, 8_073_092),
+        ("1", 1_000_000_000),
+        (0, 0),
+        ("abc", None),
+        (-1.0, None),
+        ("nan", None),
+        ("inf", None),
+        (None, None),
+        ("", None),
+    ],
 )
 def test_seconds_to_ns_rounds_to_nearest_and_refuses_nonsense(seconds, ns) -> None:
     assert seconds_to_ns(seconds) == ns
@@ -225,20 +294,48 @@ def _derivation_cases(vllm_spans_by_trace: dict[str, list[SpanRow]]) -> list[lis
     spans = full_trace()
     no_engine = [s for s in spans if s.span_name != "llm_request"] + [
         span("q1", "m1", "Internal", "queue", 70, 10, **{"inferpath.stage": "queue"}),
-        span("d1", "m1", "Internal", "decode", 130, 400, **{"inferpath.stage": "decode"})]
+        span("d1", "m1", "Internal", "decode", 130, 400, **{"inferpath.stage": "decode"}),
+    ]
     client_engine = [spans[0], replace(spans[6], parent_span_id=spans[0].span_id)]
-    routed = [replace(s, span_attributes={k: v for k, v in s.span_attributes.items() if k != "inferpath.endpoint"}
-                      | ({"http.route": "/v1/x", "http.status_code": "503", "inferpath.endpoint_class": "batch"}
-                         if s.span_id == sid("g1") else {})) for s in spans]
+    routed = [
+        replace(
+            s,
+            span_attributes={k: v for k, v in s.span_attributes.items() if k != "inferpath.endpoint"}
+            | (
+                {"http.route": "/v1/x", "http.status_code": "503", "inferpath.endpoint_class": "batch"}
+                if s.span_id == sid("g1")
+                else {}
+            ),
+        )
+        for s in spans
+    ]
     on_host = replace(spans[6], parent_span_id="", resource_attributes={"host.name": "node-3"})
     # A GenAI client call known only by names the row takes no value of (its prompt among
     # them), and an engine span known only by a latency name of another engine.
     prompt = {"gen_ai.prompt.0.content": "x" * 100_000, "gen_ai.system": "openai"}
     bare_client = span("c9", "", "Client", "chat", 0, 500, service="app", **prompt)
-    other_engine = span("e9", "c9", "Server", "generate", 10, 480, service="tgi",
-                        **{"gen_ai.latency.time_per_output_token": 0.02, "gen_ai.completion.0.content": "y" * 1000})
-    return [spans, no_engine, client_engine, routed, [replace(spans[6], parent_span_id="")], [on_host],
-            [bare_client], [other_engine], [bare_client, other_engine], *vllm_spans_by_trace.values()]
+    other_engine = span(
+        "e9",
+        "c9",
+        "Server",
+        "generate",
+        10,
+        480,
+        service="tgi",
+        **{"gen_ai.latency.time_per_output_token": 0.02, "gen_ai.completion.0.content": "y" * 1000},
+    )
+    return [
+        spans,
+        no_engine,
+        client_engine,
+        routed,
+        [replace(spans[6], parent_span_id="")],
+        [on_host],
+        [bare_client],
+        [other_engine],
+        [bare_client, other_engine],
+        *vllm_spans_by_trace.values(),
+    ]
 
 
 def test_a_derivation_view_gives_the_row_of_the_whole_span(vllm_spans_by_trace) -> None:
@@ -247,26 +344,39 @@ def test_a_derivation_view_gives_the_row_of_the_whole_span(vllm_spans_by_trace) 
     cases = _derivation_cases(vllm_spans_by_trace)
     looked_up: set[str] = set()
     for spans in cases:
-        recording = [replace(s, span_attributes=_LookedUp(s.span_attributes, looked_up),
-                             resource_attributes=_LookedUp(s.resource_attributes, looked_up)) for s in spans]
+        recording = [
+            replace(
+                s,
+                span_attributes=_LookedUp(s.span_attributes, looked_up),
+                resource_attributes=_LookedUp(s.resource_attributes, looked_up),
+            )
+            for s in spans
+        ]
         whole = assemble_request(recording, updated_at=UPDATED)
         assert whole == assemble_request(spans, updated_at=UPDATED)
         assert assemble_request([derivation_view(s) for s in spans], updated_at=UPDATED) == whole
     assert assemble_request(cases[6]) is not None and assemble_request(cases[7]) is not None
     # Every name it looked up (on any span or resource) is one a view keeps.
     assert {"inferpath.stage", "gen_ai.latency.time_in_queue", "http.route", "host.name"} <= looked_up
-    assert set(derivation_attributes(dict.fromkeys(looked_up, "x"))) | set(
-        derivation_resource_attributes(dict.fromkeys(looked_up, "x"))) == looked_up
+    assert (
+        set(derivation_attributes(dict.fromkeys(looked_up, "x")))
+        | set(derivation_resource_attributes(dict.fromkeys(looked_up, "x")))
+        == looked_up
+    )
     # A view drops what derivation does not read.
     full = full_trace()[1]
     view = derivation_view(full)
     assert view.resource_attributes == {"inferpath.endpoint_class": "interactive"}
-    assert "inferpath.stage" in view.span_attributes and (view.start_ns, view.timestamp) == (full.start_ns,
-                                                                                            full.timestamp)
+    assert "inferpath.stage" in view.span_attributes and (view.start_ns, view.timestamp) == (
+        full.start_ns,
+        full.timestamp,
+    )
     # Names whose presence alone counts keep no value: no prompt or completion is held.
     assert derivation_view(cases[6][0]).span_attributes == {"gen_ai.prompt.0.content": ""}
-    assert derivation_view(cases[7][0]).span_attributes == {"gen_ai.latency.time_per_output_token": "",
-                                                            "gen_ai.completion.0.content": ""}
+    assert derivation_view(cases[7][0]).span_attributes == {
+        "gen_ai.latency.time_per_output_token": "",
+        "gen_ai.completion.0.content": "",
+    }
 
 
 def test_a_request_whose_spans_name_no_model_is_labelled_unknown() -> None:
@@ -274,14 +384,28 @@ def test_a_request_whose_spans_name_no_model_is_labelled_unknown() -> None:
     not say which model it called): the row's model is the documented ``unknown``, not ''."""
     stage = "inferpath.stage"
     spans = [
-        span("g1", "", "Server", "POST /v1/chat/completions", 0, 500,
-             resource={"inferpath.endpoint_class": "interactive"},
-             **{stage: "gateway", "gen_ai.response.time_to_first_chunk": 0.1, "http.response.status_code": 200}),
-        span("e1", "g1", "Server", "llm_request", 10, 480, service="engine",
-             **{"gen_ai.latency.time_to_first_token": 0.08, "gen_ai.latency.e2e": 0.48}),
+        span(
+            "g1",
+            "",
+            "Server",
+            "POST /v1/chat/completions",
+            0,
+            500,
+            resource={"inferpath.endpoint_class": "interactive"},
+            **{stage: "gateway", "gen_ai.response.time_to_first_chunk": 0.1, "http.response.status_code": 200},
+        ),
+        span(
+            "e1",
+            "g1",
+            "Server",
+            "llm_request",
+            10,
+            480,
+            service="engine",
+            **{"gen_ai.latency.time_to_first_token": 0.08, "gen_ai.latency.e2e": 0.48},
+        ),
     ]
     row = assemble_request(spans, updated_at=UPDATED)
     assert row.model == "unknown"
-    named = [replace(spans[0], span_attributes={**spans[0].span_attributes, "gen_ai.request.model": "tiny"}),
-             spans[1]]
+    named = [replace(spans[0], span_attributes={**spans[0].span_attributes, "gen_ai.request.model": "tiny"}), spans[1]]
     assert assemble_request(named, updated_at=UPDATED).model == "tiny"

@@ -18,43 +18,95 @@ TRACE = "0000000000000000" + "5e" * 8
 UPDATED = datetime(2026, 6, 1, tzinfo=timezone.utc)
 
 
-def span(span_id: str, parent: str, name: str, start_ms: float, duration_ms: float, *, scope: str = "",
-         service: str = "engine", **attributes: object) -> SpanRow:
+def span(
+    span_id: str,
+    parent: str,
+    name: str,
+    start_ms: float,
+    duration_ms: float,
+    *,
+    scope: str = "",
+    service: str = "engine",
+    **attributes: object,
+) -> SpanRow:
     return SpanRow(
-        timestamp=datetime_from_unix_ns(T0_NS + round(start_ms * MS)), trace_id=TRACE,
-        span_id=span_id.ljust(16, "0"), parent_span_id=parent.ljust(16, "0") if parent else "",
-        span_name=name, span_kind="Internal", service_name=service, resource_attributes={"service.name": service},
-        scope_name=scope, span_attributes={k.replace("__", "."): str(v) for k, v in attributes.items()},
-        duration_ns=round(duration_ms * MS), status_code="Unset")
+        timestamp=datetime_from_unix_ns(T0_NS + round(start_ms * MS)),
+        trace_id=TRACE,
+        span_id=span_id.ljust(16, "0"),
+        parent_span_id=parent.ljust(16, "0") if parent else "",
+        span_name=name,
+        span_kind="Internal",
+        service_name=service,
+        resource_attributes={"service.name": service},
+        scope_name=scope,
+        span_attributes={k.replace("__", "."): str(v) for k, v in attributes.items()},
+        duration_ns=round(duration_ms * MS),
+        status_code="Unset",
+    )
 
 
 def sglang_trace(*, with_stages: bool = True) -> list[SpanRow]:
     scope = "sglang server"
-    root = span("a1", "", " Req 8c7d2f0e", 0, 91.5, scope=scope, service="sglang", rid="8c7d2f0e", module="sglang::request",
-                **{"gen_ai.latency.time_to_first_token": 0.051, "gen_ai.latency.e2e": 0.0915,
-                   "gen_ai.latency.time_in_model_decode": 0.0405, "gen_ai.latency.time_in_model_prefill": 0.0492,
-                   "gen_ai.usage.prompt_tokens": 12, "gen_ai.usage.completion_tokens": 5,
-                   "gen_ai.response.model": "Qwen/Qwen2.5-0.5B-Instruct"})
+    root = span(
+        "a1",
+        "",
+        " Req 8c7d2f0e",
+        0,
+        91.5,
+        scope=scope,
+        service="sglang",
+        rid="8c7d2f0e",
+        module="sglang::request",
+        **{
+            "gen_ai.latency.time_to_first_token": 0.051,
+            "gen_ai.latency.e2e": 0.0915,
+            "gen_ai.latency.time_in_model_decode": 0.0405,
+            "gen_ai.latency.time_in_model_prefill": 0.0492,
+            "gen_ai.usage.prompt_tokens": 12,
+            "gen_ai.usage.completion_tokens": 5,
+            "gen_ai.response.model": "Qwen/Qwen2.5-0.5B-Instruct",
+        },
+    )
     if not with_stages:
         return [root]
-    return [root,
-            span("b1", "a1", "Tokenizer(host:5f3a9c1e | pid:4242)", 0, 1.8, scope=scope, thread_label="Tokenizer"),
-            span("b2", "b1", "tokenize", 0, 1.5, scope=scope),
-            span("c1", "a1", "Scheduler [TP 0] (host:5f3a9c1e | pid:4343)", 2, 88.6, scope=scope, tp_rank=0),
-            span("c2", "c1", "request_process", 2, 0.2, scope=scope),
-            span("c3", "c1", "prefill_waiting", 2.2, 30, scope=scope),
-            span("c4", "c1", "prefill_forward", 32.2, 18, scope=scope),
-            span("c5", "c4", "chunked_prefill", 32.2, 9, scope=scope),
-            span("c6", "c1", "decode_forward", 50.4, 40.2, scope=scope)]
+    return [
+        root,
+        span("b1", "a1", "Tokenizer(host:5f3a9c1e | pid:4242)", 0, 1.8, scope=scope, thread_label="Tokenizer"),
+        span("b2", "b1", "tokenize", 0, 1.5, scope=scope),
+        span("c1", "a1", "Scheduler [TP 0] (host:5f3a9c1e | pid:4343)", 2, 88.6, scope=scope, tp_rank=0),
+        span("c2", "c1", "request_process", 2, 0.2, scope=scope),
+        span("c3", "c1", "prefill_waiting", 2.2, 30, scope=scope),
+        span("c4", "c1", "prefill_forward", 32.2, 18, scope=scope),
+        span("c5", "c4", "chunked_prefill", 32.2, 9, scope=scope),
+        span("c6", "c1", "decode_forward", 50.4, 40.2, scope=scope),
+    ]
 
 
 def tgi_trace(**timings: str) -> list[SpanRow]:
-    timings = timings or {"total_time": "92ms", "validation_time": "2.3ms", "queue_time": "30.05ms",
-                          "inference_time": "59.65ms", "time_per_token": "11.93ms"}
-    spans = [span("a1", "", "chat_completions", 0, 93, scope="opentelemetry-otlp", **timings,
-                  parameters="GenerateParameters { max_new_tokens: Some(64) }", seed="Some(42)"),
-             span("a2", "a1", "async_stream", 0.6, 2.4), span("a3", "a2", "generate_stream", 0.6, 2.4),
-             span("a4", "a3", "schedule", 2.9, 89.8), span("a5", "a4", "queued", 2.92, 30.03)]
+    timings = timings or {
+        "total_time": "92ms",
+        "validation_time": "2.3ms",
+        "queue_time": "30.05ms",
+        "inference_time": "59.65ms",
+        "time_per_token": "11.93ms",
+    }
+    spans = [
+        span(
+            "a1",
+            "",
+            "chat_completions",
+            0,
+            93,
+            scope="opentelemetry-otlp",
+            **timings,
+            parameters="GenerateParameters { max_new_tokens: Some(64) }",
+            seed="Some(42)",
+        ),
+        span("a2", "a1", "async_stream", 0.6, 2.4),
+        span("a3", "a2", "generate_stream", 0.6, 2.4),
+        span("a4", "a3", "schedule", 2.9, 89.8),
+        span("a5", "a4", "queued", 2.92, 30.03),
+    ]
     for n, send_ms in enumerate((52.5, 62.5, 72.5, 82.5, 92.5)):
         step_ms = 32.95 if n == 0 else send_ms - 9.9
         spans.append(span(f"d{n}", "a4", "infer", step_ms, send_ms + 0.1 - step_ms))
@@ -105,19 +157,29 @@ def test_a_tgi_trace_without_its_timings_or_tokens_says_what_is_missing() -> Non
     row = assemble_request(no_tokens, updated_at=UPDATED)
     assert row.ttft_ns is None and row.decode_ns is None and row.ttft_source == ""
     assert row.missing_measures.startswith(
-        "ttft: TGI's request span 'chat_completions' has no send_generation span under it"), row.missing_measures
+        "ttft: TGI's request span 'chat_completions' has no send_generation span under it"
+    ), row.missing_measures
 
 
 def test_derivation_views_give_the_rows_of_the_whole_spans() -> None:
     """The decode workers hand the assembler derivation views: they must keep every name and
     span the engine readers use."""
-    for spans in (sglang_trace(), sglang_trace(with_stages=False), tgi_trace(),
-                  [replace(s, trace_id=TRACE) for s in tgi_trace(total_time="92 ms")]):
+    for spans in (
+        sglang_trace(),
+        sglang_trace(with_stages=False),
+        tgi_trace(),
+        [replace(s, trace_id=TRACE) for s in tgi_trace(total_time="92 ms")],
+    ):
         whole = assemble_request(spans, updated_at=UPDATED)
         assert assemble_request([derivation_view(s) for s in spans], updated_at=UPDATED) == whole
     view = derivation_view(tgi_trace()[0])
-    assert set(view.span_attributes) == {"total_time", "validation_time", "queue_time", "inference_time",
-                                         "time_per_token"}
+    assert set(view.span_attributes) == {
+        "total_time",
+        "validation_time",
+        "queue_time",
+        "inference_time",
+        "time_per_token",
+    }
     assert derivation_view(sglang_trace()[0]).span_attributes["module"] == "sglang::request"
 
 
@@ -126,14 +188,38 @@ def test_an_engine_span_under_a_client_span_is_the_callee_of_a_hop() -> None:
     callee's side of the hop, so the row gets the network time, and the hop's part of TTFT is
     the client's TTFT − TGI's (from its first send_generation)."""
     stage = "inferpath.stage"
-    gateway = span("f0", "", "POST /v1/chat/completions", 0, 100, service="gateway",
-                   **{stage: "gateway", "gen_ai.response.time_to_first_chunk": 0.056, "http.response.status_code": 200,
-                      "inferpath.stream.status": "complete"})
+    gateway = span(
+        "f0",
+        "",
+        "POST /v1/chat/completions",
+        0,
+        100,
+        service="gateway",
+        **{
+            stage: "gateway",
+            "gen_ai.response.time_to_first_chunk": 0.056,
+            "http.response.status_code": 200,
+            "inferpath.stream.status": "complete",
+        },
+    )
     gateway = replace(gateway, span_kind="Server")
-    model = replace(span("f1", "f0", "chat emulated-7b", 1, 97, service="gateway",
-                         **{stage: "model", "gen_ai.response.time_to_first_chunk": 0.0545,
-                            "inferpath.stream.status": "complete", "gen_ai.request.model": "emulated-7b"}),
-                    span_kind="Client")
+    model = replace(
+        span(
+            "f1",
+            "f0",
+            "chat emulated-7b",
+            1,
+            97,
+            service="gateway",
+            **{
+                stage: "model",
+                "gen_ai.response.time_to_first_chunk": 0.0545,
+                "inferpath.stream.status": "complete",
+                "gen_ai.request.model": "emulated-7b",
+            },
+        ),
+        span_kind="Client",
+    )
     handler, *inner = tgi_trace()
     handler = replace(handler, parent_span_id=model.span_id, timestamp=datetime_from_unix_ns(T0_NS + 2 * MS))
     row = assemble_request([gateway, model, handler, *inner], updated_at=UPDATED)

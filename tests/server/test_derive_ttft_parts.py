@@ -10,7 +10,6 @@ from collections import defaultdict
 from datetime import datetime, timezone
 
 import httpx
-import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -37,11 +36,17 @@ def sid(label: str) -> str:
 
 
 def span(span_id: str, parent: str, kind: str, start_ms: float, duration_ms: float, **attributes: object) -> SpanRow:
-    return SpanRow(timestamp=datetime_from_unix_ns(T0_NS + round(start_ms * MS)), trace_id=TRACE,
-                   span_id=sid(span_id), parent_span_id=sid(parent) if parent else "", span_kind=kind,
-                   span_name=span_id, service_name="svc",
-                   span_attributes={k.replace("__", "."): str(v) for k, v in attributes.items()},
-                   duration_ns=round(duration_ms * MS))
+    return SpanRow(
+        timestamp=datetime_from_unix_ns(T0_NS + round(start_ms * MS)),
+        trace_id=TRACE,
+        span_id=sid(span_id),
+        parent_span_id=sid(parent) if parent else "",
+        span_kind=kind,
+        span_name=span_id,
+        service_name="svc",
+        span_attributes={k.replace("__", "."): str(v) for k, v in attributes.items()},
+        duration_ns=round(duration_ms * MS),
+    )
 
 
 def without_phases(row: RequestRow) -> dict:
@@ -59,9 +64,21 @@ def relaying_gateway_trace(engine_ttft: float | None = 0.25) -> list[SpanRow]:
         span("m1", "g1", "Client", 30, 1480, **{STAGE: "model", TTFT: 0.29}),
     ]
     if engine_ttft is not None:
-        spans.append(span("e1", "m1", "Server", 45, 1450, **{
-            "gen_ai.latency.time_to_first_token": engine_ttft, "gen_ai.latency.time_in_queue": 0.02,
-            "gen_ai.latency.time_in_model_prefill": 0.2, "gen_ai.latency.time_in_model_decode": 1.2}))
+        spans.append(
+            span(
+                "e1",
+                "m1",
+                "Server",
+                45,
+                1450,
+                **{
+                    "gen_ai.latency.time_to_first_token": engine_ttft,
+                    "gen_ai.latency.time_in_queue": 0.02,
+                    "gen_ai.latency.time_in_model_prefill": 0.2,
+                    "gen_ai.latency.time_in_model_decode": 1.2,
+                },
+            )
+        )
     return spans
 
 
@@ -129,8 +146,13 @@ def _sse(data: dict | str) -> bytes:
 
 
 def _chunk(content: str) -> dict:
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
 
 
 def model_server() -> FastAPI:
@@ -145,6 +167,7 @@ def model_server() -> FastAPI:
                 yield _sse(_chunk(f"t{i}"))
                 await asyncio.sleep(0.03)
             yield _sse("[DONE]")
+
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
@@ -157,11 +180,13 @@ def relaying_gateway(model_url: str) -> FastAPI:
     async def chat(body: dict) -> StreamingResponse:
         async def events():
             async with httpx.AsyncClient(timeout=10) as client:
-                async for chunk in stream_chat_completion(client, f"{model_url}/v1/chat/completions",
-                                                          {**body, "stream": True}, stage="model"):
+                async for chunk in stream_chat_completion(
+                    client, f"{model_url}/v1/chat/completions", {**body, "stream": True}, stage="model"
+                ):
                     yield _sse(chunk)
             await asyncio.sleep(0.8)  # work after the model call (e.g. a moderation pass)
             yield _sse("[DONE]")
+
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
@@ -179,9 +204,12 @@ def test_real_relaying_gateway_spans_give_parts_within_ttft(serve_app) -> None:
             inferpath.instrument(gateway, service_name="ttft-parts-test", span_exporter=exporter)
             with serve_app(gateway) as gateway_url:
                 for _ in range(2):
-                    with httpx.stream("POST", f"{gateway_url}/v1/chat/completions", timeout=10,
-                                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                            "stream": True}) as response:
+                    with httpx.stream(
+                        "POST",
+                        f"{gateway_url}/v1/chat/completions",
+                        timeout=10,
+                        json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+                    ) as response:
                         body = b"".join(response.iter_bytes())
                     assert response.status_code == 200 and body.count(b"t7") == 1
                 finished = []

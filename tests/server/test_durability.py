@@ -9,17 +9,16 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from inferpath.config import Settings
+from inferpath.demo.processes import free_port as _free_port
 from inferpath.server.runtime import serve_in_thread
 from inferpath.storage.store import Store
 
 from .otlp_factory import trace_body
-from inferpath.demo.processes import free_port as _free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -31,8 +30,11 @@ OUTAGE_SECONDS = float(os.environ.get("INFERPATH_TEST_OUTAGE_SECONDS", "3"))
 def _start_server_process(store_url: str, port: int) -> subprocess.Popen:
     env = dict(os.environ, INFERPATH_ASSEMBLY_SETTLE_SECONDS="0.2")
     process = subprocess.Popen(
-        [sys.executable, "-m", "inferpath.server", "--host", "127.0.0.1", "--port", str(port),
-         "--store", store_url], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [sys.executable, "-m", "inferpath.server", "--host", "127.0.0.1", "--port", str(port), "--store", store_url],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -123,8 +125,7 @@ def test_a_retried_export_whose_200_was_lost_is_stored_once(store_url: str) -> N
             for _ in range(3):  # the exporter's retries resend the very same bytes
                 assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
             assert http.post("/api/v1/flush").json()["ok"]
-        rows, distinct = running.runtime.store.query(
-            "SELECT count(), uniqExact(SpanId) FROM otel_traces")[0]
+        rows, distinct = running.runtime.store.query("SELECT count(), uniqExact(SpanId) FROM otel_traces")[0]
         requests = running.runtime.store.query("SELECT count() FROM inferpath_requests FINAL")[0][0]
     assert rows == distinct == 60
     assert requests == 3
@@ -150,8 +151,7 @@ def test_store_outage_answers_503_with_retry_after_then_recovers_by_itself(store
             while time.monotonic() < outage_ends + 30:
                 started = time.monotonic()
                 response = http.post("/v1/traces", content=pending[0], headers=PROTOBUF)
-                answers.append((response.status_code, response.headers.get("retry-after"),
-                                time.monotonic() - started))
+                answers.append((response.status_code, response.headers.get("retry-after"), time.monotonic() - started))
                 if response.status_code == 200:
                     sent.append(pending[1])
                     if time.monotonic() > outage_ends:
@@ -162,9 +162,13 @@ def test_store_outage_answers_503_with_retry_after_then_recovers_by_itself(store
                 assert "store unavailable" in response.text
                 health = http.get("/healthz").json()
                 assert health["status"] == "ok"
-                if time.monotonic() >= outage_ends and store.query(
-                        "SELECT count() FROM system.tables WHERE database = currentDatabase()"
-                        " AND name = 'otel_traces'")[0][0] == 0:
+                if (
+                    time.monotonic() >= outage_ends
+                    and store.query(
+                        "SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = 'otel_traces'"
+                    )[0][0]
+                    == 0
+                ):
                     store.command("ATTACH TABLE otel_traces")
                 # Honour Retry-After, as OTLP exporters do (capped to keep the test short).
                 time.sleep(min(float(response.headers["retry-after"]), 0.5))

@@ -38,8 +38,12 @@ pytestmark = pytest.mark.e2e
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 JSON = {"content-type": "application/json"}
-FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +70,7 @@ def _check(response: httpx.Response, response_type=ExportTraceServiceResponse) -
     parsed = response_type()
     if fmt_json:
         from google.protobuf import json_format
+
         json_format.Parse(response.content, parsed)
     else:
         parsed.ParseFromString(response.content)
@@ -93,8 +98,7 @@ def test_random_bytes_never_make_a_5xx(server: httpx.Client, body: bytes) -> Non
 
 
 @FUZZ
-@given(position=st.integers(min_value=0, max_value=len(VALID_BODY) - 1),
-       value=st.integers(min_value=0, max_value=255))
+@given(position=st.integers(min_value=0, max_value=len(VALID_BODY) - 1), value=st.integers(min_value=0, max_value=255))
 def test_flipped_bytes_never_make_a_5xx(server: httpx.Client, position: int, value: int) -> None:
     body = bytearray(VALID_BODY)
     body[position] = value
@@ -104,8 +108,13 @@ def test_flipped_bytes_never_make_a_5xx(server: httpx.Client, position: int, val
 def _one_span_request(name: str = "op", **span_fields) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     scope = request.resource_spans.add().scope_spans.add()
-    span = scope.spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name=name,
-                           start_time_unix_nano=time.time_ns(), end_time_unix_nano=time.time_ns() + 1000)
+    span = scope.spans.add(
+        trace_id=b"\x01" * 16,
+        span_id=b"\x02" * 8,
+        name=name,
+        start_time_unix_nano=time.time_ns(),
+        end_time_unix_nano=time.time_ns() + 1000,
+    )
     for key, value in span_fields.items():
         setattr(span, key, value)
     return request
@@ -122,19 +131,22 @@ def test_invalid_utf8_in_a_string_field_is_a_400_naming_it(server: httpx.Client)
 @FUZZ
 @given(value=st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -0.0, 5e-324]))
 def test_nan_and_infinite_attributes_are_stored_as_text_and_such_metric_points_rejected(
-        server: httpx.Client, value: float) -> None:
+    server: httpx.Client, value: float
+) -> None:
     request = _one_span_request()
     request.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x03" * 8
     request.resource_spans[0].scope_spans[0].spans[0].attributes.append(
-        KeyValue(key="x", value=AnyValue(double_value=value)))
+        KeyValue(key="x", value=AnyValue(double_value=value))
+    )
     parsed = _check(server.post("/v1/traces", content=request.SerializeToString(), headers=PROTOBUF))
     assert parsed is not None and not parsed.HasField("partial_success")
     metrics = ExportMetricsServiceRequest()
     metric = metrics.resource_metrics.add().scope_metrics.add().metrics.add(name="fuzz_gauge")
     metric.gauge.data_points.add(time_unix_nano=time.time_ns(), as_double=value)
     metric.gauge.data_points.add(time_unix_nano=time.time_ns(), as_double=1.5)
-    parsed = _check(server.post("/v1/metrics", content=metrics.SerializeToString(), headers=PROTOBUF),
-                    ExportMetricsServiceResponse)
+    parsed = _check(
+        server.post("/v1/metrics", content=metrics.SerializeToString(), headers=PROTOBUF), ExportMetricsServiceResponse
+    )
     assert parsed is not None
     if math.isfinite(value):  # extremes, subnormals and -0.0 are measurements
         assert not parsed.HasField("partial_success")
@@ -145,8 +157,9 @@ def test_nan_and_infinite_attributes_are_stored_as_text_and_such_metric_points_r
 
 
 @pytest.mark.parametrize("year, reason", [(1970, "retention"), (2300, "2262")])
-def test_timestamps_out_of_store_range_are_rejected_with_the_reason(server: httpx.Client, year: int,
-                                                                     reason: str) -> None:
+def test_timestamps_out_of_store_range_are_rejected_with_the_reason(
+    server: httpx.Client, year: int, reason: str
+) -> None:
     start_ns = (year - 1970) * 365 * 86_400 * 10**9 + 10**9
     request = _one_span_request(start_time_unix_nano=start_ns, end_time_unix_nano=start_ns + 10)
     parsed = _check(server.post("/v1/traces", content=request.SerializeToString(), headers=PROTOBUF))
@@ -155,8 +168,9 @@ def test_timestamps_out_of_store_range_are_rejected_with_the_reason(server: http
     metrics = ExportMetricsServiceRequest()
     metric = metrics.resource_metrics.add().scope_metrics.add().metrics.add(name="fuzz_gauge")
     metric.gauge.data_points.add(time_unix_nano=start_ns, as_double=1.0)
-    parsed = _check(server.post("/v1/metrics", content=metrics.SerializeToString(), headers=PROTOBUF),
-                    ExportMetricsServiceResponse)
+    parsed = _check(
+        server.post("/v1/metrics", content=metrics.SerializeToString(), headers=PROTOBUF), ExportMetricsServiceResponse
+    )
     assert parsed.partial_success.rejected_data_points == 1
     assert reason in parsed.partial_success.error_message
 
@@ -184,27 +198,49 @@ def test_one_megabyte_values_and_a_hundred_thousand_attributes_are_stored(server
 
 # --- JSON bodies with wrong types --------------------------------------------------------------
 
-TEMPLATE = {"resourceSpans": [{
-    "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "fuzz"}}]},
-    "scopeSpans": [{"scope": {"name": "s"}, "spans": [{
-        "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174",
-        "name": "op", "kind": 2, "startTimeUnixNano": "1796037400000000000",
-        "endTimeUnixNano": "1796037400100000000",
-        "attributes": [{"key": "a", "value": {"intValue": "3"}}],
-        "events": [{"timeUnixNano": "1796037400050000000", "name": "e"}],
-        "status": {"code": 2, "message": "m"}}]}]}]}
+TEMPLATE = {
+    "resourceSpans": [
+        {
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "fuzz"}}]},
+            "scopeSpans": [
+                {
+                    "scope": {"name": "s"},
+                    "spans": [
+                        {
+                            "traceId": "5b8efff798038103d269b633813fc60c",
+                            "spanId": "eee19b7ec3c1b174",
+                            "name": "op",
+                            "kind": 2,
+                            "startTimeUnixNano": "1796037400000000000",
+                            "endTimeUnixNano": "1796037400100000000",
+                            "attributes": [{"key": "a", "value": {"intValue": "3"}}],
+                            "events": [{"timeUnixNano": "1796037400050000000", "name": "e"}],
+                            "status": {"code": 2, "message": "m"},
+                        }
+                    ],
+                }
+            ],
+        }
+    ]
+}
 PATHS = [
-    ("resourceSpans",), ("resourceSpans", 0, "resource"), ("resourceSpans", 0, "scopeSpans"),
+    ("resourceSpans",),
+    ("resourceSpans", 0, "resource"),
+    ("resourceSpans", 0, "scopeSpans"),
     ("resourceSpans", 0, "resource", "attributes", 0, "value"),
     ("resourceSpans", 0, "scopeSpans", 0, "spans"),
-    *[("resourceSpans", 0, "scopeSpans", 0, "spans", 0, key) for key in TEMPLATE["resourceSpans"][0]["scopeSpans"][0]["spans"][0]],
+    *[
+        ("resourceSpans", 0, "scopeSpans", 0, "spans", 0, key)
+        for key in TEMPLATE["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    ],
     ("resourceSpans", 0, "scopeSpans", 0, "spans", 0, "attributes", 0, "value", "intValue"),
     ("resourceSpans", 0, "scopeSpans", 0, "spans", 0, "events", 0, "timeUnixNano"),
 ]
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 
 
 @FUZZ

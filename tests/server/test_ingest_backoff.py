@@ -11,8 +11,13 @@ from inferpath.storage.store import Store
 
 def _rows(n: int = 3) -> list[tuple]:
     from datetime import timezone
-    return [SpanRow(timestamp=datetime.now(timezone.utc), trace_id="ef" * 16, span_id=f"{i:016x}",
-                    duration_ns=1).to_insert_row() for i in range(n)]
+
+    return [
+        SpanRow(
+            timestamp=datetime.now(timezone.utc), trace_id="ef" * 16, span_id=f"{i:016x}", duration_ns=1
+        ).to_insert_row()
+        for i in range(n)
+    ]
 
 
 def test_back_off_doubles_per_outage_probe_and_resets_on_success(store_url: str) -> None:
@@ -53,7 +58,15 @@ def test_rows_the_store_cannot_take_are_invalid_and_do_not_trip_the_back_off(sto
 def test_dedup_token_depends_on_every_part_of_the_export() -> None:
     base = dedup_token("traces", "application/x-protobuf", None, b"body")
     assert base == dedup_token("traces", "Application/X-Protobuf", "", b"body")
-    assert len({base, dedup_token("metrics", "application/x-protobuf", None, b"body"),
+    assert (
+        len(
+            {
+                base,
+                dedup_token("metrics", "application/x-protobuf", None, b"body"),
                 dedup_token("traces", "application/json", None, b"body"),
                 dedup_token("traces", "application/x-protobuf", "gzip", b"body"),
-                dedup_token("traces", "application/x-protobuf", None, b"body2")}) == 5
+                dedup_token("traces", "application/x-protobuf", None, b"body2"),
+            }
+        )
+        == 5
+    )

@@ -34,10 +34,14 @@ def test_twelve_concurrent_reads_during_an_insert_all_succeed(store_url: str) ->
         trace_id = next(iter(first_ids))
         now = time.time()
         window = {"start": str(now - 600), "end": str(now + 600)}
-        paths = [("/api/v1/summary", window), ("/api/v1/requests", {**window, "limit": 50}),
-                 ("/api/v1/requests/count", window), (f"/api/v1/traces/{trace_id}", None),
-                 ("/api/v1/timeseries/ttft", {**window, "step_seconds": 10}),
-                 ("/api/v1/requests", {**window, "order": "slowest", "limit": 10})]
+        paths = [
+            ("/api/v1/summary", window),
+            ("/api/v1/requests", {**window, "limit": 50}),
+            ("/api/v1/requests/count", window),
+            (f"/api/v1/traces/{trace_id}", None),
+            ("/api/v1/timeseries/ttft", {**window, "step_seconds": 10}),
+            ("/api/v1/requests", {**window, "order": "slowest", "limit": 10}),
+        ]
         bodies = [trace_body(spans_per_trace=50, traces=40)[0] for _ in range(6)]  # 12 000 spans
         insert_statuses: list[int] = []
         results: list[tuple[str, int, str]] = []
@@ -59,8 +63,7 @@ def test_twelve_concurrent_reads_during_an_insert_all_succeed(store_url: str) ->
                     with lock:
                         results.append((path, response.status_code, response.text[:300]))
 
-        threads = [threading.Thread(target=insert)] + [threading.Thread(target=read, args=(n,))
-                                                        for n in range(12)]
+        threads = [threading.Thread(target=insert)] + [threading.Thread(target=read, args=(n,)) for n in range(12)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -79,13 +82,15 @@ def test_twelve_concurrent_reads_during_an_insert_all_succeed(store_url: str) ->
 
 
 def test_recorded_vllm_bodies_give_rows_equal_to_vllm_latencies_and_a_cold_start(
-        shared_data: Path, store_url: str) -> None:
+    shared_data: Path, store_url: str
+) -> None:
     capture = shared_data / "vllm_live_capture"
     files = sorted((capture / "otlp").glob("*.pb")) + sorted((capture / "startup_otlp").glob("*.pb"))
     engine_spans = defaultdict(list)
     for path in files:
-        for span in decode_trace_request(path.read_bytes(), content_type="application/x-protobuf",
-                                         content_encoding=None).spans:
+        for span in decode_trace_request(
+            path.read_bytes(), content_type="application/x-protobuf", content_encoding=None
+        ).spans:
             if span.span_name == "llm_request":
                 engine_spans[span.trace_id].append(span)
     assert sum(len(v) for v in engine_spans.values()) >= 100
@@ -103,13 +108,18 @@ def test_recorded_vllm_bodies_give_rows_equal_to_vllm_latencies_and_a_cold_start
             # earliest one supplies the row (docs/telemetry-contract.md).
             span = min(spans, key=lambda s: (s.start_ns, s.span_id))
             row = by_trace[trace_id]
-            for column, attribute in (("queue_ns", "gen_ai.latency.time_in_queue"),
-                                      ("prefill_ns", "gen_ai.latency.time_in_model_prefill"),
-                                      ("decode_ns", "gen_ai.latency.time_in_model_decode")):
+            for column, attribute in (
+                ("queue_ns", "gen_ai.latency.time_in_queue"),
+                ("prefill_ns", "gen_ai.latency.time_in_model_prefill"),
+                ("decode_ns", "gen_ai.latency.time_in_model_decode"),
+            ):
                 assert row[column] == seconds_to_ns(float(span.span_attributes[attribute])), (trace_id, column)
         # The start-up spans: stored, and found as a cold start of that service.
-        startups = fetch_startups(running.runtime.store, datetime(2026, 11, 29, tzinfo=timezone.utc),
-                                  datetime(2026, 12, 2, tzinfo=timezone.utc))
+        startups = fetch_startups(
+            running.runtime.store,
+            datetime(2026, 11, 29, tzinfo=timezone.utc),
+            datetime(2026, 12, 2, tzinfo=timezone.utc),
+        )
         # Two engine starts were recorded: the load run's own (vllm-tiny, in otlp/) and the
         # detailed one of startup_otlp/ (vLLM's default service name).
         by_service = {startup.service_name: startup for startup in startups}

@@ -67,8 +67,12 @@ def test_the_foreground_server_binds_the_same_way_and_logs_the_port_it_got(tmp_p
                 http.get("/metrics").raise_for_status()
             elapsed = time.perf_counter() - started
         assert elapsed < 0.35, f"10 keep-alive requests took {elapsed * 1e3:.0f} ms"
-        second = subprocess.run([sys.executable, "-m", "inferpath.server", "--port", str(port),
-                                 "--store", f"chdb://{tmp_path / 'b'}"], capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [sys.executable, "-m", "inferpath.server", "--port", str(port), "--store", f"chdb://{tmp_path / 'b'}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 1
         assert f"cannot listen on 127.0.0.1:{port}" in second.stderr and "Traceback" not in second.stderr
         assert not (tmp_path / "b").exists()  # refused before a store folder was made
@@ -84,8 +88,12 @@ def test_an_export_cut_off_mid_body_is_logged_without_an_error_traceback(store_u
         host, port = running.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             length = b"Transfer-Encoding: chunked\r\n" if chunked else b"Content-Length: 1000\r\n"
-            sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-                         + length + b"\r\n" + (b"a\r\n0123456789\r\n" if chunked else b"0123456789"))
+            sock.sendall(
+                b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                + length
+                + b"\r\n"
+                + (b"a\r\n0123456789\r\n" if chunked else b"0123456789")
+            )
             time.sleep(0.3)  # the server is reading the body when the exporter gives up
         deadline = time.monotonic() + 10
         while not any("client disconnected" in r.getMessage() for r in caplog.records):

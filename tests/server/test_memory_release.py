@@ -31,8 +31,7 @@ def rss_bytes() -> int:
 
 def metric_values(url: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics", timeout=10.0).text
-    return {sample.name: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples}
+    return {sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def test_a_pass_returns_the_pages_a_large_query_freed(store_url: str) -> None:
@@ -94,10 +93,10 @@ def test_a_pass_collects_the_young_generation_at_most_once_per_interval(store_ur
             first = list(collections)
             releaser.release_now()
             releaser.release_now()
-            second = collections[len(first):]
+            second = collections[len(first) :]
             releaser._collected_at -= memory.COLLECT_INTERVAL_SECONDS  # the interval has passed
             releaser.release_now()
-            third = collections[len(first) + len(second):]
+            third = collections[len(first) + len(second) :]
         finally:
             gc.enable()
             gc.callbacks.remove(count)
@@ -114,15 +113,19 @@ def test_the_server_releases_on_its_interval_and_counts_it(store_url: str) -> No
         assert running.runtime.memory_releaser is not None
         deadline = time.monotonic() + 20.0
         values = metric_values(running.url)
-        while ((values["inferpath_server_memory_release_passes_total"] < 3
-                or "inferpath_embedded_store_resident_bytes" not in values) and time.monotonic() < deadline):
+        while (
+            values["inferpath_server_memory_release_passes_total"] < 3
+            or "inferpath_embedded_store_resident_bytes" not in values
+        ) and time.monotonic() < deadline:
             time.sleep(0.05)
             values = metric_values(running.url)
         assert values["inferpath_server_memory_release_passes_total"] >= 3
         assert values["inferpath_server_memory_release_errors_total"] == 0
         assert values["inferpath_server_memory_release_seconds_total"] > 0
         # The embedded store's allocator, as jemalloc counts it.
-        assert 0 < values["inferpath_embedded_store_allocated_bytes"] < values["inferpath_embedded_store_resident_bytes"]
+        assert (
+            0 < values["inferpath_embedded_store_allocated_bytes"] < values["inferpath_embedded_store_resident_bytes"]
+        )
         assert 0 <= values["inferpath_embedded_store_dirty_bytes"] < values["inferpath_embedded_store_resident_bytes"]
         thread_names = {t.name for t in threading.enumerate()}
         assert "inferpath-memory-release" in thread_names
@@ -204,8 +207,9 @@ def test_limit_c_heap_arenas_caps_the_arenas_new_threads_get(arenas: int) -> Non
     import sys
 
     def count(setting: str) -> int:
-        done = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, setting], capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", _ARENAS_SCRIPT, setting], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
         return int(done.stdout)
 

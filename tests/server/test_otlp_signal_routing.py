@@ -12,9 +12,9 @@ import time
 
 import httpx
 import pytest
+from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from google.protobuf import json_format
 
 from inferpath.config import Settings
 from inferpath.server.runtime import serve_in_thread
@@ -24,17 +24,49 @@ PROTOBUF = {"content-type": "application/x-protobuf"}
 NOW_NS = time.time_ns()
 
 # An OTLP/JSON logs export as an SDK's logs exporter sends it.
-LOGS_EXPORT = {"resourceLogs": [{
-    "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "gateway"}}]},
-    "scopeLogs": [{"scope": {"name": "app"}, "logRecords": [{
-        "timeUnixNano": str(NOW_NS), "severityNumber": 9, "severityText": "INFO",
-        "body": {"stringValue": "request served"},
-        "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174"}]}]}]}
-TRACES_EXPORT = {"resourceSpans": [{
-    "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "gateway"}}]},
-    "scopeSpans": [{"spans": [{"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174",
-                               "name": "POST /v1/chat/completions", "kind": 2,
-                               "startTimeUnixNano": str(NOW_NS), "endTimeUnixNano": str(NOW_NS + 10**6)}]}]}]}
+LOGS_EXPORT = {
+    "resourceLogs": [
+        {
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "gateway"}}]},
+            "scopeLogs": [
+                {
+                    "scope": {"name": "app"},
+                    "logRecords": [
+                        {
+                            "timeUnixNano": str(NOW_NS),
+                            "severityNumber": 9,
+                            "severityText": "INFO",
+                            "body": {"stringValue": "request served"},
+                            "traceId": "5b8efff798038103d269b633813fc60c",
+                            "spanId": "eee19b7ec3c1b174",
+                        }
+                    ],
+                }
+            ],
+        }
+    ]
+}
+TRACES_EXPORT = {
+    "resourceSpans": [
+        {
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "gateway"}}]},
+            "scopeSpans": [
+                {
+                    "spans": [
+                        {
+                            "traceId": "5b8efff798038103d269b633813fc60c",
+                            "spanId": "eee19b7ec3c1b174",
+                            "name": "POST /v1/chat/completions",
+                            "kind": 2,
+                            "startTimeUnixNano": str(NOW_NS),
+                            "endTimeUnixNano": str(NOW_NS + 10**6),
+                        }
+                    ]
+                }
+            ],
+        }
+    ]
+}
 
 
 @pytest.fixture
@@ -58,9 +90,14 @@ def test_a_json_logs_export_to_the_traces_path_is_a_400_naming_it(server) -> Non
     assert "not an ExportTraceServiceRequest" in message and "'resourceLogs'" in message
     assert "an OTLP logs export, which belongs at /v1/logs" in message
     # The protobuf form of the same body was refused already; both answer 400 now.
-    body = json_format.ParseDict(json.loads(json.dumps(LOGS_EXPORT).replace(
-        "5b8efff798038103d269b633813fc60c", "W47/95gDgQPSabYzgT/GDA==").replace("eee19b7ec3c1b174", "7uGbfsPBsXQ=")),
-        ExportLogsServiceRequest())
+    body = json_format.ParseDict(
+        json.loads(
+            json.dumps(LOGS_EXPORT)
+            .replace("5b8efff798038103d269b633813fc60c", "W47/95gDgQPSabYzgT/GDA==")
+            .replace("eee19b7ec3c1b174", "7uGbfsPBsXQ=")
+        ),
+        ExportLogsServiceRequest(),
+    )
     assert http.post("/v1/traces", content=body.SerializeToString(), headers=PROTOBUF).status_code == 400
     assert http.post("/api/v1/flush").json()["ok"]
     assert running.runtime.store.query("SELECT count() FROM otel_traces") == [(0,)]

@@ -35,8 +35,7 @@ def _metrics_body(samples: list) -> bytes:
 
     request = ExportMetricsServiceRequest()
     resource_metrics = request.resource_metrics.add()
-    resource_metrics.resource.attributes.append(
-        KeyValue(key="service.name", value=AnyValue(string_value="vllm")))
+    resource_metrics.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value="vllm")))
     scope = resource_metrics.scope_metrics.add()
     for sample in samples:
         metric = scope.metrics.add()
@@ -56,11 +55,24 @@ def _metrics_body(samples: list) -> bytes:
 
 def _span(service: str, span_id: str, parent: str, kind: int, start: datetime, seconds: float) -> dict:
     start_ns = int(start.timestamp() * 1e9)
-    return {"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
-            "scopeSpans": [{"spans": [{
-                "traceId": HOP_TRACE_ID, "spanId": span_id, "parentSpanId": parent,
-                "name": f"{service} call", "kind": kind, "startTimeUnixNano": str(start_ns),
-                "endTimeUnixNano": str(start_ns + int(seconds * 1e9))}]}]}
+    return {
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
+        "scopeSpans": [
+            {
+                "spans": [
+                    {
+                        "traceId": HOP_TRACE_ID,
+                        "spanId": span_id,
+                        "parentSpanId": parent,
+                        "name": f"{service} call",
+                        "kind": kind,
+                        "startTimeUnixNano": str(start_ns),
+                        "endTimeUnixNano": str(start_ns + int(seconds * 1e9)),
+                    }
+                ]
+            }
+        ],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -71,23 +83,24 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     from inferpath.server.runtime import serve_in_thread
 
     store = tmp_path_factory.mktemp("views") / "store"
-    running = serve_in_thread(Settings(store_url=f"chdb://{store}", assembly_settle_seconds=0.2),
-                              port=0)
+    running = serve_in_thread(Settings(store_url=f"chdb://{store}", assembly_settle_seconds=0.2), port=0)
     try:
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
             traces = sorted((CAPTURE / "otlp").glob("*.pb"))
             for path in traces:
-                assert http.post("/v1/traces", content=path.read_bytes(),
-                                 headers=PROTOBUF).status_code == 200
+                assert http.post("/v1/traces", content=path.read_bytes(), headers=PROTOBUF).status_code == 200
             scrapes = sorted(CAPTURE.glob("metrics_*.prom"))
-            samples = [s for path in scrapes
-                       for s in scrape_samples(path.read_text(), "vllm", timestamp=_capture_time(path))]
-            assert http.post("/v1/metrics", content=_metrics_body(samples),
-                             headers=PROTOBUF).status_code == 200
+            samples = [
+                s for path in scrapes for s in scrape_samples(path.read_text(), "vllm", timestamp=_capture_time(path))
+            ]
+            assert http.post("/v1/metrics", content=_metrics_body(samples), headers=PROTOBUF).status_code == 200
             # A client call of 1.5 s whose server side took 1.2 s: 300 ms of hop overhead.
-            hop = {"resourceSpans": [
-                _span("caller", "a" * 16, "", 3, HOP_START, 1.5),
-                _span("callee", "b" * 16, "a" * 16, 2, HOP_START + timedelta(milliseconds=100), 1.2)]}
+            hop = {
+                "resourceSpans": [
+                    _span("caller", "a" * 16, "", 3, HOP_START, 1.5),
+                    _span("callee", "b" * 16, "a" * 16, 2, HOP_START + timedelta(milliseconds=100), 1.2),
+                ]
+            }
             assert http.post("/v1/traces", json=hop).status_code == 200
             assert http.post("/api/v1/flush").json()["ok"]
         start = min(_capture_time(scrapes[0]), _capture_time(traces[0])) - timedelta(minutes=1)
@@ -107,8 +120,7 @@ def test_latency_view_per_class_matches_the_summary_and_respects_max_points(serv
         window = {"start": _iso(start), "end": _iso(end)}
         body = http.get("/api/v1/views/latency", params={**window, "max_points": 10}).json()
         summary = http.get("/api/v1/summary", params=window).json()
-        fine = http.get("/api/v1/views/latency", params={**window, "step_seconds": 1,
-                                                         "max_points": 10_000}).json()
+        fine = http.get("/api/v1/views/latency", params={**window, "step_seconds": 1, "max_points": 10_000}).json()
     duration = (end - start).total_seconds()
     # Downsampled on the server: the step widened so at most 10 buckets cover the window.
     assert body["step_seconds"] == -(-int(duration) // 10)
@@ -128,16 +140,25 @@ def test_latency_view_per_class_matches_the_summary_and_respects_max_points(serv
 def test_correlate_view_puts_the_queue_burst_on_the_ttft_axis_and_marks_spikes(server) -> None:
     url, start, end = server
     with httpx.Client(base_url=url, timeout=60.0) as http:
-        body = http.get("/api/v1/views/correlate", params={
-            "start": _iso(start), "end": _iso(end), "step_seconds": 2}).json()
-        coarse = http.get("/api/v1/views/correlate", params={
-            "start": _iso(start), "end": _iso(end), "max_points": 5}).json()
+        body = http.get(
+            "/api/v1/views/correlate", params={"start": _iso(start), "end": _iso(end), "step_seconds": 2}
+        ).json()
+        coarse = http.get(
+            "/api/v1/views/correlate", params={"start": _iso(start), "end": _iso(end), "max_points": 5}
+        ).json()
     points = body["points"]
     assert body["step_seconds"] == 2 and len(points) == -(-int((end - start).total_seconds()) // 2)
     assert len(coarse["points"]) <= 5
-    assert {"ttft_p99_seconds", "ttft_avg_seconds", "queue_depth", "running_requests",
-            "kv_cache_usage_ratio", "preemptions_per_second", "gpu_utilization_ratio",
-            "gpu_memory_used_bytes"} <= set(body["columns"])
+    assert {
+        "ttft_p99_seconds",
+        "ttft_avg_seconds",
+        "queue_depth",
+        "running_requests",
+        "kv_cache_usage_ratio",
+        "preemptions_per_second",
+        "gpu_utilization_ratio",
+        "gpu_memory_used_bytes",
+    } <= set(body["columns"])
     # The capture's burst: up to 56 waiting (as of step ends, 2-s steps may miss the peak).
     assert max(p["queue_depth"] or 0 for p in points) > 40
     # vLLM on a CPU exports no GPU signals: missing (null), never zero.
@@ -152,11 +173,11 @@ def test_correlate_view_puts_the_queue_burst_on_the_ttft_axis_and_marks_spikes(s
 def test_breakdown_view_has_bands_for_ttft_and_e2e_and_the_exact_hop_overhead(server) -> None:
     url, start, end = server
     with httpx.Client(base_url=url, timeout=60.0) as http:
-        body = http.get("/api/v1/views/breakdown",
-                        params={"start": _iso(start), "end": _iso(end)}).json()
-        hop = http.get("/api/v1/views/breakdown", params={
-            "start": _iso(HOP_START - timedelta(seconds=1)),
-            "end": _iso(HOP_START + timedelta(seconds=5))}).json()
+        body = http.get("/api/v1/views/breakdown", params={"start": _iso(start), "end": _iso(end)}).json()
+        hop = http.get(
+            "/api/v1/views/breakdown",
+            params={"start": _iso(HOP_START - timedelta(seconds=1)), "end": _iso(HOP_START + timedelta(seconds=5))},
+        ).json()
     assert body["request_count"] >= 100
     for measure in ("ttft", "e2e"):
         bands = body["bands"][measure]
@@ -166,18 +187,27 @@ def test_breakdown_view_has_bands_for_ttft_and_e2e_and_the_exact_hop_overhead(se
             assert sum(band["stage_share"].values()) == pytest.approx(1.0)
     assert "decode" not in body["bands"]["ttft"][0]["stage_share"]
     assert body["hops"] == []  # vLLM alone: no caller/callee pairs
-    assert hop["hops"] == [{"caller_service": "caller", "callee_service": "callee",
-                            "callee_span": "callee call", "count": 1,
-                            "avg_seconds": pytest.approx(0.3), "p50_seconds": pytest.approx(0.3),
-                            "p95_seconds": pytest.approx(0.3), "p99_seconds": pytest.approx(0.3)}]
+    assert hop["hops"] == [
+        {
+            "caller_service": "caller",
+            "callee_service": "callee",
+            "callee_span": "callee call",
+            "count": 1,
+            "avg_seconds": pytest.approx(0.3),
+            "p50_seconds": pytest.approx(0.3),
+            "p95_seconds": pytest.approx(0.3),
+            "p99_seconds": pytest.approx(0.3),
+        }
+    ]
 
 
 def test_fleet_view_lists_series_and_the_catalog_that_explains_missing_signals(server) -> None:
     url, start, end = server
     with httpx.Client(base_url=url, timeout=60.0) as http:
         body = http.get("/api/v1/views/fleet", params={"start": _iso(start), "end": _iso(end)}).json()
-        empty = http.get("/api/v1/views/fleet", params={
-            "start": "2001-01-01T00:00:00Z", "end": "2001-01-01T01:00:00Z"}).json()
+        empty = http.get(
+            "/api/v1/views/fleet", params={"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T01:00:00Z"}
+        ).json()
     by_signal = {row["signal"]: row for row in body["series"]}
     assert {"queue_depth", "running_requests", "kv_cache_usage_ratio", "preemptions_total"} <= set(by_signal)
     queue = by_signal["queue_depth"]
@@ -195,8 +225,7 @@ def test_view_parameters_are_validated_with_the_field_named(server) -> None:
     url, start, end = server
     with httpx.Client(base_url=url, timeout=30.0) as http:
         too_many = http.get("/api/v1/views/correlate", params={"max_points": 10_001})
-        reversed_window = http.get("/api/v1/views/latency",
-                                   params={"start": _iso(end), "end": _iso(start)})
+        reversed_window = http.get("/api/v1/views/latency", params={"start": _iso(end), "end": _iso(start)})
     assert too_many.status_code == 422 and too_many.json()["detail"][0]["loc"] == ["query", "max_points"]
     assert reversed_window.status_code == 422
     assert reversed_window.json()["detail"][0]["loc"] == ["query", "end"]
@@ -225,8 +254,9 @@ def test_a_single_valued_parameter_given_twice_is_refused_not_overwritten(server
     window = [("start", _iso(start)), ("end", _iso(end))]
     with httpx.Client(base_url=url, timeout=30.0) as http:
         # Otherwise the last value wins: a filter for two classes would answer for one.
-        twice = http.get("/api/v1/views/breakdown",
-                         params=window + [("endpoint_class", "interactive"), ("endpoint_class", "batch")])
+        twice = http.get(
+            "/api/v1/views/breakdown", params=window + [("endpoint_class", "interactive"), ("endpoint_class", "batch")]
+        )
         once = http.get("/api/v1/views/breakdown", params=window + [("endpoint_class", "interactive")])
         start_twice = http.get("/api/v1/summary", params=window + [("start", _iso(start))])
     assert twice.status_code == 422
@@ -236,17 +266,33 @@ def test_a_single_valued_parameter_given_twice_is_refused_not_overwritten(server
     assert start_twice.status_code == 422 and start_twice.json()["detail"][0]["loc"] == ["query", "start"]
 
 
-@pytest.mark.parametrize("window", [
-    {"end": "-62135596800"}, {"end": "0001-01-01T00:05:00Z"}, {"end": "9999-12-31T23:00:00-23:59"},
-    {"start": "0001-01-01T00:00:00+23:59", "end": "0001-01-02T00:00:00Z"}, {"end": "9999-12-31T23:59:59Z"},
-    {"start": "2263-01-01T00:00:00Z", "end": "2263-01-02T00:00:00Z"}, {"start": "0", "end": "9999999999"},
-    {"start": "1850-01-01T00:00:00Z", "end": "1850-01-02T00:00:00Z"},
-])
+@pytest.mark.parametrize(
+    "window",
+    [
+        {"end": "-62135596800"},
+        {"end": "0001-01-01T00:05:00Z"},
+        {"end": "9999-12-31T23:00:00-23:59"},
+        {"start": "0001-01-01T00:00:00+23:59", "end": "0001-01-02T00:00:00Z"},
+        {"end": "9999-12-31T23:59:59Z"},
+        {"start": "2263-01-01T00:00:00Z", "end": "2263-01-02T00:00:00Z"},
+        {"start": "0", "end": "9999999999"},
+        {"start": "1850-01-01T00:00:00Z", "end": "1850-01-02T00:00:00Z"},
+    ],
+)
 def test_times_outside_what_the_store_holds_are_refused_naming_the_parameter(server, window) -> None:
     url, _, _ = server
-    paths = ["/api/v1/summary", "/api/v1/requests", "/api/v1/requests/count", "/api/v1/timeseries/ttft",
-             "/api/v1/diagnosis", "/api/v1/views/latency", "/api/v1/views/correlate",
-             "/api/v1/views/breakdown", "/api/v1/views/fleet", "/api/v1/alerts"]
+    paths = [
+        "/api/v1/summary",
+        "/api/v1/requests",
+        "/api/v1/requests/count",
+        "/api/v1/timeseries/ttft",
+        "/api/v1/diagnosis",
+        "/api/v1/views/latency",
+        "/api/v1/views/correlate",
+        "/api/v1/views/breakdown",
+        "/api/v1/views/fleet",
+        "/api/v1/alerts",
+    ]
     with httpx.Client(base_url=url, timeout=60.0) as http:
         for path in paths:
             answer = http.get(path, params=window)
@@ -259,11 +305,18 @@ def test_the_widest_window_allowed_answers_without_a_server_error(server) -> Non
     url, _, _ = server
     widest = {"start": "1970-01-01T00:00:00Z", "end": "2100-01-01T00:00:00Z"}
     with httpx.Client(base_url=url, timeout=120.0) as http:
-        for path in ["/api/v1/views/latency", "/api/v1/views/correlate", "/api/v1/views/breakdown",
-                     "/api/v1/views/fleet", "/api/v1/diagnosis", "/api/v1/summary"]:
+        for path in [
+            "/api/v1/views/latency",
+            "/api/v1/views/correlate",
+            "/api/v1/views/breakdown",
+            "/api/v1/views/fleet",
+            "/api/v1/diagnosis",
+            "/api/v1/summary",
+        ]:
             answer = http.get(path, params=widest)
             # 200, or 422 naming why (the summary's 31-day bound, a baseline before 1970).
             assert answer.status_code in (200, 422), (path, answer.status_code, answer.text[:300])
-        baseline = http.get("/api/v1/diagnosis", params={"start": "1970-01-01T00:10:00Z",
-                                                         "end": "1970-01-01T00:20:00Z"})
+        baseline = http.get(
+            "/api/v1/diagnosis", params={"start": "1970-01-01T00:10:00Z", "end": "1970-01-01T00:20:00Z"}
+        )
         assert baseline.status_code == 422

@@ -11,7 +11,10 @@ from typer.testing import CliRunner
 
 from inferpath.cli import app
 from inferpath.server.recording import (
-    RecordingError, choose_offset_ns, detect_source, open_recording,
+    RecordingError,
+    choose_offset_ns,
+    detect_source,
+    open_recording,
 )
 
 DAY_NS = 86_400 * 10**9
@@ -47,11 +50,14 @@ def test_an_exposition_with_timestamps_splits_into_one_scrape_per_time(tmp_path:
     assert open_recording(path).scrapes[0][0] == 1_700_000_000 * 10**9
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    (None, "no such file"),
-    ("", "no scrapes"),
-    ("vllm:num_requests_running 1\n", "a sample without a timestamp"),
-])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (None, "no such file"),
+        ("", "no scrapes"),
+        ("vllm:num_requests_running 1\n", "a sample without a timestamp"),
+    ],
+)
 def test_bad_recordings_are_named(tmp_path: Path, content: str | None, words: str) -> None:
     target = tmp_path / "absent"
     if content == "":
@@ -95,7 +101,7 @@ def test_inferpath_import_then_diagnose_on_the_store(tmp_path: Path, shared_data
     command = imported.output.split("inferpath diagnose ", 1)[1].split()
     verdict = runner.invoke(app, ["diagnose", *command[:4], "--store", store, "--json"])
     assert verdict.exit_code in (0, 1), verdict.output
-    body = json.loads(verdict.stdout[verdict.stdout.index("{"):])
+    body = json.loads(verdict.stdout[verdict.stdout.index("{") :])
     # Every request row inside the printed window: the 120 llm_request spans of the run and the
     # one trace (three spans, one traceparent) of the earlier start in startup_otlp/.
     assert body["current_requests"] == 121

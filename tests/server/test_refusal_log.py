@@ -34,8 +34,10 @@ def test_rate_limited_log_says_what_it_suppressed(caplog: pytest.LogCaptureFixtu
         time.sleep(0.35)
         assert log.warning("sixth") is True
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (logging.WARNING, "first 1"), (logging.INFO, "fourth 4 (2 similar messages suppressed)"),
-        (logging.WARNING, "sixth (1 similar message suppressed)")]
+        (logging.WARNING, "first 1"),
+        (logging.INFO, "fourth 4 (2 similar messages suppressed)"),
+        (logging.WARNING, "sixth (1 similar message suppressed)"),
+    ]
 
 
 def test_rate_limited_log_with_no_interval_logs_every_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -56,16 +58,22 @@ def _app_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == APP_LOGGER and r.levelno >= logging.WARNING]
 
 
-def test_refused_and_partly_rejected_exports_are_logged_once_per_interval(store_url: str,
-                                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_refused_and_partly_rejected_exports_are_logged_once_per_interval(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     running = serve_in_thread(Settings(store_url=store_url), port=0)
     try:
         with caplog.at_level(logging.INFO, logger=APP_LOGGER), httpx.Client(base_url=running.url, timeout=30) as http:
             assert http.post("/v1/traces", content=b"\x0a\x05oops", headers=PROTOBUF).status_code == 400
             # A second refusal within the interval: answered and counted, not logged.
             assert http.post("/v1/metrics", content=b"{}", headers={"content-type": "text/csv"}).status_code == 415
-            valid = {"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "name": "ok",
-                     "startTimeUnixNano": str(time.time_ns()), "endTimeUnixNano": str(time.time_ns() + 1000)}
+            valid = {
+                "traceId": "0102030405060708090a0b0c0d0e0f10",
+                "spanId": "0102030405060708",
+                "name": "ok",
+                "startTimeUnixNano": str(time.time_ns()),
+                "endTimeUnixNano": str(time.time_ns() + 1000),
+            }
             body = {"resourceSpans": [{"scopeSpans": [{"spans": [valid, dict(valid, spanId="0" * 16)]}]}]}
             partial = http.post("/v1/traces", content=json.dumps(body).encode(), headers=JSON)
             assert partial.status_code == 200 and int(partial.json()["partialSuccess"]["rejectedSpans"]) == 1
@@ -88,8 +96,12 @@ def test_an_export_without_the_token_is_logged(store_url: str, caplog: pytest.Lo
         with caplog.at_level(logging.INFO, logger=APP_LOGGER), httpx.Client(base_url=running.url, timeout=30) as http:
             body, _ = trace_body(spans_per_trace=2)
             assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 401
-            assert http.post("/v1/traces", content=body,
-                             headers={**PROTOBUF, "authorization": "Bearer s3cret"}).status_code == 200
+            assert (
+                http.post(
+                    "/v1/traces", content=body, headers={**PROTOBUF, "authorization": "Bearer s3cret"}
+                ).status_code
+                == 200
+            )
     finally:
         running.stop()
     (line,) = _app_lines(caplog)

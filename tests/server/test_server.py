@@ -32,8 +32,22 @@ PROTOBUF = {"content-type": "application/x-protobuf"}
 JSON = {"content-type": "application/json"}
 # The vLLM capture was recorded on 2026-11-30 (UTC).
 CAPTURE_WINDOW = {"start": "2026-11-29T00:00:00Z", "end": "2026-12-02T00:00:00Z"}
-MEASURES = ["client_ttft", "client_e2e", "ttft", "e2e", "itl", "gateway", "tokenize", "retrieval",
-            "queue", "prefill", "decode", "model", "network", "postprocess"]
+MEASURES = [
+    "client_ttft",
+    "client_e2e",
+    "ttft",
+    "e2e",
+    "itl",
+    "gateway",
+    "tokenize",
+    "retrieval",
+    "queue",
+    "prefill",
+    "decode",
+    "model",
+    "network",
+    "postprocess",
+]
 
 
 def start(store_url: str, **settings: object) -> RunningServer:
@@ -63,8 +77,9 @@ def llm_traces(files: list[Path]) -> dict[str, int]:
     """trace id → span count, for traces holding an llm_request span."""
     spans = defaultdict(list)
     for path in files:
-        for s in decode_trace_request(path.read_bytes(), content_type="application/x-protobuf",
-                                      content_encoding=None).spans:
+        for s in decode_trace_request(
+            path.read_bytes(), content_type="application/x-protobuf", content_encoding=None
+        ).spans:
             spans[s.trace_id].append(s)
     return {t: len(v) for t, v in spans.items() if any(s.span_name == "llm_request" for s in v)}
 
@@ -72,10 +87,12 @@ def llm_traces(files: list[Path]) -> dict[str, int]:
 def recent(body: bytes, offset_ns: int) -> bytes:
     """Shift every ``*UnixNano`` time of an OTLP/JSON example by ``offset_ns``: the spec's
     examples date from 2018, and rows older than the store's TTL are dropped on insert."""
+
     def shift(node):
         if isinstance(node, dict):
-            return {k: str(int(v) + offset_ns) if k.endswith("UnixNano") and int(v) else shift(v)
-                    for k, v in node.items()}
+            return {
+                k: str(int(v) + offset_ns) if k.endswith("UnixNano") and int(v) else shift(v) for k, v in node.items()
+            }
         if isinstance(node, list):
             return [shift(item) for item in node]
         return node
@@ -135,8 +152,10 @@ def test_summary_returns_the_fourteen_measures(shared_data: Path, client: httpx.
 
 
 def test_spec_json_example_lands_and_reads_back(shared_data: Path, client: httpx.Client) -> None:
-    body = recent((shared_data / "otlp_traces" / "otel_proto_examples_trace.json").read_bytes(),
-                  RECENT_START_NS - EXAMPLE_START_NS)
+    body = recent(
+        (shared_data / "otlp_traces" / "otel_proto_examples_trace.json").read_bytes(),
+        RECENT_START_NS - EXAMPLE_START_NS,
+    )
     response = client.post("/v1/traces", content=body, headers=JSON)
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     assert response.json() == {}
@@ -148,7 +167,8 @@ def test_spec_json_example_lands_and_reads_back(shared_data: Path, client: httpx
 
 
 def test_malformed_bodies_get_400_naming_the_problem_then_valid_ones_land(
-        shared_data: Path, client: httpx.Client) -> None:
+    shared_data: Path, client: httpx.Client
+) -> None:
     bad = client.post("/v1/traces", content=b"\xff\xff\xff\xff", headers=PROTOBUF)
     assert bad.status_code == 400
     assert "not a valid protobuf ExportTraceServiceRequest" in status_pb2.Status.FromString(bad.content).message
@@ -168,13 +188,16 @@ def test_malformed_bodies_get_400_naming_the_problem_then_valid_ones_land(
 
 
 def test_gzip_body_and_partial_success(client: httpx.Client) -> None:
-    valid = {"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "name": "ok",
-             "startTimeUnixNano": str(1_796_037_400_000_000_000),
-             "endTimeUnixNano": str(1_796_037_400_500_000_000)}
+    valid = {
+        "traceId": "0102030405060708090a0b0c0d0e0f10",
+        "spanId": "0102030405060708",
+        "name": "ok",
+        "startTimeUnixNano": str(1_796_037_400_000_000_000),
+        "endTimeUnixNano": str(1_796_037_400_500_000_000),
+    }
     zero = dict(valid, traceId="0" * 32)
     body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [valid, zero]}]}]}).encode()
-    response = client.post("/v1/traces", content=gzip.compress(body),
-                           headers={**JSON, "content-encoding": "gzip"})
+    response = client.post("/v1/traces", content=gzip.compress(body), headers={**JSON, "content-encoding": "gzip"})
     assert response.status_code == 200
     partial = response.json()["partialSuccess"]
     assert int(partial["rejectedSpans"]) == 1 and "traceId is all zeros" in partial["errorMessage"]
@@ -184,8 +207,9 @@ def test_gzip_body_and_partial_success(client: httpx.Client) -> None:
     assert "inferpath_server_spans_rejected_total 1.0" in client.get("/metrics").text
     # A warning alone: the span is kept, partial_success says why with a count of 0.
     odd = dict(valid, spanId="0102030405060709", kind="SPAN_KIND_SIDEWAYS")
-    response = client.post("/v1/traces", content=json.dumps(
-        {"resourceSpans": [{"scopeSpans": [{"spans": [odd]}]}]}).encode(), headers=JSON)
+    response = client.post(
+        "/v1/traces", content=json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [odd]}]}]}).encode(), headers=JSON
+    )
     assert response.status_code == 200
     partial = response.json()["partialSuccess"]
     assert int(partial.get("rejectedSpans", 0)) == 0
@@ -201,8 +225,7 @@ def test_unsupported_media_and_oversized_bodies(store_url: str) -> None:
     try:
         with httpx.Client(base_url=running.url) as http:
             assert http.post("/v1/traces", content=b"{}", headers={"content-type": "text/plain"}).status_code == 415
-            assert http.post("/v1/traces", content=b"{}",
-                             headers={**JSON, "content-encoding": "br"}).status_code == 415
+            assert http.post("/v1/traces", content=b"{}", headers={**JSON, "content-encoding": "br"}).status_code == 415
             big = http.post("/v1/traces", content=b" " * 4096, headers=JSON)
             assert big.status_code == 413 and "max_body_bytes=1024" in big.json()["message"]
             assert http.get("/healthz").json()["status"] == "ok"
@@ -226,8 +249,9 @@ def test_bodies_inflating_past_the_limit_are_413_as_oversized_raw_bodies_are(sto
                     status = status_pb2.Status.FromString(answer.content)
                     assert status.code == 8 and f"{encoding} body inflates past {limit} bytes" in status.message
                 # At the limit exactly the body is decoded (and, all zeros, found malformed).
-                exact = http.post(path, content=gzip.compress(b"\0" * limit),
-                                  headers={**PROTOBUF, "content-encoding": "gzip"})
+                exact = http.post(
+                    path, content=gzip.compress(b"\0" * limit), headers={**PROTOBUF, "content-encoding": "gzip"}
+                )
                 assert exact.status_code == 400, exact.status_code
             trace, _ = trace_body(spans_per_trace=2)
             ok = http.post("/v1/traces", content=gzip.compress(trace), headers={**PROTOBUF, "content-encoding": "gzip"})
@@ -244,8 +268,10 @@ def test_stalled_uploads_are_answered_408_and_free_their_in_flight_slots(store_u
         # Two exports that promise 100 bytes and send 3: together they fill the in-flight limit.
         for _ in range(2):
             sock = socket.create_connection((host, int(port)), timeout=10)
-            sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-                         b"Content-Length: 100\r\n\r\nabc")
+            sock.sendall(
+                b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                b"Content-Length: 100\r\n\r\nabc"
+            )
             stalled.append(sock)
         body, _ = trace_body(spans_per_trace=2)
         with httpx.Client(base_url=running.url, timeout=30.0) as http:
@@ -282,14 +308,15 @@ def test_body_read_timeout_is_a_validated_setting() -> None:
 def test_read_api_validates_parameters(client: httpx.Client) -> None:
     naive = client.get("/api/v1/summary", params={"start": "2026-11-30T00:00:00"})
     assert naive.status_code == 422 and naive.json()["detail"][0]["loc"] == ["query", "start"]
-    backwards = client.get("/api/v1/requests", params={"start": "2026-11-30T00:00:00Z",
-                                                        "end": "2026-11-29T00:00:00Z"})
+    backwards = client.get("/api/v1/requests", params={"start": "2026-11-30T00:00:00Z", "end": "2026-11-29T00:00:00Z"})
     assert backwards.status_code == 422 and backwards.json()["detail"][0]["loc"] == ["query", "end"]
     step = client.get("/api/v1/timeseries/ttft", params={"step_seconds": 0})
     assert step.status_code == 422 and "step_seconds" in step.json()["detail"][0]["loc"]
     # Too many buckets for the window: the reader's refusal names the parameter alone.
-    buckets = client.get("/api/v1/timeseries/ttft", params={"start": "2026-10-31T08:00:00Z",
-                                                           "end": "2026-12-01T08:00:00Z", "step_seconds": 1})
+    buckets = client.get(
+        "/api/v1/timeseries/ttft",
+        params={"start": "2026-10-31T08:00:00Z", "end": "2026-12-01T08:00:00Z", "step_seconds": 1},
+    )
     assert buckets.status_code == 422 and buckets.json()["detail"][0]["loc"] == ["query", "step_seconds"]
     assert client.get("/api/v1/traces/not-a-trace-id").status_code == 422
     assert client.get("/api/v1/traces/" + "ab" * 16).status_code == 404
@@ -300,9 +327,11 @@ def test_read_api_validates_parameters(client: httpx.Client) -> None:
 def test_error_bodies_do_not_echo_long_inputs_whole(client: httpx.Client) -> None:
     # A 60 000-character path parameter, query parameter and time: each 422 names the
     # parameter and repeats at most 256 characters of what was sent, with its length.
-    cases = [("/api/v1/traces/" + "a" * 60_000, None, ["path", "trace_id"]),
-             ("/api/v1/timeseries/gauge", {"metric": "m" * 60_000}, ["query", "metric"]),
-             ("/api/v1/summary", {"start": "9" * 60_000}, ["query", "start"])]
+    cases = [
+        ("/api/v1/traces/" + "a" * 60_000, None, ["path", "trace_id"]),
+        ("/api/v1/timeseries/gauge", {"metric": "m" * 60_000}, ["query", "metric"]),
+        ("/api/v1/summary", {"start": "9" * 60_000}, ["query", "start"]),
+    ]
     for path, params, loc in cases:
         response = client.get(path, params=params)
         assert response.status_code == 422, (path, response.text[:300])
@@ -363,10 +392,11 @@ def test_bearer_token_guards_ingest_and_reads(shared_data: Path, store_url: str)
         running.stop()
 
 
-def test_otlp_metrics_land_in_the_metric_tables(shared_data: Path, server: RunningServer,
-                                                client: httpx.Client) -> None:
-    body = recent((shared_data / "otlp_traces" / "otel_proto_examples_metrics.json").read_bytes(),
-                  RECENT_START_NS - EXAMPLE_START_NS)
+def test_otlp_metrics_land_in_the_metric_tables(shared_data: Path, server: RunningServer, client: httpx.Client) -> None:
+    body = recent(
+        (shared_data / "otlp_traces" / "otel_proto_examples_metrics.json").read_bytes(),
+        RECENT_START_NS - EXAMPLE_START_NS,
+    )
     response = client.post("/v1/metrics", content=body, headers=JSON)
     assert response.status_code == 200
     assert int(response.json()["partialSuccess"]["rejectedDataPoints"]) == 1
@@ -375,8 +405,7 @@ def test_otlp_metrics_land_in_the_metric_tables(shared_data: Path, server: Runni
     assert store.query("SELECT MetricName, Value FROM otel_metrics_gauge") == [("my.gauge", 10.0)]
     assert store.query("SELECT MetricName, Value, IsMonotonic FROM otel_metrics_sum") == [("my.counter", 5.0, True)]
     assert store.query("SELECT BucketCounts, ExplicitBounds FROM otel_metrics_histogram") == [([1, 1], [1.0])]
-    points = client.get("/api/v1/timeseries/gauge", params={
-        "metric": "my.gauge", **CAPTURE_WINDOW}).json()["points"]
+    points = client.get("/api/v1/timeseries/gauge", params={"metric": "my.gauge", **CAPTURE_WINDOW}).json()["points"]
     assert [p["value"] for p in points] == [10.0]
 
 
@@ -396,9 +425,10 @@ class _PromHandler(BaseHTTPRequestHandler):
 def test_scrape_loop_stores_canonical_signals(shared_data: Path, store_url: str) -> None:
     files = sorted((shared_data / "vllm_live_capture").glob("metrics_*.prom"))
     # The scrape with the deepest queue of the run.
-    text = max((p.read_text() for p in files),
-               key=lambda t: next(s.value for s in scrape_samples(t, "vllm", timestamp=_now())
-                                  if s.signal == "queue_depth"))
+    text = max(
+        (p.read_text() for p in files),
+        key=lambda t: next(s.value for s in scrape_samples(t, "vllm", timestamp=_now()) if s.signal == "queue_depth"),
+    )
     handler = type("Handler", (_PromHandler,), {"text": text.encode()})
     engine = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
@@ -412,11 +442,14 @@ def test_scrape_loop_stores_canonical_signals(shared_data: Path, store_url: str)
             flush(http)
         rows = running.runtime.store.query_dicts(
             "SELECT ServiceName, Value, Attributes FROM otel_metrics_gauge WHERE MetricName = 'queue_depth'"
-            " ORDER BY TimeUnix LIMIT 1")
+            " ORDER BY TimeUnix LIMIT 1"
+        )
         expected = next(s for s in scrape_samples(text, "vllm", timestamp=_now()) if s.signal == "queue_depth")
         assert rows and rows[0]["ServiceName"] == "vllm" and rows[0]["Value"] == expected.value > 0
         assert rows[0]["Attributes"]["inferpath.source_metric"] == "vllm:num_requests_waiting"
-        sums = running.runtime.store.query("SELECT count() FROM otel_metrics_sum WHERE MetricName = 'preemptions_total'")
+        sums = running.runtime.store.query(
+            "SELECT count() FROM otel_metrics_sum WHERE MetricName = 'preemptions_total'"
+        )
         assert sums[0][0] >= 1
     finally:
         running.stop()
@@ -440,7 +473,8 @@ def test_a_stop_with_work_left_says_what_it_does_and_how_long_it_took(store_url:
     lines = [r.getMessage() for r in caplog.records if r.name == "inferpath.server.runtime"]
     stopping = [line for line in lines if line.startswith("stopping: ")]
     assert len(stopping) == 1, lines
-    said = re.fullmatch(r"stopping: inserting (\d+) spans still in the span log, assembling (\d+) pending traces",
-                        stopping[0])
+    said = re.fullmatch(
+        r"stopping: inserting (\d+) spans still in the span log, assembling (\d+) pending traces", stopping[0]
+    )
     assert said and int(said[1]) + int(said[2]) > 0, stopping
     assert any(re.fullmatch(r"stopped in \d+\.\d s", line) for line in lines), lines

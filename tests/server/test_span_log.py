@@ -71,7 +71,11 @@ def test_progress_lines_decide_what_is_unfinished(tmp_path: Path) -> None:
     assert [(r.start, r.end) for r in reopened.unfinished] == ranges[2:]
     unfinished = reopened.unfinished_insert
     assert (unfinished.start, unfinished.end, unfinished.trace_id, unfinished.span_id) == (
-        ranges[2][0], ranges[3][1], "c" * 32, "d" * 16)
+        ranges[2][0],
+        ranges[3][1],
+        "c" * 32,
+        "d" * 16,
+    )
     assert all(reopened.knows(_token(n)) for n in range(4))  # drained records' tokens too
     reopened.close()
 
@@ -104,8 +108,9 @@ def _span_counts(store: Store) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("landed", [True, False])
-def test_an_insert_cut_by_a_crash_is_settled_exactly_once_at_restart(store_url: str, tmp_path: Path,
-                                                                     landed: bool) -> None:
+def test_an_insert_cut_by_a_crash_is_settled_exactly_once_at_restart(
+    store_url: str, tmp_path: Path, landed: bool
+) -> None:
     exports = _exports(5)
     with Store.open(store_url) as store:
         ingest = DurableIngest(store)
@@ -114,16 +119,20 @@ def test_an_insert_cut_by_a_crash_is_settled_exactly_once_at_restart(store_url: 
         # A crash between "B" and "D": the first three exports' insert ran (or not), no "D".
         first = list(log_ingest._queue)[:3]
         rows = [span.to_insert_row(timestamp_ns=True) for queued in first for span in queued.spans]
-        log_ingest.log.begin_insert(first[0].start, first[-1].end, first[0].spans[0].trace_id,
-                                    first[0].spans[0].span_id)
+        log_ingest.log.begin_insert(
+            first[0].start, first[-1].end, first[0].spans[0].trace_id, first[0].spans[0].span_id
+        )
         if landed:
-            assert ingest.commit([TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)],
-                                 f"wal-{log_ingest.log.log_id}-{first[0].start}-{first[-1].end}").ok
+            assert ingest.commit(
+                [TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)],
+                f"wal-{log_ingest.log.log_id}-{first[0].start}-{first[-1].end}",
+            ).ok
         log_ingest.log.close()  # killed: no drain, no close of the ingest
 
         noted: list[int] = []
-        restarted = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"),
-                                     on_committed=lambda spans: noted.append(len(spans)))
+        restarted = LoggedSpanIngest(
+            ingest, SpanLog(tmp_path / "log"), on_committed=lambda spans: noted.append(len(spans))
+        )
         assert restarted.recovered_spans_total == (40 if landed else 100)
         restarted.start()
         assert restarted.flush(30)
@@ -141,8 +150,9 @@ def test_the_backlog_bound_refuses_with_503_until_the_drainer_catches_up(store_u
     size = len(exports[0][0])
     with Store.open(store_url) as store:
         ingest = DurableIngest(store)
-        log_ingest = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=3 * size + 3 * 100,
-                                      backlog_wait_seconds=0)
+        log_ingest = LoggedSpanIngest(
+            ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=3 * size + 3 * 100, backlog_wait_seconds=0
+        )
         results = [_accept(log_ingest, body) for body, _ in exports]
         assert [r.status for r in results] == ["committed"] * 3 + ["overloaded"] * 3
         assert all(r.retry_after_seconds >= 1 and "backlog full" in r.message for r in results[3:])
@@ -158,13 +168,15 @@ def test_the_backlog_bound_refuses_with_503_until_the_drainer_catches_up(store_u
 
 
 def test_exports_being_decoded_hold_backlog_room_and_one_that_cannot_fit_is_refused_at_once(
-        store_url: str, tmp_path: Path) -> None:
+    store_url: str, tmp_path: Path
+) -> None:
     exports = _exports(3, spans=100)
     size = len(exports[0][0])
     with Store.open(store_url) as store:
         ingest = DurableIngest(store)
-        log_ingest = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=2 * size,
-                                      backlog_wait_seconds=0)
+        log_ingest = LoggedSpanIngest(
+            ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=2 * size, backlog_wait_seconds=0
+        )
         # Alone, an export gets room whatever its size.
         huge = log_ingest.reserve(100 * size)
         assert isinstance(huge, Reservation) and log_ingest.reserved_bytes == 100 * size
@@ -194,7 +206,8 @@ def test_exports_being_decoded_hold_backlog_room_and_one_that_cannot_fit_is_refu
 
 
 def test_exports_of_other_media_types_and_encodings_are_decoded_again_from_the_log(
-        store_url: str, tmp_path: Path) -> None:
+    store_url: str, tmp_path: Path
+) -> None:
     import gzip
 
     body, ids = trace_body(spans_per_trace=3, traces=2)

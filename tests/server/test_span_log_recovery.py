@@ -95,8 +95,7 @@ def test_a_torn_tail_after_valid_records_is_still_cut(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_progress_past_the_end_appends_at_or_after_it_and_new_records_are_not_skipped(
-        tmp_path: Path, caplog) -> None:
+def test_progress_past_the_end_appends_at_or_after_it_and_new_records_are_not_skipped(tmp_path: Path, caplog) -> None:
     log = SpanLog(tmp_path / "log")
     ranges = [log.append(_token(n), 0, b"v" * 100) for n in range(3)]
     log.close()
@@ -124,7 +123,8 @@ def _span_counts(store: Store) -> tuple[int, int]:
 
 
 def test_a_lost_progress_file_stores_nothing_twice_even_across_another_crash(
-        store_url: str, tmp_path: Path, caplog) -> None:
+    store_url: str, tmp_path: Path, caplog
+) -> None:
     exports = [trace_body(spans_per_trace=5, traces=2) for _ in range(8)]
     folder = tmp_path / "log"
     with Store.open(store_url) as store:
@@ -142,8 +142,9 @@ def test_a_lost_progress_file_stores_nothing_twice_even_across_another_crash(
         with caplog.at_level(logging.INFO, logger="inferpath.server"):
             second = LoggedSpanIngest(ingest, SpanLog(folder))
         messages = [r.getMessage() for r in caplog.records]
-        assert any(r.levelno == logging.WARNING and "progress file is missing" in r.getMessage()
-                   for r in caplog.records)
+        assert any(
+            r.levelno == logging.WARNING and "progress file is missing" in r.getMessage() for r in caplog.records
+        )
         assert any("5 already stored, 3 re-queued" in m for m in messages)
         assert any("re-queued 3 records (30 spans) not inserted before the last stop" in m for m in messages)
         assert second.recovered_spans_total == 30
@@ -171,7 +172,8 @@ def test_recovery_logs_what_it_re_queued(store_url: str, tmp_path: Path, caplog)
         with caplog.at_level(logging.INFO, logger="inferpath.server.log_ingest"):
             restarted = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
         assert [r.getMessage() for r in caplog.records] == [
-            "span log: re-queued 4 records (24 spans) not inserted before the last stop"]
+            "span log: re-queued 4 records (24 spans) not inserted before the last stop"
+        ]
         restarted.start()
         assert restarted.flush(30)
         restarted.close()

@@ -151,8 +151,7 @@ def test_a_retried_export_is_stored_once_and_counted_as_a_duplicate_by_the_log(s
 
 
 def test_a_trace_export_that_cannot_fit_the_backlog_is_refused_before_it_is_decoded(store_url: str) -> None:
-    with serve_in_thread(Settings(store_url=store_url, span_log_max_backlog_bytes=64 * 1024),
-                         port=0) as running:
+    with serve_in_thread(Settings(store_url=store_url, span_log_max_backlog_bytes=64 * 1024), port=0) as running:
         log_ingest = running.runtime.span_sink
         body, _ = trace_body(spans_per_trace=10, traces=10)
         with httpx.Client(base_url=running.url, timeout=30) as http:

@@ -28,8 +28,10 @@ def test_a_damaged_logged_export_is_skipped_counted_and_the_others_stored(store_
     folder = Path(store_url.removeprefix("chdb://")) / SPAN_LOG_FOLDER_NAME
     exports = [trace_body(spans_per_trace=4, traces=2) for _ in range(6)]
     log = SpanLog(folder)  # what a killed server left: six acknowledged, never inserted exports
-    ranges = [log.append(token_digest(dedup_token("traces", PROTOBUF, None, body)), body_flags(PROTOBUF, None), body)
-              for body, _ in exports]
+    ranges = [
+        log.append(token_digest(dedup_token("traces", PROTOBUF, None, body)), body_flags(PROTOBUF, None), body)
+        for body, _ in exports
+    ]
     log.close()
     segment = next(folder.glob("*.log"))
     data = bytearray(segment.read_bytes())
@@ -84,8 +86,12 @@ def test_flush_answers_near_its_timeout_while_a_rollup_pass_is_slow(store_url: s
             assert http.post("/v1/traces", content=body, headers={"content-type": PROTOBUF}).status_code == 200
             began = time.monotonic()
             answers = []
-            flushes = [threading.Thread(target=lambda: answers.append(
-                http.post("/api/v1/flush", params={"timeout_seconds": 1.5}).json())) for _ in range(3)]
+            flushes = [
+                threading.Thread(
+                    target=lambda: answers.append(http.post("/api/v1/flush", params={"timeout_seconds": 1.5}).json())
+                )
+                for _ in range(3)
+            ]
             for flush in flushes:
                 flush.start()
             for flush in flushes:

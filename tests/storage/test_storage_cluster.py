@@ -16,8 +16,10 @@ from inferpath.storage.url import parse_store_url
 
 
 def _single_node_objects(store: Store) -> dict[str, str]:
-    rows = store.query("SELECT name, engine FROM system.tables WHERE database = {db:String}"
-                       " AND name != 'inferpath_schema_migrations'", {"db": store.database})
+    rows = store.query(
+        "SELECT name, engine FROM system.tables WHERE database = {db:String} AND name != 'inferpath_schema_migrations'",
+        {"db": store.database},
+    )
     return dict(rows)
 
 
@@ -30,8 +32,9 @@ def _find(statements: list[str], pattern: str) -> str:
 def test_every_single_node_table_and_view_has_its_cluster_counterparts(store: Store) -> None:
     statements = cluster_statements("prod", store.database, ttl_days=7)
     objects = _single_node_objects(store)
-    assert {"otel_traces", "otel_traces_trace_id_ts", "otel_traces_trace_id_ts_mv",
-            "inferpath_requests"} <= set(objects)
+    assert {"otel_traces", "otel_traces_trace_id_ts", "otel_traces_trace_id_ts_mv", "inferpath_requests"} <= set(
+        objects
+    )
     db = f"`{store.database}`"
     for name, engine in objects.items():
         if engine == "MaterializedView":
@@ -42,8 +45,10 @@ def test_every_single_node_table_and_view_has_its_cluster_counterparts(store: St
             continue
         assert engine.endswith("MergeTree"), (name, engine)
         local = _find(statements, rf"^CREATE TABLE IF NOT EXISTS {db}\.{name}{LOCAL_SUFFIX} ON CLUSTER `prod` \(")
-        assert f"ENGINE = Replicated{engine}('/clickhouse/tables/{{shard}}/{store.database}/{name}_local', " \
-               "'{replica}'" in local
+        assert (
+            f"ENGINE = Replicated{engine}('/clickhouse/tables/{{shard}}/{store.database}/{name}_local', "
+            "'{replica}'" in local
+        )
         distributed = _find(statements, rf"^CREATE TABLE IF NOT EXISTS {db}\.{name} ON CLUSTER `prod` AS ")
         assert f"ENGINE = Distributed(`prod`, {db}, {name}{LOCAL_SUFFIX}, " in distributed
         # Same columns and ordering as the single node: the local table is the schema file's.
@@ -79,14 +84,19 @@ def test_cluster_and_names_are_validated() -> None:
 
 def test_ttl_is_configurable_per_table(store_url: str) -> None:
     with Store.open(store_url, ttl_days=30, ttl_days_by_table={"otel_traces": 3, "inferpath_requests": 400}) as store:
-        engines = dict(store.query("SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
-                                   {"db": store.database}))
+        engines = dict(
+            store.query(
+                "SELECT name, engine_full FROM system.tables WHERE database = {db:String}", {"db": store.database}
+            )
+        )
         assert "toIntervalDay(3)" in engines["otel_traces"]
         assert "toIntervalDay(400)" in engines["inferpath_requests"]
         assert "toIntervalDay(30)" in engines["otel_metrics_gauge"]
         set_table_ttl(store, "otel_metrics_gauge", 9)
-        engine = store.query("SELECT engine_full FROM system.tables WHERE database = {db:String}"
-                             " AND name = 'otel_metrics_gauge'", {"db": store.database})[0][0]
+        engine = store.query(
+            "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = 'otel_metrics_gauge'",
+            {"db": store.database},
+        )[0][0]
         assert "toIntervalDay(9)" in engine
         with pytest.raises(ValueError, match="table must be one of"):
             set_table_ttl(store, "system_users", 9)
@@ -96,11 +106,16 @@ def test_ttl_is_configurable_per_table(store_url: str) -> None:
 
 
 def test_insert_with_the_same_dedup_token_is_stored_once(store: Store) -> None:
-    from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
     from datetime import datetime, timezone
 
-    rows = [SpanRow(timestamp=datetime.now(timezone.utc), trace_id="ab" * 16, span_id=f"{i:016x}",
-                    duration_ns=5).to_insert_row() for i in range(10)]
+    from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
+
+    rows = [
+        SpanRow(
+            timestamp=datetime.now(timezone.utc), trace_id="ab" * 16, span_id=f"{i:016x}", duration_ns=5
+        ).to_insert_row()
+        for i in range(10)
+    ]
     for _ in range(3):
         store.insert("otel_traces", rows, SPAN_COLUMNS, dedup_token="export-1")
     store.insert("otel_traces", rows[:2], SPAN_COLUMNS, dedup_token="export-2")
@@ -111,8 +126,9 @@ def test_insert_with_the_same_dedup_token_is_stored_once(store: Store) -> None:
     assert store.query("SELECT count() FROM inferpath_requests FINAL")[0][0] == 1
 
 
-def test_http_credentials_from_the_environment_are_never_logged(caplog: pytest.LogCaptureFixture,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_http_credentials_from_the_environment_are_never_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = "pw-" + "9f3e1c77aa"
     monkeypatch.setenv("CLICKHOUSE_USER", "ops")
     monkeypatch.setenv("CLICKHOUSE_PASSWORD", secret)

@@ -21,17 +21,52 @@ T0 = datetime(2025, 6, 1, 9, 30, 0, 123456, tzinfo=timezone.utc)
 
 # The exporter's INSERT column list for traces, in its order (internal/sql_templates/traces_insert.sql).
 EXPORTER_TRACE_INSERT_COLUMNS = (
-    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
-    "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration", "StatusCode",
-    "StatusMessage", "Events.Timestamp", "Events.Name", "Events.Attributes", "Links.TraceId", "Links.SpanId",
-    "Links.TraceState", "Links.Attributes",
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ResourceAttributes",
+    "ScopeName",
+    "ScopeVersion",
+    "SpanAttributes",
+    "Duration",
+    "StatusCode",
+    "StatusMessage",
+    "Events.Timestamp",
+    "Events.Name",
+    "Events.Attributes",
+    "Links.TraceId",
+    "Links.SpanId",
+    "Links.TraceState",
+    "Links.Attributes",
 )
 # ... and for gauges (metrics_gauge_insert.sql).
 EXPORTER_GAUGE_INSERT_COLUMNS = (
-    "ResourceAttributes", "ResourceSchemaUrl", "ScopeName", "ScopeVersion", "ScopeAttributes",
-    "ScopeDroppedAttrCount", "ScopeSchemaUrl", "ServiceName", "MetricName", "MetricDescription", "MetricUnit",
-    "Attributes", "StartTimeUnix", "TimeUnix", "Value", "Flags", "Exemplars.FilteredAttributes",
-    "Exemplars.TimeUnix", "Exemplars.Value", "Exemplars.SpanId", "Exemplars.TraceId",
+    "ResourceAttributes",
+    "ResourceSchemaUrl",
+    "ScopeName",
+    "ScopeVersion",
+    "ScopeAttributes",
+    "ScopeDroppedAttrCount",
+    "ScopeSchemaUrl",
+    "ServiceName",
+    "MetricName",
+    "MetricDescription",
+    "MetricUnit",
+    "Attributes",
+    "StartTimeUnix",
+    "TimeUnix",
+    "Value",
+    "Flags",
+    "Exemplars.FilteredAttributes",
+    "Exemplars.TimeUnix",
+    "Exemplars.Value",
+    "Exemplars.SpanId",
+    "Exemplars.TraceId",
 )
 # The exporter README's "find traces with traceID" query, verbatim but for the id.
 EXPORTER_TRACE_LOOKUP = """
@@ -61,14 +96,43 @@ Limit 100;
 """
 
 
-def _exporter_span(trace_id: str, span_id: str, parent: str, name: str, kind: str, start: datetime,
-                   duration_ns: int, attributes: dict[str, str], service: str = "gateway") -> tuple:
+def _exporter_span(
+    trace_id: str,
+    span_id: str,
+    parent: str,
+    name: str,
+    kind: str,
+    start: datetime,
+    duration_ns: int,
+    attributes: dict[str, str],
+    service: str = "gateway",
+) -> tuple:
     # Values as the exporter's pushTraceData binds them: hex ids, pdata enum strings,
     # attributes flattened with AsString, events/links as parallel arrays.
-    return (start, trace_id, span_id, parent, "", name, kind, service,
-            {"service.name": service, "inferpath.endpoint_class": "interactive"},
-            "io.opentelemetry.contrib", "1.0", attributes, duration_ns, "Unset", "",
-            [start + timedelta(milliseconds=3)], ["first_token"], [{}], [], [], [], [])
+    return (
+        start,
+        trace_id,
+        span_id,
+        parent,
+        "",
+        name,
+        kind,
+        service,
+        {"service.name": service, "inferpath.endpoint_class": "interactive"},
+        "io.opentelemetry.contrib",
+        "1.0",
+        attributes,
+        duration_ns,
+        "Unset",
+        "",
+        [start + timedelta(milliseconds=3)],
+        ["first_token"],
+        [{}],
+        [],
+        [],
+        [],
+        [],
+    )
 
 
 def test_exporter_column_lists_are_inferpaths() -> None:
@@ -80,21 +144,46 @@ def test_rows_written_like_the_exporter_are_read_and_assembled(store: Store) -> 
     trace_id = secrets.token_hex(16)
     gateway, engine = secrets.token_hex(8), secrets.token_hex(8)
     rows = [
-        _exporter_span(trace_id, gateway, "", "POST /v1/chat/completions", "Server", T0, 900_000_000,
-                       {"inferpath.stage": "gateway", "http.response.status_code": "200",
-                        "inferpath.endpoint": "/v1/chat/completions", "gen_ai.response.time_to_first_chunk": "0.2"}),
+        _exporter_span(
+            trace_id,
+            gateway,
+            "",
+            "POST /v1/chat/completions",
+            "Server",
+            T0,
+            900_000_000,
+            {
+                "inferpath.stage": "gateway",
+                "http.response.status_code": "200",
+                "inferpath.endpoint": "/v1/chat/completions",
+                "gen_ai.response.time_to_first_chunk": "0.2",
+            },
+        ),
         # An older exporter release's spelling of the kind (SPAN_KIND_*), still readable.
-        _exporter_span(trace_id, engine, gateway, "llm_request", "SPAN_KIND_SERVER", T0 + timedelta(milliseconds=50),
-                       800_000_000, {"gen_ai.latency.time_in_queue": "0.025",
-                                     "gen_ai.latency.time_in_model_prefill": "0.1",
-                                     "gen_ai.latency.time_in_model_decode": "0.6",
-                                     "gen_ai.usage.prompt_tokens": "300", "gen_ai.usage.completion_tokens": "61"},
-                       service="vllm"),
+        _exporter_span(
+            trace_id,
+            engine,
+            gateway,
+            "llm_request",
+            "SPAN_KIND_SERVER",
+            T0 + timedelta(milliseconds=50),
+            800_000_000,
+            {
+                "gen_ai.latency.time_in_queue": "0.025",
+                "gen_ai.latency.time_in_model_prefill": "0.1",
+                "gen_ai.latency.time_in_model_decode": "0.6",
+                "gen_ai.usage.prompt_tokens": "300",
+                "gen_ai.usage.completion_tokens": "61",
+            },
+            service="vllm",
+        ),
     ]
     store.insert("otel_traces", rows, EXPORTER_TRACE_INSERT_COLUMNS)
     spans = Reader(store).trace_spans(trace_id)
-    assert [(s.span_name, s.span_kind) for s in spans] == [("POST /v1/chat/completions", "Server"),
-                                                            ("llm_request", "Server")]
+    assert [(s.span_name, s.span_kind) for s in spans] == [
+        ("POST /v1/chat/completions", "Server"),
+        ("llm_request", "Server"),
+    ]
     assert spans[0].events[0][1] == "first_token"
     assembler = RequestAssembler(store, settle_seconds=0)
     try:
@@ -105,31 +194,58 @@ def test_rows_written_like_the_exporter_are_read_and_assembled(store: Store) -> 
         assembler.stop()
     request = Reader(store).requests(T0 - timedelta(minutes=1), T0 + timedelta(minutes=1))[0]
     assert request["trace_id"] == trace_id
-    assert (request["queue_ns"], request["prefill_ns"], request["decode_ns"]) == (25_000_000, 100_000_000,
-                                                                                  600_000_000)
+    assert (request["queue_ns"], request["prefill_ns"], request["decode_ns"]) == (25_000_000, 100_000_000, 600_000_000)
     assert request["ttft_ns"] == 200_000_000 and request["e2e_ns"] == 900_000_000
     assert request["output_tokens"] == 61
-    summary = {m["measure"]: m for m in Reader(store).latency_summary(T0 - timedelta(minutes=1),
-                                                                         T0 + timedelta(minutes=1))}
+    summary = {
+        m["measure"]: m for m in Reader(store).latency_summary(T0 - timedelta(minutes=1), T0 + timedelta(minutes=1))
+    }
     assert summary["queue"]["p50_seconds"] == 0.025
 
 
 def test_gauges_written_like_the_exporter_are_read(store: Store) -> None:
-    rows = [({"service.name": "dcgm"}, "", "otelcol/prometheusreceiver", "0.1", {}, 0, "", "dcgm",
-             "gpu_utilization_ratio", "", "1", {"gpu": "0"}, datetime(1970, 1, 1, tzinfo=timezone.utc),
-             T0 + timedelta(seconds=i), value, 0, [], [], [], [], [])
-            for i, value in enumerate((0.5, 0.7))]
+    rows = [
+        (
+            {"service.name": "dcgm"},
+            "",
+            "otelcol/prometheusreceiver",
+            "0.1",
+            {},
+            0,
+            "",
+            "dcgm",
+            "gpu_utilization_ratio",
+            "",
+            "1",
+            {"gpu": "0"},
+            datetime(1970, 1, 1, tzinfo=timezone.utc),
+            T0 + timedelta(seconds=i),
+            value,
+            0,
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
+        for i, value in enumerate((0.5, 0.7))
+    ]
     store.insert("otel_metrics_gauge", rows, EXPORTER_GAUGE_INSERT_COLUMNS)
-    points = Reader(store).gauge_timeseries("gpu_utilization_ratio", T0 - timedelta(seconds=1),
-                                            T0 + timedelta(seconds=59), step_seconds=60)
-    assert [(p["service_name"], p["attributes"], p["value"]) for p in points] == [("dcgm", {"gpu": "0"},
-                                                                                   0.6)]
+    points = Reader(store).gauge_timeseries(
+        "gpu_utilization_ratio", T0 - timedelta(seconds=1), T0 + timedelta(seconds=59), step_seconds=60
+    )
+    assert [(p["service_name"], p["attributes"], p["value"]) for p in points] == [("dcgm", {"gpu": "0"}, 0.6)]
 
 
 def test_spans_inferpath_writes_are_found_by_the_exporters_trace_lookup(store: Store, shared_data) -> None:
     capture = sorted((shared_data / "vllm_live_capture" / "startup_otlp").glob("*.pb"))
-    spans = [span for path in capture for span in decode_trace_request(
-        path.read_bytes(), content_type="application/x-protobuf", content_encoding=None).spans]
+    spans = [
+        span
+        for path in capture
+        for span in decode_trace_request(
+            path.read_bytes(), content_type="application/x-protobuf", content_encoding=None
+        ).spans
+    ]
     store.insert("otel_traces", [s.to_insert_row() for s in spans], SPAN_COLUMNS)
     trace_id = "0af7651916cd43dd8448eb211c80319c"  # the traceparent the start-up capture's clients sent
     found = store.query(EXPORTER_TRACE_LOOKUP.replace("{trace_id}", trace_id))
@@ -139,6 +255,7 @@ def test_spans_inferpath_writes_are_found_by_the_exporters_trace_lookup(store: S
         assert row[1] == trace_id and row[4] == "llm_request" and row[5] == "Server"
         assert "gen_ai.latency.time_in_queue" in row[10]
     # The lookup table holds the trace's bounds (per insert block, min/max across rows).
-    start, end = store.query("SELECT min(Start), max(End) FROM otel_traces_trace_id_ts"
-                             " WHERE TraceId = {t:String}", {"t": trace_id})[0]
+    start, end = store.query(
+        "SELECT min(Start), max(End) FROM otel_traces_trace_id_ts WHERE TraceId = {t:String}", {"t": trace_id}
+    )[0]
     assert start <= min(row[0] for row in found) and max(row[0] for row in found) < end + timedelta(seconds=1)

@@ -16,8 +16,13 @@ T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 
 
 def _row(offset_seconds: int = 0, **fields) -> list:
-    span = SpanRow(timestamp=T0 + timedelta(seconds=offset_seconds), trace_id=secrets.token_hex(16),
-                   span_id=secrets.token_hex(8), duration_ns=5, **fields)
+    span = SpanRow(
+        timestamp=T0 + timedelta(seconds=offset_seconds),
+        trace_id=secrets.token_hex(16),
+        span_id=secrets.token_hex(8),
+        duration_ns=5,
+        **fields,
+    )
     return list(span.to_insert_row())
 
 
@@ -49,11 +54,25 @@ def test_aware_datetimes_in_other_zones_and_events_are_stored_as_utc(store: Stor
 
 
 def test_from_checked_builds_the_same_row_as_the_constructor() -> None:
-    values = dict(timestamp=T0, trace_id="ab" * 16, span_id="cd" * 8, parent_span_id="ef" * 8,
-                  trace_state="s", span_name="n", span_kind="Server", service_name="svc",
-                  resource_attributes={"a": "1"}, scope_name="sc", scope_version="1",
-                  span_attributes={"b": "2"}, duration_ns=7, status_code="Ok", status_message="m",
-                  events=[(T0, "e", {"c": "3"})], links=[("ab" * 16, "cd" * 8, "", {})])
+    values = dict(
+        timestamp=T0,
+        trace_id="ab" * 16,
+        span_id="cd" * 8,
+        parent_span_id="ef" * 8,
+        trace_state="s",
+        span_name="n",
+        span_kind="Server",
+        service_name="svc",
+        resource_attributes={"a": "1"},
+        scope_name="sc",
+        scope_version="1",
+        span_attributes={"b": "2"},
+        duration_ns=7,
+        status_code="Ok",
+        status_message="m",
+        events=[(T0, "e", {"c": "3"})],
+        links=[("ab" * 16, "cd" * 8, "", {})],
+    )
     checked = SpanRow.from_checked(*values.values())
     assert checked == SpanRow(**values)
     assert checked.to_insert_row() == SpanRow(**values).to_insert_row()
@@ -67,8 +86,12 @@ def test_from_checked_builds_the_same_row_as_the_constructor() -> None:
 
 def test_rows_with_nanosecond_timestamps_are_stored_at_the_same_instants(store: Store) -> None:
     """The ingest path gives Timestamp as Unix ns (no per-row conversion in the driver)."""
-    spans = [SpanRow(T0 + timedelta(seconds=i, microseconds=7), "ab" * 16, f"{i:016x}",
-                     events=[(T0, "tick", {})] if i else ()) for i in range(3)]
+    spans = [
+        SpanRow(
+            T0 + timedelta(seconds=i, microseconds=7), "ab" * 16, f"{i:016x}", events=[(T0, "tick", {})] if i else ()
+        )
+        for i in range(3)
+    ]
     assert store.insert("otel_traces", [s.to_insert_row(timestamp_ns=True) for s in spans], SPAN_COLUMNS) == 3
     stored = store.query("SELECT Timestamp, Events.Timestamp FROM otel_traces ORDER BY Timestamp")
     assert [r[0] for r in stored] == [s.timestamp for s in spans]

@@ -35,8 +35,14 @@ def client_results(shared_data: Path) -> list[dict]:
 
 def test_latency_percentiles_match_numpy_on_real_client_data(store: Store, client_results: list[dict]) -> None:
     rows = [
-        RequestRow(T0 + timedelta(milliseconds=100 * i), secrets.token_hex(16), endpoint="/v1/completions",
-                   endpoint_class="interactive", client_ttft_ns=_ns(r["ttft"]), client_e2e_ns=_ns(r["e2e"]))
+        RequestRow(
+            T0 + timedelta(milliseconds=100 * i),
+            secrets.token_hex(16),
+            endpoint="/v1/completions",
+            endpoint_class="interactive",
+            client_ttft_ns=_ns(r["ttft"]),
+            client_e2e_ns=_ns(r["e2e"]),
+        )
         for i, r in enumerate(client_results)
     ]
     _insert(store, rows)
@@ -50,8 +56,14 @@ def test_latency_percentiles_match_numpy_on_real_client_data(store: Store, clien
         assert got["avg_seconds"] == pytest.approx(values_ns.mean() / 1e9, rel=1e-12)
         for q, name in ((50, "p50_seconds"), (95, "p95_seconds"), (99, "p99_seconds")):
             assert got[name] == pytest.approx(np.percentile(values_ns, q) / 1e9, rel=1e-9), (measure, q)
-    assert by_measure["queue"] == {"measure": "queue", "count": 0, "avg_seconds": None,
-                                   "p50_seconds": None, "p95_seconds": None, "p99_seconds": None}
+    assert by_measure["queue"] == {
+        "measure": "queue",
+        "count": 0,
+        "avg_seconds": None,
+        "p50_seconds": None,
+        "p95_seconds": None,
+        "p99_seconds": None,
+    }
 
 
 def test_percentiles_on_known_values(store: Store) -> None:
@@ -69,12 +81,20 @@ def test_final_keeps_the_latest_version_of_a_trace_row(store: Store) -> None:
     # (storage/README.md: a start moved across an hour boundary is the documented exception).
     t = T0 + timedelta(minutes=30)
     trace_id = secrets.token_hex(16)
-    first = RequestRow(t, trace_id, status="incomplete", e2e_ns=1_000, span_count=2,
-                       updated_at=t + timedelta(seconds=1))
-    latest = RequestRow(t - timedelta(milliseconds=5), trace_id, status="ok", e2e_ns=9_000, span_count=5,
-                        updated_at=t + timedelta(seconds=3))
-    older_late = RequestRow(t, trace_id, status="error", e2e_ns=5_000, span_count=3,
-                            updated_at=t + timedelta(seconds=2))
+    first = RequestRow(
+        t, trace_id, status="incomplete", e2e_ns=1_000, span_count=2, updated_at=t + timedelta(seconds=1)
+    )
+    latest = RequestRow(
+        t - timedelta(milliseconds=5),
+        trace_id,
+        status="ok",
+        e2e_ns=9_000,
+        span_count=5,
+        updated_at=t + timedelta(seconds=3),
+    )
+    older_late = RequestRow(
+        t, trace_id, status="error", e2e_ns=5_000, span_count=3, updated_at=t + timedelta(seconds=2)
+    )
     for row in (first, latest, older_late):  # separate inserts: separate parts, no merge yet
         _insert(store, [row])
     reader = Reader(store)
@@ -89,10 +109,14 @@ def test_final_keeps_the_latest_version_of_a_trace_row(store: Store) -> None:
 
 def test_filters_range_order_and_limit(store: Store) -> None:
     rows = [
-        RequestRow(T0 + timedelta(seconds=i), secrets.token_hex(16),
-                   endpoint="/chat" if i % 2 else "/embed",
-                   endpoint_class="interactive" if i % 2 else "bulk",
-                   e2e_ns=(i + 1) * 1_000_000, client_e2e_ns=50_000_000 if i == 4 else None)
+        RequestRow(
+            T0 + timedelta(seconds=i),
+            secrets.token_hex(16),
+            endpoint="/chat" if i % 2 else "/embed",
+            endpoint_class="interactive" if i % 2 else "bulk",
+            e2e_ns=(i + 1) * 1_000_000,
+            client_e2e_ns=50_000_000 if i == 4 else None,
+        )
         for i in range(10)
     ]
     _insert(store, rows)
@@ -138,11 +162,16 @@ def test_trace_lookup_bounds_cover_fractional_seconds_and_midnight(store: Store)
     spans in the last nanoseconds of the trace's last second, and a trace crossing midnight
     (two partitions), are all found; a neighbour trace in the same second is not."""
     midnight = datetime(2025, 1, 2, tzinfo=timezone.utc)
-    starts = [midnight - timedelta(microseconds=1), midnight + timedelta(seconds=1, microseconds=999_999),
-              midnight - timedelta(seconds=3, microseconds=-1)]
+    starts = [
+        midnight - timedelta(microseconds=1),
+        midnight + timedelta(seconds=1, microseconds=999_999),
+        midnight - timedelta(seconds=3, microseconds=-1),
+    ]
     trace_id, other = secrets.token_hex(16), secrets.token_hex(16)
-    spans = [SpanRow(start, trace_id, secrets.token_hex(8), span_name=f"s{i}", duration_ns=5)
-             for i, start in enumerate(starts)]
+    spans = [
+        SpanRow(start, trace_id, secrets.token_hex(8), span_name=f"s{i}", duration_ns=5)
+        for i, start in enumerate(starts)
+    ]
     spans.append(SpanRow(starts[1], other, secrets.token_hex(8), span_name="neighbour"))
     store.insert("otel_traces", [s.to_insert_row() for s in spans], SPAN_COLUMNS)
     found = Reader(store).trace_spans(trace_id.upper())
@@ -154,20 +183,30 @@ def test_trace_lookup_bounds_cover_fractional_seconds_and_midnight(store: Store)
 def test_ttft_timeseries_buckets(store: Store) -> None:
     rows = [
         # bucket 12:00: client-side TTFT wins over gateway TTFT when both exist
-        RequestRow(T0 + timedelta(seconds=5), secrets.token_hex(16), endpoint_class="interactive",
-                   client_ttft_ns=200_000_000, ttft_ns=150_000_000),
-        RequestRow(T0 + timedelta(seconds=30), secrets.token_hex(16), endpoint_class="interactive",
-                   ttft_ns=100_000_000),
+        RequestRow(
+            T0 + timedelta(seconds=5),
+            secrets.token_hex(16),
+            endpoint_class="interactive",
+            client_ttft_ns=200_000_000,
+            ttft_ns=150_000_000,
+        ),
+        RequestRow(
+            T0 + timedelta(seconds=30), secrets.token_hex(16), endpoint_class="interactive", ttft_ns=100_000_000
+        ),
         RequestRow(T0 + timedelta(seconds=40), secrets.token_hex(16), endpoint_class="bulk", ttft_ns=1_000_000_000),
         RequestRow(T0 + timedelta(seconds=50), secrets.token_hex(16), endpoint_class="bulk"),  # no TTFT: left out
         # bucket 12:01
-        RequestRow(T0 + timedelta(seconds=61), secrets.token_hex(16), endpoint_class="interactive",
-                   ttft_ns=300_000_000),
+        RequestRow(
+            T0 + timedelta(seconds=61), secrets.token_hex(16), endpoint_class="interactive", ttft_ns=300_000_000
+        ),
     ]
     _insert(store, rows)
     series = Reader(store).ttft_timeseries(T0, T0 + HOUR, step_seconds=60)
     assert [(p["bucket"], p["endpoint_class"], p["count"]) for p in series] == [
-        (T0, "bulk", 1), (T0, "interactive", 2), (T0 + timedelta(minutes=1), "interactive", 1)]
+        (T0, "bulk", 1),
+        (T0, "interactive", 2),
+        (T0 + timedelta(minutes=1), "interactive", 1),
+    ]
     interactive = series[1]
     assert interactive["avg_seconds"] == pytest.approx(0.15)
     assert interactive["p50_seconds"] == pytest.approx(0.15)
@@ -183,8 +222,17 @@ def test_ttft_timeseries_buckets(store: Store) -> None:
 
 def test_gauge_timeseries_averages_per_bucket_and_series(store: Store) -> None:
     def point(seconds: int, gpu: str, value: float) -> tuple:
-        return GaugeRow({"service.name": "gpu-node"}, "gpu-node", "gpu_utilization_ratio", "GPU utilization",
-                        "1", {"gpu": gpu}, None, T0 + timedelta(seconds=seconds), value=value).to_insert_row()
+        return GaugeRow(
+            {"service.name": "gpu-node"},
+            "gpu-node",
+            "gpu_utilization_ratio",
+            "GPU utilization",
+            "1",
+            {"gpu": gpu},
+            None,
+            T0 + timedelta(seconds=seconds),
+            value=value,
+        ).to_insert_row()
 
     rows = [point(0, "0", 0.2), point(10, "0", 0.4), point(20, "1", 0.9), point(70, "0", 1.0)]
     other = GaugeRow({}, "gpu-node", "power_watts", "", "W", {"gpu": "0"}, None, T0, value=300.0).to_insert_row()

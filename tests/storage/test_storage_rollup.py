@@ -27,13 +27,22 @@ def _rows(count: int, *, seed: int = 3, updated_at: datetime | None = None, ttft
     rows = []
     for i in range(count):
         ttft = int(150 * MS * ttft_scale * rng.lognormvariate(0, 0.7))
-        rows.append(RequestRow(
-            timestamp=START + timedelta(seconds=HOURS * 3600 * i / count), trace_id=f"{seed:08x}{i:024x}",
-            endpoint="/v1/chat/completions", endpoint_class="bulk" if i % 4 == 0 else "interactive",
-            status="error" if i % 37 == 0 else "ok", http_status_code=200,
-            client_ttft_ns=ttft + 2 * MS if i % 3 else None, ttft_ns=ttft, e2e_ns=ttft + int(1e9 * rng.random()),
-            itl_ns=int(20 * MS * rng.lognormvariate(0, 0.2)), queue_ns=int(30 * MS * rng.lognormvariate(0, 1.0)),
-            updated_at=updated_at or START + timedelta(hours=HOURS)).to_insert_row())
+        rows.append(
+            RequestRow(
+                timestamp=START + timedelta(seconds=HOURS * 3600 * i / count),
+                trace_id=f"{seed:08x}{i:024x}",
+                endpoint="/v1/chat/completions",
+                endpoint_class="bulk" if i % 4 == 0 else "interactive",
+                status="error" if i % 37 == 0 else "ok",
+                http_status_code=200,
+                client_ttft_ns=ttft + 2 * MS if i % 3 else None,
+                ttft_ns=ttft,
+                e2e_ns=ttft + int(1e9 * rng.random()),
+                itl_ns=int(20 * MS * rng.lognormvariate(0, 0.2)),
+                queue_ns=int(30 * MS * rng.lognormvariate(0, 1.0)),
+                updated_at=updated_at or START + timedelta(hours=HOURS),
+            ).to_insert_row()
+        )
     return rows
 
 
@@ -52,7 +61,9 @@ def _exact(store, start, end, column, endpoint_class=None):
         params["c"] = endpoint_class
     count, avg, q = store.query(
         f"SELECT count({column}), avg({column}), quantilesExactInclusive(0.5, 0.95, 0.99)({column})"
-        f" FROM inferpath_requests FINAL WHERE {where}", params)[0]
+        f" FROM inferpath_requests FINAL WHERE {where}",
+        params,
+    )[0]
     return int(count), avg / 1e9, [v / 1e9 for v in q]
 
 
@@ -82,8 +93,11 @@ def test_wide_summary_from_the_rollup_matches_exact_within_one_percent(store):
 
 
 def _count(store, start, end) -> int:
-    return store.query("SELECT count() FROM inferpath_requests FINAL WHERE timestamp >= {a:DateTime64(9, 'UTC')}"
-                       " AND timestamp < {b:DateTime64(9, 'UTC')}", {"a": start, "b": end})[0][0]
+    return store.query(
+        "SELECT count() FROM inferpath_requests FINAL WHERE timestamp >= {a:DateTime64(9, 'UTC')}"
+        " AND timestamp < {b:DateTime64(9, 'UTC')}",
+        {"a": start, "b": end},
+    )[0][0]
 
 
 def test_a_re_derived_request_replaces_its_old_version_in_the_rollup(store):
@@ -93,10 +107,12 @@ def test_a_re_derived_request_replaces_its_old_version_in_the_rollup(store):
     before = reader.summary(start, end)
     # Late spans re-derive every row of the first hour with a 10x TTFT and a newer version.
     later = datetime.now(timezone.utc)
-    store.insert("inferpath_requests", _rows(20_000, updated_at=later, ttft_scale=10.0)[:20_000 // HOURS],
-                 REQUEST_COLUMNS)
+    store.insert(
+        "inferpath_requests", _rows(20_000, updated_at=later, ttft_scale=10.0)[: 20_000 // HOURS], REQUEST_COLUMNS
+    )
     assert reader.summary(start, end)["measures"][2]["avg_seconds"] == pytest.approx(
-        before["measures"][2]["avg_seconds"], rel=1e-9), "unchanged until the next pass"
+        before["measures"][2]["avg_seconds"], rel=1e-9
+    ), "unchanged until the next pass"
     result = rollup.refresh(store)
     assert result.minutes == 60  # only the first hour's minutes are rebuilt
     after = reader.summary(start, end)
@@ -122,13 +138,19 @@ def test_minutes_after_the_horizon_and_without_a_pass_are_read_raw(store):
 def test_plan_window_aligns_to_the_step_and_rejects_odd_alignments():
     start = datetime(2026, 1, 1, 0, 0, 10, tzinfo=timezone.utc)
     plan = rollup.plan_window(start, start + timedelta(hours=2), start + timedelta(hours=3), align_seconds=300)
-    assert plan.rollup == (datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc), datetime(2026, 1, 1, 2, 0, tzinfo=timezone.utc))
+    assert plan.rollup == (
+        datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc),
+        datetime(2026, 1, 1, 2, 0, tzinfo=timezone.utc),
+    )
     assert plan.raw == ((start, plan.rollup[0]), (plan.rollup[1], start + timedelta(hours=2)))
     # 00:05-01:00 from minutes, 01:00-02:00 from the hourly tier (no step: one group).
-    assert plan.tiers == ((rollup.ROLLUP_TABLE, plan.rollup[0], plan.rollup[0].replace(hour=1, minute=0)),
-                          (rollup.HOURLY_TABLE, plan.rollup[0].replace(hour=1, minute=0), plan.rollup[1]))
-    minutes_only = rollup.plan_window(start, start + timedelta(hours=2), start + timedelta(hours=3),
-                                      align_seconds=300, hourly=False)
+    assert plan.tiers == (
+        (rollup.ROLLUP_TABLE, plan.rollup[0], plan.rollup[0].replace(hour=1, minute=0)),
+        (rollup.HOURLY_TABLE, plan.rollup[0].replace(hour=1, minute=0), plan.rollup[1]),
+    )
+    minutes_only = rollup.plan_window(
+        start, start + timedelta(hours=2), start + timedelta(hours=3), align_seconds=300, hourly=False
+    )
     assert minutes_only.tiers == ((rollup.ROLLUP_TABLE, *plan.rollup),)
     assert rollup.plan_window(start, start + timedelta(minutes=3), None).rollup is None
     with pytest.raises(ValueError, match="align_seconds"):
@@ -145,8 +167,10 @@ def test_latency_view_over_a_wide_window_reads_the_rollup_through_the_api(store_
         with httpx.Client(base_url=running.url, timeout=60) as http:
             view = http.get("/api/v1/views/latency", params={**window, "max_points": 100}).json()
             summary = http.get("/api/v1/summary", params=window).json()
-            narrow = http.get("/api/v1/summary", params={
-                "start": START.isoformat(), "end": (START + timedelta(minutes=30)).isoformat()}).json()
+            narrow = http.get(
+                "/api/v1/summary",
+                params={"start": START.isoformat(), "end": (START + timedelta(minutes=30)).isoformat()},
+            ).json()
             metrics = http.get("/metrics").text
         store = running.runtime.store
         assert view["percentiles"] == "ddsketch" and view["step_seconds"] % 60 == 0
@@ -159,10 +183,15 @@ def test_latency_view_over_a_wide_window_reads_the_rollup_through_the_api(store_
         assert first["ttft_avg_seconds"] == pytest.approx(avg, rel=1e-9)
         # A bucket holds ~50 requests: the sketch's p99 is (within 0.5 %) one of the two
         # values whose ranks bracket the 99th percentile, not an interpolation between them.
-        values = sorted(v / 1e9 for (v,) in store.query(
-            "SELECT coalesce(client_ttft_ns, ttft_ns) FROM inferpath_requests FINAL"
-            " WHERE timestamp >= {a:DateTime64(9, 'UTC')} AND timestamp < {b:DateTime64(9, 'UTC')}"
-            " AND endpoint_class = {c:String}", {"a": START, "b": bucket_end, "c": first["endpoint_class"]}))
+        values = sorted(
+            v / 1e9
+            for (v,) in store.query(
+                "SELECT coalesce(client_ttft_ns, ttft_ns) FROM inferpath_requests FINAL"
+                " WHERE timestamp >= {a:DateTime64(9, 'UTC')} AND timestamp < {b:DateTime64(9, 'UTC')}"
+                " AND endpoint_class = {c:String}",
+                {"a": START, "b": bucket_end, "c": first["endpoint_class"]},
+            )
+        )
         rank = 0.99 * (len(values) - 1)
         low, high = values[int(rank)], values[min(int(rank) + 1, len(values) - 1)]
         assert low * 0.995 <= first["ttft_p99_seconds"] <= high * 1.005
@@ -178,21 +207,29 @@ def test_a_request_re_derived_into_another_group_leaves_no_stale_group(store):
     reader = Reader(store, rollup_min_window_seconds=0)
     start, end = START, START + timedelta(hours=HOURS)
     t = START + timedelta(minutes=90, seconds=30)
-    partial = RequestRow(timestamp=t, trace_id="f" * 32, status="incomplete", ttft_ns=5 * MS,
-                         updated_at=datetime.now(timezone.utc))
+    partial = RequestRow(
+        timestamp=t, trace_id="f" * 32, status="incomplete", ttft_ns=5 * MS, updated_at=datetime.now(timezone.utc)
+    )
     store.insert("inferpath_requests", [partial.to_insert_row()], REQUEST_COLUMNS)
     rollup.refresh(store)
     assert reader.summary(start, end)["request_count"] == 20_001
-    whole = RequestRow(timestamp=t, trace_id="f" * 32, endpoint="/v1/chat/completions",
-                       endpoint_class="interactive", status="ok", ttft_ns=6 * MS,
-                       updated_at=datetime.now(timezone.utc) + timedelta(seconds=1))
+    whole = RequestRow(
+        timestamp=t,
+        trace_id="f" * 32,
+        endpoint="/v1/chat/completions",
+        endpoint_class="interactive",
+        status="ok",
+        ttft_ns=6 * MS,
+        updated_at=datetime.now(timezone.utc) + timedelta(seconds=1),
+    )
     store.insert("inferpath_requests", [whole.to_insert_row()], REQUEST_COLUMNS)
     rollup.refresh(store)
     summary = reader.summary(start, end)
     assert summary["percentiles"] == "ddsketch"
     assert summary["request_count"] == 20_001 == _count(store, start, end)
-    by_hour = rollup.aggregate(store, reader.rollup_plan(start, end, step_seconds=3600),
-                               measures=["ttft"], step_seconds=3600)
+    by_hour = rollup.aggregate(
+        store, reader.rollup_plan(start, end, step_seconds=3600), measures=["ttft"], step_seconds=3600
+    )
     assert sum(row["requests"] for row in by_hour) == 20_001
 
 

@@ -40,23 +40,25 @@ def _spans_from_otlp(body: bytes) -> list[SpanRow]:
         resource = {kv.key: _any_value_text(kv.value) for kv in resource_spans.resource.attributes}
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                rows.append(SpanRow(
-                    timestamp=datetime_from_unix_ns(span.start_time_unix_nano),
-                    trace_id=span.trace_id.hex(),
-                    span_id=span.span_id.hex(),
-                    parent_span_id=span.parent_span_id.hex(),
-                    trace_state=span.trace_state,
-                    span_name=span.name,
-                    span_kind=span_kind_name(span.kind),
-                    service_name=resource.get("service.name", ""),
-                    resource_attributes=resource,
-                    scope_name=scope_spans.scope.name,
-                    scope_version=scope_spans.scope.version,
-                    span_attributes={kv.key: _any_value_text(kv.value) for kv in span.attributes},
-                    duration_ns=span.end_time_unix_nano - span.start_time_unix_nano,
-                    status_code=status_code_name(span.status.code),
-                    status_message=span.status.message,
-                ))
+                rows.append(
+                    SpanRow(
+                        timestamp=datetime_from_unix_ns(span.start_time_unix_nano),
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_span_id=span.parent_span_id.hex(),
+                        trace_state=span.trace_state,
+                        span_name=span.name,
+                        span_kind=span_kind_name(span.kind),
+                        service_name=resource.get("service.name", ""),
+                        resource_attributes=resource,
+                        scope_name=scope_spans.scope.name,
+                        scope_version=scope_spans.scope.version,
+                        span_attributes={kv.key: _any_value_text(kv.value) for kv in span.attributes},
+                        duration_ns=span.end_time_unix_nano - span.start_time_unix_nano,
+                        status_code=status_code_name(span.status.code),
+                        status_message=span.status.message,
+                    )
+                )
     return rows
 
 
@@ -105,7 +107,14 @@ def test_span_row_validation_names_the_field(field: str, value, message: str) ->
 
 def test_enum_names_and_legacy_strings() -> None:
     assert [span_kind_name(k) for k in range(7)] == [
-        "Unspecified", "Internal", "Server", "Client", "Producer", "Consumer", "Unspecified"]
+        "Unspecified",
+        "Internal",
+        "Server",
+        "Client",
+        "Producer",
+        "Consumer",
+        "Unspecified",
+    ]
     assert [status_code_name(c) for c in range(4)] == ["Unset", "Ok", "Error", "Unset"]
     legacy = list(SpanRow(T0, "a" * 32, "b" * 16).to_insert_row())
     legacy[SPAN_COLUMNS.index("SpanKind")] = "SPAN_KIND_CLIENT"
@@ -115,10 +124,20 @@ def test_enum_names_and_legacy_strings() -> None:
 
 
 def test_request_row_round_trip(store: Store) -> None:
-    row = RequestRow(T0, secrets.token_hex(16), endpoint="/v1/chat/completions",
-                     endpoint_class="interactive", status="ok", http_status_code=200,
-                     input_tokens=389, output_tokens=21, ttft_ns=66_268_920, e2e_ns=306_124_448,
-                     queue_ns=12_418, span_count=4)
+    row = RequestRow(
+        T0,
+        secrets.token_hex(16),
+        endpoint="/v1/chat/completions",
+        endpoint_class="interactive",
+        status="ok",
+        http_status_code=200,
+        input_tokens=389,
+        output_tokens=21,
+        ttft_ns=66_268_920,
+        e2e_ns=306_124_448,
+        queue_ns=12_418,
+        span_count=4,
+    )
     assert len(row.to_insert_row()) == len(REQUEST_COLUMNS)
     store.insert("inferpath_requests", [row.to_insert_row()], REQUEST_COLUMNS)
     back = store.query(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM inferpath_requests FINAL")

@@ -7,7 +7,6 @@ import time
 import pytest
 
 from inferpath.storage.migrations import apply_migrations
-from inferpath.storage.schema_files import load_migrations
 from inferpath.storage.rows import (
     GAUGE_COLUMNS,
     HISTOGRAM_COLUMNS,
@@ -15,15 +14,34 @@ from inferpath.storage.rows import (
     SPAN_COLUMNS,
     SUM_COLUMNS,
 )
+from inferpath.storage.schema_files import load_migrations
 from inferpath.storage.store import Store
 
 # The exporter's insert column list for spans (exporter/clickhouseexporter/internal/
 # sqltemplates/traces_insert.sql), written out here independently of rows.SPAN_COLUMNS.
 EXPORTER_TRACE_INSERT_COLUMNS = [
-    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
-    "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes",
-    "Duration", "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name",
-    "Events.Attributes", "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ResourceAttributes",
+    "ScopeName",
+    "ScopeVersion",
+    "SpanAttributes",
+    "Duration",
+    "StatusCode",
+    "StatusMessage",
+    "Events.Timestamp",
+    "Events.Name",
+    "Events.Attributes",
+    "Links.TraceId",
+    "Links.SpanId",
+    "Links.TraceState",
+    "Links.Attributes",
 ]
 
 
@@ -55,9 +73,9 @@ def test_otel_traces_columns_match_exporter_insert_list(store: Store) -> None:
 
 def test_lookup_table_and_view_exist(store: Store) -> None:
     assert [n for n, _ in store.table_columns("otel_traces_trace_id_ts")] == ["TraceId", "Start", "End"]
-    engines = dict(store.query(
-        "SELECT name, engine FROM system.tables WHERE database = {db:String}", {"db": store.database}
-    ))
+    engines = dict(
+        store.query("SELECT name, engine FROM system.tables WHERE database = {db:String}", {"db": store.database})
+    )
     assert engines["otel_traces_trace_id_ts_mv"] == "MaterializedView"
     assert engines["inferpath_requests"] == "ReplacingMergeTree"
 
@@ -114,17 +132,21 @@ def _outdated_parts_cleanup_thread_growth(store: Store, table: str, parts: int) 
     # Cleanup looks every 10 s (ClickHouse's default: 30 s); outdated parts are kept until all
     # are there, then let go at once, so one cleanup removes them all however slow the inserts.
     # How many threads removal takes is unchanged.
-    store.command(f"ALTER TABLE {table} MODIFY SETTING old_parts_lifetime = 3600, cleanup_delay_period = 10,"
-                  " cleanup_delay_period_random_add = 0")
+    store.command(
+        f"ALTER TABLE {table} MODIFY SETTING old_parts_lifetime = 3600, cleanup_delay_period = 10,"
+        " cleanup_delay_period_random_add = 0"
+    )
     for n in range(parts):  # distinct rows: identical blocks would be deduplicated
-        store.command(f"INSERT INTO {table} (TraceId, SpanId, Timestamp) VALUES"
-                      f" ('{n:032x}', '{n:016x}', '2025-01-01 12:00:00')")
+        store.command(
+            f"INSERT INTO {table} (TraceId, SpanId, Timestamp) VALUES ('{n:032x}', '{n:016x}', '2025-01-01 12:00:00')"
+        )
     before = store.query(threads)[0][0]
     store.command(f"OPTIMIZE TABLE {table} FINAL")
     store.command(f"ALTER TABLE {table} MODIFY SETTING old_parts_lifetime = 1")
     deadline = time.monotonic() + 90
-    while store.query(f"SELECT count() FROM system.parts WHERE database = currentDatabase() AND table = '{table}'"
-                      " AND NOT active")[0][0]:
+    while store.query(
+        f"SELECT count() FROM system.parts WHERE database = currentDatabase() AND table = '{table}' AND NOT active"
+    )[0][0]:
         assert time.monotonic() < deadline, f"{table}: outdated parts not removed within 90 s"
         time.sleep(0.2)
     return store.query(threads)[0][0] - before
@@ -141,8 +163,13 @@ def test_outdated_parts_are_removed_without_a_burst_of_engine_threads(store: Sto
 
 
 def test_every_table_removes_outdated_parts_sequentially(store: Store) -> None:
-    tables = dict(store.query("SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()"
-                              " AND engine LIKE '%MergeTree' AND name != 'inferpath_schema_migrations'"))
+    tables = dict(
+        store.query(
+            "SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()"
+            " AND engine LIKE '%MergeTree' AND name != 'inferpath_schema_migrations'"
+        )
+    )
     assert len(tables) == 12
-    assert {name for name, engine in tables.items()
-            if "concurrent_part_removal_threshold = 1000000" not in engine} == set()
+    assert {
+        name for name, engine in tables.items() if "concurrent_part_removal_threshold = 1000000" not in engine
+    } == set()

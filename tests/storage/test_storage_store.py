@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError
 
 from inferpath.storage.reader import Reader
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
@@ -47,7 +48,11 @@ def _run_python(code: str, env_overrides: dict[str, str] | None = None) -> dict:
     env.update(env_overrides or {})
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -56,8 +61,16 @@ def _run_python(code: str, env_overrides: dict[str, str] | None = None) -> dict:
 def test_span_round_trip_is_exact(store: Store) -> None:
     trace_id = secrets.token_hex(16)
     root = _span(trace_id)
-    child = _span(trace_id, parent_span_id=root.span_id, span_kind="Internal", span_name="tokenize",
-                  timestamp=T0 + timedelta(microseconds=250), duration_ns=42, events=[], links=[])
+    child = _span(
+        trace_id,
+        parent_span_id=root.span_id,
+        span_kind="Internal",
+        span_name="tokenize",
+        timestamp=T0 + timedelta(microseconds=250),
+        duration_ns=42,
+        events=[],
+        links=[],
+    )
     assert store.insert("otel_traces", [root.to_insert_row(), child.to_insert_row()], SPAN_COLUMNS) == 2
     spans = Reader(store).trace_spans(trace_id)
     assert spans == [root, child]
@@ -67,7 +80,7 @@ def test_span_round_trip_is_exact(store: Store) -> None:
 
 def test_query_results_are_aware_utc(store: Store) -> None:
     store.insert("otel_traces", [_span(secrets.token_hex(16)).to_insert_row()], SPAN_COLUMNS)
-    (ts, events_ts, hour), = store.query("SELECT Timestamp, Events.Timestamp, toHour(Timestamp) FROM otel_traces")
+    ((ts, events_ts, hour),) = store.query("SELECT Timestamp, Events.Timestamp, toHour(Timestamp) FROM otel_traces")
     assert ts == T0 and ts.utcoffset() == timedelta(0)
     assert events_ts[0].tzinfo is not None and events_ts[0] == T0 + timedelta(milliseconds=5)
     assert hour == 12
@@ -163,7 +176,8 @@ def test_data_survives_restart_in_fresh_process(store_url: str) -> None:
 def test_host_timezone_does_not_shift_times(store_url: str, zone: str, abbreviation: str) -> None:
     """A process in Berlin (UTC+1 in January) or Los Angeles (UTC-8) stores and finds 12:00 UTC
     as 12:00 UTC."""
-    result = _run_python(f"""
+    result = _run_python(
+        f"""
         import json, secrets, time
         from datetime import datetime, timedelta, timezone
         from inferpath.storage.store import Store
@@ -185,7 +199,9 @@ def test_host_timezone_does_not_shift_times(store_url: str, zone: str, abbreviat
             "found_iso": found[0].timestamp.isoformat(),
             "text": text, "hour": hour, "day": day, "in_window": in_window,
         }}))
-    """, {"TZ": zone})
+    """,
+        {"TZ": zone},
+    )
     assert result["local_zone"] == abbreviation  # the child really ran in that zone
     assert result["found_iso"] == "2025-01-01T12:00:00+00:00"
     assert result["text"] == "2025-01-01 12:00:00.000000000"
@@ -234,7 +250,8 @@ def test_an_insert_keeps_none_of_its_rows_alive(store: Store) -> None:
     finally:
         gc.enable()
     assert store.query("SELECT count(), sum(Id), Attributes['key'] FROM rows_probe WHERE Id = 7 GROUP BY 3") == [
-        (1, 7, "7")]
+        (1, 7, "7")
+    ]
 
 
 def test_inserts_leave_no_cyclic_garbage(store: Store) -> None:
@@ -251,7 +268,7 @@ def test_inserts_leave_no_cyclic_garbage(store: Store) -> None:
     try:
         for token in ("a", "b", None):
             assert store.insert("cycle_probe", rows, ["Id", "At", "Tags"], dedup_token=token) == 1000
-        with pytest.raises(Exception):  # a column the table lacks: refused by the store
+        with pytest.raises(DatabaseError):  # a column the table lacks: refused by the store
             store.insert("cycle_probe", rows, ["Id", "At", "Nope"])
         assert gc.collect() == 0
     finally:
@@ -269,7 +286,10 @@ def test_the_installed_clickhouse_connect_is_in_the_range_pyproject_pins() -> No
     from packaging.specifiers import SpecifierSet
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    pinned = next(Requirement(item) for item in pyproject["project"]["optional-dependencies"]["server"]
-                  if Requirement(item).name == "clickhouse-connect")
+    pinned = next(
+        Requirement(item)
+        for item in pyproject["project"]["optional-dependencies"]["server"]
+        if Requirement(item).name == "clickhouse-connect"
+    )
     assert pinned.specifier != SpecifierSet("") and any(spec.operator == "<" for spec in pinned.specifier)
     assert version("clickhouse-connect") in pinned.specifier, (version("clickhouse-connect"), str(pinned.specifier))

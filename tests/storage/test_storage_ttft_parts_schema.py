@@ -27,7 +27,9 @@ def test_cluster_form_adds_the_columns_to_local_and_distributed_tables(store: St
         hits = [s for s in statements if re.search(rf"ADD COLUMN IF NOT EXISTS {column}\b", s)]
         # The Distributed table fixes its columns at creation: it needs the column as well.
         assert sorted(h.split(" ON CLUSTER")[0] for h in hits) == [
-            "ALTER TABLE `obs`.inferpath_requests", f"ALTER TABLE `obs`.inferpath_requests{LOCAL_SUFFIX}"]
+            "ALTER TABLE `obs`.inferpath_requests",
+            f"ALTER TABLE `obs`.inferpath_requests{LOCAL_SUFFIX}",
+        ]
         for statement in hits:
             assert "ON CLUSTER `prod`" in statement
             assert store.query("SELECT formatQuery({q:String})", {"q": statement})[0][0]

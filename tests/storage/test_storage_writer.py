@@ -24,8 +24,7 @@ def _count(store: Store) -> int:
 
 
 def test_rows_are_inserted_in_batches_and_flush_waits(store: Store) -> None:
-    writer = BatchWriter(store, "inferpath_requests", REQUEST_COLUMNS, max_batch_rows=10,
-                         flush_interval_seconds=60.0)
+    writer = BatchWriter(store, "inferpath_requests", REQUEST_COLUMNS, max_batch_rows=10, flush_interval_seconds=60.0)
     try:
         assert writer.submit(_rows(7))
         assert writer.submit(_rows(18))
@@ -53,12 +52,18 @@ def test_interval_flush_without_explicit_flush(store: Store) -> None:
 
 def test_full_queue_drops_and_counts(store: Store) -> None:
     # A long interval and large batches keep the worker idle, so the queue only fills.
-    writer = BatchWriter(store, "inferpath_requests", REQUEST_COLUMNS, max_batch_rows=1000,
-                         flush_interval_seconds=60.0, max_queue_rows=10)
+    writer = BatchWriter(
+        store,
+        "inferpath_requests",
+        REQUEST_COLUMNS,
+        max_batch_rows=1000,
+        flush_interval_seconds=60.0,
+        max_queue_rows=10,
+    )
     try:
         assert writer.submit(_rows(8)) is True
         assert writer.submit(_rows(5)) is False  # 8 + 5 > 10: all five dropped
-        assert writer.submit(_rows(2)) is True   # exactly full
+        assert writer.submit(_rows(2)) is True  # exactly full
         assert writer.rows_dropped_total == 5
         assert writer.queue_rows == 10
         assert writer.flush(timeout_seconds=20)
@@ -70,8 +75,9 @@ def test_full_queue_drops_and_counts(store: Store) -> None:
 
 def test_failed_inserts_are_retried_then_dropped_without_raising(store: Store) -> None:
     store.command("CREATE TABLE doomed (x UInt8) ENGINE = MergeTree ORDER BY x")
-    writer = BatchWriter(store, "doomed", ["x"], flush_interval_seconds=60.0,
-                         max_insert_attempts=3, retry_backoff_seconds=0.01)
+    writer = BatchWriter(
+        store, "doomed", ["x"], flush_interval_seconds=60.0, max_insert_attempts=3, retry_backoff_seconds=0.01
+    )
     try:
         store.command("DROP TABLE doomed")  # every insert now fails in ClickHouse
         assert writer.submit([(1,), (2,)]) is True
@@ -85,8 +91,9 @@ def test_failed_inserts_are_retried_then_dropped_without_raising(store: Store) -
 
 
 def test_bad_rows_are_not_retried(store: Store) -> None:
-    writer = BatchWriter(store, "inferpath_requests", REQUEST_COLUMNS, flush_interval_seconds=60.0,
-                         retry_backoff_seconds=0.01)
+    writer = BatchWriter(
+        store, "inferpath_requests", REQUEST_COLUMNS, flush_interval_seconds=60.0, retry_backoff_seconds=0.01
+    )
     try:
         bad = list(_rows(1)[0])
         bad[0] = datetime(2025, 1, 1)  # naive: the store rejects this row alone
@@ -119,8 +126,12 @@ def test_submit_never_raises_on_garbage(store: Store) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [(dict(max_batch_rows=0), "max_batch_rows"), (dict(max_queue_rows=0), "max_queue_rows"),
-     (dict(flush_interval_seconds=0), "flush_interval_seconds"), (dict(table="x;y"), "table name")],
+    [
+        (dict(max_batch_rows=0), "max_batch_rows"),
+        (dict(max_queue_rows=0), "max_queue_rows"),
+        (dict(flush_interval_seconds=0), "flush_interval_seconds"),
+        (dict(table="x;y"), "table name"),
+    ],
 )
 def test_bad_configuration_raises_at_setup(store: Store, kwargs: dict, message: str) -> None:
     table = kwargs.pop("table", "inferpath_requests")
