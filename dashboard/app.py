@@ -7,10 +7,14 @@ from ``--server-url``/``--token``, else ``INFERPATH_SERVER_URL``/``INFERPATH_TOK
 Query parameters preselect the sidebar, so a view can be linked or bookmarked:
 ``?range=15m|1h|6h`` or ``?start=<ISO or unix s>&end=<...>`` (a custom range, shown in
 the sidebar to the second and editable there);
-``?endpoint_class=interactive``; ``?refresh=0`` (off) or seconds (fractions allowed from
+``?endpoint_class=interactive``, ``?service=``, ``?model=``, ``?replica=`` (filters);
+``?refresh=0`` (off) or seconds (fractions allowed from
 the URL, for tests and benchmarks); ``?tz=Europe/Berlin`` (default: the browser's zone);
 ``?points=600`` (most points per plotted series, at most 10,000); ``?trace_id=...`` on
 the Trace page.
+
+The choices follow the user from page to page and are written back into the URL
+(:mod:`inferpath.dashboard.session`); a box dragged across a time chart sets the window.
 
 Live panels are Streamlit fragments with ``run_every``: only the panel reruns on each tick,
 never the whole script, and no loop runs inside one script run. Queries are cached with a
@@ -28,7 +32,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 import streamlit as st
 
 from inferpath.config import Settings
-from inferpath.dashboard import pages
+from inferpath.dashboard import pages, session
+from inferpath.dashboard.filters import Filters
 from inferpath.dashboard.timerange import (
     CUSTOM,
     RANGE_KEYS,
@@ -38,10 +43,18 @@ from inferpath.dashboard.timerange import (
     resolve_window,
     step_seconds_for,
 )
+from inferpath.vocabulary import ENDPOINT_CLASSES as VOCABULARY_CLASSES
 
 REFRESH_CHOICES_SECONDS = [0, 5, 15, 60]
 MIN_REFRESH_SECONDS = 0.25  # from the URL only: for tests and benchmarks
-ENDPOINT_CLASSES = ["all", "interactive", "bulk"]
+ENDPOINT_CLASSES = ["all", *VOCABULARY_CLASSES]
+# Filters typed in the sidebar: (query parameter, label, help). Empty means all.
+FILTER_INPUTS = [
+    ("service", "Service", "The service that received the requests (its service.name), e.g. gateway."),
+    ("model", "Model", "The model the requests asked for (gen_ai.request.model)."),
+    ("replica", "Replica", "The engine replica that served them (inferpath.replica, "
+                           "service.instance.id or host.name of the engine)."),
+]
 # Most points per plotted series; the server downsamples to it (10,000 at most). (A bare
 # string here would be drawn on the page: Streamlit's "magic" writes the main script's.)
 POINTS_CHOICES = [120, 600, 2000, 5000, 10_000]
@@ -106,7 +119,7 @@ def parse_wall_time(text: str, zone: ZoneInfo) -> datetime:
 
 
 def _time_input(label: str, default: datetime, zone: ZoneInfo, *, key: str) -> datetime:
-    # The default (the URL's time, or now) shown in the zone; a bad entry is named and the
+    # The default (the chosen time, or now) shown in the zone; a bad entry is named and the
     # default kept, so the page still draws.
     shown = default.astimezone(zone)
     text = st.sidebar.text_input(label, value=shown.strftime(TIME_INPUT_FORMAT) +
@@ -119,14 +132,21 @@ def _time_input(label: str, default: datetime, zone: ZoneInfo, *, key: str) -> d
         return default
 
 
+def _choice(options: list, wanted: object, fallback: object) -> int:
+    return options.index(wanted if wanted in options else fallback)
+
+
 def sidebar_controls() -> dict:
-    """Draw the sidebar; return range key, custom bounds, class, refresh, zone and points."""
-    params = st.query_params
+    """Draw the sidebar from the session's choices (:mod:`.session`: the URL's on a first
+    visit or a link, else those of the page shown before); remember what it shows. Returns
+    range key, custom bounds, zone, filters, refresh and points."""
+    params = session.current()
+    version = session.version()  # new choices from a link or a brush: fresh widgets
     browser_zone = valid_zone(getattr(st.context, "timezone", None)) or "UTC"
     zones = list(dict.fromkeys([browser_zone, "UTC", *known_zones()]))
     requested_zone = valid_zone(params.get("tz")) or browser_zone
     st.sidebar.header("Time")
-    tz = st.sidebar.selectbox("Time zone", zones, index=zones.index(requested_zone), key="tz")
+    tz = st.sidebar.selectbox("Time zone", zones, index=zones.index(requested_zone), key=f"tz_{version}")
     custom_start = custom_end = None
     default_key = params.get("range", "1h")
     try:
@@ -139,24 +159,28 @@ def sidebar_controls() -> dict:
     if default_key not in RANGE_KEYS:
         default_key = "1h"
     range_key = st.sidebar.radio("Window", RANGE_KEYS, index=RANGE_KEYS.index(default_key),
-                                 format_func=RANGE_LABELS.get, key="range_key")
+                                 format_func=RANGE_LABELS.get, key=f"range_key_{version}")
     if range_key == CUSTOM:
         zone = ZoneInfo(tz)
         now = datetime.now(timezone.utc).replace(microsecond=0)
         custom_start = _time_input(f"Start ({tz})", custom_start or now - timedelta(hours=1),
-                                   zone, key="custom_start")
-        custom_end = _time_input(f"End ({tz})", custom_end or now, zone, key="custom_end")
-    requested_class = params.get("endpoint_class", "all")
+                                   zone, key=f"custom_start_{version}")
+        custom_end = _time_input(f"End ({tz})", custom_end or now, zone, key=f"custom_end_{version}")
+    st.sidebar.caption("Drag across a time chart to make that span the window.")
+    st.sidebar.header("Filters")
     endpoint_class = st.sidebar.selectbox(
-        "Endpoint class", ENDPOINT_CLASSES,
-        index=ENDPOINT_CLASSES.index(requested_class) if requested_class in ENDPOINT_CLASSES
-        else 0, key="endpoint_class")
+        "Endpoint class", ENDPOINT_CLASSES, index=_choice(ENDPOINT_CLASSES, params.get("endpoint_class"), "all"),
+        key=f"endpoint_class_{version}")
+    named = {name: st.sidebar.text_input(label, value=params.get(name, ""), placeholder="all",
+                                         key=f"{name}_{version}", help=help_text).strip() or None
+             for name, label, help_text in FILTER_INPUTS}
+    st.sidebar.header("Display")
     url_refresh = parse_refresh(params.get("refresh"))
     refresh_choices = sorted({*REFRESH_CHOICES_SECONDS, *([url_refresh] if url_refresh is not None else [])})
     refresh_seconds = st.sidebar.selectbox(
         "Live refresh", refresh_choices,
         index=refresh_choices.index(url_refresh if url_refresh is not None else 15),
-        format_func=lambda s: "off" if s == 0 else f"every {s} s", key="refresh_seconds")
+        format_func=lambda s: "off" if s == 0 else f"every {s} s", key=f"refresh_seconds_{version}")
     try:
         url_points = int(params.get("points", 600))
     except ValueError:
@@ -164,10 +188,17 @@ def sidebar_controls() -> dict:
     points_choices = sorted({*POINTS_CHOICES, min(max(url_points, 10), POINTS_CHOICES[-1])})
     max_points = st.sidebar.selectbox(
         "Points per series", points_choices,
-        index=points_choices.index(min(max(url_points, 10), POINTS_CHOICES[-1])), key="points")
+        index=points_choices.index(min(max(url_points, 10), POINTS_CHOICES[-1])), key=f"points_{version}")
+    filters = Filters(endpoint_class=None if endpoint_class == "all" else endpoint_class, **named)
+    custom = range_key == CUSTOM
+    session.remember({
+        "range": None if custom else range_key,
+        "start": session.iso_utc(custom_start) if custom and custom_start else None,
+        "end": session.iso_utc(custom_end) if custom and custom_end else None,
+        "tz": tz, "refresh": str(refresh_seconds), "points": str(max_points), **filters.as_params()})
     return {"range_key": range_key, "custom_start": custom_start, "custom_end": custom_end,
-            "endpoint_class": None if endpoint_class == "all" else endpoint_class,
-            "refresh_seconds": refresh_seconds, "tz": tz, "max_points": max_points}
+            "filters": filters, "refresh_seconds": refresh_seconds, "tz": tz,
+            "max_points": max_points}
 
 
 def current_window(controls: dict) -> TimeWindow | None:
@@ -193,8 +224,8 @@ def run_live(panel, server_url: str, token: str | None, controls: dict) -> None:
         window = current_window(controls)
         if window is None:
             return
-        panel(pages.Context(server_url, token, window, controls["tz"],
-                            controls["endpoint_class"], controls["max_points"]))
+        panel(pages.Context(server_url, token, window, controls["tz"], controls["filters"],
+                            controls["max_points"]))
 
     st.fragment(body, run_every=controls["refresh_seconds"] or None)()
 
@@ -229,6 +260,7 @@ def main() -> None:
         st.Page(live_page("Diagnosis", pages.diagnosis_panels), title="Diagnosis",
                 url_path="diagnosis"),
         st.Page(live_page("Alerts", pages.alerts_panels), title="Alerts", url_path="alerts"),
+        st.Page(live_page("What-if", pages.whatif_panels), title="What-if", url_path="whatif"),
     ])
     st.sidebar.caption(f"server: {server_url}")
     page.run()

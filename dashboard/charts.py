@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from inferpath.dashboard.figures import (
-    MS_PER_NS, MS_PER_SECOND, NO_DATA, UNCLASSIFIED, fixed_margins, line_mode, wall_time,
+    BRUSH_LAYOUT, MS_PER_NS, MS_PER_SECOND, NO_DATA, UNCLASSIFIED, fixed_margins, line_mode, wall_time,
 )
 from inferpath.dashboard.rows import StackedRows
 
@@ -54,7 +54,7 @@ def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
                     continue
                 drawn = True
                 rows.trace(row, {"type": "scatter", "x": x, "y": y, "mode": line_mode(y),
-                                 "name": f"{measure.upper()} {stat}", "legendgroup": measure,
+                                 "name": f"{measure.upper()} {stat}",
                                  "line": {"color": _COLORS[measure], "dash": dash},
                                  "connectgaps": False})
             rows.yaxis(row, title={"text": "ms"}, rangemode="tozero")
@@ -79,8 +79,9 @@ def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
         if len(x):  # the window's own span: a row with nothing drawn must not widen it to 1970-2030
             bounds = pd.Series(x)
             rows.xaxes(range=[bounds.iloc[0], bounds.iloc[-1] + pd.Timedelta(seconds=step)])
-        # The legend above the first row (two lines of 17 entries at most).
-        figures[klass] = rows.figure(height=1060, hovermode="x unified",
+        # The legend above the first row: 17 entries flow in two lines (grouped by measure,
+        # plotly would stack each group in a column of its own, four lines high).
+        figures[klass] = rows.figure(height=1060, hovermode="x unified", **BRUSH_LAYOUT,
                                      margin=fixed_margins(top=100, bottom=50),
                                      legend={"orientation": "h", "y": 1.035, "yanchor": "bottom"})
     return figures

@@ -184,18 +184,20 @@ class ReadApiClient:
         return body if isinstance(body, dict) else {"status": body}
 
     def summary(self, start: TimeLike, end: TimeLike, *, endpoint: str | None = None,
-                endpoint_class: str | None = None) -> pd.DataFrame:
+                endpoint_class: str | None = None,
+                filters: Mapping[str, str] | None = None) -> pd.DataFrame:
         """Per-measure latency summary over ``[start, end)``.
 
         Returns one row per measure (``client_ttft``, ``ttft``, ``queue``, ``prefill``, ...)
         with columns :data:`SUMMARY_COLUMNS`; durations in seconds, ``NaN`` where a measure
         has no samples. ``frame.attrs["request_count"]`` holds the number of requests in the
         window and ``frame.attrs["percentiles"]`` how they were computed (``exact`` or
-        ``ddsketch``) when the server reports them.
+        ``ddsketch``) when the server reports them. ``filters``: more query parameters the
+        route takes (see :mod:`inferpath.dashboard.filters`).
         """
         body = self._get("/api/v1/summary", {
             "start": format_time(start), "end": format_time(end),
-            "endpoint": endpoint, "endpoint_class": endpoint_class})
+            "endpoint": endpoint, "endpoint_class": endpoint_class, **(filters or {})})
         frame = to_frame(rows_of(body, url="/api/v1/summary"), SUMMARY_COLUMNS)
         if isinstance(body, dict) and isinstance(body.get("request_count"), int):
             frame.attrs["request_count"] = body["request_count"]
@@ -227,16 +229,18 @@ class ReadApiClient:
         return to_frame(rows_of(body, url="/api/v1/timeseries/gauge"), GAUGE_SERIES_COLUMNS)
 
     def requests(self, start: TimeLike, end: TimeLike, *, limit: int = 50,
-                 order: Literal["slowest", "timestamp"] = "slowest") -> pd.DataFrame:
+                 order: Literal["slowest", "timestamp"] = "slowest",
+                 filters: Mapping[str, str] | None = None) -> pd.DataFrame:
         """Request rows (``inferpath_requests``) in ``[start, end)``, ``limit`` at most,
         slowest end-to-end first (``order="slowest"``) or newest first (``"timestamp"``).
 
         Columns as the telemetry contract's request row: ``timestamp`` (UTC), ``*_ns``
-        durations, endpoint, class, model, status, ...
+        durations, endpoint, class, model, status, ... ``filters``: query parameters the
+        route takes (``endpoint_class``, ``endpoint``).
         """
         body = self._get("/api/v1/requests", {
             "start": format_time(start), "end": format_time(end), "limit": limit,
-            "order": order})
+            "order": order, **(filters or {})})
         return to_frame(rows_of(body, url="/api/v1/requests"))
 
 
@@ -278,6 +282,17 @@ class ReadApiClient:
             "start": format_time(start), "end": format_time(end), "endpoint": endpoint,
             "baseline_start": None if baseline_start is None else format_time(baseline_start),
             "baseline_end": None if baseline_end is None else format_time(baseline_end)})
+
+    def whatif(self, start: TimeLike, end: TimeLike, **change: Any) -> dict[str, Any]:
+        """``GET /api/v1/whatif``: TTFT, queue time and ITL per endpoint class observed,
+        replayed and predicted under ``change`` (``replicas``, ``max_num_seqs``,
+        ``kv_blocks``, ``batch_window_ms``, ``rate``); a window that cannot be calibrated
+        raises :class:`ReadApiError` (422) whose ``detail`` is the server's reason."""
+        body = self._get("/api/v1/whatif", {"start": format_time(start), "end": format_time(end), **change})
+        if not isinstance(body, dict):
+            raise ReadApiError(f"unexpected answer from /api/v1/whatif: {type(body).__name__}",
+                               url="/api/v1/whatif")
+        return body
 
     def objectives(self) -> dict[str, Any] | None:
         """The server's latency objectives per endpoint class (``GET /api/v1/objectives``:

@@ -19,6 +19,9 @@ import plotly.graph_objects as go
 MS_PER_SECOND = 1000.0
 MS_PER_NS = 1e-6
 NO_DATA = "no data"
+BRUSH_LAYOUT = {"dragmode": "select", "selectdirection": "h"}
+"""Layout of every time chart: dragging selects a span of time, which the page makes its
+window (:mod:`inferpath.dashboard.brush`); zoom stays in the chart's toolbar."""
 UNCLASSIFIED = "unclassified"
 
 # Order of the per-stage table: what the user felt first, then the path from the edge inwards.
@@ -31,8 +34,13 @@ MEASURE_LABELS = {
     "prefill": "prefill", "decode": "decode", "model": "model call",
     "postprocess": "postprocess",
 }
-_REQUEST_DURATION_ORDER = ["client_e2e", "e2e", "client_ttft", "ttft", "itl", "gateway",
-                           "network", "tokenize", "retrieval", "queue", "prefill", "decode",
+# A request row answers "where did its time go": the latency felt (the client's when it
+# measured, else the gateway's), then the engine's three phases, then the rest. The first
+# eight columns fit a 1600 px wide page beside the sidebar.
+_REQUEST_LEADING = (("client_e2e", "e2e"), ("client_ttft", "ttft"), ("queue",), ("prefill",),
+                    ("decode",))
+_REQUEST_DURATION_ORDER = ["client_e2e", "e2e", "client_ttft", "ttft", "queue", "prefill",
+                           "decode", "itl", "gateway", "network", "tokenize", "retrieval",
                            "model", "postprocess"]
 _REQUEST_IDENTITY_ORDER = ["status", "endpoint", "endpoint_class", "model", "input_tokens",
                            "output_tokens", "trace_id"]
@@ -115,7 +123,7 @@ def gauge_over_time(gauge_df: pd.DataFrame, tz: str, *, title: str, y_title: str
     rows.yaxis(1, title={"text": y_title}, rangemode="tozero")
     rows.xaxis(1, title={"text": f"time ({tz})"}, showticklabels=not gauge.empty)
     # The legend under the time axis: series labels (host, UUID, model) run long and wrap.
-    return rows.figure(height=340, margin=fixed_margins(top=40, bottom=120),
+    return rows.figure(height=340, margin=fixed_margins(top=40, bottom=120), **BRUSH_LAYOUT,
                        legend={"orientation": "h", "y": -0.35, "yanchor": "top"})
 
 
@@ -147,7 +155,9 @@ def requests_table(requests_df: pd.DataFrame, tz: str) -> pd.DataFrame:
     """Request rows for display: ``*_ns`` durations become ``*_ms`` columns, leading.
 
     ``timestamp`` becomes the wall time of ``tz`` (:func:`wall_time`). Order: ``timestamp``,
-    the durations (end-to-end and TTFT first, then the stages), then status, endpoint, class, model, tokens, ``trace_id`` and the rest. Duration columns
+    E2E and TTFT (the client's when measured, else the server's), queue, prefill and decode,
+    the other durations, then status, endpoint, class, model, tokens, ``trace_id`` and the
+    rest. Duration columns
     that are null in every row (stages this deployment does not report) are left out;
     single nulls stay null, never 0.
     """
@@ -164,7 +174,9 @@ def requests_table(requests_df: pd.DataFrame, tz: str) -> pd.DataFrame:
                 durations.append(column[:-3] + "_ms")
     rank = {f"{m}_ms": i for i, m in enumerate(_REQUEST_DURATION_ORDER)}
     durations.sort(key=lambda c: rank.get(c, len(rank)))
-    leading = [c for c in ("timestamp",) if c in table] + durations
+    first = [next(c for c in (f"{m}_ms" for m in names) if c in durations)
+             for names in _REQUEST_LEADING if any(f"{m}_ms" in durations for m in names)]
+    leading = [c for c in ("timestamp",) if c in table] + first + [c for c in durations if c not in first]
     identity = [c for c in _REQUEST_IDENTITY_ORDER if c in table]
     rest = [c for c in table.columns if c not in leading and c not in identity]
     return table[leading + identity + rest].reset_index(drop=True)

@@ -7,7 +7,7 @@ only the body. Read-API failures are shown as an error box naming the cause, nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlencode
@@ -16,15 +16,18 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from inferpath.dashboard import charts, figures, fleet, messages, saturation, spikes, waterfall
+from inferpath.dashboard import charts, figures, fleet, messages, saturation, spikes, waterfall, whatif
 from inferpath.dashboard import verdict as verdict_view
+from inferpath.dashboard.brush import time_chart
 from inferpath.dashboard.client import ReadApiError
+from inferpath.dashboard.filters import Filters, not_applied_note
 from inferpath.dashboard.memo import memo_figure
 from inferpath.dashboard.queries import (
     NO_VERDICT_KEY, answer, load_alerts, load_all, load_diagnosis, load_gauge, load_objectives,
     load_requests, load_summary, load_trace, load_view,
 )
 from inferpath.dashboard.timerange import TimeWindow
+from inferpath.vocabulary import ENDPOINT_CLASSES
 
 ENGINE_GAUGES = [
     # metric, title, axis label, display scale
@@ -47,11 +50,20 @@ class Context:
     token: str | None
     window: TimeWindow | None
     tz: str
-    endpoint_class: str | None
+    filters: Filters
     max_points: int
 
+    @property
+    def endpoint_class(self) -> str | None:
+        """The chosen endpoint class (``None``: all)."""
+        return self.filters.endpoint_class
 
-def _caption(ctx: Context) -> None:
+    def sent(self, route: str) -> tuple[tuple[str, str], ...]:
+        """The active filters ``route`` takes (:meth:`Filters.for_route`)."""
+        return self.filters.for_route(route)
+
+
+def _caption(ctx: Context, *routes: str) -> None:
     # The run counter lets a test or a benchmark count live refreshes from the page.
     st.session_state[RUNS_KEY] = st.session_state.get(RUNS_KEY, 0) + 1
     window = ctx.window
@@ -60,6 +72,9 @@ def _caption(ctx: Context) -> None:
     st.caption(f"{start:%Y-%m-%d %H:%M:%S} → {end:%Y-%m-%d %H:%M:%S} {ctx.tz} · "
                f"buckets of {window.step_seconds} s · updated {now:%H:%M:%S} · "
                f"run {st.session_state[RUNS_KEY]}")
+    note = not_applied_note(ctx.filters, routes)  # routes: what the page reads
+    if note:
+        st.info(note)
 
 
 def _trace_links(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -69,17 +84,32 @@ def _trace_links(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     table = table.copy()
     table["trace"] = "trace?trace_id=" + table["trace_id"].astype(str)
     table = table[["trace", *[c for c in table.columns if c not in ("trace", "trace_id")]]]
-    return table, {"trace": st.column_config.LinkColumn("trace", display_text=r"trace_id=(.*)")}
+    # The first 8 hex digits name a trace on screen; the link carries all 32.
+    return table, {"trace": st.column_config.LinkColumn("trace", display_text=r"trace_id=(.{8})",
+                                                        width="small")}
 
 
 def _requests_table(rows: pd.DataFrame, tz: str) -> None:
+    # Durations in narrow columns, so that E2E, TTFT, queue, prefill and decode show beside
+    # the time at 1600 px without scrolling sideways.
     table = figures.requests_table(rows, tz)
     table, link_config = _trace_links(table)
     st.dataframe(table, hide_index=True, width="stretch", height=36 * (min(len(table), 25) + 1) + 4,
-                 column_config={**link_config, **{
-                     column: st.column_config.NumberColumn(column.replace("_ms", " (ms)"),
-                                                           format="%.1f")
-                     for column in table.columns if column.endswith("_ms")}})
+                 column_config={**link_config,
+                                "timestamp": st.column_config.DatetimeColumn(
+                                    f"started ({tz})", format="YYYY-MM-DD HH:mm:ss.SSS"),
+                                **{column: st.column_config.NumberColumn(
+                                    _duration_label(column), format="%.1f",
+                                    width=max(70, 8 * len(_duration_label(column)) + 28),
+                                    help=f"{column[:-3]}, milliseconds")
+                                   for column in table.columns if column.endswith("_ms")}})
+
+
+def _duration_label(column: str) -> str:
+    # "client_e2e_ms" → "E2E client ms": short enough for a narrow column.
+    measure = column[:-3].removeprefix("client_")
+    name = measure.upper() if measure in ("e2e", "ttft", "itl") else measure
+    return f"{name}{' client' if column.startswith('client_') else ''} ms"
 
 
 def _explain(error: ReadApiError, what: str, ctx: Context) -> str:
@@ -89,7 +119,7 @@ def _explain(error: ReadApiError, what: str, ctx: Context) -> str:
 def _evidence_href(ctx: Context) -> str:
     # The Diagnosis page for the same window, to the second, with live refresh off.
     query = {"start": _iso(ctx.window.start), "end": _iso(ctx.window.end), "tz": ctx.tz,
-             "refresh": "0", **({"endpoint_class": ctx.endpoint_class} if ctx.endpoint_class else {})}
+             "refresh": "0", **ctx.filters.as_params()}
     return "diagnosis?" + urlencode(query)
 
 
@@ -113,17 +143,25 @@ def _objectives(result: Any) -> dict | None:
     return None if isinstance(result, ReadApiError) else result
 
 
-def _baseline_ms(ctx: Context, verdict: dict | None) -> dict[tuple[str, str], float | None]:
-    """(class, measure) → p99 in ms over the window of the same length just before this one,
-    for the tiles' "before"; empty where that window has no requests or fails to load."""
+def _before_summary(ctx: Context, klass: str) -> tuple:
+    # The /summary of one class over the window of the same length just before this one.
     window = ctx.window
-    before_start = window.start - (window.end - window.start)
+    filters = replace(ctx.filters, endpoint_class=None if klass == figures.UNCLASSIFIED else klass)
+    return (load_summary, (ctx.server_url, ctx.token, window.start - (window.end - window.start),
+                           window.start, filters.for_route("/api/v1/summary")))
+
+
+def _baseline_ms(ctx: Context, verdict: dict | None,
+                 fetched: dict[str, Any]) -> dict[tuple[str, str], float | None]:
+    """(class, measure) → p99 in ms over the window of the same length just before this one,
+    for the tiles' "before"; empty where that window has no requests or fails to load.
+    ``fetched``: class → its :func:`_before_summary` answer, read with the page's other
+    reads; a class of the verdict not among them is read now."""
     classes = verdict_view.classes_of(verdict)
-    summaries = load_all([(load_summary, (ctx.server_url, ctx.token, before_start, window.start,
-                                          None if klass == figures.UNCLASSIFIED else klass))
-                          for klass in classes])
+    missing = [klass for klass in classes if klass not in fetched]
+    fetched = {**fetched, **dict(zip(missing, load_all([_before_summary(ctx, k) for k in missing])))}
     out: dict[tuple[str, str], float | None] = {}
-    for klass, summary in zip(classes, summaries):
+    for klass, summary in ((klass, fetched[klass]) for klass in classes):
         if isinstance(summary, ReadApiError):
             continue
         by_measure = summary.set_index("measure") if not summary.empty else None
@@ -136,9 +174,9 @@ def _baseline_ms(ctx: Context, verdict: dict | None) -> dict[tuple[str, str], fl
     return out
 
 
-def _tiles(ctx: Context, verdict: dict | None, summary: pd.DataFrame) -> None:
+def _tiles(ctx: Context, verdict: dict | None, summary: pd.DataFrame, before: dict[str, Any]) -> None:
     request_count = summary.attrs.get("request_count")
-    tiles = verdict_view.objective_tiles(verdict, _baseline_ms(ctx, verdict) if verdict else {})
+    tiles = verdict_view.objective_tiles(verdict, _baseline_ms(ctx, verdict, before) if verdict else {})
     if not tiles:  # no verdict: the window's own numbers, not judged
         headline = figures.stage_latency_table(summary).set_index("stage") if not summary.empty else None
         for label, stage in (("TTFT p99", "TTFT (server)"), ("E2E p99", "E2E (server)")):
@@ -159,36 +197,43 @@ def overview_panels(ctx: Context) -> None:
     and the window before, TTFT p99 with its objective over queue depth, KV usage and the
     running batch; then per endpoint class TTFT, ITL, E2E, rates and p99/mean, and the
     per-stage latency table."""
-    _caption(ctx)
+    _caption(ctx, "/api/v1/diagnosis", "/api/v1/views/latency", "/api/v1/summary",
+             "/api/v1/views/signals")
     window = ctx.window
     server = (ctx.server_url, ctx.token)
     step_params = (("max_points", ctx.max_points), ("step_seconds", window.step_seconds))
-    diagnosis, latency, summary, signals, objectives = load_all([
+    # The tiles' "before" of each usual class is read with the rest, not after the verdict.
+    before_classes = [ctx.endpoint_class] if ctx.endpoint_class else list(ENDPOINT_CLASSES)
+    diagnosis, latency, summary, signals, objectives, *before = load_all([
         (load_diagnosis, (*server, window.start, window.end)),
         (load_view, (*server, "latency", window.start, window.end,
-                     (("endpoint_class", ctx.endpoint_class), *step_params))),
-        (load_summary, (*server, window.start, window.end, ctx.endpoint_class)),
+                     (*ctx.sent("/api/v1/views/latency"), *step_params))),
+        (load_summary, (*server, window.start, window.end, ctx.sent("/api/v1/summary"))),
         (load_view, (*server, "signals", window.start, window.end, step_params)),
         (load_objectives, server),
+        *[_before_summary(ctx, klass) for klass in before_classes],
     ])
     verdict, why_not = _verdict(ctx, diagnosis)
     banner = verdict_view.banner_of(verdict, no_verdict=why_not)
-    st.markdown(verdict_view.banner_html(banner, evidence_href=_evidence_href(ctx) if verdict else None),
+    suggestion = whatif.SUGGESTIONS.get((verdict or {}).get("top_cause") or "")
+    href = whatif.whatif_href(verdict, start=window.start, end=window.end, tz=ctx.tz,
+                              choices=ctx.filters.as_params())
+    st.markdown(verdict_view.banner_html(banner, evidence_href=_evidence_href(ctx) if verdict else None,
+                                         whatif=(suggestion.text, href) if suggestion and href else None),
                 unsafe_allow_html=True)
     try:
         view, summary = answer(latency), answer(summary)
     except ReadApiError as error:
         st.error(_explain(error, "the latency of this window", ctx))
         return
-    _tiles(ctx, verdict, summary)
+    _tiles(ctx, verdict, summary, dict(zip(before_classes, before)))
     if isinstance(signals, ReadApiError):
         st.warning(_explain(signals, "the engine and GPU signals", ctx))
         signals = {}
     limits = verdict_view.objective_limits(_objectives(objectives), ctx.endpoint_class)
-    st.plotly_chart(memo_figure(saturation.overview_figure, view, signals, ctx.tz,
-                                ttft_limits_ms=limits, slot_limit=verdict_view.slot_limit(verdict),
-                                window_end=window.end),
-                    width="stretch", key="overview_saturation")
+    time_chart(memo_figure(saturation.overview_figure, view, signals, ctx.tz,
+                           ttft_limits_ms=limits, slot_limit=verdict_view.slot_limit(verdict),
+                           window_end=window.end), key="overview_saturation", tz=ctx.tz)
     table = figures.stage_latency_table(summary)
     by_class = memo_figure(charts.latency_by_class, view, ctx.tz)
     if not by_class:
@@ -201,7 +246,7 @@ def overview_panels(ctx: Context) -> None:
         # it was the largest part of a first visit (bench/dashboard_rerun.py --browser).
         klass = _class_picked(list(by_class))
         st.subheader(f"Endpoint class: {klass}")
-        st.plotly_chart(by_class[klass], width="stretch", key="latency_by_class")
+        time_chart(by_class[klass], key="latency_by_class", tz=ctx.tz)
     st.subheader("Latency per stage")
     st.dataframe(table, hide_index=True, width="stretch", height=36 * (len(table) + 1) + 4,
                  column_config={
@@ -248,7 +293,8 @@ def correlate_panels(ctx: Context) -> None:
     """TTFT p99/mean beside queue, batch, KV cache, preemptions and GPU state on one time
     axis (max per step, mean dotted, capacity dashed, missing and stale marked); spikes
     against a threshold fixed before the window; the slowest traces of the chosen spike."""
-    _caption(ctx)
+    _caption(ctx, "/api/v1/views/correlate", "/api/v1/views/signals", "/api/v1/summary",
+             "/api/v1/requests")
     window = ctx.window
     server = (ctx.server_url, ctx.token)
     step_params = (("max_points", ctx.max_points), ("step_seconds", window.step_seconds))
@@ -257,7 +303,7 @@ def correlate_panels(ctx: Context) -> None:
         (load_view, (*server, "correlate", window.start, window.end, step_params)),
         (load_view, (*server, "signals", window.start, window.end, step_params)),
         (load_objectives, server),
-        (load_summary, (*server, before_start, before_end, ctx.endpoint_class)),
+        (load_summary, (*server, before_start, before_end, ctx.sent("/api/v1/summary"))),
     ])
     try:
         view, signals = answer(view), answer(signals)
@@ -269,11 +315,11 @@ def correlate_panels(ctx: Context) -> None:
     found = spikes.find_spikes(view.get("points", []), step_seconds=float(view.get("step_seconds", 1)),
                                threshold=threshold)
     st.subheader("Latency and engine state")
-    st.plotly_chart(memo_figure(saturation.correlate_figure, view, signals, ctx.tz, spikes=found,
+    time_chart(memo_figure(saturation.correlate_figure, view, signals, ctx.tz, spikes=found,
                                 window_end=window.end,
                                 ttft_limits_ms=_strictest(verdict_view.objective_limits(
                                     objectives, ctx.endpoint_class))),
-                    width="stretch", key="correlate")
+                    key="correlate", tz=ctx.tz)
     st.subheader("Spikes")
     if threshold is None:
         st.info("No spike threshold: there are no objectives from the server and too few requests "
@@ -290,7 +336,8 @@ def correlate_panels(ctx: Context) -> None:
     start = pd.Timestamp(spike["start"]).to_pydatetime()
     end = pd.Timestamp(spike["end"]).to_pydatetime()
     try:
-        rows = load_requests(ctx.server_url, ctx.token, start, end, SPIKE_TRACES_LIMIT)
+        rows = load_requests(ctx.server_url, ctx.token, start, end, SPIKE_TRACES_LIMIT,
+                             ctx.sent("/api/v1/requests"))
     except ReadApiError as error:
         st.error(_explain(error, "the requests of this spike", ctx))
         return
@@ -300,11 +347,11 @@ def correlate_panels(ctx: Context) -> None:
 
 def breakdown_panels(ctx: Context) -> None:
     """Stage shares of TTFT and E2E per percentile band; overhead of each hop."""
-    _caption(ctx)
+    _caption(ctx, "/api/v1/views/breakdown")
     window = ctx.window
     try:
         view = load_view(ctx.server_url, ctx.token, "breakdown", window.start, window.end,
-                         (("endpoint_class", ctx.endpoint_class),))
+                         ctx.sent("/api/v1/views/breakdown"))
     except ReadApiError as error:
         st.error(_explain(error, "the stage breakdown", ctx))
         return
@@ -328,10 +375,11 @@ def breakdown_panels(ctx: Context) -> None:
 
 def requests_panels(ctx: Context) -> None:
     """The slowest requests of the window, each linked to its waterfall."""
-    _caption(ctx)
+    _caption(ctx, "/api/v1/requests")
     window = ctx.window
     try:
-        rows = load_requests(ctx.server_url, ctx.token, window.start, window.end, SLOWEST_LIMIT)
+        rows = load_requests(ctx.server_url, ctx.token, window.start, window.end, SLOWEST_LIMIT,
+                             ctx.sent("/api/v1/requests"))
     except ReadApiError as error:
         st.error(_explain(error, "the slowest requests", ctx))
         return
@@ -381,7 +429,7 @@ def trace_page(server_url: str, token: str | None, tz: str) -> None:
 def fleet_panels(ctx: Context) -> None:
     """Per GPU (host, UUID) and per engine (service, engine, model): each signal's last,
     mean and max in the window; missing signals listed with why; gauges over time."""
-    _caption(ctx)
+    _caption(ctx, "/api/v1/views/fleet", "/api/v1/timeseries/gauge")
     window = ctx.window
     view, *gauges = load_all([
         (load_view, (ctx.server_url, ctx.token, "fleet", window.start, window.end)),
@@ -415,12 +463,12 @@ def fleet_panels(ctx: Context) -> None:
             continue
         figure = memo_figure(figures.gauge_over_time, gauge, ctx.tz, title=title,
                              y_title=y_title, scale=scale, step_seconds=window.step_seconds)
-        st.plotly_chart(figure, width="stretch", key=f"gauge_{metric}")
+        time_chart(figure, key=f"gauge_{metric}", tz=ctx.tz)
 
 
 def diagnosis_panels(ctx: Context) -> None:
     """The verdict for the window against the latency objectives: causes, evidence, budget."""
-    _caption(ctx)
+    _caption(ctx, "/api/v1/diagnosis")
     window = ctx.window
     try:
         verdict = load_diagnosis(ctx.server_url, ctx.token, window.start, window.end)
@@ -457,10 +505,17 @@ def diagnosis_panels(ctx: Context) -> None:
         st.caption(f"note: {note}")
 
 
+def whatif_panels(ctx: Context) -> None:
+    """The predicted TTFT p50/p99 under the change the Overview's verdict suggests
+    (:mod:`.whatif`), beside the observed and the replayed figures."""
+    _caption(ctx, "/api/v1/whatif")
+    whatif.whatif_panel(ctx.server_url, ctx.token, ctx.window.start, ctx.window.end)
+
+
 def alerts_panels(ctx: Context) -> None:
     """Alerts firing and pending now, the rules' status, and the state changes of the
     window (``/api/v1/alerts?start=&end=``), each as a table."""
-    _caption(ctx)
+    _caption(ctx, "/api/v1/alerts")
     window = ctx.window
     try:
         body = load_alerts(ctx.server_url, ctx.token, window.start, window.end)

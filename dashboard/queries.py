@@ -31,10 +31,11 @@ def _client(server_url: str, token: str | None) -> ReadApiClient:
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
 def load_summary(server_url: str, token: str | None, start: datetime, end: datetime,
-                 endpoint_class: str | None) -> pd.DataFrame:
-    """``/summary`` over the window (see :meth:`ReadApiClient.summary`)."""
+                 filters: tuple[tuple[str, str], ...] = ()) -> pd.DataFrame:
+    """``/summary`` over the window (see :meth:`ReadApiClient.summary`); ``filters`` as
+    sorted pairs of query parameters the route takes."""
     with _client(server_url, token) as client:
-        return client.summary(start, end, endpoint_class=endpoint_class)
+        return client.summary(start, end, filters=dict(filters))
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
@@ -47,10 +48,10 @@ def load_gauge(server_url: str, token: str | None, metric: str, start: datetime,
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
 def load_requests(server_url: str, token: str | None, start: datetime, end: datetime,
-                  limit: int) -> pd.DataFrame:
-    """The ``limit`` slowest requests of the window."""
+                  limit: int, filters: tuple[tuple[str, str], ...] = ()) -> pd.DataFrame:
+    """The ``limit`` slowest requests of the window; ``filters`` as in :func:`load_summary`."""
     with _client(server_url, token) as client:
-        return client.requests(start, end, limit=limit, order="slowest")
+        return client.requests(start, end, limit=limit, order="slowest", filters=dict(filters))
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
@@ -149,3 +150,18 @@ def answer(result: Any) -> Any:
     if isinstance(result, ReadApiError):
         raise result
     return result
+
+
+WHATIF_TTL_SECONDS = 60
+"""A prediction replays the whole window through the engine model (seconds of CPU): kept a
+minute, as the same link is opened again."""
+WHATIF_TIMEOUT_SECONDS = 120.0
+
+
+@st.cache_data(ttl=WHATIF_TTL_SECONDS, max_entries=32, show_spinner=False)
+def load_whatif(server_url: str, token: str | None, start: datetime, end: datetime,
+                change: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """``/whatif`` for the window under ``change`` (sorted query parameters; empty: the
+    observed configuration replayed, which names the calibrated replicas)."""
+    with ReadApiClient(server_url, token=token, timeout_seconds=WHATIF_TIMEOUT_SECONDS) as client:
+        return client.whatif(start, end, **dict(change))

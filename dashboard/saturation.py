@@ -21,7 +21,9 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from inferpath.dashboard.figures import MS_PER_SECOND, UNCLASSIFIED, fixed_margins, line_mode, wall_time
+from inferpath.dashboard.figures import (
+    BRUSH_LAYOUT, MS_PER_SECOND, UNCLASSIFIED, fixed_margins, line_mode, wall_time,
+)
 from inferpath.dashboard.rows import StackedRows
 
 SIGNAL_COLORS = {
@@ -176,7 +178,7 @@ def overview_figure(latency: Mapping[str, Any], signals: Mapping[str, Any], tz: 
     add_spike_bands(rows, spikes, tz)
     rows.xaxes(**_CROSSHAIR)
     rows.xaxis(rows.rows, title={"text": f"time ({tz})"})
-    return rows.figure(height=300 + 130 * len(signal_rows), hovermode="x unified", dragmode="zoom",
+    return rows.figure(height=300 + 130 * len(signal_rows), hovermode="x unified", **BRUSH_LAYOUT,
                        margin=fixed_margins(top=80, bottom=50),
                        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
 
@@ -240,7 +242,7 @@ def correlate_figure(correlate: Mapping[str, Any], signals: Mapping[str, Any], t
     add_spike_bands(rows, spikes, tz)
     rows.xaxes(**_CROSSHAIR)
     rows.xaxis(rows.rows, title={"text": f"time ({tz})"})
-    return rows.figure(height=60 + 170 * len(titles), hovermode="x unified", dragmode="zoom",
+    return rows.figure(height=60 + 170 * len(titles), hovermode="x unified", **BRUSH_LAYOUT,
                        margin=fixed_margins(top=100, bottom=50),
                        legend={"orientation": "h", "y": 1.015, "yanchor": "bottom"})
 

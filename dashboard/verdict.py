@@ -83,9 +83,11 @@ def banner_of(verdict: Mapping[str, Any] | None, *, no_verdict: str | None = Non
     return Banner("degraded", headline, cause=top, action=action, detail=detail)
 
 
-def banner_html(banner: Banner, *, evidence_href: str | None) -> str:
+def banner_html(banner: Banner, *, evidence_href: str | None,
+                whatif: tuple[str, str] | None = None) -> str:
     """The banner as one HTML block (escaped text); ``data-verdict`` carries the state and
-    ``data-cause`` the top cause, for tests and for anyone scraping the page."""
+    ``data-cause`` the top cause, for tests and for anyone scraping the page. ``whatif``:
+    (the suggested change in words, the What-if page's href) when the cause has one."""
     background, border = STATE_COLORS[{"healthy": "met", "degraded": "broken"}.get(banner.state,
                                                                                     "unknown")]
     lines = [f'<div style="font-size:1.35rem;font-weight:600">{html.escape(banner.headline)}</div>']
@@ -96,6 +98,10 @@ def banner_html(banner: Banner, *, evidence_href: str | None) -> str:
     if evidence_href:
         lines.append(f'<div><a href="{html.escape(evidence_href)}" target="_self">'
                      f"See the evidence on the Diagnosis page →</a></div>")
+    if whatif:
+        words, href = whatif
+        lines.append(f'<div><a class="inferpath-whatif" href="{html.escape(href)}" target="_self">'
+                     f"What would {html.escape(words)} do? See the predicted TTFT →</a></div>")
     return (f'<div class="inferpath-verdict" data-verdict="{banner.state}" '
             f'data-cause="{html.escape(banner.cause or "")}" style="background:{background};'
             f'border-left:6px solid {border};padding:0.8rem 1rem;border-radius:4px;'

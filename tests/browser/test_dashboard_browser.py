@@ -8,12 +8,14 @@ the Correlate page must show the queue rising inside the TTFT spike it marks.
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+import numpy as np
 import pytest
 
 from inferpath.dashboard.launch import launch_dashboard, wait_until_ready
@@ -41,7 +43,10 @@ PAGES = [
     ("gpus", "GPUs and engines", ["GPUs", "Engines", "Missing signals", "Over time"], "gpus"),
     ("diagnosis", "Diagnosis", [], "diagnosis"),
     ("alerts", "Alerts", [], "alerts"),
+    ("whatif", "What-if", [], "whatif"),
 ]
+WIDE = {"width": 1600, "height": 1400}
+"""A 1600 px wide window, as the slowest-requests table and the brush are specified at."""
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +89,8 @@ def _query(server: DemoServer, **extra: str) -> str:
     return "?" + "&".join(f"{key}={value}" for key, value in params.items())
 
 
-def _open(browser, url: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 2200})
+def _open(browser, url: str, viewport: dict | None = None):
+    page = browser.new_page(viewport=viewport or {"width": 1400, "height": 2200})
     page.goto(url, wait_until="domcontentloaded")
     return page
 
@@ -136,12 +141,24 @@ def test_page_renders_without_exception(browser, dashboard_url: str, demo_server
 
 def _plotted(page, index: int = 0) -> dict:
     # What plotly actually drew: the traces' names, x and y, and the layout's shapes.
-    return page.evaluate(
+    plotted = page.evaluate(
         """(i) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];
                     return {data: gd.data.map(t => ({name: t.name, x: t.x, y: t.y})),
                             shapes: (gd.layout.shapes || []).map(s => ({x0: s.x0, x1: s.x1, fill: s.fillcolor})),
                             annotations: (gd.layout.annotations || []).map(a => a.text)}; }""",
         index)
+    for trace in plotted["data"]:
+        trace["x"], trace["y"] = _values(trace["x"]), _values(trace["y"])
+    return plotted
+
+
+def _values(values):
+    # Numbers the dashboard sends as numpy arrays travel as plotly's typed-array spec
+    # ({"dtype": "f8", "bdata": base64}); their gaps are NaN. As a list, gaps as None.
+    if isinstance(values, dict) and "bdata" in values:
+        decoded = np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"])
+        return [None if np.isnan(v) else float(v) for v in decoded.astype(float)]
+    return values
 
 
 def test_correlate_shows_the_queue_rising_inside_the_ttft_spike(browser, dashboard_url: str,
@@ -317,6 +334,27 @@ def test_overview_banner_gives_the_verdict_of_a_fault(browser, dashboard_url: st
                 "KV-cache usage (max per step)", "Running batch (max per step)"} <= \
             {t["name"] for t in plotted["data"]}
         assert "interactive objective 1,000 ms" in plotted["annotations"]
+        # A cause the engine model can replay links to the predicted TTFT of its remedy.
+        from inferpath.dashboard.whatif import SUGGESTIONS
+
+        whatif_link = banner.locator("a.inferpath-whatif")
+        if verdict["top_cause"] not in SUGGESTIONS:
+            assert whatif_link.count() == 0
+            return
+        assert SUGGESTIONS[verdict["top_cause"]].text in whatif_link.inner_text()
+        whatif_link.click()
+        page.get_by_role("heading", name="What-if", exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
+        page.get_by_role("heading", name=f"Predicted TTFT with {SUGGESTIONS[verdict['top_cause']].text}",
+                         exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
+        # The prediction, or the server's reason for refusing one, as a sentence.
+        page.locator('[data-testid="stDataFrame"], [data-testid="stAlertContentWarning"]').first.wait_for(
+            timeout=180_000)
+        _settle(page)
+        page.screenshot(path=str(ARTIFACTS / "dashboard_whatif.png"))
+        _no_exception(page)
+        _no_raw_api_text(page)
+        caption = page.locator('[data-testid="stCaptionContainer"]').filter(has_text="buckets of").first
+        assert f"{start:%Y-%m-%d %H:%M:%S} → {end:%Y-%m-%d %H:%M:%S} UTC" in caption.inner_text()
     finally:
         page.close()
 
@@ -355,6 +393,93 @@ def test_the_sidebar_holds_the_window_to_the_second(browser, dashboard_url: str,
         # The Alerts page follows the window too (its caption names it, to the second).
         caption = page.locator('[data-testid="stCaptionContainer"]').filter(has_text="buckets of")
         assert f"{start:%Y-%m-%d %H:%M:%S} → {end:%Y-%m-%d %H:%M:%S} UTC" in caption.first.inner_text()
+        _no_raw_api_text(page)
+    finally:
+        page.close()
+
+
+def _window_in_caption(page) -> tuple[str, str]:
+    text = page.locator('[data-testid="stCaptionContainer"]').filter(has_text="buckets of").first.inner_text()
+    start, rest = text.split(" → ", 1)
+    return start, rest[:19]
+
+
+def test_a_box_dragged_on_a_time_chart_sets_the_window_of_every_page(
+        browser, dashboard_url: str, demo_server: DemoServer) -> None:
+    page = _open(browser, f"{dashboard_url}/correlate{_query(demo_server)}", WIDE)
+    try:
+        page.locator('[data-testid="stPlotlyChart"] .nsewdrag').first.wait_for(timeout=RENDER_TIMEOUT_MS)
+        _settle(page)
+        before = _window_in_caption(page)
+        # Drag across the middle half of the TTFT row: plotly's box selection along time.
+        area = page.locator('[data-testid="stPlotlyChart"] .nsewdrag').first.bounding_box()
+        y = area["y"] + area["height"] / 2
+        page.mouse.move(area["x"] + area["width"] * 0.25, y)
+        page.mouse.down()
+        page.mouse.move(area["x"] + area["width"] * 0.75, y, steps=10)
+        page.mouse.up()
+        page.wait_for_function(
+            """(before) => [...document.querySelectorAll('[data-testid="stCaptionContainer"]')]
+                 .some(e => e.innerText.includes('buckets of') && !e.innerText.startsWith(before))""",
+            arg=before[0], timeout=RENDER_TIMEOUT_MS)
+        _settle(page)
+        _no_exception(page)
+        start, end = _window_in_caption(page)
+        assert before[0] < start < end < before[1], (before, start, end)
+        # The sidebar holds the brushed window to the second, and so does the URL.
+        assert page.get_by_role("textbox", name="Start (UTC)").input_value() == start
+        assert page.get_by_role("textbox", name="End (UTC)").input_value() == end
+        assert "start=" in page.url and "end=" in page.url
+        # Another page, chosen in the sidebar, shows the same window.
+        page.get_by_role("link", name="Slowest requests").click()
+        page.get_by_role("heading", name="Slowest requests", exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
+        page.locator('[data-testid="stCaptionContainer"]').filter(has_text="buckets of").first.wait_for(
+            timeout=RENDER_TIMEOUT_MS)
+        _settle(page)
+        assert _window_in_caption(page) == (start, end)
+    finally:
+        page.close()
+
+
+def test_slowest_requests_show_queue_prefill_and_decode_without_scrolling(
+        browser, dashboard_url: str, demo_server: DemoServer) -> None:
+    page = _open(browser, f"{dashboard_url}/requests{_query(demo_server)}", WIDE)
+    try:
+        grid = page.locator('[data-testid="stDataFrame"]')
+        # The grid keeps an accessible copy of the columns it draws in view (and the next,
+        # partly shown); scrolled to its start, the engine's phases must be among them,
+        # with a column after decode: decode is whole on screen.
+        header = grid.locator("th", has_text="decode ms")
+        header.wait_for(state="attached", timeout=RENDER_TIMEOUT_MS)
+        _settle(page)
+        shown = grid.locator("th").all_inner_texts()
+        assert {"queue ms", "prefill ms", "decode ms"} <= set(shown), shown
+        assert shown.index("decode ms") < len(shown) - 1, shown
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard_requests_1600.png"))
+    finally:
+        page.close()
+
+
+def test_filters_follow_every_page_and_each_page_says_what_it_cannot_filter(
+        browser, dashboard_url: str, demo_server: DemoServer) -> None:
+    page = _open(browser, f"{dashboard_url}/requests{_query(demo_server, endpoint_class='interactive', model='no-such-model')}", WIDE)
+    try:
+        note = page.locator('[data-testid="stAlertContentInfo"]').filter(has_text="Not filtered here")
+        note.first.wait_for(timeout=RENDER_TIMEOUT_MS)
+        _settle(page)
+        _no_exception(page)
+        # /requests takes the class, not the model (the read API has no model filter yet).
+        text = note.first.inner_text()
+        assert "model = no-such-model (/requests)" in text and "endpoint class" not in text, text
+        page.get_by_role("link", name="Correlate").click()
+        page.get_by_role("heading", name="Correlate", exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
+        note.first.wait_for(timeout=RENDER_TIMEOUT_MS)
+        _settle(page)
+        # The filters came along; the correlate view takes neither of them.
+        assert page.get_by_role("textbox", name="Model").input_value() == "no-such-model"
+        assert "endpoint class = interactive (/views/correlate" in note.first.inner_text()
+        assert "endpoint_class=interactive" in page.url and "model=no-such-model" in page.url
         _no_raw_api_text(page)
     finally:
         page.close()

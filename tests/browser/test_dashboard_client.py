@@ -97,3 +97,48 @@ def test_signals_view_gives_the_max_per_step_and_who_reported(fed_server: FedSer
     assert "gpu_utilization_ratio" not in coarse["signals"]
     assert objectives["default_class"] == "interactive"
     assert {"measure": "ttft", "quantile": 0.99, "limit_seconds": 1.0} in objectives["by_class"]["interactive"]
+
+
+def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(fed_server: FedServer,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timezone
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    calls: list[tuple[str, dict]] = []
+    original = ReadApiClient._get
+
+    def recording(client, path, params):  # type: ignore[no-untyped-def]
+        calls.append((path, dict(params)))
+        return original(client, path, params)
+
+    monkeypatch.setattr(ReadApiClient, "_get", recording)
+    monkeypatch.setenv("INFERPATH_SERVER_URL", fed_server.url)
+    app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"),
+                            default_timeout=120)
+    app.query_params.update({"start": fed_server.start.isoformat(), "end": fed_server.end.isoformat(),
+                             "refresh": "0", "tz": "UTC", "endpoint_class": "interactive",
+                             "model": "no-such-model"})
+    app.run()  # the Overview
+    assert not app.exception
+    sent = {path: params for path, params in calls}
+    assert sent["/api/v1/views/latency"]["endpoint_class"] == "interactive"
+    window_start = fed_server.start.astimezone(timezone.utc).isoformat()
+    (summary,) = [params for path, params in calls if path == "/api/v1/summary" and params["start"] == window_start]
+    assert summary["endpoint_class"] == "interactive"
+    # No route takes a model yet, and the diagnosis takes no class: nothing is sent there
+    # (the server would refuse an unknown parameter), and the page says what it did not filter.
+    assert all("model" not in params for _, params in calls)
+    assert "endpoint_class" not in sent["/api/v1/diagnosis"]
+    notes = [info.value for info in app.info if "Not filtered here" in info.value]
+    assert notes and "model = no-such-model" in notes[0] and "/diagnosis" in notes[0]
+    # The slowest requests, chosen next, come filtered by class: the choice follows the page.
+    calls.clear()
+    slowest = [h for h, page in app._registered_pages.items()  # noqa: SLF001 - pages are functions
+               if page.get("page_name") == "Slowest requests"]
+    app._page_hash = slowest[0]  # noqa: SLF001
+    app.run()
+    assert not app.exception
+    requests = [params for path, params in calls if path == "/api/v1/requests"]
+    assert requests and requests[0]["endpoint_class"] == "interactive"
