@@ -51,8 +51,7 @@ def gauges_body(start: datetime, points: int) -> bytes:
 
     request = ExportMetricsServiceRequest()
     resource_metrics = request.resource_metrics.add()
-    resource_metrics.resource.attributes.append(
-        KeyValue(key="service.name", value=AnyValue(string_value="vllm")))
+    resource_metrics.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value="vllm")))
     scope = resource_metrics.scope_metrics.add()
     start_ns = int(start.timestamp()) * 1_000_000_000
     for index, name in enumerate(GAUGES):
@@ -67,8 +66,9 @@ def gauges_body(start: datetime, points: int) -> bytes:
     return request.SerializeToString()
 
 
-def run(refreshes: int, warmup: int, points: int, interval_seconds: float, limit_mb: float,
-        timeout_seconds: float) -> dict:
+def run(
+    refreshes: int, warmup: int, points: int, interval_seconds: float, limit_mb: float, timeout_seconds: float
+) -> dict:
     """Run the benchmark; returns RSS figures in bytes, timings and ``ok``.
 
     Raises ``RuntimeError`` when the page stops refreshing before ``refreshes``.
@@ -77,8 +77,15 @@ def run(refreshes: int, warmup: int, points: int, interval_seconds: float, limit
         return _run(folder, refreshes, warmup, points, interval_seconds, limit_mb, timeout_seconds)
 
 
-def _run(folder: Path, refreshes: int, warmup: int, points: int, interval_seconds: float, limit_mb: float,
-         timeout_seconds: float) -> dict:
+def _run(
+    folder: Path,
+    refreshes: int,
+    warmup: int,
+    points: int,
+    interval_seconds: float,
+    limit_mb: float,
+    timeout_seconds: float,
+) -> dict:
     from playwright.sync_api import sync_playwright
 
     from inferpath.config import Settings
@@ -92,36 +99,43 @@ def _run(folder: Path, refreshes: int, warmup: int, points: int, interval_second
         end = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=1)
         start = end - timedelta(seconds=points)
         with httpx.Client(base_url=server.url, timeout=120.0) as http:
-            response = http.post("/v1/metrics", content=gauges_body(start, points),
-                                 headers={"Content-Type": "application/x-protobuf"})
+            response = http.post(
+                "/v1/metrics", content=gauges_body(start, points), headers={"Content-Type": "application/x-protobuf"}
+            )
             response.raise_for_status()
             assert http.post("/api/v1/flush").json()["ok"]
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         dashboard = launch_dashboard(server.url, port=port, log_path=folder / "streamlit.log")
         wait_until_ready(url, timeout_seconds=90, process=dashboard)
-        query = (f"gpus?start={start.isoformat().replace('+00:00', 'Z')}"
-                 f"&end={end.isoformat().replace('+00:00', 'Z')}&points={points}"
-                 f"&refresh={interval_seconds}&tz=UTC")
+        query = (
+            f"gpus?start={start.isoformat().replace('+00:00', 'Z')}"
+            f"&end={end.isoformat().replace('+00:00', 'Z')}&points={points}"
+            f"&refresh={interval_seconds}&tz=UTC"
+        )
         figures: dict = {"refreshes": refreshes, "warmup": warmup, "points": points}
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-                "--headless", "--no-sandbox", "--disable-gpu"])
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
+            )
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
             page.goto(f"{url}/{query}", wait_until="domcontentloaded")
             deadline = time.monotonic() + timeout_seconds
             seen, t_warm = 0, None
             while seen < refreshes or t_warm is None:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {seen} of {refreshes} refreshes in {timeout_seconds} s"
-                                       + ("" if t_warm else ", the charts never all drawn"))
+                    raise RuntimeError(
+                        f"only {seen} of {refreshes} refreshes in {timeout_seconds} s"
+                        + ("" if t_warm else ", the charts never all drawn")
+                    )
                 texts = page.locator('[data-testid="stCaptionContainer"]').all_inner_texts()
                 runs = [int(m.group(1)) for t in texts for m in [re.search(r"run (\d+)", t)] if m]
                 seen = max(runs, default=seen)
                 if t_warm is None and seen >= warmup:
                     plotted = page.evaluate(
                         "() => [...document.querySelectorAll('.js-plotly-plot')]"
-                        ".map(gd => gd.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0))")
+                        ".map(gd => gd.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0))"
+                    )
                     # The run counter is drawn before the charts: on a busy machine the
                     # warm-up run's charts may not be in the page yet; look again next poll.
                     if sum(1 for n in plotted if n) >= len(GAUGES):
@@ -152,14 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-mb", type=float, default=50.0)
     parser.add_argument("--timeout", type=float, default=1800.0, help="whole run, s")
     args = parser.parse_args(argv)
-    figures = run(args.refreshes, args.warmup, args.points, args.interval, args.limit_mb,
-                  args.timeout)
+    figures = run(args.refreshes, args.warmup, args.points, args.interval, args.limit_mb, args.timeout)
     warm, end = figures["rss_warm_bytes"], figures["rss_end_bytes"]
     print(f"points plotted per chart: {figures.get('plotted_points')}")
     print(f"streamlit RSS after {args.warmup} refreshes (reference): {warm / 2**20:.1f} MB")
     print(f"streamlit RSS after {args.refreshes} refreshes: {end / 2**20:.1f} MB")
-    print(f"growth {figures['growth_bytes'] / 2**20:+.1f} MB (limit {args.limit_mb:.0f} MB), "
-          f"ratio {end / warm:.3f}; {figures['seconds_per_refresh'] * 1000:.0f} ms per refresh")
+    print(
+        f"growth {figures['growth_bytes'] / 2**20:+.1f} MB (limit {args.limit_mb:.0f} MB), "
+        f"ratio {end / warm:.3f}; {figures['seconds_per_refresh'] * 1000:.0f} ms per refresh"
+    )
     print("PASS" if figures["ok"] else "FAIL")
     return 0 if figures["ok"] else 1
 

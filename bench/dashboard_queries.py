@@ -35,13 +35,19 @@ from inferpath.server.runtime import serve_in_thread  # noqa: E402
 
 DATA_DURATION = timedelta(days=1)
 MAX_POINTS = 600
-ENGINE_GAUGES = ("queue_depth", "running_requests", "kv_cache_usage_ratio",
-                 "gpu_utilization_ratio", "gpu_memory_used_bytes")
+ENGINE_GAUGES = (
+    "queue_depth",
+    "running_requests",
+    "kv_cache_usage_ratio",
+    "gpu_utilization_ratio",
+    "gpu_memory_used_bytes",
+)
 
 
 def dashboard_step_seconds(duration_seconds: float) -> int:
     """The step the dashboard's time picker gives a window (``dashboard.timerange``)."""
     from inferpath.dashboard.timerange import step_seconds_for
+
     return step_seconds_for(duration_seconds)
 
 
@@ -52,17 +58,15 @@ def page_calls(start: datetime, end: datetime, trace_id: str, spike: tuple[str, 
     views = {**window, "max_points": MAX_POINTS, "step_seconds": step}
     correlate = [("/api/v1/views/correlate", views)]
     if spike is not None:  # choosing the first spike lists its slowest requests
-        correlate.append(("/api/v1/requests", {"start": spike[0], "end": spike[1], "limit": 20,
-                                               "order": "slowest"}))
+        correlate.append(("/api/v1/requests", {"start": spike[0], "end": spike[1], "limit": 20, "order": "slowest"}))
     return {
         "overview": [("/api/v1/views/latency", views), ("/api/v1/summary", window)],
         "correlate": correlate,
         "breakdown": [("/api/v1/views/breakdown", window)],
         "slowest": [("/api/v1/requests", {**window, "limit": 100, "order": "slowest"})],
         "trace": [(f"/api/v1/traces/{trace_id}", {})],
-        "gpus": [("/api/v1/views/fleet", window)] + [
-            ("/api/v1/timeseries/gauge", {**window, "metric": m, "step_seconds": step})
-            for m in ENGINE_GAUGES],
+        "gpus": [("/api/v1/views/fleet", window)]
+        + [("/api/v1/timeseries/gauge", {**window, "metric": m, "step_seconds": step}) for m in ENGINE_GAUGES],
         "diagnosis": [("/api/v1/diagnosis", window)],
         "alerts": [("/api/v1/alerts", {})],
     }
@@ -80,8 +84,13 @@ def _timed(http: httpx.Client, calls: list[tuple[str, dict]]) -> float:
     return time.perf_counter() - started
 
 
-def run(spans: int = 10_000_000, windows_hours: tuple[float, ...] = (1.0, 12.0, 24.0), repeat: int = 5,
-        store_dir: str | None = None, incident_window: bool = False) -> dict:
+def run(
+    spans: int = 10_000_000,
+    windows_hours: tuple[float, ...] = (1.0, 12.0, 24.0),
+    repeat: int = 5,
+    store_dir: str | None = None,
+    incident_window: bool = False,
+) -> dict:
     """Fill (unless filled), then time each page per window; returns the figures in ms.
 
     Windows end at the data's end; with ``incident_window`` one more, ``1h incident``, ends
@@ -104,8 +113,10 @@ def _run(folder: Path, spans: int, windows_hours: tuple[float, ...], repeat: int
         data_start = store.query("SELECT toStartOfHour(min(timestamp)) FROM inferpath_requests")[0][0]
         data_end = data_start + DATA_DURATION
         running.runtime.refresh_rollups()
-        stored = {"spans": store.query("SELECT count() FROM otel_traces")[0][0],
-                  "requests": store.query("SELECT count() FROM inferpath_requests FINAL")[0][0]}
+        stored = {
+            "spans": store.query("SELECT count() FROM otel_traces")[0][0],
+            "requests": store.query("SELECT count() FROM inferpath_requests FINAL")[0][0],
+        }
         trace_id = store.query("SELECT any(trace_id) FROM inferpath_requests")[0][0]
         results: dict = {"stored": stored, "fill": fill, "windows": {}}
         with httpx.Client(base_url=running.url, timeout=300) as http:
@@ -116,14 +127,15 @@ def _run(folder: Path, spans: int, windows_hours: tuple[float, ...], repeat: int
             for label, start, end in windows:
                 hours = (end - start).total_seconds() / 3600
                 window = {"start": start.isoformat(), "end": end.isoformat()}
-                spikes = http.get("/api/v1/views/correlate", params={
-                    **window, "max_points": MAX_POINTS,
-                    "step_seconds": dashboard_step_seconds(hours * 3600)}).json()["spikes"]
+                spikes = http.get(
+                    "/api/v1/views/correlate",
+                    params={**window, "max_points": MAX_POINTS, "step_seconds": dashboard_step_seconds(hours * 3600)},
+                ).json()["spikes"]
                 spike = (spikes[0]["start"], spikes[0]["end"]) if spikes else None
                 calls = page_calls(start, end, trace_id, spike)
                 reference = [("/api/v1/requests/count", window)]
                 timings: dict[str, list[float]] = {name: [] for name in ["reference", *calls]}
-                for name, page in calls.items():  # warm-up: first queries load marks and caches
+                for page in calls.values():  # warm-up: first queries load marks and caches
                     _timed(http, page)
                 for _ in range(repeat):
                     timings["reference"].append(_timed(http, reference))
@@ -131,9 +143,13 @@ def _run(folder: Path, spans: int, windows_hours: tuple[float, ...], repeat: int
                         timings[name].append(_timed(http, page))
                 ref = statistics.median(timings["reference"])
                 results["windows"][label] = {
-                    name: {"median_ms": statistics.median(t) * 1e3, "best_ms": min(t) * 1e3,
-                           "ratio": statistics.median(t) / ref if ref else None}
-                    for name, t in timings.items()}
+                    name: {
+                        "median_ms": statistics.median(t) * 1e3,
+                        "best_ms": min(t) * 1e3,
+                        "ratio": statistics.median(t) / ref if ref else None,
+                    }
+                    for name, t in timings.items()
+                }
     return results
 
 
@@ -144,11 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--store", default=None, help="store folder to reuse (filled when empty)")
     parser.add_argument("--limit-ms", type=float, default=300.0)
-    parser.add_argument("--incident-window", action="store_true",
-                        help="also time a 1 h window ending at the synthetic incident's end")
+    parser.add_argument(
+        "--incident-window", action="store_true", help="also time a 1 h window ending at the synthetic incident's end"
+    )
     args = parser.parse_args(argv)
-    results = run(args.spans, tuple(float(h) for h in args.windows.split(",")), args.repeat, args.store,
-                  args.incident_window)
+    results = run(
+        args.spans, tuple(float(h) for h in args.windows.split(",")), args.repeat, args.store, args.incident_window
+    )
     print(json.dumps({"stored": results["stored"], "fill": results["fill"]}))
     failed = False
     for window, pages in results["windows"].items():
@@ -157,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, figures in pages.items():
             over = name != "reference" and figures["median_ms"] > args.limit_ms
             failed |= over
-            print(f"{name:<12} {figures['median_ms']:>10.1f} {figures['best_ms']:>9.1f}"
-                  f" {figures['ratio']:>7.2f}{'  over ' + str(args.limit_ms) + ' ms' if over else ''}")
+            print(
+                f"{name:<12} {figures['median_ms']:>10.1f} {figures['best_ms']:>9.1f}"
+                f" {figures['ratio']:>7.2f}{'  over ' + str(args.limit_ms) + ' ms' if over else ''}"
+            )
     return 1 if failed else 0
 
 

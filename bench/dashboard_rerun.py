@@ -48,15 +48,15 @@ import argparse
 import importlib.util
 import os
 import socket
-import subprocess
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -149,9 +149,14 @@ def _start_server(store_url: str, folder: Path):
     from inferpath.demo.processes import free_port, start_module
 
     port = free_port()
-    server = start_module("server", "inferpath.server", ["--port", str(port), "--store", store_url],
-                          port=port, log_path=str(folder / "server.log"),
-                          extra_env={"INFERPATH_ASSEMBLY_SETTLE_SECONDS": "0.5"})
+    server = start_module(
+        "server",
+        "inferpath.server",
+        ["--port", str(port), "--store", store_url],
+        port=port,
+        log_path=str(folder / "server.log"),
+        extra_env={"INFERPATH_ASSEMBLY_SETTLE_SECONDS": "0.5"},
+    )
     server.wait_ready("/healthz")
     return server
 
@@ -176,10 +181,12 @@ def load_capture(folder: Path, stack: list) -> Dataset:
     scrapes = sorted(CAPTURE.glob("metrics_*.prom"))
     with httpx.Client(base_url=server.url, timeout=60.0) as http:
         for body_path in trace_files:
-            http.post("/v1/traces", content=body_path.read_bytes(),
-                      headers=PROTOBUF).raise_for_status()
-        samples = [sample for path in scrapes for sample in scrape_samples(
-            path.read_text(), "vllm", timestamp=_capture_time(path))]
+            http.post("/v1/traces", content=body_path.read_bytes(), headers=PROTOBUF).raise_for_status()
+        samples = [
+            sample
+            for path in scrapes
+            for sample in scrape_samples(path.read_text(), "vllm", timestamp=_capture_time(path))
+        ]
         # Gauges only, as the collector agent would export them (counters left out).
         gauges = [sample for sample in samples if sample.kind == "gauge"]
         body = build_request([("vllm", gauges)]).SerializeToString()
@@ -190,11 +197,16 @@ def load_capture(folder: Path, stack: list) -> Dataset:
         last = max(_capture_time(scrapes[-1]), _capture_time(trace_files[-1]))
         start = first.replace(second=0, microsecond=0) - timedelta(minutes=2)
         end = last.replace(second=0, microsecond=0) + timedelta(minutes=2)
-        slowest = http.get("/api/v1/requests", params={
-            "start": start.isoformat(), "end": end.isoformat(), "limit": 1}).json()["requests"]
-    return Dataset(server.url, start, end, slowest[0]["trace_id"],
-                   f"recorded vLLM capture ({len(trace_files)} OTLP bodies, "
-                   f"{len(scrapes)} scrapes)")
+        slowest = http.get(
+            "/api/v1/requests", params={"start": start.isoformat(), "end": end.isoformat(), "limit": 1}
+        ).json()["requests"]
+    return Dataset(
+        server.url,
+        start,
+        end,
+        slowest[0]["trace_id"],
+        f"recorded vLLM capture ({len(trace_files)} OTLP bodies, {len(scrapes)} scrapes)",
+    )
 
 
 def load_demo(folder: Path, stack: list, requests_per_phase: int = 40) -> Dataset:
@@ -206,26 +218,37 @@ def load_demo(folder: Path, stack: list, requests_per_phase: int = 40) -> Datase
     from inferpath.demo.scenarios import ScenarioOptions, run_scenario
 
     store_url = f"chdb://{folder / 'store'}"
-    outcome = run_scenario("kv-pressure", ScenarioOptions(
-        requests_per_phase=requests_per_phase, store_url=store_url, log_dir=folder / "logs"),
-        log=lambda _: None)
+    outcome = run_scenario(
+        "kv-pressure",
+        ScenarioOptions(requests_per_phase=requests_per_phase, store_url=store_url, log_dir=folder / "logs"),
+        log=lambda _: None,
+    )
     (baseline_start, _), (fault_start, fault_end) = outcome.baseline_window, outcome.fault_window
     length = max(fault_end - fault_start, fault_start - baseline_start) + timedelta(seconds=2)
     start = fault_start.replace(microsecond=0)
     end = (fault_start + length).replace(microsecond=0) + timedelta(seconds=1)
     server = _start_server(store_url, folder)
     stack.append(server)
-    slowest = httpx.get(f"{server.url}/api/v1/requests", timeout=60.0, params={
-        "start": start.isoformat(), "end": end.isoformat(), "limit": 1}).json()["requests"]
-    return Dataset(server.url, start, end, slowest[0]["trace_id"],
-                   f"kv-pressure demo scenario, {requests_per_phase} requests per phase")
+    slowest = httpx.get(
+        f"{server.url}/api/v1/requests",
+        timeout=60.0,
+        params={"start": start.isoformat(), "end": end.isoformat(), "limit": 1},
+    ).json()["requests"]
+    return Dataset(
+        server.url,
+        start,
+        end,
+        slowest[0]["trace_id"],
+        f"kv-pressure demo scenario, {requests_per_phase} requests per phase",
+    )
 
 
 def load_gauges(folder: Path, stack: list, points: int = 5000) -> Dataset:
     """Serve a fresh store holding ``points`` one-second samples of four engine gauges
     (the data of ``bench/dashboard_memory.py``): the heaviest charts, no requests."""
     spec = importlib.util.spec_from_file_location(
-        "dashboard_memory", Path(__file__).resolve().parent / "dashboard_memory.py")
+        "dashboard_memory", Path(__file__).resolve().parent / "dashboard_memory.py"
+    )
     memory_bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(memory_bench)
     server = _start_server(f"chdb://{folder / 'store'}", folder)
@@ -233,13 +256,17 @@ def load_gauges(folder: Path, stack: list, points: int = 5000) -> Dataset:
     end = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=1)
     start = end - timedelta(seconds=points)
     with httpx.Client(base_url=server.url, timeout=120.0) as http:
-        http.post("/v1/metrics", content=memory_bench.gauges_body(start, points),
-                  headers=PROTOBUF).raise_for_status()
+        http.post("/v1/metrics", content=memory_bench.gauges_body(start, points), headers=PROTOBUF).raise_for_status()
         if not http.post("/api/v1/flush").json()["ok"]:
             raise RuntimeError("the server did not flush the gauges")
-    return Dataset(server.url, start, end, "",
-                   f"four engine gauges, {points} one-second samples each, no requests",
-                   max_points=points)
+    return Dataset(
+        server.url,
+        start,
+        end,
+        "",
+        f"four engine gauges, {points} one-second samples each, no requests",
+        max_points=points,
+    )
 
 
 HOUR_REQUESTS = 19_366
@@ -272,15 +299,32 @@ def load_hour(folder: Path, stack: list, requests: int = HOUR_REQUESTS) -> Datas
     store_url = f"chdb://{folder / 'store'}"
     end = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=1)
     start = end - timedelta(hours=1)
-    subprocess.run([sys.executable, "-c", _FILL_HOUR, str(Path(__file__).resolve().parent),
-                    store_url, start.isoformat(), str(requests)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _FILL_HOUR,
+            str(Path(__file__).resolve().parent),
+            store_url,
+            start.isoformat(),
+            str(requests),
+        ],
+        check=True,
+    )
     server = _start_server(store_url, folder)
     stack.append(server)
-    slowest = httpx.get(f"{server.url}/api/v1/requests", timeout=60.0, params={
-        "start": start.isoformat(), "end": end.isoformat(), "limit": 1}).json()["requests"]
-    return Dataset(server.url, start, end, slowest[0]["trace_id"],
-                   f"one hour of demo-sized traffic ({requests} requests, "
-                   f"{requests * 10} spans, incident at 55-60 %)")
+    slowest = httpx.get(
+        f"{server.url}/api/v1/requests",
+        timeout=60.0,
+        params={"start": start.isoformat(), "end": end.isoformat(), "limit": 1},
+    ).json()["requests"]
+    return Dataset(
+        server.url,
+        start,
+        end,
+        slowest[0]["trace_id"],
+        f"one hour of demo-sized traffic ({requests} requests, {requests * 10} spans, incident at 55-60 %)",
+    )
 
 
 class RecordedCalls:
@@ -322,9 +366,16 @@ def replay_calls(calls: list[tuple[str, dict[str, Any]]], server_url: str) -> in
     return len(calls)
 
 
-PAGE_PATHS = {"Overview": "", "Correlate": "correlate", "Breakdown": "breakdown",
-              "Slowest requests": "requests", "Trace": "trace", "GPUs and engines": "gpus",
-              "Diagnosis": "diagnosis", "Alerts": "alerts"}
+PAGE_PATHS = {
+    "Overview": "",
+    "Correlate": "correlate",
+    "Breakdown": "breakdown",
+    "Slowest requests": "requests",
+    "Trace": "trace",
+    "GPUs and engines": "gpus",
+    "Diagnosis": "diagnosis",
+    "Alerts": "alerts",
+}
 """Page title → URL path, as ``dashboard/app.py`` registers them."""
 CHROMIUM = "/usr/bin/chromium"
 FLOOR_APP = "import streamlit as st\n\nst.title('Floor')\n"
@@ -359,9 +410,9 @@ _DRAWN_JS = """since => {
   if (ip.chartsAt === undefined || ip.chartsSince !== since) { ip.chartsAt = now; ip.chartsSince = since; }
   const busy = ip.long.filter(([s, e]) => e > since).map(([s, e]) => e);
   const lastBusy = busy.length ? Math.max(...busy) : since;
-  if (now - Math.max(end, lastBusy) < %d) return null;
+  if (now - Math.max(end, lastBusy) < QUIET_MS) return null;
   return Math.max(end, lastBusy, charts.length ? ip.chartsAt - 50 : end) - since;
-}""" % QUIET_MS
+}""".replace("QUIET_MS", str(QUIET_MS))
 
 
 def _drawn_seconds(page, since_ms: float, timeout_ms: int = 120_000) -> float:
@@ -377,8 +428,14 @@ def _iso(instant: datetime) -> str:
 def page_query(dataset: Dataset) -> dict[str, str]:
     """The URL parameters every page is opened with: the dataset's window, live refresh off,
     UTC, the dataset's points per series, and its trace id."""
-    return {"start": _iso(dataset.start), "end": _iso(dataset.end), "refresh": "0",
-            "tz": "UTC", "points": str(dataset.max_points), "trace_id": dataset.trace_id}
+    return {
+        "start": _iso(dataset.start),
+        "end": _iso(dataset.end),
+        "refresh": "0",
+        "tz": "UTC",
+        "points": str(dataset.max_points),
+        "trace_id": dataset.trace_id,
+    }
 
 
 def open_app(dataset: Dataset):
@@ -400,11 +457,11 @@ def select_page(app, title: str) -> None:
     filled on the previous run (what a browser selects by URL path).
     """
     registered = app._registered_pages  # noqa: SLF001 - no public API for callable pages
-    hashes = [page_hash for page_hash, info in registered.items()
-              if info.get("page_name") == title]
+    hashes = [page_hash for page_hash, info in registered.items() if info.get("page_name") == title]
     if len(hashes) != 1:
-        raise RuntimeError(f"page {title!r} not registered; known: "
-                           f"{[info.get('page_name') for info in registered.values()]}")
+        raise RuntimeError(
+            f"page {title!r} not registered; known: {[info.get('page_name') for info in registered.values()]}"
+        )
     app._page_hash = hashes[0]  # noqa: SLF001
 
 
@@ -416,8 +473,7 @@ def check_page(app, title: str) -> None:
         raise RuntimeError(f"page {title!r}: titles {titles}, problems {problems}")
 
 
-def measure_script(dataset: Dataset, relay: CountingRelay, rounds: int,
-                   titles: list[str]) -> list[PageFigures]:
+def measure_script(dataset: Dataset, relay: CountingRelay, rounds: int, titles: list[str]) -> list[PageFigures]:
     """AppTest: interleaved rounds per page of uncached rerun, cached rerun, raw calls."""
     import streamlit as st
     from streamlit.logger import set_log_level
@@ -489,8 +545,9 @@ def _visit_seconds(page, url: str, title: str) -> float:
     return seconds
 
 
-def recorded_page_calls(dataset: Dataset, relay: CountingRelay,
-                        titles: list[str]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+def recorded_page_calls(
+    dataset: Dataset, relay: CountingRelay, titles: list[str]
+) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """Per page title: the read-API requests its cold run makes (one AppTest run each)."""
     import streamlit as st
 
@@ -519,8 +576,9 @@ def recorded_page_calls(dataset: Dataset, relay: CountingRelay,
             os.environ["INFERPATH_SERVER_URL"] = saved
 
 
-def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles: list[str],
-                    folder: Path, attempts: int = 6) -> list[PageFigures]:
+def measure_browser(
+    dataset: Dataset, relay: CountingRelay, rounds: int, titles: list[str], folder: Path, attempts: int = 6
+) -> list[PageFigures]:
     """Chromium on ``streamlit run``, per page, interleaved rounds of:
 
     - the floor: the one-title app (:data:`FLOOR_APP`, second tab) rerun by the "R" key;
@@ -542,7 +600,10 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
     from playwright.sync_api import sync_playwright
 
     from inferpath.dashboard.launch import (
-        APP_PATH, dashboard_command, launch_dashboard, wait_until_ready,
+        APP_PATH,
+        dashboard_command,
+        launch_dashboard,
+        wait_until_ready,
     )
     from inferpath.demo.processes import free_port
 
@@ -551,10 +612,11 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
     url, floor_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{floor_port}"
     floor_script = folder / "floor_app.py"
     floor_script.write_text(FLOOR_APP)
-    command = [str(floor_script) if part == str(APP_PATH) else part
-               for part in dashboard_command(port=floor_port, host="127.0.0.1")]
-    floor = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             stdin=subprocess.DEVNULL)
+    command = [
+        str(floor_script) if part == str(APP_PATH) else part
+        for part in dashboard_command(port=floor_port, host="127.0.0.1")
+    ]
+    floor = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     dashboard = launch_dashboard(relay.url, port=port, log_path=folder / "streamlit.log")
     shift = 0
     try:
@@ -562,8 +624,9 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
         wait_until_ready(floor_url, timeout_seconds=90, process=floor)
         results = []
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-                "--headless", "--no-sandbox", "--disable-gpu"])
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
+            )
             context = browser.new_context(viewport={"width": 1600, "height": 1800})
             context.add_init_script(_PAGE_CLOCK_JS)
             floor_page = context.new_page()
@@ -578,11 +641,15 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
                     figures.floor_seconds.append(_rerun_seconds(floor_page))
                     page.bring_to_front()
                     shift += 1
-                    moved = replace(dataset, start=dataset.start + timedelta(seconds=shift),
-                                    end=dataset.end + timedelta(seconds=shift))
+                    moved = replace(
+                        dataset,
+                        start=dataset.start + timedelta(seconds=shift),
+                        end=dataset.end + timedelta(seconds=shift),
+                    )
                     before = relay.connections_total
-                    figures.first_seconds.append(_visit_seconds(
-                        page, f"{url}/{PAGE_PATHS[title]}?{urlencode(page_query(moved))}", title))
+                    figures.first_seconds.append(
+                        _visit_seconds(page, f"{url}/{PAGE_PATHS[title]}?{urlencode(page_query(moved))}", title)
+                    )
                     figures.uncached_connections += relay.connections_total - before
                     for _ in range(attempts):
                         before = relay.connections_total
@@ -605,12 +672,16 @@ def measure_browser(dataset: Dataset, relay: CountingRelay, rounds: int, titles:
             process.wait(timeout=15)
 
 
-LOADERS = {"demo": load_demo, "capture": load_capture, "gauges": load_gauges,
-           "hour": load_hour}
+LOADERS = {"demo": load_demo, "capture": load_capture, "gauges": load_gauges, "hour": load_hour}
 
 
-def run(dataset_name: str = "demo", rounds: int = 7, only: list[str] | None = None,
-        browser: bool = False, workdir: str | None = None) -> dict[str, Any]:
+def run(
+    dataset_name: str = "demo",
+    rounds: int = 7,
+    only: list[str] | None = None,
+    browser: bool = False,
+    workdir: str | None = None,
+) -> dict[str, Any]:
     """Prepare the dataset (:data:`LOADERS`), measure the pages (all, or ``only``) with
     AppTest and, when ``browser``, in Chromium. Returns ``{"dataset", "window_seconds",
     "max_points", "load_average": (before, after), "script": [PageFigures],
@@ -631,10 +702,14 @@ def _run(folder: Path, dataset_name: str, rounds: int, only: list[str] | None, b
         load_before = os.getloadavg()
         script = measure_script(dataset, relay, rounds, titles)
         in_browser = measure_browser(dataset, relay, rounds, titles, folder) if browser else None
-        return {"dataset": dataset.description,
-                "window_seconds": (dataset.end - dataset.start).total_seconds(),
-                "max_points": dataset.max_points, "load_average": (load_before, os.getloadavg()),
-                "script": script, "browser": in_browser}
+        return {
+            "dataset": dataset.description,
+            "window_seconds": (dataset.end - dataset.start).total_seconds(),
+            "max_points": dataset.max_points,
+            "load_average": (load_before, os.getloadavg()),
+            "script": script,
+            "browser": in_browser,
+        }
     finally:
         if relay is not None:
             relay.close()
@@ -652,32 +727,39 @@ def _ratio(measured: float, reference: float) -> str:
 
 
 def _print_table(pages: list[PageFigures], limit_ms: float) -> bool:
-    print(f"{'page':<18} {'calls':>5}  {'raw API ms med (best)':>21}  {'cached rerun':>16}  "
-          f"{'uncached rerun':>16}  cached/raw  server calls on cached")
+    print(
+        f"{'page':<18} {'calls':>5}  {'raw API ms med (best)':>21}  {'cached rerun':>16}  "
+        f"{'uncached rerun':>16}  cached/raw  server calls on cached"
+    )
     ok = True
     for page in pages:
         cached = statistics.median(page.cached_seconds)
         ok &= cached * 1000 <= limit_ms
-        print(f"{page.title:<18} {page.calls:>5}  {_ms(page.raw_seconds):>21}  "
-              f"{_ms(page.cached_seconds):>16}  {_ms(page.uncached_seconds):>16}  "
-              f"{_ratio(cached, statistics.median(page.raw_seconds)):>10}  "
-              f"{page.cached_connections}")
+        print(
+            f"{page.title:<18} {page.calls:>5}  {_ms(page.raw_seconds):>21}  "
+            f"{_ms(page.cached_seconds):>16}  {_ms(page.uncached_seconds):>16}  "
+            f"{_ratio(cached, statistics.median(page.raw_seconds)):>10}  "
+            f"{page.cached_connections}"
+        )
     return ok
 
 
-def _print_browser_table(pages: list[PageFigures], first_limit_ms: float,
-                         rerun_limit_ms: float) -> bool:
-    print(f"{'page':<18} {'calls':>5}  {'API ms':>16}  {'first visit ms':>16}  {'/API':>5}  "
-          f"{'warm rerun ms':>16}  {'/API':>5}  {'floor rerun ms':>16}")
+def _print_browser_table(pages: list[PageFigures], first_limit_ms: float, rerun_limit_ms: float) -> bool:
+    print(
+        f"{'page':<18} {'calls':>5}  {'API ms':>16}  {'first visit ms':>16}  {'/API':>5}  "
+        f"{'warm rerun ms':>16}  {'/API':>5}  {'floor rerun ms':>16}"
+    )
     ok = True
     for page in pages:
         raw = statistics.median(page.raw_seconds)
         first, rerun = statistics.median(page.first_seconds), statistics.median(page.cached_seconds)
         ok &= first * 1000 <= first_limit_ms and rerun * 1000 <= rerun_limit_ms
-        print(f"{page.title:<18} {page.calls:>5}  {_ms(page.raw_seconds):>16}  "
-              f"{_ms(page.first_seconds):>16}  {_ratio(first, raw):>5}  "
-              f"{_ms(page.cached_seconds):>16}  {_ratio(rerun, raw):>5}  "
-              f"{_ms(page.floor_seconds):>16}")
+        print(
+            f"{page.title:<18} {page.calls:>5}  {_ms(page.raw_seconds):>16}  "
+            f"{_ms(page.first_seconds):>16}  {_ratio(first, raw):>5}  "
+            f"{_ms(page.cached_seconds):>16}  {_ratio(rerun, raw):>5}  "
+            f"{_ms(page.floor_seconds):>16}"
+        )
     return ok
 
 
@@ -686,22 +768,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", choices=sorted(LOADERS), default="demo")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--limit-ms", type=float, default=150.0,
-                        help="most ms of a cached script rerun (AppTest)")
-    parser.add_argument("--first-limit-ms", type=float, default=3000.0,
-                        help="most ms of a first visit in Chromium, until drawn")
-    parser.add_argument("--rerun-limit-ms", type=float, default=1500.0,
-                        help="most ms of a warm rerun in Chromium, until drawn")
-    parser.add_argument("--page", action="append", choices=list(PAGE_PATHS),
-                        help="measure only this page (repeatable)")
-    parser.add_argument("--browser", action="store_true",
-                        help=f"also time first visits and reruns in Chromium ({CHROMIUM})")
+    parser.add_argument("--limit-ms", type=float, default=150.0, help="most ms of a cached script rerun (AppTest)")
+    parser.add_argument(
+        "--first-limit-ms", type=float, default=3000.0, help="most ms of a first visit in Chromium, until drawn"
+    )
+    parser.add_argument(
+        "--rerun-limit-ms", type=float, default=1500.0, help="most ms of a warm rerun in Chromium, until drawn"
+    )
+    parser.add_argument("--page", action="append", choices=list(PAGE_PATHS), help="measure only this page (repeatable)")
+    parser.add_argument(
+        "--browser", action="store_true", help=f"also time first visits and reruns in Chromium ({CHROMIUM})"
+    )
     args = parser.parse_args(argv)
     figures = run(args.dataset, args.rounds, args.page, args.browser)
     before, after = figures["load_average"]
-    print(f"dataset: {figures['dataset']}; window {figures['window_seconds']:.0f} s, "
-          f"{figures['max_points']} points per series; load average {before[0]:.2f} before, "
-          f"{after[0]:.2f} after; ms: median (best) of {args.rounds} rounds")
+    print(
+        f"dataset: {figures['dataset']}; window {figures['window_seconds']:.0f} s, "
+        f"{figures['max_points']} points per series; load average {before[0]:.2f} before, "
+        f"{after[0]:.2f} after; ms: median (best) of {args.rounds} rounds"
+    )
     print("script run (AppTest, in process):")
     ok = _print_table(figures["script"], args.limit_ms)
     ok &= all(page.cached_connections == 0 for page in figures["script"])
@@ -709,8 +794,10 @@ def main(argv: list[str] | None = None) -> int:
     if figures["browser"] is not None:
         print("browser (Chromium, 1600 px wide; until the page is drawn):")
         ok &= _print_browser_table(figures["browser"], args.first_limit_ms, args.rerun_limit_ms)
-        verdict += (f"; in Chromium a first visit ≤ {args.first_limit_ms:.0f} ms and a warm "
-                    f"rerun ≤ {args.rerun_limit_ms:.0f} ms")
+        verdict += (
+            f"; in Chromium a first visit ≤ {args.first_limit_ms:.0f} ms and a warm "
+            f"rerun ≤ {args.rerun_limit_ms:.0f} ms"
+        )
     print(f"{verdict}: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

@@ -52,8 +52,11 @@ ENDPOINT_CLASSES = ["all", *VOCABULARY_CLASSES]
 FILTER_INPUTS = [
     ("service", "Service", "The service that received the requests (its service.name), e.g. gateway."),
     ("model", "Model", "The model the requests asked for (gen_ai.request.model)."),
-    ("replica", "Replica", "The engine replica that served them (inferpath.replica, "
-                           "service.instance.id or host.name of the engine)."),
+    (
+        "replica",
+        "Replica",
+        "The engine replica that served them (inferpath.replica, service.instance.id or host.name of the engine).",
+    ),
 ]
 # Most points per plotted series; the server downsamples to it (10,000 at most). (A bare
 # string here would be drawn on the page: Streamlit's "magic" writes the main script's.)
@@ -113,8 +116,10 @@ def parse_wall_time(text: str, zone: ZoneInfo) -> datetime:
     try:
         value = datetime.fromisoformat(cleaned)
     except ValueError:
-        raise ValueError(f"{text.strip()!r} is not a time: write it as YYYY-MM-DD HH:MM:SS, "
-                         f"e.g. {datetime.now(zone):{TIME_INPUT_FORMAT}}") from None
+        raise ValueError(
+            f"{text.strip()!r} is not a time: write it as YYYY-MM-DD HH:MM:SS, "
+            f"e.g. {datetime.now(zone):{TIME_INPUT_FORMAT}}"
+        ) from None
     return value if value.tzinfo is not None else value.replace(tzinfo=zone)
 
 
@@ -122,9 +127,13 @@ def _time_input(label: str, default: datetime, zone: ZoneInfo, *, key: str) -> d
     # The default (the chosen time, or now) shown in the zone; a bad entry is named and the
     # default kept, so the page still draws.
     shown = default.astimezone(zone)
-    text = st.sidebar.text_input(label, value=shown.strftime(TIME_INPUT_FORMAT) +
-                                 (f".{shown.microsecond:06d}".rstrip("0") if shown.microsecond else ""),
-                                 key=key, help="Exact to the second, in the chosen time zone.")
+    text = st.sidebar.text_input(
+        label,
+        value=shown.strftime(TIME_INPUT_FORMAT)
+        + (f".{shown.microsecond:06d}".rstrip("0") if shown.microsecond else ""),
+        key=key,
+        help="Exact to the second, in the chosen time zone.",
+    )
     try:
         return parse_wall_time(text, zone)
     except ValueError as error:
@@ -158,56 +167,90 @@ def sidebar_controls() -> dict:
         st.sidebar.warning(f"Ignoring the URL's time range: {error}")
     if default_key not in RANGE_KEYS:
         default_key = "1h"
-    range_key = st.sidebar.radio("Window", RANGE_KEYS, index=RANGE_KEYS.index(default_key),
-                                 format_func=RANGE_LABELS.get, key=f"range_key_{version}")
+    range_key = st.sidebar.radio(
+        "Window",
+        RANGE_KEYS,
+        index=RANGE_KEYS.index(default_key),
+        format_func=RANGE_LABELS.get,
+        key=f"range_key_{version}",
+    )
     if range_key == CUSTOM:
         zone = ZoneInfo(tz)
         now = datetime.now(timezone.utc).replace(microsecond=0)
-        custom_start = _time_input(f"Start ({tz})", custom_start or now - timedelta(hours=1),
-                                   zone, key=f"custom_start_{version}")
+        custom_start = _time_input(
+            f"Start ({tz})", custom_start or now - timedelta(hours=1), zone, key=f"custom_start_{version}"
+        )
         custom_end = _time_input(f"End ({tz})", custom_end or now, zone, key=f"custom_end_{version}")
     st.sidebar.caption("Drag across a time chart to make that span the window.")
     st.sidebar.header("Filters")
     endpoint_class = st.sidebar.selectbox(
-        "Endpoint class", ENDPOINT_CLASSES, index=_choice(ENDPOINT_CLASSES, params.get("endpoint_class"), "all"),
-        key=f"endpoint_class_{version}")
-    named = {name: st.sidebar.text_input(label, value=params.get(name, ""), placeholder="all",
-                                         key=f"{name}_{version}", help=help_text).strip() or None
-             for name, label, help_text in FILTER_INPUTS}
+        "Endpoint class",
+        ENDPOINT_CLASSES,
+        index=_choice(ENDPOINT_CLASSES, params.get("endpoint_class"), "all"),
+        key=f"endpoint_class_{version}",
+    )
+    named = {
+        name: st.sidebar.text_input(
+            label, value=params.get(name, ""), placeholder="all", key=f"{name}_{version}", help=help_text
+        ).strip()
+        or None
+        for name, label, help_text in FILTER_INPUTS
+    }
     st.sidebar.header("Display")
     url_refresh = parse_refresh(params.get("refresh"))
     refresh_choices = sorted({*REFRESH_CHOICES_SECONDS, *([url_refresh] if url_refresh is not None else [])})
     refresh_seconds = st.sidebar.selectbox(
-        "Live refresh", refresh_choices,
+        "Live refresh",
+        refresh_choices,
         index=refresh_choices.index(url_refresh if url_refresh is not None else 15),
-        format_func=lambda s: "off" if s == 0 else f"every {s} s", key=f"refresh_seconds_{version}")
+        format_func=lambda s: "off" if s == 0 else f"every {s} s",
+        key=f"refresh_seconds_{version}",
+    )
     try:
         url_points = int(params.get("points", 600))
     except ValueError:
         url_points = 600
     points_choices = sorted({*POINTS_CHOICES, min(max(url_points, 10), POINTS_CHOICES[-1])})
     max_points = st.sidebar.selectbox(
-        "Points per series", points_choices,
-        index=points_choices.index(min(max(url_points, 10), POINTS_CHOICES[-1])), key=f"points_{version}")
+        "Points per series",
+        points_choices,
+        index=points_choices.index(min(max(url_points, 10), POINTS_CHOICES[-1])),
+        key=f"points_{version}",
+    )
     filters = Filters(endpoint_class=None if endpoint_class == "all" else endpoint_class, **named)
     custom = range_key == CUSTOM
-    session.remember({
-        "range": None if custom else range_key,
-        "start": session.iso_utc(custom_start) if custom and custom_start else None,
-        "end": session.iso_utc(custom_end) if custom and custom_end else None,
-        "tz": tz, "refresh": str(refresh_seconds), "points": str(max_points), **filters.as_params()})
-    return {"range_key": range_key, "custom_start": custom_start, "custom_end": custom_end,
-            "filters": filters, "refresh_seconds": refresh_seconds, "tz": tz,
-            "max_points": max_points}
+    session.remember(
+        {
+            "range": None if custom else range_key,
+            "start": session.iso_utc(custom_start) if custom and custom_start else None,
+            "end": session.iso_utc(custom_end) if custom and custom_end else None,
+            "tz": tz,
+            "refresh": str(refresh_seconds),
+            "points": str(max_points),
+            **filters.as_params(),
+        }
+    )
+    return {
+        "range_key": range_key,
+        "custom_start": custom_start,
+        "custom_end": custom_end,
+        "filters": filters,
+        "refresh_seconds": refresh_seconds,
+        "tz": tz,
+        "max_points": max_points,
+    }
 
 
 def current_window(controls: dict) -> TimeWindow | None:
     """The window to query now at the chosen resolution, or ``None`` after showing why the
     custom range is invalid."""
     try:
-        window = resolve_window(controls["range_key"], now=datetime.now(timezone.utc),
-                                custom_start=controls["custom_start"],
-                                custom_end=controls["custom_end"])
+        window = resolve_window(
+            controls["range_key"],
+            now=datetime.now(timezone.utc),
+            custom_start=controls["custom_start"],
+            custom_end=controls["custom_end"],
+        )
     except ValueError as error:
         st.warning(f"Invalid time range: {error}")
         return None
@@ -220,12 +263,12 @@ def run_live(panel, server_url: str, token: str | None, controls: dict) -> None:
 
     The window is resolved inside the fragment, so a relative range moves with the clock.
     """
+
     def body() -> None:
         window = current_window(controls)
         if window is None:
             return
-        panel(pages.Context(server_url, token, window, controls["tz"], controls["filters"],
-                            controls["max_points"]))
+        panel(pages.Context(server_url, token, window, controls["tz"], controls["filters"], controls["max_points"]))
 
     st.fragment(body, run_every=controls["refresh_seconds"] or None)()
 
@@ -239,6 +282,7 @@ def main() -> None:
         def page() -> None:
             st.title(title)
             run_live(panel, server_url, token, sidebar_controls())
+
         return page
 
     def trace_page() -> None:
@@ -246,22 +290,21 @@ def main() -> None:
         controls = sidebar_controls()
         pages.trace_page(server_url, token, controls["tz"])
 
-    page = st.navigation([
-        st.Page(live_page("Overview", pages.overview_panels), title="Overview", default=True),
-        st.Page(live_page("Correlate", pages.correlate_panels), title="Correlate",
-                url_path="correlate"),
-        st.Page(live_page("Breakdown", pages.breakdown_panels), title="Breakdown",
-                url_path="breakdown"),
-        st.Page(live_page("Slowest requests", pages.requests_panels), title="Slowest requests",
-                url_path="requests"),
-        st.Page(trace_page, title="Trace", url_path="trace"),
-        st.Page(live_page("GPUs and engines", pages.fleet_panels), title="GPUs and engines",
-                url_path="gpus"),
-        st.Page(live_page("Diagnosis", pages.diagnosis_panels), title="Diagnosis",
-                url_path="diagnosis"),
-        st.Page(live_page("Alerts", pages.alerts_panels), title="Alerts", url_path="alerts"),
-        st.Page(live_page("What-if", pages.whatif_panels), title="What-if", url_path="whatif"),
-    ])
+    page = st.navigation(
+        [
+            st.Page(live_page("Overview", pages.overview_panels), title="Overview", default=True),
+            st.Page(live_page("Correlate", pages.correlate_panels), title="Correlate", url_path="correlate"),
+            st.Page(live_page("Breakdown", pages.breakdown_panels), title="Breakdown", url_path="breakdown"),
+            st.Page(
+                live_page("Slowest requests", pages.requests_panels), title="Slowest requests", url_path="requests"
+            ),
+            st.Page(trace_page, title="Trace", url_path="trace"),
+            st.Page(live_page("GPUs and engines", pages.fleet_panels), title="GPUs and engines", url_path="gpus"),
+            st.Page(live_page("Diagnosis", pages.diagnosis_panels), title="Diagnosis", url_path="diagnosis"),
+            st.Page(live_page("Alerts", pages.alerts_panels), title="Alerts", url_path="alerts"),
+            st.Page(live_page("What-if", pages.whatif_panels), title="What-if", url_path="whatif"),
+        ]
+    )
     st.sidebar.caption(f"server: {server_url}")
     page.run()
 

@@ -14,8 +14,9 @@ a double click resets a zoom, as in any plotly chart.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -23,6 +24,7 @@ import streamlit as st
 
 from inferpath.dashboard import session
 from inferpath.dashboard.figures import BRUSH_LAYOUT
+
 MIN_BRUSH = timedelta(seconds=1)
 """A shorter span is a click, not a window."""
 
@@ -44,8 +46,10 @@ def brushed_window(event: Mapping[str, Any] | None, tz: str) -> tuple[datetime, 
     except (TypeError, ValueError):
         return None  # a box on an axis that is not time
     # Whole seconds, outwards: the window holds the whole span and reads cleanly in the URL.
-    start, end = (wall.tz_localize(tz, ambiguous=True, nonexistent="shift_backward").tz_convert("UTC")
-                  for wall in (walls[0].floor("s"), walls[-1].ceil("s")))
+    start, end = (
+        wall.tz_localize(tz, ambiguous=True, nonexistent="shift_backward").tz_convert("UTC")
+        for wall in (walls[0].floor("s"), walls[-1].ceil("s"))
+    )
     if end - start < pd.Timedelta(MIN_BRUSH):
         return None
     return start.to_pydatetime(), end.to_pydatetime()
@@ -54,8 +58,9 @@ def brushed_window(event: Mapping[str, Any] | None, tz: str) -> tuple[datetime, 
 def time_chart(figure: go.Figure, *, key: str, tz: str) -> None:
     """Draw ``figure`` (a time chart laid out with :data:`BRUSH_LAYOUT`); a box dragged
     across it sets the window of every page and reruns the app."""
-    event = st.plotly_chart(figure, width="stretch", key=f"{key}_{session.version()}",
-                            on_select="rerun", selection_mode=("box",))
+    event = st.plotly_chart(
+        figure, width="stretch", key=f"{key}_{session.version()}", on_select="rerun", selection_mode=("box",)
+    )
     window = brushed_window(event, tz)
     if window is not None:
         session.choose_window(*window)

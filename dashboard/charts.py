@@ -9,22 +9,37 @@ without any measured point gives its panel a "no data" annotation naming why, an
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from inferpath.dashboard.figures import (
-    BRUSH_LAYOUT, MS_PER_NS, MS_PER_SECOND, NO_DATA, UNCLASSIFIED, fixed_margins, line_mode, wall_time,
+    BRUSH_LAYOUT,
+    MS_PER_NS,
+    MS_PER_SECOND,
+    NO_DATA,
+    UNCLASSIFIED,
+    fixed_margins,
+    line_mode,
+    wall_time,
 )
 from inferpath.dashboard.rows import StackedRows
 
 _STATS = [("p50", "solid"), ("p95", "dashdot"), ("p99", "dash"), ("avg", "dot")]
 _COLORS = {"ttft": "#1f77b4", "itl": "#2ca02c", "e2e": "#9467bd"}
 
-STAGE_COLORS = {"gateway": "#8c564b", "tokenize": "#e377c2", "retrieval": "#bcbd22",
-                "queue": "#d62728", "prefill": "#ff7f0e", "decode": "#1f77b4",
-                "network": "#17becf", "rest": "#c7c7c7"}
+STAGE_COLORS = {
+    "gateway": "#8c564b",
+    "tokenize": "#e377c2",
+    "retrieval": "#bcbd22",
+    "queue": "#d62728",
+    "prefill": "#ff7f0e",
+    "decode": "#1f77b4",
+    "network": "#17becf",
+    "rest": "#c7c7c7",
+}
 
 
 def _values(points: Sequence[Mapping[str, Any]], column: str, scale: float) -> list[float | None]:
@@ -53,27 +68,56 @@ def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
                 if all(v is None for v in y):
                     continue
                 drawn = True
-                rows.trace(row, {"type": "scatter", "x": x, "y": y, "mode": line_mode(y),
-                                 "name": f"{measure.upper()} {stat}",
-                                 "line": {"color": _COLORS[measure], "dash": dash},
-                                 "connectgaps": False})
+                rows.trace(
+                    row,
+                    {
+                        "type": "scatter",
+                        "x": x,
+                        "y": y,
+                        "mode": line_mode(y),
+                        "name": f"{measure.upper()} {stat}",
+                        "line": {"color": _COLORS[measure], "dash": dash},
+                        "connectgaps": False,
+                    },
+                )
             rows.yaxis(row, title={"text": "ms"}, rangemode="tozero")
             if not drawn:
                 rows.note(row, f"no {measure.upper()} measured", size=14)
         # Rates as step lines: one path per series (a bar is an SVG path per bucket, 720
         # of them per figure at 360 buckets).
         for name, key, color in (("requests/s", "requests", "#7f7f7f"), ("errors/s", "errors", "#d62728")):
-            rows.trace(4, {"type": "scatter", "x": x, "y": [p[key] / step for p in points],
-                           "mode": "lines", "name": name, "line": {"color": color, "shape": "hv"}})
+            rows.trace(
+                4,
+                {
+                    "type": "scatter",
+                    "x": x,
+                    "y": [p[key] / step for p in points],
+                    "mode": "lines",
+                    "name": name,
+                    "line": {"color": color, "shape": "hv"},
+                },
+            )
         rows.yaxis(4, title={"text": "per s"}, rangemode="tozero")
         for measure in ("ttft", "itl", "e2e"):
-            ratio = [None if (p.get(f"{measure}_p99_seconds") is None
-                              or not p.get(f"{measure}_avg_seconds"))
-                     else p[f"{measure}_p99_seconds"] / p[f"{measure}_avg_seconds"] for p in points]
+            ratio = [
+                None
+                if (p.get(f"{measure}_p99_seconds") is None or not p.get(f"{measure}_avg_seconds"))
+                else p[f"{measure}_p99_seconds"] / p[f"{measure}_avg_seconds"]
+                for p in points
+            ]
             if any(v is not None for v in ratio):
-                rows.trace(5, {"type": "scatter", "x": x, "y": ratio, "mode": line_mode(ratio),
-                               "name": f"{measure.upper()} p99/mean",
-                               "line": {"color": _COLORS[measure]}, "connectgaps": False})
+                rows.trace(
+                    5,
+                    {
+                        "type": "scatter",
+                        "x": x,
+                        "y": ratio,
+                        "mode": line_mode(ratio),
+                        "name": f"{measure.upper()} p99/mean",
+                        "line": {"color": _COLORS[measure]},
+                        "connectgaps": False,
+                    },
+                )
         rows.yaxis(5, title={"text": "ratio"}, rangemode="tozero")
         rows.xaxis(5, title={"text": f"time ({tz})"})
         if len(x):  # the window's own span: a row with nothing drawn must not widen it to 1970-2030
@@ -81,9 +125,13 @@ def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
             rows.xaxes(range=[bounds.iloc[0], bounds.iloc[-1] + pd.Timedelta(seconds=step)])
         # The legend above the first row: 17 entries flow in two lines (grouped by measure,
         # plotly would stack each group in a column of its own, four lines high).
-        figures[klass] = rows.figure(height=1060, hovermode="x unified", **BRUSH_LAYOUT,
-                                     margin=fixed_margins(top=100, bottom=50),
-                                     legend={"orientation": "h", "y": 1.035, "yanchor": "bottom"})
+        figures[klass] = rows.figure(
+            height=1060,
+            hovermode="x unified",
+            **BRUSH_LAYOUT,
+            margin=fixed_margins(top=100, bottom=50),
+            legend={"orientation": "h", "y": 1.035, "yanchor": "bottom"},
+        )
     return figures
 
 
@@ -96,35 +144,52 @@ def band_shares_figure(bands: Sequence[Mapping[str, Any]], *, measure: str) -> g
     """
     figure = go.Figure()
     if not bands:
-        figure.add_annotation(text=NO_DATA, x=0.5, y=0.5, xref="paper", yref="paper",
-                              showarrow=False, font={"size": 14, "color": "#888"})
+        figure.add_annotation(
+            text=NO_DATA, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font={"size": 14, "color": "#888"}
+        )
         figure.update_layout(height=240, xaxis={"visible": False}, yaxis={"visible": False})
         return figure
-    labels = [f"{b['group']} ({b['count']} req, mean {b['total_mean_ns'] * MS_PER_NS:.0f} ms)"
-              for b in bands]
+    labels = [f"{b['group']} ({b['count']} req, mean {b['total_mean_ns'] * MS_PER_NS:.0f} ms)" for b in bands]
     stages = list(dict.fromkeys(stage for b in bands for stage in b["stage_share"]))
     for stage in stages:
-        figure.add_trace(go.Bar(
-            y=labels, x=[b["stage_share"].get(stage, 0.0) * 100 for b in bands], name=stage,
-            orientation="h", marker_color=STAGE_COLORS.get(stage, "#7f7f7f"),
-            customdata=[b["stage_mean_ns"].get(stage, 0.0) * MS_PER_NS for b in bands],
-            hovertemplate=f"{stage}: %{{x:.1f}}%% (%{{customdata:.1f}} ms)<extra></extra>"))
-    figure.update_layout(barmode="relative", height=150 + 60 * len(bands),
-                         title=f"Share of {measure.upper()} per stage, by percentile band",
-                         xaxis_title="% of the band's total time", yaxis={"autorange": "reversed"},
-                         margin=fixed_margins(top=50, bottom=110, left=240),
-                         legend={"orientation": "h", "y": -0.45, "yanchor": "top"})
+        figure.add_trace(
+            go.Bar(
+                y=labels,
+                x=[b["stage_share"].get(stage, 0.0) * 100 for b in bands],
+                name=stage,
+                orientation="h",
+                marker_color=STAGE_COLORS.get(stage, "#7f7f7f"),
+                customdata=[b["stage_mean_ns"].get(stage, 0.0) * MS_PER_NS for b in bands],
+                hovertemplate=f"{stage}: %{{x:.1f}}%% (%{{customdata:.1f}} ms)<extra></extra>",
+            )
+        )
+    figure.update_layout(
+        barmode="relative",
+        height=150 + 60 * len(bands),
+        title=f"Share of {measure.upper()} per stage, by percentile band",
+        xaxis_title="% of the band's total time",
+        yaxis={"autorange": "reversed"},
+        margin=fixed_margins(top=50, bottom=110, left=240),
+        legend={"orientation": "h", "y": -0.45, "yanchor": "top"},
+    )
     return figure
 
 
 def hops_table(hops: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """Gateway/network overhead per hop in ms: caller, callee, calls, mean, p50, p95, p99."""
     columns = ["caller", "callee", "calls", "avg_ms", "p50_ms", "p95_ms", "p99_ms"]
-    rows = [{"caller": h["caller_service"], "callee": f"{h['callee_service']} ({h['callee_span']})",
-             "calls": h["count"],
-             **{f"{s}_ms": None if h.get(f"{s}_seconds") is None
-                else h[f"{s}_seconds"] * MS_PER_SECOND for s in ("avg", "p50", "p95", "p99")}}
-            for h in hops]
+    rows = [
+        {
+            "caller": h["caller_service"],
+            "callee": f"{h['callee_service']} ({h['callee_span']})",
+            "calls": h["count"],
+            **{
+                f"{s}_ms": None if h.get(f"{s}_seconds") is None else h[f"{s}_seconds"] * MS_PER_SECOND
+                for s in ("avg", "p50", "p95", "p99")
+            },
+        }
+        for h in hops
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -13,8 +13,9 @@ show it as is.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import httpx
 import pandas as pd
@@ -22,8 +23,7 @@ import pandas as pd
 from inferpath.config import Settings
 
 SUMMARY_COLUMNS = ["measure", "count", "avg_seconds", "p50_seconds", "p95_seconds", "p99_seconds"]
-TTFT_SERIES_COLUMNS = ["bucket", "endpoint_class", "count", "avg_seconds", "p50_seconds",
-                       "p99_seconds"]
+TTFT_SERIES_COLUMNS = ["bucket", "endpoint_class", "count", "avg_seconds", "p50_seconds", "p99_seconds"]
 GAUGE_SERIES_COLUMNS = ["bucket", "service_name", "attributes", "value"]
 
 # Keys under which a server may wrap a list of rows ({"rows": [...]}); checked in order.
@@ -78,8 +78,8 @@ def rows_of(body: Any, *, url: str) -> list[dict[str, Any]]:
         rows = next((body[key] for key in _ROW_KEYS if isinstance(body.get(key), list)), None)
         if rows is None:
             raise ReadApiError(
-                f"unexpected answer from {url}: an object without a list of rows "
-                f"(keys: {sorted(body)})", url=url)
+                f"unexpected answer from {url}: an object without a list of rows (keys: {sorted(body)})", url=url
+            )
     else:
         raise ReadApiError(f"unexpected answer from {url}: {type(body).__name__}", url=url)
     if not all(isinstance(row, dict) for row in rows):
@@ -103,8 +103,7 @@ def to_frame(rows: list[dict[str, Any]], columns: list[str] | None = None) -> pd
     for column in frame.columns:
         if column in _TIME_COLUMNS:
             frame[column] = _to_utc(frame[column])
-        elif column in ("count", "value") or column.endswith(("_seconds", "_ns", "_ratio",
-                                                                "_bytes", "_total")):
+        elif column in ("count", "value") or column.endswith(("_seconds", "_ns", "_ratio", "_bytes", "_total")):
             frame[column] = pd.to_numeric(frame[column], errors="coerce")
     return frame
 
@@ -125,23 +124,21 @@ class ReadApiClient:
     Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, server_url: str, *, token: str | None = None,
-                 timeout_seconds: float = 10.0) -> None:
+    def __init__(self, server_url: str, *, token: str | None = None, timeout_seconds: float = 10.0) -> None:
         if not server_url.startswith(("http://", "https://")):
             raise ValueError(f"server_url must start with http:// or https://, got {server_url!r}")
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.server_url = server_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.server_url, headers=headers,
-                                  timeout=timeout_seconds)
+        self._http = httpx.Client(base_url=self.server_url, headers=headers, timeout=timeout_seconds)
 
     @classmethod
-    def from_settings(cls, settings: Settings, **kwargs: Any) -> "ReadApiClient":
+    def from_settings(cls, settings: Settings, **kwargs: Any) -> ReadApiClient:
         """Client for ``settings.server_url`` with ``settings.token``."""
         return cls(settings.server_url, token=settings.token, **kwargs)
 
-    def __enter__(self) -> "ReadApiClient":
+    def __enter__(self) -> ReadApiClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -164,28 +161,40 @@ class ReadApiClient:
         try:
             response = self._http.get(path, params=query)
         except httpx.HTTPError as error:
-            raise ReadApiError(f"inferpath server at {self.server_url} is unreachable: "
-                               f"{type(error).__name__}: {error}", url=url) from error
+            raise ReadApiError(
+                f"inferpath server at {self.server_url} is unreachable: {type(error).__name__}: {error}", url=url
+            ) from error
         if response.status_code >= 400:
             detail = _detail(response)
             raise ReadApiError(
                 f"GET {path} answered HTTP {response.status_code}: {detail}",
-                url=str(response.url), status_code=response.status_code, detail=detail)
+                url=str(response.url),
+                status_code=response.status_code,
+                detail=detail,
+            )
         try:
             return response.json()
         except ValueError as error:
-            raise ReadApiError(f"GET {path} did not answer JSON: {response.text[:200]!r}",
-                               url=str(response.url),
-                               status_code=response.status_code) from error
+            raise ReadApiError(
+                f"GET {path} did not answer JSON: {response.text[:200]!r}",
+                url=str(response.url),
+                status_code=response.status_code,
+            ) from error
 
     def health(self) -> dict[str, Any]:
         """``GET /healthz`` as a dict; raises :class:`ReadApiError` when not healthy."""
         body = self._get("/healthz", {})
         return body if isinstance(body, dict) else {"status": body}
 
-    def summary(self, start: TimeLike, end: TimeLike, *, endpoint: str | None = None,
-                endpoint_class: str | None = None,
-                filters: Mapping[str, str] | None = None) -> pd.DataFrame:
+    def summary(
+        self,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        endpoint: str | None = None,
+        endpoint_class: str | None = None,
+        filters: Mapping[str, str] | None = None,
+    ) -> pd.DataFrame:
         """Per-measure latency summary over ``[start, end)``.
 
         Returns one row per measure (``client_ttft``, ``ttft``, ``queue``, ``prefill``, ...)
@@ -195,9 +204,16 @@ class ReadApiClient:
         ``ddsketch``) when the server reports them. ``filters``: more query parameters the
         route takes (see :mod:`inferpath.dashboard.filters`).
         """
-        body = self._get("/api/v1/summary", {
-            "start": format_time(start), "end": format_time(end),
-            "endpoint": endpoint, "endpoint_class": endpoint_class, **(filters or {})})
+        body = self._get(
+            "/api/v1/summary",
+            {
+                "start": format_time(start),
+                "end": format_time(end),
+                "endpoint": endpoint,
+                "endpoint_class": endpoint_class,
+                **(filters or {}),
+            },
+        )
         frame = to_frame(rows_of(body, url="/api/v1/summary"), SUMMARY_COLUMNS)
         if isinstance(body, dict) and isinstance(body.get("request_count"), int):
             frame.attrs["request_count"] = body["request_count"]
@@ -205,32 +221,45 @@ class ReadApiClient:
             frame.attrs["percentiles"] = body["percentiles"]
         return frame
 
-    def ttft_timeseries(self, start: TimeLike, end: TimeLike, *, step_seconds: float,
-                        endpoint_class: str | None = None) -> pd.DataFrame:
+    def ttft_timeseries(
+        self, start: TimeLike, end: TimeLike, *, step_seconds: float, endpoint_class: str | None = None
+    ) -> pd.DataFrame:
         """TTFT per time bucket and endpoint class: columns :data:`TTFT_SERIES_COLUMNS`.
 
         ``bucket`` is the bucket's start (UTC); buckets without requests are absent.
         """
-        body = self._get("/api/v1/timeseries/ttft", {
-            "start": format_time(start), "end": format_time(end),
-            "step_seconds": step_seconds, "endpoint_class": endpoint_class})
+        body = self._get(
+            "/api/v1/timeseries/ttft",
+            {
+                "start": format_time(start),
+                "end": format_time(end),
+                "step_seconds": step_seconds,
+                "endpoint_class": endpoint_class,
+            },
+        )
         return to_frame(rows_of(body, url="/api/v1/timeseries/ttft"), TTFT_SERIES_COLUMNS)
 
-    def gauge_timeseries(self, metric: str, start: TimeLike, end: TimeLike, *,
-                         step_seconds: float) -> pd.DataFrame:
+    def gauge_timeseries(self, metric: str, start: TimeLike, end: TimeLike, *, step_seconds: float) -> pd.DataFrame:
         """A canonical gauge (``queue_depth``, ``kv_cache_usage_ratio``, ...) per time bucket.
 
         Columns :data:`GAUGE_SERIES_COLUMNS`: one row per bucket and series, where a series
         is a ``service_name`` plus its ``attributes`` (e.g. vLLM's ``engine``).
         """
-        body = self._get("/api/v1/timeseries/gauge", {
-            "metric": metric, "start": format_time(start), "end": format_time(end),
-            "step_seconds": step_seconds})
+        body = self._get(
+            "/api/v1/timeseries/gauge",
+            {"metric": metric, "start": format_time(start), "end": format_time(end), "step_seconds": step_seconds},
+        )
         return to_frame(rows_of(body, url="/api/v1/timeseries/gauge"), GAUGE_SERIES_COLUMNS)
 
-    def requests(self, start: TimeLike, end: TimeLike, *, limit: int = 50,
-                 order: Literal["slowest", "timestamp"] = "slowest",
-                 filters: Mapping[str, str] | None = None) -> pd.DataFrame:
+    def requests(
+        self,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        limit: int = 50,
+        order: Literal["slowest", "timestamp"] = "slowest",
+        filters: Mapping[str, str] | None = None,
+    ) -> pd.DataFrame:
         """Request rows (``inferpath_requests``) in ``[start, end)``, ``limit`` at most,
         slowest end-to-end first (``order="slowest"``) or newest first (``"timestamp"``).
 
@@ -238,24 +267,29 @@ class ReadApiClient:
         durations, endpoint, class, model, status, ... ``filters``: query parameters the
         route takes (``endpoint_class``, ``endpoint``).
         """
-        body = self._get("/api/v1/requests", {
-            "start": format_time(start), "end": format_time(end), "limit": limit,
-            "order": order, **(filters or {})})
+        body = self._get(
+            "/api/v1/requests",
+            {"start": format_time(start), "end": format_time(end), "limit": limit, "order": order, **(filters or {})},
+        )
         return to_frame(rows_of(body, url="/api/v1/requests"))
 
-
-    def view(self, name: Literal["latency", "correlate", "breakdown", "fleet", "signals"], start: TimeLike,
-             end: TimeLike, **params: Any) -> dict[str, Any]:
+    def view(
+        self,
+        name: Literal["latency", "correlate", "breakdown", "fleet", "signals"],
+        start: TimeLike,
+        end: TimeLike,
+        **params: Any,
+    ) -> dict[str, Any]:
         """One dashboard view, ``GET /api/v1/views/{name}``, as the server's JSON object.
 
         ``params``: the view's filters (``endpoint_class``, ``step_seconds``, ``max_points``).
         Time series come back downsampled by the server to at most ``max_points`` buckets.
         """
-        body = self._get(f"/api/v1/views/{name}", {
-            "start": format_time(start), "end": format_time(end), **params})
+        body = self._get(f"/api/v1/views/{name}", {"start": format_time(start), "end": format_time(end), **params})
         if not isinstance(body, dict):
-            raise ReadApiError(f"unexpected answer from /api/v1/views/{name}: "
-                               f"{type(body).__name__}", url=f"/api/v1/views/{name}")
+            raise ReadApiError(
+                f"unexpected answer from /api/v1/views/{name}: {type(body).__name__}", url=f"/api/v1/views/{name}"
+            )
         return body
 
     def trace(self, trace_id: str) -> pd.DataFrame:
@@ -268,20 +302,31 @@ class ReadApiClient:
         if len(trace_id) != 32 or any(c not in "0123456789abcdefABCDEF" for c in trace_id):
             raise ValueError(f"trace_id must be 32 hex digits, got {trace_id!r}")
         body = self._get(f"/api/v1/traces/{trace_id.lower()}", {})
-        return to_frame(rows_of(body.get("spans") if isinstance(body, dict) else body,
-                                url="/api/v1/traces"))
+        return to_frame(rows_of(body.get("spans") if isinstance(body, dict) else body, url="/api/v1/traces"))
 
-    def diagnosis(self, start: TimeLike, end: TimeLike, *, endpoint: str | None = None,
-                  baseline_start: TimeLike | None = None,
-                  baseline_end: TimeLike | None = None) -> dict[str, Any]:
+    def diagnosis(
+        self,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        endpoint: str | None = None,
+        baseline_start: TimeLike | None = None,
+        baseline_end: TimeLike | None = None,
+    ) -> dict[str, Any]:
         """The verdict for ``[start, end)`` against the latency objectives, and against the
         baseline window when both its bounds are given (``GET /api/v1/diagnosis``); 422
         (too few requests) raises :class:`ReadApiError` whose ``detail`` is the server's
         sentence."""
-        return self._get("/api/v1/diagnosis", {
-            "start": format_time(start), "end": format_time(end), "endpoint": endpoint,
-            "baseline_start": None if baseline_start is None else format_time(baseline_start),
-            "baseline_end": None if baseline_end is None else format_time(baseline_end)})
+        return self._get(
+            "/api/v1/diagnosis",
+            {
+                "start": format_time(start),
+                "end": format_time(end),
+                "endpoint": endpoint,
+                "baseline_start": None if baseline_start is None else format_time(baseline_start),
+                "baseline_end": None if baseline_end is None else format_time(baseline_end),
+            },
+        )
 
     def whatif(self, start: TimeLike, end: TimeLike, **change: Any) -> dict[str, Any]:
         """``GET /api/v1/whatif``: TTFT, queue time and ITL per endpoint class observed,
@@ -290,8 +335,7 @@ class ReadApiClient:
         raises :class:`ReadApiError` (422) whose ``detail`` is the server's reason."""
         body = self._get("/api/v1/whatif", {"start": format_time(start), "end": format_time(end), **change})
         if not isinstance(body, dict):
-            raise ReadApiError(f"unexpected answer from /api/v1/whatif: {type(body).__name__}",
-                               url="/api/v1/whatif")
+            raise ReadApiError(f"unexpected answer from /api/v1/whatif: {type(body).__name__}", url="/api/v1/whatif")
         return body
 
     def objectives(self) -> dict[str, Any] | None:
@@ -310,9 +354,13 @@ class ReadApiClient:
         as sent, or ``None`` when the server has no alerts route (404): alerting is not
         configured there."""
         try:
-            return self._get("/api/v1/alerts", {
-                "start": None if start is None else format_time(start),
-                "end": None if end is None else format_time(end)})
+            return self._get(
+                "/api/v1/alerts",
+                {
+                    "start": None if start is None else format_time(start),
+                    "end": None if end is None else format_time(end),
+                },
+            )
         except ReadApiError as error:
             if error.status_code == 404:
                 return None

@@ -10,7 +10,8 @@ Nothing here imports Streamlit, so every builder is testable on small frames.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,25 +26,59 @@ window (:mod:`inferpath.dashboard.brush`); zoom stays in the chart's toolbar."""
 UNCLASSIFIED = "unclassified"
 
 # Order of the per-stage table: what the user felt first, then the path from the edge inwards.
-MEASURE_ORDER = ["client_ttft", "client_e2e", "ttft", "e2e", "itl", "gateway", "network",
-                 "tokenize", "retrieval", "queue", "prefill", "decode", "model", "postprocess"]
+MEASURE_ORDER = [
+    "client_ttft",
+    "client_e2e",
+    "ttft",
+    "e2e",
+    "itl",
+    "gateway",
+    "network",
+    "tokenize",
+    "retrieval",
+    "queue",
+    "prefill",
+    "decode",
+    "model",
+    "postprocess",
+]
 MEASURE_LABELS = {
-    "client_ttft": "TTFT (client)", "client_e2e": "E2E (client)", "ttft": "TTFT (server)",
-    "e2e": "E2E (server)", "itl": "ITL", "gateway": "gateway (self time)",
-    "network": "network", "tokenize": "tokenize", "retrieval": "retrieval", "queue": "queue",
-    "prefill": "prefill", "decode": "decode", "model": "model call",
+    "client_ttft": "TTFT (client)",
+    "client_e2e": "E2E (client)",
+    "ttft": "TTFT (server)",
+    "e2e": "E2E (server)",
+    "itl": "ITL",
+    "gateway": "gateway (self time)",
+    "network": "network",
+    "tokenize": "tokenize",
+    "retrieval": "retrieval",
+    "queue": "queue",
+    "prefill": "prefill",
+    "decode": "decode",
+    "model": "model call",
     "postprocess": "postprocess",
 }
 # A request row answers "where did its time go": the latency felt (the client's when it
 # measured, else the gateway's), then the engine's three phases, then the rest. The first
 # eight columns fit a 1600 px wide page beside the sidebar.
-_REQUEST_LEADING = (("client_e2e", "e2e"), ("client_ttft", "ttft"), ("queue",), ("prefill",),
-                    ("decode",))
-_REQUEST_DURATION_ORDER = ["client_e2e", "e2e", "client_ttft", "ttft", "queue", "prefill",
-                           "decode", "itl", "gateway", "network", "tokenize", "retrieval",
-                           "model", "postprocess"]
-_REQUEST_IDENTITY_ORDER = ["status", "endpoint", "endpoint_class", "model", "input_tokens",
-                           "output_tokens", "trace_id"]
+_REQUEST_LEADING = (("client_e2e", "e2e"), ("client_ttft", "ttft"), ("queue",), ("prefill",), ("decode",))
+_REQUEST_DURATION_ORDER = [
+    "client_e2e",
+    "e2e",
+    "client_ttft",
+    "ttft",
+    "queue",
+    "prefill",
+    "decode",
+    "itl",
+    "gateway",
+    "network",
+    "tokenize",
+    "retrieval",
+    "model",
+    "postprocess",
+]
+_REQUEST_IDENTITY_ORDER = ["status", "endpoint", "endpoint_class", "model", "input_tokens", "output_tokens", "trace_id"]
 STAGE_TABLE_COLUMNS = ["stage", "count", "avg_ms", "p50_ms", "p95_ms", "p99_ms"]
 
 # Gauges get their own hues so an engine series is never mistaken for an endpoint class.
@@ -78,8 +113,7 @@ def line_mode(values: Sequence[float | None]) -> str:
     they doubled the time Chromium took to draw the Overview."""
     present = [value is not None and not _is_nan(value) for value in values]
     for index, here in enumerate(present):
-        if here and not (index > 0 and present[index - 1]) \
-                and not (index + 1 < len(present) and present[index + 1]):
+        if here and not (index > 0 and present[index - 1]) and not (index + 1 < len(present) and present[index + 1]):
             return "lines+markers"
     return "lines"
 
@@ -92,8 +126,9 @@ def fixed_margins(*, top: int = 40, bottom: int = 40, left: int = 60, right: int
     return {"l": left, "r": right, "t": top, "b": bottom, "autoexpand": False}
 
 
-def gauge_over_time(gauge_df: pd.DataFrame, tz: str, *, title: str, y_title: str,
-                    scale: float = 1.0, step_seconds: float | None = None) -> go.Figure:
+def gauge_over_time(
+    gauge_df: pd.DataFrame, tz: str, *, title: str, y_title: str, scale: float = 1.0, step_seconds: float | None = None
+) -> go.Figure:
     """One canonical gauge (KV-cache usage, running requests, ...) per series over time.
 
     ``gauge_df``: rows ``bucket`` (aware instants in any zone; UTC as the read API sends
@@ -115,16 +150,28 @@ def gauge_over_time(gauge_df: pd.DataFrame, tz: str, *, title: str, y_title: str
             # Gaps are found on the instants (a DST change repeats wall times), then shown as wall time.
             series = _fill_gaps(series, step_seconds)
             # A gauge holds its value until the next sample: draw steps, not slopes.
-            rows.trace(1, {"type": "scatter", "x": wall_time(series["bucket"], tz),
-                           "y": series["value"] * scale, "mode": "lines", "name": label,
-                           "line": {"shape": "hv", "color": _GAUGE_COLORS[index % len(_GAUGE_COLORS)]},
-                           "connectgaps": False,
-                           "hovertemplate": f"{label}: %{{y:.3g}} {y_title}<extra></extra>"})
+            rows.trace(
+                1,
+                {
+                    "type": "scatter",
+                    "x": wall_time(series["bucket"], tz),
+                    "y": series["value"] * scale,
+                    "mode": "lines",
+                    "name": label,
+                    "line": {"shape": "hv", "color": _GAUGE_COLORS[index % len(_GAUGE_COLORS)]},
+                    "connectgaps": False,
+                    "hovertemplate": f"{label}: %{{y:.3g}} {y_title}<extra></extra>",
+                },
+            )
     rows.yaxis(1, title={"text": y_title}, rangemode="tozero")
     rows.xaxis(1, title={"text": f"time ({tz})"}, showticklabels=not gauge.empty)
     # The legend under the time axis: series labels (host, UUID, model) run long and wrap.
-    return rows.figure(height=340, margin=fixed_margins(top=40, bottom=120), **BRUSH_LAYOUT,
-                       legend={"orientation": "h", "y": -0.35, "yanchor": "top"})
+    return rows.figure(
+        height=340,
+        margin=fixed_margins(top=40, bottom=120),
+        **BRUSH_LAYOUT,
+        legend={"orientation": "h", "y": -0.35, "yanchor": "top"},
+    )
 
 
 def stage_latency_table(summary_df: pd.DataFrame) -> pd.DataFrame:
@@ -139,14 +186,17 @@ def stage_latency_table(summary_df: pd.DataFrame) -> pd.DataFrame:
     rank = {measure: index for index, measure in enumerate(MEASURE_ORDER)}
     rows = summary_df.assign(_rank=summary_df["measure"].map(rank).fillna(len(rank)))
     rows = rows.sort_values(["_rank", "measure"], kind="stable")
-    table = pd.DataFrame({
-        "stage": rows["measure"].map(lambda m: MEASURE_LABELS.get(m, m)),
-        "count": pd.to_numeric(rows.get("count"), errors="coerce").fillna(0).astype("int64"),
-    })
+    table = pd.DataFrame(
+        {
+            "stage": rows["measure"].map(lambda m: MEASURE_LABELS.get(m, m)),
+            "count": pd.to_numeric(rows.get("count"), errors="coerce").fillna(0).astype("int64"),
+        }
+    )
     for stat in ("avg", "p50", "p95", "p99"):
         column = f"{stat}_seconds"
-        seconds = (pd.to_numeric(rows[column], errors="coerce") if column in rows
-                   else pd.Series(np.nan, index=rows.index))
+        seconds = (
+            pd.to_numeric(rows[column], errors="coerce") if column in rows else pd.Series(np.nan, index=rows.index)
+        )
         table[f"{stat}_ms"] = seconds * MS_PER_SECOND
     return table.reset_index(drop=True)
 
@@ -174,8 +224,11 @@ def requests_table(requests_df: pd.DataFrame, tz: str) -> pd.DataFrame:
                 durations.append(column[:-3] + "_ms")
     rank = {f"{m}_ms": i for i, m in enumerate(_REQUEST_DURATION_ORDER)}
     durations.sort(key=lambda c: rank.get(c, len(rank)))
-    first = [next(c for c in (f"{m}_ms" for m in names) if c in durations)
-             for names in _REQUEST_LEADING if any(f"{m}_ms" in durations for m in names)]
+    first = [
+        next(c for c in (f"{m}_ms" for m in names) if c in durations)
+        for names in _REQUEST_LEADING
+        if any(f"{m}_ms" in durations for m in names)
+    ]
     leading = [c for c in ("timestamp",) if c in table] + first + [c for c in durations if c not in first]
     identity = [c for c in _REQUEST_IDENTITY_ORDER if c in table]
     rest = [c for c in table.columns if c not in leading and c not in identity]
@@ -188,8 +241,7 @@ def series_label(service_name: object, attributes: object) -> str:
     inferpath's own bookkeeping attributes (``inferpath.*``, such as the source metric
     name) are left out: they do not tell series apart.
     """
-    label = str(service_name) if service_name not in (None, "") and not _is_nan(service_name) \
-        else "unknown service"
+    label = str(service_name) if service_name not in (None, "") and not _is_nan(service_name) else "unknown service"
     if isinstance(attributes, dict):
         shown = {k: v for k, v in attributes.items() if not str(k).startswith("inferpath.")}
         if shown:

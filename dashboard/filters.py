@@ -11,11 +11,10 @@ the route's entry here is the whole change on the dashboard's side.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Iterable
 
-FILTER_LABELS = {"endpoint_class": "endpoint class", "service": "service", "model": "model",
-                 "replica": "replica"}
+FILTER_LABELS = {"endpoint_class": "endpoint class", "service": "service", "model": "model", "replica": "replica"}
 """Filter (query parameter) → how a sentence names it."""
 
 READ_API_FILTERS: dict[str, frozenset[str]] = {
@@ -33,8 +32,7 @@ READ_API_FILTERS: dict[str, frozenset[str]] = {
 }
 """Route → the filters of :class:`Filters` its handler takes (``server/read_api.py``). No
 route takes ``service``, ``model`` or ``replica`` yet."""
-SHARED_STATE_ROUTES = frozenset({"/api/v1/views/signals", "/api/v1/views/fleet",
-                                 "/api/v1/timeseries/gauge"})
+SHARED_STATE_ROUTES = frozenset({"/api/v1/views/signals", "/api/v1/views/fleet", "/api/v1/timeseries/gauge"})
 """Engine and GPU state: one engine serves every endpoint class, so a class filter has no
 meaning there (and is not reported as missing)."""
 
@@ -68,19 +66,23 @@ def not_applied_note(filters: Filters, routes: Iterable[str]) -> str | None:
     routes = list(routes)
     missing = []
     for name, value in filters.active().items():
-        refusing = [route.removeprefix("/api/v1") for route in routes
-                    if name not in READ_API_FILTERS.get(route, frozenset())
-                    and not (name == "endpoint_class" and route in SHARED_STATE_ROUTES)]
+        refusing = [
+            route.removeprefix("/api/v1")
+            for route in routes
+            if name not in READ_API_FILTERS.get(route, frozenset())
+            and not (name == "endpoint_class" and route in SHARED_STATE_ROUTES)
+        ]
         if refusing:
             missing.append((name, value, refusing))
     if not missing:
         return None
-    parts = [f"{FILTER_LABELS[name]} = {value} ({', '.join(refusing)})"
-             for name, value, refusing in missing]
-    return (f"Not filtered here by {'; '.join(parts)}: the server's read API does not take "
-            f"{'this filter' if len(missing) == 1 else 'these filters'} on the routes named, so "
-            f"those panels show every value. Clear the filter in the sidebar to compare like "
-            f"with like.")
+    parts = [f"{FILTER_LABELS[name]} = {value} ({', '.join(refusing)})" for name, value, refusing in missing]
+    return (
+        f"Not filtered here by {'; '.join(parts)}: the server's read API does not take "
+        f"{'this filter' if len(missing) == 1 else 'these filters'} on the routes named, so "
+        f"those panels show every value. Clear the filter in the sidebar to compare like "
+        f"with like."
+    )
 
 
 __all__ = ["FILTER_LABELS", "Filters", "READ_API_FILTERS", "SHARED_STATE_ROUTES", "not_applied_note"]

@@ -20,20 +20,31 @@ A missing value is the text ``missing: ...``, never 0.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
 from inferpath.vocabulary import ENGINE_STATE_SIGNALS as ENGINE_SIGNALS
 
-GPU_SIGNALS = ("gpu_utilization_ratio", "gpu_sm_active_ratio", "gpu_memory_used_bytes",
-               "gpu_memory_total_bytes", "gpu_power_watts")
+GPU_SIGNALS = (
+    "gpu_utilization_ratio",
+    "gpu_sm_active_ratio",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_power_watts",
+)
 GPU_KEYS = ("host", "UUID", "gpu", "modelName")
 ENGINE_KEYS = ("service_name", "host", "engine", "model_name")
 # The same identity under OpenTelemetry semantic-convention names, read when the
 # dcgm-exporter/vLLM label is absent.
-KEY_ALIASES = {"host": ("host.name",), "UUID": ("gpu.uuid",), "gpu": ("gpu.index",),
-               "modelName": ("gpu.model",), "model_name": ("gen_ai.request.model",)}
+KEY_ALIASES = {
+    "host": ("host.name",),
+    "UUID": ("gpu.uuid",),
+    "gpu": ("gpu.index",),
+    "modelName": ("gpu.model",),
+    "model_name": ("gen_ai.request.model",),
+}
 SOURCE_METRIC = "inferpath.source_metric"
 MISSING = "missing"
 
@@ -52,8 +63,10 @@ def format_signal(signal: str, row: Mapping[str, Any]) -> str:
     else:
         scale, unit = 1.0, ""
     unit_text = f" {unit}" if unit else ""
-    return (f"{row['last_value'] * scale:.1f}{unit_text} (mean {row['avg_value'] * scale:.1f},"
-            f" max {row['max_value'] * scale:.1f})")
+    return (
+        f"{row['last_value'] * scale:.1f}{unit_text} (mean {row['avg_value'] * scale:.1f},"
+        f" max {row['max_value'] * scale:.1f})"
+    )
 
 
 def source_of(row: Mapping[str, Any], sources: Mapping[str, Mapping[str, Sequence[str]]]) -> str:
@@ -74,16 +87,20 @@ def _key(attributes: Mapping[str, str], name: str) -> str:
     return ""
 
 
-def _entity_tables(series: Sequence[Mapping[str, Any]],
-                   sources: Mapping[str, Mapping[str, Sequence[str]]], *, signals: Sequence[str],
-                   keys: Sequence[str], kind: str) -> tuple[pd.DataFrame, list[dict[str, str]]]:
+def _entity_tables(
+    series: Sequence[Mapping[str, Any]],
+    sources: Mapping[str, Mapping[str, Sequence[str]]],
+    *,
+    signals: Sequence[str],
+    keys: Sequence[str],
+    kind: str,
+) -> tuple[pd.DataFrame, list[dict[str, str]]]:
     entities: dict[tuple, dict[str, Any]] = {}
     for row in series:
         if row["signal"] not in signals:
             continue
         attributes = row.get("attributes") or {}
-        key = tuple(row.get("service_name", "") if k == "service_name" else _key(attributes, k)
-                    for k in keys)
+        key = tuple(row.get("service_name", "") if k == "service_name" else _key(attributes, k) for k in keys)
         entity = entities.setdefault(key, {"values": {}, "sources": set()})
         entity["values"][row["signal"]] = format_signal(row["signal"], row)
         entity["sources"].add(source_of(row, sources))
@@ -96,17 +113,20 @@ def _entity_tables(series: Sequence[Mapping[str, Any]],
                 record[signal] = entity["values"][signal]
                 continue
             able = [s for s in entity["sources"] if signal in sources.get(s, {})]
-            why = (f"no samples from {', '.join(able)} in this window" if able
-                   else f"not exported by {record['source']}")
+            why = f"no samples from {', '.join(able)} in this window" if able else f"not exported by {record['source']}"
             record[signal] = f"{MISSING}: {why}"
-            missing.append({"kind": kind, "which": " ".join(str(v) for v in key if v),
-                            "signal": signal, "why": why})
+            missing.append({"kind": kind, "which": " ".join(str(v) for v in key if v), "signal": signal, "why": why})
         table_rows.append(record)
     if not entities:
         able = sorted(s for s, table in sources.items() if any(sig in table for sig in signals))
-        missing.append({"kind": kind, "which": f"all {kind}s", "signal": ", ".join(signals),
-                        "why": f"no {kind} series in this window; sources that report them: "
-                               f"{', '.join(able) or 'none'}"})
+        missing.append(
+            {
+                "kind": kind,
+                "which": f"all {kind}s",
+                "signal": ", ".join(signals),
+                "why": f"no {kind} series in this window; sources that report them: {', '.join(able) or 'none'}",
+            }
+        )
     return pd.DataFrame(table_rows, columns=[*keys, "source", *signals]), missing
 
 
@@ -118,10 +138,8 @@ def fleet_tables(view: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, p
     absent. ``missing``: columns ``kind``, ``which``, ``signal``, ``why``.
     """
     series, sources = view.get("series", []), view.get("sources", {})
-    gpus, gpu_missing = _entity_tables(series, sources, signals=GPU_SIGNALS, keys=GPU_KEYS,
-                                       kind="GPU")
-    engines, engine_missing = _entity_tables(series, sources, signals=ENGINE_SIGNALS,
-                                             keys=ENGINE_KEYS, kind="engine")
+    gpus, gpu_missing = _entity_tables(series, sources, signals=GPU_SIGNALS, keys=GPU_KEYS, kind="GPU")
+    engines, engine_missing = _entity_tables(series, sources, signals=ENGINE_SIGNALS, keys=ENGINE_KEYS, kind="engine")
     missing = pd.DataFrame(gpu_missing + engine_missing, columns=["kind", "which", "signal", "why"])
     return gpus, engines, missing
 

@@ -25,20 +25,36 @@ HEALTH_PATH = "/_stcore/health"
 def dashboard_command(*, port: int, host: str) -> list[str]:
     """The ``python -m streamlit run`` command line for the dashboard on ``host:port``."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(APP_PATH),
-        "--server.headless", "true",
-        "--server.port", str(port),
-        "--server.address", host,
-        "--browser.gatherUsageStats", "false",
-        "--client.toolbarMode", "viewer",
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP_PATH),
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.address",
+        host,
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
         # Watching source files costs CPU and reruns the app on edits; a deployed
         # dashboard has no use for it.
-        "--server.fileWatcherType", "none",
+        "--server.fileWatcherType",
+        "none",
     ]
 
 
-def launch_dashboard(server_url: str, *, port: int = 8501, host: str = "127.0.0.1",
-                     token: str | None = None, log_path: Path | None = None) -> subprocess.Popen:
+def launch_dashboard(
+    server_url: str,
+    *,
+    port: int = 8501,
+    host: str = "127.0.0.1",
+    token: str | None = None,
+    log_path: Path | None = None,
+) -> subprocess.Popen:
     """Start the dashboard reading from ``server_url``; return the child process.
 
     ``port``/``host``: where Streamlit listens (loopback by default). ``token`` is handed to
@@ -59,16 +75,20 @@ def launch_dashboard(server_url: str, *, port: int = 8501, host: str = "127.0.0.
     # and the flags above keep it from prompting or phoning home.
     output = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
-        return subprocess.Popen(dashboard_command(port=port, host=host), env=env,
-                                stdout=output, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        return subprocess.Popen(
+            dashboard_command(port=port, host=host),
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
     finally:
         if log_path:
             output.close()  # the child holds its own descriptor
 
 
-def wait_until_ready(url: str, *, timeout_seconds: float = 60.0,
-                     process: subprocess.Popen | None = None) -> None:
+def wait_until_ready(url: str, *, timeout_seconds: float = 60.0, process: subprocess.Popen | None = None) -> None:
     """Poll ``{url}/_stcore/health`` until Streamlit answers ``ok``.
 
     ``url``: the dashboard's base URL, e.g. ``http://127.0.0.1:8501``. Raises
@@ -80,8 +100,7 @@ def wait_until_ready(url: str, *, timeout_seconds: float = 60.0,
     last_error = "no answer yet"
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"dashboard process exited with code {process.returncode} "
-                               f"before serving {url}")
+            raise RuntimeError(f"dashboard process exited with code {process.returncode} before serving {url}")
         try:
             response = httpx.get(health_url, timeout=2.0)
             if response.status_code == 200 and response.text.strip() == "ok":

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import streamlit as st
 
@@ -36,13 +37,13 @@ def input_digest(build: Callable[..., Any], args: tuple, kwargs: dict[str, Any])
     """Hex digest (BLAKE2b, 20 bytes) of ``build``'s module and name and its pickled
     arguments. Equal digests mean byte-identical pickles, i.e. the same input; the same
     input pickled differently only costs a rebuild."""
-    payload = pickle.dumps((build.__module__, build.__qualname__, args, sorted(kwargs.items())),
-                           protocol=pickle.HIGHEST_PROTOCOL)
+    payload = pickle.dumps(
+        (build.__module__, build.__qualname__, args, sorted(kwargs.items())), protocol=pickle.HIGHEST_PROTOCOL
+    )
     return hashlib.blake2b(payload, digest_size=20).hexdigest()
 
 
-@st.cache_resource(ttl=FIGURE_CACHE_TTL_SECONDS, max_entries=FIGURE_CACHE_MAX_ENTRIES,
-                   show_spinner=False)
+@st.cache_resource(ttl=FIGURE_CACHE_TTL_SECONDS, max_entries=FIGURE_CACHE_MAX_ENTRIES, show_spinner=False)
 def _built(digest: str, _build: Callable[..., Any], _args: tuple, _kwargs: dict) -> Any:
     # Arguments with a leading underscore are not hashed by Streamlit: the digest is the key.
     return _build(*_args, **_kwargs)

@@ -23,21 +23,29 @@ def explain(error: ReadApiError, *, what: str, server_url: str) -> str:
     reason = error.detail.rstrip(". ")
     status = error.status_code
     if status is None and "unreachable" in str(error):
-        return (f"Could not load {what}: the inferpath server at {server_url} does not answer. "
-                f"Start it with `inferpath up` (or point the dashboard at it with --server-url), "
-                f"then reload this page.")
+        return (
+            f"Could not load {what}: the inferpath server at {server_url} does not answer. "
+            f"Start it with `inferpath up` (or point the dashboard at it with --server-url), "
+            f"then reload this page."
+        )
     if status in (401, 403):
-        return (f"Could not load {what}: the server refused the dashboard's token. Set "
-                f"INFERPATH_TOKEN to the token the server was started with, then restart the "
-                f"dashboard.")
+        return (
+            f"Could not load {what}: the server refused the dashboard's token. Set "
+            f"INFERPATH_TOKEN to the token the server was started with, then restart the "
+            f"dashboard."
+        )
     if status == 404:
-        return (f"Could not load {what}: the server at {server_url} does not offer it "
-                f"({reason}). Upgrade the inferpath server to the dashboard's version.")
+        return (
+            f"Could not load {what}: the server at {server_url} does not offer it "
+            f"({reason}). Upgrade the inferpath server to the dashboard's version."
+        )
     if status == 422:
         return f"Could not load {what}: {reason}. {WIDEN}"
     if status is not None and status >= 500:
-        return (f"Could not load {what}: the server failed while answering ({reason}). Its log "
-                f"says why; reload this page to try again.")
+        return (
+            f"Could not load {what}: the server failed while answering ({reason}). Its log "
+            f"says why; reload this page to try again."
+        )
     return f"Could not load {what}: {reason}. Reload this page to try again."
 
 

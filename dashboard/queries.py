@@ -10,8 +10,9 @@ and interval, and memory stays bounded however long the dashboard runs. Errors r
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -30,8 +31,9 @@ def _client(server_url: str, token: str | None) -> ReadApiClient:
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_summary(server_url: str, token: str | None, start: datetime, end: datetime,
-                 filters: tuple[tuple[str, str], ...] = ()) -> pd.DataFrame:
+def load_summary(
+    server_url: str, token: str | None, start: datetime, end: datetime, filters: tuple[tuple[str, str], ...] = ()
+) -> pd.DataFrame:
     """``/summary`` over the window (see :meth:`ReadApiClient.summary`); ``filters`` as
     sorted pairs of query parameters the route takes."""
     with _client(server_url, token) as client:
@@ -39,24 +41,37 @@ def load_summary(server_url: str, token: str | None, start: datetime, end: datet
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_gauge(server_url: str, token: str | None, metric: str, start: datetime,
-               end: datetime, step_seconds: int) -> pd.DataFrame:
+def load_gauge(
+    server_url: str, token: str | None, metric: str, start: datetime, end: datetime, step_seconds: int
+) -> pd.DataFrame:
     """``/timeseries/gauge`` of one canonical ``metric`` over the window."""
     with _client(server_url, token) as client:
         return client.gauge_timeseries(metric, start, end, step_seconds=step_seconds)
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_requests(server_url: str, token: str | None, start: datetime, end: datetime,
-                  limit: int, filters: tuple[tuple[str, str], ...] = ()) -> pd.DataFrame:
+def load_requests(
+    server_url: str,
+    token: str | None,
+    start: datetime,
+    end: datetime,
+    limit: int,
+    filters: tuple[tuple[str, str], ...] = (),
+) -> pd.DataFrame:
     """The ``limit`` slowest requests of the window; ``filters`` as in :func:`load_summary`."""
     with _client(server_url, token) as client:
         return client.requests(start, end, limit=limit, order="slowest", filters=dict(filters))
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_view(server_url: str, token: str | None, name: str, start: datetime, end: datetime,
-              params: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+def load_view(
+    server_url: str,
+    token: str | None,
+    name: str,
+    start: datetime,
+    end: datetime,
+    params: tuple[tuple[str, Any], ...] = (),
+) -> dict[str, Any]:
     """``/views/{name}`` over the window; ``params`` as sorted pairs (hashable cache key)."""
     with _client(server_url, token) as client:
         return client.view(name, start, end, **dict(params))
@@ -74,8 +89,7 @@ NO_VERDICT_KEY = "no_verdict"
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_diagnosis(server_url: str, token: str | None, start: datetime,
-                   end: datetime) -> dict[str, Any]:
+def load_diagnosis(server_url: str, token: str | None, start: datetime, end: datetime) -> dict[str, Any]:
     """The verdict for the window against the latency objectives.
 
     HTTP 422 (too few requests in a window) is an answer, not a failure: it comes back as
@@ -104,8 +118,9 @@ def load_objectives(server_url: str, token: str | None) -> dict[str, Any] | None
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_alerts(server_url: str, token: str | None, start: datetime | None = None,
-                end: datetime | None = None) -> Any | None:
+def load_alerts(
+    server_url: str, token: str | None, start: datetime | None = None, end: datetime | None = None
+) -> Any | None:
     """``/alerts`` for the window as sent, ``None`` when the server has no alerts route."""
     with _client(server_url, token) as client:
         return client.alerts(start, end)
@@ -132,9 +147,12 @@ def load_all(loads: Sequence[tuple[Callable[..., Any], tuple]]) -> list[Any]:
         except BaseException as error:  # noqa: BLE001 - re-raised in the script's thread
             failures[index] = error
 
-    threads = [add_script_run_ctx(threading.Thread(target=call, args=(index, loader, args),
-                                                   name=f"inferpath-read-{index}", daemon=True))
-               for index, (loader, args) in enumerate(loads)]
+    threads = [
+        add_script_run_ctx(
+            threading.Thread(target=call, args=(index, loader, args), name=f"inferpath-read-{index}", daemon=True)
+        )
+        for index, (loader, args) in enumerate(loads)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -159,8 +177,9 @@ WHATIF_TIMEOUT_SECONDS = 120.0
 
 
 @st.cache_data(ttl=WHATIF_TTL_SECONDS, max_entries=32, show_spinner=False)
-def load_whatif(server_url: str, token: str | None, start: datetime, end: datetime,
-                change: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+def load_whatif(
+    server_url: str, token: str | None, start: datetime, end: datetime, change: tuple[tuple[str, str], ...]
+) -> dict[str, Any]:
     """``/whatif`` for the window under ``change`` (sorted query parameters; empty: the
     observed configuration replayed, which names the calibrated replicas)."""
     with ReadApiClient(server_url, token=token, timeout_seconds=WHATIF_TIMEOUT_SECONDS) as client:

@@ -12,7 +12,8 @@ annotations and axis settings as dicts; :meth:`StackedRows.figure` makes the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,8 +38,9 @@ class StackedRows:
     plotly's ``ValueError`` naming a bad property.
     """
 
-    def __init__(self, titles: Sequence[str], *, row_heights: Sequence[float] | None = None,
-                 vertical_spacing: float = 0.04) -> None:
+    def __init__(
+        self, titles: Sequence[str], *, row_heights: Sequence[float] | None = None, vertical_spacing: float = 0.04
+    ) -> None:
         self.rows = len(titles)
         heights = list(row_heights or [1.0] * self.rows)
         usable = 1.0 - vertical_spacing * (self.rows - 1)
@@ -57,10 +59,19 @@ class StackedRows:
             if row < self.rows:
                 self.layout[f"xaxis{x[1:]}"].update(matches=bottom_x, showticklabels=False)
             if title:
-                self.annotations.append({
-                    "text": title, "font": {"size": TITLE_FONT_SIZE}, "showarrow": False,
-                    "xref": "paper", "x": 0.5, "xanchor": "center",
-                    "yref": "paper", "y": top, "yanchor": "bottom"})
+                self.annotations.append(
+                    {
+                        "text": title,
+                        "font": {"size": TITLE_FONT_SIZE},
+                        "showarrow": False,
+                        "xref": "paper",
+                        "x": 0.5,
+                        "xanchor": "center",
+                        "yref": "paper",
+                        "y": top,
+                        "yanchor": "bottom",
+                    }
+                )
             top = low - vertical_spacing
 
     def trace(self, row: int, trace: dict[str, Any]) -> None:
@@ -70,8 +81,9 @@ class StackedRows:
         ``NaN`` for ``None``: a gap, sent as ``null``): plotly validates and copies a list
         element by element, an array at once (half the build time of a 360-point figure)."""
         x_axis, y_axis = axis_names(row)
-        self.traces.append({**trace, "x": _array(trace.get("x")), "y": _array(trace.get("y")),
-                            "xaxis": x_axis, "yaxis": y_axis})
+        self.traces.append(
+            {**trace, "x": _array(trace.get("x")), "y": _array(trace.get("y")), "xaxis": x_axis, "yaxis": y_axis}
+        )
 
     def xaxis(self, row: int, **props: Any) -> None:
         """Set properties of ``row``'s x axis (``title``, ``range``, ...)."""
@@ -91,48 +103,107 @@ class StackedRows:
         which would be placeholders."""
         x, y = axis_names(row)
         self.yaxis(row, showticklabels=False)
-        self.annotations.append({"text": text, "xref": f"{x} domain", "yref": f"{y} domain",
-                                 "x": 0.5, "y": 0.5, "showarrow": False,
-                                 "font": {"size": size, "color": color}})
+        self.annotations.append(
+            {
+                "text": text,
+                "xref": f"{x} domain",
+                "yref": f"{y} domain",
+                "x": 0.5,
+                "y": 0.5,
+                "showarrow": False,
+                "font": {"size": size, "color": color},
+            }
+        )
 
-    def label(self, row: int, text: str, *, x: Any, y: float = 0.9, size: int = 11,
-              color: str = "#555") -> None:
+    def label(self, row: int, text: str, *, x: Any, y: float = 0.9, size: int = 11, color: str = "#555") -> None:
         """A left-anchored label at time ``x`` near the top of ``row``."""
         x_axis, y_axis = axis_names(row)
-        self.annotations.append({"text": text, "xref": x_axis, "yref": f"{y_axis} domain",
-                                 "x": x, "y": y, "xanchor": "left", "showarrow": False,
-                                 "font": {"size": size, "color": color}})
+        self.annotations.append(
+            {
+                "text": text,
+                "xref": x_axis,
+                "yref": f"{y_axis} domain",
+                "x": x,
+                "y": y,
+                "xanchor": "left",
+                "showarrow": False,
+                "font": {"size": size, "color": color},
+            }
+        )
 
-    def hline(self, row: int, y: float, *, line: dict[str, Any], label: str = "",
-              label_font: dict[str, Any] | None = None) -> None:
+    def hline(
+        self, row: int, y: float, *, line: dict[str, Any], label: str = "", label_font: dict[str, Any] | None = None
+    ) -> None:
         """A horizontal line across ``row`` at ``y``, labelled at its top left (as
         ``add_hline(annotation_position="top left")``)."""
         x_axis, y_axis = axis_names(row)
-        self.shapes.append({"type": "line", "xref": f"{x_axis} domain", "x0": 0, "x1": 1,
-                            "yref": y_axis, "y0": y, "y1": y, "line": line})
+        self.shapes.append(
+            {
+                "type": "line",
+                "xref": f"{x_axis} domain",
+                "x0": 0,
+                "x1": 1,
+                "yref": y_axis,
+                "y0": y,
+                "y1": y,
+                "line": line,
+            }
+        )
         if label:
-            self.annotations.append({"text": label, "xref": f"{x_axis} domain", "x": 0,
-                                     "xanchor": "left", "yref": y_axis, "y": y,
-                                     "yanchor": "bottom", "showarrow": False,
-                                     "font": label_font or {}})
+            self.annotations.append(
+                {
+                    "text": label,
+                    "xref": f"{x_axis} domain",
+                    "x": 0,
+                    "xanchor": "left",
+                    "yref": y_axis,
+                    "y": y,
+                    "yanchor": "bottom",
+                    "showarrow": False,
+                    "font": label_font or {},
+                }
+            )
 
     def vrect(self, row: int, x0: Any, x1: Any, *, fillcolor: str) -> None:
         """A shaded time span over the height of ``row``, behind the traces."""
         x_axis, y_axis = axis_names(row)
-        self.shapes.append({"type": "rect", "xref": x_axis, "x0": x0, "x1": x1,
-                            "yref": f"{y_axis} domain", "y0": 0, "y1": 1,
-                            "fillcolor": fillcolor, "line": {"width": 0}, "layer": "below"})
+        self.shapes.append(
+            {
+                "type": "rect",
+                "xref": x_axis,
+                "x0": x0,
+                "x1": x1,
+                "yref": f"{y_axis} domain",
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": fillcolor,
+                "line": {"width": 0},
+                "layer": "below",
+            }
+        )
 
     def band(self, x0: Any, x1: Any, *, fillcolor: str) -> None:
         """A shaded time span over every row (they all read the bottom row's x axis)."""
-        self.shapes.append({"type": "rect", "xref": "x", "x0": x0, "x1": x1, "yref": "paper",
-                            "y0": 0, "y1": 1, "fillcolor": fillcolor, "line": {"width": 0},
-                            "layer": "below"})
+        self.shapes.append(
+            {
+                "type": "rect",
+                "xref": "x",
+                "x0": x0,
+                "x1": x1,
+                "yref": "paper",
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": fillcolor,
+                "line": {"width": 0},
+                "layer": "below",
+            }
+        )
 
     def figure(self, **layout: Any) -> go.Figure:
         """The figure, validated once; ``layout`` adds top-level layout properties."""
-        return go.Figure(data=self.traces, layout={
-            **self.layout, **layout, "shapes": self.shapes, "annotations": self.annotations})
+        return go.Figure(
+            data=self.traces, layout={**self.layout, **layout, "shapes": self.shapes, "annotations": self.annotations}
+        )
 
 
 def _array(values: Any) -> Any:

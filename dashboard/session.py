@@ -15,13 +15,12 @@ so fresh widgets start from the new choices instead of keeping their old values.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Mapping
 
 import streamlit as st
 
-URL_NAMES = ("range", "start", "end", "tz", "endpoint_class", "service", "model", "replica",
-             "refresh", "points")
+URL_NAMES = ("range", "start", "end", "tz", "endpoint_class", "service", "model", "replica", "refresh", "points")
 """Query parameters that hold a choice of the sidebar (``trace_id`` is the Trace page's own)."""
 _CHOICES = "inferpath_choices"
 _WRITTEN = "inferpath_url_written"

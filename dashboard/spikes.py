@@ -11,9 +11,10 @@ window, which is what made spikes move and shrink with the zoom.)
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 SPIKE_FACTOR = 3.0
 """As ``analysis.correlate.SPIKE_FACTOR``: healthy step-to-step p99 noise stays under 2×."""
@@ -36,24 +37,33 @@ def reference_window(start: datetime) -> tuple[datetime, datetime]:
     return start - timedelta(seconds=REFERENCE_SECONDS), start
 
 
-def spike_threshold(*, objective_seconds: float | None, reference_p99_seconds: float | None,
-                    reference_requests: int | None) -> Threshold | None:
+def spike_threshold(
+    *, objective_seconds: float | None, reference_p99_seconds: float | None, reference_requests: int | None
+) -> Threshold | None:
     """The threshold: the smaller of the objective and :data:`SPIKE_FACTOR` × the reference
     p99 (when the reference has :data:`MIN_REFERENCE_REQUESTS`); ``None`` without either."""
     candidates = []
     if reference_p99_seconds and reference_requests and reference_requests >= MIN_REFERENCE_REQUESTS:
-        candidates.append(Threshold(SPIKE_FACTOR * reference_p99_seconds,
-                                    f"{SPIKE_FACTOR:g}× the TTFT p99 of the 15 min before the window "
-                                    f"({reference_p99_seconds * 1000:.0f} ms)"))
+        candidates.append(
+            Threshold(
+                SPIKE_FACTOR * reference_p99_seconds,
+                f"{SPIKE_FACTOR:g}× the TTFT p99 of the 15 min before the window "
+                f"({reference_p99_seconds * 1000:.0f} ms)",
+            )
+        )
     if objective_seconds:
-        candidates.append(Threshold(objective_seconds,
-                                    f"the TTFT p99 objective ({objective_seconds * 1000:.0f} ms)"))
+        candidates.append(Threshold(objective_seconds, f"the TTFT p99 objective ({objective_seconds * 1000:.0f} ms)"))
     return min(candidates, key=lambda t: t.seconds) if candidates else None
 
 
-def find_spikes(points: Sequence[Mapping[str, Any]], *, step_seconds: float,
-                threshold: Threshold | None, time_key: str = "time",
-                value_key: str = "ttft_p99_seconds") -> list[dict[str, Any]]:
+def find_spikes(
+    points: Sequence[Mapping[str, Any]],
+    *,
+    step_seconds: float,
+    threshold: Threshold | None,
+    time_key: str = "time",
+    value_key: str = "ttft_p99_seconds",
+) -> list[dict[str, Any]]:
     """Runs of consecutive steps whose ``value_key`` exceeds ``threshold.seconds``, as
     ``{"start", "end", "peak_seconds", "threshold_seconds", "ratio"}`` (``end`` = the last
     spiking step's start + one step; times as given). A step without requests neither
@@ -70,11 +80,17 @@ def find_spikes(points: Sequence[Mapping[str, Any]], *, step_seconds: float,
         if value <= threshold.seconds:
             continue
         if spikes and spikes[-1]["_last"] + step >= at:
-            spikes[-1].update(end=at + step, _last=at,
-                              peak_seconds=max(spikes[-1]["peak_seconds"], value))
+            spikes[-1].update(end=at + step, _last=at, peak_seconds=max(spikes[-1]["peak_seconds"], value))
         else:
-            spikes.append({"start": at, "end": at + step, "_last": at, "peak_seconds": value,
-                           "threshold_seconds": threshold.seconds})
+            spikes.append(
+                {
+                    "start": at,
+                    "end": at + step,
+                    "_last": at,
+                    "peak_seconds": value,
+                    "threshold_seconds": threshold.seconds,
+                }
+            )
     for spike in spikes:
         del spike["_last"]
         spike["ratio"] = spike["peak_seconds"] / threshold.seconds

@@ -20,8 +20,7 @@ RANGE_KEYS = [*RELATIVE_RANGES, CUSTOM]
 RANGE_LABELS = {key: label for key, (label, _) in RELATIVE_RANGES.items()} | {CUSTOM: "custom"}
 
 # Bucket widths a person reads easily; the step is the smallest one giving <= target buckets.
-_NICE_STEPS_SECONDS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600,
-                       43200, 86400]
+_NICE_STEPS_SECONDS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400]
 
 
 @dataclass(frozen=True)
@@ -49,8 +48,14 @@ def step_seconds_for(duration_seconds: float, *, target_buckets: int = 120) -> i
     return _NICE_STEPS_SECONDS[-1]
 
 
-def resolve_window(range_key: str, *, now: datetime, custom_start: datetime | None = None,
-                   custom_end: datetime | None = None, snap_seconds: int = 5) -> TimeWindow:
+def resolve_window(
+    range_key: str,
+    *,
+    now: datetime,
+    custom_start: datetime | None = None,
+    custom_end: datetime | None = None,
+    snap_seconds: int = 5,
+) -> TimeWindow:
     """Turn a picker choice into a :class:`TimeWindow`.
 
     Relative ranges end at ``now`` floored to ``snap_seconds`` (so repeated refreshes within

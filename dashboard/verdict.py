@@ -9,23 +9,33 @@ against the objectives, what is the top cause, and what is the one thing to do a
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from inferpath.dashboard.figures import MS_PER_NS, MS_PER_SECOND
 
 # Tile and banner colours: (background, border). Met is green, broken red, "met but much
 # worse than before" amber, not judged grey.
-STATE_COLORS = {"met": ("#e8f5e9", "#2e7d32"), "broken": ("#ffebee", "#c62828"),
-                "worse": ("#fff8e1", "#f9a825"), "unknown": ("#f5f5f5", "#9e9e9e")}
+STATE_COLORS = {
+    "met": ("#e8f5e9", "#2e7d32"),
+    "broken": ("#ffebee", "#c62828"),
+    "worse": ("#fff8e1", "#f9a825"),
+    "unknown": ("#f5f5f5", "#9e9e9e"),
+}
 WORSE_THAN_BASELINE_RATIO = 1.5
 """A tile that meets its objective turns amber when its value is this many times the one of
 the window before: the objective still holds, but something changed."""
 CAUSE_LABELS = {
-    "tokenization": "tokenization", "retrieval": "retrieval", "network_hop": "a network hop",
-    "queueing": "queueing upstream of the engine", "batching": "the batch window",
-    "gpu_compute": "GPU compute capacity", "gpu_memory": "GPU memory (KV cache full)",
-    "cold_start": "a cold start", "unexplained": "unexplained time",
+    "tokenization": "tokenization",
+    "retrieval": "retrieval",
+    "network_hop": "a network hop",
+    "queueing": "queueing upstream of the engine",
+    "batching": "the batch window",
+    "gpu_compute": "GPU compute capacity",
+    "gpu_memory": "GPU memory (KV cache full)",
+    "cold_start": "a cold start",
+    "unexplained": "unexplained time",
 }
 
 
@@ -75,57 +85,69 @@ def banner_of(verdict: Mapping[str, Any] | None, *, no_verdict: str | None = Non
     if cause is not None and cause.get("would_help"):
         action = str(cause["would_help"][0])
     if top and top != "unexplained":
-        share = f" ({min(1.0, cause['share']) * 100:.0f} % of the slow requests' time)" \
-            if cause is not None and cause.get("share") is not None else ""
+        share = (
+            f" ({min(1.0, cause['share']) * 100:.0f} % of the slow requests' time)"
+            if cause is not None and cause.get("share") is not None
+            else ""
+        )
         headline = f"Degraded: the bottleneck is {CAUSE_LABELS.get(top, top)}{share}"
     else:
         headline = "Degraded: no cause explains the slow requests"
     return Banner("degraded", headline, cause=top, action=action, detail=detail)
 
 
-def banner_html(banner: Banner, *, evidence_href: str | None,
-                whatif: tuple[str, str] | None = None) -> str:
+def banner_html(banner: Banner, *, evidence_href: str | None, whatif: tuple[str, str] | None = None) -> str:
     """The banner as one HTML block (escaped text); ``data-verdict`` carries the state and
     ``data-cause`` the top cause, for tests and for anyone scraping the page. ``whatif``:
     (the suggested change in words, the What-if page's href) when the cause has one."""
-    background, border = STATE_COLORS[{"healthy": "met", "degraded": "broken"}.get(banner.state,
-                                                                                    "unknown")]
+    background, border = STATE_COLORS[{"healthy": "met", "degraded": "broken"}.get(banner.state, "unknown")]
     lines = [f'<div style="font-size:1.35rem;font-weight:600">{html.escape(banner.headline)}</div>']
     if banner.detail:
         lines.append(f"<div>{html.escape(banner.detail)}</div>")
     if banner.action:
         lines.append(f"<div><b>Do this:</b> {html.escape(banner.action)}</div>")
     if evidence_href:
-        lines.append(f'<div><a href="{html.escape(evidence_href)}" target="_self">'
-                     f"See the evidence on the Diagnosis page →</a></div>")
+        lines.append(
+            f'<div><a href="{html.escape(evidence_href)}" target="_self">'
+            f"See the evidence on the Diagnosis page →</a></div>"
+        )
     if whatif:
         words, href = whatif
-        lines.append(f'<div><a class="inferpath-whatif" href="{html.escape(href)}" target="_self">'
-                     f"What would {html.escape(words)} do? See the predicted TTFT →</a></div>")
-    return (f'<div class="inferpath-verdict" data-verdict="{banner.state}" '
-            f'data-cause="{html.escape(banner.cause or "")}" style="background:{background};'
-            f'border-left:6px solid {border};padding:0.8rem 1rem;border-radius:4px;'
-            f'margin-bottom:0.6rem">{"".join(lines)}</div>')
+        lines.append(
+            f'<div><a class="inferpath-whatif" href="{html.escape(href)}" target="_self">'
+            f"What would {html.escape(words)} do? See the predicted TTFT →</a></div>"
+        )
+    return (
+        f'<div class="inferpath-verdict" data-verdict="{banner.state}" '
+        f'data-cause="{html.escape(banner.cause or "")}" style="background:{background};'
+        f"border-left:6px solid {border};padding:0.8rem 1rem;border-radius:4px;"
+        f'margin-bottom:0.6rem">{"".join(lines)}</div>'
+    )
 
 
-def objective_limits(objectives: Mapping[str, Any] | None, endpoint_class: str | None,
-                     measure: str = "ttft") -> dict[str, float]:
+def objective_limits(
+    objectives: Mapping[str, Any] | None, endpoint_class: str | None, measure: str = "ttft"
+) -> dict[str, float]:
     """Class → p99 limit of ``measure`` in ms from ``/api/v1/objectives``; only the chosen
     class when ``endpoint_class`` is given (its default class's when it has none)."""
     if not objectives:
         return {}
     by_class = objectives.get("by_class", {})
-    limits = {name: float(o["limit_seconds"]) * MS_PER_SECOND
-              for name, rows in by_class.items() for o in rows
-              if o.get("measure") == measure and abs(float(o.get("quantile", 0)) - 0.99) < 1e-9}
+    limits = {
+        name: float(o["limit_seconds"]) * MS_PER_SECOND
+        for name, rows in by_class.items()
+        for o in rows
+        if o.get("measure") == measure and abs(float(o.get("quantile", 0)) - 0.99) < 1e-9
+    }
     if endpoint_class is None:
         return limits
     chosen = endpoint_class if endpoint_class in limits else objectives.get("default_class")
     return {endpoint_class: limits[chosen]} if chosen in limits else {}
 
 
-def objective_tiles(verdict: Mapping[str, Any] | None,
-                    baseline_ms: Mapping[tuple[str, str], float | None]) -> list[Tile]:
+def objective_tiles(
+    verdict: Mapping[str, Any] | None, baseline_ms: Mapping[tuple[str, str], float | None]
+) -> list[Tile]:
     """One tile per objective the verdict judged (class × measure): green when met, red when
     broken, amber when met but at least :data:`WORSE_THAN_BASELINE_RATIO` × the window
     before (``baseline_ms``, keyed by (class, measure)); grey when nothing measured it."""
@@ -152,8 +174,10 @@ def tile_html(tile: Tile) -> str:
     """A tile as an HTML block: label, value, the objective and the window before."""
     background, border = STATE_COLORS[tile.state]
     value = tile.value_text or ("–" if tile.value_ms is None else f"{tile.value_ms:,.0f} ms")
-    lines = [f'<div style="font-size:0.85rem;color:#555">{html.escape(tile.label)}</div>',
-             f'<div style="font-size:1.6rem;font-weight:600">{value}</div>']
+    lines = [
+        f'<div style="font-size:0.85rem;color:#555">{html.escape(tile.label)}</div>',
+        f'<div style="font-size:1.6rem;font-weight:600">{value}</div>',
+    ]
     sub = []
     if tile.objective_ms is not None:
         sub.append(f"objective ≤ {tile.objective_ms:,.0f} ms")
@@ -163,9 +187,11 @@ def tile_html(tile: Tile) -> str:
         lines.append(f'<div style="font-size:0.8rem">{html.escape(" · ".join(sub))}</div>')
     if tile.note:
         lines.append(f'<div style="font-size:0.8rem;color:{border}">{html.escape(tile.note)}</div>')
-    return (f'<div class="inferpath-tile" data-state="{tile.state}" style="background:{background};'
-            f'border-top:4px solid {border};padding:0.5rem 0.7rem;border-radius:4px">'
-            f'{"".join(lines)}</div>')
+    return (
+        f'<div class="inferpath-tile" data-state="{tile.state}" style="background:{background};'
+        f'border-top:4px solid {border};padding:0.5rem 0.7rem;border-radius:4px">'
+        f"{''.join(lines)}</div>"
+    )
 
 
 def slot_limit(verdict: Mapping[str, Any] | None) -> float | None:
@@ -177,5 +203,6 @@ def slot_limit(verdict: Mapping[str, Any] | None) -> float | None:
 
 def classes_of(verdict: Mapping[str, Any] | None) -> Sequence[str]:
     """Endpoint classes the verdict judged, in order of first appearance."""
-    return list(dict.fromkeys((row.get("endpoint_class") or "unclassified")
-                              for row in (verdict or {}).get("objectives", [])))
+    return list(
+        dict.fromkeys((row.get("endpoint_class") or "unclassified") for row in (verdict or {}).get("objectives", []))
+    )

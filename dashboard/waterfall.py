@@ -18,7 +18,8 @@ Marks (from attributes, nothing invented):
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -26,11 +27,12 @@ import plotly.graph_objects as go
 from inferpath.dashboard.figures import MS_PER_NS, MS_PER_SECOND
 
 TTFT_KEYS = ("gen_ai.response.time_to_first_chunk", "gen_ai.latency.time_to_first_token")
-TOKEN_COUNT_KEYS = ("inferpath.stream.chunks", "gen_ai.usage.output_tokens",
-                    "gen_ai.usage.completion_tokens")
-ENGINE_PHASES = (("queue", "gen_ai.latency.time_in_queue", "#d62728"),
-                 ("prefill", "gen_ai.latency.time_in_model_prefill", "#ff7f0e"),
-                 ("decode", "gen_ai.latency.time_in_model_decode", "#1f77b4"))
+TOKEN_COUNT_KEYS = ("inferpath.stream.chunks", "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
+ENGINE_PHASES = (
+    ("queue", "gen_ai.latency.time_in_queue", "#d62728"),
+    ("prefill", "gen_ai.latency.time_in_model_prefill", "#ff7f0e"),
+    ("decode", "gen_ai.latency.time_in_model_decode", "#1f77b4"),
+)
 MAX_TOKEN_MARKS = 200
 """More ticks than this on one bar are unreadable; a long answer shows its first 200."""
 _KIND_COLORS = {"Server": "#9467bd", "Client": "#8c564b", "Internal": "#7f7f7f"}
@@ -71,8 +73,10 @@ def span_rows(spans: pd.DataFrame) -> pd.DataFrame:
     trace_start_ns = int(frame["start_ns"].min())
     rows["offset_ms"] = (rows["start_ns"] - trace_start_ns) * MS_PER_NS
     rows["duration_ms"] = (rows["end_ns"] - rows["start_ns"]) * MS_PER_NS
-    rows["label"] = ["\u2003" * depth + f"{service} · {name}" for depth, service, name in
-                     zip(rows["depth"], rows["service_name"], rows["span_name"])]
+    rows["label"] = [
+        "\u2003" * depth + f"{service} · {name}"
+        for depth, service, name in zip(rows["depth"], rows["service_name"], rows["span_name"])
+    ]
     return rows.reset_index(drop=True)
 
 
@@ -85,11 +89,18 @@ def waterfall_figure(spans: pd.DataFrame) -> go.Figure:
     if rows.empty:
         return figure
     labels = list(rows["label"])
-    figure.add_trace(go.Bar(
-        y=labels, x=rows["duration_ms"], base=rows["offset_ms"], orientation="h", name="span",
-        marker_color=[_KIND_COLORS.get(kind, "#7f7f7f") for kind in rows["span_kind"]],
-        customdata=rows[["span_kind", "duration_ms"]].values,
-        hovertemplate="%{y}<br>%{customdata[0]} · %{customdata[1]:.1f} ms<extra></extra>"))
+    figure.add_trace(
+        go.Bar(
+            y=labels,
+            x=rows["duration_ms"],
+            base=rows["offset_ms"],
+            orientation="h",
+            name="span",
+            marker_color=[_KIND_COLORS.get(kind, "#7f7f7f") for kind in rows["span_kind"]],
+            customdata=rows[["span_kind", "duration_ms"]].values,
+            hovertemplate="%{y}<br>%{customdata[0]} · %{customdata[1]:.1f} ms<extra></extra>",
+        )
+    )
     first_x, first_y, tick_x, tick_y = [], [], [], []
     for _, span in rows.iterrows():
         attributes = span["span_attributes"] if isinstance(span["span_attributes"], dict) else {}
@@ -99,10 +110,19 @@ def waterfall_figure(spans: pd.DataFrame) -> go.Figure:
             seconds = _number(attributes, (key,))
             if seconds is None:
                 continue
-            figure.add_trace(go.Bar(y=[span["label"]], x=[seconds * MS_PER_SECOND],
-                                    base=[phase_start_ms], orientation="h", width=0.35,
-                                    marker_color=color, name=phase, legendgroup=phase,
-                                    showlegend=phase not in {t.name for t in figure.data}))
+            figure.add_trace(
+                go.Bar(
+                    y=[span["label"]],
+                    x=[seconds * MS_PER_SECOND],
+                    base=[phase_start_ms],
+                    orientation="h",
+                    width=0.35,
+                    marker_color=color,
+                    name=phase,
+                    legendgroup=phase,
+                    showlegend=phase not in {t.name for t in figure.data},
+                )
+            )
             phase_start_ms += seconds * MS_PER_SECOND
         ttft_seconds = _number(attributes, TTFT_KEYS)
         if ttft_seconds is None:
@@ -117,17 +137,33 @@ def waterfall_figure(spans: pd.DataFrame) -> go.Figure:
                 tick_x.append(first_ms + k * itl_seconds * MS_PER_SECOND)
                 tick_y.append(span["label"])
     if first_x:
-        figure.add_trace(go.Scatter(x=first_x, y=first_y, mode="markers", name="first token (TTFT)",
-                                    marker={"symbol": "diamond", "size": 12, "color": "#000"}))
+        figure.add_trace(
+            go.Scatter(
+                x=first_x,
+                y=first_y,
+                mode="markers",
+                name="first token (TTFT)",
+                marker={"symbol": "diamond", "size": 12, "color": "#000"},
+            )
+        )
     if tick_x:
-        figure.add_trace(go.Scatter(x=tick_x, y=tick_y, mode="markers",
-                                    name="tokens (at mean ITL)",
-                                    marker={"symbol": "line-ns-open", "size": 10, "color": "#444"}))
-    figure.update_layout(barmode="overlay", height=120 + 36 * len(rows),
-                         xaxis_title="ms since the request started",
-                         yaxis={"autorange": "reversed", "type": "category"},
-                         margin={"l": 20, "r": 20, "t": 30, "b": 40},
-                         legend={"orientation": "h", "y": -0.15})
+        figure.add_trace(
+            go.Scatter(
+                x=tick_x,
+                y=tick_y,
+                mode="markers",
+                name="tokens (at mean ITL)",
+                marker={"symbol": "line-ns-open", "size": 10, "color": "#444"},
+            )
+        )
+    figure.update_layout(
+        barmode="overlay",
+        height=120 + 36 * len(rows),
+        xaxis_title="ms since the request started",
+        yaxis={"autorange": "reversed", "type": "category"},
+        margin={"l": 20, "r": 20, "t": 30, "b": 40},
+        legend={"orientation": "h", "y": -0.15},
+    )
     return figure
 
 

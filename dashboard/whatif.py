@@ -13,9 +13,10 @@ observed configuration (how far it can be trusted), and as predicted under the c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlencode
 
 import pandas as pd
@@ -47,8 +48,14 @@ CHANGE_PARAMS = ("kv_blocks", "replicas_added")
 """Query parameters of the What-if page that describe the change."""
 
 
-def whatif_href(verdict: Mapping[str, Any] | None, *, start: datetime, end: datetime, tz: str,
-                choices: Mapping[str, str] | None = None) -> str | None:
+def whatif_href(
+    verdict: Mapping[str, Any] | None,
+    *,
+    start: datetime,
+    end: datetime,
+    tz: str,
+    choices: Mapping[str, str] | None = None,
+) -> str | None:
     """The What-if page for the verdict's top cause over the same window (``choices``: more
     query parameters to carry, the filters), or ``None`` when the cause has no
     :data:`SUGGESTIONS` entry."""
@@ -59,8 +66,17 @@ def whatif_href(verdict: Mapping[str, Any] | None, *, start: datetime, end: date
     change = dict(suggestion.params)
     if suggestion.replicas_added:
         change["replicas_added"] = str(suggestion.replicas_added)
-    return "whatif?" + urlencode({"start": session.iso_utc(start), "end": session.iso_utc(end),
-                                  "tz": tz, "refresh": "0", **(choices or {}), "cause": cause, **change})
+    return "whatif?" + urlencode(
+        {
+            "start": session.iso_utc(start),
+            "end": session.iso_utc(end),
+            "tz": tz,
+            "refresh": "0",
+            **(choices or {}),
+            "cause": cause,
+            **change,
+        }
+    )
 
 
 def change_from_url(params: Mapping[str, str]) -> tuple[str, dict[str, str], int]:
@@ -81,8 +97,10 @@ def ttft_table(answer: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     predicted = answer.get("predicted") or {}
     for klass in sorted(predicted, key=lambda c: (c == "all", c)):
-        row: dict[str, Any] = {"endpoint class": klass,
-                               "requests": (answer.get("observed", {}).get(klass) or {}).get("requests")}
+        row: dict[str, Any] = {
+            "endpoint class": klass,
+            "requests": (answer.get("observed", {}).get(klass) or {}).get("requests"),
+        }
         for source in ("observed", "replayed", "predicted"):
             figures = (answer.get(source) or {}).get(klass) or {}
             for quantile in ("p50", "p99"):
@@ -95,9 +113,12 @@ def ttft_table(answer: Mapping[str, Any]) -> pd.DataFrame:
 def ttft_replay_error(answer: Mapping[str, Any]) -> float | None:
     """The largest relative error of the replayed TTFT p50/p99 against the observed, over
     the classes (``calibration_errors``), or ``None`` when the answer has none."""
-    errors = [float(value) for by_measure in (answer.get("calibration_errors") or {}).values()
-              for measure, value in (by_measure or {}).items()
-              if measure.startswith("ttft") and isinstance(value, (int, float))]
+    errors = [
+        float(value)
+        for by_measure in (answer.get("calibration_errors") or {}).values()
+        for measure, value in (by_measure or {}).items()
+        if measure.startswith("ttft") and isinstance(value, (int, float))
+    ]
     return max((abs(e) for e in errors), default=None)
 
 
@@ -105,8 +126,10 @@ def whatif_panel(server_url: str, token: str | None, start: datetime, end: datet
     """The What-if page body for ``[start, end)`` and the change the URL names."""
     words, change, added = change_from_url(st.query_params)
     if not change and not added:
-        st.info("No change to predict: open this page from the Overview's verdict, whose cause "
-                "names one (a full KV cache, or an engine at its batch limit).")
+        st.info(
+            "No change to predict: open this page from the Overview's verdict, whose cause "
+            "names one (a full KV cache, or an engine at its batch limit)."
+        )
         return
     st.subheader(f"Predicted TTFT with {words}")
     with st.spinner("Replaying the window through the engine model…"):
@@ -119,20 +142,39 @@ def whatif_panel(server_url: str, token: str | None, start: datetime, end: datet
         except ReadApiError as error:
             st.warning(messages.explain(error, what="a prediction for this window", server_url=server_url))
             return
-    st.caption(f"Change: {answer.get('change_text', '')}. Observed: what the window's requests "
-               f"met; replayed: the engine model running the observed configuration (how far "
-               f"it can be trusted); predicted: the same requests under the change.")
+    st.caption(
+        f"Change: {answer.get('change_text', '')}. Observed: what the window's requests "
+        f"met; replayed: the engine model running the observed configuration (how far "
+        f"it can be trusted); predicted: the same requests under the change."
+    )
     table = ttft_table(answer)
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
-        column: st.column_config.NumberColumn(column, format="%.0f")
-        for column in table.columns if column.endswith("(ms)")})
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            column: st.column_config.NumberColumn(column, format="%.0f")
+            for column in table.columns
+            if column.endswith("(ms)")
+        },
+    )
     worst = ttft_replay_error(answer)
     if worst is not None:
-        st.caption(f"The replay's TTFT is within {worst * 100:.0f} % of what was observed (the server "
-                   f"refuses beyond {float(answer.get('max_calibration_error', 0.3)) * 100:.0f} %).")
+        st.caption(
+            f"The replay's TTFT is within {worst * 100:.0f} % of what was observed (the server "
+            f"refuses beyond {float(answer.get('max_calibration_error', 0.3)) * 100:.0f} %)."
+        )
     for line in [*(answer.get("warnings") or []), *(answer.get("notes") or [])]:
         st.caption(f"note: {line}")
 
 
-__all__ = ["CHANGE_PARAMS", "SUGGESTIONS", "Suggestion", "change_from_url", "ttft_replay_error",
-           "ttft_table", "whatif_href", "whatif_panel"]
+__all__ = [
+    "CHANGE_PARAMS",
+    "SUGGESTIONS",
+    "Suggestion",
+    "change_from_url",
+    "ttft_replay_error",
+    "ttft_table",
+    "whatif_href",
+    "whatif_panel",
+]

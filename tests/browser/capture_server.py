@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from inferpath.demo.processes import free_port
-
 CAPTURE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "vllm_live_capture"
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 
@@ -49,8 +47,7 @@ def metrics_body(samples: list) -> bytes:
 
     request = ExportMetricsServiceRequest()
     resource_metrics = request.resource_metrics.add()
-    resource_metrics.resource.attributes.append(
-        KeyValue(key="service.name", value=AnyValue(string_value="vllm")))
+    resource_metrics.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value="vllm")))
     scope = resource_metrics.scope_metrics.add()
     scope.scope.name = "inferpath.collectors"
     for sample in samples:

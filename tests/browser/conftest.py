@@ -9,10 +9,9 @@ from datetime import datetime, timedelta
 
 import httpx
 import pytest
+from capture_server import CAPTURE, PROTOBUF, FedServer, capture_time, metrics_body
 
 from inferpath.config import Settings
-
-from capture_server import CAPTURE, PROTOBUF, FedServer, capture_time, metrics_body
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +23,7 @@ def fed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedServer]:
     from inferpath.server.runtime import serve_in_thread
 
     store = tmp_path_factory.mktemp("dashboard") / "store"
-    running = serve_in_thread(Settings(store_url=f"chdb://{store}", assembly_settle_seconds=0.5),
-                              port=0)
+    running = serve_in_thread(Settings(store_url=f"chdb://{store}", assembly_settle_seconds=0.5), port=0)
     try:
         with httpx.Client(base_url=running.url, timeout=30.0) as http:
             trace_files = sorted((CAPTURE / "otlp").glob("*.pb"))
@@ -33,8 +31,11 @@ def fed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedServer]:
                 response = http.post("/v1/traces", content=body_path.read_bytes(), headers=PROTOBUF)
                 assert response.status_code == 200, (body_path.name, response.text)
             scrapes = sorted(CAPTURE.glob("metrics_*.prom"))
-            samples = [sample for path in scrapes for sample in scrape_samples(
-                path.read_text(), "vllm", timestamp=capture_time(path))]
+            samples = [
+                sample
+                for path in scrapes
+                for sample in scrape_samples(path.read_text(), "vllm", timestamp=capture_time(path))
+            ]
             response = http.post("/v1/metrics", content=metrics_body(samples), headers=PROTOBUF)
             assert response.status_code == 200, response.text
             flushed = http.post("/api/v1/flush").json()
@@ -87,14 +88,27 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory, scenario_runs) -> Iter
     else:
         from inferpath.demo.run import DemoOptions, run_demo
 
-        outcome = run_demo(DemoOptions(requests=60, speed=20.0, exit_when_done=True,
-                                       store_url=store_url, port=0, dashboard=False,
-                                       log_dir=base / "logs"))
+        outcome = run_demo(
+            DemoOptions(
+                requests=60,
+                speed=20.0,
+                exit_when_done=True,
+                store_url=store_url,
+                port=0,
+                dashboard=False,
+                log_dir=base / "logs",
+            )
+        )
         start, end, scenario = outcome.window_start, outcome.window_end, None
         fault = (None, None)
     running = serve_in_thread(Settings(store_url=store_url), port=0)
     try:
-        yield DemoServer(running.url, start.replace(microsecond=0) - timedelta(seconds=10),
-                         end.replace(microsecond=0) + timedelta(seconds=10), scenario, *fault)
+        yield DemoServer(
+            running.url,
+            start.replace(microsecond=0) - timedelta(seconds=10),
+            end.replace(microsecond=0) + timedelta(seconds=10),
+            scenario,
+            *fault,
+        )
     finally:
         running.stop()

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 import pytest
+from capture_server import free_port
 
 from inferpath.dashboard.launch import launch_dashboard, wait_until_ready
 from inferpath.dashboard.saturation import SPIKE_FILL
-
-from capture_server import free_port
 
 if TYPE_CHECKING:  # the fixture's type; a runtime import of "conftest" would be ambiguous
     from tests.browser.conftest import DemoServer
@@ -30,8 +29,15 @@ pytestmark = pytest.mark.browser
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 RENDER_TIMEOUT_MS = 60_000
 
 # (url path, page title, section headers that must show, screenshot name)
@@ -83,9 +89,13 @@ def dashboard_url(demo_server: DemoServer, tmp_path_factory: pytest.TempPathFact
 
 def _query(server: DemoServer, **extra: str) -> str:
     # A custom window around the run, UTC, no live refresh so the page settles.
-    params = {"start": server.start.isoformat().replace("+00:00", "Z"),
-              "end": server.end.isoformat().replace("+00:00", "Z"), "refresh": "0", "tz": "UTC",
-              **extra}
+    params = {
+        "start": server.start.isoformat().replace("+00:00", "Z"),
+        "end": server.end.isoformat().replace("+00:00", "Z"),
+        "refresh": "0",
+        "tz": "UTC",
+        **extra,
+    }
     return "?" + "&".join(f"{key}={value}" for key, value in params.items())
 
 
@@ -98,15 +108,15 @@ def _open(browser, url: str, viewport: dict | None = None):
 def _settle(page) -> None:
     # Streamlit shows its status widget while a script run is in flight.
     page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
-        timeout=RENDER_TIMEOUT_MS)
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=RENDER_TIMEOUT_MS
+    )
     page.wait_for_timeout(1500)  # plotly draws after the run's last delta arrives
 
 
 def _no_raw_api_text(page) -> None:
     # No HTTP status, no JSON body, no Python repr of one: every failure is a sentence.
     text = page.inner_text("body")
-    for raw in ("HTTP 4", "HTTP 5", "{\"", "[{", "'loc'", "Traceback"):
+    for raw in ("HTTP 4", "HTTP 5", '{"', "[{", "'loc'", "Traceback"):
         assert raw not in text, (raw, text[:2000])
 
 
@@ -118,16 +128,16 @@ def _no_exception(page) -> None:
     assert "Page not found" not in page.content()
 
 
-@pytest.mark.parametrize(("path", "title", "sections", "shot"), PAGES,
-                         ids=[shot for *_, shot in PAGES])
-def test_page_renders_without_exception(browser, dashboard_url: str, demo_server: DemoServer,
-                                        path: str, title: str, sections: list[str],
-                                        shot: str) -> None:
+@pytest.mark.parametrize(("path", "title", "sections", "shot"), PAGES, ids=[shot for *_, shot in PAGES])
+def test_page_renders_without_exception(
+    browser, dashboard_url: str, demo_server: DemoServer, path: str, title: str, sections: list[str], shot: str
+) -> None:
     page = _open(browser, f"{dashboard_url}/{path}{_query(demo_server)}")
     try:
         page.get_by_role("heading", name=title, exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
-        page.locator('[data-testid="stCaptionContainer"]').filter(
-            has_text="buckets of").first.wait_for(timeout=RENDER_TIMEOUT_MS)
+        page.locator('[data-testid="stCaptionContainer"]').filter(has_text="buckets of").first.wait_for(
+            timeout=RENDER_TIMEOUT_MS
+        )
         _settle(page)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"dashboard_{shot}.png"), full_page=True)
@@ -146,7 +156,8 @@ def _plotted(page, index: int = 0) -> dict:
                     return {data: gd.data.map(t => ({name: t.name, x: t.x, y: t.y})),
                             shapes: (gd.layout.shapes || []).map(s => ({x0: s.x0, x1: s.x1, fill: s.fillcolor})),
                             annotations: (gd.layout.annotations || []).map(a => a.text)}; }""",
-        index)
+        index,
+    )
     for trace in plotted["data"]:
         trace["x"], trace["y"] = _values(trace["x"]), _values(trace["y"])
     return plotted
@@ -161,8 +172,9 @@ def _values(values):
     return values
 
 
-def test_correlate_shows_the_queue_rising_inside_the_ttft_spike(browser, dashboard_url: str,
-                                                                demo_server: DemoServer) -> None:
+def test_correlate_shows_the_queue_rising_inside_the_ttft_spike(
+    browser, dashboard_url: str, demo_server: DemoServer
+) -> None:
     if demo_server.scenario != "kv-pressure":
         pytest.skip("the kv-pressure scenario is not available; the demo run has no known fault")
     page = _open(browser, f"{dashboard_url}/correlate{_query(demo_server)}")
@@ -175,14 +187,15 @@ def test_correlate_shows_the_queue_rising_inside_the_ttft_spike(browser, dashboa
         assert any(s["fill"] == SPIKE_FILL for s in plotted["shapes"]), "no TTFT spike marked"
         queue = next(t for t in plotted["data"] if t["name"] == "Queue depth (max per step)")
         ttft = next(t for t in plotted["data"] if t["name"] == "TTFT p99")
-        samples = [(datetime.fromisoformat(x), y) for x, y in zip(queue["x"], queue["y"])
-                   if y is not None]
-        ttft_points = [(datetime.fromisoformat(x), y) for x, y in zip(ttft["x"], ttft["y"])
-                       if y is not None]
+        samples = [(datetime.fromisoformat(x), y) for x, y in zip(queue["x"], queue["y"]) if y is not None]
+        ttft_points = [(datetime.fromisoformat(x), y) for x, y in zip(ttft["x"], ttft["y"]) if y is not None]
         peak_at, peak_ms = max(ttft_points, key=lambda point: point[1])
         # Spike bands, not the objective, capacity or stale shapes.
-        bands = [(datetime.fromisoformat(shape["x0"]), datetime.fromisoformat(shape["x1"]))
-                 for shape in plotted["shapes"] if shape["fill"] == SPIKE_FILL]
+        bands = [
+            (datetime.fromisoformat(shape["x0"]), datetime.fromisoformat(shape["x1"]))
+            for shape in plotted["shapes"]
+            if shape["fill"] == SPIKE_FILL
+        ]
         # One of the marked spike bands holds the TTFT peak (several may be marked).
         holding = [(start, end) for start, end in bands if start <= peak_at < end]
         assert holding, (peak_at, bands)
@@ -204,12 +217,17 @@ def test_correlate_shows_the_queue_rising_inside_the_ttft_spike(browser, dashboa
         page.close()
 
 
-def test_trace_page_draws_the_waterfall_with_ttft_marks(browser, dashboard_url: str,
-                                                       demo_server: DemoServer) -> None:
+def test_trace_page_draws_the_waterfall_with_ttft_marks(browser, dashboard_url: str, demo_server: DemoServer) -> None:
     with httpx.Client(base_url=demo_server.url, timeout=30.0) as http:
-        rows = http.get("/api/v1/requests", params={
-            "start": demo_server.start.isoformat(), "end": demo_server.end.isoformat(),
-            "limit": 1, "order": "slowest"}).json()["requests"]
+        rows = http.get(
+            "/api/v1/requests",
+            params={
+                "start": demo_server.start.isoformat(),
+                "end": demo_server.end.isoformat(),
+                "limit": 1,
+                "order": "slowest",
+            },
+        ).json()["requests"]
     trace_id = rows[0]["trace_id"]
     page = _open(browser, f"{dashboard_url}/trace?trace_id={trace_id}&tz=UTC")
     try:
@@ -233,8 +251,7 @@ def test_trace_page_draws_the_waterfall_with_ttft_marks(browser, dashboard_url: 
         bad.close()
 
 
-def test_gpus_page_says_what_is_missing_and_why(browser, dashboard_url: str,
-                                               demo_server: DemoServer) -> None:
+def test_gpus_page_says_what_is_missing_and_why(browser, dashboard_url: str, demo_server: DemoServer) -> None:
     page = _open(browser, f"{dashboard_url}/gpus{_query(demo_server)}")
     try:
         page.get_by_role("heading", name="Missing signals").wait_for(timeout=RENDER_TIMEOUT_MS)
@@ -245,8 +262,10 @@ def test_gpus_page_says_what_is_missing_and_why(browser, dashboard_url: str,
         page.locator('[data-testid="stDataFrame"]').nth(2).wait_for(timeout=RENDER_TIMEOUT_MS)
         assert page.locator('[data-testid="stDataFrame"]').count() == 3
         with httpx.Client(base_url=demo_server.url, timeout=30.0) as http:
-            view = http.get("/api/v1/views/fleet", params={
-                "start": demo_server.start.isoformat(), "end": demo_server.end.isoformat()}).json()
+            view = http.get(
+                "/api/v1/views/fleet",
+                params={"start": demo_server.start.isoformat(), "end": demo_server.end.isoformat()},
+            ).json()
         from inferpath.dashboard.fleet import fleet_tables
 
         gpus, engines, missing = fleet_tables(view)
@@ -259,8 +278,7 @@ def test_gpus_page_says_what_is_missing_and_why(browser, dashboard_url: str,
 
 
 def test_an_empty_window_says_no_data_instead_of_drawing_zeros(browser, dashboard_url: str) -> None:
-    page = _open(browser, f"{dashboard_url}/correlate?start=2001-01-01T00:00:00Z"
-                          f"&end=2001-01-01T00:15:00Z&refresh=0")
+    page = _open(browser, f"{dashboard_url}/correlate?start=2001-01-01T00:00:00Z&end=2001-01-01T00:15:00Z&refresh=0")
     try:
         page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=RENDER_TIMEOUT_MS)
         _settle(page)
@@ -273,8 +291,7 @@ def test_an_empty_window_says_no_data_instead_of_drawing_zeros(browser, dashboar
         page.close()
 
 
-def test_live_refresh_reruns_the_panel_without_reloading(browser, dashboard_url: str,
-                                                         demo_server: DemoServer) -> None:
+def test_live_refresh_reruns_the_panel_without_reloading(browser, dashboard_url: str, demo_server: DemoServer) -> None:
     page = _open(browser, f"{dashboard_url}/{_query(demo_server, refresh='1')}")
     try:
         caption = page.locator('[data-testid="stCaptionContainer"]').filter(has_text="run ")
@@ -284,27 +301,32 @@ def test_live_refresh_reruns_the_panel_without_reloading(browser, dashboard_url:
         page.wait_for_function(
             """(first) => [...document.querySelectorAll('[data-testid="stCaptionContainer"]')]
                  .some(e => e.innerText.includes('run ') && e.innerText !== first)""",
-            arg=first, timeout=20_000)
+            arg=first,
+            timeout=20_000,
+        )
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         page.close()
 
 
 def _window_query(start: datetime, end: datetime, **extra: str) -> str:
-    params = {"start": start.isoformat().replace("+00:00", "Z"),
-              "end": end.isoformat().replace("+00:00", "Z"), "refresh": "0", "tz": "UTC", **extra}
+    params = {
+        "start": start.isoformat().replace("+00:00", "Z"),
+        "end": end.isoformat().replace("+00:00", "Z"),
+        "refresh": "0",
+        "tz": "UTC",
+        **extra,
+    }
     return "?" + "&".join(f"{key}={value}" for key, value in params.items())
 
 
-def test_overview_banner_gives_the_verdict_of_a_fault(browser, dashboard_url: str,
-                                                      demo_server: DemoServer) -> None:
+def test_overview_banner_gives_the_verdict_of_a_fault(browser, dashboard_url: str, demo_server: DemoServer) -> None:
     if demo_server.fault_start is None:
         pytest.skip("the kv-pressure scenario is not available; the demo run has no known fault")
     start = demo_server.fault_start.replace(microsecond=0)
     end = demo_server.fault_end.replace(microsecond=0) + timedelta(seconds=5)
     with httpx.Client(base_url=demo_server.url, timeout=60.0) as http:
-        verdict = http.get("/api/v1/diagnosis", params={"start": start.isoformat(),
-                                                        "end": end.isoformat()}).json()
+        verdict = http.get("/api/v1/diagnosis", params={"start": start.isoformat(), "end": end.isoformat()}).json()
     assert verdict["healthy"] is False, verdict["summary"]  # the fault broke the TTFT objective
     page = _open(browser, f"{dashboard_url}/{_window_query(start, end)}")
     try:
@@ -327,12 +349,16 @@ def test_overview_banner_gives_the_verdict_of_a_fault(browser, dashboard_url: st
         assert "diagnosis?start=" in link.get_attribute("href")
         # The TTFT tile is red: the objective broke; the figure draws that objective.
         states = page.locator(".inferpath-tile").evaluate_all(
-            "tiles => tiles.map(t => [t.innerText.split('\\n')[0], t.dataset.state])")
+            "tiles => tiles.map(t => [t.innerText.split('\\n')[0], t.dataset.state])"
+        )
         assert ["interactive TTFT p99", "broken"] in states, states
         plotted = _plotted(page)
-        assert {"interactive TTFT p99", "Queue depth (max per step)",
-                "KV-cache usage (max per step)", "Running batch (max per step)"} <= \
-            {t["name"] for t in plotted["data"]}
+        assert {
+            "interactive TTFT p99",
+            "Queue depth (max per step)",
+            "KV-cache usage (max per step)",
+            "Running batch (max per step)",
+        } <= {t["name"] for t in plotted["data"]}
         assert "interactive objective 1,000 ms" in plotted["annotations"]
         # A cause the engine model can replay links to the predicted TTFT of its remedy.
         from inferpath.dashboard.whatif import SUGGESTIONS
@@ -344,11 +370,13 @@ def test_overview_banner_gives_the_verdict_of_a_fault(browser, dashboard_url: st
         assert SUGGESTIONS[verdict["top_cause"]].text in whatif_link.inner_text()
         whatif_link.click()
         page.get_by_role("heading", name="What-if", exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
-        page.get_by_role("heading", name=f"Predicted TTFT with {SUGGESTIONS[verdict['top_cause']].text}",
-                         exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
+        page.get_by_role(
+            "heading", name=f"Predicted TTFT with {SUGGESTIONS[verdict['top_cause']].text}", exact=True
+        ).wait_for(timeout=RENDER_TIMEOUT_MS)
         # The prediction, or the server's reason for refusing one, as a sentence.
         page.locator('[data-testid="stDataFrame"], [data-testid="stAlertContentWarning"]').first.wait_for(
-            timeout=180_000)
+            timeout=180_000
+        )
         _settle(page)
         page.screenshot(path=str(ARTIFACTS / "dashboard_whatif.png"))
         _no_exception(page)
@@ -360,16 +388,17 @@ def test_overview_banner_gives_the_verdict_of_a_fault(browser, dashboard_url: st
 
 
 def test_diagnosis_of_an_incident_window_without_earlier_data_is_sentences(
-        browser, dashboard_url: str, demo_server: DemoServer) -> None:
+    browser, dashboard_url: str, demo_server: DemoServer
+) -> None:
     start = (demo_server.fault_start or demo_server.start).replace(microsecond=0)
     end = (demo_server.fault_end or demo_server.end).replace(microsecond=0) + timedelta(seconds=5)
     # The incident alone (nothing before it in the window), then 2 s of it: too few requests.
-    for window_start, window_end, expected in ((start, end, None),
-                                               (start, start + timedelta(seconds=2), "No verdict")):
+    for window_start, window_end, expected in ((start, end, None), (start, start + timedelta(seconds=2), "No verdict")):
         page = _open(browser, f"{dashboard_url}/diagnosis{_window_query(window_start, window_end)}")
         try:
-            page.locator('[data-testid="stCaptionContainer"]').filter(
-                has_text="buckets of").first.wait_for(timeout=RENDER_TIMEOUT_MS)
+            page.locator('[data-testid="stCaptionContainer"]').filter(has_text="buckets of").first.wait_for(
+                timeout=RENDER_TIMEOUT_MS
+            )
             _settle(page)
             _no_exception(page)
             _no_raw_api_text(page)
@@ -380,8 +409,7 @@ def test_diagnosis_of_an_incident_window_without_earlier_data_is_sentences(
             page.close()
 
 
-def test_the_sidebar_holds_the_window_to_the_second(browser, dashboard_url: str,
-                                                    demo_server: DemoServer) -> None:
+def test_the_sidebar_holds_the_window_to_the_second(browser, dashboard_url: str, demo_server: DemoServer) -> None:
     start = demo_server.start.replace(microsecond=0) + timedelta(seconds=7)
     end = demo_server.end.replace(microsecond=0) - timedelta(seconds=3)
     page = _open(browser, f"{dashboard_url}/alerts{_window_query(start, end)}")
@@ -405,7 +433,8 @@ def _window_in_caption(page) -> tuple[str, str]:
 
 
 def test_a_box_dragged_on_a_time_chart_sets_the_window_of_every_page(
-        browser, dashboard_url: str, demo_server: DemoServer) -> None:
+    browser, dashboard_url: str, demo_server: DemoServer
+) -> None:
     page = _open(browser, f"{dashboard_url}/correlate{_query(demo_server)}", WIDE)
     try:
         page.locator('[data-testid="stPlotlyChart"] .nsewdrag').first.wait_for(timeout=RENDER_TIMEOUT_MS)
@@ -421,7 +450,9 @@ def test_a_box_dragged_on_a_time_chart_sets_the_window_of_every_page(
         page.wait_for_function(
             """(before) => [...document.querySelectorAll('[data-testid="stCaptionContainer"]')]
                  .some(e => e.innerText.includes('buckets of') && !e.innerText.startsWith(before))""",
-            arg=before[0], timeout=RENDER_TIMEOUT_MS)
+            arg=before[0],
+            timeout=RENDER_TIMEOUT_MS,
+        )
         _settle(page)
         _no_exception(page)
         start, end = _window_in_caption(page)
@@ -434,7 +465,8 @@ def test_a_box_dragged_on_a_time_chart_sets_the_window_of_every_page(
         page.get_by_role("link", name="Slowest requests").click()
         page.get_by_role("heading", name="Slowest requests", exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
         page.locator('[data-testid="stCaptionContainer"]').filter(has_text="buckets of").first.wait_for(
-            timeout=RENDER_TIMEOUT_MS)
+            timeout=RENDER_TIMEOUT_MS
+        )
         _settle(page)
         assert _window_in_caption(page) == (start, end)
     finally:
@@ -442,7 +474,8 @@ def test_a_box_dragged_on_a_time_chart_sets_the_window_of_every_page(
 
 
 def test_slowest_requests_show_queue_prefill_and_decode_without_scrolling(
-        browser, dashboard_url: str, demo_server: DemoServer) -> None:
+    browser, dashboard_url: str, demo_server: DemoServer
+) -> None:
     page = _open(browser, f"{dashboard_url}/requests{_query(demo_server)}", WIDE)
     try:
         grid = page.locator('[data-testid="stDataFrame"]')
@@ -462,8 +495,13 @@ def test_slowest_requests_show_queue_prefill_and_decode_without_scrolling(
 
 
 def test_filters_follow_every_page_and_each_page_says_what_it_cannot_filter(
-        browser, dashboard_url: str, demo_server: DemoServer) -> None:
-    page = _open(browser, f"{dashboard_url}/requests{_query(demo_server, endpoint_class='interactive', model='no-such-model')}", WIDE)
+    browser, dashboard_url: str, demo_server: DemoServer
+) -> None:
+    page = _open(
+        browser,
+        f"{dashboard_url}/requests{_query(demo_server, endpoint_class='interactive', model='no-such-model')}",
+        WIDE,
+    )
     try:
         note = page.locator('[data-testid="stAlertContentInfo"]').filter(has_text="Not filtered here")
         note.first.wait_for(timeout=RENDER_TIMEOUT_MS)

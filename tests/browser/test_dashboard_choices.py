@@ -16,15 +16,23 @@ from inferpath.dashboard.filters import READ_API_FILTERS, Filters, not_applied_n
 
 
 def _box(x0: str, x1: str) -> dict:
-    return {"selection": {"points": [], "point_indices": [], "lasso": [],
-                          "box": [{"xref": "x", "yref": "y", "x": [x0, x1], "y": [0, 1]}]}}
+    return {
+        "selection": {
+            "points": [],
+            "point_indices": [],
+            "lasso": [],
+            "box": [{"xref": "x", "yref": "y", "x": [x0, x1], "y": [0, 1]}],
+        }
+    }
 
 
 def test_a_box_on_a_time_chart_is_a_window_of_whole_seconds_in_utc() -> None:
     # Wall times of the chart's zone, in either order, widened to whole seconds.
     start, end = brushed_window(_box("2026-11-30 12:20:09.6", "2026-11-30 12:14:00.2"), "Europe/Berlin")
-    assert (start, end) == (datetime(2026, 11, 30, 11, 14, tzinfo=timezone.utc),
-                            datetime(2026, 11, 30, 11, 20, 10, tzinfo=timezone.utc))
+    assert (start, end) == (
+        datetime(2026, 11, 30, 11, 14, tzinfo=timezone.utc),
+        datetime(2026, 11, 30, 11, 20, 10, tzinfo=timezone.utc),
+    )
     # Across the spring change in Berlin (02:00 CET → 03:00 CEST): an hour of wall time is
     # one minute of real time.
     start, end = brushed_window(_box("2026-03-29 01:59:30", "2026-03-29 03:00:30"), "Europe/Berlin")
@@ -41,12 +49,13 @@ def test_filters_go_only_to_routes_that_take_them_and_the_rest_is_said() -> None
     assert filters.as_params() == {"endpoint_class": "bulk", "model": "llama-2-70b"}
     assert filters.for_route("/api/v1/requests") == (("endpoint_class", "bulk"),)
     assert filters.for_route("/api/v1/views/correlate") == ()
-    note = not_applied_note(filters, ["/api/v1/requests", "/api/v1/views/correlate",
-                                      "/api/v1/views/signals"])
+    note = not_applied_note(filters, ["/api/v1/requests", "/api/v1/views/correlate", "/api/v1/views/signals"])
     # The class is applied to /requests and means nothing for engine state; the correlate
     # view takes neither; no route takes the model yet.
-    assert note.startswith("Not filtered here by endpoint class = bulk (/views/correlate); "
-                           "model = llama-2-70b (/requests, /views/correlate, /views/signals)")
+    assert note.startswith(
+        "Not filtered here by endpoint class = bulk (/views/correlate); "
+        "model = llama-2-70b (/requests, /views/correlate, /views/signals)"
+    )
     assert "Clear the filter" in note
     assert not_applied_note(Filters(endpoint_class="bulk"), ["/api/v1/requests"]) is None
     assert not_applied_note(Filters(), list(READ_API_FILTERS)) is None
@@ -55,13 +64,20 @@ def test_filters_go_only_to_routes_that_take_them_and_the_rest_is_said() -> None
 def test_the_whatif_link_exists_only_for_causes_the_engine_model_can_replay() -> None:
     start = datetime(2026, 11, 30, 11, 14, tzinfo=timezone.utc)
     end = datetime(2026, 11, 30, 11, 20, 9, tzinfo=timezone.utc)
-    href = whatif.whatif_href({"top_cause": "gpu_memory"}, start=start, end=end, tz="UTC",
-                              choices={"endpoint_class": "interactive"})
+    href = whatif.whatif_href(
+        {"top_cause": "gpu_memory"}, start=start, end=end, tz="UTC", choices={"endpoint_class": "interactive"}
+    )
     query = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
     assert urlparse(href).path == "whatif"
-    assert query == {"start": "2026-11-30T11:14:00Z", "end": "2026-11-30T11:20:09Z", "tz": "UTC",
-                     "refresh": "0", "endpoint_class": "interactive", "cause": "gpu_memory",
-                     "kv_blocks": "x2"}
+    assert query == {
+        "start": "2026-11-30T11:14:00Z",
+        "end": "2026-11-30T11:20:09Z",
+        "tz": "UTC",
+        "refresh": "0",
+        "endpoint_class": "interactive",
+        "cause": "gpu_memory",
+        "kv_blocks": "x2",
+    }
     assert whatif.change_from_url(query) == ("twice the KV-cache blocks per engine", {"kv_blocks": "x2"}, 0)
     compute = whatif.whatif_href({"top_cause": "gpu_compute"}, start=start, end=end, tz="UTC")
     assert whatif.change_from_url({k: v[0] for k, v in parse_qs(urlparse(compute).query).items()})[1:] == ({}, 1)
@@ -72,12 +88,18 @@ def test_the_whatif_link_exists_only_for_causes_the_engine_model_can_replay() ->
 
 def test_the_whatif_table_puts_observed_replayed_and_predicted_side_by_side() -> None:
     answer = {
-        "observed": {"interactive": {"requests": 40, "ttft_p50_seconds": 0.2, "ttft_p99_seconds": 1.9},
-                     "all": {"requests": 60, "ttft_p50_seconds": 0.3, "ttft_p99_seconds": 2.5}},
-        "replayed": {"interactive": {"ttft_p50_seconds": 0.21, "ttft_p99_seconds": 1.8},
-                     "all": {"ttft_p50_seconds": 0.3, "ttft_p99_seconds": 2.4}},
-        "predicted": {"all": {"ttft_p50_seconds": 0.1, "ttft_p99_seconds": 0.4},
-                      "interactive": {"ttft_p50_seconds": 0.09, "ttft_p99_seconds": None}},
+        "observed": {
+            "interactive": {"requests": 40, "ttft_p50_seconds": 0.2, "ttft_p99_seconds": 1.9},
+            "all": {"requests": 60, "ttft_p50_seconds": 0.3, "ttft_p99_seconds": 2.5},
+        },
+        "replayed": {
+            "interactive": {"ttft_p50_seconds": 0.21, "ttft_p99_seconds": 1.8},
+            "all": {"ttft_p50_seconds": 0.3, "ttft_p99_seconds": 2.4},
+        },
+        "predicted": {
+            "all": {"ttft_p50_seconds": 0.1, "ttft_p99_seconds": 0.4},
+            "interactive": {"ttft_p50_seconds": 0.09, "ttft_p99_seconds": None},
+        },
         "calibration_errors": {"interactive": {"ttft_p50": 0.05, "ttft_p99": -0.053, "itl_p50": 0.2}},
     }
     table = whatif.ttft_table(answer)
@@ -90,11 +112,34 @@ def test_the_whatif_table_puts_observed_replayed_and_predicted_side_by_side() ->
 
 
 def test_slowest_requests_lead_with_felt_latency_then_queue_prefill_decode() -> None:
-    rows = to_frame([{"timestamp": "2026-11-30T11:17:00Z", "trace_id": "ab", "status": "ok",
-                      "client_e2e_ns": 910_000_000, "e2e_ns": 900_000_000,
-                      "client_ttft_ns": 160_000_000, "ttft_ns": 157_000_000, "itl_ns": 3_000_000,
-                      "gateway_ns": 1_000_000, "tokenize_ns": 2_000_000, "queue_ns": 50_000_000,
-                      "prefill_ns": 80_000_000, "decode_ns": 700_000_000}])
+    rows = to_frame(
+        [
+            {
+                "timestamp": "2026-11-30T11:17:00Z",
+                "trace_id": "ab",
+                "status": "ok",
+                "client_e2e_ns": 910_000_000,
+                "e2e_ns": 900_000_000,
+                "client_ttft_ns": 160_000_000,
+                "ttft_ns": 157_000_000,
+                "itl_ns": 3_000_000,
+                "gateway_ns": 1_000_000,
+                "tokenize_ns": 2_000_000,
+                "queue_ns": 50_000_000,
+                "prefill_ns": 80_000_000,
+                "decode_ns": 700_000_000,
+            }
+        ]
+    )
     table = figures.requests_table(rows, "UTC")
-    assert list(table.columns)[:9] == ["timestamp", "client_e2e_ms", "client_ttft_ms", "queue_ms",
-                                       "prefill_ms", "decode_ms", "e2e_ms", "ttft_ms", "itl_ms"]
+    assert list(table.columns)[:9] == [
+        "timestamp",
+        "client_e2e_ms",
+        "client_ttft_ms",
+        "queue_ms",
+        "prefill_ms",
+        "decode_ms",
+        "e2e_ms",
+        "ttft_ms",
+        "itl_ms",
+    ]

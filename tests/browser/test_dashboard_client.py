@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from capture_server import FedServer, free_port
 
 from inferpath.dashboard.client import (
     GAUGE_SERIES_COLUMNS,
@@ -12,8 +13,6 @@ from inferpath.dashboard.client import (
     ReadApiClient,
     ReadApiError,
 )
-
-from capture_server import FedServer, free_port
 
 
 def test_summary_has_every_measure_and_matches_the_client_side_ttft(fed_server: FedServer) -> None:
@@ -37,8 +36,7 @@ def test_ttft_and_queue_depth_series_are_utc_and_overlap_in_time(fed_server: Fed
     with ReadApiClient(fed_server.url) as client:
         summary = client.summary(fed_server.start, fed_server.end).set_index("measure")
         ttft = client.ttft_timeseries(fed_server.start, fed_server.end, step_seconds=10)
-        queue = client.gauge_timeseries("queue_depth", fed_server.start, fed_server.end,
-                                        step_seconds=10)
+        queue = client.gauge_timeseries("queue_depth", fed_server.start, fed_server.end, step_seconds=10)
     assert set(TTFT_SERIES_COLUMNS) <= set(ttft.columns)
     assert set(GAUGE_SERIES_COLUMNS) <= set(queue.columns)
     assert str(ttft["bucket"].dt.tz) == "UTC" and str(queue["bucket"].dt.tz) == "UTC"
@@ -50,8 +48,7 @@ def test_ttft_and_queue_depth_series_are_utc_and_overlap_in_time(fed_server: Fed
     # 10-second means; one-second buckets hold one scrape each and give the raw peak back.
     assert queue["value"].max() > 10
     with ReadApiClient(fed_server.url) as client:
-        fine = client.gauge_timeseries("queue_depth", fed_server.start, fed_server.end,
-                                       step_seconds=1)
+        fine = client.gauge_timeseries("queue_depth", fed_server.start, fed_server.end, step_seconds=1)
     assert fine["value"].max() == 56
     assert queue["service_name"].eq("vllm").all()
     assert ttft["bucket"].min() <= queue["bucket"].max() and queue["bucket"].min() <= ttft["bucket"].max()
@@ -99,8 +96,9 @@ def test_signals_view_gives_the_max_per_step_and_who_reported(fed_server: FedSer
     assert {"measure": "ttft", "quantile": 0.99, "limit_seconds": 1.0} in objectives["by_class"]["interactive"]
 
 
-def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(fed_server: FedServer,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(
+    fed_server: FedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from datetime import timezone
     from pathlib import Path
 
@@ -115,11 +113,17 @@ def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(fed_server: 
 
     monkeypatch.setattr(ReadApiClient, "_get", recording)
     monkeypatch.setenv("INFERPATH_SERVER_URL", fed_server.url)
-    app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"),
-                            default_timeout=120)
-    app.query_params.update({"start": fed_server.start.isoformat(), "end": fed_server.end.isoformat(),
-                             "refresh": "0", "tz": "UTC", "endpoint_class": "interactive",
-                             "model": "no-such-model"})
+    app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"), default_timeout=120)
+    app.query_params.update(
+        {
+            "start": fed_server.start.isoformat(),
+            "end": fed_server.end.isoformat(),
+            "refresh": "0",
+            "tz": "UTC",
+            "endpoint_class": "interactive",
+            "model": "no-such-model",
+        }
+    )
     app.run()  # the Overview
     assert not app.exception
     sent = {path: params for path, params in calls}
@@ -135,8 +139,11 @@ def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(fed_server: 
     assert notes and "model = no-such-model" in notes[0] and "/diagnosis" in notes[0]
     # The slowest requests, chosen next, come filtered by class: the choice follows the page.
     calls.clear()
-    slowest = [h for h, page in app._registered_pages.items()  # noqa: SLF001 - pages are functions
-               if page.get("page_name") == "Slowest requests"]
+    slowest = [
+        h
+        for h, page in app._registered_pages.items()  # noqa: SLF001 - pages are functions
+        if page.get("page_name") == "Slowest requests"
+    ]
     app._page_hash = slowest[0]  # noqa: SLF001
     app.run()
     assert not app.exception

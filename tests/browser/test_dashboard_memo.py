@@ -10,17 +10,29 @@ from inferpath.dashboard.memo import input_digest, memo_figure
 
 
 def _kv_rows(value: float):
-    return to_frame([
-        {"bucket": "2026-11-30T11:17:00Z", "service_name": "vllm-tiny",
-         "attributes": {"engine": "0"}, "value": 0.5},
-        {"bucket": "2026-11-30T11:17:10Z", "service_name": "vllm-tiny",
-         "attributes": {"engine": "0"}, "value": value},
-    ], GAUGE_SERIES_COLUMNS)
+    return to_frame(
+        [
+            {
+                "bucket": "2026-11-30T11:17:00Z",
+                "service_name": "vllm-tiny",
+                "attributes": {"engine": "0"},
+                "value": 0.5,
+            },
+            {
+                "bucket": "2026-11-30T11:17:10Z",
+                "service_name": "vllm-tiny",
+                "attributes": {"engine": "0"},
+                "value": value,
+            },
+        ],
+        GAUGE_SERIES_COLUMNS,
+    )
 
 
 def _figure(rows, tz: str = "UTC"):
-    return memo_figure(figures.gauge_over_time, rows, tz, title="KV-cache usage",
-                       y_title="%", scale=100.0, step_seconds=10)
+    return memo_figure(
+        figures.gauge_over_time, rows, tz, title="KV-cache usage", y_title="%", scale=100.0, step_seconds=10
+    )
 
 
 def test_same_input_reuses_the_built_figure() -> None:

@@ -28,8 +28,9 @@ def test_relative_ranges_end_at_now_snapped_and_pick_readable_steps() -> None:
 
 
 def test_custom_range_takes_naive_as_utc_and_rejects_bad_bounds() -> None:
-    window = resolve_window("custom", now=NOW, custom_start=datetime(2026, 11, 30, 11, 10),
-                            custom_end=datetime(2026, 11, 30, 11, 20))
+    window = resolve_window(
+        "custom", now=NOW, custom_start=datetime(2026, 11, 30, 11, 10), custom_end=datetime(2026, 11, 30, 11, 20)
+    )
     assert window.start.tzinfo is not None and window.duration_seconds == 600
     assert window.step_seconds == 5
     with pytest.raises(ValueError, match="must be after start"):
