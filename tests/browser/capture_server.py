@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from inferpath.demo.processes import free_port
+
+__all__ = ["CAPTURE", "PROTOBUF", "FedServer", "capture_time", "free_port", "metrics_body"]
+"""``free_port`` is shared with the browser tests from here."""
+
 CAPTURE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "vllm_live_capture"
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 
