@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Literal
 
 from inferpath.alerts.history import AlertHistory
 from inferpath.alerts.notifiers import Notification, build_notifiers
@@ -322,10 +322,10 @@ class AlertEvaluator:
             self.history_errors_total += 1
             logger.warning("alerts: could not record %s of %s: %s", change, alert.rule, exc)
 
-    def _notification(self, alert: AlertInstance, status: str, now: datetime) -> Notification:
+    def _notification(self, alert: AlertInstance, status: Literal["firing", "resolved"], now: datetime) -> Notification:
         return Notification(
             status=status,
-            labels=dict(alert.labels),  # type: ignore[arg-type]
+            labels=dict(alert.labels),
             annotations=dict(alert.annotations),
             starts_at=alert.fired_at or alert.active_at,
             ends_at=alert.resolved_at if status == "resolved" else None,

@@ -32,6 +32,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import httpx
@@ -209,10 +210,14 @@ class ModelCall:
         probe()
         return clock.stamp_ns(now_ns, self.start_perf_ns)
 
-    def feed(self, data: bytes, received_ns: int) -> list[dict[str, Any]]:
+    def feed(self, data: bytes, received_ns: int) -> Sequence[dict[str, Any]]:
         """Meter one network read stamped ``received_ns``; the SSE chunks it completed
-        (decoded only when asked for). Raises what the meter raises."""
-        chunks = self.meter.feed(data, received_ns)
+        (decoded only when asked for). Raises what the meter raises, and ``RuntimeError``
+        when the response was not metered (``on_response`` set no meter)."""
+        meter = self.meter
+        if meter is None:
+            raise RuntimeError("inferpath: a body read fed to a model call whose response has no stream meter")
+        chunks = meter.feed(data, received_ns)
         if self.capture:
             self.text_parts.extend(_delta_texts(chunks))
         return chunks
@@ -292,7 +297,7 @@ def _request_payload(request: httpx.Request) -> Any:
         return None
 
 
-def _delta_texts(chunks: list[dict[str, Any]]) -> list[str]:
+def _delta_texts(chunks: Iterable[dict[str, Any]]) -> list[str]:
     texts: list[str] = []
     for chunk in chunks:
         for choice in chunk.get("choices") or ():

@@ -86,7 +86,7 @@ def main(
     if args.scrape:
         overrides["scrape_targets"] = ",".join(args.scrape)
     try:
-        settings = Settings.from_env(**overrides)
+        settings = Settings.from_env(None, **overrides)  # environ: the process environment
     except ValidationError as exc:
         flags = {"host": "--host", "port": "--port", "store_url": "--store", "scrape_targets": "--scrape"}
         for line in describe_invalid_settings(exc, {f: flags[f] for f, v in overrides.items() if v is not None}):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
@@ -78,7 +79,7 @@ class _BodyTooLarge(Exception):
 
 
 def _status_response(
-    http_status: int, code: int, message: str, fmt: BodyFormat | None, headers: dict[str, str] | None = None
+    http_status: int, code: int, message: str, fmt: BodyFormat | None, headers: Mapping[str, str] | None = None
 ) -> Response:
     fmt = fmt or "json"
     return Response(
@@ -167,7 +168,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         code: int,
         message: str,
         fmt: BodyFormat | None,
-        headers: dict[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Response:
         """Count and log a refusal (4xx, or the 501 of ``/v1/logs``) of an OTLP export, and build it."""
         runtime.count_bad_request()
@@ -202,7 +203,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     async def _ingest(request: Request, signal: str) -> Response:
         content_type = request.headers.get("content-type")
         try:
-            fmt: BodyFormat | None = body_format(content_type)
+            fmt = body_format(content_type)
         except UnsupportedMediaTypeError as exc:
             return _refused(request, signal, 415, _INVALID_ARGUMENT, str(exc), None)
         # Admission before the body is read: a refused export holds no memory here. A body
@@ -258,7 +259,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         )
 
     async def _decode_and_commit(
-        request: Request, signal: str, body: bytes, content_type: str | None, fmt: BodyFormat | None
+        request: Request, signal: str, body: bytes, content_type: str | None, fmt: BodyFormat
     ) -> Response:
         content_encoding = request.headers.get("content-encoding")
         decode = decode_trace_request if signal == "traces" else decode_metrics_request
@@ -274,7 +275,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
             except Exception as exc:  # noqa: BLE001 - answered below, never raised into the loop
                 return exc
             token = dedup_token(signal, content_type, content_encoding, body)
-            if signal == "traces":
+            if isinstance(decoded, DecodedSpans):  # signal == "traces": decoded by decode_trace_request
                 return decoded, runtime.ingest_spans(decoded, token, body, content_type, content_encoding)
             return decoded, runtime.ingest_metrics(decoded, token)
 

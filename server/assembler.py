@@ -314,7 +314,7 @@ class RequestAssembler:
                     self.traces_without_row_total += 1
                 else:
                     rows.append(row.to_insert_row())
-            if memory:
+            if memory and buffer is not None:  # memory is only ever filled from the buffer
                 with self._lock:
                     for trace_id in memory:
                         buffer.assembled(trace_id, trace_id in self._pending, stamp)

@@ -414,6 +414,7 @@ def assemble_request(
     )
 
     # Server-side TTFT/E2E: the gateway's, else the engine's own measurement.
+    e2e_ns: int | None
     if gateway is not None:
         server_reading = span_ttft(gateway, counts)
         e2e_ns = gateway.duration_ns
@@ -453,7 +454,7 @@ def assemble_request(
         # else AIPerf's (E2E − TTFT) / (output tokens − 1) on the client's measures.
         itl_ns = seconds_to_ns(client_attrs.get(ITL_SECONDS))
         if itl_ns is None and client_ttft_ns is not None and output_tokens is not None and output_tokens >= 2:
-            itl_ns = round(max(0, client_e2e_ns - client_ttft_ns) / (output_tokens - 1))
+            itl_ns = round(max(0, root_client.duration_ns - client_ttft_ns) / (output_tokens - 1))
 
     model_ns = union_ns((s.start_ns, s.end_ns) for s in model_clients) if model_clients else None
 

@@ -147,7 +147,8 @@ class EngineSource:
 def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
     """Total length in ns covered by ``(start_ns, end_ns)`` intervals, overlaps counted once."""
     total = 0
-    current_start = current_end = None
+    current_start = 0  # read only while current_end is set
+    current_end: int | None = None
     for start, end in sorted(intervals):
         if end <= start:
             continue

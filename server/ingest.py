@@ -114,7 +114,7 @@ def _is_data_error(exc: BaseException) -> bool:
     if isinstance(exc, (ValueError, TypeError, OverflowError, struct.error, UnicodeError)):
         return True
     match = _CODE.search(str(exc))
-    return bool(match) and int(match.group(1)) in _DATA_ERROR_CODES
+    return match is not None and int(match.group(1)) in _DATA_ERROR_CODES
 
 
 class Reservation:

@@ -448,7 +448,8 @@ class LoggedSpanIngest:
                 ):
                     self._cond.wait(self.linger_seconds - waited)
                     continue
-                batch, rows = [], 0
+                batch: list[_Queued] = []
+                rows = 0
                 for queued in self._queue:
                     if self._forced_end is not None:
                         if queued.end > self._forced_end:

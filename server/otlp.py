@@ -186,13 +186,13 @@ def _span_problem(span, oldest_unix_ns: int = 0) -> str | None:
 
 
 def decode_trace_request(
-    body: bytes, *, content_type: str, content_encoding: str | None, oldest_unix_ns: int = 0
+    body: bytes, *, content_type: str | None, content_encoding: str | None, oldest_unix_ns: int = 0
 ) -> DecodedSpans:
     """Decode an OTLP/HTTP ``/v1/traces`` body into span rows.
 
     ``content_type``: ``application/x-protobuf`` or ``application/json``; ``content_encoding``:
-    ``gzip`` or ``None``/``identity``. Raises :class:`UnsupportedMediaTypeError` for other media
-    types or encodings, :class:`OTLPDecodeError` for a malformed body or an id of the wrong
+    ``gzip`` or ``None``/``identity``. Raises :class:`UnsupportedMediaTypeError` for other (or no)
+    media types or encodings, :class:`OTLPDecodeError` for a malformed body or an id of the wrong
     length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with a
     missing or all-zero id, no start time, end before start, a time after 2262 (past
     DateTime64(9)) or a start before ``oldest_unix_ns`` (the store's retention: the TTL
@@ -354,7 +354,7 @@ def _number_value(point) -> float | None:
 
 
 def decode_metrics_request(
-    body: bytes, *, content_type: str, content_encoding: str | None, oldest_unix_ns: int = 0
+    body: bytes, *, content_type: str | None, content_encoding: str | None, oldest_unix_ns: int = 0
 ) -> DecodedMetrics:
     """Decode an OTLP/HTTP ``/v1/metrics`` body into gauge, sum and histogram rows.
 

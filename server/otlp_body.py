@@ -331,7 +331,9 @@ def _located(document: dict, signal: Literal["traces", "metrics"]) -> str | None
         "scopeMetrics": "scope_metrics",
     }
     for i, resource in enumerate(_get(document, top, snake[top])[1] or ()):
-        candidates = [(f"{top}[{i}].resource", resource.get("resource"), Resource)]
+        candidates: list[tuple[str, Any, type[Message]]] = [
+            (f"{top}[{i}].resource", resource.get("resource"), Resource)
+        ]
         for j, scope in enumerate(_get(resource, scopes, snake[scopes])[1] or ()):
             candidates.append((f"{top}[{i}].{scopes}[{j}].scope", scope.get("scope"), InstrumentationScope))
             candidates.extend(

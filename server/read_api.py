@@ -17,7 +17,7 @@ import re
 import types
 import typing
 from datetime import datetime, timedelta, timezone
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -42,6 +42,10 @@ from inferpath.vocabulary import (
     RUNNING_REQUESTS,
     SIGNALS,
 )
+
+if TYPE_CHECKING:  # imported where used, to keep the server's import light
+    from inferpath.analysis.objectives import Objectives
+    from inferpath.config import Settings
 
 __all__ = ["router", "parse_time", "DEFAULT_WINDOW", "EARLIEST", "LATEST"]
 
@@ -479,7 +483,7 @@ async def whatif(
     return what_if_to_dict(answer)
 
 
-def runtime_objectives(settings):  # type: ignore[no-untyped-def]
+def runtime_objectives(settings: Settings) -> Objectives:
     """The objectives of ``settings.objectives_file`` (defaults when unset); ``ValueError``
     naming the file when it is invalid."""
     from inferpath.analysis.objectives import load_objectives
@@ -520,7 +524,7 @@ def view_step_seconds(start: datetime, end: datetime, step_seconds: int | None, 
     return max(int(step_seconds or 1), int(-(-duration_seconds // max_points)), 1)
 
 
-def _ns_seconds(value: object) -> float | None:
+def _ns_seconds(value: float | None) -> float | None:
     if value is None:
         return None
     number = float(value)
@@ -871,14 +875,15 @@ async def fleet_view(request: Request, start: str | None = StartQuery, end: str 
     """GPUs and engines: per signal series, the window's samples, last value, min/mean/max;
     plus the signal catalog (which source can report which signal), so a reader can tell
     a signal a source does not export from one that sent nothing in this window."""
-    from inferpath.collectors.catalog import CATALOG, DERIVED
+    from inferpath.collectors.catalog import CATALOG, DERIVED, DerivedMetric, SourceMetric
 
     start_dt, end_dt = _window(start, end)
     series = await _read(fleet_series_rows, request.app.state.runtime.store, start_dt, end_dt)
     sources: dict[str, dict[str, list[str]]] = {}
-    for row in (*CATALOG, *DERIVED):
+    catalog_rows: tuple[SourceMetric | DerivedMetric, ...] = (*CATALOG, *DERIVED)
+    for row in catalog_rows:
         metrics = sources.setdefault(row.source, {}).setdefault(row.signal, [])
-        metrics.append(getattr(row, "metric", None) or "+".join(row.required))
+        metrics.append(row.metric if isinstance(row, SourceMetric) else "+".join(row.required))
     return {
         "start": start_dt,
         "end": end_dt,

@@ -277,8 +277,8 @@ def import_recording(
             raise RecordingError(f"scrape at {at_ns}: {exc}") from None
         _post(client, "/v1/metrics", build_request([(kind, scraped.all())]).SerializeToString(), "scrape")
     flushed = client.post("/api/v1/flush", params={"timeout_seconds": 120}).json().get("ok") is True
-    scraped = recording.time_range_ns()
-    bounds = [*span_range, *((scraped[0] + offset_ns, scraped[1] + offset_ns) if scraped else ())]
+    scrape_range = recording.time_range_ns()
+    bounds = [*span_range, *((scrape_range[0] + offset_ns, scrape_range[1] + offset_ns) if scrape_range else ())]
     start = end = None
     if bounds:  # the end is exclusive in a window: one microsecond past the last time
         start = datetime.fromtimestamp(min(bounds) // 1000 / 1e6, tz=timezone.utc)

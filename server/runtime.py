@@ -577,7 +577,7 @@ def serve_forever(settings: Settings, services: Sequence[BackgroundService] = ()
     # not held back by Nagle), and the log names the real port when 0 was asked for. Bound
     # before the store opens, so that a taken port stops the start before a store folder is
     # made or migrated; listening only once the store is open.
-    sock: socket.socket | None = _bind(settings.host, settings.port, listen=False)
+    sock = _bind(settings.host, settings.port, listen=False)
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         runtime = ServerRuntime(settings, services)
@@ -604,8 +604,7 @@ def serve_forever(settings: Settings, services: Sequence[BackgroundService] = ()
     except (KeyboardInterrupt, _Terminated):
         pass
     finally:
-        if sock is not None:
-            sock.close()
+        sock.close()
         runtime.close()
         signal.signal(signal.SIGTERM, previous)
         logger.info("inferpath server stopped; store %s closed", runtime.store.url)

@@ -159,7 +159,7 @@ class RuntimeCollector:
         yield GaugeMetricFamily(
             "inferpath_rollup_last_pass_seconds", "Duration of the last rollup pass.", value=rt.rollups.last_seconds
         )
-        families = {
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "inserted": CounterMetricFamily("inferpath_writer_rows_inserted", "Rows inserted.", labels=["table"]),
             "dropped": CounterMetricFamily(
                 "inferpath_writer_rows_dropped",

@@ -336,7 +336,7 @@ def timing_events(span: SpanRow) -> tuple:
         if name not in TIMING_EVENT_NAMES:
             continue
         moment = event[0]
-        slim = (moment, name, {})
+        slim: tuple[datetime, str, dict[str, str]] = (moment, name, {})
         if (
             isinstance(moment, datetime)
             and moment.tzinfo is not None

@@ -108,7 +108,7 @@ class UnfinishedInsert:
     span_id: str
 
 
-def _crc(token: bytes, flags: int, body: bytes) -> int:
+def _crc(token: bytes, flags: int, body: bytes | memoryview) -> int:
     return zlib.crc32(body, zlib.crc32(bytes((flags,)), zlib.crc32(token))) & 0xFFFFFFFF
 
 
