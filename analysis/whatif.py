@@ -148,6 +148,7 @@ class SimulationResult:
     token_weighted_itl_seconds: float | None = None
     busy_seconds: float = 0.0
     prefill_tokens: int = 0
+    max_batch: int = 0
 
 
 def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibration: Calibration, *,
@@ -173,7 +174,7 @@ def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibra
     for turn, i in enumerate(order):
         per_engine[assignment[i] % replicas if assignment is not None else turn % replicas].append(i)
     out: list[SimulatedRequest] = []
-    rejected = unfinished = steps = preemptions = prefill_tokens = decoded = 0
+    rejected = unfinished = steps = preemptions = prefill_tokens = decoded = max_batch = 0
     busy = decode_time = 0.0
     kv_means, kv_maxes = [], []
     for mine in per_engine:
@@ -184,6 +185,7 @@ def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibra
         steps += run.steps
         busy += run.busy_seconds
         prefill_tokens += run.prefill_tokens
+        max_batch = max(max_batch, run.max_batch)
         preemptions += sum(run.preemptions)
         kv_means.append(run.kv_usage_mean_ratio)
         kv_maxes.append(run.kv_usage_max_ratio)
@@ -209,7 +211,7 @@ def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibra
         requests=out, kv_usage_mean_ratio=max(kv_means, default=0.0), kv_usage_max_ratio=max(kv_maxes, default=0.0),
         preemptions_total=preemptions, rejected=rejected, unfinished=unfinished, steps=steps,
         token_weighted_itl_seconds=decode_time / decoded if decoded else None, busy_seconds=busy,
-        prefill_tokens=prefill_tokens)
+        prefill_tokens=prefill_tokens, max_batch=max_batch)
 
 
 # --------------------------------------------------------------------------- figures
@@ -477,6 +479,7 @@ def _split_run(requests: Sequence[TraceRequest], settings: EngineSettings, cal: 
         kv_usage_max_ratio=max((run.kv_usage_max_ratio for run in runs), default=0.0),
         preemptions_total=sum(run.preemptions_total for run in runs), rejected=sum(run.rejected for run in runs),
         unfinished=sum(run.unfinished for run in runs), steps=sum(run.steps for run in runs),
+        max_batch=max((run.max_batch for run in runs), default=0),
         token_weighted_itl_seconds=(math.fsum(r.itl_seconds * (r.tokens - 1) for r in decoding) / tokens)  # type: ignore[operator]
         if tokens else None)
 
@@ -543,9 +546,10 @@ def _extrapolation_warnings(cal: Calibration, run: SimulationResult, settings: E
         out.append(f"extrapolates: {per_engine_rate:.1f}x the observed arrival rate per engine; the step "
                    f"times were fitted on the observed load only")
     top = cal.step_time.max_batch_observed
-    if settings.max_num_seqs > EXTRAPOLATION_FACTOR * top and change.max_num_seqs is not None:
-        out.append(f"extrapolates: up to {settings.max_num_seqs} sequences per step, the decode step time was "
-                   f"fitted on batches of at most {top:.0f} (linear in the batch size beyond)")
+    if run.max_batch > EXTRAPOLATION_FACTOR * top:
+        out.append(f"extrapolates: the change runs up to {run.max_batch} sequences per step, the step time was "
+                   f"measured on batches of at most {top:.0f} (taken as linear in the batch beyond): how a step "
+                   f"grows with the batch decides this prediction")
     if cal.num_kv_blocks and settings.num_kv_blocks > 4 * cal.num_kv_blocks:
         out.append(f"extrapolates: {settings.num_kv_blocks} KV blocks, more than 4x the calibrated "
                    f"{cal.num_kv_blocks}")

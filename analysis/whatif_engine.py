@@ -47,8 +47,8 @@ class EngineRun:
     there: rejected, or still running at the horizon), ``preemptions`` per request,
     ``rejected`` (never fits the pool), ``steps`` run, KV usage as a ratio of the pool
     (time-weighted mean from 0 to the end of the last step, and maximum), ``busy_seconds``
-    (time spent in steps), ``end_s`` (the end of the last step) and ``prefill_tokens`` (prompt
-    and recompute tokens computed)."""
+    (time spent in steps), ``end_s`` (the end of the last step), ``prefill_tokens`` (prompt
+    and recompute tokens computed) and ``max_batch`` (most sequences in one step)."""
 
     first_scheduled_s: list[float | None]
     first_token_s: list[float | None]
@@ -61,6 +61,7 @@ class EngineRun:
     busy_seconds: float
     end_s: float
     prefill_tokens: int = 0
+    max_batch: int = 0
 
 
 class _Seq:
@@ -117,6 +118,7 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
     preempts_total = 0
     last_end = 0.0
     prefill_total = 0
+    max_batch = 0
 
     def residue(seq: _Seq) -> int:
         return (seq.k0 + 1 - seq.c0) % bs
@@ -272,6 +274,8 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
         busy += d * m
         steps += m
         prefill_total += prefill_tokens
+        if num_seqs > max_batch:
+            max_batch = num_seqs
         last = k + m - 1
 
         # --- 4. end of the last step: tokens, finishes -----------------------------------
@@ -312,7 +316,7 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
 
     return EngineRun(first_sched, first_tok, finished, preempts, rejected, steps,
                      kv_area / last_end / pool if last_end > 0 else 0.0, kv_max / pool, busy, last_end,
-                     prefill_total)
+                     prefill_total, max_batch)
 
 
 __all__ = ["EngineRun", "StepSeconds", "run_engine"]
