@@ -75,11 +75,12 @@ def rows_of(body: Any, *, url: str) -> list[dict[str, Any]]:
     if isinstance(body, list):
         rows = body
     elif isinstance(body, dict):
-        rows = next((body[key] for key in _ROW_KEYS if isinstance(body.get(key), list)), None)
-        if rows is None:
+        found: list[Any] | None = next((body[key] for key in _ROW_KEYS if isinstance(body.get(key), list)), None)
+        if found is None:
             raise ReadApiError(
                 f"unexpected answer from {url}: an object without a list of rows (keys: {sorted(body)})", url=url
             )
+        rows = found
     else:
         raise ReadApiError(f"unexpected answer from {url}: {type(body).__name__}", url=url)
     if not all(isinstance(row, dict) for row in rows):

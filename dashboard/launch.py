@@ -84,7 +84,7 @@ def launch_dashboard(
             preexec_fn=die_with_parent,
         )
     finally:
-        if log_path:
+        if not isinstance(output, int):
             output.close()  # the child holds its own descriptor
 
 

@@ -56,7 +56,7 @@ class Context:
 
     server_url: str
     token: str | None
-    window: TimeWindow | None
+    window: TimeWindow
     tz: str
     filters: Filters
     max_points: int
@@ -696,12 +696,12 @@ def alerts_table(key: str, rows: list, tz: str) -> pd.DataFrame:
     """One ``/alerts`` section as a flat table: labels and annotations as ``k=v`` text,
     times in the wall time of ``tz``, a rule's samples as a count and its active ones; no
     nested JSON reaches the page."""
-    flat = []
+    flat: list[dict[str, Any]] = []
     for row in rows:
         if not isinstance(row, dict):
             flat.append({"value": str(row)})
             continue
-        out = {}
+        out: dict[str, Any] = {}
         for name, value in row.items():
             if name == "samples" and isinstance(value, list):
                 out["series"] = len(value)

@@ -74,7 +74,7 @@ def load_view(
 ) -> dict[str, Any]:
     """``/views/{name}`` over the window; ``params`` as sorted pairs (hashable cache key)."""
     with _client(server_url, token) as client:
-        return client.view(name, start, end, **dict(params))
+        return client.view(name, start, end, **dict(params))  # type: ignore[arg-type]
 
 
 @st.cache_data(ttl=TRACE_CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)

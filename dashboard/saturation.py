@@ -72,7 +72,7 @@ def panel_title(signal: str, body: Mapping[str, Any] | None) -> str:
     count = int((body or {}).get("series") or 0)
     if count <= 1:
         return title
-    how = {"max": "fullest", "mean": "mean"}.get((body or {}).get("combine"), "sum")
+    how = {"max": "fullest", "mean": "mean"}.get(str((body or {}).get("combine")), "sum")
     return f"{title} ({how} of {count} {kind}s)"
 
 
@@ -136,7 +136,8 @@ def add_signal_panel(
             label=capacity_label,
             label_font={"size": 10, "color": color},
         )
-    last = pd.Timestamp(body["last_time"]) if body.get("last_time") else None
+    last_time = (body or {}).get("last_time")
+    last = pd.Timestamp(last_time) if last_time else None
     end = pd.Timestamp(window_end)
     if last is not None and (end - last).total_seconds() > stale_after_seconds(step_seconds):
         last_wall, end_wall = wall_time([last, end], tz)
