@@ -51,7 +51,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 WATERMARK_RATIO = 0.01  # vLLM's default CacheConfig.watermark
@@ -384,6 +384,14 @@ class ContinuousBatcher:
 
 
 __all__ = [
-    "BatchingConfig", "ContinuousBatcher", "DONE", "Emitted", "RequestMetrics", "RUNNING", "Sequence", "Step",
-    "WAITING", "WATERMARK_RATIO",
+    "BatchingConfig",
+    "ContinuousBatcher",
+    "DONE",
+    "Emitted",
+    "RequestMetrics",
+    "RUNNING",
+    "Sequence",
+    "Step",
+    "WAITING",
+    "WATERMARK_RATIO",
 ]

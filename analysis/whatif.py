@@ -23,8 +23,9 @@ per request and added to its simulated TTFT unchanged.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from inferpath.analysis.percentiles import quantile, quantiles
 from inferpath.analysis.whatif_calibration import Calibration, InsufficientSignalsError, TraceRequest
@@ -75,8 +76,9 @@ class Change:
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value <= 0):
                 raise ValueError(f"{name}: must be a number > 0, got {value!r}")
-        if self.batch_window_seconds is not None and (not math.isfinite(self.batch_window_seconds)
-                                                      or self.batch_window_seconds < 0):
+        if self.batch_window_seconds is not None and (
+            not math.isfinite(self.batch_window_seconds) or self.batch_window_seconds < 0
+        ):
             raise ValueError(f"batch_window_seconds: must be >= 0, got {self.batch_window_seconds!r}")
         if self.kv_blocks is not None and self.kv_blocks_factor is not None:
             raise ValueError("kv_blocks: give a block count or a factor, not both")
@@ -151,9 +153,15 @@ class SimulationResult:
     max_batch: int = 0
 
 
-def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibration: Calibration, *,
-             replicas: int, assignment: Sequence[int] | None = None,
-             horizon_seconds: float | None = None) -> SimulationResult:
+def simulate(
+    requests: Sequence[TraceRequest],
+    settings: EngineSettings,
+    calibration: Calibration,
+    *,
+    replicas: int,
+    assignment: Sequence[int] | None = None,
+    horizon_seconds: float | None = None,
+) -> SimulationResult:
     """Replay ``requests`` (arrival seconds from the window start, tokens) on ``replicas``
     engines of ``settings`` on a virtual clock; step times from ``calibration.step_time``
     (:func:`inferpath.analysis.whatif_engine.run_engine`, vLLM V1's scheduling).
@@ -180,8 +188,14 @@ def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibra
     for mine in per_engine:
         if not mine:
             continue
-        run = run_engine([arrivals[i] for i in mine], [requests[i].prompt_tokens for i in mine],
-                         [requests[i].output_tokens for i in mine], settings, step_seconds, horizon_s=horizon)
+        run = run_engine(
+            [arrivals[i] for i in mine],
+            [requests[i].prompt_tokens for i in mine],
+            [requests[i].output_tokens for i in mine],
+            settings,
+            step_seconds,
+            horizon_s=horizon,
+        )
         steps += run.steps
         busy += run.busy_seconds
         prefill_tokens += run.prefill_tokens
@@ -205,16 +219,34 @@ def simulate(requests: Sequence[TraceRequest], settings: EngineSettings, calibra
                 decode_time += finished - first_token
                 decoded += tokens - 1
                 itl = (finished - first_token) / (tokens - 1)
-            out.append(SimulatedRequest(request.endpoint_class, request.api_seconds + first_token - arrival,
-                                        scheduled - arrival, itl, run.preemptions[j], tokens, first_token - scheduled))
+            out.append(
+                SimulatedRequest(
+                    request.endpoint_class,
+                    request.api_seconds + first_token - arrival,
+                    scheduled - arrival,
+                    itl,
+                    run.preemptions[j],
+                    tokens,
+                    first_token - scheduled,
+                )
+            )
     return SimulationResult(
-        requests=out, kv_usage_mean_ratio=max(kv_means, default=0.0), kv_usage_max_ratio=max(kv_maxes, default=0.0),
-        preemptions_total=preemptions, rejected=rejected, unfinished=unfinished, steps=steps,
-        token_weighted_itl_seconds=decode_time / decoded if decoded else None, busy_seconds=busy,
-        prefill_tokens=prefill_tokens, max_batch=max_batch)
+        requests=out,
+        kv_usage_mean_ratio=max(kv_means, default=0.0),
+        kv_usage_max_ratio=max(kv_maxes, default=0.0),
+        preemptions_total=preemptions,
+        rejected=rejected,
+        unfinished=unfinished,
+        steps=steps,
+        token_weighted_itl_seconds=decode_time / decoded if decoded else None,
+        busy_seconds=busy,
+        prefill_tokens=prefill_tokens,
+        max_batch=max_batch,
+    )
 
 
 # --------------------------------------------------------------------------- figures
+
 
 @dataclass
 class ClassFigures:
@@ -228,45 +260,61 @@ class ClassFigures:
     itl_p50_seconds: float | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "ttft_p50_seconds": self.ttft_p50_seconds,
-                "ttft_p99_seconds": self.ttft_p99_seconds, "queue_mean_seconds": self.queue_mean_seconds,
-                "itl_p50_seconds": self.itl_p50_seconds}
+        return {
+            "requests": self.requests,
+            "ttft_p50_seconds": self.ttft_p50_seconds,
+            "ttft_p99_seconds": self.ttft_p99_seconds,
+            "queue_mean_seconds": self.queue_mean_seconds,
+            "itl_p50_seconds": self.itl_p50_seconds,
+        }
 
 
 ALL_CLASSES = "all"
 
 
-def figures(ttft: Sequence[tuple[str, float]], queue: Sequence[tuple[str, float]],
-            itl: Sequence[tuple[str, float]]) -> dict[str, ClassFigures]:
+def figures(
+    ttft: Sequence[tuple[str, float]], queue: Sequence[tuple[str, float]], itl: Sequence[tuple[str, float]]
+) -> dict[str, ClassFigures]:
     """Per class figures (and ``all``) from (class, seconds) pairs."""
     classes = sorted({c for c, _ in ttft}) + [ALL_CLASSES]
     out: dict[str, ClassFigures] = {}
     for cls in classes:
         if cls != ALL_CLASSES and len(classes) == 2:
             continue  # one class: "all" says it
-        pick = (lambda pairs: [v for c, v in pairs if c == cls]) if cls != ALL_CLASSES else (
-            lambda pairs: [v for _, v in pairs])
+
+        def pick(pairs: Sequence[tuple[str, float]], cls: str = cls) -> list[float]:
+            return [v for c, v in pairs if cls == ALL_CLASSES or c == cls]
+
         t, q, i = pick(ttft), pick(queue), pick(itl)
         ttft_q = quantiles(t, (0.5, 0.99)) if t else {}
-        out[cls] = ClassFigures(len(t), ttft_q.get(0.5), ttft_q.get(0.99),
-                                math.fsum(q) / len(q) if q else None, quantile(i, 0.5) if i else None)
+        out[cls] = ClassFigures(
+            len(t),
+            ttft_q.get(0.5),
+            ttft_q.get(0.99),
+            math.fsum(q) / len(q) if q else None,
+            quantile(i, 0.5) if i else None,
+        )
     return out
 
 
 def simulated_figures(result: SimulationResult) -> dict[str, ClassFigures]:
     """:func:`figures` of a simulation."""
     reqs = result.requests
-    return figures([(r.endpoint_class, r.ttft_seconds) for r in reqs],
-                   [(r.endpoint_class, r.queue_seconds) for r in reqs],
-                   [(r.endpoint_class, r.itl_seconds) for r in reqs if r.itl_seconds is not None])
+    return figures(
+        [(r.endpoint_class, r.ttft_seconds) for r in reqs],
+        [(r.endpoint_class, r.queue_seconds) for r in reqs],
+        [(r.endpoint_class, r.itl_seconds) for r in reqs if r.itl_seconds is not None],
+    )
 
 
 def observed_figures(calibration: Calibration) -> dict[str, ClassFigures]:
     """:func:`figures` of the window as observed."""
     reqs = calibration.requests
-    return figures([(r.endpoint_class, r.observed_ttft_seconds) for r in reqs],
-                   [(r.endpoint_class, r.observed_queue_seconds) for r in reqs],
-                   [(r.endpoint_class, r.observed_itl_seconds) for r in reqs if r.observed_itl_seconds is not None])
+    return figures(
+        [(r.endpoint_class, r.observed_ttft_seconds) for r in reqs],
+        [(r.endpoint_class, r.observed_queue_seconds) for r in reqs],
+        [(r.endpoint_class, r.observed_itl_seconds) for r in reqs if r.observed_itl_seconds is not None],
+    )
 
 
 def relative_error(predicted: float | None, observed: float | None, floor: float = 0.0) -> float | None:
@@ -279,7 +327,9 @@ def relative_error(predicted: float | None, observed: float | None, floor: float
     return (predicted - observed) / max(observed, floor, 1e-12)
 
 
-def calibration_errors(replayed: Mapping[str, ClassFigures], observed: Mapping[str, ClassFigures]) -> dict[str, dict[str, float]]:
+def calibration_errors(
+    replayed: Mapping[str, ClassFigures], observed: Mapping[str, ClassFigures]
+) -> dict[str, dict[str, float]]:
     """Relative error of each replayed figure against the observed, per class."""
     out: dict[str, dict[str, float]] = {}
     for cls, obs in observed.items():
@@ -297,6 +347,7 @@ def calibration_errors(replayed: Mapping[str, ClassFigures], observed: Mapping[s
 
 
 # --------------------------------------------------------------------------- the answer
+
 
 @dataclass
 class WhatIf:
@@ -329,8 +380,9 @@ def rate_scaled(requests: Sequence[TraceRequest], factor: float, window_seconds:
         for r in requests:
             at = r.engine_arrival_seconds / factor + copy * length
             if at < window_seconds:
-                out.append(replace(r, arrival_seconds=r.arrival_seconds / factor + copy * length,
-                                   engine_arrival_seconds=at))
+                out.append(
+                    replace(r, arrival_seconds=r.arrival_seconds / factor + copy * length, engine_arrival_seconds=at)
+                )
     return out
 
 
@@ -341,8 +393,9 @@ LEVEL_SAMPLE_REQUESTS = 20_000
 from the same empty engines), then replays the whole window once."""
 
 
-def fit_decode_level(cal: Calibration, settings: EngineSettings,
-                     observed: Mapping[str, ClassFigures]) -> SimulationResult:
+def fit_decode_level(
+    cal: Calibration, settings: EngineSettings, observed: Mapping[str, ClassFigures]
+) -> SimulationResult:
     """Fit the step law's level by replay, and return the replay.
 
     The robust fit gives how a step grows with the batch and the prompt tokens; its per-step
@@ -364,20 +417,26 @@ def fit_decode_level(cal: Calibration, settings: EngineSettings,
     replay = simulate(requests, settings, cal, replicas=cal.replicas, assignment=assignment)
     # Throughput follows the mean step, not the median: the token-weighted mean ITL is matched.
     decoding = [r for r in requests if r.observed_itl_seconds is not None]
-    target = (math.fsum(r.observed_itl_seconds * (r.output_tokens - 1) for r in decoding)  # type: ignore[operator]
-              / max(1, sum(r.output_tokens - 1 for r in decoding)))
+    target = (
+        math.fsum(r.observed_itl_seconds * (r.output_tokens - 1) for r in decoding)  # type: ignore[operator]
+        / max(1, sum(r.output_tokens - 1 for r in decoding))
+    )
     for _ in range(LEVEL_ROUNDS):
         got = replay.token_weighted_itl_seconds
         if not target or not got or abs(got / target - 1) < LEVEL_TOLERANCE:
             break
-        token_share = (min(0.9, cal.step_time.per_prefill_token_seconds * replay.prefill_tokens / replay.busy_seconds)
-                       if replay.busy_seconds > 0 else 0.0)
+        token_share = (
+            min(0.9, cal.step_time.per_prefill_token_seconds * replay.prefill_tokens / replay.busy_seconds)
+            if replay.busy_seconds > 0
+            else 0.0
+        )
         factor = 1 + (target - got) / (got * (1 - token_share))
         cal.step_time = cal.step_time.scaled_decode(min(4.0, max(0.25, factor)))
         replay = simulate(requests, settings, cal, replicas=cal.replicas, assignment=assignment)
     if requests is not cal.requests:
-        replay = simulate(cal.requests, settings, cal, replicas=cal.replicas,
-                          assignment=[r.replica_index for r in cal.requests])
+        replay = simulate(
+            cal.requests, settings, cal, replicas=cal.replicas, assignment=[r.replica_index for r in cal.requests]
+        )
     return replay
 
 
@@ -388,8 +447,10 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
     change needs one the window lacks (e.g. ``kv_blocks`` without a KV-usage gauge)."""
     cal = calibration
     if (change.kv_blocks is not None or change.kv_blocks_factor is not None) and cal.num_kv_blocks is None:
-        raise WhatIfRefused("cannot predict a KV change: the window has no KV-cache signal "
-                            "(kv_cache_config_info or kv_cache_usage_ratio) to calibrate the pool from")
+        raise WhatIfRefused(
+            "cannot predict a KV change: the window has no KV-cache signal "
+            "(kv_cache_config_info or kv_cache_usage_ratio) to calibrate the pool from"
+        )
     observed_settings = cal.engine_settings()
     observed = observed_figures(cal)
     replay = fit_decode_level(cal, observed_settings, observed)
@@ -401,7 +462,8 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         raise WhatIfRefused(
             f"calibration off by {errors[cls][name] * 100:+.0f}% on {name} ({cls}): the replay of the observed "
             f"configuration gives {_figure(replayed[cls], name)}, observed {_figure(observed[cls], name)}; "
-            f"a prediction from it cannot be trusted (limit ±{max_error * 100:.0f}%)")
+            f"a prediction from it cannot be trusted (limit ±{max_error * 100:.0f}%)"
+        )
 
     settings = replace(observed_settings)
     warnings: list[str] = []
@@ -428,42 +490,67 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         predicted_run = simulate(requests, settings, cal, replicas=replicas, assignment=assignment)
         warnings += _extrapolation_warnings(cal, predicted_run, settings, replicas, change)
     if predicted_run.unfinished:
-        warnings.append(f"{predicted_run.unfinished} requests had not finished when the simulation stopped "
-                        f"(the queue grows without bound): their TTFT is missing from the figures")
+        warnings.append(
+            f"{predicted_run.unfinished} requests had not finished when the simulation stopped "
+            f"(the queue grows without bound): their TTFT is missing from the figures"
+        )
     if predicted_run.rejected:
         warnings.append(f"{predicted_run.rejected} requests never fit one engine's KV pool and were rejected")
     return WhatIf(
-        change=change, calibration=cal, observed=observed, replayed=replayed,
-        predicted=simulated_figures(predicted_run), errors=errors, max_error=worst,
-        kv={"observed_mean_ratio": cal.observed_kv_mean_ratio, "observed_max_ratio": cal.observed_kv_max_ratio,
+        change=change,
+        calibration=cal,
+        observed=observed,
+        replayed=replayed,
+        predicted=simulated_figures(predicted_run),
+        errors=errors,
+        max_error=worst,
+        kv={
+            "observed_mean_ratio": cal.observed_kv_mean_ratio,
+            "observed_max_ratio": cal.observed_kv_max_ratio,
             "replayed_mean_ratio": replay.kv_usage_mean_ratio if cal.num_kv_blocks else None,
             "replayed_max_ratio": replay.kv_usage_max_ratio if cal.num_kv_blocks else None,
             "predicted_mean_ratio": predicted_run.kv_usage_mean_ratio if cal.num_kv_blocks else None,
             "predicted_max_ratio": predicted_run.kv_usage_max_ratio if cal.num_kv_blocks else None,
-            "observed_preemptions": cal.observed_preemptions, "replayed_preemptions": replay.preemptions_total,
-            "predicted_preemptions": predicted_run.preemptions_total},
-        settings={"replicas": replicas, "max_num_seqs": settings.max_num_seqs,
-                  "replicas_by_class": dict(change.split_classes) if change.split_classes else None,
-                  "num_kv_blocks": settings.num_kv_blocks if cal.num_kv_blocks else None,
-                  "block_size_tokens": settings.block_size_tokens if cal.num_kv_blocks else None,
-                  "batch_window_seconds": settings.batch_window_seconds,
-                  "rate_factor": change.rate_factor or 1.0},
-        warnings=warnings, notes=list(cal.notes), simulated_steps=replay.steps + (
-            0 if predicted_run is replay else predicted_run.steps))
+            "observed_preemptions": cal.observed_preemptions,
+            "replayed_preemptions": replay.preemptions_total,
+            "predicted_preemptions": predicted_run.preemptions_total,
+        },
+        settings={
+            "replicas": replicas,
+            "max_num_seqs": settings.max_num_seqs,
+            "replicas_by_class": dict(change.split_classes) if change.split_classes else None,
+            "num_kv_blocks": settings.num_kv_blocks if cal.num_kv_blocks else None,
+            "block_size_tokens": settings.block_size_tokens if cal.num_kv_blocks else None,
+            "batch_window_seconds": settings.batch_window_seconds,
+            "rate_factor": change.rate_factor or 1.0,
+        },
+        warnings=warnings,
+        notes=list(cal.notes),
+        simulated_steps=replay.steps + (0 if predicted_run is replay else predicted_run.steps),
+    )
 
 
-def _split_run(requests: Sequence[TraceRequest], settings: EngineSettings, cal: Calibration,
-               replicas_by_class: Mapping[str, int], warnings: list[str]) -> SimulationResult:
+def _split_run(
+    requests: Sequence[TraceRequest],
+    settings: EngineSettings,
+    cal: Calibration,
+    replicas_by_class: Mapping[str, int],
+    warnings: list[str],
+) -> SimulationResult:
     """Each class on its own engines (round robin among them), the runs put together."""
     classes = {r.endpoint_class for r in requests}
     unclassified = sum(1 for r in requests if not r.endpoint_class)
     if unclassified:
-        raise WhatIfRefused(f"cannot split by endpoint class: {unclassified} requests of the window carry no endpoint "
-                            f"class (inferpath.endpoint_class)")
+        raise WhatIfRefused(
+            f"cannot split by endpoint class: {unclassified} requests of the window carry no endpoint "
+            f"class (inferpath.endpoint_class)"
+        )
     missing = sorted(classes - set(replicas_by_class))
     if missing:
-        raise WhatIfRefused(f"cannot split by endpoint class: the window also has {', '.join(missing)} requests; "
-                            f"give every class its replicas")
+        raise WhatIfRefused(
+            f"cannot split by endpoint class: the window also has {', '.join(missing)} requests; "
+            f"give every class its replicas"
+        )
     runs = []
     for cls, count in replicas_by_class.items():
         mine = [r for r in requests if r.endpoint_class == cls]
@@ -475,13 +562,18 @@ def _split_run(requests: Sequence[TraceRequest], settings: EngineSettings, cal: 
     decoding = [r for r in out if r.itl_seconds is not None]
     tokens = sum(r.tokens - 1 for r in decoding)
     return SimulationResult(
-        requests=out, kv_usage_mean_ratio=max((run.kv_usage_mean_ratio for run in runs), default=0.0),
+        requests=out,
+        kv_usage_mean_ratio=max((run.kv_usage_mean_ratio for run in runs), default=0.0),
         kv_usage_max_ratio=max((run.kv_usage_max_ratio for run in runs), default=0.0),
-        preemptions_total=sum(run.preemptions_total for run in runs), rejected=sum(run.rejected for run in runs),
-        unfinished=sum(run.unfinished for run in runs), steps=sum(run.steps for run in runs),
+        preemptions_total=sum(run.preemptions_total for run in runs),
+        rejected=sum(run.rejected for run in runs),
+        unfinished=sum(run.unfinished for run in runs),
+        steps=sum(run.steps for run in runs),
         max_batch=max((run.max_batch for run in runs), default=0),
         token_weighted_itl_seconds=(math.fsum(r.itl_seconds * (r.tokens - 1) for r in decoding) / tokens)  # type: ignore[operator]
-        if tokens else None)
+        if tokens
+        else None,
+    )
 
 
 def parse_class_split(text: str) -> tuple[tuple[str, int], ...]:
@@ -496,8 +588,9 @@ def parse_class_split(text: str) -> tuple[tuple[str, int], ...]:
         except ValueError:
             value = 0
         if not sep or not name or value < 1:
-            raise ValueError(f"split_classes: expected CLASS=REPLICAS[,CLASS=REPLICAS...] like interactive=2,bulk=1, "
-                             f"got {text!r}")
+            raise ValueError(
+                f"split_classes: expected CLASS=REPLICAS[,CLASS=REPLICAS...] like interactive=2,bulk=1, got {text!r}"
+            )
         out.append((name, value))
     return tuple(out)
 
@@ -533,26 +626,34 @@ def parse_factor_or_count(text: str, name: str) -> tuple[int | None, float | Non
 
 
 def _figure(figs: ClassFigures, name: str) -> str:
-    value = {"ttft_p50": figs.ttft_p50_seconds, "ttft_p99": figs.ttft_p99_seconds,
-             "queue_mean": figs.queue_mean_seconds, "itl_p50": figs.itl_p50_seconds}[name]
+    value = {
+        "ttft_p50": figs.ttft_p50_seconds,
+        "ttft_p99": figs.ttft_p99_seconds,
+        "queue_mean": figs.queue_mean_seconds,
+        "itl_p50": figs.itl_p50_seconds,
+    }[name]
     return "-" if value is None else f"{value:.3f} s"
 
 
-def _extrapolation_warnings(cal: Calibration, run: SimulationResult, settings: EngineSettings, replicas: int,
-                            change: Change) -> list[str]:
+def _extrapolation_warnings(
+    cal: Calibration, run: SimulationResult, settings: EngineSettings, replicas: int, change: Change
+) -> list[str]:
     out = []
     per_engine_rate = (change.rate_factor or 1.0) / replicas * cal.replicas
     if per_engine_rate > EXTRAPOLATION_FACTOR:
-        out.append(f"extrapolates: {per_engine_rate:.1f}x the observed arrival rate per engine; the step "
-                   f"times were fitted on the observed load only")
+        out.append(
+            f"extrapolates: {per_engine_rate:.1f}x the observed arrival rate per engine; the step "
+            f"times were fitted on the observed load only"
+        )
     top = cal.step_time.max_batch_observed
     if run.max_batch > EXTRAPOLATION_FACTOR * top:
-        out.append(f"extrapolates: the change runs up to {run.max_batch} sequences per step, the step time was "
-                   f"measured on batches of at most {top:.0f} (taken as linear in the batch beyond): how a step "
-                   f"grows with the batch decides this prediction")
+        out.append(
+            f"extrapolates: the change runs up to {run.max_batch} sequences per step, the step time was "
+            f"measured on batches of at most {top:.0f} (taken as linear in the batch beyond): how a step "
+            f"grows with the batch decides this prediction"
+        )
     if cal.num_kv_blocks and settings.num_kv_blocks > 4 * cal.num_kv_blocks:
-        out.append(f"extrapolates: {settings.num_kv_blocks} KV blocks, more than 4x the calibrated "
-                   f"{cal.num_kv_blocks}")
+        out.append(f"extrapolates: {settings.num_kv_blocks} KV blocks, more than 4x the calibrated {cal.num_kv_blocks}")
     return out
 
 
@@ -560,8 +661,11 @@ def what_if_to_dict(answer: WhatIf) -> dict[str, Any]:
     """The answer as JSON-ready data (the read API's body)."""
     cal = answer.calibration
     return {
-        "change": {k: (dict(v) if k == "split_classes" and v is not None else v)
-                   for k in answer.change.__dataclass_fields__ for v in (getattr(answer.change, k),)},
+        "change": {
+            k: (dict(v) if k == "split_classes" and v is not None else v)
+            for k in answer.change.__dataclass_fields__
+            for v in (getattr(answer.change, k),)
+        },
         "change_text": answer.change.describe(),
         "settings": answer.settings,
         "calibration": cal.as_dict(),
@@ -578,9 +682,21 @@ def what_if_to_dict(answer: WhatIf) -> dict[str, Any]:
 
 
 __all__ = [
-    "ALL_CLASSES", "Change", "ClassFigures", "EngineSettings", "InsufficientSignalsError", "MAX_CALIBRATION_ERROR",
-    "SimulationResult", "WhatIf", "WhatIfRefused", "calibration_errors", "parse_class_split", "parse_factor_or_count",
+    "ALL_CLASSES",
+    "Change",
+    "ClassFigures",
+    "EngineSettings",
+    "InsufficientSignalsError",
+    "MAX_CALIBRATION_ERROR",
+    "SimulationResult",
+    "WhatIf",
+    "WhatIfRefused",
+    "calibration_errors",
+    "parse_class_split",
+    "parse_factor_or_count",
     "predict",
-    "rate_scaled", "simulate", "what_if",
+    "rate_scaled",
+    "simulate",
+    "what_if",
     "what_if_to_dict",
 ]

@@ -39,10 +39,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from fractions import Fraction
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from inferpath.analysis.percentiles import quantile
 from inferpath.vocabulary import KV_CACHE_CONFIG_INFO
@@ -55,8 +56,19 @@ KV_FULL_RATIO = 0.9
 _KV_SAMPLES = 300
 MIN_REQUESTS = 20
 
-ROW_COLUMNS = ("timestamp", "endpoint_class", "replica", "input_tokens", "output_tokens", "ttft_ns", "e2e_ns",
-               "queue_ns", "prefill_ns", "decode_ns", "itl_ns")
+ROW_COLUMNS = (
+    "timestamp",
+    "endpoint_class",
+    "replica",
+    "input_tokens",
+    "output_tokens",
+    "ttft_ns",
+    "e2e_ns",
+    "queue_ns",
+    "prefill_ns",
+    "decode_ns",
+    "itl_ns",
+)
 
 
 class InsufficientSignalsError(ValueError):
@@ -99,12 +111,15 @@ class StepTimeModel:
 
     def step_seconds(self, num_seqs: int, prefill_tokens: int) -> float:
         """Seconds of one step over ``num_seqs`` sequences, ``prefill_tokens`` of them prompt tokens."""
-        return self.base_seconds + self.per_sequence_seconds * num_seqs + self.per_prefill_token_seconds * prefill_tokens
+        return (
+            self.base_seconds + self.per_sequence_seconds * num_seqs + self.per_prefill_token_seconds * prefill_tokens
+        )
 
-    def scaled_decode(self, factor: float) -> "StepTimeModel":
+    def scaled_decode(self, factor: float) -> StepTimeModel:
         """The same model with the per-step and per-sequence parts ``factor`` times as long."""
-        return replace(self, base_seconds=self.base_seconds * factor,
-                       per_sequence_seconds=self.per_sequence_seconds * factor)
+        return replace(
+            self, base_seconds=self.base_seconds * factor, per_sequence_seconds=self.per_sequence_seconds * factor
+        )
 
 
 @dataclass
@@ -137,13 +152,20 @@ class Calibration:
         """JSON-ready summary (not the requests)."""
         st = self.step_time
         return {
-            "requests": len(self.requests), "window_seconds": self.window_seconds, "replicas": self.replicas,
-            "num_kv_blocks": self.num_kv_blocks, "block_size_tokens": self.block_size_tokens if self.num_kv_blocks else None,
-            "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-            "step_base_seconds": st.base_seconds, "step_per_sequence_seconds": st.per_sequence_seconds,
+            "requests": len(self.requests),
+            "window_seconds": self.window_seconds,
+            "replicas": self.replicas,
+            "num_kv_blocks": self.num_kv_blocks,
+            "block_size_tokens": self.block_size_tokens if self.num_kv_blocks else None,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "step_base_seconds": st.base_seconds,
+            "step_per_sequence_seconds": st.per_sequence_seconds,
             "step_per_prefill_token_seconds": st.per_prefill_token_seconds,
-            "min_batch_observed": st.min_batch_observed, "max_batch_observed": st.max_batch_observed,
-            "sources": self.sources, "notes": self.notes,
+            "min_batch_observed": st.min_batch_observed,
+            "max_batch_observed": st.max_batch_observed,
+            "sources": self.sources,
+            "notes": self.notes,
         }
 
 
@@ -166,8 +188,9 @@ def _solve(gram: Sequence[Sequence[float]], moments: Sequence[float], columns: S
     return [b[i] / a[i][i] for i in range(k)]
 
 
-def fit_nonnegative(rows: Sequence[Sequence[float]], ys: Sequence[float],
-                    weights: Sequence[float] | None = None) -> list[float]:
+def fit_nonnegative(
+    rows: Sequence[Sequence[float]], ys: Sequence[float], weights: Sequence[float] | None = None
+) -> list[float]:
     """Least squares ``y ≈ rows · x`` with every ``x ≥ 0`` (a step never costs less with more
     work), each equation weighted by ``weights`` (default 1): the best of the unconstrained
     fits over every subset of the columns that comes out nonnegative (few columns, so all
@@ -186,8 +209,9 @@ def fit_nonnegative(rows: Sequence[Sequence[float]], ys: Sequence[float],
             for c, v in zip(columns, coefficients):
                 x[c] = v
             # |y - Ax|^2 = y'y - 2 x'A'y + x'A'Ax; y'y is the same for every candidate
-            error = (math.fsum(x[i] * x[j] * gram[i][j] for i in range(n) for j in range(n))
-                     - 2 * math.fsum(x[i] * moments[i] for i in range(n)))
+            error = math.fsum(x[i] * x[j] * gram[i][j] for i in range(n) for j in range(n)) - 2 * math.fsum(
+                x[i] * moments[i] for i in range(n)
+            )
             if best is None or error < best[0]:
                 best = (error, x)
     return best[1] if best else [0.0] * n
@@ -234,15 +258,17 @@ class _Concurrency:
     With ``rates`` each interval adds its own rate instead of 1 (prompt tokens per second)."""
 
     def __init__(self, intervals: Sequence[tuple[float, float]], rates: Sequence[float] | None = None) -> None:
+        events: list[tuple[float, float]]
         if rates is None:
             events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
         else:
-            events = sorted([(s, r) for (s, _), r in zip(intervals, rates)]
-                            + [(e, -r) for (_, e), r in zip(intervals, rates)])
+            events = sorted(
+                [(s, r) for (s, _), r in zip(intervals, rates)] + [(e, -r) for (_, e), r in zip(intervals, rates)]
+            )
         self.times: list[float] = []
         self.counts: list[float] = []
         self.integral: list[float] = []
-        count, area, last = 0, 0.0, None
+        count, area, last = 0.0, 0.0, None
         for t, delta in events:
             if last is not None:
                 area += count * (t - last)
@@ -281,9 +307,14 @@ def _seconds(value: Any) -> float | None:
     return None if value is None else float(value) / 1e9
 
 
-def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[Sequence[tuple[int, float]]]],
-              *, window_start: datetime, window_end: datetime,
-              cache_configs: Sequence[Mapping[str, str]] = ()) -> Calibration:
+def calibrate(
+    rows: Sequence[Mapping[str, Any]],
+    signals: Mapping[str, Sequence[Sequence[tuple[int, float]]]],
+    *,
+    window_start: datetime,
+    window_end: datetime,
+    cache_configs: Sequence[Mapping[str, str]] = (),
+) -> Calibration:
     """Build the :class:`Calibration` of a window.
 
     ``rows``: request rows with :data:`ROW_COLUMNS` (``ok`` requests of the window);
@@ -298,14 +329,22 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
     window_seconds = max(1e-3, window_end.timestamp() - start_s)
     if len(rows) < MIN_REQUESTS:
         raise InsufficientSignalsError(f"insufficient data: {len(rows)} requests in the window, need {MIN_REQUESTS}")
-    usable = [r for r in rows if r.get("prefill_ns") is not None and r.get("queue_ns") is not None
-              and r.get("ttft_ns") is not None and r.get("e2e_ns") is not None
-              and r.get("input_tokens") and r.get("output_tokens")]
+    usable = [
+        r
+        for r in rows
+        if r.get("prefill_ns") is not None
+        and r.get("queue_ns") is not None
+        and r.get("ttft_ns") is not None
+        and r.get("e2e_ns") is not None
+        and r.get("input_tokens")
+        and r.get("output_tokens")
+    ]
     if len(usable) < MIN_REQUESTS:
         raise InsufficientSignalsError(
             f"no engine spans: {len(usable)} of {len(rows)} requests carry the engine's queue and prefill times "
             f"and token counts (an llm_request span, vLLM's or the instrumented engine's); step times cannot be "
-            f"calibrated without them")
+            f"calibrated without them"
+        )
     notes: list[str] = []
     sources: dict[str, str] = {}
     if len(usable) < len(rows):
@@ -317,8 +356,9 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
     intervals: dict[int, list[tuple[float, float]]] = {}
     for r in usable:
         arrival = r["timestamp"].timestamp() - start_s
-        ttft, queue, prefill = _seconds(r["ttft_ns"]), _seconds(r["queue_ns"]), _seconds(r["prefill_ns"])
-        e2e = _seconds(r["e2e_ns"])
+        # present on every usable row (checked above)
+        ttft, queue, prefill = float(r["ttft_ns"]) / 1e9, float(r["queue_ns"]) / 1e9, float(r["prefill_ns"]) / 1e9
+        e2e = float(r["e2e_ns"]) / 1e9
         out_tokens = int(r["output_tokens"])
         decode = _seconds(r.get("decode_ns"))
         itl = None
@@ -332,8 +372,21 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
         scheduled = arrival + api + queue
         first_token = arrival + ttft
         intervals.setdefault(k, []).append((scheduled, max(first_token, arrival + e2e)))
-        requests.append(TraceRequest(arrival, arrival + api, api, int(r["input_tokens"]), out_tokens,
-                                     str(r.get("endpoint_class") or ""), k, ttft, queue, prefill, itl))
+        requests.append(
+            TraceRequest(
+                arrival,
+                arrival + api,
+                api,
+                int(r["input_tokens"]),
+                out_tokens,
+                str(r.get("endpoint_class") or ""),
+                k,
+                ttft,
+                queue,
+                prefill,
+                itl,
+            )
+        )
 
     # Step times.
     concurrency = {k: _Concurrency(v) for k, v in intervals.items()}
@@ -346,6 +399,7 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
 
     # KV pool.
     pool = _configured_pool(cache_configs, notes, sources)
+    num_kv_blocks: int | None
     if pool is not None:
         num_kv_blocks, block_size = pool
     else:
@@ -361,11 +415,15 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
         at_limit = _waited_at_peak(running, waiting, kv, running_peak)
         if at_limit:
             max_num_seqs = max(1, round(running_peak))
-            sources["max_num_seqs"] = (f"running_requests peak {running_peak:.0f} with requests waiting and KV below "
-                                       f"{KV_FULL_RATIO:.0%} at {at_limit} scrapes")
+            sources["max_num_seqs"] = (
+                f"running_requests peak {running_peak:.0f} with requests waiting and KV below "
+                f"{KV_FULL_RATIO:.0%} at {at_limit} scrapes"
+            )
         else:
-            notes.append(f"the batch limit was never reached (running peak {running_peak:.0f} without a queue "
-                         f"while KV had room): vLLM's default max_num_seqs {DEFAULT_MAX_NUM_SEQS} is assumed")
+            notes.append(
+                f"the batch limit was never reached (running peak {running_peak:.0f} without a queue "
+                f"while KV had room): vLLM's default max_num_seqs {DEFAULT_MAX_NUM_SEQS} is assumed"
+            )
     else:
         queued = sum(1 for q in requests if q.observed_queue_seconds > 0.05)
         if queued >= max(3, len(requests) // 20) and num_kv_blocks is None:
@@ -378,14 +436,25 @@ def calibrate(rows: Sequence[Mapping[str, Any]], signals: Mapping[str, Sequence[
     if counters:
         preemptions = math.fsum(max(0.0, s[-1][1] - s[0][1]) for s in counters if s)
     if num_kv_blocks is None:
-        notes.append("no KV-cache signal (kv_cache_config_info or kv_cache_usage_ratio): the KV pool is taken as "
-                     "unlimited; KV usage and KV changes cannot be predicted")
+        notes.append(
+            "no KV-cache signal (kv_cache_config_info or kv_cache_usage_ratio): the KV pool is taken as "
+            "unlimited; KV usage and KV changes cannot be predicted"
+        )
     return Calibration(
-        requests=requests, step_time=step_time, replicas=len(replica_names), num_kv_blocks=num_kv_blocks,
-        block_size_tokens=block_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS, window_seconds=window_seconds,
-        observed_kv_mean_ratio=kv_mean, observed_kv_max_ratio=kv_max, observed_preemptions=preemptions,
-        sources=sources, notes=notes)
+        requests=requests,
+        step_time=step_time,
+        replicas=len(replica_names),
+        num_kv_blocks=num_kv_blocks,
+        block_size_tokens=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        window_seconds=window_seconds,
+        observed_kv_mean_ratio=kv_mean,
+        observed_kv_max_ratio=kv_max,
+        observed_preemptions=preemptions,
+        sources=sources,
+        notes=notes,
+    )
 
 
 NARROW_BATCH_RANGE = 1.5
@@ -393,9 +462,13 @@ NARROW_BATCH_RANGE = 1.5
 grows with the batch."""
 
 
-def _fit_step_time(requests: Sequence[TraceRequest], concurrency: Mapping[int, "_Concurrency"],
-                   notes: list[str], sources: dict[str, str],
-                   token_budget: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> StepTimeModel:
+def _fit_step_time(
+    requests: Sequence[TraceRequest],
+    concurrency: Mapping[int, _Concurrency],
+    notes: list[str],
+    sources: dict[str, str],
+    token_budget: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> StepTimeModel:
     """The step law from the window's spans (module docstring): one prefill equation and, for
     a request with two tokens or more, one ITL equation each, solved together. A prefill
     whose prompts exceed the step's ``token_budget`` spans that many steps."""
@@ -414,10 +487,14 @@ def _fit_step_time(requests: Sequence[TraceRequest], concurrency: Mapping[int, "
         # Prompt tokens computed over time: each request's prompt spread evenly over its
         # prefill interval (one step, or the steps of its chunks), so that a step shared with
         # other requests' prompts or chunks counts their tokens too.
-        prefills = [(q.engine_arrival_seconds + q.observed_queue_seconds, q.arrival_seconds + q.observed_ttft_seconds)
-                    for q in mine]
-        prompts = _Concurrency([(s, max(e, s + 1e-6)) for s, e in prefills],
-                               [q.prompt_tokens / max(e - s, 1e-6) for q, (s, e) in zip(mine, prefills)])
+        prefills = [
+            (q.engine_arrival_seconds + q.observed_queue_seconds, q.arrival_seconds + q.observed_ttft_seconds)
+            for q in mine
+        ]
+        prompts = _Concurrency(
+            [(s, max(e, s + 1e-6)) for s, e in prefills],
+            [q.prompt_tokens / max(e - s, 1e-6) for q, (s, e) in zip(mine, prefills)],
+        )
         for i, q in enumerate(mine):
             if i % every:
                 continue
@@ -439,22 +516,28 @@ def _fit_step_time(requests: Sequence[TraceRequest], concurrency: Mapping[int, "
     # per-sequence costs from the ITLs (batches of every size), each where it shows.
     base, per_sequence, per_token = fit_robust(prefill_rows, prefill_ys)
     if len(decode_rows) >= 3:
-        base, per_sequence = fit_robust([r[:2] for r in decode_rows],
-                                        [y - per_token * r[2] for r, y in zip(decode_rows, decode_ys)])
+        base, per_sequence = fit_robust(
+            [r[:2] for r in decode_rows], [y - per_token * r[2] for r, y in zip(decode_rows, decode_ys)]
+        )
     low, high = (min(batches), max(batches)) if batches else (1.0, 1.0)
-    sources["step_time"] = (f"robust least squares: the per-token cost over {len(prefill_ys)} prefill times, the "
-                            f"per-step and per-sequence costs over {len(batches)} requests' ITL against the running "
-                            f"batch ({low:.1f}-{high:.1f})")
+    sources["step_time"] = (
+        f"robust least squares: the per-token cost over {len(prefill_ys)} prefill times, the "
+        f"per-step and per-sequence costs over {len(batches)} requests' ITL against the running "
+        f"batch ({low:.1f}-{high:.1f})"
+    )
     if len(decode_rows) < 3:
         notes.append("too few multi-token outputs to see decode steps: the step law rests on prefill times alone")
     elif high < NARROW_BATCH_RANGE * max(low, 1.0):
-        notes.append(f"the running batch stayed within {low:.1f}-{high:.1f} sequences: how a step grows with the "
-                     f"batch is barely measured, so changes that run other batch sizes are uncertain")
+        notes.append(
+            f"the running batch stayed within {low:.1f}-{high:.1f} sequences: how a step grows with the "
+            f"batch is barely measured, so changes that run other batch sizes are uncertain"
+        )
     return StepTimeModel(base, per_sequence, per_token, low, high, max(q.prompt_tokens for q in requests))
 
 
 def _waited_at_peak(running, waiting, kv, peak: float) -> int:
     """Scrapes where running was at its peak, something waited and KV had room."""
+
     def asof(series_list, t):
         values = []
         for series in series_list:
@@ -492,8 +575,9 @@ def usable_blocks(values: Sequence[float], limit: int = 1 << 20) -> int | None:
     return n
 
 
-def _configured_pool(configs: Sequence[Mapping[str, str]], notes: list[str],
-                     sources: dict[str, str]) -> tuple[int, int] | None:
+def _configured_pool(
+    configs: Sequence[Mapping[str, str]], notes: list[str], sources: dict[str, str]
+) -> tuple[int, int] | None:
     """Usable blocks and block size from the engines' own cache configuration (vLLM keeps one
     of ``num_gpu_blocks`` as its null block); ``None`` when no engine reports both."""
     pools = set()
@@ -507,11 +591,15 @@ def _configured_pool(configs: Sequence[Mapping[str, str]], notes: list[str],
     if not pools:
         return None
     blocks, size = min(pools)
-    sources["kv_blocks"] = (f"{blocks} usable blocks of {size} tokens: the engine's cache_config_info "
-                            f"(num_gpu_blocks {blocks + 1}, one kept as vLLM's null block)")
+    sources["kv_blocks"] = (
+        f"{blocks} usable blocks of {size} tokens: the engine's cache_config_info "
+        f"(num_gpu_blocks {blocks + 1}, one kept as vLLM's null block)"
+    )
     if len(pools) > 1:
-        notes.append(f"the engines report different KV pools ({', '.join(f'{b + 1}x{s}' for b, s in sorted(pools))}); "
-                     f"every simulated engine gets the smallest")
+        notes.append(
+            f"the engines report different KV pools ({', '.join(f'{b + 1}x{s}' for b, s in sorted(pools))}); "
+            f"every simulated engine gets the smallest"
+        )
     return blocks, size
 
 
@@ -528,8 +616,9 @@ def _kv_pool(kv, requests, concurrency, intervals, start_s, notes, sources) -> t
         k = index if len(kv) == len(by_replica) else 0
         mine = sorted(by_replica.get(k, requests), key=lambda q: q.engine_arrival_seconds + q.observed_queue_seconds)
         starts = [q.engine_arrival_seconds + q.observed_queue_seconds for q in mine]
-        longest = max((q.observed_ttft_seconds + (q.observed_itl_seconds or 0.0) * q.output_tokens for q in mine),
-                      default=0.0)
+        longest = max(
+            (q.observed_ttft_seconds + (q.observed_itl_seconds or 0.0) * q.output_tokens for q in mine), default=0.0
+        )
         stride = max(1, len(series) // _KV_SAMPLES)  # enough scrapes to pin the block size down
         for t_ns, usage in series[::stride]:
             t = t_ns / 1e9 - start_s
@@ -546,23 +635,28 @@ def _kv_pool(kv, requests, concurrency, intervals, start_s, notes, sources) -> t
                 samples.append((usage, tokens))
     blocks = usable_blocks(values)
     if not samples:
-        notes.append("KV usage was never nonzero while requests ran: the KV pool cannot be calibrated "
-                     "and is taken as unlimited")
+        notes.append(
+            "KV usage was never nonzero while requests ran: the KV pool cannot be calibrated and is taken as unlimited"
+        )
         return None, DEFAULT_BLOCK_SIZE_TOKENS
     if blocks is None:
         # Capacity in tokens from usage against tokens in flight, in blocks of the default size.
         capacity = quantile([sum(tokens) / usage for usage, tokens in samples], 0.5)
         blocks = max(1, round(capacity / DEFAULT_BLOCK_SIZE_TOKENS))
-        sources["kv_blocks"] = (f"tokens in flight / KV usage over {len(samples)} scrapes: {capacity:.0f} tokens, "
-                                f"in blocks of {DEFAULT_BLOCK_SIZE_TOKENS} (assumed)")
+        sources["kv_blocks"] = (
+            f"tokens in flight / KV usage over {len(samples)} scrapes: {capacity:.0f} tokens, "
+            f"in blocks of {DEFAULT_BLOCK_SIZE_TOKENS} (assumed)"
+        )
         return blocks, DEFAULT_BLOCK_SIZE_TOKENS
     best, best_error = DEFAULT_BLOCK_SIZE_TOKENS, math.inf
     for size in BLOCK_SIZES:
         error = math.fsum(abs(sum(-(-t // size) for t in tokens) - usage * blocks) for usage, tokens in samples)
         if error < best_error:
             best, best_error = size, error
-    sources["kv_blocks"] = (f"{blocks} usable blocks (the common denominator of {len(set(values))} KV usage "
-                            f"values) of {best} tokens (best match of the tokens in flight at {len(samples)} scrapes)")
+    sources["kv_blocks"] = (
+        f"{blocks} usable blocks (the common denominator of {len(set(values))} KV usage "
+        f"values) of {best} tokens (best match of the tokens in flight at {len(samples)} scrapes)"
+    )
     return blocks, best
 
 
@@ -575,8 +669,12 @@ def fetch_calibration(store: Any, start: datetime, end: datetime) -> Calibration
     rows = fetch_request_rows(store, start=start, end=end, columns=ROW_COLUMNS)
     start_ns, end_ns = round(start.timestamp() * 1e9), round(end.timestamp() * 1e9)
     signals: dict[str, list[list[tuple[int, float]]]] = {}
-    for name, table in (("running_requests", "otel_metrics_gauge"), ("queue_depth", "otel_metrics_gauge"),
-                        ("kv_cache_usage_ratio", "otel_metrics_gauge"), ("preemptions_total", "otel_metrics_sum")):
+    for name, table in (
+        ("running_requests", "otel_metrics_gauge"),
+        ("queue_depth", "otel_metrics_gauge"),
+        ("kv_cache_usage_ratio", "otel_metrics_gauge"),
+        ("preemptions_total", "otel_metrics_sum"),
+    ):
         found = []
         for key, series in sorted(fetch_series(store, name, start, end, table=table).items()):
             if any(k == "inferpath.combined" for k, _ in key[2]):
@@ -585,11 +683,22 @@ def fetch_calibration(store: Any, start: datetime, end: datetime) -> Calibration
             if points:
                 found.append(points)
         signals[name] = found
-    configs = [dict(key[2]) for key, series in fetch_series(store, KV_CACHE_CONFIG_INFO, start, end).items()
-               if not any(k == "inferpath.combined" for k, _ in key[2])
-               and any(start_ns <= t < end_ns for t in series.times_ns)]  # not an engine gone before the window
+    configs = [
+        dict(key[2])
+        for key, series in fetch_series(store, KV_CACHE_CONFIG_INFO, start, end).items()
+        if not any(k == "inferpath.combined" for k, _ in key[2])
+        and any(start_ns <= t < end_ns for t in series.times_ns)
+    ]  # not an engine gone before the window
     return calibrate(rows, signals, window_start=start, window_end=end, cache_configs=configs)
 
 
-__all__ = ["Calibration", "fetch_calibration", "InsufficientSignalsError", "ROW_COLUMNS", "StepTimeModel", "TraceRequest", "calibrate",
-           "usable_blocks"]
+__all__ = [
+    "Calibration",
+    "fetch_calibration",
+    "InsufficientSignalsError",
+    "ROW_COLUMNS",
+    "StepTimeModel",
+    "TraceRequest",
+    "calibrate",
+    "usable_blocks",
+]

@@ -29,11 +29,11 @@ from __future__ import annotations
 import collections
 import math
 from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from itertools import accumulate
 from math import ceil
-from typing import Callable, Sequence
 
 from inferpath.analysis.continuous_batching import BatchingConfig
 
@@ -65,8 +65,20 @@ class EngineRun:
 
 
 class _Seq:
-    __slots__ = ("i", "prompt", "max_tokens", "generated", "computed", "blocks", "order", "k0", "c0", "g0",
-                 "decoding", "epoch")
+    __slots__ = (
+        "i",
+        "prompt",
+        "max_tokens",
+        "generated",
+        "computed",
+        "blocks",
+        "order",
+        "k0",
+        "c0",
+        "g0",
+        "decoding",
+        "epoch",
+    )
 
     def __init__(self, i: int, prompt: int, max_tokens: int) -> None:
         self.i, self.prompt, self.max_tokens = i, prompt, max_tokens
@@ -76,9 +88,15 @@ class _Seq:
         self.epoch = 0
 
 
-def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_tokens: Sequence[int],
-               config: BatchingConfig, step_seconds: StepSeconds, *,
-               horizon_s: float = math.inf) -> EngineRun:
+def run_engine(
+    arrivals_s: Sequence[float],
+    prompt_tokens: Sequence[int],
+    max_tokens: Sequence[int],
+    config: BatchingConfig,
+    step_seconds: StepSeconds,
+    *,
+    horizon_s: float = math.inf,
+) -> EngineRun:
     """Run one engine of ``config`` over requests arriving at ``arrivals_s`` (seconds,
     ascending) with their prompt and output lengths (tokens), stepping with
     ``step_seconds(num_seqs, prefill_tokens)``; the clock stops at the first step boundary
@@ -200,8 +218,7 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
         # --- 2. admissions, unless this step preempted ----------------------------------
         preempted = preempts_total != preempted_before
         admitted = False
-        held = (window > 0 and waiting and len(waiting) < max_seqs
-                and arrivals_s[waiting[0].i] + window > t)
+        held = window > 0 and waiting and len(waiting) < max_seqs and arrivals_s[waiting[0].i] + window > t
         if not preempted and not held:
             while waiting and budget > 0 and len(running) < max_seqs:
                 seq = waiting[0]
@@ -263,8 +280,11 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
                 extra = m - 1
                 r0 = (k + 1) % bs
                 rest = extra % bs
-                taken = (extra // bs) * decoders + (sum(per_residue[r0:r0 + rest]) if r0 + rest <= bs else
-                                                    sum(per_residue[r0:]) + sum(per_residue[:r0 + rest - bs]))
+                taken = (extra // bs) * decoders + (
+                    sum(per_residue[r0 : r0 + rest])
+                    if r0 + rest <= bs
+                    else sum(per_residue[r0:]) + sum(per_residue[: r0 + rest - bs])
+                )
                 free -= taken
         used = pool - free
         kv_area += used * d * m
@@ -314,9 +334,20 @@ def run_engine(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], max_to
         k = last + 1
         t = t_end
 
-    return EngineRun(first_sched, first_tok, finished, preempts, rejected, steps,
-                     kv_area / last_end / pool if last_end > 0 else 0.0, kv_max / pool, busy, last_end,
-                     prefill_total, max_batch)
+    return EngineRun(
+        first_sched,
+        first_tok,
+        finished,
+        preempts,
+        rejected,
+        steps,
+        kv_area / last_end / pool if last_end > 0 else 0.0,
+        kv_max / pool,
+        busy,
+        last_end,
+        prefill_total,
+        max_batch,
+    )
 
 
 __all__ = ["EngineRun", "StepSeconds", "run_engine"]

@@ -83,11 +83,8 @@ def _measure(store: Store, lookups: int, fill: dict | None) -> dict:
     ]
     unknown = [secrets.token_hex(16) for _ in range(lookups)]
     reader = Reader(store)
-    reference = lambda trace_id: [
-        SpanRow.from_db_row(r)
-        for r in store.query(  # noqa: E731
-            REFERENCE_SQL, {"trace_id": trace_id}
-        )
+    reference = lambda trace_id: [  # noqa: E731
+        SpanRow.from_db_row(r) for r in store.query(REFERENCE_SQL, {"trace_id": trace_id})
     ]
     for warm in (known[0], unknown[0]):  # first queries load marks and indexes: not timed
         reference(warm), reader.trace_spans(warm)

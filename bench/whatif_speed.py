@@ -71,17 +71,28 @@ def observed_rows(requests: list[tuple[float, int, int]], replicas: int) -> list
     rows: list[dict] = []
     for k in range(replicas):
         mine = requests[k::replicas]
-        run = run_engine([a for a, _, _ in mine], [min(p, 16_000) for _, p, _ in mine], [o for _, _, o in mine],
-                         POOL, step_seconds)
+        run = run_engine(
+            [a for a, _, _ in mine], [min(p, 16_000) for _, p, _ in mine], [o for _, _, o in mine], POOL, step_seconds
+        )
         for j, (at, prompt, output) in enumerate(mine):
             scheduled, first, end = run.first_scheduled_s[j], run.first_token_s[j], run.finished_s[j]
             if first is None or end is None or scheduled is None:
                 continue
-            rows.append({"timestamp": T0 + timedelta(seconds=at), "endpoint_class": "interactive",
-                         "replica": f"engine-{k}", "input_tokens": min(prompt, 16_000), "output_tokens": output,
-                         "ttft_ns": int((first - at) * 1e9), "e2e_ns": int((end - at) * 1e9),
-                         "queue_ns": int((scheduled - at) * 1e9), "prefill_ns": int((first - scheduled) * 1e9),
-                         "decode_ns": int((end - first) * 1e9), "itl_ns": None})
+            rows.append(
+                {
+                    "timestamp": T0 + timedelta(seconds=at),
+                    "endpoint_class": "interactive",
+                    "replica": f"engine-{k}",
+                    "input_tokens": min(prompt, 16_000),
+                    "output_tokens": output,
+                    "ttft_ns": int((first - at) * 1e9),
+                    "e2e_ns": int((end - at) * 1e9),
+                    "queue_ns": int((scheduled - at) * 1e9),
+                    "prefill_ns": int((first - scheduled) * 1e9),
+                    "decode_ns": int((end - first) * 1e9),
+                    "itl_ns": None,
+                }
+            )
     return rows
 
 
@@ -98,19 +109,24 @@ def main() -> None:
     requests = window(load_trace(Path(args.trace)), args.rate, seconds)
     began = time.perf_counter()
     rows = observed_rows(requests, args.replicas)
-    print(f"window: {len(rows)} requests over {seconds:.0f} s ({len(rows) / seconds:.1f}/s) on {args.replicas} "
-          f"engines, built in {time.perf_counter() - began:.1f} s")
+    print(
+        f"window: {len(rows)} requests over {seconds:.0f} s ({len(rows) / seconds:.1f}/s) on {args.replicas} "
+        f"engines, built in {time.perf_counter() - began:.1f} s"
+    )
 
     # Reference: the core loop over the whole window, once.
     wall, cpu = time.perf_counter(), time.process_time()
     steps = 0
     for k in range(args.replicas):
-        mine = requests[k::args.replicas]
-        steps += run_engine([a for a, _, _ in mine], [min(p, 16_000) for _, p, _ in mine], [o for _, _, o in mine],
-                            POOL, step_seconds).steps
+        mine = requests[k :: args.replicas]
+        steps += run_engine(
+            [a for a, _, _ in mine], [min(p, 16_000) for _, p, _ in mine], [o for _, _, o in mine], POOL, step_seconds
+        ).steps
     loop_wall, loop_cpu = time.perf_counter() - wall, time.process_time() - cpu
-    print(f"reference, core loop (one replay): {loop_wall:.2f} s wall, {loop_cpu:.2f} s CPU; "
-          f"{len(requests) / loop_cpu:,.0f} requests/s and {steps / loop_cpu:,.0f} simulated steps/s of CPU")
+    print(
+        f"reference, core loop (one replay): {loop_wall:.2f} s wall, {loop_cpu:.2f} s CPU; "
+        f"{len(requests) / loop_cpu:,.0f} requests/s and {steps / loop_cpu:,.0f} simulated steps/s of CPU"
+    )
 
     cache = [{"num_gpu_blocks": str(POOL.num_kv_blocks + 1), "block_size": str(POOL.block_size_tokens)}]
     change = Change(replicas=args.replicas + 1)
@@ -123,13 +139,17 @@ def main() -> None:
     best_wall = min(r[0] for r in results)
     best_cpu = min(r[1] for r in results)
     answer = results[-1][2]
-    print(f"prediction ({change.describe()}): best {best_wall:.2f} s wall, {best_cpu:.2f} s CPU over {args.repeat} "
-          f"runs; {answer.simulated_steps:,} simulated steps; replay within {answer.max_error:.1%}; "
-          f"predicted TTFT p50 {answer.predicted['all'].ttft_p50_seconds:.3f} s, "
-          f"p99 {answer.predicted['all'].ttft_p99_seconds:.3f} s")
+    print(
+        f"prediction ({change.describe()}): best {best_wall:.2f} s wall, {best_cpu:.2f} s CPU over {args.repeat} "
+        f"runs; {answer.simulated_steps:,} simulated steps; replay within {answer.max_error:.1%}; "
+        f"predicted TTFT p50 {answer.predicted['all'].ttft_p50_seconds:.3f} s, "
+        f"p99 {answer.predicted['all'].ttft_p99_seconds:.3f} s"
+    )
     print(f"ratio prediction / core loop: {best_cpu / loop_cpu:.1f}x CPU")
-    print(f"target: <= {TARGET_SECONDS:.0f} s; ratio to target {best_wall / TARGET_SECONDS:.2f} wall, "
-          f"{best_cpu / TARGET_SECONDS:.2f} CPU -> {'met' if best_wall <= TARGET_SECONDS else 'missed'} (wall)")
+    print(
+        f"target: <= {TARGET_SECONDS:.0f} s; ratio to target {best_wall / TARGET_SECONDS:.2f} wall, "
+        f"{best_cpu / TARGET_SECONDS:.2f} CPU -> {'met' if best_wall <= TARGET_SECONDS else 'missed'} (wall)"
+    )
 
 
 if __name__ == "__main__":

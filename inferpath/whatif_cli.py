@@ -10,7 +10,7 @@ cannot be calibrated, or a replay off by more than the limit, 30 % by default).
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -19,22 +19,28 @@ from inferpath.server_access import ask, console, fail, refusal_text
 
 def whatif(
     from_: str = typer.Option(..., "--from", help="Window start: ISO-8601 with offset, -30m, now or Unix seconds."),
-    to: Optional[str] = typer.Option(None, "--to", help="Window end (default now)."),
-    replicas: Optional[int] = typer.Option(None, min=1, help="Engines behind a round-robin gateway."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="Batch slots per engine."),
-    kv_blocks: Optional[str] = typer.Option(None, "--kv-blocks", help="KV blocks per engine: a count (96) or a "
-                                                                       "factor of the calibrated pool (x2)."),
-    batch_window_ms: Optional[float] = typer.Option(None, "--batch-window-ms", min=0.0,
-                                                    help="Hold the queue head this long for more requests."),
-    rate: Optional[str] = typer.Option(None, help="Arrival rate factor, e.g. x2 (the window's pattern, denser)."),
-    split_endpoint_classes: Optional[str] = typer.Option(
-        None, "--split-endpoint-classes", help="Each endpoint class on engines of its own: CLASS=REPLICAS,... "
-                                               "e.g. interactive=2,bulk=1 (predicted per class)."),
-    max_calibration_error: float = typer.Option(0.30, "--max-calibration-error", min=0.01,
-                                                help="Refuse when the replay is off by more than this."),
+    to: str | None = typer.Option(None, "--to", help="Window end (default now)."),
+    replicas: int | None = typer.Option(None, min=1, help="Engines behind a round-robin gateway."),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1, help="Batch slots per engine."),
+    kv_blocks: str | None = typer.Option(
+        None, "--kv-blocks", help="KV blocks per engine: a count (96) or a factor of the calibrated pool (x2)."
+    ),
+    batch_window_ms: float | None = typer.Option(
+        None, "--batch-window-ms", min=0.0, help="Hold the queue head this long for more requests."
+    ),
+    rate: str | None = typer.Option(None, help="Arrival rate factor, e.g. x2 (the window's pattern, denser)."),
+    split_endpoint_classes: str | None = typer.Option(
+        None,
+        "--split-endpoint-classes",
+        help="Each endpoint class on engines of its own: CLASS=REPLICAS,... "
+        "e.g. interactive=2,bulk=1 (predicted per class).",
+    ),
+    max_calibration_error: float = typer.Option(
+        0.30, "--max-calibration-error", min=0.01, help="Refuse when the replay is off by more than this."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
-    server: Optional[str] = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
-    store: Optional[str] = typer.Option(None, help="Read this store directly (chdb:///path or http://host:8123/db)."),
+    server: str | None = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
+    store: str | None = typer.Option(None, help="Read this store directly (chdb:///path or http://host:8123/db)."),
 ) -> None:
     """Predict TTFT p50/p99, queue time, ITL and KV usage per endpoint class under a changed
     configuration, replaying the window through the engine model calibrated on it. Exit 0
@@ -52,18 +58,29 @@ def whatif(
         raise
     if end <= start:
         fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
-    params: dict[str, Any] = {"start": start.isoformat(), "end": end.isoformat(),
-                              "max_calibration_error": max_calibration_error}
-    for name, value in (("replicas", replicas), ("max_num_seqs", max_num_seqs), ("kv_blocks", kv_blocks),
-                        ("batch_window_ms", batch_window_ms), ("rate", rate),
-                        ("split_endpoint_classes", split_endpoint_classes)):
+    params: dict[str, Any] = {
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "max_calibration_error": max_calibration_error,
+    }
+    for name, value in (
+        ("replicas", replicas),
+        ("max_num_seqs", max_num_seqs),
+        ("kv_blocks", kv_blocks),
+        ("batch_window_ms", batch_window_ms),
+        ("rate", rate),
+        ("split_endpoint_classes", split_endpoint_classes),
+    ):
         if value is not None:
             params[name] = value
     response = ask("GET", "/api/v1/whatif", server, store, json_output, params=params, timeout_seconds=300.0)
     if response.status_code != 200:
         message = refusal_text(response)
-        fail(message if message.startswith("no prediction") else f"no prediction: {message}", json_output,
-             http_status=response.status_code)
+        fail(
+            message if message.startswith("no prediction") else f"no prediction: {message}",
+            json_output,
+            http_status=response.status_code,
+        )
     answer = response.json()
     if json_output:
         print(json.dumps(answer, indent=2))
@@ -85,26 +102,35 @@ def print_whatif(answer: dict[str, Any]) -> None:
 
     console.print(f"[bold]what if: {answer['change_text']}[/]", highlight=False)
     worst = answer.get("max_calibration_error") or 0.0
-    console.print(f"replay of the observed configuration: within {worst * 100:.0f}% of what was observed",
-                  highlight=False)
+    console.print(
+        f"replay of the observed configuration: within {worst * 100:.0f}% of what was observed", highlight=False
+    )
     by_class = (answer.get("settings") or {}).get("replicas_by_class")
     if by_class:
-        console.print("engines by endpoint class: " + ", ".join(f"{c} {n}" for c, n in by_class.items()),
-                      highlight=False)
+        console.print(
+            "engines by endpoint class: " + ", ".join(f"{c} {n}" for c, n in by_class.items()), highlight=False
+        )
     for cls, observed in answer["observed"].items():
         replayed, predicted = answer["replayed"].get(cls, {}), answer["predicted"].get(cls, {})
         table = Table(title=f"{cls or 'unclassified'} ({observed['requests']} requests)")
         for column in ("", "observed", "replayed", "predicted"):
             table.add_column(column, justify="right" if column else "left")
-        for key, label in (("ttft_p50_seconds", "TTFT p50"), ("ttft_p99_seconds", "TTFT p99"),
-                           ("queue_mean_seconds", "queue (mean)"), ("itl_p50_seconds", "ITL p50")):
+        for key, label in (
+            ("ttft_p50_seconds", "TTFT p50"),
+            ("ttft_p99_seconds", "TTFT p99"),
+            ("queue_mean_seconds", "queue (mean)"),
+            ("itl_p50_seconds", "ITL p50"),
+        ):
             table.add_row(label, _s(observed.get(key)), _s(replayed.get(key)), _s(predicted.get(key)))
         console.print(table)
     kv = answer.get("kv", {})
-    console.print(f"KV usage mean: observed {_ratio(kv.get('observed_mean_ratio'))}, replayed "
-                  f"{_ratio(kv.get('replayed_mean_ratio'))}, predicted {_ratio(kv.get('predicted_mean_ratio'))}; "
-                  f"preemptions: observed {kv.get('observed_preemptions')}, predicted {kv.get('predicted_preemptions')}",
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"KV usage mean: observed {_ratio(kv.get('observed_mean_ratio'))}, replayed "
+        f"{_ratio(kv.get('replayed_mean_ratio'))}, predicted {_ratio(kv.get('predicted_mean_ratio'))}; "
+        f"preemptions: observed {kv.get('observed_preemptions')}, predicted {kv.get('predicted_preemptions')}",
+        highlight=False,
+        soft_wrap=True,
+    )
     for warning in answer.get("warnings", []):
         console.print(f"[yellow]warning: {warning}[/]", soft_wrap=True, highlight=False)
     for note in answer.get("notes", []):

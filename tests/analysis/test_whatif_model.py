@@ -20,9 +20,16 @@ def _rows(n: int = 200, *, engine_spans: bool = True) -> list[dict]:
         t += rng.expovariate(2.0)
         out = rng.randint(20, 60)
         itl = 0.01
-        row = {"timestamp": T0 + timedelta(seconds=t), "endpoint_class": "interactive", "replica": "r1",
-               "input_tokens": rng.randint(50, 300), "output_tokens": out, "ttft_ns": 30_000_000,
-               "e2e_ns": 30_000_000 + int(itl * (out - 1) * 1e9), "itl_ns": int(itl * 1e9)}
+        row = {
+            "timestamp": T0 + timedelta(seconds=t),
+            "endpoint_class": "interactive",
+            "replica": "r1",
+            "input_tokens": rng.randint(50, 300),
+            "output_tokens": out,
+            "ttft_ns": 30_000_000,
+            "e2e_ns": 30_000_000 + int(itl * (out - 1) * 1e9),
+            "itl_ns": int(itl * 1e9),
+        }
         if engine_spans:
             row |= {"queue_ns": 1_000_000, "prefill_ns": 20_000_000, "decode_ns": int(itl * (out - 1) * 1e9)}
         else:
@@ -60,8 +67,12 @@ def test_the_kv_pool_comes_from_the_engines_cache_config_when_it_reports_one() -
     # before the engine sized its pool the label reads "None": no pool, as without the metric
     unsized = calibrate(_rows(), {}, cache_configs=[{"num_gpu_blocks": "None", "block_size": "16"}], **window)
     assert unsized.num_kv_blocks is None and any("unlimited" in note for note in unsized.notes)
-    two = calibrate(_rows(), {}, cache_configs=[{"num_gpu_blocks": "96", "block_size": "32"},
-                                                {"num_gpu_blocks": "64", "block_size": "32"}], **window)
+    two = calibrate(
+        _rows(),
+        {},
+        cache_configs=[{"num_gpu_blocks": "96", "block_size": "32"}, {"num_gpu_blocks": "64", "block_size": "32"}],
+        **window,
+    )
     assert two.num_kv_blocks == 63 and any("different KV pools" in note for note in two.notes)
 
 
@@ -77,7 +88,10 @@ def _engine_rows(seed: int = 7, seconds: float = 240.0) -> list[dict]:
 
     rng = random.Random(seed)
     arrivals: list[tuple[float, str, int, int]] = []
-    for cls, rate, prompt, output in (("interactive", 3.0, (50, 200), (20, 60)), ("bulk", 1.2, (3000, 6000), (100, 200))):
+    for cls, rate, prompt, output in (
+        ("interactive", 3.0, (50, 200), (20, 60)),
+        ("bulk", 1.2, (3000, 6000), (100, 200)),
+    ):
         t = 0.0
         while True:
             t += rng.expovariate(rate)
@@ -85,25 +99,40 @@ def _engine_rows(seed: int = 7, seconds: float = 240.0) -> list[dict]:
                 break
             arrivals.append((t, cls, rng.randint(*prompt), rng.randint(*output)))
     arrivals.sort()
-    run = run_engine([a for a, *_ in arrivals], [p for *_, p, _ in arrivals], [o for *_, o in arrivals],
-                     EngineSettings(4096, 16, 64, 2048),
-                     lambda seqs, tokens: ENGINE_LAW[0] + ENGINE_LAW[1] * seqs + ENGINE_LAW[2] * tokens)
+    run = run_engine(
+        [a for a, *_ in arrivals],
+        [p for *_, p, _ in arrivals],
+        [o for *_, o in arrivals],
+        EngineSettings(4096, 16, 64, 2048),
+        lambda seqs, tokens: ENGINE_LAW[0] + ENGINE_LAW[1] * seqs + ENGINE_LAW[2] * tokens,
+    )
     rows = []
     for i, (at, cls, prompt, output) in enumerate(arrivals):
         scheduled, first, end = run.first_scheduled_s[i], run.first_token_s[i], run.finished_s[i]
-        rows.append({"timestamp": T0 + timedelta(seconds=at), "endpoint_class": cls, "replica": "r1",
-                     "input_tokens": prompt, "output_tokens": output, "ttft_ns": int((first - at) * 1e9),
-                     "e2e_ns": int((end - at) * 1e9), "queue_ns": int((scheduled - at) * 1e9),
-                     "prefill_ns": int((first - scheduled) * 1e9), "decode_ns": int((end - first) * 1e9),
-                     "itl_ns": int((end - first) / max(1, output - 1) * 1e9)})
+        rows.append(
+            {
+                "timestamp": T0 + timedelta(seconds=at),
+                "endpoint_class": cls,
+                "replica": "r1",
+                "input_tokens": prompt,
+                "output_tokens": output,
+                "ttft_ns": int((first - at) * 1e9),
+                "e2e_ns": int((end - at) * 1e9),
+                "queue_ns": int((scheduled - at) * 1e9),
+                "prefill_ns": int((first - scheduled) * 1e9),
+                "decode_ns": int((end - first) * 1e9),
+                "itl_ns": int((end - first) / max(1, output - 1) * 1e9),
+            }
+        )
     return rows
 
 
 def test_classes_on_engines_of_their_own_are_predicted_per_class() -> None:
     from inferpath.analysis.whatif import WhatIfRefused, parse_class_split
 
-    cal = calibrate(_engine_rows(), {}, window_start=T0, window_end=T0 + timedelta(seconds=240),
-                    cache_configs=[ENGINE_POOL])
+    cal = calibrate(
+        _engine_rows(), {}, window_start=T0, window_end=T0 + timedelta(seconds=240), cache_configs=[ENGINE_POOL]
+    )
     shared = what_if(cal, Change(replicas=2))
     split = what_if(cal, Change(split_classes=parse_class_split("interactive=1,bulk=1")))
     assert split.max_error <= 0.30, split.errors
@@ -123,8 +152,9 @@ def test_classes_on_engines_of_their_own_are_predicted_per_class() -> None:
 def test_the_step_law_of_an_engine_is_recovered_from_its_spans() -> None:
     # The window's spans come from the engine model itself with a known law, KV pressure
     # (long prompts fill the 4096 blocks) and prompts chunked over several steps.
-    cal = calibrate(_engine_rows(), {}, window_start=T0, window_end=T0 + timedelta(seconds=240),
-                    cache_configs=[ENGINE_POOL])
+    cal = calibrate(
+        _engine_rows(), {}, window_start=T0, window_end=T0 + timedelta(seconds=240), cache_configs=[ENGINE_POOL]
+    )
     law = cal.step_time
     fitted = (law.base_seconds, law.per_sequence_seconds, law.per_prefill_token_seconds)
     for got, true in zip(fitted, ENGINE_LAW):

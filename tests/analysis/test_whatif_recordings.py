@@ -66,8 +66,10 @@ def imported(tmp_path_factory: pytest.TempPathFactory):
                 offset = choose_offset_ns(recording, ttl_days=server.runtime.settings.ttl_days, now_ns=time.time_ns())
                 assert import_recording(recording, client, offset_ns=offset).flushed
                 w = recording.ground_truth["window"]
-                windows[name] = tuple(datetime.fromtimestamp((w[k] + offset) / 1e9, tz=timezone.utc)
-                                      for k in ("start_unix_ns", "end_unix_ns"))
+                windows[name] = tuple(
+                    datetime.fromtimestamp((w[k] + offset) / 1e9, tz=timezone.utc)
+                    for k in ("start_unix_ns", "end_unix_ns")
+                )
                 roots[name] = recording.root
         yield server, windows, roots
     finally:
@@ -110,9 +112,11 @@ def test_prediction_against_the_real_run(imported, case: str) -> None:
     predicted, replayed = answer.predicted["all"], answer.replayed["all"]
     p50 = relative_error(predicted.ttft_p50_seconds, truth.ttft_p50_seconds, QUEUE_FLOOR_SECONDS)
     p99 = relative_error(predicted.ttft_p99_seconds, truth.ttft_p99_seconds, QUEUE_FLOOR_SECONDS)
-    print(f"{case}: replay error {answer.max_error:.0%}; TTFT p50 {predicted.ttft_p50_seconds:.2f} s vs real "
-          f"{truth.ttft_p50_seconds:.2f} s ({p50:+.0%}), p99 {predicted.ttft_p99_seconds:.2f} s vs "
-          f"{truth.ttft_p99_seconds:.2f} s ({p99:+.0%}); warnings {answer.warnings}")
+    print(
+        f"{case}: replay error {answer.max_error:.0%}; TTFT p50 {predicted.ttft_p50_seconds:.2f} s vs real "
+        f"{truth.ttft_p50_seconds:.2f} s ({p50:+.0%}), p99 {predicted.ttft_p99_seconds:.2f} s vs "
+        f"{truth.ttft_p99_seconds:.2f} s ({p99:+.0%}); warnings {answer.warnings}"
+    )
     if limits is not None:
         assert abs(p50) <= limits[0] and abs(p99) <= limits[1]
     elif case == "more_kv":
@@ -146,10 +150,14 @@ def test_the_read_api_answers_and_refuses(imported) -> None:
     assert tight.status_code == 422 and "calibration off by" in tight.json()["detail"][0]["msg"]
     bad = httpx.get(f"{server.url}/api/v1/whatif", params=params | {"kv_blocks": "lots"}, timeout=120)
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "kv_blocks"]
-    split = httpx.get(f"{server.url}/api/v1/whatif", params=params | {"split_endpoint_classes": "interactive=1"},
-                      timeout=120)
+    split = httpx.get(
+        f"{server.url}/api/v1/whatif", params=params | {"split_endpoint_classes": "interactive=1"}, timeout=120
+    )
     assert split.status_code == 422 and "no endpoint class" in split.json()["detail"][0]["msg"]
     early = datetime(2020, 1, 1, tzinfo=timezone.utc)
-    empty = httpx.get(f"{server.url}/api/v1/whatif", params={"start": early.isoformat(),
-                                                             "end": early.replace(hour=1).isoformat()}, timeout=120)
+    empty = httpx.get(
+        f"{server.url}/api/v1/whatif",
+        params={"start": early.isoformat(), "end": early.replace(hour=1).isoformat()},
+        timeout=120,
+    )
     assert empty.status_code == 422 and "insufficient data" in empty.json()["detail"][0]["msg"]
