@@ -13,6 +13,10 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q '.[test]'
+# Lint, format and types first: they take seconds (mypy ~1 min cold) and name the line at fault.
+ruff check --quiet .
+ruff format --check --quiet .
+mypy
 # The tests import the installed package (not the source folders), as a user would. They run
 # on every core, one module (or the scenario runs' users) per worker: tests/conftest.py.
 pytest -n auto --dist loadgroup "$@"
