@@ -102,18 +102,20 @@ def fetch_breakdown_bands(
     endpoint: str | None = None,
     endpoint_class: str | None = None,
     status: str | None = "ok",
+    columns: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, list[StageSummary]]]:
     """``(request_count, {measure: [StageSummary per band]})`` for ``"ttft"`` and ``"e2e"``
     over request rows with ``start ≤ timestamp < end`` (filters as
     :func:`~inferpath.analysis.breakdown.fetch_request_rows`; ``FINAL``, so a re-assembled
-    trace counts once). ``request_count``: rows selected, with or without the measures.
+    trace counts once; ``columns``: service / model / replica filters, as
+    :func:`~inferpath.analysis.breakdown.request_filter`). ``request_count``: rows selected, with or without the measures.
 
     Each list equals :func:`~inferpath.analysis.breakdown.breakdown_by_band` of those rows
     (bands fastest first, empty bands left out, ``lower_ns``/``upper_ns`` the band edges in
     ns). Datetimes must be timezone-aware (``ValueError`` otherwise, from the store).
     """
     where, parameters = request_filter(
-        start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=status
+        start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=status, columns=columns
     )
     rows = store.query(_sql(where), parameters)
     bands: dict[str, list[StageSummary]] = {m: [] for m in BREAKDOWN_MEASURES}

@@ -298,19 +298,24 @@ def request_filter(
     endpoint: str | None = None,
     endpoint_class: str | None = None,
     status: str | None = "ok",
+    columns: dict[str, str] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The ``WHERE`` condition (SQL text with ``{name:Type}`` placeholders) and its parameters
     selecting request rows with ``start ≤ timestamp < end`` and the given ``endpoint`` /
     ``endpoint_class`` / ``status`` (each ignored when ``None``), as :func:`fetch_request_rows`
     and the in-database aggregates (:mod:`inferpath.analysis.band_query`,
-    :mod:`inferpath.analysis.timeline_query`) read them. Values are bound, never pasted."""
+    :mod:`inferpath.analysis.timeline_query`) read them. ``columns``: further exact-match
+    filters on ``service_name`` / ``model`` / ``replica`` (column → value, as
+    :func:`inferpath.storage.reader.row_filters` gives). Values are bound, never pasted."""
+    from inferpath.storage.reader import row_filter_sql
+
     conditions = ["timestamp >= {start:DateTime64(9)}", "timestamp < {end:DateTime64(9)}"]
     parameters: dict[str, Any] = {"start": start, "end": end}
     for column, value in (("endpoint", endpoint), ("endpoint_class", endpoint_class), ("status", status)):
         if value is not None:
             conditions.append(f"{column} = {{{column}:String}}")
             parameters[column] = value
-    return " AND ".join(conditions), parameters
+    return " AND ".join(conditions) + row_filter_sql(columns, parameters), parameters
 
 
 __all__ = [

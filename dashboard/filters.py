@@ -18,10 +18,10 @@ FILTER_LABELS = {"endpoint_class": "endpoint class", "service": "service", "mode
 """Filter (query parameter) → how a sentence names it."""
 
 READ_API_FILTERS: dict[str, frozenset[str]] = {
-    "/api/v1/summary": frozenset({"endpoint_class"}),
-    "/api/v1/requests": frozenset({"endpoint_class"}),
-    "/api/v1/views/latency": frozenset({"endpoint_class"}),
-    "/api/v1/views/breakdown": frozenset({"endpoint_class"}),
+    "/api/v1/summary": frozenset({"endpoint_class", "service", "model", "replica"}),
+    "/api/v1/requests": frozenset({"endpoint_class", "service", "model", "replica"}),
+    "/api/v1/views/latency": frozenset({"endpoint_class", "service", "model", "replica"}),
+    "/api/v1/views/breakdown": frozenset({"endpoint_class", "service", "model", "replica"}),
     "/api/v1/views/correlate": frozenset(),
     "/api/v1/views/signals": frozenset(),
     "/api/v1/views/fleet": frozenset(),
@@ -30,8 +30,7 @@ READ_API_FILTERS: dict[str, frozenset[str]] = {
     "/api/v1/alerts": frozenset(),
     "/api/v1/whatif": frozenset(),
 }
-"""Route → the filters of :class:`Filters` its handler takes (``server/read_api.py``). No
-route takes ``service``, ``model`` or ``replica`` yet."""
+"""Route → the filters of :class:`Filters` its handler takes (``server/read_api.py``)."""
 SHARED_STATE_ROUTES = frozenset({"/api/v1/views/signals", "/api/v1/views/fleet", "/api/v1/timeseries/gauge"})
 """Engine and GPU state: one engine serves every endpoint class, so a class filter has no
 meaning there (and is not reported as missing)."""

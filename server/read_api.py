@@ -27,6 +27,7 @@ from inferpath.server.otlp import MAX_METRIC_NAME_CHARS
 from inferpath.server.services import ALERTS, AlertsService
 from inferpath.storage.hop_rollup import HOP_SLACK, hop_aggregate, hop_plan
 from inferpath.storage.hop_rollup import pairs_sql as hop_pairs_sql
+from inferpath.storage.reader import row_filter_sql, row_filters
 from inferpath.storage.rollup import QUANTILE_LEVELS as ROLLUP_LEVELS
 from inferpath.storage.rollup import WindowPlan
 from inferpath.storage.rollup import aggregate as rollup_aggregate
@@ -179,6 +180,23 @@ async def _read(call, *args, **kwargs):
         ) from None
 
 
+ServiceQuery = Query(None, description="Only requests of this service (the row's service_name), exact match.")
+ModelQuery = Query(None, description="Only requests of this model, exact match.")
+ReplicaQuery = Query(None, description="Only requests served by this replica, exact match.")
+
+
+def _row_filters(service: str | None, model: str | None, replica: str | None) -> dict[str, str]:
+    """Column → value of the service / model / replica filters given; 422 naming the
+    parameter for an empty value or one over 256 characters."""
+    columns: dict[str, str] = {}
+    for name, value in (("service", service), ("model", model), ("replica", replica)):
+        try:
+            columns.update(row_filters(**{name: value}))
+        except ValueError as exc:
+            raise _invalid(name, str(exc)) from None
+    return columns
+
+
 StartQuery = Query(None, description="Window start: ISO-8601 with offset or Unix seconds (default end − 15 min).")
 EndQuery = Query(None, description="Window end: ISO-8601 with offset or Unix seconds (default now).")
 
@@ -190,15 +208,26 @@ async def summary(
     end: str | None = EndQuery,
     endpoint: str | None = None,
     endpoint_class: str | None = None,
+    service: str | None = ServiceQuery,
+    model: str | None = ModelQuery,
+    replica: str | None = ReplicaQuery,
 ) -> dict:
     """Latency summary per measure (count, mean, p50, p95, p99 in seconds) over the window.
 
     ``percentiles`` says how they were computed: ``exact``, or ``ddsketch`` (merged per-minute
     sketches, within 0.5 % of a value of that rank) for windows of at least
-    ``INFERPATH_ROLLUP_MIN_WINDOW_SECONDS``; counts and means are exact either way."""
+    ``INFERPATH_ROLLUP_MIN_WINDOW_SECONDS``; counts and means are exact either way. Filtered
+    by ``service``, ``model`` or ``replica`` (exact match), the raw rows are read whatever the
+    window (``exact``): the rollups hold none of those columns."""
     start_dt, end_dt = _window(start, end)
+    columns = _row_filters(service, model, replica)
     body = await _read(
-        request.app.state.runtime.reader.summary, start_dt, end_dt, endpoint=endpoint, endpoint_class=endpoint_class
+        request.app.state.runtime.reader.summary,
+        start_dt,
+        end_dt,
+        endpoint=endpoint,
+        endpoint_class=endpoint_class,
+        columns=columns,
     )
     return {"start": start_dt, "end": end_dt, "endpoint": endpoint, "endpoint_class": endpoint_class, **body}
 
@@ -210,17 +239,23 @@ async def requests_(
     end: str | None = EndQuery,
     endpoint: str | None = None,
     endpoint_class: str | None = None,
+    service: str | None = ServiceQuery,
+    model: str | None = ModelQuery,
+    replica: str | None = ReplicaQuery,
     limit: int = Query(100, ge=1, le=10_000),
     order: Literal["timestamp", "slowest"] = "timestamp",
 ) -> dict:
-    """Request rows in the window (durations in ns), newest first or slowest first."""
+    """Request rows in the window (durations in ns), newest first or slowest first;
+    ``service``, ``model``, ``replica``: exact-match filters on the row."""
     start_dt, end_dt = _window(start, end)
+    columns = _row_filters(service, model, replica)
     rows = await _read(
         request.app.state.runtime.reader.requests,
         start_dt,
         end_dt,
         endpoint=endpoint,
         endpoint_class=endpoint_class,
+        columns=columns,
         limit=limit,
         order=order,
     )
@@ -234,15 +269,21 @@ async def requests_count(
     end: str | None = EndQuery,
     endpoint: str | None = None,
     endpoint_class: str | None = None,
+    service: str | None = ServiceQuery,
+    model: str | None = ModelQuery,
+    replica: str | None = ReplicaQuery,
 ) -> dict:
-    """Number of requests in the window."""
+    """Number of requests in the window (``service``, ``model``, ``replica``: exact-match
+    filters on the row)."""
     start_dt, end_dt = _window(start, end)
+    columns = _row_filters(service, model, replica)
     count = await _read(
         request.app.state.runtime.reader.request_count,
         start_dt,
         end_dt,
         endpoint=endpoint,
         endpoint_class=endpoint_class,
+        columns=columns,
     )
     return {"start": start_dt, "end": end_dt, "count": count}
 
@@ -539,6 +580,7 @@ def latency_view_points(
     step_seconds: int,
     endpoint_class: str | None = None,
     plan: WindowPlan | None = None,
+    columns: dict[str, str] | None = None,
 ) -> list[dict]:
     """Per bucket and endpoint class: request count, error count, and TTFT, ITL and E2E
     mean / p50 / p95 / p99 in seconds (``None`` where no request measured them).
@@ -546,15 +588,20 @@ def latency_view_points(
     TTFT and E2E are the client's when measured, else the gateway's (as ``/timeseries/ttft``);
     ``errors`` counts rows with status ``error``. Percentiles are exact (R type 7) per bucket,
     or, given a rollup ``plan`` (:meth:`Reader.rollup_plan`, aligned to ``step_seconds``),
-    merged per-minute DDSketches (within 0.5 % of a value of that rank).
+    merged per-minute DDSketches (within 0.5 % of a value of that rank). ``columns``:
+    service / model / replica filters (:func:`~inferpath.storage.reader.row_filters`), which
+    the rollups cannot apply: with any, ``plan`` must be ``None`` (``ValueError`` otherwise).
     """
     if plan is not None:
+        if columns:
+            raise ValueError("columns: the rollups hold no service, model or replica; read the raw rows")
         return _latency_points_from_rollup(store, plan, step_seconds, endpoint_class)
     params: dict = {"start": start, "end": end, "step": step_seconds}
     where = "timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
     if endpoint_class:
         where += " AND endpoint_class = {endpoint_class:String}"
         params["endpoint_class"] = endpoint_class
+    where += row_filter_sql(columns, params)
     measures = ("ttft", "itl", "e2e")
     aggregates = ", ".join(f"avg({m}), quantilesExactInclusive{_VIEW_QUANTILES}({m})" for m in measures)
     sql = (
@@ -629,15 +676,23 @@ async def latency_view(
     start: str | None = StartQuery,
     end: str | None = EndQuery,
     endpoint_class: str | None = None,
+    service: str | None = ServiceQuery,
+    model: str | None = ModelQuery,
+    replica: str | None = ReplicaQuery,
     step_seconds: int | None = StepQuery,
     max_points: int = MaxPointsQuery,
 ) -> dict:
     """Overview: per bucket and endpoint class, requests, errors and TTFT / ITL / E2E
-    mean, p50, p95, p99 (seconds); ``step_seconds`` is the width actually used."""
+    mean, p50, p95, p99 (seconds); ``step_seconds`` is the width actually used. Filtered by
+    ``service``, ``model`` or ``replica`` (exact match), the raw rows are read whatever the
+    window (``percentiles``: ``exact``): the rollups hold none of those columns."""
     start_dt, end_dt = _window(start, end)
+    columns = _row_filters(service, model, replica)
     step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
     runtime = request.app.state.runtime
-    step, plan = await _read(latency_view_plan, runtime.reader, start_dt, end_dt, step)
+    plan: WindowPlan | None = None
+    if not columns:
+        step, plan = await _read(latency_view_plan, runtime.reader, start_dt, end_dt, step)
     points = await _read(
         latency_view_points,
         runtime.store,
@@ -646,6 +701,7 @@ async def latency_view(
         step_seconds=step,
         endpoint_class=endpoint_class,
         plan=plan,
+        columns=columns,
     )
     return {
         "start": start_dt,
@@ -707,7 +763,26 @@ async def correlate_view(
     return {"start": start_dt, "end": end_dt, "step_seconds": step, **body}
 
 
-def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
+HOP_TRACE_LOOKBACK = timedelta(hours=1)
+"""How long before a window a filtered hop view looks for the requests whose calls it keeps
+(a request's row is stamped with its start; its calls follow)."""
+
+
+def _hop_trace_condition(start: datetime, end: datetime, columns: dict[str, str] | None, params: dict) -> str:
+    """``TraceId IN (...)`` keeping the traces whose request row (stamped from
+    ``start - HOP_TRACE_LOOKBACK`` to ``end``) matches ``columns``; ``""`` without filters."""
+    if not columns:
+        return ""
+    params["hop_requests_start"] = start - HOP_TRACE_LOOKBACK
+    params["hop_requests_end"] = end
+    return (
+        "TraceId IN (SELECT trace_id FROM inferpath_requests FINAL"
+        " WHERE timestamp >= {hop_requests_start:DateTime64(9, 'UTC')}"
+        " AND timestamp < {hop_requests_end:DateTime64(9, 'UTC')}" + row_filter_sql(columns, params) + ")"
+    )
+
+
+def hop_overhead_rows(store, start: datetime, end: datetime, *, columns: dict[str, str] | None = None) -> list[dict]:
     """Overhead of each hop: caller's CLIENT span − callee's SERVER span of the same call
     (DESIGN.md's definition; pairing as :mod:`inferpath.storage.hop_rollup` defines it: the
     server span starts within ``HOP_SLACK`` of the client span), per (caller service, callee
@@ -718,14 +793,20 @@ def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
     server parent id), which is about twice as fast as joining the two sets over a day of
     spans. When any call holds more than one client or server span (a span exported twice,
     a retried call), the exact pairs of the join are taken instead, so the answer is the
-    join's either way."""
-    parameters = {
+    join's either way.
+
+    ``columns``: service / model / replica filters on the request row: only the calls of
+    traces whose request matches (request stamped at most :data:`HOP_TRACE_LOOKBACK` before
+    the window)."""
+    parameters: dict = {
         "start": start,
         "end": end,
         "slack_start": start - HOP_SLACK,
         "slack_end": end + HOP_SLACK,
         "slack_ns": int(HOP_SLACK.total_seconds() * 1e9),
     }
+    trace_condition = _hop_trace_condition(start, end, columns, parameters)
+    trace_sql = f" AND {trace_condition}" if trace_condition else ""
     calls_sql = (
         "SELECT caller, callee, callee_span, count(), avg(overhead),"
         f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead), max(clients * servers)"
@@ -739,7 +820,9 @@ def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
         "   SpanKind = 'Client' AND Timestamp >= {start:DateTime64(9, 'UTC')}"
         "   AND Timestamp < {end:DateTime64(9, 'UTC')} AS is_client, SpanKind = 'Server' AS is_server"
         "   FROM otel_traces WHERE SpanKind IN ('Client', 'Server')"
-        "   AND Timestamp >= {slack_start:DateTime64(9, 'UTC')} AND Timestamp < {slack_end:DateTime64(9, 'UTC')})"
+        "   AND Timestamp >= {slack_start:DateTime64(9, 'UTC')} AND Timestamp < {slack_end:DateTime64(9, 'UTC')}"
+        + trace_sql
+        + ")"
         "  GROUP BY TraceId, if(SpanKind = 'Client', SpanId, ParentSpanId)"
         # One pair: it counts when the server starts within the slack of the client; more
         # than one: the join below decides pair by pair.
@@ -750,33 +833,43 @@ def hop_overhead_rows(store, start: datetime, end: datetime) -> list[dict]:
     rows = store.query(calls_sql, parameters)
     if all(int(row[-1]) == 1 for row in rows):
         return [_hop_row(*row[:-1]) for row in rows]
-    return hop_overhead_rows_joined(store, start, end)
+    return hop_overhead_rows_joined(store, start, end, columns=columns)
 
 
-def hop_overhead_rows_joined(store, start: datetime, end: datetime) -> list[dict]:
+def hop_overhead_rows_joined(
+    store, start: datetime, end: datetime, *, columns: dict[str, str] | None = None
+) -> list[dict]:
     """:func:`hop_overhead_rows` by joining every CLIENT span of the window with its callee's
     SERVER spans: the definition, counting each (client, server) pair."""
+    parameters: dict = {"start": start, "end": end, "slack_ns": int(HOP_SLACK.total_seconds() * 1e9)}
+    trace_condition = _hop_trace_condition(start, end, columns, parameters)
     sql = (
         f"SELECT caller, callee, callee_span, count(), avg(overhead),"
         f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead) FROM "
-        + hop_pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}")
+        + hop_pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}", trace_condition)
         + " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
     )
-    parameters = {"start": start, "end": end, "slack_ns": int(HOP_SLACK.total_seconds() * 1e9)}
     return [_hop_row(*row) for row in store.query(sql, parameters)]
 
 
 def hop_overhead_view(
-    store, start: datetime, end: datetime, *, rollup_min_window_seconds: float | None = None
+    store,
+    start: datetime,
+    end: datetime,
+    *,
+    rollup_min_window_seconds: float | None = None,
+    columns: dict[str, str] | None = None,
 ) -> tuple[list[dict], str]:
     """``(rows, percentiles)``: :func:`hop_overhead_rows` (``"exact"``) for windows shorter
     than ``rollup_min_window_seconds`` (or with it ``None``, or before the hop rollup's first
     pass), else the same rows from the per-minute hop rollup with the window's ragged edges
     and recent minutes paired from raw spans (``"ddsketch"``: counts and means exact,
-    percentiles within 0.5 % of a value of that rank; :mod:`inferpath.storage.hop_rollup`)."""
-    plan = hop_plan(store, start, end, min_window_seconds=rollup_min_window_seconds)
+    percentiles within 0.5 % of a value of that rank; :mod:`inferpath.storage.hop_rollup`).
+    With ``columns`` (service / model / replica filters) always the raw spans (``"exact"``):
+    the hop rollup holds no request columns."""
+    plan = None if columns else hop_plan(store, start, end, min_window_seconds=rollup_min_window_seconds)
     if plan is None:
-        return hop_overhead_rows(store, start, end), "exact"
+        return hop_overhead_rows(store, start, end, columns=columns), "exact"
     return [_hop_row(*row) for row in hop_aggregate(store, plan, _VIEW_QUANTILES)], "ddsketch"
 
 
@@ -798,29 +891,46 @@ def breakdown_view_body(
     *,
     endpoint_class: str | None = None,
     rollup_min_window_seconds: float | None = None,
+    columns: dict[str, str] | None = None,
 ) -> dict:
     """Stage shares of TTFT and E2E per percentile band
     (:func:`inferpath.analysis.breakdown.breakdown_by_band`, ``*_ns`` means and ratios, exact)
     over the ``ok`` requests of the window, computed inside the store
     (:func:`inferpath.analysis.band_query.fetch_breakdown_bands`), and the hop overheads
-    (:func:`hop_overhead_view`; ``hop_percentiles`` says ``exact`` or ``ddsketch``)."""
+    (:func:`hop_overhead_view`; ``hop_percentiles`` says ``exact`` or ``ddsketch``).
+    ``columns``: service / model / replica filters on the request rows; the hops then are
+    those of the matching requests' traces, paired from raw spans (``exact``). The hops do
+    not take ``endpoint_class``."""
     from inferpath.analysis.band_query import fetch_breakdown_bands
 
-    request_count, summaries = fetch_breakdown_bands(store, start=start, end=end, endpoint_class=endpoint_class)
+    request_count, summaries = fetch_breakdown_bands(
+        store, start=start, end=end, endpoint_class=endpoint_class, columns=columns
+    )
     bands = {measure: [dataclasses.asdict(summary) for summary in summaries[measure]] for measure in ("ttft", "e2e")}
-    hops, hop_percentiles = hop_overhead_view(store, start, end, rollup_min_window_seconds=rollup_min_window_seconds)
+    hops, hop_percentiles = hop_overhead_view(
+        store, start, end, rollup_min_window_seconds=rollup_min_window_seconds, columns=columns
+    )
     return {"request_count": request_count, "bands": bands, "hops": hops, "hop_percentiles": hop_percentiles}
 
 
 @router.get("/views/breakdown")
 async def breakdown_view(
-    request: Request, start: str | None = StartQuery, end: str | None = EndQuery, endpoint_class: str | None = None
+    request: Request,
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
+    endpoint_class: str | None = None,
+    service: str | None = ServiceQuery,
+    model: str | None = ModelQuery,
+    replica: str | None = ReplicaQuery,
 ) -> dict:
     """Breakdown: stage shares of TTFT and E2E per percentile band (exact); overhead per hop
     (``hop_percentiles``: ``exact``, or ``ddsketch`` from the per-minute hop rollup for
     windows of at least ``INFERPATH_ROLLUP_MIN_WINDOW_SECONDS``, within 0.5 % of a value
-    of that rank; counts and means exact either way)."""
+    of that rank; counts and means exact either way). ``service``, ``model``, ``replica``:
+    exact-match filters on the request row; filtered, the hops are those of the matching
+    requests' traces, always paired from raw spans (the hop rollup holds no such columns)."""
     start_dt, end_dt = _window(start, end)
+    columns = _row_filters(service, model, replica)
     runtime = request.app.state.runtime
     body = await _read(
         breakdown_view_body,
@@ -829,6 +939,7 @@ async def breakdown_view(
         end_dt,
         endpoint_class=endpoint_class,
         rollup_min_window_seconds=runtime.reader.rollup_min_window_seconds,
+        columns=columns,
     )
     return {"start": start_dt, "end": end_dt, **body}
 

@@ -65,17 +65,20 @@ _SKETCH_ARGS = f"{RELATIVE_ACCURACY}, {', '.join(str(q) for q in HOP_QUANTILE_LE
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def pairs_sql(start: str, end: str) -> str:
+def pairs_sql(start: str, end: str, trace_condition: str = "") -> str:
     """SQL FROM-clause body: every (CLIENT span starting in ``[start, end)``, SERVER span of
     the same call starting within :data:`HOP_SLACK` of it) pair, with columns ``client_ts``,
     ``caller``, ``callee``, ``callee_span`` and ``overhead`` (client − server duration, ns,
-    Int64). ``start``/``end`` are DateTime64 placeholders; ``{slack_ns:Int64}`` is bound."""
+    Int64). ``start``/``end`` are DateTime64 placeholders; ``{slack_ns:Int64}`` is bound.
+    ``trace_condition``: SQL (placeholders only) ANDed onto the client spans' condition,
+    e.g. ``TraceId IN (...)``, to keep some traces' calls."""
+    extra = f" AND {trace_condition}" if trace_condition else ""
     slack = "toIntervalNanosecond({slack_ns:Int64})"
     return (
         "(SELECT c.Timestamp AS client_ts, c.ServiceName AS caller, s.ServiceName AS callee,"
         " s.SpanName AS callee_span, c.dur - s.dur AS overhead"
         " FROM (SELECT Timestamp, TraceId, SpanId, ServiceName, toInt64(Duration) AS dur FROM otel_traces"
-        f"  WHERE SpanKind = 'Client' AND Timestamp >= {start} AND Timestamp < {end}) AS c"
+        f"  WHERE SpanKind = 'Client' AND Timestamp >= {start} AND Timestamp < {end}{extra}) AS c"
         " INNER JOIN (SELECT Timestamp, TraceId, ParentSpanId, ServiceName, SpanName,"
         "  toInt64(Duration) AS dur FROM otel_traces WHERE SpanKind = 'Server'"
         f"  AND Timestamp >= {start} - {slack} AND Timestamp < {end} + {slack}) AS s"

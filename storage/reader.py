@@ -34,6 +34,43 @@ _TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 _REQUESTS_FROM = "FROM inferpath_requests FINAL"
 _REQUESTS_RANGE = "timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
 
+ROW_FILTERS = {"service": "service_name", "model": "model", "replica": "replica"}
+"""Exact-match filters on a request row: the read API's parameter → the column of
+``inferpath_requests``. The rollups hold none of these columns, so a query filtered by any
+of them reads the raw rows."""
+MAX_FILTER_LENGTH = 256
+
+
+def row_filters(**values: str | None) -> dict[str, str]:
+    """Column → value for the :data:`ROW_FILTERS` given (``None`` ones left out). Raises
+    ``ValueError`` starting with the parameter's name for an unknown name, an empty value or
+    one longer than :data:`MAX_FILTER_LENGTH` characters."""
+    out: dict[str, str] = {}
+    for name, value in values.items():
+        if name not in ROW_FILTERS:
+            raise ValueError(f"{name} is not a request-row filter (known: {', '.join(ROW_FILTERS)})")
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if len(value) > MAX_FILTER_LENGTH:
+            raise ValueError(f"{name} must be at most {MAX_FILTER_LENGTH} characters, got {len(value)}")
+        out[ROW_FILTERS[name]] = value
+    return out
+
+
+def row_filter_sql(columns: dict[str, str] | None, params: dict[str, Any]) -> str:
+    """`` AND column = {rf_column:String}`` for each of ``columns`` (column → value, as
+    :func:`row_filters` gives), binding the values into ``params``; ``""`` for none. Raises
+    ``ValueError`` for a column that is not one of :data:`ROW_FILTERS`."""
+    sql = ""
+    for column, value in (columns or {}).items():
+        if column not in ROW_FILTERS.values():
+            raise ValueError(f"row filter on unknown column {column!r}")
+        params[f"rf_{column}"] = value
+        sql += f" AND {column} = {{rf_{column}:String}}"
+    return sql
+
 
 def _seconds(value_ns: Any) -> float | None:
     if value_ns is None:
@@ -84,7 +121,12 @@ class Reader:
         return {"start": start_utc, "end": end_utc}
 
     @staticmethod
-    def _filters(params: dict[str, Any], endpoint: str | None, endpoint_class: str | None) -> str:
+    def _filters(
+        params: dict[str, Any],
+        endpoint: str | None,
+        endpoint_class: str | None,
+        columns: dict[str, str] | None = None,
+    ) -> str:
         clauses = [_REQUESTS_RANGE]
         if endpoint is not None:
             if not isinstance(endpoint, str):
@@ -96,7 +138,7 @@ class Reader:
                 raise ValueError("endpoint_class must be a string")
             params["endpoint_class"] = endpoint_class
             clauses.append("endpoint_class = {endpoint_class:String}")
-        return " AND ".join(clauses)
+        return " AND ".join(clauses) + row_filter_sql(columns, params)
 
     @staticmethod
     def _step(start: datetime, end: datetime, step_seconds: int) -> int:
@@ -121,6 +163,7 @@ class Reader:
         *,
         endpoint: str | None = None,
         endpoint_class: str | None = None,
+        columns: dict[str, str] | None = None,
     ) -> list[dict]:
         """Per-measure latency statistics of requests with ``timestamp`` in ``[start, end)``.
 
@@ -129,10 +172,13 @@ class Reader:
         ``avg_seconds``, ``p50_seconds``, ``p95_seconds``, ``p99_seconds`` (``None`` when
         ``count`` is 0).
         Percentiles are exact (see module docstring) unless the window is wide enough for
-        the per-minute rollup (:meth:`rollup_plan`); then they come from merged DDSketches,
-        within 0.5 % of a value of that rank, and counts and means stay exact.
+        the per-minute rollup (:meth:`rollup_plan`) and no ``columns`` filter is given; then
+        they come from merged DDSketches, within 0.5 % of a value of that rank, and counts and
+        means stay exact. ``columns``: exact-match filters on request-row columns
+        (:func:`row_filters`); the rollups hold no such columns, so a filtered summary reads
+        the raw rows whatever the window.
         """
-        return self.summary(start, end, endpoint=endpoint, endpoint_class=endpoint_class)["measures"]
+        return self.summary(start, end, endpoint=endpoint, endpoint_class=endpoint_class, columns=columns)["measures"]
 
     def summary(
         self,
@@ -141,13 +187,16 @@ class Reader:
         *,
         endpoint: str | None = None,
         endpoint_class: str | None = None,
+        columns: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """``{"request_count", "percentiles", "measures"}`` over ``[start, end)``: the number
         of requests, ``"exact"`` or ``"ddsketch"`` (how the percentiles were computed), and
-        the per-measure list of :meth:`latency_summary`."""
+        the per-measure list of :meth:`latency_summary`. With ``columns`` (service, model,
+        replica filters: :func:`row_filters`) the raw rows are read (``"exact"``) even for a
+        window the rollups would serve: they hold none of those columns."""
         params: dict[str, Any] = self._range(start, end)
-        where = self._filters(params, endpoint, endpoint_class)
-        plan = self.rollup_plan(params["start"], params["end"])
+        where = self._filters(params, endpoint, endpoint_class, columns)
+        plan = None if columns else self.rollup_plan(params["start"], params["end"])
         if plan is not None:
             return self._summary_from_rollup(plan, endpoint, endpoint_class)
         count, measures = self._exact_summary(where, params)
@@ -229,10 +278,12 @@ class Reader:
         *,
         endpoint: str | None = None,
         endpoint_class: str | None = None,
+        columns: dict[str, str] | None = None,
     ) -> int:
-        """Number of requests (distinct traces) with ``timestamp`` in ``[start, end)``."""
+        """Number of requests (distinct traces) with ``timestamp`` in ``[start, end)``
+        (``columns``: exact-match row filters, :func:`row_filters`)."""
         params: dict[str, Any] = self._range(start, end)
-        where = self._filters(params, endpoint, endpoint_class)
+        where = self._filters(params, endpoint, endpoint_class, columns)
         rows = self.store.query(f"SELECT count() {_REQUESTS_FROM} WHERE {where}", params)
         return int(rows[0][0]) if rows else 0
 
@@ -243,6 +294,7 @@ class Reader:
         *,
         endpoint: str | None = None,
         endpoint_class: str | None = None,
+        columns: dict[str, str] | None = None,
         limit: int = 1000,
         order: Literal["timestamp", "slowest"] = "timestamp",
     ) -> list[dict]:
@@ -251,10 +303,11 @@ class Reader:
         Keys are :data:`~inferpath.storage.rows.REQUEST_COLUMNS` (durations stay in ns).
         ``order="timestamp"``: newest first. ``order="slowest"``: by end-to-end latency
         (client-side ``client_e2e_ns`` if measured, else ``e2e_ns``) descending, rows with
-        neither last. ``limit``: 1..10000.
+        neither last. ``limit``: 1..10000. ``columns``: exact-match row filters
+        (:func:`row_filters`).
         """
         params: dict[str, Any] = self._range(start, end)
-        where = self._filters(params, endpoint, endpoint_class)
+        where = self._filters(params, endpoint, endpoint_class, columns)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise ValueError(f"limit must be an integer in 1..{MAX_LIMIT}, got {limit!r}")
         order_by = {

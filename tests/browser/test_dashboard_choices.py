@@ -47,14 +47,14 @@ def test_a_box_on_a_time_chart_is_a_window_of_whole_seconds_in_utc() -> None:
 def test_filters_go_only_to_routes_that_take_them_and_the_rest_is_said() -> None:
     filters = Filters(endpoint_class="bulk", model="llama-2-70b")
     assert filters.as_params() == {"endpoint_class": "bulk", "model": "llama-2-70b"}
-    assert filters.for_route("/api/v1/requests") == (("endpoint_class", "bulk"),)
+    assert filters.for_route("/api/v1/requests") == (("endpoint_class", "bulk"), ("model", "llama-2-70b"))
     assert filters.for_route("/api/v1/views/correlate") == ()
     note = not_applied_note(filters, ["/api/v1/requests", "/api/v1/views/correlate", "/api/v1/views/signals"])
-    # The class is applied to /requests and means nothing for engine state; the correlate
-    # view takes neither; no route takes the model yet.
+    # Both are applied to /requests; the class means nothing for engine state; the correlate
+    # view takes neither, the signals view not the model.
     assert note.startswith(
         "Not filtered here by endpoint class = bulk (/views/correlate); "
-        "model = llama-2-70b (/requests, /views/correlate, /views/signals)"
+        "model = llama-2-70b (/views/correlate, /views/signals)"
     )
     assert "Clear the filter" in note
     assert not_applied_note(Filters(endpoint_class="bulk"), ["/api/v1/requests"]) is None
