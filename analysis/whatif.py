@@ -29,7 +29,7 @@ from typing import Any
 
 from inferpath.analysis.percentiles import quantile, quantiles
 from inferpath.analysis.whatif_calibration import Calibration, InsufficientSignalsError, TraceRequest
-from inferpath.analysis.whatif_engine import run_engine
+from inferpath.analysis.whatif_engine import EngineSettings, run_engine
 
 MAX_CALIBRATION_ERROR = 0.30
 """The replay of the observed configuration must come within 30 % of what was observed."""
@@ -107,17 +107,6 @@ class Change:
             elif value is not None:
                 parts.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
         return ", ".join(parts) or "none (the observed configuration)"
-
-
-@dataclass
-class EngineSettings:
-    """The configuration of each simulated engine, read by the scheduler at every step."""
-
-    num_kv_blocks: int
-    block_size_tokens: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    batch_window_seconds: float = 0.0
 
 
 @dataclass(slots=True)

@@ -46,6 +46,7 @@ from fractions import Fraction
 from typing import Any
 
 from inferpath.analysis.percentiles import quantile
+from inferpath.analysis.whatif_engine import EngineSettings
 from inferpath.vocabulary import KV_CACHE_CONFIG_INFO
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
@@ -141,10 +142,8 @@ class Calibration:
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def engine_settings(self):  # -> whatif.EngineSettings (imported late: whatif imports this module)
+    def engine_settings(self) -> EngineSettings:
         """The observed configuration of one engine; an unknown KV pool is unlimited."""
-        from inferpath.analysis.whatif import EngineSettings
-
         blocks = self.num_kv_blocks or 1 << 40
         return EngineSettings(blocks, self.block_size_tokens, self.max_num_seqs, self.max_num_batched_tokens)
 

@@ -37,6 +37,18 @@ from math import ceil
 
 from inferpath.analysis.continuous_batching import BatchingConfig
 
+
+@dataclass
+class EngineSettings:
+    """The configuration of each simulated engine, read by the scheduler at every step."""
+
+    num_kv_blocks: int
+    block_size_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    batch_window_seconds: float = 0.0
+
+
 StepSeconds = Callable[[int, int], float]
 
 

@@ -556,6 +556,7 @@ def assemble_request(
             e2e_ns=client_e2e_ns if client_e2e_ns is not None else e2e_ns,
             output_tokens=output_tokens,
             itl_ns=itl_ns,
+            engine_ttft_reason=engine_sources.missing_ttft_reason(engine) if engine is not None else None,
         ),
         span_count=len(unique),
         updated_at=updated_at or datetime.now(timezone.utc),

@@ -54,6 +54,7 @@ from inferpath.server.sources import DerivationCounts, TTFTReading, seconds_to_n
 from inferpath.storage.rows import SpanRow
 
 __all__ = [
+    "missing_ttft_reason",
     "EngineReading",
     "EngineSource",
     "ENGINE_SOURCES",
@@ -345,6 +346,17 @@ def engine_source(span: SpanRow) -> EngineSource | None:
     for source in ENGINE_SOURCES:
         if source.claims(span):
             return source
+    return None
+
+
+def missing_ttft_reason(span: SpanRow) -> str | None:
+    """Why the engine request span ``span`` gives no TTFT, in its engine's terms, or ``None``
+    when nothing more specific than "no TTFT attribute" can be said."""
+    if engine_source(span) is TGI:
+        return (
+            f"TGI's request span '{span.span_name}' has no {TGI_SEND_SPAN} span under it "
+            "(the router hands no token back)"
+        )
     return None
 
 

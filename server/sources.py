@@ -380,14 +380,16 @@ def missing_measures(
     e2e_ns: int | None,
     output_tokens: int | None,
     itl_ns: int | None,
+    engine_ttft_reason: str | None = None,
 ) -> str:
     """Why a request row lacks TTFT, E2E, output tokens or ITL: ``"measure: reason"`` entries
     joined by ``"; "``, empty when nothing is missing. ``ttft_ns`` / ``e2e_ns``: the row's
     best (client, else server) values; ``client``/``gateway``/``engine``: the spans that
-    played those roles."""
+    played those roles; ``engine_ttft_reason``: the engine reader's own words for a TTFT its
+    span cannot give (:func:`~inferpath.server.engine_sources.missing_ttft_reason`)."""
     reasons = []
     if ttft_ns is None:
-        reasons.append("ttft: " + _ttft_reason(client, gateway, engine))
+        reasons.append("ttft: " + _ttft_reason(client, gateway, engine, engine_ttft_reason))
     if e2e_ns is None:
         reasons.append("e2e: no client, gateway or engine span gives the request's duration")
     if output_tokens is None:
@@ -404,7 +406,9 @@ def missing_measures(
     return "; ".join(reasons)
 
 
-def _ttft_reason(client: SpanRow | None, gateway: SpanRow | None, engine: SpanRow | None) -> str:
+def _ttft_reason(
+    client: SpanRow | None, gateway: SpanRow | None, engine: SpanRow | None, engine_reason: str | None
+) -> str:
     for span in (gateway, client):
         if span is not None and span.span_attributes.get(INFERPATH_STREAM_STATUS) == "incomplete":
             reason = span.span_attributes.get(INFERPATH_INCOMPLETE_REASON) or "incomplete"
@@ -425,12 +429,7 @@ def _ttft_reason(client: SpanRow | None, gateway: SpanRow | None, engine: SpanRo
     if gateway is not None:
         return "the gateway's response was not an OpenAI-style stream"
     if engine is not None:
-        from inferpath.server import engine_sources  # it imports this module
-
-        if engine_sources.engine_source(engine) is engine_sources.TGI:
-            return (
-                f"TGI's request span '{engine.span_name}' has no {engine_sources.TGI_SEND_SPAN} span under it "
-                "(the router hands no token back)"
-            )
+        if engine_reason:
+            return engine_reason
         return f"the engine span carries no {ENGINE_TTFT}"
     return "no span of this trace measures a first token"
