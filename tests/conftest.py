@@ -14,33 +14,6 @@ import uvicorn
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
-# Tests that share one worker under pytest-xdist, so that a session fixture is set up once:
-# the scenario suite and the alert test share the scenario runs (``scenario_runs``); the browser
-# tests share their dashboard (and run kv-pressure once more on their own worker: ~35 s, less
-# than the scenario suite's worker would take with them).
-WORKER_GROUPS = {
-    "tests/scenarios/": "scenario-runs",
-    "tests/alerts/test_alerts_scenario.py": "scenario-runs",
-    "tests/browser/": "browser",
-}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for pytest-xdist's ``--dist loadgroup`` (``scripts/test.sh``): one
-    group per module, so module-scoped fixtures are set up once, and the groups of
-    :data:`WORKER_GROUPS`, which are the longest and so are collected (and handed out) first.
-    Without xdist the marks change nothing."""
-    named = list(WORKER_GROUPS.values())
-
-    def group_of(item: pytest.Item) -> str:
-        module = item.nodeid.split("::", 1)[0]
-        return next((g for prefix, g in WORKER_GROUPS.items() if module.startswith(prefix)), module)
-
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
-    items.sort(key=lambda item: named.index(g) if (g := group_of(item)) in named else len(named))
-
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

@@ -131,9 +131,12 @@ def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(
     window_start = fed_server.start.astimezone(timezone.utc).isoformat()
     (summary,) = [params for path, params in calls if path == "/api/v1/summary" and params["start"] == window_start]
     assert summary["endpoint_class"] == "interactive"
-    # No route takes a model yet, and the diagnosis takes no class: nothing is sent there
-    # (the server would refuse an unknown parameter), and the page says what it did not filter.
-    assert all("model" not in params for _, params in calls)
+    # Each filter goes only to the routes that take it (the server would refuse an unknown
+    # parameter), and the page says what it did not filter.
+    from inferpath.dashboard.filters import READ_API_FILTERS
+
+    assert any(params.get("model") == "no-such-model" for _, params in calls)
+    assert all("model" in READ_API_FILTERS.get(path, frozenset()) for path, params in calls if "model" in params)
     assert "endpoint_class" not in sent["/api/v1/diagnosis"]
     notes = [info.value for info in app.info if "Not filtered here" in info.value]
     assert notes and "model = no-such-model" in notes[0] and "/diagnosis" in notes[0]

@@ -116,7 +116,9 @@ def test_empty_cache_without_network_is_served_with_a_marked_estimate(tmp_path: 
     expected = -(-len("The quick brown fox jumps over the lazy dog, twice over.") // 4)
     assert report["first"] == {"tokens": expected, "estimated": True}
     assert all(answer == report["first"] for answer in report["answers"])
-    assert report["added_seconds"] <= 0.05
+    # No network wait (a download attempt waits seconds); the bound leaves room for a busy
+    # neighbour, the cost itself is measured in bench/.
+    assert report["added_seconds"] <= 0.5
     assert report["cache_reads"] == 1  # tried once per process, never per request
     assert report["blocked"] == []  # not even a connect attempt
     assert stderr.count("is not in the local cache") == 1  # warned once
