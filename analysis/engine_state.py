@@ -8,9 +8,13 @@ three things is true, and the engine's gauges tell which:
 - **slots**: the running batch is at its limit (``max-num-seqs`` in vLLM). The engine is at
   its compute capacity: more replicas or a larger batch limit help; a shorter batching
   window does not.
-- **memory**: slots are free but the next request's KV blocks are not: the free share of the
-  pool is smaller than what one average running sequence holds (:func:`kv_full_at`), or
-  running sequences were preempted (vLLM preempts only when it runs out of blocks).
+- **memory**: slots are free but the next request's KV blocks are not, or running sequences
+  were preempted (vLLM preempts only when it runs out of blocks). The next request's need is
+  not exported, so it is estimated from the sequences the window ran: a step is memory-bound
+  when the free share of the pool is smaller than what one average sequence running at that
+  step holds (:func:`kv_full_at`) or, below a configured batch limit, smaller than a large
+  sequence of the window (:func:`sequence_share`, the p90 of usage per running sequence). A pool that two
+  long prompts fill leaves 40 % free between them, yet the next long prompt does not fit.
 - **held**: slots and KV blocks are free and the request still waits: the scheduler holds it
   (a batching window, or a per-step token budget). That is not a capacity problem.
 
@@ -35,6 +39,19 @@ KV_FULL_RATIO = 0.9
 scheduler also keeps a small watermark of blocks free, so usage rarely reads 1.0)."""
 WAITING_MIN = 1.0
 """A step counts as *waiting* when at least one request is in the engine's queue."""
+
+
+SEQUENCE_SHARE_QUANTILE = 0.9
+"""Which sequence of the window a waiting request is assumed to be as large as (a high
+quantile: the head of the queue can be any prompt; a long one waits when a short one would not)."""
+
+
+def sequence_share(steps: Sequence[tuple[float | None, float | None, float | None]]) -> float | None:
+    """KV share (ratio of the pool) of a large sequence of the window: the
+    :data:`SEQUENCE_SHARE_QUANTILE` of ``usage / running`` over steps with both reported and a
+    sequence running; ``None`` when there are none."""
+    shares = [kv / run for _, run, kv in steps if run is not None and run >= 1 and kv is not None]
+    return quantile(shares, SEQUENCE_SHARE_QUANTILE) if shares else None
 
 
 def kv_full_at(running: float) -> float:
@@ -136,13 +153,17 @@ def engine_state(
     limit, source = (float(configured_limit), "configured") if configured_limit else (peak, "observed max")
     waiting = [s for s in steps if s[0] >= WAITING_MIN]  # type: ignore[operator]
     preempted = (window.preemptions or 0) > 0
+    large = sequence_share(window.steps)
     slot = memory = held = 0
     for _, run, kv in waiting:
         if run is None or limit is None:
             continue
-        if (kv is not None and kv >= kv_full_at(run)) or (preempted and (source != "configured" or run < limit)):
-            # Preempted sequences mean the pool ran out of blocks; a peak observed under
-            # preemption is what memory allowed, not the configured batch limit.
+        below_limit = source != "configured" or run < limit
+        no_room = kv is not None and large is not None and 1.0 - kv < large
+        if (kv is not None and kv >= kv_full_at(run)) or ((preempted or no_room) and below_limit):
+            # Preempted sequences mean the pool ran out of blocks; no room for a sequence as
+            # large as the window's own means the next one did not fit. A peak observed then is
+            # what memory allowed, not a batch limit; a configured limit reached is the slots'.
             memory += 1
         elif run >= limit:
             slot += 1
@@ -173,4 +194,13 @@ def steps_of(
     return list(zip(queue, running, kv))
 
 
-__all__ = ["KV_FULL_RATIO", "WAITING_MIN", "EngineState", "engine_state", "kv_full_at", "steps_of"]
+__all__ = [
+    "KV_FULL_RATIO",
+    "SEQUENCE_SHARE_QUANTILE",
+    "WAITING_MIN",
+    "EngineState",
+    "engine_state",
+    "kv_full_at",
+    "sequence_share",
+    "steps_of",
+]

@@ -290,3 +290,19 @@ def test_a_pool_is_full_when_one_more_average_sequence_does_not_fit() -> None:
     assert cause_of("queue", _context(two_fill_it)) == "gpu_memory"
     # Sixteen sequences at 86%: there is room for a seventeenth.
     assert _engine(queue=[3, 4], running=[12, 13], kv=[0.86, 0.86]).memory_bound_steps == 0
+
+
+def test_with_free_slots_a_pool_with_no_room_for_a_long_prompt_is_memory_bound() -> None:
+    # The demo's kv-pressure fault as one full-suite run sampled it (160 blocks, prompts up to
+    # ~2,000 tokens): one or two sequences hold 19-87 % of the pool while up to 9 requests wait.
+    # By the average running sequence alone, 4 of the 6 waiting steps looked like a hold.
+    state = _engine(
+        queue=[0, 0, 0, 3, 9, 8, 7, 2, 1, 0],
+        running=[2, 1, 0, 2, 1, 2, 1, 2, 1, 0],
+        kv=[0.93, 0.86, 0.0, 0.39, 0.86, 0.66, 0.19, 0.63, 0.88, 0.0],
+    )
+    assert (state.waiting_steps, state.memory_bound_steps, state.held_steps) == (6, 6, 0)
+    assert state.bound == "memory" and cause_of("queue", _context(state)) == "gpu_memory"
+    # The same waits beside sequences that hold 1-2 % each: the pool had room, the queue was held.
+    small = _engine(queue=[0, 3, 9, 8], running=[2, 2, 1, 2], kv=[0.03, 0.02, 0.01, 0.03], limit=8)
+    assert small.bound == "held" and small.memory_bound_steps == 0
