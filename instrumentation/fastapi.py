@@ -9,7 +9,10 @@ Recent FastAPI releases trace requests natively (``FastAPI(telemetry=...)``) as 
 global tracer provider exists, which inferpath's setup creates. Two SERVER spans for one
 request would break the one-gateway-span-per-hop rule of the telemetry contract, so
 ``instrument_app`` turns the app's native tracing off (its metrics and logs are left as
-they are) and ``uninstrument_app`` restores the previous setting. A FastAPI app mounted
+they are) and ``uninstrument_app`` restores the previous setting. FastAPI offers no public
+switch on an existing app (only ``FastAPI(telemetry={"tracing": False})`` at creation), so
+this writes the app's private ``_telemetry`` dict; ``pyproject.toml`` pins FastAPI to the
+versions where that was tested, and a test fails on any other. A FastAPI app mounted
 inside an instrumented one is kept from tracing the request natively by the middleware
 itself (see ``asgi.py``), so it makes no second SERVER span either, whenever it was mounted.
 """

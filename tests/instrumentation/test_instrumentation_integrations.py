@@ -230,3 +230,26 @@ def test_queue_ticket_for_home_made_queues(spans) -> None:
     assert queue_span.attributes["inferpath.queue.depth"] == 4
     assert queue_span.attributes["inferpath.queue.batch_size"] == 8
     assert queue_span.parent.span_id == next(s for s in finished if s.name == "gateway").context.span_id
+
+
+def test_the_installed_fastapi_is_in_the_range_pyproject_pins() -> None:
+    # instrumentation/fastapi.py turns native tracing off through FastAPI's private telemetry
+    # dict; a version outside the checked range fails here, before a second SERVER span appears.
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from fastapi import FastAPI
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    for extra in ("server", "fastapi"):
+        [pinned] = [
+            Requirement(item)
+            for item in pyproject["project"]["optional-dependencies"][extra]
+            if Requirement(item).name == "fastapi"
+        ]
+        assert any(spec.operator == "<" for spec in pinned.specifier), (extra, str(pinned))
+        assert version("fastapi") in pinned.specifier, (version("fastapi"), str(pinned.specifier))
+    config = getattr(FastAPI(), "_telemetry", None)
+    assert config is None or isinstance(config.get("tracing"), bool), config
