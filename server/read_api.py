@@ -17,7 +17,7 @@ import re
 import types
 import typing
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -180,14 +180,16 @@ async def _read(call, *args, **kwargs):
         ) from None
 
 
-ServiceQuery = Query(None, description="Only requests of this service (the row's service_name), exact match.")
-ModelQuery = Query(None, description="Only requests of this model, exact match.")
-ReplicaQuery = Query(None, description="Only requests served by this replica, exact match.")
-
-
-def _row_filters(service: str | None, model: str | None, replica: str | None) -> dict[str, str]:
-    """Column → value of the service / model / replica filters given; 422 naming the
-    parameter for an empty value or one over 256 characters."""
+def _row_filters(
+    service: str | None = Query(
+        None, description="Only requests of this service (the row's service_name), exact match."
+    ),
+    model: str | None = Query(None, description="Only requests of this model, exact match."),
+    replica: str | None = Query(None, description="Only requests served by this replica, exact match."),
+) -> dict[str, str]:
+    """The ``service`` / ``model`` / ``replica`` query parameters as column → value (a route
+    dependency: ``columns: RowFilters``); 422 naming the parameter for an empty value or one
+    over 256 characters."""
     columns: dict[str, str] = {}
     for name, value in (("service", service), ("model", model), ("replica", replica)):
         try:
@@ -197,6 +199,9 @@ def _row_filters(service: str | None, model: str | None, replica: str | None) ->
     return columns
 
 
+RowFilters = Annotated[dict[str, str], Depends(_row_filters)]
+
+
 StartQuery = Query(None, description="Window start: ISO-8601 with offset or Unix seconds (default end − 15 min).")
 EndQuery = Query(None, description="Window end: ISO-8601 with offset or Unix seconds (default now).")
 
@@ -204,13 +209,11 @@ EndQuery = Query(None, description="Window end: ISO-8601 with offset or Unix sec
 @router.get("/summary")
 async def summary(
     request: Request,
+    columns: RowFilters,
     start: str | None = StartQuery,
     end: str | None = EndQuery,
     endpoint: str | None = None,
     endpoint_class: str | None = None,
-    service: str | None = ServiceQuery,
-    model: str | None = ModelQuery,
-    replica: str | None = ReplicaQuery,
 ) -> dict:
     """Latency summary per measure (count, mean, p50, p95, p99 in seconds) over the window.
 
@@ -220,7 +223,6 @@ async def summary(
     by ``service``, ``model`` or ``replica`` (exact match), the raw rows are read whatever the
     window (``exact``): the rollups hold none of those columns."""
     start_dt, end_dt = _window(start, end)
-    columns = _row_filters(service, model, replica)
     body = await _read(
         request.app.state.runtime.reader.summary,
         start_dt,
@@ -235,20 +237,17 @@ async def summary(
 @router.get("/requests")
 async def requests_(
     request: Request,
+    columns: RowFilters,
     start: str | None = StartQuery,
     end: str | None = EndQuery,
     endpoint: str | None = None,
     endpoint_class: str | None = None,
-    service: str | None = ServiceQuery,
-    model: str | None = ModelQuery,
-    replica: str | None = ReplicaQuery,
     limit: int = Query(100, ge=1, le=10_000),
     order: Literal["timestamp", "slowest"] = "timestamp",
 ) -> dict:
     """Request rows in the window (durations in ns), newest first or slowest first;
     ``service``, ``model``, ``replica``: exact-match filters on the row."""
     start_dt, end_dt = _window(start, end)
-    columns = _row_filters(service, model, replica)
     rows = await _read(
         request.app.state.runtime.reader.requests,
         start_dt,
@@ -265,18 +264,15 @@ async def requests_(
 @router.get("/requests/count")
 async def requests_count(
     request: Request,
+    columns: RowFilters,
     start: str | None = StartQuery,
     end: str | None = EndQuery,
     endpoint: str | None = None,
     endpoint_class: str | None = None,
-    service: str | None = ServiceQuery,
-    model: str | None = ModelQuery,
-    replica: str | None = ReplicaQuery,
 ) -> dict:
     """Number of requests in the window (``service``, ``model``, ``replica``: exact-match
     filters on the row)."""
     start_dt, end_dt = _window(start, end)
-    columns = _row_filters(service, model, replica)
     count = await _read(
         request.app.state.runtime.reader.request_count,
         start_dt,
@@ -673,12 +669,10 @@ def latency_view_plan(reader, start: datetime, end: datetime, step_seconds: int)
 @router.get("/views/latency")
 async def latency_view(
     request: Request,
+    columns: RowFilters,
     start: str | None = StartQuery,
     end: str | None = EndQuery,
     endpoint_class: str | None = None,
-    service: str | None = ServiceQuery,
-    model: str | None = ModelQuery,
-    replica: str | None = ReplicaQuery,
     step_seconds: int | None = StepQuery,
     max_points: int = MaxPointsQuery,
 ) -> dict:
@@ -687,7 +681,6 @@ async def latency_view(
     ``service``, ``model`` or ``replica`` (exact match), the raw rows are read whatever the
     window (``percentiles``: ``exact``): the rollups hold none of those columns."""
     start_dt, end_dt = _window(start, end)
-    columns = _row_filters(service, model, replica)
     step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
     runtime = request.app.state.runtime
     plan: WindowPlan | None = None
@@ -916,12 +909,10 @@ def breakdown_view_body(
 @router.get("/views/breakdown")
 async def breakdown_view(
     request: Request,
+    columns: RowFilters,
     start: str | None = StartQuery,
     end: str | None = EndQuery,
     endpoint_class: str | None = None,
-    service: str | None = ServiceQuery,
-    model: str | None = ModelQuery,
-    replica: str | None = ReplicaQuery,
 ) -> dict:
     """Breakdown: stage shares of TTFT and E2E per percentile band (exact); overhead per hop
     (``hop_percentiles``: ``exact``, or ``ddsketch`` from the per-minute hop rollup for
@@ -930,7 +921,6 @@ async def breakdown_view(
     exact-match filters on the request row; filtered, the hops are those of the matching
     requests' traces, always paired from raw spans (the hop rollup holds no such columns)."""
     start_dt, end_dt = _window(start, end)
-    columns = _row_filters(service, model, replica)
     runtime = request.app.state.runtime
     body = await _read(
         breakdown_view_body,
