@@ -771,10 +771,13 @@ def diagnose(
     baseline_start: datetime | None = None,
     baseline_end: datetime | None = None,
     endpoint: str | None = None,
+    endpoint_class: str | None = None,
+    columns: dict[str, str] | None = None,
     objectives: Objectives = DEFAULT_OBJECTIVES,
 ) -> Verdict:
     """Diagnose the ``ok`` requests in ``[window_start, window_end)`` (optionally of one
-    ``endpoint``) against ``objectives`` and, when both baseline bounds are given, against
+    ``endpoint`` or ``endpoint_class``; ``columns``: exact-match filters on service_name / model / replica, the
+    engine signals stay those of every engine) against ``objectives`` and, when both baseline bounds are given, against
     ``[baseline_start, baseline_end)``.
 
     Counts, quantiles and tail sums are aggregated in the store
@@ -793,10 +796,18 @@ def diagnose(
             raise ValueError("baseline_end must be after baseline_start")
         baseline_window = (baseline_start, baseline_end)
         current_rows, baseline_rows = StoredWindow.pair(
-            store, (window_start, window_end), baseline_window, endpoint=endpoint
+            store,
+            (window_start, window_end),
+            baseline_window,
+            endpoint=endpoint,
+            columns=columns,
+            endpoint_class=endpoint_class,
         )
     else:
-        current_rows, baseline_rows = StoredWindow(store, start=window_start, end=window_end, endpoint=endpoint), None
+        current = StoredWindow(
+            store, start=window_start, end=window_end, endpoint=endpoint, columns=columns, endpoint_class=endpoint_class
+        )
+        current_rows, baseline_rows = current, None
     signals = StoredSignalWindows(store, (window_start, window_end), baseline_window)
     lookback = timedelta(seconds=COLD_START_LOOKBACK_SECONDS)
     startups = StoredStartups(

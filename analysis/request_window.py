@@ -238,11 +238,20 @@ class _StoredAggregates:
     read (for every window) on first use.
     """
 
-    def __init__(self, store: Any, windows: Sequence[tuple[datetime, datetime]], endpoint: str | None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        windows: Sequence[tuple[datetime, datetime]],
+        endpoint: str | None,
+        columns: dict[str, str] | None = None,
+        endpoint_class: str | None = None,
+    ) -> None:
         self.store = store
         self.windows = list(windows)
         union_start, union_end = min(w[0] for w in windows), max(w[1] for w in windows)
-        where, self.parameters = request_filter(start=union_start, end=union_end, endpoint=endpoint)
+        where, self.parameters = request_filter(
+            start=union_start, end=union_end, endpoint=endpoint, endpoint_class=endpoint_class, columns=columns
+        )
         self.conditions: list[str] = []
         for index, (start, end) in enumerate(self.windows):
             self.parameters |= {f"start_{index}": start, f"end_{index}": end}
@@ -346,8 +355,9 @@ class _StoredAggregates:
 
 
 class StoredWindow:
-    """The ``ok`` request rows with ``start ≤ timestamp < end`` (of ``endpoint`` when given)
-    in ``store``, answered by aggregate queries. Datetimes must be timezone-aware
+    """The ``ok`` request rows with ``start ≤ timestamp < end`` (of ``endpoint`` when given;
+    ``columns``: exact-match filters on ``service_name`` / ``model`` / ``replica``, as
+    :func:`inferpath.storage.reader.row_filters` gives) in ``store``, answered by aggregate queries. Datetimes must be timezone-aware
     (``ValueError`` from the store otherwise). One query at construction reads the count and
     :data:`QUANTILE_LEVELS` of :data:`FIRST_COLUMNS`; the other columns' quantiles come in one
     more query on first use, the replica spans on first use. :meth:`pair` reads two windows
@@ -360,12 +370,16 @@ class StoredWindow:
         start: datetime,
         end: datetime,
         endpoint: str | None = None,
+        columns: dict[str, str] | None = None,
+        endpoint_class: str | None = None,
         _aggregates: _StoredAggregates | None = None,
         _index: int = 0,
     ) -> None:
         self.store, self.start, self.end, self.endpoint = store, start, end, endpoint
-        self._where, self._parameters = request_filter(start=start, end=end, endpoint=endpoint)
-        self._aggregates = _aggregates or _StoredAggregates(store, [(start, end)], endpoint)
+        self._where, self._parameters = request_filter(
+            start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, columns=columns
+        )
+        self._aggregates = _aggregates or _StoredAggregates(store, [(start, end)], endpoint, columns, endpoint_class)
         self._index = _index
         self._count = self._aggregates.counts[_index]
 
@@ -376,15 +390,27 @@ class StoredWindow:
         current: tuple[datetime, datetime],
         baseline: tuple[datetime, datetime],
         endpoint: str | None = None,
+        columns: dict[str, str] | None = None,
+        endpoint_class: str | None = None,
     ) -> tuple[StoredWindow, StoredWindow]:
         """``(current, baseline)`` windows whose aggregates are read together: one scan per
         pass over both windows instead of one per window. ``current`` / ``baseline``:
         ``(start, end)`` aware datetimes; they may overlap or be apart."""
-        aggregates = _StoredAggregates(store, [current, baseline], endpoint)
-        return (
-            cls(store, start=current[0], end=current[1], endpoint=endpoint, _aggregates=aggregates, _index=0),
-            cls(store, start=baseline[0], end=baseline[1], endpoint=endpoint, _aggregates=aggregates, _index=1),
-        )
+        aggregates = _StoredAggregates(store, [current, baseline], endpoint, columns, endpoint_class)
+
+        def window(index: int, bounds: tuple[datetime, datetime]) -> StoredWindow:
+            return cls(
+                store,
+                start=bounds[0],
+                end=bounds[1],
+                endpoint=endpoint,
+                columns=columns,
+                endpoint_class=endpoint_class,
+                _aggregates=aggregates,
+                _index=index,
+            )
+
+        return window(0, current), window(1, baseline)
 
     def __len__(self) -> int:
         return self._count

@@ -313,11 +313,12 @@ class ReadApiClient:
         endpoint: str | None = None,
         baseline_start: TimeLike | None = None,
         baseline_end: TimeLike | None = None,
+        filters: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """The verdict for ``[start, end)`` against the latency objectives, and against the
         baseline window when both its bounds are given (``GET /api/v1/diagnosis``); 422
         (too few requests) raises :class:`ReadApiError` whose ``detail`` is the server's
-        sentence."""
+        sentence. ``filters``: endpoint_class / service / model / replica query parameters."""
         return self._get(
             "/api/v1/diagnosis",
             {
@@ -326,6 +327,7 @@ class ReadApiClient:
                 "endpoint": endpoint,
                 "baseline_start": None if baseline_start is None else format_time(baseline_start),
                 "baseline_end": None if baseline_end is None else format_time(baseline_end),
+                **(filters or {}),
             },
         )
 

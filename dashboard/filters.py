@@ -26,7 +26,7 @@ READ_API_FILTERS: dict[str, frozenset[str]] = {
     "/api/v1/views/signals": frozenset(),
     "/api/v1/views/fleet": frozenset(),
     "/api/v1/timeseries/gauge": frozenset(),
-    "/api/v1/diagnosis": frozenset(),
+    "/api/v1/diagnosis": frozenset({"endpoint_class", "service", "model", "replica"}),
     "/api/v1/alerts": frozenset(),
     "/api/v1/whatif": frozenset(),
 }

@@ -259,7 +259,7 @@ def overview_panels(ctx: Context) -> None:
     before_classes = [ctx.endpoint_class] if ctx.endpoint_class else list(ENDPOINT_CLASSES)
     diagnosis, latency, summary, signals, objectives, *before = load_all(
         [
-            (load_diagnosis, (*server, window.start, window.end)),
+            (load_diagnosis, (*server, window.start, window.end, ctx.sent("/api/v1/diagnosis"))),
             (
                 load_view,
                 (*server, "latency", window.start, window.end, (*ctx.sent("/api/v1/views/latency"), *step_params)),
@@ -606,7 +606,7 @@ def diagnosis_panels(ctx: Context) -> None:
     _caption(ctx, "/api/v1/diagnosis")
     window = ctx.window
     try:
-        verdict = load_diagnosis(ctx.server_url, ctx.token, window.start, window.end)
+        verdict = load_diagnosis(ctx.server_url, ctx.token, window.start, window.end, ctx.sent("/api/v1/diagnosis"))
     except ReadApiError as error:
         st.error(_explain(error, "the verdict", ctx))
         return

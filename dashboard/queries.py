@@ -89,8 +89,11 @@ NO_VERDICT_KEY = "no_verdict"
 
 
 @st.cache_data(ttl=CACHE_TTL_SECONDS, max_entries=CACHE_MAX_ENTRIES, show_spinner=False)
-def load_diagnosis(server_url: str, token: str | None, start: datetime, end: datetime) -> dict[str, Any]:
-    """The verdict for the window against the latency objectives.
+def load_diagnosis(
+    server_url: str, token: str | None, start: datetime, end: datetime, filters: tuple[tuple[str, str], ...] = ()
+) -> dict[str, Any]:
+    """The verdict for the window against the latency objectives (``filters``: sorted pairs
+    of the query parameters the route takes).
 
     HTTP 422 (too few requests in a window) is an answer, not a failure: it comes back as
     ``{NO_VERDICT_KEY: reason}`` (the server's sentence, never its JSON) and is cached like
@@ -99,7 +102,7 @@ def load_diagnosis(server_url: str, token: str | None, start: datetime, end: dat
     """
     with _client(server_url, token) as client:
         try:
-            return client.diagnosis(start, end)
+            return client.diagnosis(start, end, filters=dict(filters))
         except ReadApiError as error:
             if error.status_code == 422:
                 return {NO_VERDICT_KEY: error.detail}

@@ -339,11 +339,13 @@ async def trace(
 @router.get("/diagnosis")
 async def diagnosis(
     request: Request,
+    columns: RowFilters,
     start: str | None = Query(None, description="Window start (required): ISO-8601 with offset or Unix seconds."),
     end: str | None = Query(None, description="Window end (required): ISO-8601 with offset or Unix seconds."),
     baseline_start: str | None = Query(None, description="Baseline start (optional; give baseline_end with it)."),
     baseline_end: str | None = Query(None, description="Baseline end (optional)."),
     endpoint: str | None = None,
+    endpoint_class: str | None = None,
     ttft_p99_seconds: float | None = Query(
         None,
         gt=0,
@@ -368,7 +370,8 @@ async def diagnosis(
 
     422 naming the parameter when a window is reversed, starts in the future, has one
     baseline bound, or holds too few requests to judge (``insufficient data: N requests …``);
-    404 for an endpoint with no requests stored.
+    404 for an endpoint with no requests stored. ``endpoint_class``, ``service``, ``model``,
+    ``replica``: exact-match filters on the request rows judged (the engine signals stay every engine's).
     """
     from inferpath.analysis import diagnose, verdict_to_dict
 
@@ -436,6 +439,8 @@ async def diagnosis(
             baseline_start=base_start,
             baseline_end=base_end,
             endpoint=endpoint,
+            endpoint_class=endpoint_class,
+            columns=columns,
             objectives=chosen,
         )
     except ValueError as exc:  # InsufficientDataError included: name the window it is about

@@ -143,3 +143,18 @@ def test_slowest_requests_lead_with_felt_latency_then_queue_prefill_decode() -> 
         "ttft_ms",
         "itl_ms",
     ]
+
+
+def test_the_dashboard_knows_which_filters_each_route_of_the_server_takes() -> None:
+    # READ_API_FILTERS restates the server's routes; a route that learns (or loses) a filter
+    # must be changed in both places, or the dashboard sends what is refused or leaves a page
+    # unfiltered without saying so.
+    from inferpath.server.read_api import _query_param_names, router
+
+    declared = {
+        route.path: _query_param_names(route.dependant) for route in router.routes if hasattr(route, "dependant")
+    }
+    for path, filters in READ_API_FILTERS.items():
+        assert path in declared, path
+        taken = declared[path] & {"endpoint_class", "service", "model", "replica"}
+        assert filters == taken, (path, sorted(filters), sorted(taken))

@@ -137,9 +137,10 @@ def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(
 
     assert any(params.get("model") == "no-such-model" for _, params in calls)
     assert all("model" in READ_API_FILTERS.get(path, frozenset()) for path, params in calls if "model" in params)
-    assert "endpoint_class" not in sent["/api/v1/diagnosis"]
+    assert sent["/api/v1/diagnosis"]["endpoint_class"] == "interactive"
+    assert sent["/api/v1/diagnosis"]["model"] == "no-such-model"
     notes = [info.value for info in app.info if "Not filtered here" in info.value]
-    assert notes and "model = no-such-model" in notes[0] and "/diagnosis" in notes[0]
+    assert notes and "model = no-such-model (/views/signals)" in notes[0] and "/diagnosis" not in notes[0]
     # The slowest requests, chosen next, come filtered by class: the choice follows the page.
     calls.clear()
     slowest = [

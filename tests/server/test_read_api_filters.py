@@ -1,6 +1,6 @@
 """The read API's service / model / replica filters, on a real chDB store behind a real
 server on loopback: each filter keeps only its rows on /summary, /requests,
-/requests/count, /views/latency and /views/breakdown; over a window the rollups would
+/requests/count, /views/latency, /views/breakdown and /diagnosis; over a window the rollups would
 serve, a filtered answer is read from the raw rows and equals the exact one."""
 
 from __future__ import annotations
@@ -216,10 +216,28 @@ def test_breakdown_hops_are_those_of_the_filtered_requests(server) -> None:
             assert hop["avg_seconds"] == pytest.approx(overhead, abs=1e-6)
 
 
+def test_the_diagnosis_judges_only_the_filtered_requests(server) -> None:
+    with httpx.Client(base_url=server, timeout=60.0) as http:
+        for service in ("svc-a", "svc-b"):
+            response = http.get("/api/v1/diagnosis", params={**WIDE, "service": service})
+            assert response.status_code == 200, response.text
+            verdict = response.json()
+            expected = _rows_where("service_name", service)
+            assert verdict["current_requests"] == len(expected)
+            ttft = np.array([row["ttft_ns"] for row in expected], dtype=float)
+            (p99,) = [o for o in verdict["objectives"] if o["measure"] == "ttft" and o["quantile"] == 0.99]
+            assert p99["requests"] == len(expected)
+            assert p99["value_ns"] == pytest.approx(np.percentile(ttft, 99), rel=1e-6)
+        bulk = http.get("/api/v1/diagnosis", params={**WIDE, "endpoint_class": "bulk"})
+        assert bulk.status_code == 422 and "insufficient data" in bulk.text  # every row is interactive
+        nothing = http.get("/api/v1/diagnosis", params={**WIDE, "service": "nope"})
+        assert nothing.status_code == 422 and "insufficient data" in nothing.text
+
+
 ROUTES = ("/api/v1/summary", "/api/v1/requests", "/api/v1/requests/count", "/api/v1/views/latency")
 
 
-@pytest.mark.parametrize("route", (*ROUTES, "/api/v1/views/breakdown"))
+@pytest.mark.parametrize("route", (*ROUTES, "/api/v1/views/breakdown", "/api/v1/diagnosis"))
 @pytest.mark.parametrize("name", sorted(FILTERS))
 def test_an_empty_or_over_long_filter_is_refused_naming_it(server, route, name) -> None:
     with httpx.Client(base_url=server, timeout=60.0) as http:
@@ -227,4 +245,6 @@ def test_an_empty_or_over_long_filter_is_refused_naming_it(server, route, name) 
             response = http.get(route, params={**WIDE, name: value})
             assert response.status_code == 422, response.text
             assert [error["loc"] for error in response.json()["detail"]] == [["query", name]]
-        assert http.get(route, params={**WIDE, name: "x" * 256}).status_code == 200
+        accepted = http.get(route, params={**WIDE, name: "x" * 256})
+        # The diagnosis refuses to judge the no requests such a value matches, and says so.
+        assert accepted.status_code == 200 or (route.endswith("diagnosis") and "insufficient data" in accepted.text)
