@@ -12,8 +12,9 @@ A recording is what a collector and an OTLP receiver would have seen, kept as fi
 
 A folder in that layout, or a ``.tar.gz``/``.tgz`` of one, is read. The engine kind of the
 scrapes (vLLM, SGLang, TGI, Triton, TRT-LLM, dcgm-exporter) is recognised from the metric
-names. Each scrape goes through the collectors' own parser and catalog and is posted as OTLP
-metrics stamped with its recorded time, exactly as ``inferpath collect`` would have posted it;
+names. Each scrape goes through the collectors' own parser and catalog and becomes OTLP
+metrics stamped with its recorded time, as ``inferpath collect`` would have posted it
+(:data:`SCRAPES_PER_BODY` scrapes to a body: the server stores each body with one insert);
 each trace body is posted to ``/v1/traces`` as it was. Times are kept, unless the recording
 is older than the store keeps data (its TTL): then everything moves by one offset so it ends
 an hour ago, and the offset is reported so windows can be moved with it.
@@ -34,6 +35,8 @@ from typing import Any
 
 import httpx
 
+SCRAPES_PER_BODY = 32
+"""Scrapes posted in one OTLP metrics body (each keeps its own timestamps)."""
 SCRAPE_FILE = re.compile(r"^metrics_(\d{10,20})\.prom(\.gz)?$")
 TRACE_FOLDERS = ("startup_otlp", "otlp", "traces")
 SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -265,6 +268,7 @@ def import_recording(
         _post(client, "/v1/traces", request.SerializeToString(), "trace body")
         bodies += 1
     seen_source = None
+    pending: list[tuple[str, list]] = []
     for at_ns, text in recording.scrapes:
         kind = source or detect_source(text)
         if kind is None:
@@ -275,7 +279,12 @@ def import_recording(
             scraped = parse_scrape(text, kind, timestamp=stamp)
         except ValueError as exc:
             raise RecordingError(f"scrape at {at_ns}: {exc}") from None
-        _post(client, "/v1/metrics", build_request([(kind, scraped.all())]).SerializeToString(), "scrape")
+        pending.append((kind, scraped.all()))
+        if len(pending) == SCRAPES_PER_BODY:
+            _post(client, "/v1/metrics", build_request(pending).SerializeToString(), "scrape")
+            pending = []
+    if pending:
+        _post(client, "/v1/metrics", build_request(pending).SerializeToString(), "scrape")
     flushed = client.post("/api/v1/flush", params={"timeout_seconds": 120}).json().get("ok") is True
     scrape_range = recording.time_range_ns()
     bounds = [*span_range, *((scrape_range[0] + offset_ns, scrape_range[1] + offset_ns) if scrape_range else ())]
@@ -296,6 +305,7 @@ __all__ = [
     "ImportResult",
     "Recording",
     "RecordingError",
+    "SCRAPES_PER_BODY",
     "SOURCE_PREFIXES",
     "choose_offset_ns",
     "detect_source",
