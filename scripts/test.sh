@@ -18,6 +18,6 @@ ruff check --quiet .
 ruff format --check --quiet .
 mypy
 # The tests import the installed package (not the source folders), as a user would. They run
-# in one process: the fault scenarios' emulated engine shares the CPU with whatever runs beside
-# it, and beside a second worker's browser tests it was misread (kv-pressure as batching).
-pytest "$@"
+# on one worker per CPU (pytest-xdist); every test that reads the shared fault-scenario runs
+# goes to one worker (tests/conftest.py), so each scenario runs once.
+pytest -n auto --dist loadgroup "$@"

@@ -97,3 +97,11 @@ class ScenarioRuns:
 def scenario_runs(tmp_path_factory: pytest.TempPathFactory) -> ScenarioRuns:
     """The session's :class:`ScenarioRuns` (one run of each scenario, shared)."""
     return ScenarioRuns(tmp_path_factory.mktemp("scenarios"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), every test that reads the shared scenario
+    runs goes to one worker, so each scenario runs once per session, as in one process."""
+    for item in items:
+        if "scenario_runs" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("scenarios"))

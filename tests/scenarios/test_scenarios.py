@@ -39,6 +39,7 @@ def test_diagnosis_names_the_injected_fault(name: str, scenario_runs) -> None:
         assert "loaded in" in texts and "slowed by its start" in texts, texts
 
 
+@pytest.mark.xdist_group("scenarios")  # on the worker that ran them (tests/conftest.py)
 def test_confusion_table(request: pytest.FixtureRequest) -> None:
     if len(_outcomes) < len(SCENARIOS):
         pytest.skip("runs after the whole suite")

@@ -129,11 +129,11 @@ def _outdated_parts_cleanup_thread_growth(store: Store, table: str, parts: int) 
     background and then by one OPTIMIZE) and wait for ClickHouse's cleanup to remove them;
     the growth of the engine's global thread pool meanwhile."""
     threads = "SELECT value FROM system.metrics WHERE metric = 'GlobalThread'"
-    # Cleanup looks every 10 s (ClickHouse's default: 30 s); outdated parts are kept until all
+    # Cleanup looks every second (ClickHouse's default: 30 s); outdated parts are kept until all
     # are there, then let go at once, so one cleanup removes them all however slow the inserts.
     # How many threads removal takes is unchanged.
     store.command(
-        f"ALTER TABLE {table} MODIFY SETTING old_parts_lifetime = 3600, cleanup_delay_period = 10,"
+        f"ALTER TABLE {table} MODIFY SETTING old_parts_lifetime = 3600, cleanup_delay_period = 1,"
         " cleanup_delay_period_random_add = 0"
     )
     for n in range(parts):  # distinct rows: identical blocks would be deduplicated
