@@ -28,6 +28,7 @@ from inferpath.alerts.queries import Sample, evaluate_rule
 from inferpath.alerts.rules import RuleFile
 from inferpath.alerts.state import AlertInstance, Change, fingerprint, step
 from inferpath.alerts.templates import render, uses_diagnosis
+from inferpath.storage.periodic import PeriodicPasses
 
 __all__ = ["AlertEvaluator", "RuleStatus", "Transition", "backtest"]
 
@@ -62,7 +63,7 @@ def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class AlertEvaluator:
+class AlertEvaluator(PeriodicPasses):
     """Evaluates ``rule_file`` against ``store`` (``query``/``insert``/``query_dicts``).
 
     ``notifiers``: objects with ``submit(list[Notification]) -> bool`` and ``close()``
@@ -72,6 +73,10 @@ class AlertEvaluator:
     notifications. ``diagnose``: compute ``{{ diagnosis }}`` (False in back-tests).
     Counters: ``evaluations_total``, ``rule_errors_total``, ``history_errors_total``.
     """
+
+    thread_name = "inferpath-alerts"
+    failure_message = "alerts: evaluation failed"
+    first_pass_at_start = True
 
     def __init__(
         self,
@@ -84,6 +89,7 @@ class AlertEvaluator:
         generator_url: str = "",
         diagnose: bool = True,
     ) -> None:
+        super().__init__(rule_file.evaluation_interval)
         self.rule_file = rule_file
         self.store = store
         self.notifiers = build_notifiers(rule_file.receivers) if notifiers is None else list(notifiers)
@@ -102,8 +108,6 @@ class AlertEvaluator:
         self.rule_errors_total = 0
         self.history_errors_total = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         if history is not None:
             self.restore()
 
@@ -342,28 +346,13 @@ class AlertEvaluator:
                 notifier.submit(batch)
 
     # ------------------------------------------------------------------ loop
-    def start(self) -> None:
-        """Evaluate every ``evaluation_interval`` in a daemon thread until :meth:`stop`."""
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="inferpath-alerts", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        interval = self.rule_file.evaluation_interval
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self.evaluate_once()
-            except Exception:  # noqa: BLE001 - the loop must outlive any bug in one pass
-                logger.exception("alerts: evaluation failed")
-            self._stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    def run_pass(self) -> None:
+        """One evaluation (the thread runs one every ``evaluation_interval``, from its start)."""
+        self.evaluate_once()
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """Stop the loop, then let each notifier deliver what it holds (bounded) and close."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_seconds)
+        super().stop(timeout_seconds)
         for notifier in self.notifiers:
             try:
                 notifier.close(timeout_seconds)

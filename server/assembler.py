@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.server.derive import DerivationCounts, assemble_request, seconds_to_ns, union_ns
 from inferpath.server.span_buffer import STORE_NEWEST_START_SQL, STORED_BEFORE_CUTOFF_SQL, SpanBuffer, trace_id_ints
+from inferpath.storage.periodic import PeriodicPasses
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
 from inferpath.storage.writer import BatchWriter
@@ -73,7 +74,7 @@ def read_trace_spans(store: Store, trace_ids: Iterable[str]) -> dict[str, list[S
     return out
 
 
-class RequestAssembler:
+class RequestAssembler(PeriodicPasses):
     """Derives and writes one request row per settled trace.
 
     ``store``: an open :class:`Store`. ``settle_seconds``: quiet time after the last noted
@@ -102,6 +103,9 @@ class RequestAssembler:
     derivation of a trace, so a trace re-derived for a late span counts again).
     """
 
+    thread_name = "inferpath-assembler"
+    failure_message = "request assembly pass failed"
+
     def __init__(
         self,
         store: Store,
@@ -119,14 +123,12 @@ class RequestAssembler:
     ) -> None:
         if settle_seconds < 0:
             raise ValueError(f"settle_seconds must be >= 0, got {settle_seconds}")
-        if not interval_seconds > 0:
-            raise ValueError(f"interval_seconds must be > 0, got {interval_seconds}")
+        super().__init__(interval_seconds)
         if max_room_wait_seconds < 0:
             raise ValueError(f"max_room_wait_seconds must be >= 0, got {max_room_wait_seconds}")
         self.max_room_wait_seconds = float(max_room_wait_seconds)
         self.store = store
         self.settle_seconds = float(settle_seconds)
-        self.interval_seconds = float(interval_seconds)
         self._owns_writer = writer is None
         self.writer = writer or BatchWriter(store, REQUESTS_TABLE, REQUEST_COLUMNS)
         self._before_read = before_read
@@ -136,8 +138,6 @@ class RequestAssembler:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # a pass let go of pending spans
         self._run_lock = threading.Lock()  # one assembly pass at a time (thread vs. flush)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.rows_written_total = 0
         self.traces_without_row_total = 0
         self.errors_total = 0
@@ -387,27 +387,12 @@ class RequestAssembler:
         return self.writer.flush(timeout_seconds)
 
     # ------------------------------------------------------------------ thread
-    def start(self) -> None:
-        """Start the background assembly thread (daemon). Idempotent."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="inferpath-assembler", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_seconds):
-            try:
-                self.run_once()
-            except Exception:  # noqa: BLE001 - keep assembling whatever happens
-                logger.exception("request assembly pass failed")
+    def run_pass(self) -> None:
+        self.run_once()
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """Stop the thread, assemble what is still pending, close an owned writer."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_seconds)
-            self._thread = None
+        super().stop(timeout_seconds)
         try:
             self.run_once(force=True)
         except Exception:  # noqa: BLE001

@@ -14,13 +14,12 @@ A failing target is logged (rate-limited) and counted per target; it never stops
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from inferpath.config import ScrapeTarget
 from inferpath.ratelimited_log import RateLimitedLog
+from inferpath.storage.periodic import PeriodicPasses
 from inferpath.storage.rows import GaugeRow, HistogramRow, SumRow
 from inferpath.storage.writer import BatchWriter
 
@@ -84,7 +83,7 @@ def _default_scraper_factory(target: ScrapeTarget) -> Any:
     return Scraper(target.url, target.source)
 
 
-class ScrapeLoop:
+class ScrapeLoop(PeriodicPasses):
     """Scrape ``targets`` every ``interval_seconds`` and submit rows to the two writers.
 
     ``scraper_factory(target)`` returns an object with ``scrape() -> list[Sample]`` (default:
@@ -93,6 +92,10 @@ class ScrapeLoop:
     ``histograms_skipped_total`` and not stored. Counters: ``samples_total``,
     ``scrape_errors_total`` and ``scrape_errors_by_target`` (url → count).
     """
+
+    thread_name = "inferpath-scrape"
+    failure_message = "scrape pass failed"
+    first_pass_at_start = True
 
     def __init__(
         self,
@@ -104,16 +107,14 @@ class ScrapeLoop:
         scraper_factory: Callable[[ScrapeTarget], Any] = _default_scraper_factory,
         histogram_writer: BatchWriter | None = None,
     ) -> None:
+        super().__init__(interval_seconds)
         self.targets = list(targets)
         self.gauge_writer = gauge_writer
         self.sum_writer = sum_writer
         self.histogram_writer = histogram_writer
         self.histograms_skipped_total = 0
-        self.interval_seconds = float(interval_seconds)
         self._factory = scraper_factory
         self._scrapers: dict[int, Any] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._failure_log = RateLimitedLog(logger, interval_seconds=10.0)
         self.samples_total = 0
         self.scrape_errors_total = 0
@@ -150,31 +151,17 @@ class ScrapeLoop:
         self.samples_total += submitted
         return submitted
 
+    def run_pass(self) -> None:
+        self.scrape_once()
+
     def start(self) -> None:
         """Start the daemon thread (no-op without targets). Idempotent."""
-        if not self.targets or (self._thread is not None and self._thread.is_alive()):
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="inferpath-scrape", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        next_tick = time.monotonic()
-        while not self._stop.is_set():
-            self.scrape_once()
-            # Fixed-rate ticks (monotonic clock); a slow scrape skips ticks instead of piling up.
-            next_tick += self.interval_seconds
-            now = time.monotonic()
-            if next_tick < now:
-                next_tick = now + self.interval_seconds
-            self._stop.wait(next_tick - now)
+        if self.targets:
+            super().start()
 
     def stop(self, timeout_seconds: float = 5.0) -> None:
-        """Stop the thread; idempotent."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_seconds)
-            self._thread = None
+        """Stop the thread and close the scrapers; idempotent."""
+        super().stop(timeout_seconds)
         for scraper in self._scrapers.values():
             close = getattr(scraper, "close", None)
             if close is not None:

@@ -165,7 +165,7 @@ def test_failing_passes_are_counted_logged_once_and_never_raise(store_url: str, 
     assert releaser.failures_total >= 3 and releaser.passes_total == 0
     warnings = [r for r in caplog.records if "could not return free memory" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
-    assert not releaser._thread.is_alive()
+    assert not releaser.running
 
 
 # Counts the glibc malloc arenas of a fresh process after six threads allocated at once:
