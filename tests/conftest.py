@@ -99,9 +99,10 @@ def scenario_runs(tmp_path_factory: pytest.TempPathFactory) -> ScenarioRuns:
     return ScenarioRuns(tmp_path_factory.mktemp("scenarios"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Under pytest-xdist (``--dist loadgroup``), every test that reads the shared scenario
-    runs goes to one worker, so each scenario runs once per session, as in one process."""
-    for item in items:
-        if "scenario_runs" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("scenarios"))
+    runs goes to one worker, so each scenario runs once per session, as in one process. (The
+    mark is read when xdist renames the items, after collection; the confusion table fails if
+    the runs were split.)"""
+    if "scenario_runs" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.xdist_group("scenarios"))

@@ -41,8 +41,13 @@ def test_diagnosis_names_the_injected_fault(name: str, scenario_runs) -> None:
 
 @pytest.mark.xdist_group("scenarios")  # on the worker that ran them (tests/conftest.py)
 def test_confusion_table(request: pytest.FixtureRequest) -> None:
-    if len(_outcomes) < len(SCENARIOS):
+    collected = [
+        i for i in request.session.items if getattr(i, "originalname", "") == "test_diagnosis_names_the_injected_fault"
+    ]
+    if len(collected) < len(SCENARIOS):
         pytest.skip("runs after the whole suite")
+    # Every scenario test was collected, so each ran before this one on this worker.
+    assert len(_outcomes) == len(SCENARIOS), f"scenario runs split across workers: {sorted(_outcomes)} here"
     table = confusion_table([_outcomes[name] for name in SCENARIOS])
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
