@@ -11,6 +11,8 @@ from __future__ import annotations
 import secrets
 from datetime import datetime, timedelta, timezone
 
+from otel_exporter_columns import EXPORTER_INSERT_COLUMNS
+
 from inferpath.server.assembler import RequestAssembler
 from inferpath.server.otlp import decode_trace_request
 from inferpath.storage.reader import Reader
@@ -19,55 +21,8 @@ from inferpath.storage.store import Store
 
 T0 = datetime(2025, 6, 1, 9, 30, 0, 123456, tzinfo=timezone.utc)
 
-# The exporter's INSERT column list for traces, in its order (internal/sql_templates/traces_insert.sql).
-EXPORTER_TRACE_INSERT_COLUMNS = (
-    "Timestamp",
-    "TraceId",
-    "SpanId",
-    "ParentSpanId",
-    "TraceState",
-    "SpanName",
-    "SpanKind",
-    "ServiceName",
-    "ResourceAttributes",
-    "ScopeName",
-    "ScopeVersion",
-    "SpanAttributes",
-    "Duration",
-    "StatusCode",
-    "StatusMessage",
-    "Events.Timestamp",
-    "Events.Name",
-    "Events.Attributes",
-    "Links.TraceId",
-    "Links.SpanId",
-    "Links.TraceState",
-    "Links.Attributes",
-)
-# ... and for gauges (metrics_gauge_insert.sql).
-EXPORTER_GAUGE_INSERT_COLUMNS = (
-    "ResourceAttributes",
-    "ResourceSchemaUrl",
-    "ScopeName",
-    "ScopeVersion",
-    "ScopeAttributes",
-    "ScopeDroppedAttrCount",
-    "ScopeSchemaUrl",
-    "ServiceName",
-    "MetricName",
-    "MetricDescription",
-    "MetricUnit",
-    "Attributes",
-    "StartTimeUnix",
-    "TimeUnix",
-    "Value",
-    "Flags",
-    "Exemplars.FilteredAttributes",
-    "Exemplars.TimeUnix",
-    "Exemplars.Value",
-    "Exemplars.SpanId",
-    "Exemplars.TraceId",
-)
+EXPORTER_TRACE_INSERT_COLUMNS = tuple(EXPORTER_INSERT_COLUMNS["traces"])
+EXPORTER_GAUGE_INSERT_COLUMNS = tuple(EXPORTER_INSERT_COLUMNS["gauge"])
 # The exporter README's "find traces with traceID" query, verbatim but for the id.
 EXPORTER_TRACE_LOOKUP = """
 WITH

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from otel_exporter_columns import EXPORTER_INSERT_COLUMNS
 
 from inferpath.storage.migrations import apply_migrations
 from inferpath.storage.rows import (
@@ -17,32 +18,7 @@ from inferpath.storage.rows import (
 from inferpath.storage.schema_files import load_migrations
 from inferpath.storage.store import Store
 
-# The exporter's insert column list for spans (exporter/clickhouseexporter/internal/
-# sqltemplates/traces_insert.sql), written out here independently of rows.SPAN_COLUMNS.
-EXPORTER_TRACE_INSERT_COLUMNS = [
-    "Timestamp",
-    "TraceId",
-    "SpanId",
-    "ParentSpanId",
-    "TraceState",
-    "SpanName",
-    "SpanKind",
-    "ServiceName",
-    "ResourceAttributes",
-    "ScopeName",
-    "ScopeVersion",
-    "SpanAttributes",
-    "Duration",
-    "StatusCode",
-    "StatusMessage",
-    "Events.Timestamp",
-    "Events.Name",
-    "Events.Attributes",
-    "Links.TraceId",
-    "Links.SpanId",
-    "Links.TraceState",
-    "Links.Attributes",
-]
+EXPORTER_TRACE_INSERT_COLUMNS = EXPORTER_INSERT_COLUMNS["traces"]
 
 
 def test_migration_files_are_numbered_in_order() -> None:
