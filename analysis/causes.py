@@ -19,7 +19,11 @@ The rules, from the guidance the project is built on:
 - ``queueing``: queue time with no request waiting in the engine (the wait is upstream: a
   gateway or client queue), or when the engine exports no queue depth to tell.
 - CPU stages and hops (``tokenization``, ``retrieval``, ``network_hop``) claim their stage.
-- ``unexplained``: gateway self time and time no stage span covers.
+- ``unexplained``: gateway self time and time no stage span covers. Except in a window whose
+  TTFT is the engine's own (no gateway, tokenizer, retrieval or network stage measured): there
+  the rest lies inside the engine, between its arrival and its queue (input processing, and a
+  new request waits for the step in flight: vLLM's steps grew from 4 to 33 ms under a burst),
+  and it goes to the engine cause that would take queue time (memory, compute or batching).
 
 ``cold_start`` is not a stage rule: requests of a starting replica are charged to it whole
 (:mod:`~inferpath.analysis.diagnosis`).
@@ -46,7 +50,9 @@ class Context:
     ``gpu_utilization``: mean ratio, ``None`` when not exported; ``decode_slower``: the
     median decode step slowed against the baseline (``False`` without one); ``batch_grew``:
     the mean running batch grew by half against the baseline; ``queue_held``: the median
-    queue time rose with the tail's (a hold on every request); ``has_baseline``."""
+    queue time rose with the tail's (a hold on every request); ``has_baseline``;
+    ``engine_only``: the window measured no stage before the engine (its TTFT is the engine's
+    own, so the unexplained rest is engine time)."""
 
     engine: EngineState
     gpu_utilization: float | None = None
@@ -54,6 +60,7 @@ class Context:
     batch_grew: bool = False
     queue_held: bool = False
     has_baseline: bool = False
+    engine_only: bool = False
 
     @property
     def gpu_saturated(self) -> bool:
@@ -99,6 +106,18 @@ def _always(_stage: str, _context: Context) -> bool:
     return True
 
 
+def _engine_rest(claims: Callable[[str, Context], bool]) -> Callable[[str, Context], bool]:
+    """``claims`` extended to the ``rest`` stage: in an engine-only window the rest is the
+    engine's wait before its queue, claimed as queue time is."""
+
+    def claim(stage: str, c: Context) -> bool:
+        if stage == "rest":
+            return c.engine_only and claims("queue", c)
+        return claims(stage, c)
+
+    return claim
+
+
 def _memory(stage: str, c: Context) -> bool:
     if not c.engine.memory_pressure:
         return False
@@ -121,6 +140,12 @@ def _batching(stage: str, c: Context) -> bool:
     if stage == "queue":
         return c.engine.bound == "held" or (c.engine.bound is None and c.queue_held)
     return c.batch_grew  # decode: more sequences per step
+
+
+def _window_text(c: Context) -> str:
+    if c.engine.bound == "slots":
+        return "shrinking the batch window will not help: the batch is full and requests wait for a free slot"
+    return "shrinking the batch window will not help: the engine holds no request back; its steps are slower"
 
 
 def _gpu_text(c: Context) -> str:
@@ -171,8 +196,8 @@ REGISTRY: tuple[CauseRule, ...] = (
     ),
     CauseRule(
         "gpu_memory",
-        frozenset({"queue", "prefill", "decode"}),
-        _memory,
+        frozenset({"queue", "prefill", "decode", "rest"}),
+        _engine_rest(_memory),
         lambda c: [
             Advice(
                 "give the KV cache more room: more KV memory per replica, fewer concurrent "
@@ -193,17 +218,18 @@ REGISTRY: tuple[CauseRule, ...] = (
     ),
     CauseRule(
         "gpu_compute",
-        frozenset({"queue", "prefill", "decode"}),
-        _compute,
+        frozenset({"queue", "prefill", "decode", "rest"}),
+        _engine_rest(_compute),
         lambda c: [
             Advice("add replicas (or GPUs), and move bulk traffic to replicas of its own", ADD_CAPACITY),
-            Advice("or raise the engine's batch limit (max-num-seqs) where KV memory allows", RAISE_BATCH_LIMIT),
+            *(
+                [Advice("or raise the engine's batch limit (max-num-seqs) where KV memory allows", RAISE_BATCH_LIMIT)]
+                if c.engine.bound == "slots"
+                else []
+            ),
         ],
         lambda c: [
-            Advice(
-                "shrinking the batch window will not help: the batch is full and requests wait for a free slot",
-                SHRINK_BATCH_WINDOW,
-            ),
+            Advice(_window_text(c), SHRINK_BATCH_WINDOW),
             Advice(
                 "tuning the tokenizer, retrieval or the network will not help: the engine is "
                 "the bottleneck" + _gpu_text(c)
@@ -213,8 +239,8 @@ REGISTRY: tuple[CauseRule, ...] = (
     ),
     CauseRule(
         "batching",
-        frozenset({"queue", "decode"}),
-        _batching,
+        frozenset({"queue", "decode", "rest"}),
+        _engine_rest(_batching),
         lambda c: [
             Advice(
                 "shorten or remove the batching window, or cap the batch for interactive "

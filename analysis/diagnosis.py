@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -94,6 +95,8 @@ MIN_DEGRADATION_NS = 10_000_000
 """...and by at least 10 ms, so a 2 ms → 4 ms ITL wobble is not a finding."""
 SMALL_WINDOW_REQUESTS = 100
 """Below 100 values a p99 is the window's maximum (or next to it)."""
+PRE_ENGINE_STAGES = ("gateway", "tokenize", "retrieval", "network")
+"""Stages before the engine: a tail band with none measured has the engine's own TTFT."""
 BATCH_GROWTH_RATIO = 1.5
 """Running requests (batch size) up by half: each decode step now carries 1.5× the tokens."""
 HELD_QUEUE_RATIO = 0.5
@@ -521,6 +524,12 @@ def attribute(
         return [], None
     n = current_tail.count
     tail_means = ({s: current_tail.stage_ns[s] / n for s in (*stages, REST)}, current_tail.total_ns / n)
+    # The tail's requests measured the engine's queue and no stage before the engine: their
+    # TTFT is the engine's own, and the rest lies inside the engine (causes.py).
+    engine_only = current_tail.stage_ns.get("queue", 0) > 0 and not any(
+        current_tail.stage_ns.get(stage, 0) for stage in PRE_ENGINE_STAGES
+    )
+    context = replace(context, engine_only=engine_only)
     if baseline is not None:
         baseline_tail = baseline.tail_sums(measure, baseline_edge)  # type: ignore[arg-type]
         if not baseline_tail.count:

@@ -306,3 +306,18 @@ def test_with_free_slots_a_pool_with_no_room_for_a_long_prompt_is_memory_bound()
     # The same waits beside sequences that hold 1-2 % each: the pool had room, the queue was held.
     small = _engine(queue=[0, 3, 9, 8], running=[2, 2, 1, 2], kv=[0.03, 0.02, 0.01, 0.03], limit=8)
     assert small.bound == "held" and small.memory_bound_steps == 0
+
+
+def test_the_rest_is_engine_time_only_where_the_ttft_is_the_engines_own() -> None:
+    # vLLM's TTFT runs from its own arrival: the rest before its queue (input processing, the
+    # step in flight) is the engine's, claimed as its queue time would be; behind a gateway
+    # the rest is time no span covered.
+    saturated = {"decode_slower": True}
+    assert cause_of("rest", _context(IDLE, engine_only=True, **saturated)) == "gpu_compute"
+    assert cause_of("rest", _context(MEMORY, engine_only=True)) == "gpu_memory"
+    assert cause_of("rest", _context(IDLE, engine_only=False, **saturated)) == "unexplained"
+    assert cause_of("rest", _context(IDLE, engine_only=True)) == "unexplained"  # nothing claims the queue
+    advice = {rule.name: rule for rule in REGISTRY}["gpu_compute"]
+    assert "holds no request back" in advice.would_not_help(_context(IDLE, **saturated))[0].text
+    assert len(advice.would_help(_context(IDLE, **saturated))) == 1  # no batch limit to raise
+    assert "wait for a free slot" in advice.would_not_help(_context(SLOTS))[0].text

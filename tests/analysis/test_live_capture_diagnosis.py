@@ -52,7 +52,8 @@ def test_live_vllm_capture_is_diagnosed_as_kv_pressure(shared_data: Path, store_
     assert ttft["degraded"] and 2.5 < ttft["ratio"] < 4.0  # 70 ms → 220 ms
     assert verdict["top_cause"] == "gpu_memory"
     top = verdict["causes"][0]
-    assert top["share"] > 0.8 and top["stages"] == ["queue"]
+    # The capture has only vLLM's spans: the rest before its queue is the engine's too.
+    assert top["share"] > 0.8 and top["stages"] == ["queue", "rest"]
     by_measure = {e["measure"]: e for e in top["evidence"]}
     assert by_measure["preemptions_total"]["current"] > by_measure["preemptions_total"]["baseline"] == 0
     assert by_measure["queue_depth"]["current"] > 5 > by_measure["queue_depth"]["baseline"]
