@@ -51,7 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "instrumentation"))
 from scripted_sse import FINISH, ROLE, ScriptedSSEServer, content, frame, usage  # noqa: E402
 
 APP = Path(__file__).resolve().parent / "interop_app.py"
-REQUESTS = 20
+REQUESTS = int(os.environ.get("INFERPATH_INTEROP_REQUESTS", "20"))
+"""Requests per source; raised on a quiet machine to measure the share of rows within 2 ms
+(docs/interop.md), e.g. ``INFERPATH_INTEROP_REQUESTS=300 pytest tests/interop -s -k instrumentation``."""
 TTFT_TOLERANCE_NS = 2_000_000
 #: The span's start after the client's call began: the openai SDK's request building, which
 #: OpenInference's span (started in ``OpenAI.request``) leaves out: 0.8-1.9 ms of CPU on this
@@ -198,6 +200,7 @@ def test_rows_of_a_real_instrumentation_match_the_clients_own_measurement(
                     ("first-token lag", [lag[2] for lag in lags]),
                 )
             )
+            + f"; within 2 ms: {sum(lag[0] <= TTFT_TOLERANCE_NS for lag in lags) / len(lags):.1%}"
             + f"; rows over 2 ms: {sum(lag[0] > TTFT_TOLERANCE_NS for lag in lags)}, of which off the CPU "
             f"longer than the excess: {sum(TTFT_TOLERANCE_NS < lag[0] <= TTFT_TOLERANCE_NS + lag[3] for lag in lags)}"
         )
