@@ -147,8 +147,12 @@ def fetch_timeline(
     step_seconds: float = 10.0,
     endpoint: str | None = None,
     lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    endpoint_class: str | None = None,
+    columns: dict[str, str] | None = None,
 ) -> Timeline:
-    """:func:`build_timeline` over the ``ok`` requests (of ``endpoint`` when given) and the
+    """:func:`build_timeline` over the ``ok`` requests (of ``endpoint`` / ``endpoint_class``
+    when given; ``columns``: service / model / replica filters on the rows; the engine and GPU
+    signals stay every engine's) and the
     signals stored for ``[start, end)``, aggregated inside the store
     (:mod:`inferpath.analysis.timeline_query`): the same columns without reading every row
     and sample. Raises ``ValueError`` as :func:`build_timeline` does."""
@@ -163,7 +167,9 @@ def fetch_timeline(
     timeline = Timeline(
         step_start_ns=starts,
         step_seconds=step_seconds,
-        columns=fetch_request_columns(store, endpoint=endpoint, **window),
+        columns=fetch_request_columns(
+            store, endpoint=endpoint, endpoint_class=endpoint_class, columns=columns, **window
+        ),
     )
     timeline.columns.update(fetch_gauge_columns(store, SATURATION_GAUGES, lookback_seconds=lookback_seconds, **window))
     increases = fetch_counter_increases(store, PREEMPTIONS_TOTAL, lookback_seconds=lookback_seconds, **window)

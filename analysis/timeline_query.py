@@ -80,18 +80,20 @@ def fetch_request_columns(
     endpoint: str | None = None,
     endpoint_class: str | None = None,
     status: str | None = "ok",
+    columns: dict[str, str] | None = None,
 ) -> dict[str, list[float | None]]:
     """Per step ``i`` (requests with ``start + i·step_ns ≤ timestamp < start + (i+1)·step_ns``,
     ``0 ≤ i < steps``, and ``timestamp < end``): :data:`REQUEST_COLUMNS` in seconds,
     ``requests`` the row count (``0.0`` for a step without rows), the others ``None`` where
     no row measured them. Filters as
-    :func:`~inferpath.analysis.breakdown.fetch_request_rows` (``ok`` rows by default).
+    :func:`~inferpath.analysis.breakdown.request_filter` (``ok`` rows by default; ``columns``:
+    service / model / replica).
     Equals :func:`inferpath.analysis.correlate.request_columns` of those rows.
     Raises ``ValueError`` for a non-positive ``step_ns`` or naive datetimes.
     """
     _check_step(step_ns, steps)
     where, parameters = request_filter(
-        start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=status
+        start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=status, columns=columns
     )
     parameters |= {"origin_ns": unix_ns_from_datetime(start), "step_ns": step_ns}
     measures = ("ttft_ns", "itl_ns", "e2e_ns")
@@ -101,21 +103,21 @@ def fetch_request_columns(
         f" count(), {aggregates} FROM inferpath_requests FINAL WHERE {where}"
         f" GROUP BY step ORDER BY step{FINAL_SETTINGS}"
     )
-    columns: dict[str, list[float | None]] = {name: [None] * steps for name in REQUEST_COLUMNS}
-    columns["requests"] = [0.0] * steps
+    out: dict[str, list[float | None]] = {name: [None] * steps for name in REQUEST_COLUMNS}
+    out["requests"] = [0.0] * steps
     for step, count, *stats in store.query(sql, parameters):
         if not 0 <= step < steps:
             continue
         (ttft_n, ttft_p99, ttft_sum), (itl_n, itl_p99, _), (e2e_n, e2e_p99, _) = (stats[0:3], stats[3:6], stats[6:9])
-        columns["requests"][step] = float(count)
+        out["requests"][step] = float(count)
         if ttft_n:
-            columns["ttft_p99_seconds"][step] = float(ttft_p99) / 1e9
-            columns["ttft_avg_seconds"][step] = int(ttft_sum) / 1e9 / ttft_n
+            out["ttft_p99_seconds"][step] = float(ttft_p99) / 1e9
+            out["ttft_avg_seconds"][step] = int(ttft_sum) / 1e9 / ttft_n
         if itl_n:
-            columns["itl_p99_seconds"][step] = float(itl_p99) / 1e9
+            out["itl_p99_seconds"][step] = float(itl_p99) / 1e9
         if e2e_n:
-            columns["e2e_p99_seconds"][step] = float(e2e_p99) / 1e9
-    return columns
+            out["e2e_p99_seconds"][step] = float(e2e_p99) / 1e9
+    return out
 
 
 def _sample_sql(table: str, bucket: str, aggregates: str, service_name: str | None) -> str:

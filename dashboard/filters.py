@@ -22,7 +22,7 @@ READ_API_FILTERS: dict[str, frozenset[str]] = {
     "/api/v1/requests": frozenset({"endpoint_class", "service", "model", "replica"}),
     "/api/v1/views/latency": frozenset({"endpoint_class", "service", "model", "replica"}),
     "/api/v1/views/breakdown": frozenset({"endpoint_class", "service", "model", "replica"}),
-    "/api/v1/views/correlate": frozenset(),
+    "/api/v1/views/correlate": frozenset({"endpoint_class", "service", "model", "replica"}),
     "/api/v1/views/signals": frozenset(),
     "/api/v1/views/fleet": frozenset(),
     "/api/v1/timeseries/gauge": frozenset(),

@@ -381,7 +381,10 @@ def correlate_panels(ctx: Context) -> None:
     before_start, before_end = spikes.reference_window(window.start)
     view, signals, objectives, reference = load_all(
         [
-            (load_view, (*server, "correlate", window.start, window.end, step_params)),
+            (
+                load_view,
+                (*server, "correlate", window.start, window.end, (*ctx.sent("/api/v1/views/correlate"), *step_params)),
+            ),
             (load_view, (*server, "signals", window.start, window.end, step_params)),
             (load_objectives, server),
             (load_summary, (*server, before_start, before_end, ctx.sent("/api/v1/summary"))),

@@ -711,15 +711,31 @@ async def latency_view(
 
 
 def correlate_view_body(
-    store, start: datetime, end: datetime, *, step_seconds: int, endpoint: str | None = None
+    store,
+    start: datetime,
+    end: datetime,
+    *,
+    step_seconds: int,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+    columns: dict[str, str] | None = None,
 ) -> dict:
     """The correlation timeline (:func:`inferpath.analysis.correlate.fetch_timeline`) as
     JSON rows with a ``time`` per step, plus the TTFT p99 spike windows
     (:func:`~inferpath.analysis.correlate.detect_spikes`). Signals are combined across
-    engines and GPUs as the analysis defines (queue summed, KV usage max, utilization mean)."""
+    engines and GPUs as the analysis defines (queue summed, KV usage max, utilization mean);
+    ``endpoint_class`` and ``columns`` filter the request rows only."""
     from inferpath.analysis.correlate import SPIKE_FACTOR, detect_spikes, fetch_timeline
 
-    timeline = fetch_timeline(store, start=start, end=end, step_seconds=float(step_seconds), endpoint=endpoint)
+    timeline = fetch_timeline(
+        store,
+        start=start,
+        end=end,
+        step_seconds=float(step_seconds),
+        endpoint=endpoint,
+        endpoint_class=endpoint_class,
+        columns=columns,
+    )
     points = []
     for row in timeline.rows():
         step_start_ns = row.pop("step_start_ns")
@@ -745,18 +761,29 @@ def correlate_view_body(
 @router.get("/views/correlate")
 async def correlate_view(
     request: Request,
+    columns: RowFilters,
     start: str | None = StartQuery,
     end: str | None = EndQuery,
     endpoint: str | None = None,
+    endpoint_class: str | None = None,
     step_seconds: int | None = StepQuery,
     max_points: int = MaxPointsQuery,
 ) -> dict:
     """Correlate: TTFT p99 and mean per step beside queue depth, running requests, KV-cache
-    usage, preemptions per second, GPU utilization and memory; detected TTFT spikes."""
+    usage, preemptions per second, GPU utilization and memory; detected TTFT spikes.
+    ``endpoint_class``, ``service``, ``model``, ``replica`` filter the requests (exact match);
+    the engine and GPU signals stay every engine's."""
     start_dt, end_dt = _window(start, end)
     step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
     body = await _read(
-        correlate_view_body, request.app.state.runtime.store, start_dt, end_dt, step_seconds=step, endpoint=endpoint
+        correlate_view_body,
+        request.app.state.runtime.store,
+        start_dt,
+        end_dt,
+        step_seconds=step,
+        endpoint=endpoint,
+        endpoint_class=endpoint_class,
+        columns=columns,
     )
     return {"start": start_dt, "end": end_dt, "step_seconds": step, **body}
 

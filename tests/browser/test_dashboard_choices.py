@@ -48,13 +48,12 @@ def test_filters_go_only_to_routes_that_take_them_and_the_rest_is_said() -> None
     filters = Filters(endpoint_class="bulk", model="llama-2-70b")
     assert filters.as_params() == {"endpoint_class": "bulk", "model": "llama-2-70b"}
     assert filters.for_route("/api/v1/requests") == (("endpoint_class", "bulk"), ("model", "llama-2-70b"))
-    assert filters.for_route("/api/v1/views/correlate") == ()
-    note = not_applied_note(filters, ["/api/v1/requests", "/api/v1/views/correlate", "/api/v1/views/signals"])
-    # Both are applied to /requests; the class means nothing for engine state; the correlate
-    # view takes neither, the signals view not the model.
+    assert filters.for_route("/api/v1/alerts") == ()
+    note = not_applied_note(filters, ["/api/v1/requests", "/api/v1/alerts", "/api/v1/views/signals"])
+    # Both are applied to /requests; the class means nothing for engine state; the alerts
+    # route takes neither, the signals view not the model.
     assert note.startswith(
-        "Not filtered here by endpoint class = bulk (/views/correlate); "
-        "model = llama-2-70b (/views/correlate, /views/signals)"
+        "Not filtered here by endpoint class = bulk (/alerts); model = llama-2-70b (/alerts, /views/signals)"
     )
     assert "Clear the filter" in note
     assert not_applied_note(Filters(endpoint_class="bulk"), ["/api/v1/requests"]) is None

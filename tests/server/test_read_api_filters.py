@@ -216,6 +216,15 @@ def test_breakdown_hops_are_those_of_the_filtered_requests(server) -> None:
             assert hop["avg_seconds"] == pytest.approx(overhead, abs=1e-6)
 
 
+def test_the_correlate_view_counts_only_the_filtered_requests(server) -> None:
+    with httpx.Client(base_url=server, timeout=60.0) as http:
+        for service in ("svc-a", "svc-b"):
+            body = http.get("/api/v1/views/correlate", params={**WIDE, "service": service, "max_points": 50}).json()
+            assert sum(point["requests"] for point in body["points"]) == len(_rows_where("service_name", service))
+        bulk = http.get("/api/v1/views/correlate", params={**WIDE, "endpoint_class": "bulk", "max_points": 50}).json()
+        assert sum(point["requests"] for point in bulk["points"]) == 0
+
+
 def test_the_diagnosis_judges_only_the_filtered_requests(server) -> None:
     with httpx.Client(base_url=server, timeout=60.0) as http:
         for service in ("svc-a", "svc-b"):
@@ -237,7 +246,7 @@ def test_the_diagnosis_judges_only_the_filtered_requests(server) -> None:
 ROUTES = ("/api/v1/summary", "/api/v1/requests", "/api/v1/requests/count", "/api/v1/views/latency")
 
 
-@pytest.mark.parametrize("route", (*ROUTES, "/api/v1/views/breakdown", "/api/v1/diagnosis"))
+@pytest.mark.parametrize("route", (*ROUTES, "/api/v1/views/breakdown", "/api/v1/views/correlate", "/api/v1/diagnosis"))
 @pytest.mark.parametrize("name", sorted(FILTERS))
 def test_an_empty_or_over_long_filter_is_refused_naming_it(server, route, name) -> None:
     with httpx.Client(base_url=server, timeout=60.0) as http:
