@@ -36,8 +36,15 @@ def collect(
         parse_scrape_targets(targets)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--scrape") from None
+    if not server.startswith(("http://", "https://")):
+        raise typer.BadParameter(
+            f"expected the inferpath server's http(s) URL, e.g. http://127.0.0.1:4318, got {server!r}",
+            param_hint=f"--server (or {ENV_SERVER_URL})",
+        )
     if not nvml and not targets:
-        raise typer.BadParameter("nothing to collect: pass --nvml and/or --scrape SOURCE=URL", param_hint="--nvml")
+        raise typer.BadParameter(
+            "nothing to collect: pass --nvml and/or --scrape SOURCE=URL", param_hint="--nvml / --scrape"
+        )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     # Both signals only set the stop event, so the agent exports what it buffered before exiting.

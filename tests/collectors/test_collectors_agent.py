@@ -191,6 +191,8 @@ def test_collect_command_validates_and_runs(shared_data: Path, monkeypatch):
     assert result.exit_code == 2 and "unknown source" in result.output
     result = runner.invoke(app, ["collect"])
     assert result.exit_code == 2 and "nothing to collect" in result.output
+    result = runner.invoke(app, ["collect", "--nvml", "--server", "not-a-url"])
+    assert result.exit_code == 2 and "--server" in result.output and "not-a-url" in result.output
 
     captured = {}
 
