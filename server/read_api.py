@@ -27,7 +27,7 @@ from inferpath.server.otlp import MAX_METRIC_NAME_CHARS
 from inferpath.server.services import ALERTS, AlertsService
 from inferpath.storage.hop_rollup import HOP_SLACK, hop_aggregate, hop_plan
 from inferpath.storage.hop_rollup import pairs_sql as hop_pairs_sql
-from inferpath.storage.reader import row_filter_sql, row_filters
+from inferpath.storage.reader import ROW_FILTERS, row_filter_sql, row_filters
 from inferpath.storage.rollup import QUANTILE_LEVELS as ROLLUP_LEVELS
 from inferpath.storage.rollup import WindowPlan
 from inferpath.storage.rollup import aggregate as rollup_aggregate
@@ -200,6 +200,8 @@ def _row_filters(
 
 
 RowFilters = Annotated[dict[str, str], Depends(_row_filters)]
+_FILTER_PARAMS = {column: name for name, column in ROW_FILTERS.items()}
+"""Request-row column → the query parameter that filters it."""
 
 
 StartQuery = Query(None, description="Window start: ISO-8601 with offset or Unix seconds (default end − 15 min).")
@@ -444,6 +446,16 @@ async def diagnosis(
             objectives=chosen,
         )
     except ValueError as exc:  # InsufficientDataError included: name the window it is about
+        narrowed = {"endpoint_class": endpoint_class, **{_FILTER_PARAMS[c]: v for c, v in columns.items()}}
+        narrowed = {name: value for name, value in narrowed.items() if value is not None}
+        if getattr(exc, "count", None) == 0 and getattr(exc, "window", "current") == "current" and narrowed:
+            # Nothing matched: the filters are what to change, not the window.
+            said = ", ".join(f"{name} {value!r}" for name, value in narrowed.items())
+            raise _invalid(
+                next(iter(narrowed)),
+                f"no request of {said} in the window: insufficient data to judge; "
+                "check the value (exact match) or widen the window",
+            ) from None
         param = "baseline_start" if getattr(exc, "window", "current") == "baseline" else "start"
         raise _invalid(param, str(exc)) from None
     return verdict_to_dict(verdict)
