@@ -402,6 +402,10 @@ class ServerRuntime:
         return self._closed
 
 
+_UNREACHABLE = ("Connection refused", "Name or service not known", "No route to host", "timed out")
+"""Driver error texts that mean the ClickHouse server could not be reached at all."""
+
+
 class StoreOpenError(RuntimeError):
     """The store could not be opened (or migrated) at start: ``str()`` names the store, the
     error's type and first line, and for an embedded chDB folder that one process owns it."""
@@ -411,10 +415,18 @@ class StoreOpenError(RuntimeError):
 
         url = store_url or default_store_url()
         try:
-            embedded = parse_store_url(url).kind == "chdb"
+            parsed = parse_store_url(url)
         except ValueError:
-            embedded = False
+            parsed = None
+        embedded = parsed is not None and parsed.kind == "chdb"
         text = str(cause)
+        refused = next((why for why in _UNREACHABLE if why in text), None)
+        if parsed is not None and parsed.kind == "http" and refused is not None:
+            super().__init__(
+                f"cannot open the store {url}: cannot reach ClickHouse at {parsed.host}:{parsed.port} "
+                f"({refused.lower()}): start it or correct the URL, or use an embedded store (chdb:///path)"
+            )
+            return
         if isinstance(cause, OSError) and cause.strerror:
             text = cause.strerror + (f": {cause.filename}" if cause.filename else "")
         hint = (

@@ -143,6 +143,8 @@ def test_start_up_errors_name_their_real_cause(tmp_path) -> None:
     # A ClickHouse server that refuses: no word of chDB.
     refused = up("--store", "http://127.0.0.1:9/db", "--port", "0")
     assert "cannot open the store http://127.0.0.1:9/db" in refused and "chDB" not in refused
+    assert "cannot reach ClickHouse at 127.0.0.1:9 (connection refused)" in " ".join(refused.split())
+    assert "HTTPConnectionPool" not in refused
     # The server module (the demo's child) says the same in one line, without a traceback.
     env = {**os.environ, "INFERPATH_STORE": "chdb:///proc/forbidden/store"}
     done = subprocess.run(
