@@ -451,7 +451,9 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         raise WhatIfRefused(
             f"calibration off by {errors[cls][name] * 100:+.0f}% on {name} ({cls}): the replay of the observed "
             f"configuration gives {_figure(replayed[cls], name)}, observed {_figure(observed[cls], name)}; "
-            f"a prediction from it cannot be trusted (limit ±{max_error * 100:.0f}%)"
+            f"a prediction from it cannot be trusted (limit ±{max_error * 100:.0f}%). Try a window of "
+            f"steady traffic, or accept a larger error (--max-calibration-error, max_calibration_error) "
+            f"and read the prediction with it"
         )
 
     settings = replace(observed_settings)
@@ -596,12 +598,13 @@ def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: floa
     return what_if(calibration, change, max_error=max_error)
 
 
-def parse_factor_or_count(text: str, name: str) -> tuple[int | None, float | None]:
-    """``"96"`` → (96, None); ``"x2"``, ``"×2"`` or ``"2x"`` → (None, 2.0). Raises ``ValueError``
-    naming ``name`` otherwise."""
+def parse_factor_or_count(text: str, name: str, *, counts: bool = True) -> tuple[int | None, float | None]:
+    """``"96"`` → (96, None); ``"x2"``, ``"×2"`` or ``"2x"`` → (None, 2.0); with ``counts``
+    false a bare number is a factor too (``"1.5"`` → (None, 1.5)). Raises ``ValueError`` naming
+    ``name`` and what it takes otherwise (a count ≥ 1, a factor > 0)."""
     value = text.strip().lower().replace("×", "x")
     try:
-        if value.startswith("x") or value.endswith("x"):
+        if value.startswith("x") or value.endswith("x") or not counts:
             factor = float(value.strip("x"))
             if not math.isfinite(factor) or factor <= 0:
                 raise ValueError
@@ -611,7 +614,8 @@ def parse_factor_or_count(text: str, name: str) -> tuple[int | None, float | Non
             raise ValueError
         return count, None
     except ValueError:
-        raise ValueError(f"{name}: expected a count like 96 or a factor like x2, got {text!r}") from None
+        takes = "a count of at least 1 like 96 or a factor above 0 like x2" if counts else "a factor above 0 like x2"
+        raise ValueError(f"{name}: expected {takes}, got {text!r}") from None
 
 
 def _figure(figs: ClassFigures, name: str) -> str:

@@ -58,6 +58,15 @@ def whatif(
         raise
     if end <= start:
         fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
+    from inferpath.analysis.whatif import parse_factor_or_count
+
+    try:  # checked here too, so a bad value is said at once and by its option's name
+        if kv_blocks is not None:
+            parse_factor_or_count(kv_blocks, "--kv-blocks")
+        if rate is not None:
+            parse_factor_or_count(rate, "--rate", counts=False)
+    except ValueError as exc:
+        fail(str(exc), json_output)
     params: dict[str, Any] = {
         "start": start.isoformat(),
         "end": end.isoformat(),

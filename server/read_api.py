@@ -511,8 +511,7 @@ async def whatif(
         if kv_blocks is not None:
             blocks, factor = parse_factor_or_count(kv_blocks, "kv_blocks")
         if rate is not None:
-            count, rate_factor = parse_factor_or_count(rate, "rate")
-            rate_factor = rate_factor if rate_factor is not None else float(count)  # type: ignore[arg-type]
+            _, rate_factor = parse_factor_or_count(rate, "rate", counts=False)
         split = parse_class_split(split_endpoint_classes) if split_endpoint_classes is not None else None
         change = Change(
             replicas=replicas,

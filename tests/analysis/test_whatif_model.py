@@ -163,3 +163,20 @@ def test_the_step_law_of_an_engine_is_recovered_from_its_spans() -> None:
     # this was written); the replay stays well inside the tool's own 30 % limit.
     answer = what_if(cal, Change())
     assert answer.max_error <= 0.15, answer.errors
+
+
+def test_the_cli_names_a_bad_change_by_its_option_before_reading_anything(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from inferpath.cli import app
+
+    store = f"chdb://{tmp_path / 'never-opened'}"
+    for args, said in (
+        (["--rate", "banana"], "--rate: expected a factor above 0 like x2, got 'banana'"),
+        (["--rate", "0"], "--rate: expected a factor above 0"),
+        (["--kv-blocks", "x0"], "--kv-blocks: expected a count of at least 1 like 96 or a factor above 0"),
+        (["--kv-blocks", "-5"], "--kv-blocks: expected a count of at least 1"),
+    ):
+        result = CliRunner().invoke(app, ["whatif", "--from", "-30m", "--store", store, *args])
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "never-opened").exists()
