@@ -513,10 +513,12 @@ def test_filters_follow_every_page_and_each_page_says_what_it_cannot_filter(
         page.get_by_role("heading", name="Correlate", exact=True).wait_for(timeout=RENDER_TIMEOUT_MS)
         note.first.wait_for(timeout=RENDER_TIMEOUT_MS)
         _settle(page)
-        # The filters came along; the correlate view takes neither of them.
+        # The filters came along; the correlate view applies both to its requests, the engine
+        # signals beside them take the model filter nowhere (the class means nothing there).
         assert page.get_by_role("textbox", name="Model").input_value() == "no-such-model"
         text = note.first.inner_text()
-        assert "endpoint class = interactive (/views/correlate" in text and "model = no-such-model" in text, text
+        assert "model = no-such-model (/views/signals)" in text and "/views/correlate" not in text, text
+        assert "endpoint class" not in text, text
         assert "endpoint_class=interactive" in page.url and "model=no-such-model" in page.url
         _no_raw_api_text(page)
     finally:
