@@ -19,5 +19,6 @@ ruff format --check --quiet .
 mypy
 # The tests import the installed package (not the source folders), as a user would. They run
 # on one worker per CPU (pytest-xdist); every test that reads the shared fault-scenario runs
-# goes to one worker (tests/conftest.py), so each scenario runs once.
+# goes to one worker (tests/conftest.py), so each scenario runs once, and that worker lowers
+# the others to nice 19 so they do not read as a fault of their own.
 pytest -n auto --dist loadgroup "$@"
