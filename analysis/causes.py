@@ -19,7 +19,7 @@ The rules, from the guidance the project is built on:
 - ``queueing``: queue time with no request waiting in the engine (the wait is upstream: a
   gateway or client queue), or when the engine exports no queue depth to tell.
 - CPU stages and hops (``tokenization``, ``retrieval``, ``network_hop``) claim their stage.
-- ``unexplained``: gateway self time and time no stage span covers. Except in a window whose
+- ``unexplained``: gateway self time and time no stage span covers. Except in a tail band whose
   TTFT is the engine's own (no gateway, tokenizer, retrieval or network stage measured): there
   the rest lies inside the engine, between its arrival and its queue (input processing, and a
   new request waits for the step in flight: vLLM's steps grew from 4 to 33 ms under a burst),
@@ -51,8 +51,9 @@ class Context:
     median decode step slowed against the baseline (``False`` without one); ``batch_grew``:
     the mean running batch grew by half against the baseline; ``queue_held``: the median
     queue time rose with the tail's (a hold on every request); ``has_baseline``;
-    ``engine_only``: the window measured no stage before the engine (its TTFT is the engine's
-    own, so the unexplained rest is engine time)."""
+    ``engine_only``: the tail band measured the engine's queue and no stage before the engine
+    (its TTFT is the engine's own, so the unexplained rest is engine time; set by the
+    attribution)."""
 
     engine: EngineState
     gpu_utilization: float | None = None
