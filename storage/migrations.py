@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inferpath.storage.cluster import migration_cluster_statements
-from inferpath.storage.schema_files import SCHEMA_DIR, created_table, load_migrations, validate_ttl_days
+from inferpath.storage.schema_files import SCHEMA_DIR, Migration, created_table, load_migrations, validate_ttl_days
 from inferpath.storage.url import validate_identifier
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,7 +72,8 @@ def apply_migrations(
     return [m.version for m in pending]
 
 
-def _record(store: Store, database: str, migrations: list, ttl_days: int) -> None:
+def _record(store: Store, database: str, migrations: list[Migration], ttl_days: int) -> None:
+    """One record per applied migration in ``inferpath_schema_migrations``, in one insert."""
     now = datetime.now(timezone.utc)
     store.insert(
         f"{database}.{MIGRATIONS_TABLE}",
