@@ -15,7 +15,10 @@ The rules, from the guidance the project is built on:
 - ``gpu_compute``: the running batch at its limit while requests wait (capacity), with or
   without GPU utilization; high utilization or a slower median decode step confirm it.
 - ``batching``: requests held while the engine has free slots and KV room (a batching
-  window, or a hold on every request: the median queue time rose with the tail's).
+  window, or a hold on every request: the median queue time rose with the tail's), and the
+  slower decode of a batch that the hold made larger. A batch that grew with the traffic
+  while no request was held is compute's: on a real engine (vLLM under a burst, no request
+  waiting, 7 → 28 sequences per step) the steps grow with it.
 - ``queueing``: queue time with no request waiting in the engine (the wait is upstream: a
   gateway or client queue), or when the engine exports no queue depth to tell.
 - CPU stages and hops (``tokenization``, ``retrieval``, ``network_hop``) claim their stage.
@@ -132,15 +135,23 @@ def _compute(stage: str, c: Context) -> bool:
         if c.engine.bound == "slots":
             return True
         return c.gpu_saturated and c.engine.bound in ("held", None)
-    if stage == "decode":  # a batch grown past its baseline is the batching rule's, unless it is full
-        return not (c.batch_grew and c.engine.bound != "slots")
+    if stage == "decode":  # a batch that a hold made larger is the batching rule's
+        return not (c.batch_grew and _held(c))
     return True  # prefill: the GPU's own pass over the prompt
+
+
+def _held(c: Context) -> bool:
+    """The engine held requests back with free slots and KV room (or, where it reports no
+    queue depth, the median queue time rose with the tail's)."""
+    return c.engine.bound == "held" or (c.engine.bound is None and c.queue_held)
 
 
 def _batching(stage: str, c: Context) -> bool:
     if stage == "queue":
-        return c.engine.bound == "held" or (c.engine.bound is None and c.queue_held)
-    return c.batch_grew  # decode: more sequences per step
+        return _held(c)
+    # decode: more sequences per step because requests were held to join the batch. A batch
+    # that grew with the traffic while no request waited is load on the engine (compute).
+    return c.batch_grew and _held(c)
 
 
 def _window_text(c: Context) -> str:

@@ -24,15 +24,23 @@ below its own earlier peak was not out of slots; in a window with preemptions th
 peak is what memory allowed, so waiting steps there count as memory-bound. Each aligned step (the signal grid of
 :mod:`~inferpath.analysis.signals`, one scrape interval) is one observation; the verdict
 quotes the counts, so the evidence can be checked against the raw scrapes.
+
+Several engines (replicas) are read one by one: each waiting engine against its own limit,
+running batch and KV pool, and a step takes the class of the engine with the longest queue.
+Summed over a fleet, a queue in front of a full engine beside a half-empty one would read
+as a hold (two real vLLM servers of 4 slots each, round robin: waiting steps at 7 of 8
+running were each a full engine's). ``slot_limit`` is then the fleet's (the sum of the
+engines' limits, the capacity of the summed running batch).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferpath.analysis.percentiles import quantile
-from inferpath.analysis.signals import WindowSignals
+from inferpath.analysis.signals import Step, WindowSignals
 
 KV_FULL_RATIO = 0.9
 """KV-cache usage at which a paged pool has no room left for a new sequence's prompt (vLLM's
@@ -75,7 +83,8 @@ class EngineState:
     ``limit_source``: ``"configured"`` or ``"observed max"``; ``running_max`` /
     ``queue_max``: largest values seen; ``kv_waiting_p90``: p90 of KV usage over waiting
     steps (ratio, ``None`` when not reported); ``preemptions``: counter increase over the
-    window (``None`` when not reported)."""
+    window (``None`` when not reported); ``engines``: engines read one by one (1 when the
+    window's series could not be told apart per engine), ``engine_limits`` their limits."""
 
     steps: int
     waiting_steps: int
@@ -89,6 +98,8 @@ class EngineState:
     kv_waiting_p90: float | None
     kv_max: float | None
     preemptions: float | None
+    engines: int = 1
+    engine_limits: tuple[float, ...] = ()
 
     @property
     def reported(self) -> bool:
@@ -128,10 +139,16 @@ class EngineState:
             return "the engine reported no queue depth"
         if not self.waiting_steps:
             return f"no request waited in the engine in {self.steps} steps"
-        limit = "n/a" if self.slot_limit is None else f"{self.slot_limit:.0f}"
+        if self.engines == 1:
+            limit = "n/a" if self.slot_limit is None else f"{self.slot_limit:.0f}"
+            where, batch = "the engine", f"running batch at its limit of {limit} ({self.limit_source})"
+        else:
+            limits = sorted({f"{v:.0f}" for v in self.engine_limits}, key=float) or ["n/a"]
+            where = f"{self.engines} engines"
+            batch = f"an engine's running batch at its limit ({'/'.join(limits)} per engine, {self.limit_source})"
         return (
-            f"requests waited in the engine in {self.waiting_steps} of {self.steps} steps (queue max "
-            f"{self.queue_max or 0:.0f}): running batch at its limit of {limit} ({self.limit_source}) in "
+            f"requests waited in {where} in {self.waiting_steps} of {self.steps} steps (queue max "
+            f"{self.queue_max or 0:.0f}): {batch} in "
             f"{self.slot_bound_steps}, KV cache full or preempting in {self.memory_bound_steps}, held with "
             f"free slots and KV in {self.held_steps}"
         )
@@ -140,50 +157,64 @@ class EngineState:
 def engine_state(
     window: WindowSignals, *, other: WindowSignals | None = None, configured_limit: float | None = None
 ) -> EngineState:
-    """Classify ``window``'s waiting steps (module docstring). ``other``: the baseline's
-    signals, whose running peak also bounds the observed slot limit; ``configured_limit``:
-    the engine's configured batch limit (requests) when known."""
+    """Classify ``window``'s waiting steps (module docstring), engine by engine where
+    :attr:`~inferpath.analysis.signals.WindowSignals.engines` tells them apart. ``other``:
+    the baseline's signals, whose running peak also bounds the observed slot limit;
+    ``configured_limit``: one engine's configured batch limit (requests) when known."""
     steps = [s for s in window.steps if s[0] is not None]
-    running = [s[1] for s in window.steps if s[1] is not None]
+    per_engine: dict[object, list[Step]] = dict(window.engines) or {None: window.steps}
+    other_engines: dict[object, list[Step]] = {}
     if other is not None:
-        running_other = [s[1] for s in other.steps if s[1] is not None]
-    else:
-        running_other = []
-    peak = max([*running, *running_other], default=None)
-    limit, source = (float(configured_limit), "configured") if configured_limit else (peak, "observed max")
-    waiting = [s for s in steps if s[0] >= WAITING_MIN]  # type: ignore[operator]
+        other_engines = dict(other.engines) if window.engines else {None: other.steps}
     preempted = (window.preemptions or 0) > 0
-    large = sequence_share(window.steps)
-    slot = memory = held = 0
-    for _, run, kv in waiting:
+    limits: dict[object, float | None] = {}
+    source = "configured" if configured_limit else "observed max"
+    for key, engine_steps in per_engine.items():
+        peak = max((s[1] for s in [*engine_steps, *other_engines.get(key, [])] if s[1] is not None), default=None)
+        limits[key] = float(configured_limit) if configured_limit else peak
+    large = {key: sequence_share(engine_steps) for key, engine_steps in per_engine.items()}
+    counts = {"slots": 0, "memory": 0, "held": 0}
+    waiting_steps = 0
+    for i in range(max((len(v) for v in per_engine.values()), default=0)):
+        queued = [(key, v[i]) for key, v in per_engine.items() if i < len(v) and (v[i][0] or 0) >= WAITING_MIN]
+        if not queued:
+            continue
+        waiting_steps += 1
+        key, (_, run, kv) = max(queued, key=lambda kv_: kv_[1][0] or 0)
+        limit = limits[key]
         if run is None or limit is None:
             continue
         below_limit = source != "configured" or run < limit
-        no_room = kv is not None and large is not None and 1.0 - kv < large
+        share = large[key]
+        no_room = kv is not None and share is not None and 1.0 - kv < share
         if (kv is not None and kv >= kv_full_at(run)) or ((preempted or no_room) and below_limit):
             # Preempted sequences mean the pool ran out of blocks; no room for a sequence as
             # large as the window's own means the next one did not fit. A peak observed then is
             # what memory allowed, not a batch limit; a configured limit reached is the slots'.
-            memory += 1
+            counts["memory"] += 1
         elif run >= limit:
-            slot += 1
+            counts["slots"] += 1
         else:
-            held += 1
-    kv_waiting = [s[2] for s in waiting if s[2] is not None]
+            counts["held"] += 1
+    running = [s[1] for s in window.steps if s[1] is not None]
+    known = [v for v in limits.values() if v is not None]
+    kv_waiting = [s[2] for s in steps if s[0] >= WAITING_MIN and s[2] is not None]  # type: ignore[operator]
     kv_all = [s[2] for s in window.steps if s[2] is not None]
     return EngineState(
         steps=len(steps),
-        waiting_steps=len(waiting),
-        slot_bound_steps=slot,
-        memory_bound_steps=memory,
-        held_steps=held,
-        slot_limit=limit,
+        waiting_steps=waiting_steps,
+        slot_bound_steps=counts["slots"],
+        memory_bound_steps=counts["memory"],
+        held_steps=counts["held"],
+        slot_limit=math.fsum(known) if known else None,
         limit_source=source,
         running_max=max(running, default=None),
         queue_max=max((s[0] for s in steps), default=None),  # type: ignore[type-var]
         kv_waiting_p90=quantile(kv_waiting, 0.9) if kv_waiting else None,
         kv_max=max(kv_all, default=None),
         preemptions=window.preemptions,
+        engines=len(per_engine),
+        engine_limits=tuple(known),
     )
 
 

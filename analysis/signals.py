@@ -11,7 +11,9 @@ How series combine across engines / GPUs, and why, is the vocabulary's
 (:attr:`inferpath.vocabulary.Signal.across`): queue depth and running requests summed
 (requests waiting anywhere add up), KV-cache usage the maximum (the fullest engine is the
 one that preempts), GPU utilization the mean ("would more GPUs help" is a fleet-wide
-question), GPU memory and power summed over GPUs.
+question), GPU memory and power summed over GPUs. What held a queue is a question about
+one engine (its own batch limit, its own KV pool), so the steps of each engine are kept
+too (:attr:`WindowSignals.engines`).
 
 The in-database path that answers the same questions over wide windows (alignment in
 ClickHouse, :func:`~inferpath.analysis.timeline_query.fetch_window_signals`) builds on the
@@ -36,6 +38,7 @@ from inferpath.vocabulary import (
     RUNNING_REQUESTS,
     SATURATION_GAUGES,
     SIGNALS,
+    SOURCE_METRIC_ATTRIBUTE,
 )
 
 DEFAULT_LOOKBACK_SECONDS = 300.0
@@ -87,10 +90,6 @@ class Series:
                 total += value - previous if value >= previous else value
             previous = value
         return total
-
-
-SeriesKey = tuple
-"""(service name, sorted resource attributes, sorted attributes): identifies a series."""
 
 
 def combined_asof(
@@ -148,6 +147,13 @@ def fetch_series(
     return out
 
 
+SeriesKey = tuple
+"""(service name, sorted resource attributes, sorted attributes): identifies a series."""
+
+Step = tuple[float | None, float | None, float | None]
+"""One aligned step of an engine: (queue depth, running requests, KV-cache usage ratio)."""
+
+
 def aware_unix_ns(value: datetime, name: str) -> int:
     """Unix ns of ``value``; ``ValueError`` naming ``name`` when it is not timezone-aware."""
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
@@ -184,10 +190,15 @@ class WindowSignals:
 
     gauges: dict[str, SignalStats] = field(default_factory=dict)
     preemptions: float | None = None
-    steps: list[tuple[float | None, float | None, float | None]] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     """Per aligned step: (queue depth, running requests, KV-cache usage ratio), ``None``
-    where not reported: what :mod:`~inferpath.analysis.engine_state` reads to tell what
-    held requests back at the same moment."""
+    where not reported, combined over engines: what
+    :mod:`~inferpath.analysis.engine_state` reads to tell what held requests back at the
+    same moment."""
+    engines: dict[SeriesKey, list[Step]] = field(default_factory=dict)
+    """The same steps per engine (series key of its queue depth without the source-metric
+    attribute), where two engines or more report a queue depth and each reports its running
+    batch under the same labels; else empty."""
 
     def stat(self, name: str, which: str = "mean") -> float | None:
         """``which`` (mean, p90, max) of gauge ``name``, or ``None`` when not reported."""
@@ -196,7 +207,7 @@ class WindowSignals:
 
     @classmethod
     def from_values(cls, values: Mapping[str, Iterable[float]], preemptions: float | None = None) -> WindowSignals:
-        """Build from already-aligned values per gauge (tests, other sources)."""
+        """Build from already-aligned values per gauge, one engine (tests, other sources)."""
         gauges = {}
         for name, series in values.items():
             stats = SignalStats.of([float(v) for v in series])
@@ -210,10 +221,64 @@ class WindowSignals:
             ),
         )
 
+    @classmethod
+    def from_series_columns(
+        cls, columns: Mapping[str, Mapping[SeriesKey, Sequence[float | None]]], lo: int = 0, hi: int | None = None
+    ) -> WindowSignals:
+        """Stats, combined steps and per-engine steps of the aligned steps ``lo:hi`` of
+        ``columns`` (gauge name → series key → one as-of value per step); no preemptions."""
+        sliced = {name: {key: list(col[lo:hi]) for key, col in by.items()} for name, by in columns.items()}
+        combined = {name: combine_columns(by, COMBINE.get(name, max)) for name, by in sliced.items()}
+        result = cls(steps=aligned_steps(combined), engines=engine_steps(sliced))
+        for name, aligned in combined.items():
+            stats = SignalStats.of([v for v in aligned if v is not None])
+            if stats is not None:
+                result.gauges[name] = stats
+        return result
 
-def aligned_steps(
-    columns: Mapping[str, Sequence[float | None]],
-) -> list[tuple[float | None, float | None, float | None]]:
+
+def combine_columns(
+    by_series: Mapping[SeriesKey, Sequence[float | None]], combine: Callable[[Sequence[float]], float]
+) -> list[float | None]:
+    """One column from per-series columns of equal length: ``combine`` of the values present
+    at each step, ``None`` where no series has one."""
+    length = max((len(c) for c in by_series.values()), default=0)
+    out: list[float | None] = []
+    for i in range(length):
+        values = [c[i] for c in by_series.values() if i < len(c) and c[i] is not None]
+        out.append(combine(values) if values else None)  # type: ignore[arg-type]
+    return out
+
+
+def engine_steps(columns: Mapping[str, Mapping[SeriesKey, Sequence[float | None]]]) -> dict[SeriesKey, list[Step]]:
+    """Aligned steps per engine: one per queue-depth series whose running batch is reported
+    under the same series key (KV usage too where it is, else ``None``). Empty for fewer
+    than two engines, or when a queue series has no running series of its own (the labels
+    of the three gauges do not pair up, and one engine cannot be told from another)."""
+    queues, running, kv = (
+        _by_engine(columns.get(name) or {}) for name in (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO)
+    )
+    if len(queues) < 2 or any(key not in running for key in queues):
+        return {}
+    return {
+        key: aligned_steps({QUEUE_DEPTH: q, RUNNING_REQUESTS: running[key], KV_CACHE_USAGE_RATIO: kv.get(key) or []})
+        for key, q in queues.items()
+    }
+
+
+def _by_engine(by_series: Mapping[SeriesKey, Sequence[float | None]]) -> dict[SeriesKey, Sequence[float | None]]:
+    """``by_series`` keyed by engine: the series key without the source-metric attribute
+    (which differs between two signals of one engine); ``{}`` if two series share an engine."""
+    out: dict[SeriesKey, Sequence[float | None]] = {}
+    for (service, resource, attributes), column in by_series.items():
+        key = (service, resource, tuple(kv for kv in attributes if kv[0] != SOURCE_METRIC_ATTRIBUTE))
+        if key in out:
+            return {}
+        out[key] = column
+    return out
+
+
+def aligned_steps(columns: Mapping[str, Sequence[float | None]]) -> list[Step]:
     """(queue depth, running, KV usage) per step from aligned gauge columns of equal length;
     empty when the engine reported none of the three."""
     picked = [list(columns.get(name) or []) for name in (QUEUE_DEPTH, RUNNING_REQUESTS, KV_CACHE_USAGE_RATIO)]
@@ -279,16 +344,11 @@ def fetch_window_signals_rows(
     origin_ns, step_ns, _ = alignment_grid(start, end, step)
     lookback_ns = int(lookback_seconds * 1e9)
     points = range(origin_ns + step_ns - 1, end_ns, step_ns)
-    result = WindowSignals()
     columns = {}
     for name in SATURATION_GAUGES:
         series = fetch_series(store, name, start, end, lookback_seconds=lookback_seconds, service_name=service_name)
-        aligned = [combined_asof(series, t, COMBINE[name], lookback_ns) for t in points]
-        columns[name] = aligned
-        stats = SignalStats.of([v for v in aligned if v is not None])
-        if stats is not None:
-            result.gauges[name] = stats
-    result.steps = aligned_steps(columns)
+        columns[name] = {key: [s.asof(t, lookback_ns) for t in points] for key, s in series.items()}
+    result = WindowSignals.from_series_columns(columns)
     counters = fetch_series(
         store,
         PREEMPTIONS_TOTAL,
@@ -313,7 +373,10 @@ __all__ = [
     "SignalStats",
     "SignalWindows",
     "WindowSignals",
+    "Step",
     "aligned_steps",
+    "combine_columns",
+    "engine_steps",
     "alignment_grid",
     "aware_unix_ns",
     "combined_asof",

@@ -39,12 +39,12 @@ from inferpath.analysis.breakdown import FINAL_SETTINGS, request_filter
 from inferpath.analysis.signals import (
     COMBINE,
     DEFAULT_LOOKBACK_SECONDS,
-    SignalStats,
+    SeriesKey,
     SignalWindows,
     WindowSignals,
-    aligned_steps,
     alignment_grid,
     aware_unix_ns,
+    combine_columns,
     window_step_seconds,
 )
 from inferpath.storage import gauge_rollup
@@ -197,12 +197,39 @@ def fetch_gauge_columns(
     lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
     service_name: str | None = None,
 ) -> dict[str, list[float | None]]:
-    """Per gauge name, one value per step ``i < steps``: every series' latest sample at or
-    before ``start + (i+1)·step_ns − 1`` and no older than ``lookback_seconds``, combined per
+    """Per gauge name, one value per step ``i < steps``: the series of
+    :func:`fetch_gauge_series_columns` combined per
     :data:`~inferpath.analysis.signals.COMBINE` (``max`` for a name not in it); ``None``
-    where no series has such a sample. Samples are read with
+    where no series has a value. Equals :func:`~inferpath.analysis.signals.combined_asof`
+    at each step's end."""
+    by_series = fetch_gauge_series_columns(
+        store,
+        names,
+        start=start,
+        end=end,
+        step_ns=step_ns,
+        steps=steps,
+        lookback_seconds=lookback_seconds,
+        service_name=service_name,
+    )
+    return {name: combine_columns(by_series[name], COMBINE.get(name, max)) or [None] * steps for name in names}
+
+
+def fetch_gauge_series_columns(
+    store: Any,
+    names: Sequence[str],
+    *,
+    start: datetime,
+    end: datetime,
+    step_ns: int,
+    steps: int,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    service_name: str | None = None,
+) -> dict[str, dict[SeriesKey, list[float | None]]]:
+    """Per gauge name and series key, one value per step ``i < steps``: the series' latest
+    sample at or before ``start + (i+1)·step_ns − 1`` and no older than
+    ``lookback_seconds``, else ``None``. Samples are read with
     ``start − lookback < time ≤ end``, as :func:`~inferpath.analysis.signals.fetch_series`.
-    Equals :func:`~inferpath.analysis.signals.combined_asof` at each step's end.
     Raises ``ValueError`` for a non-positive ``step_ns`` or naive datetimes.
     """
     _check_step(step_ns, steps)
@@ -236,28 +263,25 @@ def fetch_gauge_columns(
             buckets.sort()  # series told apart by ClickHouse but equal here come in two runs
     lookback_ns = int(lookback_seconds * 1e9)
     origin_ns = unix_ns_from_datetime(start)
-    columns: dict[str, list[float | None]] = {}
-    for name in names:
-        per_step: list[list[float]] = [[] for _ in range(steps)]
-        for buckets in latest[name].values():
-            _carry_asof(buckets, per_step, origin_ns, step_ns, lookback_ns)
-        combine = COMBINE.get(name, max)
-        columns[name] = [combine(values) if values else None for values in per_step]
-    return columns
+    return {
+        name: {key: _carry_asof(buckets, steps, origin_ns, step_ns, lookback_ns) for key, buckets in by.items()}
+        for name, by in latest.items()
+    }
 
 
 def _carry_asof(
-    buckets: list[tuple[int, int, float]], per_step: list[list[float]], origin_ns: int, step_ns: int, lookback_ns: int
-) -> None:
-    """Append one series' as-of value at each step's end to ``per_step`` (buckets ascending)."""
+    buckets: list[tuple[int, int, float]], steps: int, origin_ns: int, step_ns: int, lookback_ns: int
+) -> list[float | None]:
+    """One series' as-of value at each step's end (buckets ascending), ``None`` where stale."""
+    out: list[float | None] = []
     position, current = 0, None
-    for step in range(len(per_step)):
+    for step in range(steps):
         while position < len(buckets) and buckets[position][0] <= step:
             current = buckets[position]
             position += 1
         at_ns = origin_ns + (step + 1) * step_ns - 1
-        if current is not None and at_ns - current[1] <= lookback_ns:
-            per_step[step].append(current[2])
+        out.append(current[2] if current is not None and at_ns - current[1] <= lookback_ns else None)
+    return out
 
 
 def fetch_counter_increases(
@@ -334,15 +358,10 @@ def fetch_window_signals(
     origin_ns, step_ns, steps = alignment_grid(start, end, step)
     origin = _datetime_of_ns(origin_ns, start)
     options: dict[str, Any] = {"lookback_seconds": lookback_seconds, "service_name": service_name}
-    result = WindowSignals()
-    columns = fetch_gauge_columns(
+    columns = fetch_gauge_series_columns(
         store, SATURATION_GAUGES, start=origin, end=end, step_ns=step_ns, steps=steps, **options
     )
-    for name, aligned in columns.items():
-        stats = SignalStats.of([v for v in aligned if v is not None])
-        if stats is not None:
-            result.gauges[name] = stats
-    result.steps = aligned_steps(columns)
+    result = WindowSignals.from_series_columns(columns)
     if end_ns > start_ns:
         result.preemptions = fetch_counter_increases(
             store, PREEMPTIONS_TOTAL, start=start, end=end, step_ns=end_ns - start_ns, steps=1, **options
@@ -388,7 +407,7 @@ def fetch_signal_windows(
     earliest = current if c_origin <= b_origin else baseline
     # Each window's points are a run of the shared grid; reading the union's samples
     # changes no as-of value (see fetch_gauge_columns).
-    columns = fetch_gauge_columns(
+    columns = fetch_gauge_series_columns(
         store,
         SATURATION_GAUGES,
         start=_datetime_of_ns(first_origin, earliest[0]),
@@ -397,15 +416,10 @@ def fetch_signal_windows(
         steps=steps,
         **options,
     )
-    out = []
-    for offset, count in zip(offsets, (c_steps, b_steps)):
-        signals = WindowSignals()
-        for name, aligned in columns.items():
-            stats = SignalStats.of([v for v in aligned[offset : offset + count] if v is not None])
-            if stats is not None:
-                signals.gauges[name] = stats
-        signals.steps = aligned_steps({name: aligned[offset : offset + count] for name, aligned in columns.items()})
-        out.append(signals)
+    out = [
+        WindowSignals.from_series_columns(columns, offset, offset + count)
+        for offset, count in zip(offsets, (c_steps, b_steps))
+    ]
     length_ns = aware_unix_ns(current[1], "end") - aware_unix_ns(current[0], "start")
     if baseline[1] == current[0] and baseline[1] - baseline[0] == current[1] - current[0] and length_ns > 0:
         # Steps (baseline_start, baseline_end] and (window_start, window_end]: as two calls.
@@ -473,6 +487,7 @@ __all__ = [
     "StoredSignalWindows",
     "fetch_counter_increases",
     "fetch_gauge_columns",
+    "fetch_gauge_series_columns",
     "fetch_request_columns",
     "fetch_signal_windows",
     "fetch_window_signals",

@@ -17,7 +17,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
-SOURCE_METRIC_ATTRIBUTE = "inferpath.source_metric"
+from inferpath.vocabulary import SOURCE_METRIC_ATTRIBUTE
+
 SCOPE_NAME = "inferpath.collectors"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 

@@ -125,6 +125,11 @@ ENDPOINT_CLASSES: tuple[str, ...] = ("interactive", "bulk")
 rules are per class."""
 
 # ----------------------------------------------------------------------------- signals
+SOURCE_METRIC_ATTRIBUTE = "inferpath.source_metric"
+"""Attribute of every stored sample naming the source metric it came from (e.g.
+``vllm:num_requests_waiting``); the other attributes are the source's own labels, so two
+signals of one engine differ only in this one."""
+
 Kind = Literal["gauge", "sum", "histogram"]
 Combine = Literal["sum", "max", "device"]
 Across = Literal["sum", "max", "mean"]

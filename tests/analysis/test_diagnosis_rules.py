@@ -68,6 +68,39 @@ def test_waiting_with_free_slots_and_kv_room_is_a_hold() -> None:
     assert not engine_state(WindowSignals()).reported
 
 
+def _two_engines(engine0: dict, engine1: dict) -> WindowSignals:
+    """Per-series columns of two vLLM engines, labelled as the collectors store them."""
+    sources = {
+        "queue_depth": "vllm:num_requests_waiting",
+        "running_requests": "vllm:num_requests_running",
+        "kv_cache_usage_ratio": "vllm:kv_cache_usage_perc",
+    }
+    columns: dict = {name: {} for name in sources}
+    for engine, values in (("0", engine0), ("1", engine1)):
+        for name, column in values.items():
+            attributes = (("engine", engine), ("inferpath.source_metric", sources[name]), ("model_name", "tiny"))
+            columns[name][("vllm", (("service.name", "vllm"),), attributes)] = column
+    return WindowSignals.from_series_columns(columns)
+
+
+def test_several_engines_are_read_one_by_one() -> None:
+    # Two real vLLM servers of 4 slots each behind round robin: whenever one queued it was
+    # full, while the other had a slot free. Summed, 7 of 8 running reads as a hold.
+    full = {"queue_depth": [0, 3, 5, 2], "running_requests": [2, 4, 4, 4], "kv_cache_usage_ratio": [0.01] * 4}
+    spare = {"queue_depth": [0, 0, 0, 0], "running_requests": [2, 3, 3, 4], "kv_cache_usage_ratio": [0.01] * 4}
+    window = _two_engines(full, spare)
+    assert len(window.engines) == 2 and [s[:2] for s in window.steps] == [(0, 4), (3, 7), (5, 7), (2, 8)]
+    state = engine_state(window)
+    assert (state.waiting_steps, state.slot_bound_steps, state.held_steps) == (3, 3, 0) and state.bound == "slots"
+    assert state.engines == 2 and state.slot_limit == 8 and "limit (4 per engine, observed max) in 3" in state.text()
+    # The same as one engine: a hold at 7 of an observed 8.
+    summed = WindowSignals(steps=window.steps)
+    assert engine_state(summed).bound == "held"
+    # A queue where the engine has room is still a hold, engine by engine.
+    held = dict(full, running_requests=[4, 2, 3, 2])
+    assert engine_state(_two_engines(held, spare)).bound == "held"
+
+
 def _context(bound_state: EngineState, **flags) -> Context:
     return Context(engine=bound_state, **flags)
 
@@ -94,7 +127,10 @@ NONE = engine_state(WindowSignals())
         ("queue", NONE, {"queue_held": True}, "batching"),
         ("prefill", MEMORY, {}, "gpu_memory"),
         ("prefill", SLOTS, {}, "gpu_compute"),
-        ("decode", IDLE, {"batch_grew": True}, "batching"),
+        ("decode", HELD, {"batch_grew": True}, "batching"),  # the hold made the batch larger
+        ("decode", NONE, {"batch_grew": True, "queue_held": True}, "batching"),
+        # grown with the traffic, nothing held (real vLLM under a burst): the steps' compute
+        ("decode", IDLE, {"batch_grew": True}, "gpu_compute"),
         ("decode", SLOTS, {"batch_grew": True}, "gpu_compute"),
         ("decode", IDLE, {}, "gpu_compute"),
         ("decode", MEMORY, {"batch_grew": True}, "gpu_memory"),
