@@ -13,6 +13,13 @@ calibrated from the window itself (:mod:`.whatif_calibration`):
    model that cannot reproduce the window cannot be trusted to change it.
 2. Then the change (:class:`Change`: replicas, batch slots, KV blocks, batch window, arrival
    rate) is replayed with the same calibration, and its figures are put beside the observed.
+3. The change is replayed again with every engine step :data:`STEP_TIME_SENSITIVITY` faster
+   and slower (:attr:`WhatIf.sensitivity`). Near saturation the queue, and so TTFT, turns on
+   a few percent of engine speed: predicting real vLLM at 4 slots from its run at 8 gives
+   TTFT p50 0.03 s, 0.04 s, 0.57 s or 0.93 s with its steps taken 10 % faster, as fitted,
+   10 % slower or 20 % slower (the real run at 4 slots: 2.47 s).
+   Where that band moves a TTFT figure by more than :data:`SENSITIVE_ERROR`, the answer says
+   so (a warning naming the range): the figure is then a range, not a number.
 
 Definitions (as the request rows store them, vLLM's intervals): TTFT = arrival at the engine's
 API → first token; queue = waiting for the first schedule; ITL = decode time / (output − 1).
@@ -38,6 +45,15 @@ EXTRAPOLATION_FACTOR = 1.5
 QUEUE_FLOOR_SECONDS = 0.05
 """Queue or TTFT figures under 50 ms are compared in absolute terms (a relative error of a
 near-zero figure says nothing)."""
+STEP_TIME_SENSITIVITY = 0.10
+"""How much faster and slower the engine's steps are taken for :attr:`WhatIf.sensitivity`:
+the calibration's own uncertainty, as measured on real vLLM. The step law fitted from the
+spans of one run was 12 % off that engine's iteration counters at a batch the run rarely
+held (8 slots → batch 4), and two runs of one configuration on one machine stepped 0-7 %
+apart at the same batch (tests/data/whatif_recordings)."""
+SENSITIVE_ERROR = 0.25
+"""A predicted TTFT figure that moves by more than this (relative, with the
+:data:`QUEUE_FLOOR_SECONDS` floor) within the sensitivity band is reported as a range."""
 
 
 class WhatIfRefused(ValueError):
@@ -355,6 +371,9 @@ class WhatIf:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     simulated_steps: int = 0
+    sensitivity: dict[str, tuple[ClassFigures, ClassFigures]] = field(default_factory=dict)
+    """Per class, the change's figures with engine steps :data:`STEP_TIME_SENSITIVITY`
+    faster and slower (empty for an empty change)."""
 
 
 def rate_scaled(requests: Sequence[TraceRequest], factor: float, window_seconds: float) -> list[TraceRequest]:
@@ -470,16 +489,27 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
     requests = cal.requests
     if change.rate_factor is not None:
         requests = rate_scaled(cal.requests, change.rate_factor, cal.window_seconds)
+    if change.split_classes is not None:
+        replicas = sum(n for _, n in change.split_classes)
+
+    def run_change(calibration: Calibration, notes: list[str]) -> SimulationResult:
+        if change.split_classes is not None:
+            return _split_run(requests, settings, calibration, dict(change.split_classes), notes)
+        assignment = None if (change.replicas or change.rate_factor) else [r.replica_index for r in requests]
+        return simulate(requests, settings, calibration, replicas=replicas, assignment=assignment)
+
+    sensitivity: dict[str, tuple[ClassFigures, ClassFigures]] = {}
     if change.is_empty:
         predicted_run = replay
-    elif change.split_classes is not None:
-        replicas = sum(n for _, n in change.split_classes)
-        predicted_run = _split_run(requests, settings, cal, dict(change.split_classes), warnings)
-        warnings += _extrapolation_warnings(cal, predicted_run, settings, replicas, change)
     else:
-        assignment = None if (change.replicas or change.rate_factor) else [r.replica_index for r in requests]
-        predicted_run = simulate(requests, settings, cal, replicas=replicas, assignment=assignment)
+        predicted_run = run_change(cal, warnings)
         warnings += _extrapolation_warnings(cal, predicted_run, settings, replicas, change)
+        faster, slower = (
+            simulated_figures(run_change(replace(cal, step_time=cal.step_time.scaled(factor)), []))
+            for factor in (1 - STEP_TIME_SENSITIVITY, 1 + STEP_TIME_SENSITIVITY)
+        )
+        sensitivity = {cls: (faster[cls], slower[cls]) for cls in faster if cls in slower}
+        warnings += _sensitivity_warnings(simulated_figures(predicted_run), sensitivity)
     if predicted_run.unfinished:
         warnings.append(
             f"{predicted_run.unfinished} requests had not finished when the simulation stopped "
@@ -518,7 +548,34 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         warnings=warnings,
         notes=list(cal.notes),
         simulated_steps=replay.steps + (0 if predicted_run is replay else predicted_run.steps),
+        sensitivity=sensitivity,
     )
+
+
+def _sensitivity_warnings(
+    predicted: Mapping[str, ClassFigures], sensitivity: Mapping[str, tuple[ClassFigures, ClassFigures]]
+) -> list[str]:
+    """One warning per class whose predicted TTFT p50 or p99 moves by more than
+    :data:`SENSITIVE_ERROR` within the sensitivity band, naming the range."""
+    out = []
+    for cls, (faster, slower) in sensitivity.items():
+        point = predicted.get(cls)
+        if point is None:
+            continue
+        moved = []
+        for name, attr in (("p50", "ttft_p50_seconds"), ("p99", "ttft_p99_seconds")):
+            at, low, high = getattr(point, attr), getattr(faster, attr), getattr(slower, attr)
+            errors = [relative_error(v, at, QUEUE_FLOOR_SECONDS) for v in (low, high)]
+            if any(e is not None and abs(e) > SENSITIVE_ERROR for e in errors):
+                moved.append(f"TTFT {name} {low:.2f}-{high:.2f} s")
+        if moved:
+            where = "" if cls == ALL_CLASSES else f" ({cls})"
+            out.append(
+                f"sensitive{where}: with engine steps {STEP_TIME_SENSITIVITY:.0%} faster or slower the "
+                f"prediction gives {', '.join(moved)}; near saturation the queue turns on a few percent of "
+                f"engine speed, so read these as ranges"
+            )
+    return out
 
 
 def _split_run(
@@ -671,6 +728,11 @@ def what_if_to_dict(answer: WhatIf) -> dict[str, Any]:
         "warnings": answer.warnings,
         "notes": answer.notes,
         "simulated_steps": answer.simulated_steps,
+        "sensitivity": {
+            "step_time_factor": STEP_TIME_SENSITIVITY,
+            "faster": {c: f.as_dict() for c, (f, _) in answer.sensitivity.items()},
+            "slower": {c: s.as_dict() for c, (_, s) in answer.sensitivity.items()},
+        },
     }
 
 
@@ -681,6 +743,8 @@ __all__ = [
     "EngineSettings",
     "InsufficientSignalsError",
     "MAX_CALIBRATION_ERROR",
+    "SENSITIVE_ERROR",
+    "STEP_TIME_SENSITIVITY",
     "SimulationResult",
     "WhatIf",
     "WhatIfRefused",

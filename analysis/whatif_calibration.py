@@ -116,6 +116,15 @@ class StepTimeModel:
             self.base_seconds + self.per_sequence_seconds * num_seqs + self.per_prefill_token_seconds * prefill_tokens
         )
 
+    def scaled(self, factor: float) -> StepTimeModel:
+        """The same model with every step ``factor`` times as long."""
+        return replace(
+            self,
+            base_seconds=self.base_seconds * factor,
+            per_sequence_seconds=self.per_sequence_seconds * factor,
+            per_prefill_token_seconds=self.per_prefill_token_seconds * factor,
+        )
+
     def scaled_decode(self, factor: float) -> StepTimeModel:
         """The same model with the per-step and per-sequence parts ``factor`` times as long."""
         return replace(

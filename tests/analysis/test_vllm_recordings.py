@@ -1,6 +1,7 @@
 """Recordings of a real vLLM engine, loaded through ``inferpath import``'s code and diagnosed.
 
-Each ``tests/data/vllm_recordings/<name>.tar.gz`` holds one real run (the engine's scrapes
+Each ``tests/data/vllm_recordings/<name>.tar.gz`` (and each of the what-if's
+``tests/data/whatif_recordings/``) holds one real run (the engine's scrapes
 with their times, the OTLP bodies it posted, the load client's own measurements) and its
 ground truth, read from the raw scrapes when it was made (``ground_truth.json``, README
 beside the tarballs). The verdict over the ground truth's window (and baseline, when the run
@@ -23,7 +24,9 @@ from inferpath.server.runtime import serve_in_thread
 
 pytestmark = pytest.mark.e2e
 
-RECORDINGS = sorted((Path(__file__).resolve().parents[1] / "data" / "vllm_recordings").glob("*.tar.gz"))
+DATA = Path(__file__).resolve().parents[1] / "data"
+# The what-if's real runs are diagnosed too: each has its ground truth.
+RECORDINGS = sorted([*(DATA / "vllm_recordings").glob("*.tar.gz"), *(DATA / "whatif_recordings").glob("*.tar.gz")])
 
 
 def _at(unix_ns: int, offset_ns: int) -> datetime:

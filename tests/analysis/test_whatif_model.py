@@ -165,6 +165,27 @@ def test_the_step_law_of_an_engine_is_recovered_from_its_spans() -> None:
     assert answer.max_error <= 0.15, answer.errors
 
 
+def test_a_prediction_that_turns_on_engine_speed_says_so_with_its_range() -> None:
+    from inferpath.analysis.whatif import STEP_TIME_SENSITIVITY
+
+    cal = calibrate(
+        _engine_rows(), {}, window_start=T0, window_end=T0 + timedelta(seconds=240), cache_configs=[ENGINE_POOL]
+    )
+    # Twice the engines: far from saturation, 10 % of engine speed moves TTFT by about as much.
+    calm = what_if(cal, Change(replicas=2))
+    faster, slower = calm.sensitivity["all"]
+    assert faster.ttft_p99_seconds < calm.predicted["all"].ttft_p99_seconds < slower.ttft_p99_seconds
+    assert not any(w.startswith("sensitive") for w in calm.warnings), calm.warnings
+    # 1.9x the traffic on one engine: at the edge of saturation the band spans far more.
+    edge = what_if(cal, Change(rate_factor=1.9))
+    faster, slower = edge.sensitivity["all"]
+    assert slower.ttft_p50_seconds > 1.25 * edge.predicted["all"].ttft_p50_seconds
+    warning = next(w for w in edge.warnings if w.startswith("sensitive:"))  # all classes
+    assert f"{STEP_TIME_SENSITIVITY:.0%} faster or slower" in warning and "TTFT p50" in warning
+    assert f"{faster.ttft_p50_seconds:.2f}-{slower.ttft_p50_seconds:.2f} s" in warning
+    assert not what_if(cal, Change()).sensitivity  # the replay itself has no band
+
+
 def test_the_cli_names_a_bad_change_by_its_option_before_reading_anything(tmp_path) -> None:
     from typer.testing import CliRunner
 

