@@ -191,6 +191,20 @@ def test_a_replica_whose_first_requests_are_slower_than_its_steady_state_is_a_co
     # A queue building up after readiness: the first requests are the fastest, not a cold start.
     queue_builds = _replica_rows("b", [80 + 40 * i for i in range(34)])
     assert cold_start_rows(queue_builds, None, [startup]) == {}
+    # The same slow first requests from a replica that became ready 35 s before the window
+    # and served the baseline after that: its first requests were there, not these.
+    earlier = ReplicaStartup("t", "engine", "b", T0 - timedelta(seconds=40), T0 - timedelta(seconds=35), 5.0)
+    assert [r["trace_id"] for r in cold_start_rows(slow_start, None, [earlier])["b"]] == ["b0", "b1", "b2", "b3"]
+    served_before = _replica_rows("b", [100] * 20, start_s=-30)
+    assert cold_start_rows(slow_start, served_before, [earlier]) == {}
+    # A baseline that ended before the replica became ready (it restarted) leaves it starting.
+    before_restart = _replica_rows("b", [100] * 10, start_s=-60)
+    assert [r["trace_id"] for r in cold_start_rows(slow_start, before_restart, [earlier])["b"]] == [
+        "b0",
+        "b1",
+        "b2",
+        "b3",
+    ]
 
 
 def test_requests_that_arrived_before_their_replica_was_ready_are_charged_to_its_start() -> None:
