@@ -127,18 +127,23 @@ def _auth_dependency(token: str | None):
 
 #: Longest text of a client's own input that an error body repeats back (characters).
 MAX_ECHOED_CHARS = 256
+#: Longest error message kept whole (characters): the server's own sentences (a refused
+#: what-if explains itself in ~330) fit; a message quoting a 60 000-character input does not.
+MAX_MESSAGE_CHARS = 1024
 
 
-def _bounded(value):
-    """``value`` (an error detail) with every string longer than :data:`MAX_ECHOED_CHARS`
-    cut there and marked with its full length, so that a 60 000-character parameter is not
-    sent back whole in its 422."""
-    if isinstance(value, str) and len(value) > MAX_ECHOED_CHARS:
-        return f"{value[:MAX_ECHOED_CHARS]}… ({len(value)} characters)"
+def _bounded(value, limit: int = MAX_ECHOED_CHARS):
+    """``value`` (an error detail) with every string longer than ``limit`` cut there and
+    marked with its full length, so that a 60 000-character parameter is not sent back whole
+    in its 422. A validation error's ``msg`` is cut at :data:`MAX_MESSAGE_CHARS` only."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]}… ({len(value)} characters)"
     if isinstance(value, dict):
-        return {key: _bounded(item) for key, item in value.items()}
+        return {
+            key: _bounded(item, MAX_MESSAGE_CHARS if key == "msg" else MAX_ECHOED_CHARS) for key, item in value.items()
+        }
     if isinstance(value, (list, tuple)):
-        return [_bounded(item) for item in value]
+        return [_bounded(item, limit) for item in value]
     return value
 
 
@@ -182,7 +187,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         # OTLP/HTTP error bodies are google.rpc.Status in the request's encoding (the 401 of
         # the token guard included); the read API keeps FastAPI's JSON errors.
         if not request.url.path.startswith("/v1/"):
-            exc.detail = _bounded(exc.detail)
+            exc.detail = _bounded(exc.detail, MAX_MESSAGE_CHARS)
             return await http_exception_handler(request, exc)
         try:
             fmt: BodyFormat | None = body_format(request.headers.get("content-type"))

@@ -167,6 +167,7 @@ def test_the_read_api_answers_and_refuses(imported) -> None:
     assert any("extrapolates" in w for w in body["warnings"])
     tight = httpx.get(f"{server.url}/api/v1/whatif", params=params | {"max_calibration_error": 0.01}, timeout=120)
     assert tight.status_code == 422 and "calibration off by" in tight.json()["detail"][0]["msg"]
+    assert tight.json()["detail"][0]["msg"].endswith("read the prediction with it")  # whole, not cut
     bad = httpx.get(f"{server.url}/api/v1/whatif", params=params | {"kv_blocks": "lots"}, timeout=120)
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "kv_blocks"]
     split = httpx.get(
