@@ -21,7 +21,11 @@ The rules, from the guidance the project is built on:
   waiting, 7 → 28 sequences per step) the steps grow with it.
 - ``queueing``: queue time with no request waiting in the engine (the wait is upstream: a
   gateway or client queue), or when the engine exports no queue depth to tell.
-- CPU stages and hops (``tokenization``, ``retrieval``, ``network_hop``) claim their stage.
+- CPU stages and hops (``tokenization``, ``retrieval``, ``network_hop``) claim their stage. A
+  hop is the caller's CLIENT span less the callee's span: the wire, and the time the callee
+  took to pick the request up. On real recordings the second dominated: a gateway whose
+  event loop a synchronous tokenizer blocked accepted requests 2 s late, and vLLM's span
+  starts only when its API server hands the request to the engine.
 - ``unexplained``: gateway self time and time no stage span covers. Except in a tail band whose
   TTFT is the engine's own (no gateway, tokenizer, retrieval or network stage measured): there
   the rest lies inside the engine, between its arrival and its queue (input processing, and a
@@ -201,7 +205,12 @@ REGISTRY: tuple[CauseRule, ...] = (
         frozenset({"network"}),
         _always,
         lambda c: [
-            Advice("remove the extra hop or co-locate the gateway with the model server; keep connections alive")
+            Advice("remove the extra hop or co-locate the gateway with the model server; keep connections alive"),
+            Advice(
+                "or, where the caller and callee share a host, look at the callee's accept side: a hop also "
+                "holds the time a busy server takes to pick the request up (an event loop blocked by a "
+                "synchronous tokenizer, an engine's API server before its engine span)"
+            ),
         ],
         lambda c: [Advice("adding GPUs will not help: the time is spent between the services", ADD_CAPACITY)],
         ("network_ns", "gateway_ns"),
