@@ -43,11 +43,6 @@ __all__ = [
     "DerivationCounts",
     "seconds_to_ns",
     "union_ns",
-    "dedup_spans",
-    "derivation_view",
-    "derivation_view_fields",
-    "derivation_attributes",
-    "derivation_resource_attributes",
 ]
 
 STAGE = "inferpath.stage"
@@ -67,95 +62,7 @@ label that groups, filters and reads as what it is, where ``''`` looked like a m
 RESPONSE_MODEL = "gen_ai.response.model"
 REPLICA = ("inferpath.replica", "service.instance.id", "host.name")
 
-# What assemble_request reads of a span's attributes: the values of these names, and whether
-# any ``gen_ai.`` / ``gen_ai.latency.`` name is there at all (a GenAI client call; an
-# engine span); of its resource's, these. A test holds these lists to the function
-# (tests/server/test_derive.py).
 _GENAI_PREFIX = "gen_ai."
-_ENGINE_PREFIX = "gen_ai.latency."
-_DERIVATION_ATTRIBUTES = frozenset(
-    {
-        STAGE,
-        TTFT_SECONDS,
-        ITL_SECONDS,
-        *engine_sources.ENGINE_ATTRIBUTES,
-        *INPUT_TOKENS,
-        *OUTPUT_TOKENS,
-        *HTTP_STATUS,
-        ENDPOINT_CLASS,
-        ENDPOINT,
-        HTTP_ROUTE,
-        STREAM_STATUS,
-        REQUEST_MODEL,
-        RESPONSE_MODEL,
-        *sources.SOURCE_ATTRIBUTES,
-    }
-)
-_DERIVATION_RESOURCE_ATTRIBUTES = frozenset({ENDPOINT_CLASS, *REPLICA})
-
-
-def derivation_attributes(attributes: dict[str, str]) -> dict[str, str]:
-    """The part of a span's attributes that :func:`assemble_request` reads (a new dict):
-    the names it takes values of (``gen_ai.*`` latencies, tokens and models, the
-    ``inferpath.*`` and HTTP names of ``docs/telemetry-contract.md``), and, with the value
-    ``""``, the first other ``gen_ai.latency.*`` name and the first other ``gen_ai.*`` name,
-    whose presence it asks about. A prompt or completion held in ``gen_ai.*`` attributes is
-    not kept."""
-    kept: dict[str, str] = {}
-    engine_mark = genai_mark = False
-    for key, value in attributes.items():
-        if key in _DERIVATION_ATTRIBUTES:
-            kept[key] = value
-        elif key.startswith(_GENAI_PREFIX):
-            if key.startswith(_ENGINE_PREFIX):
-                if not engine_mark:
-                    kept[key], engine_mark = "", True
-            elif not genai_mark:
-                kept[key], genai_mark = "", True
-    return kept
-
-
-def derivation_resource_attributes(resource_attributes: dict[str, str]) -> dict[str, str]:
-    """The entries of a resource's attributes that :func:`assemble_request` reads (a new
-    dict): the endpoint class and the replica's names."""
-    return {key: value for key, value in resource_attributes.items() if key in _DERIVATION_RESOURCE_ATTRIBUTES}
-
-
-def derivation_view_fields(span: SpanRow, resource_attributes: dict[str, str]) -> tuple:
-    """The arguments of :meth:`SpanRow.from_checked` for ``span``'s :func:`derivation_view`,
-    with ``resource_attributes`` already :func:`derivation_resource_attributes` of its
-    resource's (so that the spans of one resource can share one)."""
-    return (
-        span.timestamp,
-        span.trace_id,
-        span.span_id,
-        span.parent_span_id,
-        "",
-        span.span_name,
-        span.span_kind,
-        span.service_name,
-        resource_attributes,
-        span.scope_name,
-        "",
-        derivation_attributes(span.span_attributes),
-        span.duration_ns,
-        span.status_code,
-        "",
-        sources.timing_events(span),
-        (),
-        span.start_ns,
-    )
-
-
-def derivation_view(span: SpanRow) -> SpanRow:
-    """``span`` with only what :func:`assemble_request` reads: ids, name, kind, service,
-    scope name, start, duration, status code, the attributes of :func:`derivation_attributes` /
-    :func:`derivation_resource_attributes` and the timing events of
-    :func:`~inferpath.server.sources.timing_events` (without attributes); trace state,
-    scope version, status message, other events and links empty. Any spans and their views give the same request row. A view is for
-    derivation only, never for storage (the decode workers send the server views of the
-    spans they also wrote as a Native block, see :mod:`inferpath.server.decode_workers`)."""
-    return SpanRow.from_checked(*derivation_view_fields(span, derivation_resource_attributes(span.resource_attributes)))
 
 
 def _int_attr(span: SpanRow | None, names: Iterable[str]) -> int | None:
@@ -172,14 +79,6 @@ def _int_attr(span: SpanRow | None, names: Iterable[str]) -> int | None:
         if math.isfinite(value) and value >= 0:
             return int(value)
     return None
-
-
-def dedup_spans(spans: Iterable[SpanRow]) -> list[SpanRow]:
-    """One span per span id (the last one seen wins: a re-sent span replaces the earlier copy)."""
-    by_id: dict[str, SpanRow] = {}
-    for span in spans:
-        by_id[span.span_id] = span
-    return list(by_id.values())
 
 
 def _depth(span: SpanRow, by_id: dict[str, SpanRow]) -> int:
@@ -331,7 +230,7 @@ def assemble_request(
     Raises ``ValueError`` if the spans belong to more than one trace.
     """
     by_id: dict[str, SpanRow] = {}
-    for span in spans:  # dedup_spans, keeping the dict: the last copy of a span id wins
+    for span in spans:  # the last copy of a span id wins
         by_id[span.span_id] = span
     if not by_id:
         return None

@@ -38,9 +38,9 @@ measures from it and its descendants (:meth:`EngineSource.read`), as an
   TGI's ``prefill`` / ``decode`` / ``batch`` spans are per batch, each a trace of its own:
   they are not a request's.
 
-Adding an engine means one :class:`EngineSource` in :data:`ENGINE_SOURCES`, its names in
-:data:`ENGINE_ATTRIBUTES` (so derivation views keep them), a row in docs/interop.md and a
-test (``tests/server/test_derive_engines.py``, ``tests/interop/test_engine_spans.py``).
+Adding an engine means one :class:`EngineSource` in :data:`ENGINE_SOURCES`, a row in
+docs/interop.md and a test (``tests/server/test_derive_engines.py``,
+``tests/interop/test_engine_spans.py``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ __all__ = [
     "SGLANG",
     "TGI",
     "VLLM",
-    "ENGINE_ATTRIBUTES",
     "engine_source",
     "read_engine",
     "rust_duration_to_ns",
@@ -101,21 +100,6 @@ TGI_TIMINGS = (TGI_TOTAL_TIME, TGI_VALIDATION_TIME, TGI_QUEUE_TIME, TGI_INFERENC
 TGI_QUEUED_SPAN = "queued"
 TGI_STEP_SPAN = "infer"
 TGI_SEND_SPAN = "send_generation"
-
-#: Span attributes the engine readers look up (held in derivation views).
-ENGINE_ATTRIBUTES = frozenset(
-    {
-        ENGINE_TTFT,
-        ENGINE_E2E,
-        ENGINE_QUEUE,
-        ENGINE_PREFILL,
-        ENGINE_DECODE,
-        *ENGINE_INPUT_TOKENS,
-        *ENGINE_OUTPUT_TOKENS,
-        SGLANG_MODULE,
-        *TGI_TIMINGS,
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,11 +61,8 @@ __all__ = [
     "span_ttft",
     "is_llm_call",
     "langfuse_usage_tokens",
-    "timing_events",
     "missing_measures",
     "describe_instrumentation",
-    "SOURCE_ATTRIBUTES",
-    "TIMING_EVENT_NAMES",
 ]
 
 # --------------------------------------------------------------------------- names
@@ -95,28 +92,6 @@ LANGFUSE_MODEL = "langfuse.observation.model.name"
 LANGFUSE_USAGE = "langfuse.observation.usage_details"
 _LANGFUSE_INPUT_KEYS = ("input", "prompt_tokens", "input_tokens")
 _LANGFUSE_OUTPUT_KEYS = ("output", "completion_tokens", "output_tokens")
-
-#: Span attributes the readers here look up (held in derivation views).
-SOURCE_ATTRIBUTES = frozenset(
-    {
-        TTFT_SECONDS,
-        *INFERPATH_STREAM_MARKS,
-        INFERPATH_INCOMPLETE_REASON,
-        ENGINE_TTFT,
-        *OPENLLMETRY_STREAMING,
-        GENAI_REQUEST_STREAM,
-        OPENINFERENCE_KIND,
-        OPENINFERENCE_MODEL,
-        OPENINFERENCE_INPUT_TOKENS,
-        OPENINFERENCE_OUTPUT_TOKENS,
-        LANGFUSE_TYPE,
-        LANGFUSE_COMPLETION_START,
-        LANGFUSE_MODEL,
-        LANGFUSE_USAGE,
-    }
-)
-#: Event names the readers look at.
-TIMING_EVENT_NAMES = frozenset({*CHUNK_EVENTS, FIRST_TOKEN_EVENT})
 
 #: Readings of one span further apart than this are a conflict (counted; the first source kept).
 CONFLICT_TOLERANCE_NS = 1_000_000
@@ -319,40 +294,6 @@ def langfuse_usage_tokens(span: SpanRow | None) -> tuple[int | None, int | None]
         return None
 
     return first(_LANGFUSE_INPUT_KEYS), first(_LANGFUSE_OUTPUT_KEYS)
-
-
-def timing_events(span: SpanRow) -> tuple:
-    """The events of ``span`` that :func:`span_ttft` reads, without their attributes, for a
-    derivation view: of each timing event name the two earliest valid events, and every
-    malformed one (a long OpenLLMetry stream has one event per token), so that the view
-    gives the same TTFT and the same counts as the whole span."""
-    events = span.events
-    if not events:
-        return ()
-    start_ns, end_ns = span.start_ns, span.end_ns
-    malformed, valid = [], []
-    for event in events:
-        name = event[1]
-        if name not in TIMING_EVENT_NAMES:
-            continue
-        moment = event[0]
-        slim: tuple[datetime, str, dict[str, str]] = (moment, name, {})
-        if (
-            isinstance(moment, datetime)
-            and moment.tzinfo is not None
-            and start_ns <= unix_ns_from_datetime(moment) <= end_ns
-        ):
-            valid.append(slim)
-        else:
-            malformed.append(slim)
-    valid.sort(key=lambda e: e[0])
-    kept_per_name: dict[str, int] = {}
-    for slim in valid:
-        seen = kept_per_name.get(slim[1], 0)
-        if seen < 2:
-            kept_per_name[slim[1]] = seen + 1
-            malformed.append(slim)
-    return tuple(malformed)
 
 
 def describe_instrumentation(span: SpanRow) -> str:

@@ -9,7 +9,6 @@ from datetime import datetime, timezone
 import pytest
 
 from inferpath.server.assembler import assemble_request, seconds_to_ns, union_ns
-from inferpath.server.derive import derivation_attributes, derivation_resource_attributes, derivation_view
 from inferpath.storage.rows import SpanRow, datetime_from_unix_ns
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -268,51 +267,10 @@ def test_recorded_vllm_traces_give_rows_with_engine_latencies(vllm_spans_by_trac
         assert row.status == "ok" and row.replica
 
 
-class _LookedUp(dict):
-    """An attribute map that records every name looked up in it (get, [], in)."""
-
-    def __init__(self, items: dict, looked_up: set[str]) -> None:
-        super().__init__(items)
-        self.looked_up = looked_up
-
-    def get(self, key, default=None):
-        self.looked_up.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key):
-        self.looked_up.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key) -> bool:
-        self.looked_up.add(key)
-        return super().__contains__(key)
-
-
-def _derivation_cases(vllm_spans_by_trace: dict[str, list[SpanRow]]) -> list[list[SpanRow]]:
-    """Traces that take every branch of assemble_request: the full path, its variants, and
-    the recorded vLLM traces (start-up spans included)."""
-    spans = full_trace()
-    no_engine = [s for s in spans if s.span_name != "llm_request"] + [
-        span("q1", "m1", "Internal", "queue", 70, 10, **{"inferpath.stage": "queue"}),
-        span("d1", "m1", "Internal", "decode", 130, 400, **{"inferpath.stage": "decode"}),
-    ]
-    client_engine = [spans[0], replace(spans[6], parent_span_id=spans[0].span_id)]
-    routed = [
-        replace(
-            s,
-            span_attributes={k: v for k, v in s.span_attributes.items() if k != "inferpath.endpoint"}
-            | (
-                {"http.route": "/v1/x", "http.status_code": "503", "inferpath.endpoint_class": "batch"}
-                if s.span_id == sid("g1")
-                else {}
-            ),
-        )
-        for s in spans
-    ]
-    on_host = replace(spans[6], parent_span_id="", resource_attributes={"host.name": "node-3"})
-    # A GenAI client call known only by names the row takes no value of (its prompt among
-    # them), and an engine span known only by a latency name of another engine.
-    prompt = {"gen_ai.prompt.0.content": "x" * 100_000, "gen_ai.system": "openai"}
+def test_a_genai_call_or_engine_known_only_by_names_it_takes_no_value_of_gives_a_row() -> None:
+    # A GenAI client call known by its prompt and system alone, and an engine span known by a
+    # latency name of another engine: each is a request.
+    prompt = {"gen_ai.prompt.0.content": "x" * 100, "gen_ai.system": "openai"}
     bare_client = span("c9", "", "Client", "chat", 0, 500, service="app", **prompt)
     other_engine = span(
         "e9",
@@ -322,61 +280,10 @@ def _derivation_cases(vllm_spans_by_trace: dict[str, list[SpanRow]]) -> list[lis
         10,
         480,
         service="tgi",
-        **{"gen_ai.latency.time_per_output_token": 0.02, "gen_ai.completion.0.content": "y" * 1000},
+        **{"gen_ai.latency.time_per_output_token": 0.02, "gen_ai.completion.0.content": "y" * 100},
     )
-    return [
-        spans,
-        no_engine,
-        client_engine,
-        routed,
-        [replace(spans[6], parent_span_id="")],
-        [on_host],
-        [bare_client],
-        [other_engine],
-        [bare_client, other_engine],
-        *vllm_spans_by_trace.values(),
-    ]
-
-
-def test_a_derivation_view_gives_the_row_of_the_whole_span(vllm_spans_by_trace) -> None:
-    """The decode workers send the server only each span's derivation view: every name
-    assemble_request looks up must be in it, and the rows must be the same."""
-    cases = _derivation_cases(vllm_spans_by_trace)
-    looked_up: set[str] = set()
-    for spans in cases:
-        recording = [
-            replace(
-                s,
-                span_attributes=_LookedUp(s.span_attributes, looked_up),
-                resource_attributes=_LookedUp(s.resource_attributes, looked_up),
-            )
-            for s in spans
-        ]
-        whole = assemble_request(recording, updated_at=UPDATED)
-        assert whole == assemble_request(spans, updated_at=UPDATED)
-        assert assemble_request([derivation_view(s) for s in spans], updated_at=UPDATED) == whole
-    assert assemble_request(cases[6]) is not None and assemble_request(cases[7]) is not None
-    # Every name it looked up (on any span or resource) is one a view keeps.
-    assert {"inferpath.stage", "gen_ai.latency.time_in_queue", "http.route", "host.name"} <= looked_up
-    assert (
-        set(derivation_attributes(dict.fromkeys(looked_up, "x")))
-        | set(derivation_resource_attributes(dict.fromkeys(looked_up, "x")))
-        == looked_up
-    )
-    # A view drops what derivation does not read.
-    full = full_trace()[1]
-    view = derivation_view(full)
-    assert view.resource_attributes == {"inferpath.endpoint_class": "interactive"}
-    assert "inferpath.stage" in view.span_attributes and (view.start_ns, view.timestamp) == (
-        full.start_ns,
-        full.timestamp,
-    )
-    # Names whose presence alone counts keep no value: no prompt or completion is held.
-    assert derivation_view(cases[6][0]).span_attributes == {"gen_ai.prompt.0.content": ""}
-    assert derivation_view(cases[7][0]).span_attributes == {
-        "gen_ai.latency.time_per_output_token": "",
-        "gen_ai.completion.0.content": "",
-    }
+    for spans in ([bare_client], [other_engine], [bare_client, other_engine]):
+        assert assemble_request(spans, updated_at=UPDATED) is not None
 
 
 def test_a_request_whose_spans_name_no_model_is_labelled_unknown() -> None:

@@ -1,6 +1,5 @@
 """Engine request spans (``server/engine_sources.py``) on rows in memory: SGLang's and TGI's
-traces give the same row from their derivation views as from the whole spans, and what a
-trace lacks stays ``None`` with its reason. The end-to-end tests over OTLP/HTTP are
+traces give their measures, and what a trace lacks stays ``None`` with its reason. The end-to-end tests over OTLP/HTTP are
 ``tests/interop/test_engine_spans.py``."""
 
 from __future__ import annotations
@@ -8,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from inferpath.server.derive import DerivationCounts, assemble_request, derivation_view
+from inferpath.server.derive import DerivationCounts, assemble_request
 from inferpath.server.engine_sources import SGLANG, TGI, VLLM, engine_source
 from inferpath.storage.rows import SpanRow, datetime_from_unix_ns
 
@@ -159,28 +158,6 @@ def test_a_tgi_trace_without_its_timings_or_tokens_says_what_is_missing() -> Non
     assert row.missing_measures.startswith(
         "ttft: TGI's request span 'chat_completions' has no send_generation span under it"
     ), row.missing_measures
-
-
-def test_derivation_views_give_the_rows_of_the_whole_spans() -> None:
-    """The decode workers hand the assembler derivation views: they must keep every name and
-    span the engine readers use."""
-    for spans in (
-        sglang_trace(),
-        sglang_trace(with_stages=False),
-        tgi_trace(),
-        [replace(s, trace_id=TRACE) for s in tgi_trace(total_time="92 ms")],
-    ):
-        whole = assemble_request(spans, updated_at=UPDATED)
-        assert assemble_request([derivation_view(s) for s in spans], updated_at=UPDATED) == whole
-    view = derivation_view(tgi_trace()[0])
-    assert set(view.span_attributes) == {
-        "total_time",
-        "validation_time",
-        "queue_time",
-        "inference_time",
-        "time_per_token",
-    }
-    assert derivation_view(sglang_trace()[0]).span_attributes["module"] == "sglang::request"
 
 
 def test_an_engine_span_under_a_client_span_is_the_callee_of_a_hop() -> None:

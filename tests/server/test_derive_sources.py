@@ -2,16 +2,14 @@
 docs/interop.md): each source on hand-built spans shaped as the real packages send them
 (attribute names and events as recorded from traceloop-sdk 0.62, openinference 0.1.66,
 langfuse 5.2, opentelemetry-instrumentation-openai-v2 2.4b0), the precedence and its
-conflicts, malformed events, the reasons a measure is missing, and derivation views."""
+conflicts, malformed events, and the reasons a measure is missing."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timezone
 
-import pytest
-
-from inferpath.server.derive import assemble_request, derivation_view
+from inferpath.server.derive import assemble_request
 from inferpath.server.sources import TTFT_SOURCES, DerivationCounts, span_ttft
 from inferpath.storage.rows import SpanRow, datetime_from_unix_ns
 
@@ -241,21 +239,6 @@ def test_only_the_role_chunk_is_not_a_first_token() -> None:
     assert row.client_ttft_ns is None
     assert row.missing_measures.startswith("ttft: OpenLLMetry (traceloop-sdk) recorded fewer than 2 usable chunk")
     assert "itl: fewer than 2 output tokens" in row.missing_measures
-
-
-@pytest.mark.parametrize("make", [openllmetry, openinference, langfuse, openai_v2])
-def test_a_derivation_view_gives_the_same_row_and_counts(make) -> None:
-    whole = make()
-    if whole.events:  # a long stream with malformed events among its 1000 chunks
-        many = [(at(16 + i * 0.05), n, {"k": "v"}) for i in range(1000) for n in (whole.events[0][1],)]
-        whole = replace(whole, events=[(at(-3), whole.events[0][1], {}), *many])
-    counts_whole, counts_view = DerivationCounts(), DerivationCounts()
-    view = derivation_view(whole)
-    assert len(view.events) <= 3 and all(attributes == {} for _, _, attributes in view.events)
-    assert assemble_request([view], updated_at=UPDATED, counts=counts_view) == assemble_request(
-        [whole], updated_at=UPDATED, counts=counts_whole
-    )
-    assert counts_view == counts_whole
 
 
 def test_engine_and_inferpath_rows_name_their_source() -> None:
