@@ -57,7 +57,13 @@ LATEST = datetime(2100, 1, 1, tzinfo=timezone.utc)
 
 
 def _invalid(param: str, message: str, where: str = "query") -> HTTPException:
-    return HTTPException(status_code=422, detail=[{"loc": [where, param], "msg": message, "type": "value_error"}])
+    return _invalid_all([(param, message)], where)
+
+
+def _invalid_all(problems: list[tuple[str, str]], where: str = "query") -> HTTPException:
+    """422 in FastAPI's error shape, one entry per ``(parameter, message)``."""
+    detail = [{"loc": [where, param], "msg": message, "type": "value_error"} for param, message in problems]
+    return HTTPException(status_code=422, detail=detail)
 
 
 # (path, methods) of a route → (its query parameter names, those taking one value)
@@ -98,33 +104,15 @@ async def _reject_unknown_params(request: Request) -> None:
             frozenset(_query_param_names(route.dependant, repeatable=False)),
         )
     names, single = known
+    takes = ", ".join(sorted(names)) or "none"
     unknown = sorted(set(request.query_params) - names)
     if unknown:
-        raise HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["query", name],
-                    "type": "value_error",
-                    "msg": f"unknown query parameter {name!r}; this endpoint takes "
-                    f"{', '.join(sorted(names)) or 'none'}",
-                }
-                for name in unknown
-            ],
-        )
-    repeated = sorted(name for name in single if len(request.query_params.getlist(name)) > 1)
+        raise _invalid_all([(n, f"unknown query parameter {n!r}; this endpoint takes {takes}") for n in unknown])
+    given = {name: len(request.query_params.getlist(name)) for name in single}
+    repeated = sorted(name for name, times in given.items() if times > 1)
     if repeated:
-        raise HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["query", name],
-                    "type": "value_error",
-                    "msg": f"query parameter {name!r} is given {len(request.query_params.getlist(name))} times; "
-                    f"it takes one value",
-                }
-                for name in repeated
-            ],
+        raise _invalid_all(
+            [(n, f"query parameter {n!r} is given {given[n]} times; it takes one value") for n in repeated]
         )
 
 
@@ -159,9 +147,14 @@ def parse_time(value: str | None, param: str, *, where: str = "query") -> dateti
     return parsed
 
 
-def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
-    end_dt = parse_time(end, "end") or datetime.now(timezone.utc)
-    start_dt = parse_time(start, "start") or max(EARLIEST, end_dt - DEFAULT_WINDOW)
+def _window(start: str | None, end: str | None, *, required: bool = False) -> tuple[datetime, datetime]:
+    """The window of ``start``/``end`` (default: the last 15 minutes; ``required``: both must
+    be given); 422 naming the parameter when one is missing, malformed or reversed."""
+    start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
+    if required and (start_dt is None or end_dt is None):
+        raise _invalid("start" if start_dt is None else "end", "start and end are required")
+    end_dt = end_dt or datetime.now(timezone.utc)
+    start_dt = start_dt or max(EARLIEST, end_dt - DEFAULT_WINDOW)
     if end_dt <= start_dt:
         raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, end={end_dt.isoformat()})")
     return start_dt, end_dt
@@ -174,10 +167,7 @@ async def _read(call, *args, **kwargs):
     except ValueError as exc:
         # Reader messages start with the argument's name ("step_seconds=1 gives …", "end must …").
         match = re.match(r"[A-Za-z_][A-Za-z0-9_]*", str(exc))
-        param = match.group(0) if match else "query"
-        raise HTTPException(
-            status_code=422, detail=[{"loc": ["query", param], "msg": str(exc), "type": "value_error"}]
-        ) from None
+        raise _invalid(match.group(0) if match else "query", str(exc)) from None
 
 
 def _row_filters(
@@ -377,11 +367,7 @@ async def diagnosis(
     """
     from inferpath.analysis import diagnose, verdict_to_dict
 
-    start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
-    if start_dt is None or end_dt is None:
-        raise _invalid("start" if start_dt is None else "end", "start and end are required")
-    if end_dt <= start_dt:
-        raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, end={end_dt.isoformat()})")
+    start_dt, end_dt = _window(start, end, required=True)
     if start_dt > datetime.now(timezone.utc):
         raise _invalid("start", f"start {start_dt.isoformat()} is in the future: no request can be in the window")
     base_start, base_end = parse_time(baseline_start, "baseline_start"), parse_time(baseline_end, "baseline_end")
@@ -406,10 +392,7 @@ async def diagnosis(
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             raise _invalid("objectives", str(exc)) from None
     else:
-        try:
-            chosen = runtime_objectives(runtime.settings)
-        except ValueError as exc:
-            raise HTTPException(status_code=500, detail=f"the server's objectives file is invalid: {exc}") from None
+        chosen = runtime_objectives(runtime.settings)
     if ttft_p99_seconds is not None:
         chosen = chosen.with_limit("ttft", ttft_p99_seconds)
     if itl_p99_seconds is not None:
@@ -501,11 +484,7 @@ async def whatif(
         what_if_to_dict,
     )
 
-    start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
-    if start_dt is None or end_dt is None:
-        raise _invalid("start" if start_dt is None else "end", "start and end are required")
-    if end_dt <= start_dt:
-        raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, end={end_dt.isoformat()})")
+    start_dt, end_dt = _window(start, end, required=True)
     blocks = factor = rate_factor = None
     try:
         if kv_blocks is not None:
@@ -537,11 +516,14 @@ async def whatif(
 
 
 def runtime_objectives(settings: Settings) -> Objectives:
-    """The objectives of ``settings.objectives_file`` (defaults when unset); ``ValueError``
-    naming the file when it is invalid."""
+    """The objectives of ``settings.objectives_file`` (defaults when unset); 500 naming the
+    file when it is invalid."""
     from inferpath.analysis.objectives import load_objectives
 
-    return load_objectives(settings.objectives_file)
+    try:
+        return load_objectives(settings.objectives_file)
+    except ValueError as exc:
+        raise HTTPException(status_code=500, detail=f"the server's objectives file is invalid: {exc}") from None
 
 
 @router.post("/flush")
@@ -1101,9 +1083,7 @@ async def alerts_backtest(request: Request, body: BacktestRequest) -> dict:
             service.backtest, body.rules, body.source, start_dt, end_dt, body.step_seconds
         )
     except ValueError as exc:
-        raise HTTPException(
-            status_code=422, detail=[{"loc": ["body", "rules"], "msg": str(exc), "type": "value_error"}]
-        ) from None
+        raise _invalid("rules", str(exc), "body") from None
     return {"transitions": transitions}
 
 
@@ -1116,10 +1096,7 @@ async def objectives_view(request: Request) -> dict:
     from inferpath.analysis.objectives import DEFAULT_CLASS
 
     settings = request.app.state.runtime.settings
-    try:
-        chosen = runtime_objectives(settings)
-    except ValueError as exc:
-        raise HTTPException(status_code=500, detail=f"the server's objectives file is invalid: {exc}") from None
+    chosen = runtime_objectives(settings)
     return {
         "by_class": {
             name: [{"measure": o.measure, "quantile": o.quantile, "limit_seconds": o.limit_seconds} for o in objectives]
