@@ -479,12 +479,13 @@ def _run(
     metrics = metrics[0]
     inserts = _metric(metrics, "inferpath_ingest_insert_seconds_count")
     exports = _metric(metrics, "inferpath_ingest_commits_total")
-    # Whether request assembly kept up: traces derived from held spans or read back, held
-    # traces let go over the bounds, span batches held back for room.
+    # Whether request assembly kept up: traces derived from held spans or read back, and the
+    # traces noted and not yet assembled when the last phase ended (~2 s of them if it keeps up).
     assembly = {
         name: int(_metric(metrics, f"inferpath_assembler_{name}_total"))
-        for name in ("rows_from_memory", "rows_from_store", "held_span_evictions", "room_waits")
+        for name in ("rows", "rows_from_memory", "rows_from_store", "errors")
     }
+    assembly["pending_traces"] = int(_metric(metrics, "inferpath_assembler_pending_traces"))
     if kill:  # start again on the same store: what was acknowledged before the kill is inserted
         server = _start(store_url, port, server_env)
         httpx.post(f"{url}/api/v1/flush", timeout=120)

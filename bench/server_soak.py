@@ -10,15 +10,14 @@ the first ``--warmup-seconds`` (imports, caches and chDB's pools are in place by
 minus one. A single sample is no measure of growth: merges and insert blocks swing the
 resident set by 60-130 MB from one 10 s sample to the next, so a last sample against the
 first after warm-up (also printed, with the peak) measures where a merge stood at that
-instant. Printed on each sample: the embedded store's allocator bytes (resident,
-allocated) from ``/metrics``. At the end the server is stopped gracefully and its store
+instant. At the end the server is stopped gracefully and its store
 counted: every acknowledged span must be stored exactly once, and its ``/metrics`` must
 show nothing refused and nothing dropped. In the OpenTelemetry Collector's words an export
 answered 503 (or 429) is *refused*: the client retries it, nothing is lost, but the
 offered rate was not sustained; *dropped* is data lost after its 200 (never, by design).
 
 ``python bench/server_soak.py [--seconds 600] [--rate 20000] [--clients 4]``
-Target (issue 5): at 20k spans/s for 10 minutes, RSS grows ≤ 10 % and nothing is dropped.
+Target: at 20k spans/s for 10 minutes, RSS grows ≤ 10 % and nothing is dropped.
 Exit 1 when the growth (of the medians) is over 10 %, a span is lost or stored twice, or a
 refusal or a drop is counted.
 """
@@ -61,19 +60,6 @@ def _metric_sum(text: str, name: str) -> float:
         if line.startswith(name + " ") or line.startswith(name + "{")
     ]
     return sum(values) if values else float("nan")
-
-
-def _allocator_bytes(url: str) -> tuple[float, float]:
-    """``(resident, allocated)`` bytes of the embedded store's allocator from the server's
-    ``/metrics`` (NaN when the scrape fails or the gauges are absent)."""
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return float("nan"), float("nan")
-    return (
-        _metric_sum(text, "inferpath_embedded_store_resident_bytes"),
-        _metric_sum(text, "inferpath_embedded_store_allocated_bytes"),
-    )
 
 
 def rss_bytes(pid: int) -> int:
@@ -150,7 +136,6 @@ def _run(
                     acked_span_ids.extend(s for spans in ids.values() for s in spans)
 
     samples: list[tuple[float, int, int]] = []  # (seconds, server RSS, its children's RSS)
-    allocator: list[tuple[float, float, float]] = []  # (seconds, chDB allocator resident, allocated) bytes
     loads: list[float] = []
     threads = [threading.Thread(target=exporter, args=(i,), daemon=True) for i in range(clients)]
     for thread in threads:
@@ -158,7 +143,6 @@ def _run(
     while time.monotonic() < stop_at:
         samples.append((time.monotonic() - started, *tree_rss_bytes(server.pid)))
         loads.append(os.getloadavg()[0])
-        allocator.append((samples[-1][0], *_allocator_bytes(url)))
         time.sleep(min(sample_seconds, max(0.0, stop_at - time.monotonic())))
     for thread in threads:
         thread.join(120)
@@ -196,8 +180,6 @@ def _run(
         "rss_max_mb": round(max(rss for _, rss in totals) / 2**20, 1),
         "rss_growth": round(totals[-1][1] / reference - 1, 4),
         "rss_growth_of_medians": round(statistics.median(last) / statistics.median(first) - 1, 4),
-        "store_allocator_resident_mb": [(round(at), round(res / 2**20, 1)) for at, res, _ in allocator],
-        "store_allocator_allocated_mb": [(round(at), round(live / 2**20, 1)) for at, _, live in allocator],
         "rss_mb": [(round(at), round(rss / 2**20, 1)) for at, rss in totals],
         "load_average_median": round(statistics.median(loads), 2) if loads else None,
     }

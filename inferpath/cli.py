@@ -150,10 +150,8 @@ def up(
     except RuleFileError as exc:
         console.print(f"[red]invalid alert rules:[/] {exc}")
         raise typer.Exit(2) from exc
-    from inferpath.server.memory import limit_c_heap_arenas
-    from inferpath.server.runtime import ListenError, StoreOpenError
+    from inferpath.server.runtime import ListenError, StoreOpenError, tune_gc_for_server
 
-    limit_c_heap_arenas()  # this process is the server: before its threads start
     try:
         server = serve_in_thread(settings, services=services)
     except ListenError as exc:
@@ -162,8 +160,6 @@ def up(
     except Exception as exc:  # the store could not be opened: say which and why, no traceback
         console.print(str(StoreOpenError(settings.store_url, exc)), style="red", highlight=False, markup=False)
         raise typer.Exit(2) from exc
-    from inferpath.server.memory import tune_gc_for_server
-
     tune_gc_for_server()  # this process is the server (the dashboard runs in its own)
     console.print(f"inferpath server on {server.url} (store {server.runtime.store.url})")
     dash = None

@@ -25,8 +25,6 @@ ENV_OTLP_ENDPOINT = "INFERPATH_OTLP_ENDPOINT"
 ENV_SCRAPE_TARGETS = "INFERPATH_SCRAPE_TARGETS"
 ENV_SCRAPE_INTERVAL_SECONDS = "INFERPATH_SCRAPE_INTERVAL_SECONDS"
 ENV_ASSEMBLY_SETTLE_SECONDS = "INFERPATH_ASSEMBLY_SETTLE_SECONDS"
-ENV_ASSEMBLY_MAX_HELD_SPANS = "INFERPATH_ASSEMBLY_MAX_HELD_SPANS"
-ENV_ASSEMBLY_MAX_HELD_TRACES = "INFERPATH_ASSEMBLY_MAX_HELD_TRACES"
 ENV_MAX_BODY_BYTES = "INFERPATH_MAX_BODY_BYTES"
 ENV_SERVER_URL = "INFERPATH_SERVER_URL"
 ENV_ALERT_RULES = "INFERPATH_ALERT_RULES"
@@ -40,7 +38,6 @@ ENV_ROLLUP_MIN_WINDOW_SECONDS = "INFERPATH_ROLLUP_MIN_WINDOW_SECONDS"
 ENV_SPAN_LOG = "INFERPATH_SPAN_LOG"
 ENV_SPAN_LOG_DIR = "INFERPATH_SPAN_LOG_DIR"
 ENV_SPAN_LOG_MAX_BACKLOG_BYTES = "INFERPATH_SPAN_LOG_MAX_BACKLOG_BYTES"
-ENV_MEMORY_RELEASE_INTERVAL_SECONDS = "INFERPATH_MEMORY_RELEASE_INTERVAL_SECONDS"
 ENV_BODY_READ_TIMEOUT_SECONDS = "INFERPATH_BODY_READ_TIMEOUT_SECONDS"
 
 _ENV_BY_FIELD = {
@@ -53,8 +50,6 @@ _ENV_BY_FIELD = {
     "scrape_targets": ENV_SCRAPE_TARGETS,
     "scrape_interval_seconds": ENV_SCRAPE_INTERVAL_SECONDS,
     "assembly_settle_seconds": ENV_ASSEMBLY_SETTLE_SECONDS,
-    "assembly_max_held_spans": ENV_ASSEMBLY_MAX_HELD_SPANS,
-    "assembly_max_held_traces": ENV_ASSEMBLY_MAX_HELD_TRACES,
     "max_body_bytes": ENV_MAX_BODY_BYTES,
     "server_url": ENV_SERVER_URL,
     "alert_rules": ENV_ALERT_RULES,
@@ -68,7 +63,6 @@ _ENV_BY_FIELD = {
     "span_log": ENV_SPAN_LOG,
     "span_log_dir": ENV_SPAN_LOG_DIR,
     "span_log_max_backlog_bytes": ENV_SPAN_LOG_MAX_BACKLOG_BYTES,
-    "memory_release_interval_seconds": ENV_MEMORY_RELEASE_INTERVAL_SECONDS,
     "body_read_timeout_seconds": ENV_BODY_READ_TIMEOUT_SECONDS,
 }
 
@@ -153,12 +147,6 @@ class Settings(BaseModel):
     scrape_targets: list[ScrapeTarget] = Field(default_factory=list)
     scrape_interval_seconds: float = Field(1.0, gt=0, le=3600)
     assembly_settle_seconds: float = Field(2.0, ge=0, le=3600)
-    # Bounds of the spans the assembler holds in memory (embedded chDB; ~0.9 KB per span): a
-    # trace stays held from its first committed span until it settles, so these must cover
-    # (settle time + one drain) x the span rate; past them the span log's drainer waits up to
-    # 1 s for room (inferpath_assembler_room_waits_total) and throughput falls to what fits.
-    assembly_max_held_spans: int = Field(250_000, ge=1_000, le=10_000_000)
-    assembly_max_held_traces: int = Field(50_000, ge=100, le=1_000_000)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # An OTLP export whose body has not fully arrived this long after its headers is answered
     # 408 and its in-flight slot freed: stalled uploads cannot hold max_inflight_requests.
@@ -188,17 +176,6 @@ class Settings(BaseModel):
     span_log: bool = True
     span_log_dir: str | None = None
     span_log_max_backlog_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
-    # Every interval the server hands the free pages its allocators hold (chDB's jemalloc,
-    # glibc's heap) back to the OS, so its resident set tracks live memory (server/memory.py);
-    # 0 turns this off.
-    memory_release_interval_seconds: float = Field(1.0, ge=0, le=3600, allow_inf_nan=False)
-
-    @field_validator("memory_release_interval_seconds")
-    @classmethod
-    def _release_interval(cls, value: float) -> float:
-        if 0 < value < 0.1:  # a pass costs ~1-15 ms: shorter intervals only burn CPU
-            raise ValueError("must be 0 (off) or at least 0.1 seconds")
-        return value
 
     @field_validator("scrape_targets", mode="before")
     @classmethod

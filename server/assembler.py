@@ -1,19 +1,21 @@
 """The request assembler: turns landed spans into ``inferpath_requests`` rows.
 
 Spans of one request arrive from several processes, in any order, late or twice. The
-receiver hands the assembler the spans it committed (:meth:`RequestAssembler.note_spans`);
-once a trace has been quiet for ``settle_seconds`` the assembler derives the row from ALL
-its spans with :func:`assemble_request` (a pure function, in :mod:`inferpath.server.derive`)
-and writes it with ``updated_at = now``. A late span simply notes the trace again and the
-row is re-derived; ``inferpath_requests`` is a ReplacingMergeTree on ``updated_at``, so the
-newest row wins.
+receiver hands the assembler the spans of each insert block it committed
+(:meth:`RequestAssembler.note_spans`); once a trace has been quiet for ``settle_seconds``
+the assembler derives the row from ALL its stored spans with :func:`assemble_request` (a
+pure function, :mod:`inferpath.server.derive`) and writes it with ``updated_at = now``. A
+late span notes the trace again and the row is re-derived; ``inferpath_requests`` is a
+ReplacingMergeTree on ``updated_at``, so the newest row wins.
 
-Where the spans come from: on embedded chDB (this process is the store's only writer) the
-committed spans are held in memory (:class:`~inferpath.server.span_buffer.SpanBuffer`) and a
-trace is assembled from memory whenever memory provably holds every stored span of it (the
-proof is in that module's docstring); otherwise, and always against a ClickHouse server
-(several stateless servers may receive spans of one trace), its spans are read back from
-the store. Both paths feed the same spans to the same function, so they give the same row.
+Where the spans come from: the committed spans of a pending trace are held until it
+settles. They are all of its stored spans when ``otel_traces_trace_id_ts`` (one row per
+insert block and trace) holds as many rows for the trace as distinct blocks were handed
+over here; then the row is derived from memory. Otherwise (spans stored before a restart
+or by another server, a late span of a trace assembled already, a block committed again,
+a trace noted by id, spans past ``max_held_spans``) its spans are read back, one query for
+the pass. Reading every trace back cost ~20 µs of CPU per span in the driver, as much as
+ingesting it (bench/README.md, server_ingest).
 
 Times: settling uses the monotonic clock (``time.monotonic``); ``updated_at`` is wall clock.
 """
@@ -28,7 +30,6 @@ from datetime import datetime, timezone
 
 from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.server.derive import DerivationCounts, assemble_request, seconds_to_ns, union_ns
-from inferpath.server.span_buffer import STORE_NEWEST_START_SQL, STORED_BEFORE_CUTOFF_SQL, SpanBuffer, trace_id_ints
 from inferpath.storage.periodic import PeriodicPasses
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
@@ -39,11 +40,9 @@ __all__ = ["RequestAssembler", "assemble_request", "seconds_to_ns", "union_ns", 
 logger = logging.getLogger(__name__)
 
 REQUESTS_TABLE = "inferpath_requests"
-# Traces read back per query; bounded so one IN-list query stays small.
-_READ_BATCH_TRACES = 500
-# Held traces checked for older stored spans per query: chDB's cost per query is ~7 ms
-# whatever its size, so at 500 ids a check cost ~17 µs of CPU per trace, at 5000 ~6 µs.
-_CHECK_BATCH_TRACES = 5000
+# Trace ids per query: a pass's settled traces go in one (chDB spends ~7 ms per query
+# whatever its size); the bound keeps the IN list of a backlog small.
+_BATCH_TRACES = 5000
 # A failed pass is retried with a doubling delay (1, 2, 4, … s, at most 30 s), so that a
 # store outage of a minute or two loses no request row.
 _MAX_ATTEMPTS = 10
@@ -53,20 +52,35 @@ RECOVERY_WINDOW_SECONDS = 3600
 _RECOVERY_LIMIT = 100_000
 
 _SPAN_SELECT = ", ".join(SPAN_COLUMNS)
+# Per trace: its insert blocks (rows of the trace-id table, fed once per block and trace)
+# and their span starts in whole seconds. A primary-key lookup.
+_BLOCKS_SQL = (
+    "SELECT TraceId, count(), toUInt32(min(Start)), toUInt32(max(End)) FROM otel_traces_trace_id_ts"
+    " WHERE TraceId IN {ids:Array(String)} GROUP BY TraceId"
+)
 
 
-def read_trace_spans(store: Store, trace_ids: Iterable[str]) -> dict[str, list[SpanRow]]:
-    """All stored spans of ``trace_ids`` grouped by trace id (one query per 500 ids).
+def read_trace_spans(
+    store: Store, trace_ids: Iterable[str], start_unix_s: int | None = None, end_unix_s: int | None = None
+) -> dict[str, list[SpanRow]]:
+    """All stored spans of ``trace_ids`` grouped by trace id (one query per 5000 ids), only
+    those starting within ``[start_unix_s, end_unix_s + 1)`` when bounds are given.
 
     Trace ids absent from storage are absent from the result. Driver errors propagate.
     """
     ids = list(dict.fromkeys(trace_ids))
+    where, params = "TraceId IN {ids:Array(String)}", {}
+    if start_unix_s is not None and end_unix_s is not None:
+        where += (
+            " AND Timestamp >= toDateTime64({start:UInt32}, 9, 'UTC')"
+            " AND Timestamp < toDateTime64({end:UInt32} + 1, 9, 'UTC')"
+        )
+        params = {"start": start_unix_s, "end": end_unix_s}
     out: dict[str, list[SpanRow]] = {}
-    for offset in range(0, len(ids), _READ_BATCH_TRACES):
-        chunk = ids[offset : offset + _READ_BATCH_TRACES]
+    for offset in range(0, len(ids), _BATCH_TRACES):
         rows = store.query(
-            f"SELECT {_SPAN_SELECT} FROM otel_traces WHERE TraceId IN {{ids:Array(String)}}",
-            {"ids": chunk},
+            f"SELECT {_SPAN_SELECT} FROM otel_traces WHERE {where}",
+            {**params, "ids": ids[offset : offset + _BATCH_TRACES]},
         )
         for row in rows:
             span = SpanRow.from_db_row(row)
@@ -74,33 +88,35 @@ def read_trace_spans(store: Store, trace_ids: Iterable[str]) -> dict[str, list[S
     return out
 
 
+class _Pending:
+    """A trace noted and not yet assembled: when (monotonic seconds), its committed spans
+    (``None``: read back) and the keys of the insert blocks they came in."""
+
+    __slots__ = ("noted_at", "spans", "blocks")
+
+    def __init__(self, noted_at: float, spans: list[SpanRow] | None) -> None:
+        self.noted_at = noted_at
+        self.spans = spans
+        self.blocks: set[tuple[int, str]] = set()
+
+
 class RequestAssembler(PeriodicPasses):
     """Derives and writes one request row per settled trace.
 
     ``store``: an open :class:`Store`. ``settle_seconds``: quiet time after the last noted
-    span before a trace is assembled. ``hold_spans``: derive rows from the spans handed to
-    :meth:`note_spans` when provably complete (``None``: only on embedded chDB, where this
-    process is the only writer; ``True`` against a server is refused with ``ValueError``).
-    ``max_held_spans`` / ``max_held_traces`` / ``late_window_seconds``: the bounds of the
-    held spans and how long an assembled trace's spans stay held for late spans
-    (:class:`~inferpath.server.span_buffer.SpanBuffer`). ``max_room_wait_seconds``: how long
-    :meth:`note_spans` may hold its caller back while pending spans fill those bounds
-    (0: never). ``writer``: a :class:`BatchWriter` for
-    ``inferpath_requests`` (created and owned here when ``None``). ``before_read``: called
-    before spans are read back (the runtime passes the span writer's flush, so that spans
-    accepted before a trace settled are in storage when it is read). ``interval_seconds``:
-    period of the background thread.
+    span before a trace is assembled. ``max_held_spans``: committed spans held for pending
+    traces at most (traces past it are read back). ``writer``: a :class:`BatchWriter` for
+    ``inferpath_requests`` (created and owned here when ``None``). ``interval_seconds``:
+    period of the background thread. ``clock``: monotonic seconds (tests pass their own).
 
     Counters: ``rows_written_total`` (rows handed to the writer), ``traces_without_row_total``
     (settled traces with no request role, e.g. engine start-up), ``errors_total`` (failed
-    read-back passes; their traces are retried up to 10 times with a doubling delay),
-    ``assembled_from_memory_total`` / ``assembled_from_store_total`` (traces by source),
-    ``held_spans_evicted_traces_total`` (held traces let go early because of the bounds),
-    ``room_waits_total`` / ``room_wait_seconds_total`` (callers of :meth:`note_spans` held
-    back, and for how long in all, monotonic clock), ``derivation_counts``
+    passes; their traces are retried up to 10 times with a doubling delay),
+    ``assembled_from_memory_total`` / ``assembled_from_store_total`` (traces by where their
+    spans came from), ``held_spans`` (now), ``derivation_counts``
     (:class:`~inferpath.server.sources.DerivationCounts`: TTFT conflicts between sources of
     one span, malformed chunk events and first-token times ignored; counted at every
-    derivation of a trace, so a trace re-derived for a late span counts again).
+    derivation, so a trace re-derived for a late span counts again).
     """
 
     thread_name = "inferpath-assembler"
@@ -111,155 +127,87 @@ class RequestAssembler(PeriodicPasses):
         store: Store,
         *,
         settle_seconds: float = 2.0,
+        max_held_spans: int = 250_000,
         writer: BatchWriter | None = None,
-        before_read: Callable[[], object] | None = None,
         interval_seconds: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
-        hold_spans: bool | None = None,
-        max_held_spans: int = 100_000,
-        max_held_traces: int = 20_000,
-        late_window_seconds: float = 30.0,
-        max_room_wait_seconds: float = 1.0,
     ) -> None:
         if settle_seconds < 0:
             raise ValueError(f"settle_seconds must be >= 0, got {settle_seconds}")
         super().__init__(interval_seconds)
-        if max_room_wait_seconds < 0:
-            raise ValueError(f"max_room_wait_seconds must be >= 0, got {max_room_wait_seconds}")
-        self.max_room_wait_seconds = float(max_room_wait_seconds)
         self.store = store
         self.settle_seconds = float(settle_seconds)
+        self.max_held_spans = max_held_spans
         self._owns_writer = writer is None
         self.writer = writer or BatchWriter(store, REQUESTS_TABLE, REQUEST_COLUMNS)
-        self._before_read = before_read
         self._clock = clock
-        self._pending: dict[str, float] = {}  # trace id -> monotonic time last noted
+        self._pending: dict[str, _Pending] = {}
         self._attempts: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)  # a pass let go of pending spans
         self._run_lock = threading.Lock()  # one assembly pass at a time (thread vs. flush)
+        self.held_spans = 0
         self.rows_written_total = 0
         self.traces_without_row_total = 0
         self.errors_total = 0
         self.assembled_from_memory_total = 0
         self.assembled_from_store_total = 0
-        self.room_waits_total = 0
-        self.room_wait_seconds_total = 0.0
         self.derivation_counts = DerivationCounts()
         self._ignored_timings_log = RateLimitedLog(logger, interval_seconds=10.0)
-        single_writer = store.url.kind == "chdb"
-        if hold_spans and not single_writer:
-            raise ValueError("hold_spans needs embedded chDB: a ClickHouse server may have other writers")
-        self._buffer: SpanBuffer | None = None
-        if single_writer if hold_spans is None else hold_spans:
-            try:
-                newest = store.query(STORE_NEWEST_START_SQL)
-                cutoff = int(newest[0][0] or 0) + 1 if newest else 1
-            except Exception as exc:  # noqa: BLE001 - without a cutoff, read everything back
-                logger.warning("could not read the newest stored span; request rows are read back: %s", exc)
-            else:
-                self._buffer = SpanBuffer(
-                    cutoff,
-                    max_spans=max_held_spans,
-                    max_traces=max_held_traces,
-                    late_window_seconds=late_window_seconds,
-                )
 
     @property
     def pending_traces(self) -> int:
         """Trace ids noted and not yet assembled."""
         return len(self._pending)
 
-    @property
-    def holds_spans(self) -> bool:
-        """True when rows may be derived from held spans (embedded chDB)."""
-        return self._buffer is not None
-
-    @property
-    def held_spans(self) -> int:
-        """Spans held in memory now (0 when spans are not held)."""
-        return self._buffer.held_spans if self._buffer is not None else 0
-
-    @property
-    def held_spans_evicted_traces_total(self) -> int:
-        """Held traces let go before their time because of the bounds."""
-        return self._buffer.evicted_traces_total if self._buffer is not None else 0
-
     def note_spans(self, spans: Iterable[SpanRow], now: float | None = None) -> None:
         """Mark the traces of ``spans`` as changed at ``now`` (monotonic seconds; default the
-        clock) and hold the spans. ``spans``: rows just COMMITTED to ``otel_traces`` by this
-        process; every span it commits must come through here (or the trace through
-        :meth:`note_trace_ids`). Never raises.
-
-        Back-pressure: while the assembly thread runs and the spans would push pending
-        (not yet assembled) spans past the held-span bounds, the caller (the span log's
-        notifier thread, which then holds the drainer back, or a request thread without the
-        span log) waits up to
-        ``max_room_wait_seconds`` for a pass to assemble some, so that a transient backlog
-        waits upstream instead of evicting pending traces into read-backs; then the spans
-        are held anyway (the bounds evict as before). Waits are counted in
-        ``room_waits_total`` / ``room_wait_seconds_total``."""
+        clock) and hold the spans. ``spans``: ONE insert block just committed to
+        ``otel_traces`` (see the module docstring). Never raises."""
         try:
             by_trace: dict[str, list[SpanRow]] = {}
-            count = 0
             for span in spans:
-                count += 1
-                group = by_trace.get(span.trace_id)
-                if group is None:
-                    by_trace[span.trace_id] = [span]
-                else:
-                    group.append(span)
+                by_trace.setdefault(span.trace_id, []).append(span)
+            stamp = self._clock() if now is None else now
             with self._lock:
-                buffer = self._buffer
-                if buffer is not None and not buffer.has_room_for(count, len(by_trace)):
-                    self._wait_for_room(buffer, count, len(by_trace))
-                stamp = self._clock() if now is None else now
                 for trace_id, group in by_trace.items():
-                    was_pending = trace_id in self._pending
-                    self._pending[trace_id] = stamp
-                    if buffer is not None:
-                        buffer.add(trace_id, group, was_pending)
+                    pending = self._pending.get(trace_id)
+                    if pending is None:
+                        pending = self._pending[trace_id] = _Pending(stamp, [])
+                    pending.noted_at = stamp
+                    if pending.spans is None:
+                        continue
+                    if self.held_spans + len(group) > self.max_held_spans:
+                        self._let_go(pending)
+                        continue
+                    # A block committed again (same spans, a client's retry) adds no row.
+                    pending.blocks.add((len(group), group[0].span_id))
+                    pending.spans.extend(group)
+                    self.held_spans += len(group)
         except Exception:  # noqa: BLE001 - called on the ingest path
             logger.exception("could not note spans for assembly")
 
-    def _wait_for_room(self, buffer: SpanBuffer, spans: int, traces: int) -> None:
-        """Wait (holding ``_lock`` through ``_room``) until ``spans`` of ``traces`` fit the
-        held-span bounds, at most ``max_room_wait_seconds``; only while the assembly thread
-        runs (else nothing would make room)."""
-        thread = self._thread
-        if self.max_room_wait_seconds <= 0 or thread is None or thread is threading.current_thread():
-            return
-        began = time.monotonic()
-        deadline = began + self.max_room_wait_seconds
-        waited = False
-        while (
-            buffer.pending_spans
-            and not buffer.has_room_for(spans, traces)
-            and thread.is_alive()
-            and not self._stop.is_set()
-        ):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            waited = True
-            self._room.wait(min(left, 0.1))
-        if waited:
-            self.room_waits_total += 1
-            self.room_wait_seconds_total += time.monotonic() - began
-
     def note_trace_ids(self, trace_ids: Iterable[str], now: float | None = None) -> None:
         """Mark traces as changed at ``now`` (monotonic seconds; default the clock), with
-        spans memory has not seen (written by someone else, or before a restart): these
-        traces are read back from the store. Never raises."""
+        spans not handed here (written before a restart or by someone else): they are read
+        back. Never raises."""
         try:
             stamp = self._clock() if now is None else now
             with self._lock:
                 for trace_id in trace_ids:
-                    self._pending[trace_id] = stamp
-                    if self._buffer is not None:
-                        self._buffer.drop(trace_id)
+                    pending = self._pending.get(trace_id)
+                    if pending is None:
+                        self._pending[trace_id] = _Pending(stamp, None)
+                    else:
+                        pending.noted_at = stamp
+                        self._let_go(pending)
         except Exception:  # noqa: BLE001 - called on the ingest path
             logger.exception("could not note trace ids for assembly")
+
+    def _let_go(self, pending: _Pending) -> None:
+        """Drop a pending trace's held spans (it is read back); the caller holds the lock."""
+        if pending.spans is not None:
+            self.held_spans -= len(pending.spans)
+            pending.spans = None
 
     def run_once(self, force: bool = False, now: float | None = None) -> int:
         """Assemble every trace quiet for ``settle_seconds`` (all noted traces if ``force``).
@@ -269,30 +217,16 @@ class RequestAssembler(PeriodicPasses):
         """
         with self._run_lock:
             stamp = self._clock() if now is None else now
-            buffer = self._buffer
-            memory: dict[str, list[SpanRow]] = {}
-            unverified: list[str] = []
             with self._lock:
-                due = [t for t, noted in self._pending.items() if force or stamp - noted >= self.settle_seconds]
-                for trace_id in due:
+                due = {t: p for t, p in self._pending.items() if force or stamp - p.noted_at >= self.settle_seconds}
+                for trace_id, pending in due.items():
                     del self._pending[trace_id]
-                if buffer is not None:
-                    buffer.expire(stamp)
-                    if due:
-                        memory, unverified = buffer.take(due)
-                        self._room.notify_all()  # traces read back were let go
+                    if pending.spans is not None:
+                        self.held_spans -= len(pending.spans)
             if not due:
                 return 0
             try:
-                if unverified:
-                    self._check_held(unverified, memory)
-                from_store = [t for t in due if t not in memory]
-                spans_by_trace: dict[str, list[SpanRow]] = {}
-                if from_store:
-                    if self._before_read is not None:
-                        self._before_read()
-                    spans_by_trace = read_trace_spans(self.store, from_store)
-                spans_by_trace.update(memory)
+                spans_by_trace = self._spans_of(due)
             except Exception as exc:  # noqa: BLE001 - a background loop must survive the store
                 self.errors_total += 1
                 logger.warning("request assembly of %d traces failed: %s", len(due), exc)
@@ -314,11 +248,6 @@ class RequestAssembler(PeriodicPasses):
                     self.traces_without_row_total += 1
                 else:
                     rows.append(row.to_insert_row())
-            if memory and buffer is not None:  # memory is only ever filled from the buffer
-                with self._lock:
-                    for trace_id in memory:
-                        buffer.assembled(trace_id, trace_id in self._pending, stamp)
-                    self._room.notify_all()
             ignored = counts.ignored_timings_total - ignored_before
             if ignored:
                 self._ignored_timings_log.warning(
@@ -326,32 +255,40 @@ class RequestAssembler(PeriodicPasses):
                     "its end, or unparsable); the span's other measures were kept",
                     ignored,
                 )
-            self.assembled_from_memory_total += len(memory)
-            self.assembled_from_store_total += len(due) - len(memory)
             if rows and self.writer.submit(rows):
                 self.rows_written_total += len(rows)
             return len(rows)
 
-    def _check_held(self, trace_ids: list[str], memory: dict[str, list[SpanRow]]) -> None:
-        """Held traces not yet checked: those with a stored span older than the cutoff (so
-        maybe unseen) leave ``memory`` and are read back; the others are marked checked.
-        Driver errors propagate (the pass is retried; the held spans stay)."""
-        assert self._buffer is not None
-        ids, malformed = trace_id_ints(trace_ids)
-        stale: set[str] = set(malformed)
-        cutoff = self._buffer.cutoff_unix_s
-        for offset in range(0, len(ids), _CHECK_BATCH_TRACES):
-            chunk = ids[offset : offset + _CHECK_BATCH_TRACES]
-            stale.update(row[0] for row in self.store.query(STORED_BEFORE_CUTOFF_SQL, {"ids": chunk, "cutoff": cutoff}))
-        with self._lock:
-            for trace_id in stale:
-                self._buffer.demote(trace_id)
-                memory.pop(trace_id, None)
-            self._buffer.verified(t for t in trace_ids if t not in stale)
+    def _spans_of(self, due: dict[str, _Pending]) -> dict[str, list[SpanRow]]:
+        """The stored spans of each due trace: the held ones when the store has no other
+        insert block of the trace, else read back within the traces' stored bounds. Driver
+        errors propagate."""
+        ids = list(due)
+        blocks: dict[str, tuple] = {}
+        for offset in range(0, len(ids), _BATCH_TRACES):
+            chunk = ids[offset : offset + _BATCH_TRACES]
+            blocks.update((row[0], row[1:]) for row in self.store.query(_BLOCKS_SQL, {"ids": chunk}))
+        memory: dict[str, list[SpanRow]] = {}
+        read_back: list[str] = []
+        for trace_id, pending in due.items():
+            stored = blocks.get(trace_id)
+            if stored is None:  # nothing stored: no row
+                continue
+            if pending.spans and stored[0] == len(pending.blocks):
+                memory[trace_id] = pending.spans
+            else:
+                read_back.append(trace_id)
+        self.assembled_from_memory_total += len(memory)
+        self.assembled_from_store_total += len(read_back)
+        if read_back:
+            start = min(blocks[t][1] for t in read_back)
+            end = max(blocks[t][2] for t in read_back)
+            memory.update(read_trace_spans(self.store, read_back, start, end))
+        return memory
 
-    def _retry_later(self, trace_ids: list[str], stamp: float) -> None:
+    def _retry_later(self, due: dict[str, _Pending], stamp: float) -> None:
         with self._lock:
-            for trace_id in trace_ids:
+            for trace_id, pending in due.items():
                 attempts = self._attempts.get(trace_id, 0) + 1
                 if attempts >= _MAX_ATTEMPTS:
                     self._attempts.pop(trace_id, None)
@@ -359,8 +296,9 @@ class RequestAssembler(PeriodicPasses):
                     continue
                 self._attempts[trace_id] = attempts
                 # "Noted in the future": due once the delay and the settle time have passed.
-                delay = min(2.0 ** (attempts - 1), _MAX_RETRY_DELAY_SECONDS)
-                self._pending.setdefault(trace_id, stamp + delay)
+                pending.noted_at = stamp + min(2.0 ** (attempts - 1), _MAX_RETRY_DELAY_SECONDS)
+                if self._pending.setdefault(trace_id, pending) is pending and pending.spans is not None:
+                    self.held_spans += len(pending.spans)
 
     def recover(self, window_seconds: float = RECOVERY_WINDOW_SECONDS) -> int:
         """Note every trace with a span starting in the last ``window_seconds`` that has no

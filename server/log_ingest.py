@@ -1,47 +1,31 @@
 """Span exports acknowledged once logged, inserted by one drainer thread in large blocks.
 
-embedded chDB pays ~20-30 ms per INSERT whatever its size (bench/README.md, server_ingest),
-so rows per insert decide the ingest rate: ~31 µs per row at 1000 rows, ~5 µs at 16 000.
-A receiver that inserts before answering gets at most the rows of the exports that happen to
-be in flight together. This module decouples the two, as the issue allows ("a 200 once the
-data is committed to the store or to a durable queue"):
+Embedded chDB pays ~20-30 ms per INSERT whatever its size, so rows per insert decide the
+ingest rate (bench/README.md, server_ingest). A 200 therefore means "in the span log":
 
-1. :meth:`LoggedSpanIngest.accept` (request thread): the export was decoded already (400 and
-   ``partial_success`` answers stay synchronous); its body is appended to the
-   :class:`~inferpath.server.span_log.SpanLog` and its spans queued in memory; 200 follows.
-   A retry of a logged export (same dedup token) is answered 200 without a second record.
-2. The drainer thread takes the queued exports in log order, up to ``insert_rows`` rows or
-   whatever arrived within ``linger_seconds`` of the oldest, writes ``B start end sample``
-   to the log's progress file, inserts their rows as ONE INSERT into ``otel_traces`` with the
-   dedup token ``wal-{log id}-{start}-{end}``, writes ``D end``, and hands the committed
-   spans to the request assembler (``on_committed``, called in commit order by a thread of
-   its own, so that the next insert need not wait for it; at most two batches wait).
-3. At start-up the records past the last ``D`` are decoded from the log and queued again.
-   If a ``B`` line has no ``D`` (killed during that insert), one sample span id of its rows
-   is looked up: found means the block landed (a block is one part, all or nothing);
-   otherwise exactly that range is inserted again, under the same token, so the store would
-   drop it even if the lookup had missed. Each acknowledged span is stored once. When the
-   progress file was lost (:attr:`SpanLog.lookup_until`), each record before that offset is
-   settled alone: the first span of each is looked up (512 records per query), a stored one
-   means its record's block landed and the record is dropped, the others are queued. What
-   was re-queued or settled is logged at INFO.
+1. :meth:`LoggedSpanIngest.accept` (request thread, export already decoded): the body is
+   appended to the :class:`~inferpath.server.span_log.SpanLog`, its spans queued in memory,
+   200 follows. A retry of a logged export (same dedup token) gets 200 without a record.
+2. The drainer takes the queued exports in log order, up to ``insert_rows`` rows or what
+   arrived within ``linger_seconds`` of the oldest, writes ``B start end sample`` to the
+   progress file, inserts the rows as ONE block into ``otel_traces`` with the dedup token
+   ``wal-{log id}-{start}-{end}``, notes the spans for assembly (``on_committed``), writes
+   ``D end``.
+3. At start-up the records past the last ``D`` are decoded and queued again. A ``B`` without
+   ``D`` is settled by looking its sample span up (a block is one part, all or nothing):
+   found, the range is done; else exactly that range is inserted again under the same token.
+   Without a progress file (:attr:`SpanLog.lookup_until`) each record is settled alone by
+   a lookup of its first span (512 records per query).
 
-Bounds: the backlog (bytes logged, not yet inserted) stays under ``max_backlog_bytes``
-(16 MiB ≈ 145 000 spans of 115 bytes), and its spans under what the drainer inserts in
-``max_backlog_seconds`` at its measured rate (at least 2000 spans), so that span end →
-visible stays near a second under saturation whatever the machine's speed. Exports being
-decoded hold room too (:meth:`LoggedSpanIngest.reserve`): one that would take the backlog and
-those past ``max_backlog_bytes`` is answered 503 before it is decoded. An export that
-would pass a bound waits up to ``backlog_wait_seconds`` for room (its client, which holds
-one export in flight, is slowed down), then is answered 503 with ``Retry-After``; the spans queued in
-memory are the backlog's (~8 bytes of span objects per protobuf body byte). While the store
-backs off after an error (:class:`~inferpath.server.ingest.DurableIngest`), exports are
-refused with 503 as before instead of being logged: a client holds its own export for free,
-while the log would turn a long outage into a long catch-up; the drainer retries the
-backlog when the back-off ends, which is also what ends it (the store heals by itself).
-An insert refused for its data (should not happen: rows were validated at decode) is
-retried export by export; an export refused alone is dropped, logged and counted
-(``refused_spans_total``), since it was acknowledged already.
+Bounds: the backlog (bytes logged, not inserted) stays under ``max_backlog_bytes`` and its
+spans under ``max_backlog_seconds`` of the drainer's measured rate (at least 2000 spans),
+so span end → visible stays near a second under saturation. Exports being decoded hold
+room too (:meth:`LoggedSpanIngest.reserve`), so one that cannot fit gets its 503 before
+decoding. An export that would pass a bound waits up to ``backlog_wait_seconds``, then gets
+503 with ``Retry-After``. While the store backs off after an error
+(:class:`~inferpath.server.ingest.DurableIngest`) exports get 503 instead of being logged:
+the log is not an outage buffer. An insert refused for its data is retried export by
+export; an export refused alone is dropped, logged and counted (``refused_spans_total``).
 
 Clocks: ``linger_seconds`` and waits use the monotonic clock.
 """
@@ -105,15 +89,11 @@ class LoggedSpanIngest:
     ``ingest``: the receiver's :class:`DurableIngest` (back-off state, insert, counters).
     ``log``: an open :class:`SpanLog`; its unfinished records are decoded and queued here.
     ``on_committed(spans)``: called by the drainer with the spans of each committed insert
-    (the assembler's ``note_spans``); must not raise. ``insert_rows`` (≥ 1): rows per insert
-    at most (an export larger than that is inserted alone). ``linger_seconds`` (≥ 0): how
-    long the oldest queued export may wait for more rows: larger blocks make larger parts,
-    which chDB merges less often (at ~45k spans/s, ~28k-row blocks took half the merge CPU
-    of ~15k-row ones; bench/README.md). ``max_backlog_bytes`` (≥ 1): bound
-    of the log's un-inserted bytes; ``max_backlog_seconds``: bound of the queued spans in
-    seconds of the drainer's measured rate (at least 2000 spans), which keeps span end →
-    visible near that under saturation; an export that would pass either waits up to
-    ``backlog_wait_seconds`` (0..60) for the drainer, then is refused (503). Raises ``ValueError`` for bad limits. The drainer runs
+    (the assembler's ``note_spans``). ``insert_rows`` (≥ 1): rows per insert at most (a
+    larger export is inserted alone). ``linger_seconds`` (0..60): how long the oldest queued
+    export may wait for company (larger blocks make larger parts, which chDB merges less).
+    ``max_backlog_bytes``, ``max_backlog_seconds``, ``backlog_wait_seconds`` (0..60): the
+    bounds of the module docstring. Raises ``ValueError`` for bad limits. The drainer runs
     after :meth:`start`. Counters: ``appended_total`` (exports logged),
     ``duplicate_exports_total``, ``backlog_full_total`` (503s), ``log_errors_total``
     (appends that failed, 503), ``inserts_total``, ``inserted_spans_total``,
@@ -161,12 +141,6 @@ class LoggedSpanIngest:
         self._room_waiters = 0
         self._reserved_bytes = 0  # bodies of exports read, being decoded: see reserve()
         self._thread: threading.Thread | None = None
-        # Committed spans on their way to on_committed, in commit order, on their own thread:
-        # the drainer goes on to the next insert meanwhile (noting ~28k spans took ~20 % of
-        # its time at ~45k spans/s, and the drainer is the stage that bounds ingest).
-        self._committed: deque[list[SpanRow]] = deque()
-        self._noting = 0  # batches taken from _committed whose on_committed has not returned
-        self._notifier: threading.Thread | None = None
         # Drain exactly this range first (an insert a crash left unfinished), then per export
         # up to ``_single_until`` (a group the store refused for its data).
         self._forced_end: int | None = None
@@ -379,11 +353,9 @@ class LoggedSpanIngest:
         about to be decoded; release it (context manager) once the export is answered.
 
         Refused at once (``overloaded``, 503 with ``Retry-After``) when the backlog and the
-        exports already reserved would pass ``max_backlog_bytes`` with it: an export that
-        cannot fit is turned away before its decoding, not after it (24 concurrent 11 MB
-        OTLP/JSON exports on two cores each waited 90-100 s of decoding for that 503). An
-        export gets room when nothing is logged or reserved, whatever its size. Counted in
-        ``backlog_full_total``. Never raises."""
+        exports already reserved would pass ``max_backlog_bytes`` with it, so an export that
+        cannot fit is not decoded first. An export gets room when nothing is logged or
+        reserved, whatever its size. Counted in ``backlog_full_total``. Never raises."""
         with self._cond:
             backlog, reserved = self.log.backlog_bytes, self._reserved_bytes
             if (backlog or reserved) and backlog + reserved + body_bytes > self.max_backlog_bytes:
@@ -423,8 +395,6 @@ class LoggedSpanIngest:
     def start(self) -> None:
         """Start the drainer thread (idempotent)."""
         if self._thread is None:
-            self._notifier = threading.Thread(target=self._notify_loop, name="inferpath-span-log-notify", daemon=True)
-            self._notifier.start()
             self._thread = threading.Thread(target=self._run, name="inferpath-span-log", daemon=True)
             self._thread.start()
 
@@ -512,8 +482,13 @@ class LoggedSpanIngest:
                 return
             logger.error("the store refused a logged export's %d spans (dropped): %s", rows, result.message)
             self.refused_spans_total += rows
-        self.log.done_insert(end)
         spans = [span for queued in batch for span in queued.spans]
+        if result.ok and spans:
+            try:  # before D: a flush that sees the range done finds its traces noted
+                self.on_committed(spans)
+            except Exception:  # noqa: BLE001 - on_committed must not raise; the drainer goes on
+                logger.exception("handing committed spans to the assembler failed")
+        self.log.done_insert(end)
         with self._cond:
             for _ in batch:
                 self._queue.popleft()
@@ -530,41 +505,6 @@ class LoggedSpanIngest:
             )
             self.inserts_total += 1
             self.inserted_spans_total += len(spans)
-            self._hand_off(spans)
-
-    # ------------------------------------------------------------------ committed spans
-    def _hand_off(self, spans: list[SpanRow]) -> None:
-        """Queue committed spans for ``on_committed`` (inline when the threads do not run).
-        At most two batches wait: beyond, the drainer waits too (back-pressure from the
-        assembler's room waits reaches the span log's backlog bounds, as before)."""
-        notifier = self._notifier
-        if notifier is None or not notifier.is_alive():
-            self.on_committed(spans)
-            return
-        with self._cond:
-            while len(self._committed) >= 2 and notifier.is_alive():
-                self._cond.wait(0.1)
-            self._committed.append(spans)
-            self._cond.notify_all()
-
-    def _notify_loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._committed:
-                    if self._stopping and (self._thread is None or not self._thread.is_alive()):
-                        return
-                    self._cond.wait(0.5)
-                spans = self._committed.popleft()
-                self._noting += 1
-                self._cond.notify_all()
-            try:
-                self.on_committed(spans)
-            except Exception:  # noqa: BLE001 - on_committed must not raise; never stop noting
-                logger.exception("handing committed spans to the assembler failed")
-            finally:
-                with self._cond:
-                    self._noting -= 1
-                    self._cond.notify_all()
 
     # ------------------------------------------------------------------ flush / close
     def flush(self, timeout_seconds: float = 30.0) -> bool:
@@ -577,7 +517,7 @@ class LoggedSpanIngest:
             self._flush_waiters += 1
             self._cond.notify_all()
             try:
-                while self.log.committed_offset < target or self._committed or self._noting:
+                while self.log.committed_offset < target:
                     left = deadline - time.monotonic()
                     if left <= 0 or (self._thread is None or not self._thread.is_alive()):
                         return False
@@ -596,6 +536,4 @@ class LoggedSpanIngest:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_seconds)
-        if self._notifier is not None:  # ends once the drainer stopped and nothing waits
-            self._notifier.join(timeout_seconds)
         self.log.close()

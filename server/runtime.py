@@ -15,6 +15,7 @@ gracefully: stop accepting, insert what was accepted, assemble what was noted, c
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import re
 import socket
@@ -29,7 +30,6 @@ from inferpath.server.app import create_app
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
 from inferpath.server.ingest import CommitResult, DirectSpanSink, DurableIngest, SpanSink, TableRows
 from inferpath.server.log_ingest import LoggedSpanIngest
-from inferpath.server.memory import MemoryReleaser, limit_c_heap_arenas, tune_gc_for_server
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.server.services import BackgroundService
@@ -48,7 +48,7 @@ from inferpath.storage.rows import (
 from inferpath.storage.store import Store
 from inferpath.storage.writer import BatchWriter
 
-__all__ = ["ServerRuntime", "RunningServer", "serve_in_thread", "serve_forever"]
+__all__ = ["ServerRuntime", "RunningServer", "serve_in_thread", "serve_forever", "tune_gc_for_server"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +155,6 @@ class ServerRuntime:
             self.store,
             settle_seconds=settings.assembly_settle_seconds,
             writer=self.writers[REQUESTS_TABLE],
-            max_held_spans=settings.assembly_max_held_spans,
-            max_held_traces=settings.assembly_max_held_traces,
         )
         # Span exports: 200 once logged, inserted in large blocks by one thread (log_ingest.py),
         # or once inserted (DirectSpanSink).
@@ -175,12 +173,6 @@ class ServerRuntime:
             self.writers["otel_metrics_sum"],
             interval_seconds=settings.scrape_interval_seconds,
             histogram_writer=self.writers["otel_metrics_histogram"],
-        )
-        # Free allocator pages back to the OS on a timer (server/memory.py); None when off.
-        self.memory_releaser = (
-            MemoryReleaser(self.store, interval_seconds=settings.memory_release_interval_seconds)
-            if settings.memory_release_interval_seconds > 0
-            else None
         )
         self._lock = threading.Lock()
         self._ttl_days_by_table: dict[str, int] = {}
@@ -269,8 +261,6 @@ class ServerRuntime:
         self.span_sink.start()
         self.scrape_loop.start()
         self.rollups.start()
-        if self.memory_releaser is not None:
-            self.memory_releaser.start()
         gauge_rollup.backfill_quietly(self.store)  # gauges stored before schema 011 (storage/gauge_rollup.py)
         for service in self.services.values():
             service.start(self.store, self.settings)
@@ -381,8 +371,6 @@ class ServerRuntime:
                 "stopping: inserting %d spans still in the span log, assembling %d pending traces", backlog, pending
             )
         self.scrape_loop.stop()
-        if self.memory_releaser is not None:
-            self.memory_releaser.stop()
         self.rollups.stop(timeout_seconds)
         for service in self.services.values():
             service.stop(timeout_seconds)
@@ -400,6 +388,17 @@ class ServerRuntime:
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
+
+
+def tune_gc_for_server() -> None:
+    """Collector settings for a process that is (mostly) the server, called once it started:
+    start-up objects frozen out of the scans, young collections every 100 000 net
+    allocations instead of 700. Ingest allocates many short-lived objects per span and holds
+    spans for seconds; with the defaults the server spent ~40 % more CPU per span
+    (bench/README.md, server_ingest). Cycles are still collected, later."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 20, 10)
 
 
 _UNREACHABLE = ("Connection refused", "Name or service not known", "No route to host", "timed out")
@@ -584,7 +583,6 @@ def serve_forever(settings: Settings, services: Sequence[BackgroundService] = ()
     def _terminated(signum: int, frame: object) -> None:
         raise _Terminated()
 
-    limit_c_heap_arenas()  # before the runtime starts its threads
     # Bound here, as in serve_in_thread: the listening socket says it is TCP (so replies are
     # not held back by Nagle), and the log names the real port when 0 was asked for. Bound
     # before the store opens, so that a taken port stops the start before a store folder is

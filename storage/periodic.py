@@ -1,6 +1,6 @@
 """A daemon thread that runs one pass of some work every interval: the one background-loop
-idiom of the server (request assembly, engine scrapes, rollup refresh, memory release) and of
-the alert evaluator.
+idiom of the server (request assembly, engine scrapes, rollup refresh) and of the alert
+evaluator.
 
 Passes start at a fixed rate on the monotonic clock: a pass that overruns its interval makes
 the next one start at once and the missed ticks are skipped, never piled up. A failed pass is

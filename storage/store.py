@@ -444,10 +444,10 @@ _row_of = operator.attrgetter("row")
 
 def _untie_insert_context(context: Any) -> None:
     """Break the reference cycle of a used clickhouse-connect ``InsertContext``: given data,
-    it keeps a bound method of itself (``_next_block_data``), so the context and everything
-    it holds wait for Python's cycle collector, which the server's thresholds leave idle for
-    minutes (``server/memory.py``). Without the method, reference counting frees them as
-    the insert returns (``tests/storage/test_storage_store.py`` asserts that an insert leaves
+    it keeps a bound method of itself (``_next_block_data``), so the context and every row
+    it holds wait for Python's cycle collector, which reaches a long-lived context only in
+    a full collection. Without the method, reference counting frees them as the insert
+    returns (``tests/storage/test_storage_store.py`` asserts that an insert leaves
     no cyclic garbage, so a driver upgrade that adds another cycle is caught)."""
     getattr(context, "__dict__", {}).pop("_next_block_data", None)
 

@@ -255,8 +255,8 @@ def test_an_insert_keeps_none_of_its_rows_alive(store: Store) -> None:
 
 
 def test_inserts_leave_no_cyclic_garbage(store: Store) -> None:
-    # clickhouse-connect's InsertContext, given data, keeps a bound method of itself; the
-    # server's collector thresholds leave such cycles waiting for minutes (server/memory.py).
+    # clickhouse-connect's InsertContext, given data, keeps a bound method of itself: such a
+    # cycle keeps an insert's rows until a full collection.
     import gc
 
     store.command("CREATE TABLE cycle_probe (Id UInt64, At DateTime64(9, 'UTC'), Tags Array(String)) ENGINE = Memory")
