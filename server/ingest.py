@@ -1,28 +1,15 @@
 """Durable acknowledgement of OTLP exports: commit to the store before answering 200.
 
-An export is answered 200 only after its rows are committed to ClickHouse (the insert
-returned), so a crash after a 200 loses nothing. Each export's rows go into ONE insert per
-table carrying an ``insert_deduplication_token`` derived from the body: a client that
-retries an export whose insert committed but whose answer was lost (the server was killed
-in between) stores nothing twice, because ClickHouse skips a block whose token it has seen
-(``non_replicated_deduplication_window``, ``schema/005_insert_dedup.sql``; replicated tables
-do it by default). Readers and the assembler also dedup by span id, which covers the one
-case the token cannot: the same span sent again inside a *different* body.
-
-Memory stays bounded without a queue: at most ``max_inflight_requests`` exports and
-``max_inflight_bytes`` of bodies are being decoded or committed at once; beyond that the
-receiver answers 503 with ``Retry-After`` at once. When an insert fails for a reason of
-the store (connection refused, table missing, too many parts, …) the store is marked
-unavailable for a back-off that doubles up to ``max_retry_after_seconds``; meanwhile
-exports are refused with 503 without touching the store, and the first export after the
-back-off probes it again, so the receiver recovers by itself. An insert refused because of
-the data (a value ClickHouse cannot take) is a 400 naming the problem: retrying could not
-help, and it must not make the store look unavailable to everyone else.
-
-Span exports reach this through a :class:`SpanSink`: :class:`DirectSpanSink` commits each
-export as above; :class:`~inferpath.server.log_ingest.LoggedSpanIngest` (embedded chDB,
-where an insert costs ~25-45 ms of CPU whatever its size) acknowledges once the body is in
-its write-ahead log and inserts many exports as one block (bench/README.md, server_ingest).
+Each export's rows go into ONE insert per table carrying an ``insert_deduplication_token``
+derived from the body, so a client retrying an export whose 200 was lost stores nothing
+twice (``schema/005_insert_dedup.sql``). At most ``max_inflight_requests`` exports and
+``max_inflight_bytes`` of bodies are in flight; beyond, 503 with ``Retry-After`` at once. An
+insert failing for the store's reason opens a back-off (doubling up to
+``max_retry_after_seconds``) during which exports get 503 without touching the store; the
+first export after it probes. An insert refused for its data is a 400 and does not trip the
+back-off. Span exports go through a :class:`SpanSink`: :class:`DirectSpanSink` commits each
+export like this; :class:`~inferpath.server.log_ingest.LoggedSpanIngest` (embedded chDB)
+acknowledges once the body is logged and inserts many exports as one block.
 
 Clocks: back-off and insert latency use the monotonic clock (``time.monotonic``).
 """
