@@ -373,7 +373,10 @@ class WhatIf:
     simulated_steps: int = 0
     sensitivity: dict[str, tuple[ClassFigures, ClassFigures]] = field(default_factory=dict)
     """Per class, the change's figures with engine steps :data:`STEP_TIME_SENSITIVITY`
-    faster and slower (empty for an empty change)."""
+    faster and slower (empty for an empty change), over the first
+    :attr:`sensitivity_requests` requests of the window (all of them up to
+    :data:`LEVEL_SAMPLE_REQUESTS`)."""
+    sensitivity_requests: int = 0
 
 
 def rate_scaled(requests: Sequence[TraceRequest], factor: float, window_seconds: float) -> list[TraceRequest]:
@@ -492,24 +495,32 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
     if change.split_classes is not None:
         replicas = sum(n for _, n in change.split_classes)
 
-    def run_change(calibration: Calibration, notes: list[str]) -> SimulationResult:
+    def run_change(calibration: Calibration, notes: list[str], which: Sequence[TraceRequest]) -> SimulationResult:
         if change.split_classes is not None:
-            return _split_run(requests, settings, calibration, dict(change.split_classes), notes)
-        assignment = None if (change.replicas or change.rate_factor) else [r.replica_index for r in requests]
-        return simulate(requests, settings, calibration, replicas=replicas, assignment=assignment)
+            return _split_run(which, settings, calibration, dict(change.split_classes), notes)
+        assignment = None if (change.replicas or change.rate_factor) else [r.replica_index for r in which]
+        return simulate(which, settings, calibration, replicas=replicas, assignment=assignment)
 
     sensitivity: dict[str, tuple[ClassFigures, ClassFigures]] = {}
+    band_requests = 0
     if change.is_empty:
         predicted_run = replay
     else:
-        predicted_run = run_change(cal, warnings)
+        predicted_run = run_change(cal, warnings, requests)
         warnings += _extrapolation_warnings(cal, predicted_run, settings, replicas, change)
+        # The band of a long window is read on its first requests, as the level is.
+        sample, point = requests, simulated_figures(predicted_run)
+        if len(requests) > LEVEL_SAMPLE_REQUESTS:
+            cut = sorted(r.engine_arrival_seconds for r in requests)[LEVEL_SAMPLE_REQUESTS]
+            sample = [r for r in requests if r.engine_arrival_seconds < cut]
+            point = simulated_figures(run_change(cal, [], sample))
         faster, slower = (
-            simulated_figures(run_change(replace(cal, step_time=cal.step_time.scaled(factor)), []))
+            simulated_figures(run_change(replace(cal, step_time=cal.step_time.scaled(factor)), [], sample))
             for factor in (1 - STEP_TIME_SENSITIVITY, 1 + STEP_TIME_SENSITIVITY)
         )
         sensitivity = {cls: (faster[cls], slower[cls]) for cls in faster if cls in slower}
-        warnings += _sensitivity_warnings(simulated_figures(predicted_run), sensitivity)
+        band_requests = len(sample)
+        warnings += _sensitivity_warnings(point, sensitivity, None if sample is requests else len(sample))
     if predicted_run.unfinished:
         warnings.append(
             f"{predicted_run.unfinished} requests had not finished when the simulation stopped "
@@ -549,14 +560,18 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         notes=list(cal.notes),
         simulated_steps=replay.steps + (0 if predicted_run is replay else predicted_run.steps),
         sensitivity=sensitivity,
+        sensitivity_requests=band_requests,
     )
 
 
 def _sensitivity_warnings(
-    predicted: Mapping[str, ClassFigures], sensitivity: Mapping[str, tuple[ClassFigures, ClassFigures]]
+    predicted: Mapping[str, ClassFigures],
+    sensitivity: Mapping[str, tuple[ClassFigures, ClassFigures]],
+    sample: int | None = None,
 ) -> list[str]:
     """One warning per class whose predicted TTFT p50 or p99 moves by more than
-    :data:`SENSITIVE_ERROR` within the sensitivity band, naming the range."""
+    :data:`SENSITIVE_ERROR` within the sensitivity band, naming the range (read on the
+    window's first ``sample`` requests when given)."""
     out = []
     for cls, (faster, slower) in sensitivity.items():
         point = predicted.get(cls)
@@ -570,8 +585,9 @@ def _sensitivity_warnings(
                 moved.append(f"TTFT {name} {low:.2f}-{high:.2f} s")
         if moved:
             where = "" if cls == ALL_CLASSES else f" ({cls})"
+            on = "" if sample is None else f" on the window's first {sample} requests"
             out.append(
-                f"sensitive{where}: with engine steps {STEP_TIME_SENSITIVITY:.0%} faster or slower the "
+                f"sensitive{where}: with engine steps {STEP_TIME_SENSITIVITY:.0%} faster or slower{on} the "
                 f"prediction gives {', '.join(moved)}; near saturation the queue turns on a few percent of "
                 f"engine speed, so read these as ranges"
             )
@@ -730,6 +746,7 @@ def what_if_to_dict(answer: WhatIf) -> dict[str, Any]:
         "simulated_steps": answer.simulated_steps,
         "sensitivity": {
             "step_time_factor": STEP_TIME_SENSITIVITY,
+            "requests": answer.sensitivity_requests,
             "faster": {c: f.as_dict() for c, (f, _) in answer.sensitivity.items()},
             "slower": {c: s.as_dict() for c, (_, s) in answer.sensitivity.items()},
         },
