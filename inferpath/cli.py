@@ -150,8 +150,9 @@ def up(
     except RuleFileError as exc:
         console.print(f"[red]invalid alert rules:[/] {exc}")
         raise typer.Exit(2) from exc
-    from inferpath.server.runtime import ListenError, StoreOpenError, tune_gc_for_server
+    from inferpath.server.runtime import ListenError, StoreOpenError, cap_c_heap_arenas, tune_gc_for_server
 
+    cap_c_heap_arenas()  # this process is the server: before its threads start
     try:
         server = serve_in_thread(settings, services=services)
     except ListenError as exc:
