@@ -186,32 +186,13 @@ def _series_key(service: str, resource: Any, attributes: Any) -> tuple:
     return (service, tuple(sorted((resource or {}).items())), tuple(sorted((attributes or {}).items())))
 
 
-def fetch_gauge_columns(
-    store: Any,
-    names: Sequence[str],
-    *,
-    start: datetime,
-    end: datetime,
-    step_ns: int,
-    steps: int,
-    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
-    service_name: str | None = None,
-) -> dict[str, list[float | None]]:
+def fetch_gauge_columns(store: Any, names: Sequence[str], *, steps: int, **query: Any) -> dict[str, list[float | None]]:
     """Per gauge name, one value per step ``i < steps``: the series of
-    :func:`fetch_gauge_series_columns` combined per
+    :func:`fetch_gauge_series_columns` (``query``: its keyword arguments) combined per
     :data:`~inferpath.analysis.signals.COMBINE` (``max`` for a name not in it); ``None``
     where no series has a value. Equals :func:`~inferpath.analysis.signals.combined_asof`
     at each step's end."""
-    by_series = fetch_gauge_series_columns(
-        store,
-        names,
-        start=start,
-        end=end,
-        step_ns=step_ns,
-        steps=steps,
-        lookback_seconds=lookback_seconds,
-        service_name=service_name,
-    )
+    by_series = fetch_gauge_series_columns(store, names, steps=steps, **query)
     return {name: combine_columns(by_series[name], COMBINE.get(name, max)) or [None] * steps for name in names}
 
 
