@@ -68,8 +68,9 @@ def test_time_scale_and_slowdown_multiply_step_times():
     fast = _run(one(EngineConfig(time_scale=0.5)))
     slow = _run(one(EngineConfig(time_scale=0.5, prefill_slowdown=3.0)))
     base = Engine(EngineConfig()).profile.prefill_seconds(2048)
-    assert fast.prefill_seconds == pytest.approx(0.5 * base, abs=0.01)
-    assert slow.prefill_seconds == pytest.approx(1.5 * base, abs=0.015)
+    # A sleep never ends early but may end late beside a busy neighbour (CI: 18 ms on 0.3 s).
+    assert 0.5 * base - 0.005 <= fast.prefill_seconds <= 0.5 * base + 0.05
+    assert 1.5 * base - 0.005 <= slow.prefill_seconds <= 1.5 * base + 0.05
 
 
 def test_queueing_appears_when_arrivals_exceed_capacity():
