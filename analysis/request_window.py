@@ -35,6 +35,7 @@ from inferpath.analysis.breakdown import (
     measure_stages,
     request_breakdown,
     request_filter,
+    stage_columns,
     stage_sql,
 )
 from inferpath.analysis.percentiles import sorted_quantile
@@ -77,9 +78,16 @@ WINDOW_COLUMNS: tuple[str, ...] = (
 )
 """The request columns the diagnosis reads (the TTFT-phase parts of gateway and network too:
 a TTFT tail is attributed with them, as the breakdown does)."""
-MEASURED_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns", *(f"{stage}_ns" for stage in BREAKDOWN_STAGES))
-QUANTILE_LEVELS: tuple[float, ...] = (0.5, 0.9, 0.99)
-"""The quantiles :class:`StoredWindow` computes in one pass; others cost a query each."""
+MEASURED_COLUMNS: tuple[str, ...] = (
+    "ttft_ns",
+    "e2e_ns",
+    "itl_ns",
+    *(f"{stage}_ns" for stage in BREAKDOWN_STAGES),
+    *TTFT_PHASE_COLUMNS.values(),
+)
+QUANTILE_LEVELS: tuple[float, ...] = (0.1, 0.5, 0.9, 0.99)
+"""The quantiles :class:`StoredWindow` computes in one pass (0.1: a hop's floor,
+``diagnosis.HOP_FLOOR_QUANTILE``); others cost a query each."""
 FIRST_COLUMNS: tuple[str, ...] = ("ttft_ns", "e2e_ns", "itl_ns")
 """The columns every diagnosis reads (the measures compared at p99); a healthy verdict reads
 no other. Each column read costs about as much as the scan itself, so the stage columns
@@ -590,9 +598,10 @@ def prepare_attribution(
         return
     if current._aggregates is not baseline._aggregates:
         return
-    # The queue time's quantiles ride along: the batching-window rule always reads them.
+    # The queue time's quantiles ride along (the batching-window rule always reads them), and
+    # the hop's (its floor splits the wire from an engine's door).
     current._aggregates.load_rest(
-        ["queue_ns"],
+        ["queue_ns", *stage_columns(measure, "network")],
         tails={current._index: (measure, float(current_edge)), baseline._index: (measure, float(baseline_edge))},
     )
 

@@ -371,3 +371,60 @@ def test_the_rest_is_engine_time_only_where_the_ttft_is_the_engines_own() -> Non
     assert "holds no request back" in advice.would_not_help(_context(IDLE, **saturated))[0].text
     assert len(advice.would_help(_context(IDLE, **saturated))) == 1  # no batch limit to raise
     assert "wait for a free slot" in advice.would_not_help(_context(SLOTS))[0].text
+
+
+def _hop_rows(hop_ms, queue_ms=lambda i: 20 + 20 * i) -> list[dict]:
+    """100 requests behind a gateway (by default, the engine's queue grows to 2 s);
+    ``hop_ms(i)`` is the hop into the engine of request ``i``."""
+    rows = []
+    for i in range(100):
+        stages = {"queue_ns": int(queue_ms(i) * MS), "prefill_ns": 30 * MS, "network_ns": int(hop_ms(i) * MS)}
+        ttft = sum(stages.values())
+        rows.append(
+            {
+                "timestamp": T0 + timedelta(seconds=i),
+                "trace_id": f"{i:032x}",
+                "replica": "r",
+                "endpoint_class": "interactive",
+                "ttft_ns": ttft,
+                "e2e_ns": ttft + 400 * MS,
+                "decode_ns": 400 * MS,
+                **stages,
+            }
+        )
+    return rows
+
+
+def _shares(verdict) -> dict[str, float]:
+    return {c.cause: round(c.share, 2) for c in verdict.causes}
+
+
+def test_a_hop_into_a_held_engine_waited_at_its_door_and_the_wire_keeps_its_floor() -> None:
+    saturated = SignalWindows(
+        current=WindowSignals.from_values(
+            {"queue_depth": [5, 20, 40], "running_requests": [4, 4, 4], "kv_cache_usage_ratio": [0.05] * 3}
+        )
+    )
+    idle = SignalWindows(
+        current=WindowSignals.from_values(
+            {"queue_depth": [0, 0, 0], "running_requests": [1, 2, 1], "kv_cache_usage_ratio": [0.05] * 3}
+        )
+    )
+    # vLLM's API server, starved beside a saturated engine: the tail's hop is 1.5 s, its p10 5 ms.
+    door = _hop_rows(lambda i: 5 + 1500 * (i >= 80))
+    verdict = diagnose_from(door, signals=saturated)
+    assert verdict.top_cause == "gpu_compute" and "network_hop" not in _shares(verdict), _shares(verdict)
+    assert "network" in verdict.causes[0].stages
+    # The same hop into an engine that held nothing stays the hop's.
+    door = _hop_rows(lambda i: 5 + 1500 * (i >= 80), queue_ms=lambda i: 5)
+    verdict = diagnose_from(door, signals=idle)
+    tail_ttft = sum(r["ttft_ns"] for r in door[90:]) / 10
+    assert _shares(verdict).get("network_hop") == round(1505 * MS / tail_ttft, 2), (_shares(verdict), verdict.summary)
+    # A wire every request pays (the demo's +250 ms proxy) keeps it beside a saturated engine.
+    wire = _hop_rows(lambda i: 250 + (i % 7))
+    verdict = diagnose_from(wire, signals=saturated)
+    tail = wire[90:]
+    hops = sorted(r["network_ns"] for r in wire)
+    floor = hops[9] + 0.9 * (hops[10] - hops[9])  # the p10 of 100 values (type 7: rank 9.9)
+    expected = sum(min(r["network_ns"], floor) for r in tail) / sum(r["ttft_ns"] for r in tail)
+    assert abs(_shares(verdict)["network_hop"] - expected) <= 0.01 and expected > 0.1, _shares(verdict)
