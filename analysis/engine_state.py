@@ -166,7 +166,7 @@ def engine_state(
     other_engines: dict[object, list[Step]] = {}
     if other is not None:
         other_engines = dict(other.engines) if window.engines else {None: other.steps}
-    preempted = (window.preemptions or 0) > 0
+    fleet_preempted = (window.preemptions or 0) > 0
     limits: dict[object, float | None] = {}
     source = "configured" if configured_limit else "observed max"
     for key, engine_steps in per_engine.items():
@@ -187,6 +187,9 @@ def engine_state(
         below_limit = source != "configured" or run < limit
         share = large[key]
         no_room = kv is not None and share is not None and 1.0 - kv < share
+        # An engine's own counter where it is told apart: another engine's preemptions say
+        # nothing of this one's KV pool.
+        preempted = window.engine_preemptions[key] > 0 if key in window.engine_preemptions else fleet_preempted
         if (kv is not None and kv >= kv_full_at(run)) or ((preempted or no_room) and below_limit):
             # Preempted sequences mean the pool ran out of blocks; no room for a sequence as
             # large as the window's own means the next one did not fit. A peak observed then is

@@ -199,6 +199,21 @@ class WindowSignals:
     """The same steps per engine (series key of its queue depth without the source-metric
     attribute), where two engines or more report a queue depth and each reports its running
     batch under the same labels; else empty."""
+    engine_preemptions: dict[SeriesKey, float] = field(default_factory=dict)
+    """The preemption counter's increase per engine (keyed as :attr:`engines`), for the
+    engines whose counter carries their gauges' labels; else empty (then only the window's
+    total tells)."""
+
+    def set_preemptions(self, by_series: Mapping[SeriesKey, float | None]) -> None:
+        """Set :attr:`preemptions` (the sum, ``None`` when no series reported) and
+        :attr:`engine_preemptions` from the counter's increase per series."""
+        reported = [v for v in by_series.values() if v is not None]
+        self.preemptions = math.fsum(reported) if reported else None
+        by_engine = {engine_key(key): value for key, value in by_series.items()}
+        if not self.engines or len(by_engine) < len(by_series):  # two counters of one engine
+            self.engine_preemptions = {}
+            return
+        self.engine_preemptions = {key: value for key in self.engines if (value := by_engine.get(key)) is not None}
 
     def stat(self, name: str, which: str = "mean") -> float | None:
         """``which`` (mean, p90, max) of gauge ``name``, or ``None`` when not reported."""
@@ -266,12 +281,18 @@ def engine_steps(columns: Mapping[str, Mapping[SeriesKey, Sequence[float | None]
     }
 
 
+def engine_key(series: SeriesKey) -> SeriesKey:
+    """The engine a series belongs to: its key without the source-metric attribute (which
+    differs between two signals of one engine)."""
+    service, resource, attributes = series
+    return (service, resource, tuple(kv for kv in attributes if kv[0] != SOURCE_METRIC_ATTRIBUTE))
+
+
 def _by_engine(by_series: Mapping[SeriesKey, Sequence[float | None]]) -> dict[SeriesKey, Sequence[float | None]]:
-    """``by_series`` keyed by engine: the series key without the source-metric attribute
-    (which differs between two signals of one engine); ``{}`` if two series share an engine."""
+    """``by_series`` keyed by :func:`engine_key`; ``{}`` if two series share an engine."""
     out: dict[SeriesKey, Sequence[float | None]] = {}
-    for (service, resource, attributes), column in by_series.items():
-        key = (service, resource, tuple(kv for kv in attributes if kv[0] != SOURCE_METRIC_ATTRIBUTE))
+    for series, column in by_series.items():
+        key = engine_key(series)
         if key in out:
             return {}
         out[key] = column
@@ -358,10 +379,7 @@ def fetch_window_signals_rows(
         lookback_seconds=lookback_seconds,
         service_name=service_name,
     )
-    increases = [
-        c for c in (s.counter_increase(start_ns, end_ns, lookback_ns) for s in counters.values()) if c is not None
-    ]
-    result.preemptions = math.fsum(increases) if increases else None
+    result.set_preemptions({key: s.counter_increase(start_ns, end_ns, lookback_ns) for key, s in counters.items()})
     return result
 
 

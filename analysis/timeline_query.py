@@ -282,6 +282,33 @@ def fetch_counter_increases(
     of :meth:`~inferpath.analysis.signals.Series.counter_increase` per series.
     Raises ``ValueError`` for a non-positive ``step_ns`` or naive datetimes.
     """
+    by_series = fetch_counter_series_increases(
+        store,
+        name,
+        start=start,
+        end=end,
+        step_ns=step_ns,
+        steps=steps,
+        lookback_seconds=lookback_seconds,
+        service_name=service_name,
+    )
+    per_step = [[v[i] for v in by_series.values() if v[i] is not None] for i in range(steps)]
+    return [math.fsum(values) if values else None for values in per_step]  # type: ignore[arg-type]
+
+
+def fetch_counter_series_increases(
+    store: Any,
+    name: str,
+    *,
+    start: datetime,
+    end: datetime,
+    step_ns: int,
+    steps: int,
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS,
+    service_name: str | None = None,
+) -> dict[SeriesKey, list[float | None]]:
+    """:func:`fetch_counter_increases` series by series: series key → per step, its
+    increase (``None`` where it has no sample in the step)."""
     _check_step(step_ns, steps)
     # A counter sample at τ counts events before τ: step (t, t + step] holds it, so the
     # bucket is ⌈(τ − start) / step⌉ − 1, and everything at or before start is bucket −1.
@@ -300,8 +327,9 @@ def fetch_counter_increases(
         )
     lookback_ns = int(lookback_seconds * 1e9)
     origin_ns = unix_ns_from_datetime(start)
-    per_step: list[list[float]] = [[] for _ in range(steps)]
-    for buckets in series.values():
+    out: dict[SeriesKey, list[float | None]] = {}
+    for key, buckets in series.items():
+        increases: list[float | None] = out.setdefault(key, [None] * steps)
         previous: tuple[int, float] | None = None  # (time, value) of the latest earlier sample
         for index, last_ns, last, first, inside in buckets:
             if 0 <= index < steps:
@@ -309,9 +337,9 @@ def fetch_counter_increases(
                 total = inside
                 if previous is not None and base_ns - previous[0] <= lookback_ns:
                     total += first - previous[1] if first >= previous[1] else first
-                per_step[index].append(total)
+                increases[index] = total
             previous = (last_ns, last)
-    return [math.fsum(values) if values else None for values in per_step]
+    return out
 
 
 # ----------------------------------------------------------------------------- window summaries
@@ -344,9 +372,10 @@ def fetch_window_signals(
     )
     result = WindowSignals.from_series_columns(columns)
     if end_ns > start_ns:
-        result.preemptions = fetch_counter_increases(
+        by_series = fetch_counter_series_increases(
             store, PREEMPTIONS_TOTAL, start=start, end=end, step_ns=end_ns - start_ns, steps=1, **options
-        )[0]
+        )
+        result.set_preemptions({key: steps[0] for key, steps in by_series.items()})
     return result
 
 
@@ -404,13 +433,15 @@ def fetch_signal_windows(
     length_ns = aware_unix_ns(current[1], "end") - aware_unix_ns(current[0], "start")
     if baseline[1] == current[0] and baseline[1] - baseline[0] == current[1] - current[0] and length_ns > 0:
         # Steps (baseline_start, baseline_end] and (window_start, window_end]: as two calls.
-        out[1].preemptions, out[0].preemptions = fetch_counter_increases(
+        by_series = fetch_counter_series_increases(
             store, PREEMPTIONS_TOTAL, start=baseline[0], end=current[1], step_ns=length_ns, steps=2, **options
         )
+        out[1].set_preemptions({key: steps[0] for key, steps in by_series.items()})
+        out[0].set_preemptions({key: steps[1] for key, steps in by_series.items()})
     else:
         for signals, (start, end) in zip(out, (current, baseline)):
             if end > start:
-                signals.preemptions = fetch_counter_increases(
+                by_series = fetch_counter_series_increases(
                     store,
                     PREEMPTIONS_TOTAL,
                     start=start,
@@ -418,7 +449,8 @@ def fetch_signal_windows(
                     step_ns=aware_unix_ns(end, "end") - aware_unix_ns(start, "start"),
                     steps=1,
                     **options,
-                )[0]
+                )
+                signals.set_preemptions({key: steps[0] for key, steps in by_series.items()})
     return SignalWindows(current=out[0], baseline=out[1])
 
 
@@ -467,6 +499,7 @@ __all__ = [
     "REQUEST_COLUMNS",
     "StoredSignalWindows",
     "fetch_counter_increases",
+    "fetch_counter_series_increases",
     "fetch_gauge_columns",
     "fetch_gauge_series_columns",
     "fetch_request_columns",

@@ -101,6 +101,29 @@ def test_several_engines_are_read_one_by_one() -> None:
     assert engine_state(_two_engines(held, spare)).bound == "held"
 
 
+def test_an_engines_preemptions_are_its_own() -> None:
+    # Engine 0 queues at its 4 slots with KV nearly empty; engine 1 preempted 3 sequences
+    # and never queued. The fleet's total would make engine 0's queue a KV shortage.
+    full = {"queue_depth": [0, 3, 5, 2], "running_requests": [2, 4, 4, 4], "kv_cache_usage_ratio": [0.01] * 4}
+    preempting = {"queue_depth": [0, 0, 0, 0], "running_requests": [3, 2, 3, 3], "kv_cache_usage_ratio": [0.9] * 4}
+    window = _two_engines(full, preempting)
+
+    def counter(engine: str) -> tuple:
+        attributes = (
+            ("engine", engine),
+            ("inferpath.source_metric", "vllm:num_preemptions_total"),
+            ("model_name", "tiny"),
+        )
+        return ("vllm", (("service.name", "vllm"),), attributes)
+
+    window.set_preemptions({counter("0"): 0.0, counter("1"): 3.0})
+    assert window.preemptions == 3.0 and sorted(window.engine_preemptions.values()) == [0.0, 3.0]
+    assert engine_state(window).bound == "slots"
+    # Where the counters cannot be told apart, the fleet's total is all there is.
+    window.set_preemptions({("vllm", (), ()): 3.0})
+    assert window.engine_preemptions == {} and engine_state(window).bound == "memory"
+
+
 def _context(bound_state: EngineState, **flags) -> Context:
     return Context(engine=bound_state, **flags)
 
