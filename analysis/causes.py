@@ -25,11 +25,12 @@ The rules, from the guidance the project is built on:
   hop is the caller's CLIENT span less the callee's span: the wire, and the time the callee
   took to pick the request up. On real recordings the second dominated: a gateway whose
   event loop a synchronous tokenizer blocked accepted requests 2 s late, and vLLM's span
-  starts only when its API server hands the request to the engine. So where the engine held
-  requests, the hop's time above its floor (what nine requests in ten paid at least), up to
-  the engine queue time of the same requests, waited at the engine's door and goes to the
-  engine's cause (:func:`~inferpath.analysis.diagnosis.attribute`); the floor, and any hop
-  into an engine that held nothing, stay ``network_hop``.
+  starts only when its API server hands the request to the engine. So the hop's time above
+  its floor (what nine requests in ten paid at least) waited at a busy door and goes to what
+  kept the door busy: the engine's cause where the engine held requests (up to their queue
+  time in the engine), then tokenization or retrieval (up to their time in the same
+  requests). The floor, and an excess no door explains, stay ``network_hop``
+  (:func:`~inferpath.analysis.diagnosis.attribute`).
 - ``unexplained``: gateway self time and time no stage span covers. Except in a tail band whose
   TTFT is the engine's own (no gateway, tokenizer, retrieval or network stage measured): there
   the rest lies inside the engine, between its arrival and its queue (input processing, and a

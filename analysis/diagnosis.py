@@ -103,7 +103,8 @@ real vLLM behind the demo gateway: under saturation the hop's p10 stayed at 12-2
 its tail band averaged 2.2-2.5 s (vLLM's API server before its engine span); the demo's
 +250 ms proxy puts the p10 itself at ~250 ms."""
 ENGINE_CAUSES = frozenset({"gpu_memory", "gpu_compute", "batching"})
-"""Causes inside the engine: a hop into an engine that held requests gives them its excess."""
+"""Causes inside the engine: a hop into an engine that held requests gives them its excess
+(:func:`_hop_doors`)."""
 PRE_ENGINE_STAGES = ("gateway", "tokenize", "retrieval", "network")
 """Stages before the engine: a tail band with none measured has the engine's own TTFT."""
 BATCH_GROWTH_RATIO = 1.5
@@ -574,16 +575,12 @@ def attribute(
     added: dict[str, float] = {}
     stages_of: dict[str, list[str]] = {}
     if current_tail.kept_count:
-        door = (
-            _hop_door_share(measure, current, baseline, current_tail, base_mean, context)
-            if "network" in stages
-            else 0.0
-        )
+        doors = _hop_doors(measure, current, baseline, current_tail, base_mean, context) if "network" in stages else []
         for stage in (*stages, REST):
             kept = current_tail.kept_stage_ns[stage] - current_tail.kept_count * base_mean[stage]
             shares = [(cause_of(stage, context), kept)]
-            if stage == "network" and door:
-                shares = [(shares[0][0], kept - door), (cause_of("queue", context), door)]
+            if stage == "network" and doors:
+                shares = [(shares[0][0], kept - sum(ns for _, ns in doors)), *doors]
             for cause, ns in shares:
                 added[cause] = added.get(cause, 0.0) + ns / n
                 if stage not in stages_of.setdefault(cause, []):
@@ -621,35 +618,53 @@ def attribute(
     return causes, tail_means
 
 
-def _hop_door_share(
+def _hop_doors(
     measure: str,
     current: RowsWindow | StoredWindow,
     baseline: RowsWindow | StoredWindow | None,
     current_tail: TailSums,
     base_mean: Mapping[str, float],
     context: Context,
-) -> float:
-    """The part (ns, summed over the tail band's kept rows, growth over the baseline's tail
-    when one is given) of the ``network`` stage that the requests waited at an engine's door
-    rather than on the wire: the hop above its :data:`HOP_FLOOR_QUANTILE` floor, when the
-    engine held requests at the same moments (the queue's cause is an engine cause), and no
-    more than the same requests' queue time in the engine (added over the baseline): the
-    door's wait is a sign of the engine's congestion, which its own queue shows first. 0
-    otherwise: then a slow hop stays the hop's, whatever its shape."""
-    if cause_of("queue", context) not in ENGINE_CAUSES:
-        return 0.0
+) -> list[tuple[str, float]]:
+    """The parts of the ``network`` stage (ns, summed over the tail band's kept rows; growth
+    over the baseline's tail when one is given) that the requests waited at a busy callee's
+    door rather than on the wire, as ``(cause, ns)``: the hop above its
+    :data:`HOP_FLOOR_QUANTILE` floor goes, in this order, to
+
+    - the engine's cause when the engine held requests at the same moments (the queue's cause
+      is one of :data:`ENGINE_CAUSES`), up to the same requests' queue time in the engine;
+    - the CPU stages before the engine that took time of the same requests (tokenization,
+      retrieval: a gateway whose workers or event loop they keep busy takes the next request
+      late), the larger first, each up to its own time.
+
+    Each door's wait is a sign of a congestion that its own stage shows first, so none takes
+    more than that stage's time. What no door explains stays the hop's, whatever its shape."""
     count = current_tail.kept_count
     hop_ns = current_tail.kept_stage_ns["network"]
-    floor = _hop_floor(measure, current)
-    if floor is None or hop_ns <= 0:
-        return 0.0
+
+    def added(stage: str) -> float:
+        return max(0.0, current_tail.kept_stage_ns[stage] - count * base_mean[stage])
+
+    doors: list[tuple[str, float]] = []
+    if cause_of("queue", context) in ENGINE_CAUSES:
+        doors.append((cause_of("queue", context), added("queue")))
+    cpu = [(cause_of(stage, context), added(stage)) for stage in ("tokenize", "retrieval") if stage in base_mean]
+    doors += sorted(cpu, key=lambda door: -door[1])
+    doors = [door for door in doors if door[1] > 0]
+    floor = _hop_floor(measure, current) if doors and hop_ns > 0 else None
+    if floor is None:
+        return []
     wire = min(hop_ns, count * floor)
     if baseline is not None:
-        base_floor = _hop_floor(measure, baseline) or 0.0
-        wire -= count * min(base_mean["network"], base_floor)
-    added = hop_ns - count * base_mean["network"]
-    queue_added = current_tail.kept_stage_ns["queue"] - count * base_mean["queue"]
-    return min(max(0.0, added - max(0.0, wire)), max(0.0, added), max(0.0, queue_added))
+        wire -= count * min(base_mean["network"], _hop_floor(measure, baseline) or 0.0)
+    left = min(max(0.0, hop_ns - count * base_mean["network"] - max(0.0, wire)), added("network"))
+    out = []
+    for cause, cap in doors:
+        taken = min(left, cap)
+        if taken > 0:
+            out.append((cause, taken))
+            left -= taken
+    return out
 
 
 def _hop_floor(measure: str, window: RowsWindow | StoredWindow) -> float | None:

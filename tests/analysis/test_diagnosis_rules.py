@@ -396,12 +396,17 @@ def test_the_rest_is_engine_time_only_where_the_ttft_is_the_engines_own() -> Non
     assert "wait for a free slot" in advice.would_not_help(_context(SLOTS))[0].text
 
 
-def _hop_rows(hop_ms, queue_ms=lambda i: 20 + 20 * i) -> list[dict]:
+def _hop_rows(hop_ms, queue_ms=lambda i: 20 + 20 * i, tokenize_ms=lambda i: 2) -> list[dict]:
     """100 requests behind a gateway (by default, the engine's queue grows to 2 s);
     ``hop_ms(i)`` is the hop into the engine of request ``i``."""
     rows = []
     for i in range(100):
-        stages = {"queue_ns": int(queue_ms(i) * MS), "prefill_ns": 30 * MS, "network_ns": int(hop_ms(i) * MS)}
+        stages = {
+            "queue_ns": int(queue_ms(i) * MS),
+            "prefill_ns": 30 * MS,
+            "network_ns": int(hop_ms(i) * MS),
+            "tokenize_ns": int(tokenize_ms(i) * MS),
+        }
         ttft = sum(stages.values())
         rows.append(
             {
@@ -438,11 +443,22 @@ def test_a_hop_into_a_held_engine_waited_at_its_door_and_the_wire_keeps_its_floo
     verdict = diagnose_from(door, signals=saturated)
     assert verdict.top_cause == "gpu_compute" and "network_hop" not in _shares(verdict), _shares(verdict)
     assert "network" in verdict.causes[0].stages
-    # The same hop into an engine that held nothing stays the hop's.
-    door = _hop_rows(lambda i: 5 + 1500 * (i >= 80), queue_ms=lambda i: 5)
+    # The same hop into an engine that held nothing, behind a gateway doing no slow work, stays the hop's.
+    door = _hop_rows(lambda i: 5 + 1500 * (i >= 80), queue_ms=lambda i: 5, tokenize_ms=lambda i: 0)
     verdict = diagnose_from(door, signals=idle)
     tail_ttft = sum(r["ttft_ns"] for r in door[90:]) / 10
     assert _shares(verdict).get("network_hop") == round(1505 * MS / tail_ttft, 2), (_shares(verdict), verdict.summary)
+    # A gateway whose synchronous tokenizer (1 s on the same requests) blocks its event loop
+    # takes them late: the hop's excess goes to the tokenizer, up to the tokenizer's own time.
+    blocked = _hop_rows(
+        lambda i: 5 + 1500 * (i >= 80), queue_ms=lambda i: 5, tokenize_ms=lambda i: 2 + 1000 * (i >= 80)
+    )
+    verdict = diagnose_from(blocked, signals=idle)
+    tail = blocked[90:]
+    tokenize, hop = (sum(r[c] for r in tail) for c in ("tokenize_ns", "network_ns"))
+    total = sum(r["ttft_ns"] for r in tail)
+    assert _shares(verdict)["tokenization"] == round(2 * tokenize / total, 2), _shares(verdict)
+    assert _shares(verdict)["network_hop"] == round((hop - tokenize) / total, 2), _shares(verdict)
     # A wire every request pays (the demo's +250 ms proxy) keeps it beside a saturated engine.
     wire = _hop_rows(lambda i: 250 + (i % 7))
     verdict = diagnose_from(wire, signals=saturated)
