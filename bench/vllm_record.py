@@ -23,7 +23,9 @@ capture receiver, starts vLLM (``--otlp-traces-endpoint`` at the receiver), wait
 sped up per phase; streamed ``/v1/completions`` with ``ignore_eos``), and stops everything.
 ``--gateway`` puts the project's reference gateway (``inferpath.demo.gateway``) in front, its
 spans exported to the same receiver, and ``--gateway-fault AT:JSON`` turns a gateway fault on
-``AT`` seconds into the load. ``--early-load`` starts the load client before the engine (a cold
+``AT`` seconds into the load; ``--proxy-delay S`` puts the demo's untraced proxy
+(``inferpath.demo.proxy``, every request held ``S`` seconds) between the gateway and vLLM:
+an extra network hop. ``--early-load`` starts the load client before the engine (a cold
 start): requests retry connecting every 0.2 s and keep their original send time as start.
 ``--client-spans`` makes the load client export one CLIENT span per request to the receiver
 (the project's span attributes; start = the original send time), its ``traceparent`` sent on.
@@ -691,7 +693,7 @@ def cmd_record(args: argparse.Namespace) -> None:
             )
             for k in range(args.replicas)
         ]
-    engine = gateway = None
+    engine = gateway = proxy = None
     engines: list[subprocess.Popen[bytes]] = []
     spans = None
     load_average: list[tuple[int, float]] = []
@@ -705,7 +707,25 @@ def cmd_record(args: argparse.Namespace) -> None:
     try:
         target_url = f"{engine_url}/v1/completions"
         chat = False
-        gateway_cmd = None
+        gateway_cmd = proxy_cmd = None
+        gateway_upstream = engine_url
+        if args.proxy_delay is not None:
+            if not args.gateway:
+                raise SystemExit("--proxy-delay needs --gateway: the hop is the gateway's")
+            proxy_port = free_port()
+            proxy_cmd = [
+                args.gateway_python,
+                "-m",
+                "inferpath.demo.proxy",
+                "--port",
+                str(proxy_port),
+                "--upstream",
+                engine_url,
+                "--delay-seconds",
+                str(args.proxy_delay),
+            ]
+            proxy = start_child(proxy_cmd, work / f"{args.name}.proxy.log", dict(os.environ))
+            gateway_upstream = f"http://127.0.0.1:{proxy_port}"
         if args.gateway:
             gateway_port = free_port()
             gateway_cmd = [
@@ -715,7 +735,7 @@ def cmd_record(args: argparse.Namespace) -> None:
                 "--port",
                 str(gateway_port),
                 "--engine-url",
-                engine_url,
+                gateway_upstream,
                 "--otlp-endpoint",
                 receiver_url,
                 *args.gateway_arg,
@@ -813,6 +833,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         print(f"{len(ok)} of {len(results)} timed; {scraper.count} scrapes; {receiver.count} OTLP bodies", flush=True)
     finally:
         stop_child(gateway)  # first: its exporter flushes to the receiver on a graceful stop
+        stop_child(proxy)
         for proc in engines or [engine]:
             stop_child(proc)
         time.sleep(1.0)
@@ -824,6 +845,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         {
             "engine_cmd": engine_cmd,
             "gateway_cmd": gateway_cmd,
+            "proxy_cmd": proxy_cmd,
             "argv": sys.argv[1:],
             "trace": trace_path.name,
             "trace_start": args.trace_start,
@@ -987,6 +1009,15 @@ def cmd_pack(args: argparse.Namespace) -> None:
             "```",
             "",
         ]
+    if meta.get("proxy_cmd"):
+        lines += [
+            "Between the gateway and vLLM, the demo's untraced proxy (an extra network hop):",
+            "",
+            "```",
+            redact(meta["proxy_cmd"]),
+            "```",
+            "",
+        ]
     lines += [
         "Load (this script's own load client, in the same process as the receiver and the scraper):",
         "",
@@ -1124,6 +1155,9 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--gateway", action="store_true", help="the project's demo gateway in front")
     rec.add_argument("--gateway-arg", action="append", default=[])
     rec.add_argument("--gateway-fault", default=None, help='AT:JSON, e.g. 60:{"tokenize_delay_seconds":0.25}')
+    rec.add_argument(
+        "--proxy-delay", type=float, default=None, help="with --gateway: an untraced proxy holding each request S s"
+    )
     rec.add_argument("--client-spans", action="store_true", help="the load client exports CLIENT spans")
     rec.add_argument("--client-service", default="load-client")
     rec.add_argument("--early-load", action="store_true", help="start the load before the engine (cold start)")

@@ -76,9 +76,12 @@ def test_the_verdict_names_the_recorded_cause(imported, name: str) -> None:
     else:
         assert not verdict.healthy, verdict.summary
         assert verdict.top_cause == expected, (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
-        # No recording delays the wire. Behind the gateway, the hops' tails (p10 3-24 ms, tail
-        # band 0.3-2.5 s) are waits at a busy door: vLLM's API server beside a saturated
-        # engine, the gateway's event loop under a synchronous tokenizer or slow retrieval.
-        assert "network_hop" not in [c.cause for c in verdict.causes], [(c.cause, c.share) for c in verdict.causes]
+        if expected != "network_hop":
+            # Only gateway_extra_hop delays the wire (its hop's p10 is the proxy's 1.0 s). In the
+            # others the hops' tails (p10 3-24 ms, tail band 0.3-2.5 s) are waits at a busy
+            # door: vLLM's API server beside a saturated engine, the gateway's event loop under
+            # a synchronous tokenizer or slow retrieval.
+            causes = [(c.cause, c.share) for c in verdict.causes]
+            assert "network_hop" not in [c for c, _ in causes], causes
         advice = [h for c in verdict.causes for h in c.would_help]
         assert advice, verdict.summary
