@@ -11,7 +11,8 @@ named scheduler hold before plain queueing. Adding a cause is one entry here and
 
 The rules, from the guidance the project is built on:
 
-- ``gpu_memory``: KV cache near full or preempting while requests wait, running below its limit.
+- ``gpu_memory``: KV cache near full, preempting, or without room for a large sequence of the
+  window while requests wait, running below its limit.
 - ``gpu_compute``: the running batch at its limit while requests wait (capacity), with or
   without GPU utilization; high utilization or a slower median decode step confirm it.
 - ``batching``: requests held while the engine has free slots and KV room (a batching

@@ -134,7 +134,8 @@ class EngineState:
 
     def text(self) -> str:
         """The counts in words, e.g. ``requests waited in 41 of 60 steps: batch at its limit of
-        4 in 39, KV full in 0, held with room in 2``."""
+        4 in 39, KV cache without room for the next sequence (…) in 0, held with free slots and KV
+        in 2``."""
         if not self.reported:
             return "the engine reported no queue depth"
         if not self.waiting_steps:
@@ -149,7 +150,8 @@ class EngineState:
         return (
             f"requests waited in {where} in {self.waiting_steps} of {self.steps} steps (queue max "
             f"{self.queue_max or 0:.0f}): {batch} in "
-            f"{self.slot_bound_steps}, KV cache full or preempting in {self.memory_bound_steps}, held with "
+            f"{self.slot_bound_steps}, KV cache without room for the next sequence (full, preempting, or less "
+            f"free than a large sequence of the window takes) in {self.memory_bound_steps}, held with "
             f"free slots and KV in {self.held_steps}"
         )
 
