@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -155,10 +155,15 @@ def _time_problem(name: str, unix_ns: int, oldest_unix_ns: int) -> str | None:
         return f"{name} {unix_ns} is after 2262-04-11, the last time DateTime64(9) can hold"
     if unix_ns < oldest_unix_ns:
         return (
-            f"{name} {unix_ns} is older than the store's retention (rows older than "
-            f"{oldest_unix_ns} ns would be dropped by the table's TTL)"
+            f"{name} {unix_ns} ({_utc(unix_ns)}) is older than the store's retention: rows before "
+            f"{_utc(oldest_unix_ns)} would be dropped by the table's TTL"
         )
     return None
+
+
+def _utc(unix_ns: int) -> str:
+    """``unix_ns`` as an ISO-8601 UTC time to the second, e.g. ``2018-01-01T00:00:00Z``."""
+    return datetime.fromtimestamp(unix_ns // 1_000_000_000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _span_problem(span, oldest_unix_ns: int = 0) -> str | None:
