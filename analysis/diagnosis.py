@@ -915,7 +915,12 @@ def diagnose(
     signals = StoredSignalWindows(store, (window_start, window_end), baseline_window)
     lookback = timedelta(seconds=COLD_START_LOOKBACK_SECONDS)
     startups = StoredStartups(
-        store, window_start - 2 * lookback, window_end, ready_from=window_start - lookback, ready_before=window_end
+        store,
+        window_start - 2 * lookback,
+        window_end,
+        ready_from=window_start - lookback,
+        ready_before=window_end,
+        warm_at=window_start,
     )
     return diagnose_from(
         current_rows,

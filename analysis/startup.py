@@ -135,23 +135,56 @@ def fetch_startups(store: Any, start: datetime, end: datetime) -> list[ReplicaSt
 class StoredStartups(Sequence[ReplicaStartup]):
     """The start-ups of :func:`fetch_startups` over ``[start, end)`` whose ``ready_at`` lies in
     ``[ready_from, ready_before)``, read from the store on first iteration (a healthy
-    diagnosis never asks). Iterable and sized like the list it stands for, oldest first."""
+    diagnosis never asks). Iterable and sized like the list it stands for, oldest first.
+
+    ``warm_at``: the start of the window under diagnosis; a start-up whose replica served
+    requests between its readiness and ``warm_at`` (stored request rows of that replica, or
+    of any replica when the start-up names none that served) is left out: the replica took
+    its first requests before the window, whatever baseline the caller chose (a real vLLM,
+    ready a minute before a slow retriever's window and 87 requests into its warm traffic,
+    was otherwise charged 31 % of the tail)."""
 
     def __init__(
-        self, store: Any, start: datetime, end: datetime, *, ready_from: datetime, ready_before: datetime
+        self,
+        store: Any,
+        start: datetime,
+        end: datetime,
+        *,
+        ready_from: datetime,
+        ready_before: datetime,
+        warm_at: datetime | None = None,
     ) -> None:
         self.store, self.start, self.end = store, start, end
-        self.ready_from, self.ready_before = ready_from, ready_before
+        self.ready_from, self.ready_before, self.warm_at = ready_from, ready_before, warm_at
         self._startups: list[ReplicaStartup] | None = None
 
     def _read(self) -> list[ReplicaStartup]:
         if self._startups is None:
-            self._startups = [
+            startups = [
                 s
                 for s in fetch_startups(self.store, self.start, self.end)
                 if self.ready_from <= s.ready_at < self.ready_before
             ]
+            early = [s for s in startups if self.warm_at is not None and s.ready_at < self.warm_at]
+            if early:
+                last_served = self._last_served(min(s.ready_at for s in early))
+                latest_any = max(last_served.values(), default=None)
+                for startup in early:
+                    served = last_served.get(startup.replica, latest_any) if startup.replica else latest_any
+                    if served is not None and served >= startup.ready_at:
+                        startups.remove(startup)
+            self._startups = startups
         return self._startups
+
+    def _last_served(self, since: datetime) -> dict[Any, datetime]:
+        """Replica → its latest request row in ``[since, warm_at)``."""
+        rows = self.store.query(
+            "SELECT replica, max(timestamp) FROM inferpath_requests FINAL"
+            " WHERE timestamp >= {since:DateTime64(9, 'UTC')} AND timestamp < {until:DateTime64(9, 'UTC')}"
+            " GROUP BY replica",
+            {"since": since, "until": self.warm_at},
+        )
+        return {replica: latest for replica, latest in rows}
 
     def __iter__(self) -> Iterator[ReplicaStartup]:
         return iter(self._read())

@@ -85,3 +85,19 @@ def test_the_verdict_names_the_recorded_cause(imported, name: str) -> None:
             assert "network_hop" not in [c for c, _ in causes], causes
         advice = [h for c in verdict.causes for h in c.would_help]
         assert advice, verdict.summary
+
+
+def test_an_engine_that_served_before_the_window_is_not_starting_in_it_whatever_the_baseline(imported) -> None:
+    # vLLM became ready a minute before gateway_slow_retrieval's window and served 87 requests
+    # before it. Asked about the window alone (no baseline), the store still shows those
+    # requests: the retriever's tail is not charged to a start-up.
+    server, loaded = imported
+    truth, offset = loaded["gateway_slow_retrieval"]
+    window = truth["window"]
+    verdict = diagnose(
+        server.runtime.store,
+        window_start=_at(window["start_unix_ns"], offset),
+        window_end=_at(window["end_unix_ns"], offset),
+    )
+    causes = [(c.cause, c.share) for c in verdict.causes]
+    assert verdict.top_cause == "retrieval" and "cold_start" not in [c for c, _ in causes], causes
