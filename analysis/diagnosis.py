@@ -273,7 +273,8 @@ def cold_start_rows(
     became ready before the window and served the baseline after that had its first
     requests there: it is not starting in the window (a real vLLM, ready a minute before the
     window and 87 requests into its baseline, was otherwise charged 31 % of a slow
-    retriever's tail).
+    retriever's tail). :func:`diagnose` asks the store the same of the time between
+    readiness and the window (:class:`~inferpath.analysis.startup.StoredStartups`).
     """
     current = as_window(current_rows)
     startups = list(startups)
