@@ -30,6 +30,8 @@ per request and added to its simulated TTFT unchanged.
 from __future__ import annotations
 
 import math
+import re
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -56,9 +58,73 @@ SENSITIVE_ERROR = 0.25
 :data:`QUEUE_FLOOR_SECONDS` floor) within the sensitivity band is reported as a range."""
 
 
+MAX_REPLICAS = 1024
+"""Engines a change may ask for, in all (``replicas``, or the sum of ``split_endpoint_classes``)."""
+MAX_NUM_SEQS = 65_536
+"""Batch slots per engine a change may ask for."""
+MAX_FACTOR = 1000.0
+"""The largest rate factor (``rate``) and KV-pool factor (``kv_blocks`` ``xK``)."""
+MAX_BATCH_WINDOW_MS = 60_000.0
+"""The longest batch window a change may ask for, milliseconds."""
+MAX_SIMULATED_REQUESTS = 1_000_000
+"""A replay simulates at most this many requests (the observed window's, or the change's with
+its rate factor); more is refused before anything is simulated. The engine replays 1 h at
+50 req/s (180,000 requests) in under 10 s, so the limit is about a minute of replay."""
+
+NO_PREDICTION = "no prediction"
+"""How a refusal of a valid question starts (``no prediction: calibration off by...``), in
+the read API's 422 and the CLI alike; a bad input starts with the input's name instead."""
+
+API_NAMES: Mapping[str, str] = {
+    name: name
+    for name in (
+        "start",
+        "end",
+        "replicas",
+        "max_num_seqs",
+        "kv_blocks",
+        "batch_window_ms",
+        "rate",
+        "split_endpoint_classes",
+        "max_calibration_error",
+    )
+}
+"""The inputs of a what-if by their read-API parameter names (``GET /api/v1/whatif``): what
+the ``{name}`` fields of a :attr:`WhatIfRefused.template` stand for there. The CLI formats
+the same templates with its option names (``--rate``, ``--from``...)."""
+
+
+def _literal(text: str) -> str:
+    """``text`` (a user's input) safe inside a :attr:`WhatIfRefused.template`."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 class WhatIfRefused(ValueError):
     """The prediction cannot be trusted or made; the message says why (exit 2 in the CLI,
-    422 from the read API)."""
+    422 from the read API).
+
+    ``template``: the message with each input it names written as a ``{name}`` field of
+    :data:`API_NAMES` (e.g. ``{max_calibration_error}``), so that the read API names its
+    parameters and the CLI its options in the same sentence; ``str()`` is the read API's.
+    """
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        super().__init__(self.text())
+
+    def text(self, names: Mapping[str, str] = API_NAMES) -> str:
+        """The message with each input named as ``names`` maps it (default the read API's)."""
+        return self.template.format_map(names)
+
+
+class WhatIfInputError(WhatIfRefused):
+    """A bad input, not a refusal of a valid question: ``param`` is the read-API parameter at
+    fault, and the message starts with its name (``{rate}: at most x1000, got 'x1e5'``).
+    A subclass of :class:`WhatIfRefused`, so that one ``except`` catches both."""
+
+    def __init__(self, param: str, problem: str) -> None:
+        self.param = param
+        super().__init__(f"{{{param}}}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -73,6 +139,11 @@ class Change:
     ``split_classes``: each endpoint class on engines of its own, ``((class, replicas), ...)``
     (every class of the window must be given; not with ``replicas``), the other settings
     the same for all.
+
+    Bounds (``ValueError`` naming the field otherwise): ``replicas`` and the replicas of
+    ``split_classes`` in all at most :data:`MAX_REPLICAS`, ``max_num_seqs`` at most
+    :data:`MAX_NUM_SEQS`, the factors above 0 and at most :data:`MAX_FACTOR`. The inputs as
+    people write them are read by :func:`parse_change`.
     """
 
     replicas: int | None = None
@@ -88,10 +159,14 @@ class Change:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        for name, most in (("replicas", MAX_REPLICAS), ("max_num_seqs", MAX_NUM_SEQS)):
+            value = getattr(self, name)
+            if value is not None and value > most:
+                raise ValueError(f"{name}: must be at most {most}, got {value!r}")
         for name in ("kv_blocks_factor", "rate_factor"):
             value = getattr(self, name)
-            if value is not None and (not math.isfinite(value) or value <= 0):
-                raise ValueError(f"{name}: must be a number > 0, got {value!r}")
+            if value is not None and (not math.isfinite(value) or value <= 0 or value > MAX_FACTOR):
+                raise ValueError(f"{name}: must be a number > 0 and <= {MAX_FACTOR:g}, got {value!r}")
         if self.batch_window_seconds is not None and (
             not math.isfinite(self.batch_window_seconds) or self.batch_window_seconds < 0
         ):
@@ -107,6 +182,8 @@ class Change:
             for name, count in self.split_classes:
                 if not isinstance(count, int) or isinstance(count, bool) or count < 1:
                     raise ValueError(f"split_classes: {name} needs an integer >= 1 replicas, got {count!r}")
+            if sum(count for _, count in self.split_classes) > MAX_REPLICAS:
+                raise ValueError(f"split_classes: at most {MAX_REPLICAS} replicas in all, got {self.split_classes!r}")
 
     @property
     def is_empty(self) -> bool:
@@ -379,9 +456,29 @@ class WhatIf:
     sensitivity_requests: int = 0
 
 
+def rate_scaled_count(requests: Sequence[TraceRequest], factor: float, window_seconds: float) -> int:
+    """How many requests :func:`rate_scaled` returns, without building them: per copy, a
+    binary search of the sorted arrivals (``ceil(factor)`` copies, at most 1000 for a
+    :class:`Change`'s factor)."""
+    if factor == 1.0:
+        return len(requests)
+    arrivals = sorted(r.engine_arrival_seconds for r in requests)
+    length = window_seconds / factor
+    total = 0
+    for copy in range(math.ceil(factor)):
+        shift = copy * length
+
+        def outside(arrival: float, shift: float = shift) -> bool:
+            return arrival / factor + shift >= window_seconds  # rate_scaled's test, as it computes it
+
+        total += bisect_left(arrivals, True, key=outside)
+    return total
+
+
 def rate_scaled(requests: Sequence[TraceRequest], factor: float, window_seconds: float) -> list[TraceRequest]:
     """Arrivals ``factor`` times as dense over the same window: the pattern compressed by the
-    factor, then repeated (each copy shifted by the compressed length) until the window is full."""
+    factor, then repeated (each copy shifted by the compressed length) until the window is full
+    (:func:`rate_scaled_count` requests)."""
     if factor == 1.0:
         return list(requests)
     length = window_seconds / factor
@@ -402,6 +499,34 @@ LEVEL_TOLERANCE = 0.02
 LEVEL_SAMPLE_REQUESTS = 20_000
 """A longer window sets the level on its first requests (a replay of the window's beginning,
 from the same empty engines), then replays the whole window once."""
+
+
+def check_replay_size(cal: Calibration, change: Change) -> int:
+    """The most requests one replay of ``change`` simulates (the observed window's, or the
+    change's with its rate factor: :func:`rate_scaled_count`). Raises
+    :class:`WhatIfInputError` when that is more than :data:`MAX_SIMULATED_REQUESTS`, saying
+    how many and what to do; it names ``rate`` when the window alone is within the limit, else
+    ``start`` (the window)."""
+    window = len(cal.requests)
+    scaled = (
+        window
+        if change.rate_factor is None
+        else rate_scaled_count(cal.requests, change.rate_factor, cal.window_seconds)
+    )
+    most = max(window, scaled)
+    if most <= MAX_SIMULATED_REQUESTS:
+        return most
+    by_rate = window <= MAX_SIMULATED_REQUESTS
+    what = (
+        f"{window:,} requests of the window at rate x{change.rate_factor:g}"
+        if by_rate
+        else f"{window:,} requests in the window"
+    )
+    raise WhatIfInputError(
+        "rate" if by_rate else "start",
+        f"the replay would simulate {most:,} requests ({what}), more than the {MAX_SIMULATED_REQUESTS:,} a "
+        f"what-if replays (about a minute); narrow the window ({{start}}, {{end}}) or lower {{rate}}",
+    )
 
 
 def fit_decode_level(
@@ -455,8 +580,12 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
     """Replay the observed configuration, check it against the observed figures, then replay
     the change (module docstring). Raises :class:`WhatIfRefused` naming the figure and class
     when the replay is off by more than ``max_error``, or naming the missing signal when the
-    change needs one the window lacks (e.g. ``kv_blocks`` without a KV-usage gauge)."""
+    change needs one the window lacks (e.g. ``kv_blocks`` without a KV-usage gauge).
+    Raises :class:`WhatIfInputError` before simulating anything when a replay would simulate
+    more than :data:`MAX_SIMULATED_REQUESTS` requests (naming ``rate`` when the window alone
+    would not, else ``start``)."""
     cal = calibration
+    check_replay_size(cal, change)
     if (change.kv_blocks is not None or change.kv_blocks_factor is not None) and cal.num_kv_blocks is None:
         raise WhatIfRefused(
             "cannot predict a KV change: the window has no KV-cache signal "
@@ -471,10 +600,10 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
     if worst > max_error:
         name, cls = max(((k, c) for c, e in errors.items() for k in e), key=lambda kc: abs(errors[kc[1]][kc[0]]))
         raise WhatIfRefused(
-            f"calibration off by {errors[cls][name] * 100:+.0f}% on {name} ({cls}): the replay of the observed "
+            f"calibration off by {errors[cls][name] * 100:+.0f}% on {name} ({_literal(cls)}): the replay of the observed "
             f"configuration gives {_figure(replayed[cls], name)}, observed {_figure(observed[cls], name)}; "
             f"a prediction from it cannot be trusted (limit ±{max_error * 100:.0f}%). Try a window of "
-            f"steady traffic, or accept a larger error (--max-calibration-error, max_calibration_error) "
+            f"steady traffic, or accept a larger error ({{max_calibration_error}}) "
             f"and read the prediction with it"
         )
 
@@ -612,8 +741,8 @@ def _split_run(
     missing = sorted(classes - set(replicas_by_class))
     if missing:
         raise WhatIfRefused(
-            f"cannot split by endpoint class: the window also has {', '.join(missing)} requests; "
-            f"give every class its replicas"
+            f"cannot split by endpoint class: the window also has {_literal(', '.join(missing))} requests; "
+            f"give every class its replicas ({{split_endpoint_classes}})"
         )
     runs = []
     for cls, count in replicas_by_class.items():
@@ -642,20 +771,27 @@ def _split_run(
 
 def parse_class_split(text: str) -> tuple[tuple[str, int], ...]:
     """``"interactive=2,bulk=1"`` → ``(("interactive", 2), ("bulk", 1))``: replicas per
-    endpoint class. Raises ``ValueError`` naming ``split_classes`` for anything else."""
+    endpoint class, each class once, at most :data:`MAX_REPLICAS` (1024) in all. Raises
+    :class:`WhatIfInputError` naming ``split_endpoint_classes`` for anything else."""
     out = []
     for part in text.split(","):
         name, sep, count = part.strip().partition("=")
-        name = name.strip()
-        try:
-            value = int(count)
-        except ValueError:
-            value = 0
-        if not sep or not name or value < 1:
-            raise ValueError(
-                f"split_classes: expected CLASS=REPLICAS[,CLASS=REPLICAS...] like interactive=2,bulk=1, got {text!r}"
+        name, count = name.strip(), count.strip()
+        if not sep or not name or not _COUNT.fullmatch(count) or int(count) < 1:
+            raise WhatIfInputError(
+                "split_endpoint_classes",
+                f"expected CLASS=REPLICAS,... like interactive=2,bulk=1 (each count at least 1), "
+                f"got {_literal(repr(text))}",
             )
-        out.append((name, value))
+        out.append((name, int(count)))
+    names = [name for name, _ in out]
+    if len(set(names)) != len(names):
+        raise WhatIfInputError("split_endpoint_classes", f"each class once, got {_literal(repr(text))}")
+    total = sum(n for _, n in out)
+    if total > MAX_REPLICAS:
+        raise WhatIfInputError(
+            "split_endpoint_classes", f"at most {MAX_REPLICAS} replicas in all, got {total} in {_literal(repr(text))}"
+        )
     return tuple(out)
 
 
@@ -667,28 +803,89 @@ def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: floa
     try:
         calibration = fetch_calibration(store, start, end)
     except InsufficientSignalsError as exc:
-        raise WhatIfRefused(str(exc)) from None
+        raise WhatIfRefused(_literal(str(exc))) from None
     return what_if(calibration, change, max_error=max_error)
 
 
+_COUNT = re.compile(r"[0-9]+")
+_FACTOR = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?")
+
+
 def parse_factor_or_count(text: str, name: str, *, counts: bool = True) -> tuple[int | None, float | None]:
-    """``"96"`` → (96, None); ``"x2"``, ``"×2"`` or ``"2x"`` → (None, 2.0); with ``counts``
-    false a bare number is a factor too (``"1.5"`` → (None, 1.5)). Raises ``ValueError`` naming
-    ``name`` and what it takes otherwise (a count ≥ 1, a factor > 0)."""
-    value = text.strip().lower().replace("×", "x")
-    try:
-        if value.startswith("x") or value.endswith("x") or not counts:
-            factor = float(value.strip("x"))
-            if not math.isfinite(factor) or factor <= 0:
-                raise ValueError
-            return None, factor
-        count = int(value)
-        if count < 1:
-            raise ValueError
-        return count, None
-    except ValueError:
-        takes = "a count of at least 1 like 96 or a factor above 0 like x2" if counts else "a factor above 0 like x2"
-        raise ValueError(f"{name}: expected {takes}, got {text!r}") from None
+    """The documented forms of a KV pool or a rate: a count ``N`` (``"96"`` → (96, None)), or
+    a factor ``xK`` / ``×K`` (``"x2"`` or ``"×1.5"`` → (None, 2.0) or (None, 1.5)); with
+    ``counts`` false a bare number is a factor too (``"2"`` → (None, 2.0)). A count is an
+    integer ≥ 1, a factor a decimal number above 0 and at most :data:`MAX_FACTOR` (1000).
+    Anything else (``"3x"``, ``"x"``, ``"1_000"``, ``"inf"``) raises :class:`WhatIfInputError`
+    naming ``name`` (a read-API parameter) and the forms it takes."""
+    value = text.strip().lower()
+    factor_text = value[1:].strip() if value[:1] in ("x", "×") else (None if counts else value)
+    takes = "a count of at least 1 like 96 or a factor above 0 like x2" if counts else "a factor above 0 like x2"
+    if factor_text is not None and _FACTOR.fullmatch(factor_text):
+        factor = float(factor_text)
+        if factor <= 0:
+            raise WhatIfInputError(name, f"expected {takes}, got {_literal(repr(text))}")
+        if factor > MAX_FACTOR:
+            raise WhatIfInputError(name, f"at most x{MAX_FACTOR:g}, got {_literal(repr(text))}")
+        return None, factor
+    if factor_text is None and _COUNT.fullmatch(value) and int(value) >= 1:
+        return int(value), None
+    raise WhatIfInputError(name, f"expected {takes}, got {_literal(repr(text))}")
+
+
+def _bounded(name: str, value: float | None, low: float, high: float, *, unit: str = "") -> None:
+    """Raise :class:`WhatIfInputError` naming ``name`` unless ``value`` is ``None`` or a finite
+    number in ``[low, high]``."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise WhatIfInputError(name, f"expected a number, got {_literal(repr(value))}")
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    if value < low:
+        raise WhatIfInputError(name, f"at least {low:g}{unit}, got {shown}")
+    if value > high:
+        raise WhatIfInputError(name, f"at most {high:g}{unit}, got {shown}")
+
+
+def parse_change(
+    *,
+    replicas: int | None = None,
+    max_num_seqs: int | None = None,
+    kv_blocks: str | None = None,
+    batch_window_ms: float | None = None,
+    rate: str | None = None,
+    split_endpoint_classes: str | None = None,
+) -> Change:
+    """The :class:`Change` of a what-if's inputs as the read API and the CLI take them
+    (``None``: unchanged). Bounds: ``replicas`` 1-:data:`MAX_REPLICAS` (1024);
+    ``max_num_seqs`` 1-:data:`MAX_NUM_SEQS` (65,536); ``kv_blocks`` a count ``N`` ≥ 1 or a
+    factor ``xK`` / ``×K`` in (0, 1000]; ``batch_window_ms`` 0-:data:`MAX_BATCH_WINDOW_MS`
+    (60,000 ms); ``rate`` a factor ``xK``, ``×K`` or ``K`` in (0, 1000]
+    (:data:`MAX_FACTOR`); ``split_endpoint_classes`` ``CLASS=REPLICAS,...`` with at most
+    1024 replicas in all, and not with ``replicas``. Raises :class:`WhatIfInputError` naming
+    the first input at fault by its read-API parameter (:data:`API_NAMES`)."""
+    _bounded("replicas", replicas, 1, MAX_REPLICAS)
+    _bounded("max_num_seqs", max_num_seqs, 1, MAX_NUM_SEQS)
+    for name, value in (("replicas", replicas), ("max_num_seqs", max_num_seqs)):
+        if value is not None and value != int(value):
+            raise WhatIfInputError(name, f"expected an integer, got {value!r}")
+    _bounded("batch_window_ms", batch_window_ms, 0, MAX_BATCH_WINDOW_MS, unit=" ms")
+    blocks, blocks_factor = parse_factor_or_count(kv_blocks, "kv_blocks") if kv_blocks is not None else (None, None)
+    rate_factor = parse_factor_or_count(rate, "rate", counts=False)[1] if rate is not None else None
+    split = None
+    if split_endpoint_classes is not None:
+        split = parse_class_split(split_endpoint_classes)
+        if replicas is not None:
+            raise WhatIfInputError("split_endpoint_classes", "give replicas per class, not {replicas} as well")
+    return Change(
+        replicas=None if replicas is None else int(replicas),
+        max_num_seqs=None if max_num_seqs is None else int(max_num_seqs),
+        kv_blocks=blocks,
+        kv_blocks_factor=blocks_factor,
+        batch_window_seconds=None if batch_window_ms is None else batch_window_ms / 1000.0,
+        rate_factor=rate_factor,
+        split_classes=split,
+    )
 
 
 def _figure(figs: ClassFigures, name: str) -> str:
@@ -759,17 +956,28 @@ __all__ = [
     "ClassFigures",
     "EngineSettings",
     "InsufficientSignalsError",
+    "API_NAMES",
+    "MAX_BATCH_WINDOW_MS",
     "MAX_CALIBRATION_ERROR",
+    "NO_PREDICTION",
+    "MAX_FACTOR",
+    "MAX_NUM_SEQS",
+    "MAX_REPLICAS",
+    "MAX_SIMULATED_REQUESTS",
     "SENSITIVE_ERROR",
     "STEP_TIME_SENSITIVITY",
     "SimulationResult",
     "WhatIf",
+    "WhatIfInputError",
     "WhatIfRefused",
+    "check_replay_size",
     "calibration_errors",
+    "parse_change",
     "parse_class_split",
     "parse_factor_or_count",
     "predict",
     "rate_scaled",
+    "rate_scaled_count",
     "simulate",
     "what_if",
     "what_if_to_dict",

@@ -3,8 +3,11 @@
 It asks a server's ``GET /api/v1/whatif`` (the one at ``--server``, or one started in this
 process over ``--store``, as ``diagnose`` does) and prints, per endpoint class, the observed
 figures, the replay of the observed configuration (how far the model can be trusted) and
-the prediction. Exit 0 with a prediction, 2 without one (bad usage, no server, a window that
-cannot be calibrated, or a replay off by more than the limit, 30 % by default).
+the prediction. Exit 0 with a prediction, 2 without one: a bad input (the message starts with
+its option, ``--rate: at most x1000, got 'x5000'``; checked before anything is read, except
+a replay of more than 1,000,000 requests, which only the window tells), no server, or a
+refusal of the question (``no prediction: ...``: a window that cannot be calibrated, or a
+replay off by more than the limit, 30 % by default).
 """
 
 from __future__ import annotations
@@ -16,24 +19,50 @@ import typer
 
 from inferpath.server_access import ask, console, fail, refusal_text
 
+OPTIONS = {
+    "start": "--from",
+    "end": "--to",
+    "replicas": "--replicas",
+    "max_num_seqs": "--max-num-seqs",
+    "kv_blocks": "--kv-blocks",
+    "batch_window_ms": "--batch-window-ms",
+    "rate": "--rate",
+    "split_endpoint_classes": "--split-endpoint-classes",
+    "max_calibration_error": "--max-calibration-error",
+}
+"""The read API's parameters of ``GET /api/v1/whatif`` → this command's options: how its
+messages name an input (:data:`inferpath.analysis.whatif.API_NAMES`)."""
+
 
 def whatif(
     from_: str = typer.Option(..., "--from", help="Window start: ISO-8601 with offset, -30m, now or Unix seconds."),
     to: str | None = typer.Option(None, "--to", help="Window end (default now)."),
-    replicas: int | None = typer.Option(None, min=1, help="Engines behind a round-robin gateway."),
-    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1, help="Batch slots per engine."),
+    replicas: int | None = typer.Option(
+        None, "--replicas", help="Engines behind a round-robin gateway: an integer, 1 to 1024."
+    ),
+    max_num_seqs: int | None = typer.Option(
+        None, "--max-num-seqs", help="Batch slots per engine: an integer, 1 to 65536."
+    ),
     kv_blocks: str | None = typer.Option(
-        None, "--kv-blocks", help="KV blocks per engine: a count (96) or a factor of the calibrated pool (x2)."
+        None,
+        "--kv-blocks",
+        help="KV blocks per engine: a count N (96, at least 1) or a factor xK or ×K of the calibrated pool "
+        "(x2; above 0, at most 1000).",
     ),
     batch_window_ms: float | None = typer.Option(
-        None, "--batch-window-ms", min=0.0, help="Hold the queue head this long for more requests."
+        None, "--batch-window-ms", help="Hold the queue head this long for more requests: 0 to 60000 ms."
     ),
-    rate: str | None = typer.Option(None, help="Arrival rate factor, e.g. x2 (the window's pattern, denser)."),
+    rate: str | None = typer.Option(
+        None,
+        "--rate",
+        help="Arrival rate factor xK, ×K or K (x2: the window's pattern twice as dense); above 0, at most 1000. "
+        "A replay simulates at most 1,000,000 requests (the window's requests times K): more is refused.",
+    ),
     split_endpoint_classes: str | None = typer.Option(
         None,
         "--split-endpoint-classes",
         help="Each endpoint class on engines of its own: CLASS=REPLICAS,... "
-        "e.g. interactive=2,bulk=1 (predicted per class).",
+        "e.g. interactive=2,bulk=1 (predicted per class; at most 1024 replicas in all).",
     ),
     max_calibration_error: float = typer.Option(
         0.30, "--max-calibration-error", min=0.01, help="Refuse when the replay is off by more than this."
@@ -58,15 +87,19 @@ def whatif(
         raise
     if end <= start:
         fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
-    from inferpath.analysis.whatif import parse_factor_or_count
+    from inferpath.analysis.whatif import WhatIfInputError, parse_change
 
     try:  # checked here too, so a bad value is said at once and by its option's name
-        if kv_blocks is not None:
-            parse_factor_or_count(kv_blocks, "--kv-blocks")
-        if rate is not None:
-            parse_factor_or_count(rate, "--rate", counts=False)
-    except ValueError as exc:
-        fail(str(exc), json_output)
+        parse_change(
+            replicas=replicas,
+            max_num_seqs=max_num_seqs,
+            kv_blocks=kv_blocks,
+            batch_window_ms=batch_window_ms,
+            rate=rate,
+            split_endpoint_classes=split_endpoint_classes,
+        )
+    except WhatIfInputError as exc:
+        fail(exc.text(OPTIONS), json_output)
     params: dict[str, Any] = {
         "start": start.isoformat(),
         "end": end.isoformat(),
@@ -84,17 +117,46 @@ def whatif(
             params[name] = value
     response = ask("GET", "/api/v1/whatif", server, store, json_output, params=params, timeout_seconds=300.0)
     if response.status_code != 200:
-        message = refusal_text(response)
-        fail(
-            message if message.startswith("no prediction") else f"no prediction: {message}",
-            json_output,
-            http_status=response.status_code,
-        )
+        fail(refusal_for_cli(response), json_output, http_status=response.status_code)
     answer = response.json()
     if json_output:
         print(json.dumps(answer, indent=2))
     else:
         print_whatif(answer)
+
+
+def refusal_for_cli(response: Any) -> str:
+    """The server's refusal (an ``httpx.Response``) in this command's words: each 422 entry
+    from its ``ctx.template`` with the options named as :data:`OPTIONS` says, else its message
+    after the option of its ``loc``; another status's text as ``no prediction: ...``."""
+    from inferpath.analysis.whatif import NO_PREDICTION
+
+    detail = None
+    if response.status_code == 422:
+        try:
+            detail = response.json().get("detail")
+        except (ValueError, AttributeError):
+            detail = None
+    if not isinstance(detail, list) or not detail:
+        message = refusal_text(response)
+        return message if message.startswith(f"{NO_PREDICTION}:") else f"{NO_PREDICTION}: {message}"
+    said = []
+    for entry in detail:
+        entry = entry if isinstance(entry, dict) else {"msg": str(entry)}
+        template = (entry.get("ctx") or {}).get("template")
+        if isinstance(template, str):
+            try:
+                said.append(template.format_map(OPTIONS))
+                continue
+            except (KeyError, ValueError, IndexError):
+                pass
+        message = str(entry.get("msg", ""))
+        loc = entry.get("loc") or []
+        param = str(loc[-1]) if loc else ""
+        if message.startswith(f"{param}: "):
+            message = message[len(param) + 2 :]
+        said.append(f"{OPTIONS[param]}: {message}" if param in OPTIONS else message)
+    return "; ".join(said)
 
 
 def _s(value: float | None) -> str:
@@ -146,4 +208,4 @@ def print_whatif(answer: dict[str, Any]) -> None:
         console.print(f"note: {note}", soft_wrap=True, highlight=False)
 
 
-__all__ = ["print_whatif", "whatif"]
+__all__ = ["OPTIONS", "print_whatif", "refusal_for_cli", "whatif"]

@@ -449,19 +449,30 @@ async def whatif(
     request: Request,
     start: str = Query(..., description="Window start: ISO-8601 with offset or Unix seconds."),
     end: str = Query(..., description="Window end: ISO-8601 with offset or Unix seconds."),
-    replicas: int | None = Query(None, ge=1, le=1024, description="Engines behind a round-robin gateway."),
-    max_num_seqs: int | None = Query(None, ge=1, le=65_536, description="Batch slots per engine."),
+    replicas: int | None = Query(
+        None, ge=1, le=1024, description="Engines behind a round-robin gateway: an integer, 1-1024."
+    ),
+    max_num_seqs: int | None = Query(None, ge=1, le=65_536, description="Batch slots per engine: an integer, 1-65536."),
     kv_blocks: str | None = Query(
-        None, max_length=32, description="KV blocks per engine: a count (96) or a factor of the calibrated pool (x2)."
+        None,
+        max_length=32,
+        description="KV blocks per engine: a count N (96, at least 1) or a factor xK / ×K of the calibrated "
+        "pool (x2; above 0, at most 1000).",
     ),
     batch_window_ms: float | None = Query(
         None, ge=0, le=60_000, description="Hold the queue head this long for more requests to join its prefill."
     ),
-    rate: str | None = Query(None, max_length=32, description="Arrival rate factor, e.g. x2."),
+    rate: str | None = Query(
+        None,
+        max_length=32,
+        description="Arrival rate factor xK, ×K or K (x2: the window's pattern twice as dense); above 0, at most "
+        "1000. A replay simulates at most 1,000,000 requests (the window's requests times K): more is refused.",
+    ),
     split_endpoint_classes: str | None = Query(
         None,
         max_length=200,
-        description="Each endpoint class on engines of its own: CLASS=REPLICAS,... e.g. interactive=2,bulk=1.",
+        description="Each endpoint class on engines of its own: CLASS=REPLICAS,... e.g. interactive=2,bulk=1 "
+        "(at most 1024 replicas in all).",
     ),
     max_calibration_error: float = Query(
         0.30, gt=0, le=10, description="Refuse when the replay of the observed configuration is off by more than this."
@@ -471,47 +482,47 @@ async def whatif(
     configuration, from the window's own requests and engine signals, beside what was observed
     and beside the replay of the observed configuration (``analysis/whatif.py``).
 
-    422 naming the parameter for a bad window or change, or with the reason when the window
+    422 naming the parameter for a bad window or change (its message starts with the
+    parameter's name), ``rate`` (or ``start``) when the replay would simulate more than
+    1,000,000 requests, or ``start`` with a message starting "no prediction:" when the window
     cannot be calibrated (no engine spans, too few requests) or the replay is off by more than
-    ``max_calibration_error``.
+    ``max_calibration_error``. Each entry's ``ctx.template`` is its message with every
+    parameter it names as a ``{name}`` field (how the CLI names its options instead).
     """
     from inferpath.analysis.whatif import (
-        Change,
+        API_NAMES,
+        NO_PREDICTION,
+        WhatIfInputError,
         WhatIfRefused,
-        parse_class_split,
-        parse_factor_or_count,
+        parse_change,
         predict,
         what_if_to_dict,
     )
 
+    def refused(exc: WhatIfRefused) -> HTTPException:
+        param, template = (
+            (exc.param, exc.template)
+            if isinstance(exc, WhatIfInputError)
+            else ("start", f"{NO_PREDICTION}: {exc.template}")
+        )
+        detail = {"loc": ["query", param], "msg": template.format_map(API_NAMES), "type": "value_error"}
+        return HTTPException(status_code=422, detail=[detail | {"ctx": {"template": template}}])
+
     start_dt, end_dt = _window(start, end, required=True)
-    blocks = factor = rate_factor = None
     try:
-        if kv_blocks is not None:
-            blocks, factor = parse_factor_or_count(kv_blocks, "kv_blocks")
-        if rate is not None:
-            _, rate_factor = parse_factor_or_count(rate, "rate", counts=False)
-        split = parse_class_split(split_endpoint_classes) if split_endpoint_classes is not None else None
-        change = Change(
+        change = parse_change(
             replicas=replicas,
             max_num_seqs=max_num_seqs,
-            kv_blocks=blocks,
-            kv_blocks_factor=factor,
-            batch_window_seconds=None if batch_window_ms is None else batch_window_ms / 1000.0,
-            rate_factor=rate_factor,
-            split_classes=split,
+            kv_blocks=kv_blocks,
+            batch_window_ms=batch_window_ms,
+            rate=rate,
+            split_endpoint_classes=split_endpoint_classes,
         )
-    except ValueError as exc:
-        name = str(exc).split(":", 1)[0]
-        raise _invalid(
-            {"rate_factor": "rate", "split_classes": "split_endpoint_classes"}.get(name, name), str(exc)
-        ) from None
-    try:
         answer = await run_in_threadpool(
             predict, request.app.state.runtime.store, start_dt, end_dt, change, max_error=max_calibration_error
         )
     except WhatIfRefused as exc:
-        raise _invalid("start", f"no prediction: {exc}") from None
+        raise refused(exc) from None
     return what_if_to_dict(answer)
 
 

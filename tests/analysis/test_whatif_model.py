@@ -143,7 +143,7 @@ def test_classes_on_engines_of_their_own_are_predicted_per_class() -> None:
     assert split.predicted["bulk"].ttft_p50_seconds > shared.predicted["bulk"].ttft_p50_seconds
     with pytest.raises(WhatIfRefused, match="also has bulk requests"):
         what_if(cal, Change(split_classes=(("interactive", 2),)))
-    with pytest.raises(ValueError, match="split_classes"):
+    with pytest.raises(ValueError, match="^split_endpoint_classes: "):  # the input's name, as the API takes it
         parse_class_split("interactive=two")
     with pytest.raises(ValueError, match="not replicas as well"):
         Change(replicas=2, split_classes=(("interactive", 1),))
