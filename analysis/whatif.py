@@ -797,9 +797,21 @@ def parse_class_split(text: str) -> tuple[tuple[str, int], ...]:
 
 def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: float = MAX_CALIBRATION_ERROR) -> WhatIf:
     """Calibrate from the stored window ``[start, end)`` (aware datetimes) and answer
-    :func:`what_if`. Raises :class:`WhatIfRefused` (a missing signal, or calibration off)."""
+    :func:`what_if`. Raises :class:`WhatIfRefused` (a missing signal, or calibration off), and
+    :class:`WhatIfInputError` naming ``start`` before any row is read when the window holds
+    more than :data:`MAX_SIMULATED_REQUESTS` requests (counted without ``FINAL``: an upper
+    bound)."""
+    from inferpath.analysis.breakdown import request_filter
     from inferpath.analysis.whatif_calibration import fetch_calibration
 
+    where, parameters = request_filter(start=start, end=end)
+    stored = store.query(f"SELECT count() FROM inferpath_requests WHERE {where}", parameters)[0][0]
+    if stored > MAX_SIMULATED_REQUESTS:  # before reading them: rows of a day at 1,000 req/s fill the memory
+        raise WhatIfInputError(
+            "start",
+            f"the window holds {stored:,} requests, more than the {MAX_SIMULATED_REQUESTS:,} a what-if replays "
+            "(about a minute); narrow the window ({start}, {end})",
+        )
     try:
         calibration = fetch_calibration(store, start, end)
     except InsufficientSignalsError as exc:

@@ -20,12 +20,15 @@ from inferpath.analysis.whatif import (
     check_replay_size,
     parse_change,
     parse_factor_or_count,
+    predict,
     rate_scaled,
     rate_scaled_count,
     what_if,
 )
 from inferpath.analysis.whatif_calibration import TraceRequest, calibrate
 from inferpath.cli import app
+from inferpath.storage.rows import REQUEST_COLUMNS, RequestRow
+from inferpath.storage.store import Store
 from inferpath.whatif_cli import OPTIONS, refusal_for_cli
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -174,8 +177,9 @@ def test_the_bound_is_checked_before_anything_is_simulated(monkeypatch: pytest.M
 
 
 @pytest.fixture
-def api(monkeypatch: pytest.MonkeyPatch):
-    """The read API's ``/whatif`` over an in-memory window (no store), and the CLI asking it."""
+def api(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """The read API's ``/whatif`` over an in-memory window (an empty store beside it), and the
+    CLI asking it."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
@@ -187,15 +191,38 @@ def api(monkeypatch: pytest.MonkeyPatch):
     )
     server = FastAPI()
     server.include_router(router)
-    server.state.runtime = SimpleNamespace(store=None)
-    client = TestClient(server)
+    with Store.open(f"chdb://{tmp_path / 'empty-store'}") as store:
+        server.state.runtime = SimpleNamespace(store=store)
+        client = TestClient(server)
 
-    def ask(method: str, path: str, *args: object, params: dict, **kwargs: object) -> httpx.Response:
-        return client.request(method, path, params=params)
+        def ask(method: str, path: str, *args: object, params: dict, **kwargs: object) -> httpx.Response:
+            return client.request(method, path, params=params)
 
-    monkeypatch.setattr("inferpath.whatif_cli.ask", ask)
-    window = {"start": WINDOW["window_start"].isoformat(), "end": WINDOW["window_end"].isoformat()}
-    return lambda **params: client.get("/api/v1/whatif", params=window | params)
+        monkeypatch.setattr("inferpath.whatif_cli.ask", ask)
+        window = {"start": WINDOW["window_start"].isoformat(), "end": WINDOW["window_end"].isoformat()}
+        yield lambda **params: client.get("/api/v1/whatif", params=window | params)
+
+
+def test_a_stored_window_over_the_bound_is_refused_before_its_rows_are_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from inferpath.analysis import whatif_calibration
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("rows read before the window's size was checked")
+
+    monkeypatch.setattr(whatif_module, "MAX_SIMULATED_REQUESTS", 10)
+    monkeypatch.setattr(whatif_calibration, "fetch_calibration", never)
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=5)
+    rows = [
+        RequestRow(timestamp=start + timedelta(seconds=i), trace_id=f"{i:032x}", status="ok", ttft_ns=1, e2e_ns=2)
+        for i in range(30)
+    ]
+    with Store.open(f"chdb://{tmp_path / 'store'}") as store:
+        store.insert("inferpath_requests", [r.to_insert_row() for r in rows], REQUEST_COLUMNS)
+        with pytest.raises(WhatIfInputError, match=r"^start: the window holds 30 requests, more than the 10") as raised:
+            predict(store, start, start + timedelta(minutes=1), Change(replicas=2))
+    assert raised.value.param == "start"
 
 
 def test_the_read_api_names_the_parameter_and_the_cli_its_option_in_the_same_sentence(
