@@ -25,13 +25,16 @@ Both backends go through clickhouse-connect with the same SQL. Differences are s
 
 from __future__ import annotations
 
+import errno
 import logging
 import operator
+import os
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from inferpath.storage.migrations import apply_migrations, validate_ttl_days
@@ -47,6 +50,39 @@ _SESSION_SETTINGS = {"session_timezone": "UTC"}
 # chDB: data path -> number of open Store objects on it (one path per process).
 _open_chdb_paths: dict[str, int] = {}
 _open_chdb_lock = threading.Lock()
+
+
+def chdb_folder_in_use(path: str | os.PathLike[str]) -> bool:
+    """True when another process has the embedded chDB store in ``path`` open, so that
+    opening it here would fail (chDB then only says "Error initializing EmbeddedServer" and
+    prints "Cannot lock file …/status. Another server instance …" (Code 76) to stderr).
+
+    chDB holds an exclusive ``flock`` on the folder's ``status`` file while the store is
+    open; this tries to take it for a moment. False when there is no such file, nothing
+    holds it, this process itself has the store open, or the platform has no ``flock``.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: let the open say what it says
+        return False
+    folder = Path(path)
+    with _open_chdb_lock:
+        if _open_chdb_paths.get(str(folder.resolve()), 0) > 0:
+            return False  # this process holds the lock itself
+    try:
+        fd = os.open(folder / "status", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
 
 CHDB_MAX_CONNECTIONS = 8
 """Connections a chDB store opens at most (lazily, one per overlapping call): the ingest
@@ -461,4 +497,4 @@ def ensure_aware(value: datetime, name: str) -> datetime:
     return value.astimezone(timezone.utc)
 
 
-__all__ = ["Store", "ensure_aware", "validate_table_name"]
+__all__ = ["Store", "chdb_folder_in_use", "ensure_aware", "validate_table_name"]
