@@ -247,10 +247,13 @@ def import_recording(
     every time moved by ``offset_ns``, then flush it so it is readable. ``source``: the
     collector source of the scrapes (default: recognised from each scrape). Raises
     :class:`RecordingError` when a file cannot be read or the server refuses a body
-    (its answer is quoted)."""
+    (its answer is quoted), and for an unknown ``source`` before anything is posted."""
     from inferpath.collectors.otlp_export import build_request
     from inferpath.collectors.pipeline import parse_scrape
+    from inferpath.vocabulary import SOURCES
 
+    if source is not None and source not in SOURCES:  # said before a body is posted: no partial import
+        raise RecordingError(f"source: unknown {source!r}, expected one of {', '.join(SOURCES)}")
     bodies = 0
     span_range: list[int] = []
     for request in _trace_requests(recording):
