@@ -29,6 +29,7 @@ _TRACE_HELP = (
 
 
 def _check_store_url(url: str | None) -> None:
+    from inferpath.server_access import invalid_store_url
     from inferpath.storage.url import parse_store_url
 
     if url is None:
@@ -36,8 +37,45 @@ def _check_store_url(url: str | None) -> None:
     try:
         parse_store_url(url)
     except ValueError as exc:
-        console.print(f"[red]invalid store URL {url!r}:[/] {exc}")
+        console.print(invalid_store_url(url, exc), style="red", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(2) from exc
+
+
+def _check_store_free(url: str | None) -> None:
+    """Exit 2 when the embedded store at ``url`` (default: the default store) is open in
+    another process: chDB would refuse it, with a raw message of its own on stderr."""
+    from inferpath.server_access import store_in_use
+    from inferpath.storage.store import chdb_folder_in_use
+    from inferpath.storage.url import default_store_url, parse_store_url
+
+    parsed = parse_store_url(url or default_store_url())
+    if parsed.kind == "chdb" and parsed.path is not None and chdb_folder_in_use(parsed.path):
+        message = store_in_use(parsed.path, "stop that process, or give this server another --store")
+        console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
+        raise typer.Exit(2)
+
+
+def _check_dashboard_port(host: str, port: int) -> None:
+    """Exit 2 when the dashboard could not listen on ``host:port`` (as for the server's own
+    --port), before anything starts: the dashboard is a child process whose failure to
+    listen would otherwise go unseen."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the dashboard's server binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.errno == errno.EADDRINUSE:
+                hint = "is another dashboard running? choose another with --dashboard-port"
+            else:
+                hint = "check --host and --dashboard-port"
+            message = f"cannot listen on {host}:{port} for the dashboard: {reason} ({hint})"
+            console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
+            raise typer.Exit(2) from exc
 
 
 @app.command()
@@ -142,6 +180,9 @@ def up(
         overrides["scrape_targets"] = ",".join(scrape)
     settings = command_settings(**overrides)
     _check_store_url(settings.store_url)
+    _check_store_free(settings.store_url)
+    if dashboard:
+        _check_dashboard_port(settings.host, settings.dashboard_port)
     from inferpath.alerts.rules import RuleFileError
     from inferpath.serve import server_services
 
@@ -150,16 +191,19 @@ def up(
     except RuleFileError as exc:
         console.print(f"[red]invalid alert rules:[/] {exc}")
         raise typer.Exit(2) from exc
-    from inferpath.server.runtime import ListenError, StoreOpenError, cap_c_heap_arenas, tune_gc_for_server
+    from inferpath.server.runtime import ListenError, cap_c_heap_arenas, tune_gc_for_server
+    from inferpath.server_access import quiet_store_driver, store_open_failure
 
     cap_c_heap_arenas()  # this process is the server: before its threads start
     try:
-        server = serve_in_thread(settings, services=services)
+        with quiet_store_driver():  # a store that cannot be opened is said once, below
+            server = serve_in_thread(settings, services=services)
     except ListenError as exc:
         console.print(exc.strerror, style="red", highlight=False, markup=False)
         raise typer.Exit(2) from exc
     except Exception as exc:  # the store could not be opened: say which and why, no traceback
-        console.print(str(StoreOpenError(settings.store_url, exc)), style="red", highlight=False, markup=False)
+        message = store_open_failure(settings.store_url, exc)
+        console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(2) from exc
     tune_gc_for_server()  # this process is the server (the dashboard runs in its own)
     console.print(f"inferpath server on {server.url} (store {server.runtime.store.url})")

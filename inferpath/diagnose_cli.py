@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from inferpath.cli_app import command_settings
-from inferpath.server_access import ask, console, fail, refusal_text, server_for
+from inferpath.server_access import ask, console, fail, refusal_text, server_for, shown_store_url
 from inferpath.vocabulary import SOURCES
 
 
@@ -81,8 +81,9 @@ def diagnose(
 
     if since is not None and from_ is not None:
         fail("give --since or --from, not both", json_output)
+    begin = when(from_, "--from") if from_ else None  # read first: the first bad option is the one named
     end = when(to, "--to") if to else now
-    start = when(from_, "--from") if from_ else end - timedelta(seconds=seconds(since or "15m", "--since"))
+    start = begin if begin is not None else end - timedelta(seconds=seconds(since or "15m", "--since"))
     if end <= start:
         fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
     params: dict[str, Any] = {"start": start.isoformat(), "end": end.isoformat()}
@@ -187,13 +188,15 @@ def import_cmd(
 
     if shift not in ("auto", "now", "none"):
         fail(f"--shift must be auto, now or none; got {shift!r}")
+    if source is not None and source not in SOURCES:  # before anything is read or written
+        fail(f"--source must be one of {', '.join(SOURCES)}; got {source!r}")
     try:
         recording = open_recording(path)
     except RecordingError as exc:
         fail(f"cannot read the recording: {exc}")
     settings = command_settings(server_url=server, store_url=store)
     offset = choose_offset_ns(recording, ttl_days=settings.ttl_days, now_ns=time.time_ns(), shift=shift)
-    with server_for(server, store, fallback_to_default_store=False) as (url, headers):
+    with server_for(server, store, fallback_to_default_store=False, create_store=True) as (url, headers):
         with httpx.Client(base_url=url, headers=headers, timeout=120.0) as client:
             try:
                 result = import_recording(recording, client, offset_ns=offset, source=source)
@@ -201,7 +204,7 @@ def import_cmd(
                 fail(f"import failed: {exc}")
     console.print(
         f"imported {result.scrapes} scrapes ({result.source or 'no known engine'}) and "
-        f"{result.trace_bodies} trace bodies into {store or url}",
+        f"{result.trace_bodies} trace bodies into {shown_store_url(store) if store else url}",
         highlight=False,
     )
     if offset:
@@ -209,7 +212,7 @@ def import_cmd(
             f"times moved by {offset / 1e9:+.0f} s (the recording is older than the store keeps data)", highlight=False
         )
     if result.start and result.end:
-        where = f" --store {store}" if store else ""
+        where = f" --store {shown_store_url(store)}" if store else ""
         console.print(
             f"diagnose it: inferpath diagnose --from {result.start.isoformat()} --to {result.end.isoformat()}{where}",
             soft_wrap=True,

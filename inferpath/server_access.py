@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -38,63 +39,195 @@ def fail(message: str, json_output: bool = False, **extra: Any) -> NoReturn:
     raise typer.Exit(2)
 
 
+SERVER_URL_EXAMPLE = "http://127.0.0.1:4318"
+
+
+def shown_store_url(url: str) -> str:
+    """``url`` as it may be printed: a password in it shown as ``***``
+    (``https://user:***@host:8443/db``); anything else as given."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    ends = [at for at in (rest.find(c) for c in "/?#") if at >= 0]
+    netloc, tail = rest[: min(ends, default=len(rest))], rest[min(ends, default=len(rest)) :]
+    userinfo, at, host = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{tail}"
+
+
+def invalid_store_url(url: str, problem: Exception) -> str:
+    """The message for a store URL that does not parse: the URL (password hidden) and what is
+    wrong, with the ``chdb://`` URL meant when a bare folder path was given."""
+    from urllib.parse import urlsplit
+
+    from inferpath.storage.url import embedded_store_url
+
+    message = f"invalid store URL {shown_store_url(url)!r}: {problem}"
+    try:
+        bare_path = bool(url.strip()) and not urlsplit(url.strip()).scheme
+    except ValueError:
+        bare_path = False
+    if bare_path:
+        message += f"; did you mean {embedded_store_url(Path(url.strip()).expanduser())}?"
+    return message
+
+
+def store_in_use(folder: Path, advice: str) -> str:
+    """The message for an embedded store another process holds, ending with ``advice``."""
+    return f"the store at {folder} is in use by another process (an inferpath up?): {advice}"
+
+
+def store_open_failure(url: str | None, exc: BaseException) -> str:
+    """One sentence on why the store at ``url`` (default: the default store) could not be
+    opened: the URL with its password hidden and the cause's first line, without Python
+    class names."""
+    from inferpath.server.runtime import _UNREACHABLE  # the driver's words for "not reachable"
+    from inferpath.storage.url import default_store_url, parse_store_url
+
+    url = url or default_store_url()
+    try:
+        parsed = parse_store_url(url)
+    except ValueError as bad:
+        return invalid_store_url(url, bad)
+    shown = shown_store_url(url)
+    text = str(exc).replace(url, shown)
+    if parsed.password:
+        text = text.replace(f":{parsed.password}@", ":***@")
+    refused = next((why for why in _UNREACHABLE if why in text), None)
+    if parsed.kind == "http" and refused is not None:
+        return (
+            f"cannot open the store {shown}: cannot reach ClickHouse at {parsed.host}:{parsed.port} "
+            f"({refused.lower()}): start it or correct the URL, or use an embedded store (chdb:///path)"
+        )
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    first = text.strip().splitlines()[0] if text.strip() else "no reason given"
+    return f"cannot open the store {shown}: {first}"
+
+
+@contextlib.contextmanager
+def quiet_store_driver() -> Iterator[None]:
+    """While inside, clickhouse-connect logs errors only: its warnings (a stray "Unexpected
+    Http Driver Exception" before every failed request) say less than the message the
+    command prints about the same failure."""
+    driver = logging.getLogger("clickhouse_connect")
+    level = driver.level
+    driver.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        driver.setLevel(level)
+
+
+def _check_server_url(url: str, option: str, json_output: bool) -> None:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        valid = parts.scheme.lower() in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
+    except ValueError:  # an unbalanced IPv6 bracket, a port that is not a number
+        valid = False
+    if not valid:
+        fail(f"{option}: expected an http(s) URL such as {SERVER_URL_EXAMPLE}, got {url!r}", json_output)
+
+
+def _check_store_folder(store: str, *, create: bool, verb: str, json_output: bool) -> None:
+    """Fail on a store URL that does not parse, an embedded store that is not there (unless
+    ``create``), or one that another process holds (``verb``: what to do through its server)."""
+    from inferpath.storage.store import chdb_folder_in_use
+    from inferpath.storage.url import parse_store_url
+
+    try:
+        parsed = parse_store_url(store)
+    except ValueError as bad:
+        fail(invalid_store_url(store, bad), json_output)
+    if parsed.kind != "chdb" or parsed.path is None:
+        return
+    if not parsed.path.exists():
+        if not create:
+            fail(
+                f"no store at {parsed.path}: check the path (inferpath up and inferpath import create one)",
+                json_output,
+            )
+    elif chdb_folder_in_use(parsed.path):
+        fail(store_in_use(parsed.path, f"{verb} through that server with --server URL"), json_output)
+
+
 @contextlib.contextmanager
 def server_for(
-    server: str | None, store: str | None, *, fallback_to_default_store: bool, json_output: bool = False
+    server: str | None,
+    store: str | None,
+    *,
+    fallback_to_default_store: bool,
+    json_output: bool = False,
+    create_store: bool = False,
 ) -> Iterator[tuple[str, dict[str, str]]]:
-    """Yield ``(base URL, headers)`` of the server to talk to (module docstring)."""
+    """Yield ``(base URL, headers)`` of the server to talk to (module docstring).
+
+    An embedded store that does not exist is created only with ``create_store`` (commands
+    that write, such as ``import``); a command that only reads refuses it, as it would
+    otherwise answer from an empty store made at a mistyped path."""
     import httpx
 
-    settings = command_settings(server_url=server, store_url=store)
-    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
-    if store is None:
-        url = settings.server_url.rstrip("/")
-        try:
-            httpx.get(f"{url}/healthz", headers=headers, timeout=5.0)
-            yield url, headers
-            return
-        except httpx.HTTPError as exc:
-            from inferpath.storage.url import default_store_url, parse_store_url
-
-            default = settings.store_url or default_store_url()
-            try:
-                parsed = parse_store_url(default)
-            except ValueError as bad:
-                fail(f"invalid store URL {default!r}: {bad}", json_output)
-            folder = parsed.path if parsed.kind == "chdb" else None
-            if server or not fallback_to_default_store or not folder or not Path(folder).exists():
-                fail(
-                    f"cannot reach the inferpath server at {url} ({exc}). Start it with `inferpath up`, "
-                    f"point --server at it, or read a store directly with --store chdb:///path/to/store",
-                    json_output,
-                )
-            store = default
-            if not json_output:
-                console.print(f"no server at {url}: reading the store {store} directly", highlight=False)
-    from inferpath.config import Settings
-    from inferpath.serve import server_services
-    from inferpath.server.runtime import StoreOpenError, serve_in_thread
-
-    local = Settings(
-        store_url=store,
-        port=0,
-        token=settings.token,
-        ttl_days=settings.ttl_days,
-        objectives_file=settings.objectives_file,
-        assembly_settle_seconds=0.2,
-    )
-    try:
-        # Its services answer (alert back-tests) but notify no one: it is this command's own.
-        running = serve_in_thread(local, port=0, services=server_services(local, evaluate_rules=False))
-    except Exception as exc:  # the store is held by another process, or cannot be opened
+    if server is not None and store is not None:
         fail(
-            str(StoreOpenError(store, exc)) + "\nwhile a server owns it, use --server URL instead of --store",
+            "give --server or --store, not both: --server reads through a running server, --store reads a store directly",
             json_output,
         )
-    try:
-        yield running.url, headers
-    finally:
-        running.stop()
+    settings = command_settings(server_url=server, store_url=store)
+    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+    verb = "import it" if create_store else "read it"
+    with quiet_store_driver():
+        if store is None:
+            url = settings.server_url.rstrip("/")
+            _check_server_url(settings.server_url, "--server" if server else "INFERPATH_SERVER_URL", json_output)
+            try:
+                httpx.get(f"{url}/healthz", headers=headers, timeout=5.0)
+                yield url, headers
+                return
+            except httpx.HTTPError as exc:
+                from inferpath.storage.url import default_store_url, parse_store_url
+
+                default = settings.store_url or default_store_url()
+                try:
+                    parsed = parse_store_url(default)
+                except ValueError as bad:
+                    fail(invalid_store_url(default, bad), json_output)
+                folder = parsed.path if parsed.kind == "chdb" else None
+                if server or not fallback_to_default_store or not folder or not Path(folder).exists():
+                    fail(
+                        f"cannot reach the inferpath server at {url} ({exc}). Start it with `inferpath up`, "
+                        f"point --server at it, or read a store directly with --store chdb:///path/to/store",
+                        json_output,
+                    )
+                store = default
+                if not json_output:
+                    console.print(
+                        f"no server at {url}: reading the store {shown_store_url(store)} directly", highlight=False
+                    )
+        _check_store_folder(store, create=create_store, verb=verb, json_output=json_output)
+        from inferpath.config import Settings
+        from inferpath.serve import server_services
+        from inferpath.server.runtime import serve_in_thread
+
+        local = Settings(
+            store_url=store,
+            port=0,
+            token=settings.token,
+            ttl_days=settings.ttl_days,
+            objectives_file=settings.objectives_file,
+            assembly_settle_seconds=0.2,
+        )
+        try:
+            # Its services answer (alert back-tests) but notify no one: it is this command's own.
+            running = serve_in_thread(local, port=0, services=server_services(local, evaluate_rules=False))
+        except Exception as exc:  # the store cannot be opened: say which and why, in one sentence
+            fail(store_open_failure(store, exc), json_output)
+        try:
+            yield running.url, headers
+        finally:
+            running.stop()
 
 
 def ask(
@@ -132,4 +265,16 @@ def refusal_text(response: httpx.Response) -> str:
         return response.text
 
 
-__all__ = ["ask", "console", "fail", "refusal_text", "server_for"]
+__all__ = [
+    "SERVER_URL_EXAMPLE",
+    "ask",
+    "console",
+    "fail",
+    "invalid_store_url",
+    "quiet_store_driver",
+    "refusal_text",
+    "server_for",
+    "shown_store_url",
+    "store_in_use",
+    "store_open_failure",
+]

@@ -55,12 +55,32 @@ _ABSOLUTE_FORMS = "ISO-8601 with an offset (2026-12-03T10:00:00Z) or Unix second
 _ALL_FORMS = "ISO-8601 with an offset (2026-12-03T10:00:00Z), now, -30m or Unix seconds"
 
 
+_FINER_UNITS = ((10**3, "milliseconds"), (10**6, "microseconds"), (10**9, "nanoseconds"))
+
+
+def _unix_out_of_range(text: str, value: Any) -> TimeOutOfRange:
+    """The error for Unix seconds no datetime can hold, saying which finer unit the number
+    reads as (a Unix time in nanoseconds, as OTLP and Prometheus write them, is the usual
+    mistake) and what it is in seconds."""
+    from decimal import Decimal
+
+    number = Decimal(text)
+    for per_second, unit in _FINER_UNITS:
+        seconds = number / per_second
+        if abs(seconds) < 10**10:  # a time before the year 2286 once in seconds
+            shown = format(seconds.normalize(), "f")
+            return TimeOutOfRange(
+                f"{value!r} is out of range: Unix times are seconds, and this looks like {unit} ({shown} s)"
+            )
+    return TimeOutOfRange(f"{value!r} is out of range: Unix times are seconds")
+
+
 def _instant(text: str, value: Any, forms: str) -> datetime:
     if _UNIX_SECONDS.match(text):
         try:
             return datetime.fromtimestamp(float(text), tz=timezone.utc)
         except (OverflowError, OSError, ValueError):
-            raise TimeOutOfRange(f"{value!r} is out of range") from None
+            raise _unix_out_of_range(text, value) from None
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -96,7 +116,10 @@ def parse_time(value: str, *, now: datetime | None = None) -> datetime:
     if text.lower() == "now":
         return reference
     if text.startswith("-"):
-        return reference - timedelta(seconds=parse_duration_seconds(text[1:]))
+        try:
+            return reference - timedelta(seconds=parse_duration_seconds(text[1:]))
+        except OverflowError:
+            raise TimeOutOfRange(f"{value!r} is out of range: that is further back than any date") from None
     return _instant(text, value, _ALL_FORMS)
 
 
