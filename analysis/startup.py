@@ -139,7 +139,7 @@ class StoredStartups(Sequence[ReplicaStartup]):
 
     ``warm_at``: the start of the window under diagnosis; a start-up whose replica served
     requests between its readiness and ``warm_at`` (stored request rows of that replica, or
-    of any replica when the start-up names none that served) is left out: the replica took
+    of any replica when the start-up names none) is left out: the replica took
     its first requests before the window, whatever baseline the caller chose (a real vLLM,
     ready a minute before a slow retriever's window and 87 requests into its warm traffic,
     was otherwise charged 31 % of the tail)."""
@@ -170,7 +170,9 @@ class StoredStartups(Sequence[ReplicaStartup]):
                 last_served = self._last_served(min(s.ready_at for s in early))
                 latest_any = max(last_served.values(), default=None)
                 for startup in early:
-                    served = last_served.get(startup.replica, latest_any) if startup.replica else latest_any
+                    # A named replica by its own rows; an unnamed start-up (vLLM sets no
+                    # instance id) by any replica's, as the cold-start rule applies it.
+                    served = last_served.get(startup.replica) if startup.replica else latest_any
                     if served is not None and served >= startup.ready_at:
                         startups.remove(startup)
             self._startups = startups
