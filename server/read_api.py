@@ -137,7 +137,10 @@ def parse_time(value: str | None, param: str, *, where: str = "query") -> dateti
     except TimeOutOfRange:
         parsed = None
     except ValueError as exc:
-        raise _invalid(param, f"{param}: {exc}", where) from None
+        hint = ""
+        if re.fullmatch(r".*T.*\d \d{2}:?\d{2}", value):  # "+00:00" sent unencoded: a query string reads + as a space
+            hint = "; a '+' in a query string must be sent as %2B (or give the time in UTC with Z)"
+        raise _invalid(param, f"{param}: {exc}{hint}", where) from None
     if parsed is None or not EARLIEST <= parsed <= LATEST:
         raise _invalid(
             param,

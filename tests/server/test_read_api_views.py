@@ -301,6 +301,19 @@ def test_times_outside_what_the_store_holds_are_refused_naming_the_parameter(ser
             assert problem["loc"][1] in window and "out of range" in problem["msg"], (path, problem)
 
 
+def test_an_offset_sent_with_an_unencoded_plus_is_explained(server) -> None:
+    url, _, _ = server
+    with httpx.Client(base_url=url, timeout=60.0) as http:
+        # As a shell or a browser sends it: the query string reads the '+' as a space.
+        answer = http.get("/api/v1/summary?start=2026-12-03T16:00:00+00:00&end=2026-12-03T16:10:00Z")
+    assert answer.status_code == 422
+    (problem,) = answer.json()["detail"]
+    assert (
+        problem["loc"] == ["query", "start"]
+        and "must be sent as %2B (or give the time in UTC with Z)" in problem["msg"]
+    )
+
+
 def test_the_widest_window_allowed_answers_without_a_server_error(server) -> None:
     url, _, _ = server
     widest = {"start": "1970-01-01T00:00:00Z", "end": "2100-01-01T00:00:00Z"}
