@@ -71,10 +71,46 @@ def _duration(text: str, option: str) -> float:
     return seconds
 
 
+def _replay_window(since: str | None, from_: str | None, to: str | None) -> tuple[datetime, datetime, str, str]:
+    """``(start, end, words, options)`` of the replay: ``--since`` ending now (default 1h), or
+    ``--from`` to ``--to`` (default now); ``words`` says the window, ``options`` the flags that
+    set it. Exits 2 naming the option for a bad or mixed window."""
+    from inferpath.timespec import parse_time
+
+    now = datetime.now(timezone.utc)
+    if from_ is None:
+        if to is not None:
+            console.print("[red]--to needs --from (or use --since for a window ending now)")
+            raise typer.Exit(2)
+        since = since or "1h"
+        return now - timedelta(seconds=_duration(since, "--since")), now, f"the last {since}", "--since"
+    if since is not None:
+        console.print("[red]give --since or --from, not both")
+        raise typer.Exit(2)
+    bounds = []
+    for text, option in ((from_, "--from"), (to or "now", "--to")):
+        try:
+            bounds.append(parse_time(text, now=now))
+        except ValueError as exc:
+            console.print(f"[red]{option}: {exc}", highlight=False)
+            raise typer.Exit(2) from None
+    start, end = bounds
+    if end <= start:
+        console.print(f"[red]--to must be after --from (got {start.isoformat()} to {end.isoformat()})", highlight=False)
+        raise typer.Exit(2)
+    return start, end, f"{start.isoformat()} to {end.isoformat()}", "--from/--to"
+
+
 @app.command()
 def test(
     file: str = typer.Argument(..., help="Rule file (YAML), or 'default'."),
-    since: str = typer.Option("1h", help="How far back to replay, ending now (e.g. 30m, 1h, 1d)."),
+    since: str | None = typer.Option(
+        None, help="How far back to replay, ending now (e.g. 30m, 1h, 1d; default 1h when --from is not given)."
+    ),
+    from_: str | None = typer.Option(
+        None, "--from", help="Replay from: ISO-8601 with offset, -30m, now or Unix seconds (a recording's window)."
+    ),
+    to: str | None = typer.Option(None, "--to", help="Replay until (default now; with --from)."),
     step: str | None = typer.Option(None, help="Evaluation step (default: the file's evaluation_interval)."),
     server: str | None = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
     store: str | None = typer.Option(
@@ -90,27 +126,24 @@ def test(
     from inferpath.server_access import ask, fail, refusal_text
 
     rule_file = _load(file)  # checked here first: its problems are named by file, line and field
-    window = _duration(since, "--since")
+    start, end, span, options = _replay_window(since, from_, to)
     step_seconds = _duration(step, "--step") if step else None
     every = step_seconds or rule_file.evaluation_interval
     try:
-        evaluations = replay_evaluations(window, every)
+        evaluations = replay_evaluations((end - start).total_seconds(), every)
     except ValueError as exc:
         console.print(
-            f"[red]--since {since} with a step of {every:g} s is {exc};[/] shorten --since or lengthen --step",
+            f"[red]{options}: {span} with a step of {every:g} s is {exc};[/] shorten {options} or lengthen --step",
             highlight=False,
         )
         raise typer.Exit(2) from exc
     if not json_output:
-        err_console.print(
-            f"replaying {evaluations} evaluations (one per {every:g} s of the last {since})…", highlight=False
-        )
+        err_console.print(f"replaying {evaluations} evaluations (one per {every:g} s of {span})…", highlight=False)
     path = DEFAULT_RULES_PATH if file == "default" else Path(file)
-    end = datetime.now(timezone.utc)
     body = {
         "rules": path.read_text(encoding="utf-8"),
         "source": str(path),
-        "start": (end - timedelta(seconds=window)).isoformat(),
+        "start": start.isoformat(),
         "end": end.isoformat(),
         "step_seconds": step_seconds,
     }
@@ -127,7 +160,7 @@ def test(
     else:
         from rich.table import Table
 
-        table = Table(title=f"what the rules would have done over the last {since}")
+        table = Table(title=f"what the rules would have done over {span}")
         for column in ("time (UTC)", "rule", "labels", "change", "value", "why"):
             table.add_column(column)
         for t in transitions:

@@ -71,3 +71,28 @@ def test_cli_check_names_a_rule_file_that_is_not_text(tmp_path) -> None:
     result = CliRunner().invoke(app, ["check", str(binary)])
     assert result.exit_code == 2
     assert "bin.yaml:?: (file): not UTF-8 text: byte 0xff at offset 1" in result.output
+
+
+def test_cli_test_replays_a_window_given_by_its_bounds(store_url: str, tmp_path) -> None:
+    # A recording's window, long past: --from/--to replay exactly it.
+    t0 = (datetime.now(timezone.utc) - timedelta(days=2)).replace(second=0, microsecond=0)
+    fault_start = t0 + (FAULT_START - T0)
+    with Store.open(store_url, ttl_days=3650) as store:
+        insert_requests(store, batch_window_traffic(t0))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    end = t0 + timedelta(minutes=16)
+    args = ["test", str(rules), "--from", t0.isoformat(), "--to", end.isoformat(), "--step", "30s"]
+    result = CliRunner().invoke(app, [*args, "--store", store_url, "--json"])
+    assert result.exit_code == 1, result.output
+    lines = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert [line["change"] for line in lines] == ["pending", "firing", "resolved"]
+    assert fault_start < datetime.fromisoformat(lines[1]["at"]) <= fault_start + timedelta(seconds=60 + 2 * 30)
+    for bad, said in (
+        (["--from", t0.isoformat(), "--since", "1h"], "give --since or --from, not both"),
+        (["--to", end.isoformat()], "--to needs --from"),
+        (["--from", end.isoformat(), "--to", t0.isoformat()], "--to must be after --from"),
+        (["--from", "yesterday"], "--from:"),
+    ):
+        refused = CliRunner().invoke(app, ["test", str(rules), *bad, "--store", store_url])
+        assert refused.exit_code == 2 and said in refused.output, (bad, refused.output)
