@@ -49,6 +49,7 @@ from inferpath.storage.rows import (
     SUM_COLUMNS,
 )
 from inferpath.storage.store import Store
+from inferpath.storage.url import store_open_failure
 from inferpath.storage.writer import BatchWriter
 
 __all__ = [
@@ -455,43 +456,26 @@ def tune_gc_for_server() -> None:
     gc.set_threshold(100_000, 20, 10)
 
 
-_UNREACHABLE = ("Connection refused", "Name or service not known", "No route to host", "timed out")
-"""Driver error texts that mean the ClickHouse server could not be reached at all."""
-
-
 class StoreOpenError(RuntimeError):
-    """The store could not be opened (or migrated) at start: ``str()`` names the store, the
-    error's type and first line, and for an embedded chDB folder that one process owns it."""
+    """The store could not be opened (or migrated) at start: ``str()`` is one sentence naming
+    the store (its password hidden) and why (:func:`~inferpath.storage.url.store_open_failure`),
+    and for an embedded chDB folder another process holds, that it does."""
 
     def __init__(self, store_url: str | None, cause: Exception) -> None:
-        from inferpath.storage.url import default_store_url, parse_store_url
+        from inferpath.storage.store import chdb_folder_in_use
+        from inferpath.storage.url import parse_store_url
 
-        url = store_url or default_store_url()
+        message = store_open_failure(store_url, cause)
         try:
-            parsed = parse_store_url(url)
+            parsed = parse_store_url(store_url) if store_url else None
         except ValueError:
             parsed = None
-        embedded = parsed is not None and parsed.kind == "chdb"
-        text = str(cause)
-        refused = next((why for why in _UNREACHABLE if why in text), None)
-        if parsed is not None and parsed.kind == "http" and refused is not None:
-            super().__init__(
-                f"cannot open the store {url}: cannot reach ClickHouse at {parsed.host}:{parsed.port} "
-                f"({refused.lower()}): start it or correct the URL, or use an embedded store (chdb:///path)"
+        if parsed is not None and parsed.kind == "chdb" and parsed.path is not None and chdb_folder_in_use(parsed.path):
+            message = (
+                f"the store at {parsed.path} is in use by another process (an inferpath up or demo?): "
+                "stop it, or give this server another --store"
             )
-            return
-        if isinstance(cause, OSError) and cause.strerror:
-            text = cause.strerror + (f": {cause.filename}" if cause.filename else "")
-        hint = (
-            "\n(an embedded chDB store is owned by one process: is `inferpath up` or `inferpath demo` "
-            "already using it?)"
-            if embedded and not isinstance(cause, OSError)
-            else ""
-        )
-        super().__init__(
-            f"cannot open the store {store_url or url}: {type(cause).__name__}: "
-            f"{text.splitlines()[0] if text else ''}{hint}"
-        )
+        super().__init__(message)
 
 
 class ListenError(OSError):

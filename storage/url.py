@@ -175,3 +175,59 @@ def _parse_http(parts, scheme: str, env: Mapping[str, str]) -> StoreURL:
         secure=scheme == "https",
         cluster=cluster,
     )
+
+
+UNREACHABLE_TEXTS = ("Connection refused", "Name or service not known", "No route to host", "timed out")
+"""Driver error texts that mean the ClickHouse server could not be reached at all."""
+
+
+def shown_store_url(url: str) -> str:
+    """``url`` as it may be printed: a password in it shown as ``***``
+    (``https://user:***@host:8443/db``); anything else as given."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    ends = [at for at in (rest.find(c) for c in "/?#") if at >= 0]
+    netloc, tail = rest[: min(ends, default=len(rest))], rest[min(ends, default=len(rest)) :]
+    userinfo, at, host = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{tail}"
+
+
+def invalid_store_url(url: str, problem: Exception) -> str:
+    """The message for a store URL that does not parse: the URL (password hidden) and what is
+    wrong, with the ``chdb://`` URL meant when a bare folder path was given."""
+    message = f"invalid store URL {shown_store_url(url)!r}: {problem}"
+    try:
+        bare_path = bool(url.strip()) and not urlsplit(url.strip()).scheme
+    except ValueError:
+        bare_path = False
+    if bare_path:
+        message += f"; did you mean {embedded_store_url(Path(url.strip()).expanduser())}?"
+    return message
+
+
+def store_open_failure(url: str | None, exc: BaseException) -> str:
+    """One sentence on why the store at ``url`` (default: the default store) could not be
+    opened: the URL with its password hidden and the cause's first line, without Python
+    class names."""
+    url = url or default_store_url()
+    try:
+        parsed = parse_store_url(url)
+    except ValueError as bad:
+        return invalid_store_url(url, bad)
+    shown = shown_store_url(url)
+    text = str(exc).replace(url, shown)
+    if parsed.password:
+        text = text.replace(f":{parsed.password}@", ":***@")
+    refused = next((why for why in UNREACHABLE_TEXTS if why in text), None)
+    if parsed.kind == "http" and refused is not None:
+        return (
+            f"cannot open the store {shown}: cannot reach ClickHouse at {parsed.host}:{parsed.port} "
+            f"({refused.lower()}): start it or correct the URL, or use an embedded store (chdb:///path)"
+        )
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    first = text.strip().splitlines()[0] if text.strip() else "no reason given"
+    return f"cannot open the store {shown}: {first}"
