@@ -135,12 +135,15 @@ MAX_MESSAGE_CHARS = 1024
 def _bounded(value, limit: int = MAX_ECHOED_CHARS):
     """``value`` (an error detail) with every string longer than ``limit`` cut there and
     marked with its full length, so that a 60 000-character parameter is not sent back whole
-    in its 422. A validation error's ``msg`` is cut at :data:`MAX_MESSAGE_CHARS` only."""
+    in its 422. The server's own sentences, a validation error's ``msg`` and the ``template``
+    it was written from (``ctx.template``, which the CLI words with its own option names), are
+    cut at :data:`MAX_MESSAGE_CHARS` only."""
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]}… ({len(value)} characters)"
     if isinstance(value, dict):
         return {
-            key: _bounded(item, MAX_MESSAGE_CHARS if key == "msg" else MAX_ECHOED_CHARS) for key, item in value.items()
+            key: _bounded(item, MAX_MESSAGE_CHARS if key in ("msg", "template") else MAX_ECHOED_CHARS)
+            for key, item in value.items()
         }
     if isinstance(value, (list, tuple)):
         return [_bounded(item, limit) for item in value]

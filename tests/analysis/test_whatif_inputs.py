@@ -311,3 +311,23 @@ def test_every_refusal_reads_no_prediction_in_lower_case() -> None:
     assert refusal_for_cli(httpx.Response(500, text="Internal Server Error")) == "no prediction: Internal Server Error"
     said = refusal_for_cli(httpx.Response(503, text="no prediction: busy"))
     assert said == "no prediction: busy"
+
+
+def test_the_real_servers_refusal_keeps_its_template_for_the_cli(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # The server bounds what a 422 echoes back; the template of its own sentence (~330
+    # characters) must stay whole, or the CLI falls back to the API's names.
+    from inferpath.analysis import whatif_calibration
+    from inferpath.config import Settings
+    from inferpath.server.runtime import serve_in_thread
+
+    unreplayable = calibrate(_rows(queue_seconds=2.0), {}, **WINDOW)
+    monkeypatch.setattr(whatif_calibration, "fetch_calibration", lambda store, start, end: unreplayable)
+    server = serve_in_thread(Settings(store_url=f"chdb://{tmp_path / 'store'}"), port=0)
+    try:
+        window = {"start": WINDOW["window_start"].isoformat(), "end": WINDOW["window_end"].isoformat()}
+        response = httpx.get(f"{server.url}/api/v1/whatif", params=window | {"replicas": 2}, timeout=60.0)
+    finally:
+        server.stop()
+    assert response.status_code == 422
+    said = refusal_for_cli(response)
+    assert said.startswith("no prediction: calibration off by") and "(--max-calibration-error)" in said, said
