@@ -71,12 +71,16 @@ def _check_server_url(url: str, option: str, json_output: bool) -> None:
     except ValueError:  # an unbalanced IPv6 bracket, a port that is not a number
         valid = False
     if not valid:
-        fail(f"{option}: expected an http(s) URL such as {SERVER_URL_EXAMPLE}, got {url!r}", json_output)
+        fail(
+            f"{option}: expected an http(s) URL such as {SERVER_URL_EXAMPLE}, got {shown_store_url(url)!r}", json_output
+        )
 
 
 def _check_store_folder(store: str, *, create: bool, verb: str, json_output: bool) -> None:
     """Fail on a store URL that does not parse, an embedded store that is not there (unless
-    ``create``), or one that another process holds (``verb``: what to do through its server)."""
+    ``create``: a folder that does not exist, or one without chDB's ``metadata`` folder, which
+    a read would turn into an empty store), or one that another process holds (``verb``: what
+    to do through its server)."""
     from inferpath.storage.store import chdb_folder_in_use
     from inferpath.storage.url import parse_store_url
 
@@ -86,13 +90,19 @@ def _check_store_folder(store: str, *, create: bool, verb: str, json_output: boo
         fail(invalid_store_url(store, bad), json_output)
     if parsed.kind != "chdb" or parsed.path is None:
         return
-    if not parsed.path.exists():
-        if not create:
-            fail(
-                f"no store at {parsed.path}: check the path (inferpath up and inferpath import create one)",
-                json_output,
-            )
-    elif chdb_folder_in_use(parsed.path):
+    if not create and not (parsed.path / "metadata").is_dir():  # chDB keeps its table definitions there
+        where = (
+            "the folder does not exist"
+            if not parsed.path.exists()
+            else "it is a file, not a folder"
+            if not parsed.path.is_dir()
+            else "the folder holds no store"
+        )
+        fail(
+            f"no store at {parsed.path} ({where}): check the path (inferpath up and inferpath import create one)",
+            json_output,
+        )
+    if parsed.path.exists() and chdb_folder_in_use(parsed.path):
         fail(store_in_use(parsed.path, f"{verb} through that server with --server URL"), json_output)
 
 
@@ -139,7 +149,8 @@ def server_for(
                 folder = parsed.path if parsed.kind == "chdb" else None
                 if server or not fallback_to_default_store or not folder or not Path(folder).exists():
                     fail(
-                        f"cannot reach the inferpath server at {url} ({exc}). Start it with `inferpath up`, "
+                        f"cannot reach the inferpath server at {shown_store_url(url)} "
+                        f"({str(exc).replace(url, shown_store_url(url))}). Start it with `inferpath up`, "
                         f"point --server at it, or read a store directly with --store chdb:///path/to/store",
                         json_output,
                     )
@@ -194,7 +205,8 @@ def ask(
                 method, f"{url}{path}", params=params, json=json_body, headers=headers, timeout=timeout_seconds
             )
         except httpx.HTTPError as exc:
-            fail(f"the inferpath server at {url} did not answer: {exc}", json_output)
+            shown = shown_store_url(url)
+            fail(f"the inferpath server at {shown} did not answer: {str(exc).replace(url, shown)}", json_output)
             raise
 
 

@@ -48,9 +48,18 @@ def test_a_read_only_command_does_not_create_a_store_at_a_mistyped_path(tmp_path
     missing = tmp_path / "nonexistent" / "dir" / "store"
     result = runner.invoke(app, [*command, "--store", f"chdb://{missing}"], env=NO_SERVER)
     assert result.exit_code == 2, result.output
-    assert f"no store at {missing}: check the path (inferpath up and inferpath import create one)" in said(result)
+    expected = f"no store at {missing} (the folder does not exist): check the path (inferpath up and inferpath"
+    assert expected in said(result)
     assert "insufficient data" not in result.output
     assert not (tmp_path / "nonexistent").exists()
+    # A folder of the user's own, empty or not, is not turned into a store by a read.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("hi")
+    result = runner.invoke(app, [*command, "--store", f"chdb://{notes}"], env=NO_SERVER)
+    assert result.exit_code == 2, result.output
+    assert f"no store at {notes} (the folder holds no store)" in said(result)
+    assert sorted(p.name for p in notes.iterdir()) == ["readme.txt"]
 
 
 @pytest.mark.parametrize(
@@ -64,6 +73,13 @@ def test_a_store_password_is_never_printed(command, store: str) -> None:
     assert result.exit_code == 2, result.output
     assert "s3cret" not in result.output
     assert "user:***@127.0.0.1:" in said(result)
+
+
+@pytest.mark.parametrize("server", ["http://u:s3cret@127.0.0.1:1", "ftp://u:s3cret@127.0.0.1:1"])
+def test_a_server_password_is_never_printed(server: str) -> None:
+    result = runner.invoke(app, ["diagnose", "--since", "1h", "--server", server], env=NO_SERVER)
+    assert result.exit_code == 2, result.output
+    assert "s3cret" not in result.output and "u:***@127.0.0.1:1" in said(result)
 
 
 def test_the_store_driver_adds_no_warning_of_its_own(caplog) -> None:
@@ -127,9 +143,10 @@ def test_other_store_errors_carry_no_server_hint_and_no_class_names(tmp_path: Pa
         assert not any(name in result.output for name in CLASS_NAMES), (command, result.output)
         assert len(result.output.strip().splitlines()) == 1, (command, result.output)
     not_a_folder = runner.invoke(app, ["diagnose", "--since", "1h", "--store", f"chdb://{a_file}"], env=NO_SERVER)
+    assert said(not_a_folder).startswith(f"no store at {a_file} (it is a file, not a folder): check the path")
+    imported = runner.invoke(app, ["import", str(rec), "--store", f"chdb://{a_file}"], env=NO_SERVER)
     assert (
-        said(not_a_folder)
-        == f"cannot open the store chdb://{a_file}: chdb store path exists and is not a folder: {a_file}"
+        said(imported) == f"cannot open the store chdb://{a_file}: chdb store path exists and is not a folder: {a_file}"
     )
 
 
