@@ -93,7 +93,8 @@ class Budget:
         engine = f"queue + prefill take {_ms(self.engine_ns)}, " + (
             "within the objective" if self.engine_fits else "over the objective on their own"
         )
-        return head + (f": {moves} (about {_ms(self.recoverable_ns)} in all)" if moves else "") + f"; {engine}"
+        total = f" (about {_ms(self.recoverable_ns)} in all)" if len(self.items) > 1 else ""
+        return head + (f": {moves}{total}" if moves else "") + f"; {engine}"
 
 
 def ttft_budget(stage_mean_ns: Mapping[str, float], *, tail_mean_ns: float, p99_ns: float, limit_ns: float) -> Budget:
