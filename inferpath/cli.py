@@ -235,13 +235,16 @@ def up(
 @app.command("replay")
 def replay_cmd(
     gateway: str = typer.Option(..., help="Base URL of an OpenAI-compatible gateway."),
-    requests: int = typer.Option(100, min=1),
-    speed: float = typer.Option(1.0, min=0.01),
+    requests: int = typer.Option(100, min=1, help="Most requests taken from the trace."),
+    speed: float = typer.Option(
+        1.0, min=0.01, help="Play the trace's arrival times this many times faster (2 = twice as fast)."
+    ),
     trace: Path | None = typer.Option(None, exists=True, dir_okay=False, help=_TRACE_HELP),
     results: Path | None = typer.Option(None, help="Write per-request measurements here (JSONL)."),
-    model: str = typer.Option("llama2-70b"),
+    model: str = typer.Option("llama2-70b", help="The model name sent in each request."),
 ) -> None:
-    """Replay a real request trace against a gateway, as the instrumented root client."""
+    """Replay a real request trace against a gateway, as the instrumented root client. Its
+    spans go to INFERPATH_OTLP_ENDPOINT (default http://127.0.0.1:4318, an `inferpath up`)."""
     import asyncio
 
     from inferpath.demo.replay import replay
@@ -259,6 +262,7 @@ def replay_cmd(
         raise typer.Exit(2) from exc
     console.print(f"trace: {loaded.describe()}", highlight=False)
     trace_requests = loaded.requests
+    console.print(f"spans to {settings.otlp_endpoint}", highlight=False)
     configure("replay-client", otlp_endpoint=settings.otlp_endpoint)
     done = asyncio.run(replay(gateway, trace_requests, speed=speed, model=model, results_path=results))
     shutdown()
