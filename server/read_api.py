@@ -132,10 +132,13 @@ def parse_time(value: str | None, param: str, *, where: str = "query") -> dateti
     if value is None or value.strip() == "":
         return None
     text = value.strip()
+    unit_hint = ""
     try:
         parsed: datetime | None = parse_instant(text)
-    except TimeOutOfRange:
+    except TimeOutOfRange as exc:
         parsed = None
+        if "Unix times are seconds" in str(exc):  # a Unix time in ms/µs/ns: say which
+            unit_hint = "; " + str(exc).split(" is out of range: ", 1)[-1]
     except ValueError as exc:
         hint = ""
         if re.fullmatch(r".*T.*\d \d{2}:?\d{2}", value):  # "+00:00" sent unencoded: a query string reads + as a space
@@ -144,7 +147,7 @@ def parse_time(value: str | None, param: str, *, where: str = "query") -> dateti
     if parsed is None or not EARLIEST <= parsed <= LATEST:
         raise _invalid(
             param,
-            f"{param} is out of range: {text!r} (times from {EARLIEST.isoformat()} to {LATEST.isoformat()})",
+            f"{param} is out of range: {text!r} (times from {EARLIEST.isoformat()} to {LATEST.isoformat()}){unit_hint}",
             where,
         )
     return parsed

@@ -301,7 +301,7 @@ def test_times_outside_what_the_store_holds_are_refused_naming_the_parameter(ser
             assert problem["loc"][1] in window and "out of range" in problem["msg"], (path, problem)
 
 
-def test_an_offset_sent_with_an_unencoded_plus_is_explained(server) -> None:
+def test_an_unencoded_plus_and_a_time_in_nanoseconds_are_explained(server) -> None:
     url, _, _ = server
     with httpx.Client(base_url=url, timeout=60.0) as http:
         # As a shell or a browser sends it: the query string reads the '+' as a space.
@@ -312,6 +312,12 @@ def test_an_offset_sent_with_an_unencoded_plus_is_explained(server) -> None:
         problem["loc"] == ["query", "start"]
         and "must be sent as %2B (or give the time in UTC with Z)" in problem["msg"]
     )
+    with httpx.Client(base_url=url, timeout=60.0) as http:
+        # A recording's ground truth gives nanoseconds: the 422 says so.
+        answer = http.get("/api/v1/summary", params={"start": "1796306790826543231", "end": "1796306869888134145"})
+    (problem,) = answer.json()["detail"]
+    assert problem["loc"] == ["query", "start"]
+    assert problem["msg"].endswith("Unix times are seconds, and this looks like nanoseconds (1796306790.826543231 s)")
 
 
 def test_the_widest_window_allowed_answers_without_a_server_error(server) -> None:
