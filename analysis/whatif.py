@@ -798,9 +798,9 @@ def parse_class_split(text: str) -> tuple[tuple[str, int], ...]:
 def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: float = MAX_CALIBRATION_ERROR) -> WhatIf:
     """Calibrate from the stored window ``[start, end)`` (aware datetimes) and answer
     :func:`what_if`. Raises :class:`WhatIfRefused` (a missing signal, or calibration off), and
-    :class:`WhatIfInputError` naming ``start`` before any row is read when the window holds
+    :class:`WhatIfInputError` before any row is read: naming ``start`` when the window holds
     more than :data:`MAX_SIMULATED_REQUESTS` requests (counted without ``FINAL``: an upper
-    bound)."""
+    bound), ``split_endpoint_classes`` when it leaves out a class the window's requests have."""
     from inferpath.analysis.breakdown import request_filter
     from inferpath.analysis.whatif_calibration import fetch_calibration
 
@@ -812,6 +812,17 @@ def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: floa
             f"the window holds {stored:,} requests, more than the {MAX_SIMULATED_REQUESTS:,} a what-if replays "
             "(about a minute); narrow the window ({start}, {end})",
         )
+    if change.split_classes is not None:  # a class left out is the input's fault: said before calibrating
+        rows = store.query(f"SELECT DISTINCT endpoint_class FROM inferpath_requests WHERE {where}", parameters)
+        classes = sorted(str(row[0]) for row in rows if row[0])
+        missing = [name for name in classes if name not in dict(change.split_classes)]
+        if missing:
+            given = ",".join(f"{name}={count}" for name, count in change.split_classes)
+            raise WhatIfInputError(
+                "split_endpoint_classes",
+                f"the window's requests are of the classes {_literal(', '.join(classes))}: give each its replicas "
+                f"(like {_literal(','.join(f'{name}=1' for name in classes))}), got {_literal(repr(given))}",
+            )
     try:
         calibration = fetch_calibration(store, start, end)
     except InsufficientSignalsError as exc:

@@ -222,7 +222,18 @@ def test_a_stored_window_over_the_bound_is_refused_before_its_rows_are_read(
         store.insert("inferpath_requests", [r.to_insert_row() for r in rows], REQUEST_COLUMNS)
         with pytest.raises(WhatIfInputError, match=r"^start: the window holds 30 requests, more than the 10") as raised:
             predict(store, start, start + timedelta(minutes=1), Change(replicas=2))
-    assert raised.value.param == "start"
+        assert raised.value.param == "start"
+        # A split that leaves out a class of the window is the input's fault, said before calibrating.
+        monkeypatch.setattr(whatif_module, "MAX_SIMULATED_REQUESTS", 1000)
+        bulk = RequestRow(timestamp=start, trace_id="f" * 32, status="ok", endpoint_class="bulk", ttft_ns=1, e2e_ns=2)
+        store.insert("inferpath_requests", [bulk.to_insert_row()], REQUEST_COLUMNS)
+        with pytest.raises(WhatIfInputError) as raised:
+            predict(store, start, start + timedelta(minutes=1), Change(split_classes=(("nosuch", 2),)))
+    assert raised.value.param == "split_endpoint_classes"
+    assert str(raised.value) == (
+        "split_endpoint_classes: the window's requests are of the classes bulk: give each its replicas "
+        "(like bulk=1), got 'nosuch=2'"
+    )
 
 
 def test_the_read_api_names_the_parameter_and_the_cli_its_option_in_the_same_sentence(
