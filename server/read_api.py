@@ -137,7 +137,7 @@ def parse_time(value: str | None, param: str, *, where: str = "query") -> dateti
         parsed: datetime | None = parse_instant(text)
     except TimeOutOfRange as exc:
         parsed = None
-        if "Unix times are seconds" in str(exc):  # a Unix time in ms/µs/ns: say which
+        if "this looks like" in str(exc):  # a Unix time in ms/µs/ns: say which
             unit_hint = "; " + str(exc).split(" is out of range: ", 1)[-1]
     except ValueError as exc:
         hint = ""
