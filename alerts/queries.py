@@ -1,7 +1,6 @@
 """What each rule kind asks the store: parameterized SQL, one evaluation at one instant.
 
-Every query covers ``[at - window, at)`` (requests: started there and ended before ``at``)
-and binds its values server-side (``{name:Type}``);
+Every query covers ``[at - window, at)`` and binds its values server-side (``{name:Type}``);
 the only text placed into SQL is a column name chosen from the whitelists of
 :mod:`inferpath.alerts.rules`. Percentiles are computed over the raw request rows of the
 window (``quantileExactInclusive``, numpy's default interpolation), never by averaging
@@ -44,13 +43,7 @@ __all__ = ["Sample", "evaluate_rule"]
 
 Confidence = Literal["ok", "low", "unknown"]
 
-_RANGE = (
-    "timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
-    " AND addNanoseconds(timestamp, coalesce(e2e_ns, 0)) < {end:DateTime64(9, 'UTC')}"
-)
-"""Requests that started in the window and had ended by its end: a live evaluation sees a
-request's row only once it ended, so a back-test over stored rows must not see it sooner
-(a 60 s TTFT counted at a minute's evaluation before it happened)."""
+_RANGE = "timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
 _METRIC_RANGE = (
     "MetricName = {metric:String} AND TimeUnix >= {start:DateTime64(9, 'UTC')}"
     " AND TimeUnix < {end:DateTime64(9, 'UTC')} AND isFinite(Value)"
