@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -57,6 +59,35 @@ def serve_app():
 
 _XDIST_WORKER_BOOTSTRAP = b"exec(eval(sys.stdin.readline()))"
 """What execnet (pytest-xdist's transport) runs as a worker's command line."""
+
+
+@contextmanager
+def _store_held_by_another_process(folder: Path) -> Iterator[None]:
+    """An embedded store at ``folder`` that another process has open, until the block ends."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from inferpath.storage.store import Store; "
+            f"store = Store.open({'chdb://' + str(folder)!r}); print('open', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
+@pytest.fixture
+def store_held_by_another_process():
+    """``with store_held_by_another_process(folder):`` another process holds the store there."""
+    return _store_held_by_another_process
 
 
 def _yield_cpu_of_other_workers() -> int:

@@ -9,8 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -91,30 +89,9 @@ def test_the_store_driver_adds_no_warning_of_its_own(caplog) -> None:
     assert driver.level == level  # set back when the command ends
 
 
-@contextmanager
-def store_held_by_another_process(folder: Path) -> Iterator[None]:
-    """An embedded store at ``folder`` that another process has open."""
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from inferpath.storage.store import Store; "
-            f"store = Store.open({'chdb://' + str(folder)!r}); print('open', flush=True); sys.stdin.read()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
-        yield
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(timeout=60)
-
-
-def test_a_store_another_process_holds_is_named_in_one_plain_sentence(tmp_path: Path) -> None:
+def test_a_store_another_process_holds_is_named_in_one_plain_sentence(
+    tmp_path: Path, store_held_by_another_process
+) -> None:
     folder = tmp_path / "store"
     store = f"chdb://{folder}"
     with store_held_by_another_process(folder):

@@ -4,33 +4,15 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from inferpath.storage.store import Store, chdb_folder_in_use
 
 
-def test_a_store_another_process_has_open_is_in_use(tmp_path: Path) -> None:
+def test_a_store_another_process_has_open_is_in_use(tmp_path: Path, store_held_by_another_process) -> None:
     folder = tmp_path / "store"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from inferpath.storage.store import Store; "
-            f"store = Store.open({'chdb://' + str(folder)!r}); print('open', flush=True); sys.stdin.read()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+    with store_held_by_another_process(folder):
         assert chdb_folder_in_use(folder)
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(timeout=60)
     assert not chdb_folder_in_use(folder)  # closed: its status file is left, unlocked
 
 
