@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from inferpath.server.recording import PROTOBUF, RecordingError, open_recording
+from inferpath.collectors.recording import PROTOBUF, RecordingError, open_recording
 
 
 def _free_port() -> int:

@@ -184,7 +184,7 @@ def import_cmd(
 
     import httpx
 
-    from inferpath.server.recording import RecordingError, choose_offset_ns, import_recording, open_recording
+    from inferpath.collectors.recording import RecordingError, choose_offset_ns, import_recording, open_recording
 
     if shift not in ("auto", "now", "none"):
         fail(f"--shift must be auto, now or none; got {shift!r}")

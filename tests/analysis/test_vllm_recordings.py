@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from inferpath.analysis import diagnose
+from inferpath.collectors.recording import choose_offset_ns, import_recording, open_recording
 from inferpath.config import Settings
-from inferpath.server.recording import choose_offset_ns, import_recording, open_recording
 from inferpath.server.runtime import serve_in_thread
 
 pytestmark = pytest.mark.e2e

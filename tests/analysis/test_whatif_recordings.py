@@ -39,8 +39,8 @@ from inferpath.analysis.whatif import (
     relative_error,
 )
 from inferpath.analysis.whatif_calibration import fetch_calibration
+from inferpath.collectors.recording import choose_offset_ns, import_recording, open_recording
 from inferpath.config import Settings
-from inferpath.server.recording import choose_offset_ns, import_recording, open_recording
 from inferpath.server.runtime import serve_in_thread
 
 pytestmark = pytest.mark.e2e

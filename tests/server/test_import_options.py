@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inferpath.server.recording import RecordingError, import_recording, open_recording
+from inferpath.collectors.recording import RecordingError, import_recording, open_recording
 
 
 def test_an_unknown_source_is_refused_before_any_body_is_posted(tmp_path: Path) -> None:

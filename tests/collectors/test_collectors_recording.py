@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferpath.cli import app
-from inferpath.server.recording import (
+from inferpath.collectors.recording import (
     RecordingError,
     choose_offset_ns,
     detect_source,
