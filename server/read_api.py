@@ -6,6 +6,9 @@ shape, ``{"detail": [{"loc": ["query", "<param>"], "msg": "...", "type": "value_
 so does a parameter the endpoint does not know (a misspelt ``endpoint-class`` would
 otherwise answer for every endpoint class, as if it had filtered).
 Durations in request rows stay in nanoseconds (``*_ns``); summaries are in seconds.
+
+The SQL lives in storage (:mod:`inferpath.storage.reader`, :mod:`inferpath.storage.hop_rollup`)
+and analysis; this module parses parameters, answers 422s and shapes the JSON.
 """
 
 from __future__ import annotations
@@ -25,12 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from inferpath.server.otlp import MAX_METRIC_NAME_CHARS
 from inferpath.server.services import ALERTS, AlertsService
-from inferpath.storage.hop_rollup import HOP_SLACK, hop_aggregate, hop_plan
-from inferpath.storage.hop_rollup import pairs_sql as hop_pairs_sql
-from inferpath.storage.reader import ROW_FILTERS, row_filter_sql, row_filters
-from inferpath.storage.rollup import QUANTILE_LEVELS as ROLLUP_LEVELS
+from inferpath.storage.hop_rollup import hop_overhead_view
+from inferpath.storage.reader import ROW_FILTERS, fleet_series_rows, gauge_step_rows, latency_view_points, row_filters
 from inferpath.storage.rollup import WindowPlan
-from inferpath.storage.rollup import aggregate as rollup_aggregate
 from inferpath.timespec import TimeOutOfRange, parse_instant
 from inferpath.vocabulary import (
     BATCH_SIZE,
@@ -405,12 +405,7 @@ async def diagnosis(
         chosen = chosen.with_limit("itl", itl_p99_seconds)
     store = runtime.store
     if endpoint is not None:
-        known = await run_in_threadpool(
-            store.query,
-            "SELECT count() FROM inferpath_requests WHERE endpoint = {endpoint:String}",
-            {"endpoint": endpoint},
-        )
-        if not known or not known[0][0]:
+        if not await run_in_threadpool(runtime.reader.has_endpoint, endpoint):
             raise HTTPException(
                 status_code=404,
                 detail=[
@@ -554,11 +549,10 @@ async def flush(request: Request, timeout_seconds: float = Query(30.0, gt=0, le=
 # Read-only views that each answer one dashboard page in one call. Every time series here is
 # downsampled on the server: the step grows until the window holds at most ``max_points``
 # buckets (≤ VIEW_MAX_POINTS), so no plotted series exceeds ~10k points whatever the window.
+# Their queries: storage.reader (latency, gauges, fleet) and storage.hop_rollup (hops).
 
 VIEW_MAX_POINTS = 10_000
 """Upper bound on buckets per series in a view: more than a wide screen has pixels."""
-_VIEW_QUANTILES = (0.5, 0.95, 0.99)
-"""How far past the window a callee's server span may start: it starts after its caller."""
 
 MaxPointsQuery = Query(
     600, ge=1, le=VIEW_MAX_POINTS, description="Most buckets per series; the step grows to stay under it."
@@ -574,111 +568,6 @@ def view_step_seconds(start: datetime, end: datetime, step_seconds: int | None, 
         raise ValueError(f"max_points must be >= 1, got {max_points}")
     duration_seconds = (end - start).total_seconds()
     return max(int(step_seconds or 1), int(-(-duration_seconds // max_points)), 1)
-
-
-def _ns_seconds(value: float | None) -> float | None:
-    if value is None:
-        return None
-    number = float(value)
-    return None if number != number else number / 1e9  # NaN: missing
-
-
-def latency_view_points(
-    store,
-    start: datetime,
-    end: datetime,
-    *,
-    step_seconds: int,
-    endpoint_class: str | None = None,
-    plan: WindowPlan | None = None,
-    columns: dict[str, str] | None = None,
-) -> list[dict]:
-    """Per bucket and endpoint class: request count, error count, and TTFT, ITL and E2E
-    mean / p50 / p95 / p99 in seconds (``None`` where no request measured them).
-
-    TTFT and E2E are the client's when measured, else the gateway's (as ``/timeseries/ttft``);
-    ``errors`` counts rows with status ``error``. Percentiles are exact (R type 7) per bucket,
-    or, given a rollup ``plan`` (:meth:`Reader.rollup_plan`, aligned to ``step_seconds``),
-    merged per-minute DDSketches (within 0.5 % of a value of that rank). ``columns``:
-    service / model / replica filters (:func:`~inferpath.storage.reader.row_filters`), which
-    the rollups cannot apply: with any, ``plan`` must be ``None`` (``ValueError`` otherwise).
-    """
-    if plan is not None:
-        if columns:
-            raise ValueError("columns: the rollups hold no service, model or replica; read the raw rows")
-        return _latency_points_from_rollup(store, plan, step_seconds, endpoint_class)
-    params: dict = {"start": start, "end": end, "step": step_seconds}
-    where = "timestamp >= {start:DateTime64(9, 'UTC')} AND timestamp < {end:DateTime64(9, 'UTC')}"
-    if endpoint_class:
-        where += " AND endpoint_class = {endpoint_class:String}"
-        params["endpoint_class"] = endpoint_class
-    where += row_filter_sql(columns, params)
-    measures = ("ttft", "itl", "e2e")
-    aggregates = ", ".join(f"avg({m}), quantilesExactInclusive{_VIEW_QUANTILES}({m})" for m in measures)
-    sql = (
-        "SELECT toDateTime64(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 0, 'UTC')"
-        " AS bucket, endpoint_class, count(), countIf(status = 'error'), "
-        + aggregates
-        + " FROM (SELECT timestamp, endpoint_class, status,"
-        " coalesce(client_ttft_ns, ttft_ns) AS ttft, itl_ns AS itl,"
-        " coalesce(client_e2e_ns, e2e_ns) AS e2e"
-        f" FROM inferpath_requests FINAL WHERE {where})"
-        " GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class"
-    )
-    points = []
-    for row in store.query(sql, params):
-        bucket, klass, count, errors, *stats = row
-        point = {"bucket": bucket, "endpoint_class": klass, "requests": int(count), "errors": int(errors)}
-        for index, measure in enumerate(measures):
-            avg_ns, quantiles_ns = stats[2 * index], stats[2 * index + 1]
-            point[f"{measure}_avg_seconds"] = _ns_seconds(avg_ns)
-            for q, value in zip(("p50", "p95", "p99"), quantiles_ns or (None,) * 3):
-                # An all-null bucket gives NaN quantiles: missing, not zero.
-                point[f"{measure}_{q}_seconds"] = (
-                    None if point[f"{measure}_avg_seconds"] is None else _ns_seconds(value)
-                )
-        points.append(point)
-    return points
-
-
-def _latency_points_from_rollup(store, plan: WindowPlan, step_seconds: int, endpoint_class: str | None) -> list[dict]:
-    level = {q: ROLLUP_LEVELS.index(q) for q in _VIEW_QUANTILES}
-    measures = {"ttft": "ttft_best", "itl": "itl", "e2e": "e2e_best"}
-    rows = rollup_aggregate(
-        store,
-        plan,
-        measures=measures.values(),
-        step_seconds=step_seconds,
-        filters={"endpoint_class": endpoint_class} if endpoint_class else None,
-    )
-    points = []
-    for row in rows:
-        point = {
-            "bucket": row["bucket"],
-            "endpoint_class": row["endpoint_class"],
-            "requests": row["requests"],
-            "errors": row["errors"],
-        }
-        for name, measure in measures.items():
-            count = row[f"{measure}_count"]
-            point[f"{name}_avg_seconds"] = row[f"{measure}_sum_ns"] / count / 1e9 if count else None
-            for q in _VIEW_QUANTILES:
-                point[f"{name}_p{round(q * 100)}_seconds"] = (
-                    _ns_seconds(row[f"{measure}_q"][level[q]]) if count else None
-                )
-        points.append(point)
-    return points
-
-
-def latency_view_plan(reader, start: datetime, end: datetime, step_seconds: int) -> tuple[int, WindowPlan | None]:
-    """The step and rollup plan of a latency view: a step of a minute or more is rounded up
-    to whole minutes and read from the rollup when :meth:`Reader.rollup_plan` allows it;
-    otherwise the step as given and ``None`` (exact)."""
-    if step_seconds < 60:
-        return step_seconds, None
-    minutes_step = -(-step_seconds // 60) * 60
-    plan = reader.rollup_plan(start, end, step_seconds=minutes_step)
-    return (minutes_step, plan) if plan is not None else (step_seconds, None)
 
 
 @router.get("/views/latency")
@@ -700,7 +589,7 @@ async def latency_view(
     runtime = request.app.state.runtime
     plan: WindowPlan | None = None
     if not columns:
-        step, plan = await _read(latency_view_plan, runtime.reader, start_dt, end_dt, step)
+        step, plan = await _read(runtime.reader.latency_view_plan, start_dt, end_dt, step)
     points = await _read(
         latency_view_points,
         runtime.store,
@@ -798,127 +687,6 @@ async def correlate_view(
     return {"start": start_dt, "end": end_dt, "step_seconds": step, **body}
 
 
-HOP_TRACE_LOOKBACK = timedelta(hours=1)
-"""How long before a window a filtered hop view looks for the requests whose calls it keeps
-(a request's row is stamped with its start; its calls follow)."""
-
-
-def _hop_trace_condition(start: datetime, end: datetime, columns: dict[str, str] | None, params: dict) -> str:
-    """``TraceId IN (...)`` keeping the traces whose request row (stamped from
-    ``start - HOP_TRACE_LOOKBACK`` to ``end``) matches ``columns``; ``""`` without filters."""
-    if not columns:
-        return ""
-    params["hop_requests_start"] = start - HOP_TRACE_LOOKBACK
-    params["hop_requests_end"] = end
-    return (
-        "TraceId IN (SELECT trace_id FROM inferpath_requests FINAL"
-        " WHERE timestamp >= {hop_requests_start:DateTime64(9, 'UTC')}"
-        " AND timestamp < {hop_requests_end:DateTime64(9, 'UTC')}" + row_filter_sql(columns, params) + ")"
-    )
-
-
-def hop_overhead_rows(store, start: datetime, end: datetime, *, columns: dict[str, str] | None = None) -> list[dict]:
-    """Overhead of each hop: caller's CLIENT span − callee's SERVER span of the same call
-    (DESIGN.md's definition; pairing as :mod:`inferpath.storage.hop_rollup` defines it: the
-    server span starts within ``HOP_SLACK`` of the client span), per (caller service, callee
-    service, callee span name), with count, mean, p50, p95, p99 in seconds (exact). Calls
-    whose client span starts in the window.
-
-    One pass groups the window's CLIENT and SERVER spans by call (trace, client span id =
-    server parent id), which is about twice as fast as joining the two sets over a day of
-    spans. When any call holds more than one client or server span (a span exported twice,
-    a retried call), the exact pairs of the join are taken instead, so the answer is the
-    join's either way.
-
-    ``columns``: service / model / replica filters on the request row: only the calls of
-    traces whose request matches (request stamped at most :data:`HOP_TRACE_LOOKBACK` before
-    the window)."""
-    parameters: dict = {
-        "start": start,
-        "end": end,
-        "slack_start": start - HOP_SLACK,
-        "slack_end": end + HOP_SLACK,
-        "slack_ns": int(HOP_SLACK.total_seconds() * 1e9),
-    }
-    trace_condition = _hop_trace_condition(start, end, columns, parameters)
-    trace_sql = f" AND {trace_condition}" if trace_condition else ""
-    calls_sql = (
-        "SELECT caller, callee, callee_span, count(), avg(overhead),"
-        f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead), max(clients * servers)"
-        " FROM (SELECT countIf(is_client) AS clients, countIf(is_server) AS servers,"
-        "  anyIf(ServiceName, is_client) AS caller, anyIf(ServiceName, is_server) AS callee,"
-        "  anyIf(SpanName, is_server) AS callee_span,"
-        "  anyIf(dur, is_client) - anyIf(dur, is_server) AS overhead,"
-        "  anyIf(ts_ns, is_server) - anyIf(ts_ns, is_client) AS lag_ns"
-        "  FROM (SELECT TraceId, SpanId, ParentSpanId, SpanKind, ServiceName, SpanName,"
-        "   toInt64(Duration) AS dur, toUnixTimestamp64Nano(Timestamp) AS ts_ns,"
-        "   SpanKind = 'Client' AND Timestamp >= {start:DateTime64(9, 'UTC')}"
-        "   AND Timestamp < {end:DateTime64(9, 'UTC')} AS is_client, SpanKind = 'Server' AS is_server"
-        "   FROM otel_traces WHERE SpanKind IN ('Client', 'Server')"
-        "   AND Timestamp >= {slack_start:DateTime64(9, 'UTC')} AND Timestamp < {slack_end:DateTime64(9, 'UTC')}"
-        + trace_sql
-        + ")"
-        "  GROUP BY TraceId, if(SpanKind = 'Client', SpanId, ParentSpanId)"
-        # One pair: it counts when the server starts within the slack of the client; more
-        # than one: the join below decides pair by pair.
-        "  HAVING clients >= 1 AND servers >= 1 AND (clients * servers > 1"
-        "   OR (lag_ns >= -{slack_ns:Int64} AND lag_ns < {slack_ns:Int64})))"
-        " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
-    )
-    rows = store.query(calls_sql, parameters)
-    if all(int(row[-1]) == 1 for row in rows):
-        return [_hop_row(*row[:-1]) for row in rows]
-    return hop_overhead_rows_joined(store, start, end, columns=columns)
-
-
-def hop_overhead_rows_joined(
-    store, start: datetime, end: datetime, *, columns: dict[str, str] | None = None
-) -> list[dict]:
-    """:func:`hop_overhead_rows` by joining every CLIENT span of the window with its callee's
-    SERVER spans: the definition, counting each (client, server) pair."""
-    parameters: dict = {"start": start, "end": end, "slack_ns": int(HOP_SLACK.total_seconds() * 1e9)}
-    trace_condition = _hop_trace_condition(start, end, columns, parameters)
-    sql = (
-        f"SELECT caller, callee, callee_span, count(), avg(overhead),"
-        f" quantilesExactInclusive{_VIEW_QUANTILES}(overhead) FROM "
-        + hop_pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}", trace_condition)
-        + " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
-    )
-    return [_hop_row(*row) for row in store.query(sql, parameters)]
-
-
-def hop_overhead_view(
-    store,
-    start: datetime,
-    end: datetime,
-    *,
-    rollup_min_window_seconds: float | None = None,
-    columns: dict[str, str] | None = None,
-) -> tuple[list[dict], str]:
-    """``(rows, percentiles)``: :func:`hop_overhead_rows` (``"exact"``) for windows shorter
-    than ``rollup_min_window_seconds`` (or with it ``None``, or before the hop rollup's first
-    pass), else the same rows from the per-minute hop rollup with the window's ragged edges
-    and recent minutes paired from raw spans (``"ddsketch"``: counts and means exact,
-    percentiles within 0.5 % of a value of that rank; :mod:`inferpath.storage.hop_rollup`).
-    With ``columns`` (service / model / replica filters) always the raw spans (``"exact"``):
-    the hop rollup holds no request columns."""
-    plan = None if columns else hop_plan(store, start, end, min_window_seconds=rollup_min_window_seconds)
-    if plan is None:
-        return hop_overhead_rows(store, start, end, columns=columns), "exact"
-    return [_hop_row(*row) for row in hop_aggregate(store, plan, _VIEW_QUANTILES)], "ddsketch"
-
-
-def _hop_row(caller: str, callee: str, span: str, count: int, avg_ns: float, quantiles: list) -> dict:
-    return {
-        "caller_service": caller,
-        "callee_service": callee,
-        "callee_span": span,
-        "count": int(count),
-        "avg_seconds": _ns_seconds(avg_ns),
-        **{f"{q}_seconds": _ns_seconds(v) for q, v in zip(("p50", "p95", "p99"), quantiles)},
-    }
-
-
 def breakdown_view_body(
     store,
     start: datetime,
@@ -932,7 +700,8 @@ def breakdown_view_body(
     (:func:`inferpath.analysis.breakdown.breakdown_by_band`, ``*_ns`` means and ratios, exact)
     over the ``ok`` requests of the window, computed inside the store
     (:func:`inferpath.analysis.band_query.fetch_breakdown_bands`), and the hop overheads
-    (:func:`hop_overhead_view`; ``hop_percentiles`` says ``exact`` or ``ddsketch``).
+    (:func:`~inferpath.storage.hop_rollup.hop_overhead_view`; ``hop_percentiles`` says
+    ``exact`` or ``ddsketch``).
     ``columns``: service / model / replica filters on the request rows; the hops then are
     those of the matching requests' traces, paired from raw spans (``exact``). The hops do
     not take ``endpoint_class``."""
@@ -974,43 +743,6 @@ async def breakdown_view(
         columns=columns,
     )
     return {"start": start_dt, "end": end_dt, **body}
-
-
-def fleet_series_rows(store, start: datetime, end: datetime) -> list[dict]:
-    """Every canonical signal series with samples in the window, one row per
-    (signal, service, attributes): samples, last time and value, min, mean, max. Gauges
-    from ``otel_metrics_gauge``, counters (``preemptions_total``) from ``otel_metrics_sum``
-    with ``increase`` = last − first (resets not handled: an estimate for a table)."""
-    out = []
-    for table, kind in (("otel_metrics_gauge", "gauge"), ("otel_metrics_sum", "sum")):
-        names = [name for name, signal in SIGNALS.items() if signal.kind == kind]
-        sql = (
-            "SELECT MetricName, ServiceName, Attributes, count(), max(TimeUnix),"
-            " argMax(Value, TimeUnix), argMin(Value, TimeUnix), min(Value), avg(Value), max(Value)"
-            f" FROM {table} WHERE MetricName IN {{names:Array(String)}}"
-            " AND TimeUnix >= {start:DateTime64(9, 'UTC')} AND TimeUnix < {end:DateTime64(9, 'UTC')}"
-            " GROUP BY MetricName, ServiceName, Attributes"
-            " ORDER BY ServiceName, toString(Attributes), MetricName"
-        )
-        for name, service, attributes, count, last_time, last, first, low, mean, high in store.query(
-            sql, {"names": names, "start": start, "end": end}
-        ):
-            row = {
-                "signal": name,
-                "kind": kind,
-                "service_name": service,
-                "attributes": dict(attributes),
-                "samples": int(count),
-                "last_time": last_time,
-                "last_value": float(last),
-                "min_value": float(low),
-                "avg_value": float(mean),
-                "max_value": float(high),
-            }
-            if kind == "sum":
-                row["increase"] = float(last) - float(first)
-            out.append(row)
-    return out
 
 
 @router.get("/views/fleet")
@@ -1148,21 +880,12 @@ def signals_view_body(store, start: datetime, end: datetime, *, step_seconds: in
     any sample in the window is absent from ``signals``."""
     from inferpath.analysis.signals import COMBINE
 
-    sql = (
-        "SELECT MetricName, toDateTime64(intDiv(toUnixTimestamp(TimeUnix), {step:UInt32}) * {step:UInt32}, 0, 'UTC')"
-        " AS bucket, ServiceName, Attributes, max(Value), avg(Value), max(TimeUnix)"
-        " FROM otel_metrics_gauge WHERE MetricName IN {names:Array(String)}"
-        " AND TimeUnix >= {start:DateTime64(9, 'UTC')} AND TimeUnix < {end:DateTime64(9, 'UTC')}"
-        " GROUP BY MetricName, bucket, ServiceName, Attributes ORDER BY MetricName, bucket"
-    )
     grouped: dict[str, dict] = {}
-    for name, bucket, service, attributes, high, mean, last in store.query(
-        sql, {"names": list(SIGNAL_VIEW_METRICS), "start": start, "end": end, "step": step_seconds}
-    ):
-        signal = grouped.setdefault(name, {"series": set(), "last_time": last, "steps": {}})
-        signal["series"].add((service, tuple(sorted(dict(attributes).items()))))
-        signal["last_time"] = max(signal["last_time"], last)
-        signal["steps"].setdefault(bucket, []).append((float(high), float(mean)))
+    for row in gauge_step_rows(store, SIGNAL_VIEW_METRICS, start, end, step_seconds=step_seconds):
+        signal = grouped.setdefault(row["signal"], {"series": set(), "last_time": row["last_time"], "steps": {}})
+        signal["series"].add((row["service_name"], tuple(sorted(row["attributes"].items()))))
+        signal["last_time"] = max(signal["last_time"], row["last_time"])
+        signal["steps"].setdefault(row["bucket"], []).append((row["max_value"], row["avg_value"]))
     out = {}
     for name, signal in grouped.items():
         combine = COMBINE[name]

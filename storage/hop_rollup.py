@@ -27,7 +27,10 @@ written by the OpenTelemetry Collector straight into ClickHouse) are not seen: e
 
 Reads (:func:`hop_plan`, :func:`hop_aggregate`): whole minutes of the window before the
 horizon (the watermark floored to the minute) come from the rollup, the ragged edges and
-the recent minutes are paired from raw spans and sketched in the same query.
+the recent minutes are paired from raw spans and sketched in the same query. The Breakdown
+view reads through :func:`hop_overhead_view`: the rollup for wide windows, else the exact
+pairing of raw spans (:func:`hop_overhead_rows`), which also serves service / model /
+replica filters (the rollup holds no request columns).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from inferpath.storage.reader import VIEW_QUANTILES, _seconds, row_filter_sql
 from inferpath.storage.rollup import (
     DEFAULT_MARGIN_SECONDS,
     RELATIVE_ACCURACY,
@@ -212,12 +216,141 @@ def hop_aggregate(store, plan: WindowPlan, levels: Sequence[float]) -> list[tupl
     ]
 
 
+# ----------------------------------------------------------------------------- the hop view
+HOP_TRACE_LOOKBACK = timedelta(hours=1)
+"""How long before a window a filtered hop view looks for the requests whose calls it keeps
+(a request's row is stamped with its start; its calls follow)."""
+
+
+def _hop_trace_condition(start: datetime, end: datetime, columns: dict[str, str] | None, params: dict) -> str:
+    """``TraceId IN (...)`` keeping the traces whose request row (stamped from
+    ``start - HOP_TRACE_LOOKBACK`` to ``end``) matches ``columns``; ``""`` without filters."""
+    if not columns:
+        return ""
+    params["hop_requests_start"] = start - HOP_TRACE_LOOKBACK
+    params["hop_requests_end"] = end
+    return (
+        "TraceId IN (SELECT trace_id FROM inferpath_requests FINAL"
+        " WHERE timestamp >= {hop_requests_start:DateTime64(9, 'UTC')}"
+        " AND timestamp < {hop_requests_end:DateTime64(9, 'UTC')}" + row_filter_sql(columns, params) + ")"
+    )
+
+
+def hop_overhead_rows(store, start: datetime, end: datetime, *, columns: dict[str, str] | None = None) -> list[dict]:
+    """Overhead of each hop: caller's CLIENT span − callee's SERVER span of the same call
+    (DESIGN.md's definition; pairing as this module defines it: the server span starts
+    within :data:`HOP_SLACK` of the client span), per (caller service, callee service,
+    callee span name), ordered by them: dicts with ``caller_service``, ``callee_service``,
+    ``callee_span``, ``count``, ``avg_seconds``, ``p50_seconds``, ``p95_seconds``,
+    ``p99_seconds`` (exact). Calls whose client span starts in the window.
+
+    One pass groups the window's CLIENT and SERVER spans by call (trace, client span id =
+    server parent id), which is about twice as fast as joining the two sets over a day of
+    spans. When any call holds more than one client or server span (a span exported twice,
+    a retried call), the exact pairs of the join (:func:`hop_overhead_rows_joined`) are
+    taken instead, so the answer is the join's either way.
+
+    ``columns``: service / model / replica filters on the request row
+    (:func:`~inferpath.storage.reader.row_filters`): only the calls of traces whose request
+    matches (request stamped at most :data:`HOP_TRACE_LOOKBACK` before the window)."""
+    parameters: dict = {
+        "start": start,
+        "end": end,
+        "slack_start": start - HOP_SLACK,
+        "slack_end": end + HOP_SLACK,
+        "slack_ns": _slack_ns(),
+    }
+    trace_condition = _hop_trace_condition(start, end, columns, parameters)
+    trace_sql = f" AND {trace_condition}" if trace_condition else ""
+    calls_sql = (
+        "SELECT caller, callee, callee_span, count(), avg(overhead),"
+        f" quantilesExactInclusive{VIEW_QUANTILES}(overhead), max(clients * servers)"
+        " FROM (SELECT countIf(is_client) AS clients, countIf(is_server) AS servers,"
+        "  anyIf(ServiceName, is_client) AS caller, anyIf(ServiceName, is_server) AS callee,"
+        "  anyIf(SpanName, is_server) AS callee_span,"
+        "  anyIf(dur, is_client) - anyIf(dur, is_server) AS overhead,"
+        "  anyIf(ts_ns, is_server) - anyIf(ts_ns, is_client) AS lag_ns"
+        "  FROM (SELECT TraceId, SpanId, ParentSpanId, SpanKind, ServiceName, SpanName,"
+        "   toInt64(Duration) AS dur, toUnixTimestamp64Nano(Timestamp) AS ts_ns,"
+        "   SpanKind = 'Client' AND Timestamp >= {start:DateTime64(9, 'UTC')}"
+        "   AND Timestamp < {end:DateTime64(9, 'UTC')} AS is_client, SpanKind = 'Server' AS is_server"
+        "   FROM otel_traces WHERE SpanKind IN ('Client', 'Server')"
+        "   AND Timestamp >= {slack_start:DateTime64(9, 'UTC')} AND Timestamp < {slack_end:DateTime64(9, 'UTC')}"
+        + trace_sql
+        + ")"
+        "  GROUP BY TraceId, if(SpanKind = 'Client', SpanId, ParentSpanId)"
+        # One pair: it counts when the server starts within the slack of the client; more
+        # than one: the join below decides pair by pair.
+        "  HAVING clients >= 1 AND servers >= 1 AND (clients * servers > 1"
+        "   OR (lag_ns >= -{slack_ns:Int64} AND lag_ns < {slack_ns:Int64})))"
+        " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
+    )
+    rows = store.query(calls_sql, parameters)
+    if all(int(row[-1]) == 1 for row in rows):
+        return [_hop_row(*row[:-1]) for row in rows]
+    return hop_overhead_rows_joined(store, start, end, columns=columns)
+
+
+def hop_overhead_rows_joined(
+    store, start: datetime, end: datetime, *, columns: dict[str, str] | None = None
+) -> list[dict]:
+    """:func:`hop_overhead_rows` by joining every CLIENT span of the window with its callee's
+    SERVER spans (:func:`pairs_sql`): the definition, counting each (client, server) pair."""
+    parameters: dict = {"start": start, "end": end, "slack_ns": _slack_ns()}
+    trace_condition = _hop_trace_condition(start, end, columns, parameters)
+    sql = (
+        f"SELECT caller, callee, callee_span, count(), avg(overhead),"
+        f" quantilesExactInclusive{VIEW_QUANTILES}(overhead) FROM "
+        + pairs_sql("{start:DateTime64(9, 'UTC')}", "{end:DateTime64(9, 'UTC')}", trace_condition)
+        + " GROUP BY caller, callee, callee_span ORDER BY caller, callee, callee_span"
+    )
+    return [_hop_row(*row) for row in store.query(sql, parameters)]
+
+
+def hop_overhead_view(
+    store,
+    start: datetime,
+    end: datetime,
+    *,
+    rollup_min_window_seconds: float | None = None,
+    columns: dict[str, str] | None = None,
+) -> tuple[list[dict], str]:
+    """``(rows, percentiles)``: :func:`hop_overhead_rows` (``"exact"``) for windows shorter
+    than ``rollup_min_window_seconds`` (or with it ``None``, or before the hop rollup's first
+    pass), else the same rows from the per-minute hop rollup (:func:`hop_plan`,
+    :func:`hop_aggregate`) with the window's ragged edges and recent minutes paired from raw
+    spans (``"ddsketch"``: counts and means exact, percentiles within 0.5 % of a value of
+    that rank). With ``columns`` (service / model / replica filters) always the raw spans
+    (``"exact"``): the hop rollup holds no request columns."""
+    plan = None if columns else hop_plan(store, start, end, min_window_seconds=rollup_min_window_seconds)
+    if plan is None:
+        return hop_overhead_rows(store, start, end, columns=columns), "exact"
+    return [_hop_row(*row) for row in hop_aggregate(store, plan, VIEW_QUANTILES)], "ddsketch"
+
+
+def _hop_row(caller: str, callee: str, span: str, count: int, avg_ns: float, quantiles: list) -> dict:
+    """One row of the hop view from ``(caller, callee, callee_span, count, mean ns,
+    [p50, p95, p99 ns])``: durations in seconds (``None`` for a NaN)."""
+    return {
+        "caller_service": caller,
+        "callee_service": callee,
+        "callee_span": span,
+        "count": int(count),
+        "avg_seconds": _seconds(avg_ns),
+        **{f"{q}_seconds": _seconds(v) for q, v in zip(("p50", "p95", "p99"), quantiles)},
+    }
+
+
 __all__ = [
     "HOP_SLACK",
     "HOP_STATE_NAME",
     "HOP_TABLE",
+    "HOP_TRACE_LOOKBACK",
     "hop_aggregate",
     "hop_horizon",
+    "hop_overhead_rows",
+    "hop_overhead_rows_joined",
+    "hop_overhead_view",
     "hop_plan",
     "hop_watermark",
     "pairs_sql",

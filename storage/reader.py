@@ -8,12 +8,17 @@ ranges are half-open ``[start, end)`` on the row's timestamp and at most
 Percentiles are exact: ClickHouse ``quantilesExactInclusive``, i.e. linear interpolation
 between closest ranks over ``n - 1`` (R type 7, Excel ``PERCENTILE.INC``, NumPy's default
 ``method="linear"``), so the numbers match ``numpy.percentile`` on the same values.
+
+The dashboard views' queries (:func:`latency_view_points`, :func:`gauge_step_rows`,
+:func:`fleet_series_rows`) are module functions over a store: they take any aware window,
+the read API bounding their buckets by its ``max_points`` instead of the range.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -21,12 +26,14 @@ from inferpath.storage.rollup import QUANTILE_LEVELS, WindowPlan, aggregate, pla
 from inferpath.storage.rollup import horizon as rollup_horizon
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store, ensure_aware
-from inferpath.vocabulary import REQUEST_MEASURES
+from inferpath.vocabulary import REQUEST_MEASURES, SIGNALS
 
 MAX_RANGE = timedelta(days=31)
 MAX_LIMIT = 10_000
 MAX_BUCKETS = 10_000
 MAX_STEP_SECONDS = 86_400
+VIEW_QUANTILES = (0.5, 0.95, 0.99)
+"""The percentiles the dashboard views report (``p50``, ``p95``, ``p99``): latency and hops."""
 
 
 _NS_PER_SECOND = 1e9
@@ -107,6 +114,16 @@ class Reader:
             hourly=step_seconds is None or step_seconds % 3600 == 0,
         )
         return plan if plan.rollup is not None else None
+
+    def latency_view_plan(self, start: datetime, end: datetime, step_seconds: int) -> tuple[int, WindowPlan | None]:
+        """The step and rollup plan of a latency view (:func:`latency_view_points`): a step
+        of a minute or more is rounded up to whole minutes and read from the rollup when
+        :meth:`rollup_plan` allows it; otherwise the step as given and ``None`` (exact)."""
+        if step_seconds < 60:
+            return step_seconds, None
+        minutes_step = -(-step_seconds // 60) * 60
+        plan = self.rollup_plan(start, end, step_seconds=minutes_step)
+        return (minutes_step, plan) if plan is not None else (step_seconds, None)
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -270,6 +287,13 @@ class Reader:
                 }
             )
         return int(request_count), out
+
+    def has_endpoint(self, endpoint: str) -> bool:
+        """Whether any request row of ``endpoint`` (exact match) is stored, at any time."""
+        rows = self.store.query(
+            "SELECT count() FROM inferpath_requests WHERE endpoint = {endpoint:String}", {"endpoint": endpoint}
+        )
+        return bool(rows and rows[0][0])
 
     def request_count(
         self,
@@ -462,3 +486,166 @@ class Reader:
             " ORDER BY timestamp, rule, fingerprint LIMIT {limit:UInt32}"
         )
         return self.store.query_dicts(sql, {"start": start_utc, "end": end_utc, "limit": limit})
+
+
+# ---------------------------------------------------------------------------- dashboard views
+def latency_view_points(
+    store: Store,
+    start: datetime,
+    end: datetime,
+    *,
+    step_seconds: int,
+    endpoint_class: str | None = None,
+    plan: WindowPlan | None = None,
+    columns: dict[str, str] | None = None,
+) -> list[dict]:
+    """Per bucket and endpoint class, ordered by them: dicts with ``bucket`` (aware UTC
+    datetime, the bucket's start; buckets ``step_seconds`` wide, aligned to the Unix epoch),
+    ``endpoint_class``, ``requests``, ``errors``, and for ``ttft``, ``itl`` and ``e2e`` the
+    ``{measure}_avg_seconds``, ``_p50_seconds``, ``_p95_seconds``, ``_p99_seconds``
+    (``None`` where no request of the bucket measured it).
+
+    TTFT and E2E are the client's when measured, else the gateway's (as
+    :meth:`Reader.ttft_timeseries`); ``errors`` counts rows with status ``error``.
+    Percentiles are exact (R type 7) per bucket, or, given a rollup ``plan``
+    (:meth:`Reader.latency_view_plan`, aligned to ``step_seconds``), merged per-minute
+    DDSketches (within 0.5 % of a value of that rank). ``columns``: service / model /
+    replica filters (:func:`row_filters`), which the rollups cannot apply: with any,
+    ``plan`` must be ``None`` (``ValueError`` otherwise).
+    """
+    if plan is not None:
+        if columns:
+            raise ValueError("columns: the rollups hold no service, model or replica; read the raw rows")
+        return _latency_points_from_rollup(store, plan, step_seconds, endpoint_class)
+    params: dict = {"start": start, "end": end, "step": step_seconds}
+    where = _REQUESTS_RANGE
+    if endpoint_class:
+        where += " AND endpoint_class = {endpoint_class:String}"
+        params["endpoint_class"] = endpoint_class
+    where += row_filter_sql(columns, params)
+    measures = ("ttft", "itl", "e2e")
+    aggregates = ", ".join(f"avg({m}), quantilesExactInclusive{VIEW_QUANTILES}({m})" for m in measures)
+    sql = (
+        "SELECT toDateTime64(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 0, 'UTC')"
+        " AS bucket, endpoint_class, count(), countIf(status = 'error'), "
+        + aggregates
+        + " FROM (SELECT timestamp, endpoint_class, status,"
+        " coalesce(client_ttft_ns, ttft_ns) AS ttft, itl_ns AS itl,"
+        " coalesce(client_e2e_ns, e2e_ns) AS e2e"
+        f" {_REQUESTS_FROM} WHERE {where})"
+        " GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class"
+    )
+    points = []
+    for row in store.query(sql, params):
+        bucket, klass, count, errors, *stats = row
+        point = {"bucket": bucket, "endpoint_class": klass, "requests": int(count), "errors": int(errors)}
+        for index, measure in enumerate(measures):
+            avg_ns, quantiles_ns = stats[2 * index], stats[2 * index + 1]
+            point[f"{measure}_avg_seconds"] = _seconds(avg_ns)
+            for q, value in zip(("p50", "p95", "p99"), quantiles_ns or (None,) * 3):
+                # An all-null bucket gives NaN quantiles: missing, not zero.
+                point[f"{measure}_{q}_seconds"] = None if point[f"{measure}_avg_seconds"] is None else _seconds(value)
+        points.append(point)
+    return points
+
+
+def _latency_points_from_rollup(
+    store: Store, plan: WindowPlan, step_seconds: int, endpoint_class: str | None
+) -> list[dict]:
+    """:func:`latency_view_points` from the request rollups (:func:`~inferpath.storage.rollup.aggregate`)."""
+    level = {q: QUANTILE_LEVELS.index(q) for q in VIEW_QUANTILES}
+    measures = {"ttft": "ttft_best", "itl": "itl", "e2e": "e2e_best"}
+    rows = aggregate(
+        store,
+        plan,
+        measures=measures.values(),
+        step_seconds=step_seconds,
+        filters={"endpoint_class": endpoint_class} if endpoint_class else None,
+    )
+    points = []
+    for row in rows:
+        point = {
+            "bucket": row["bucket"],
+            "endpoint_class": row["endpoint_class"],
+            "requests": row["requests"],
+            "errors": row["errors"],
+        }
+        for name, measure in measures.items():
+            count = row[f"{measure}_count"]
+            point[f"{name}_avg_seconds"] = row[f"{measure}_sum_ns"] / count / _NS_PER_SECOND if count else None
+            for q in VIEW_QUANTILES:
+                point[f"{name}_p{round(q * 100)}_seconds"] = _seconds(row[f"{measure}_q"][level[q]]) if count else None
+        points.append(point)
+    return points
+
+
+def gauge_step_rows(
+    store: Store, metrics: Sequence[str], start: datetime, end: datetime, *, step_seconds: int
+) -> list[dict]:
+    """Per gauge of ``metrics`` (``otel_metrics_gauge`` names), step and series (service,
+    attributes), ordered by metric and step: dicts with ``signal``, ``bucket`` (aware UTC
+    datetime, the step's start; steps ``step_seconds`` wide, aligned to the Unix epoch),
+    ``service_name``, ``attributes`` (dict), ``max_value`` and ``avg_value`` (of the
+    series' samples in the step, the metric's unit), ``last_time`` (its last sample's time).
+    A step without a sample of a series has no row."""
+    sql = (
+        "SELECT MetricName, toDateTime64(intDiv(toUnixTimestamp(TimeUnix), {step:UInt32}) * {step:UInt32}, 0, 'UTC')"
+        " AS bucket, ServiceName, Attributes, max(Value), avg(Value), max(TimeUnix)"
+        " FROM otel_metrics_gauge WHERE MetricName IN {names:Array(String)}"
+        " AND TimeUnix >= {start:DateTime64(9, 'UTC')} AND TimeUnix < {end:DateTime64(9, 'UTC')}"
+        " GROUP BY MetricName, bucket, ServiceName, Attributes ORDER BY MetricName, bucket"
+    )
+    return [
+        {
+            "signal": name,
+            "bucket": bucket,
+            "service_name": service,
+            "attributes": dict(attributes),
+            "max_value": float(high),
+            "avg_value": float(mean),
+            "last_time": last,
+        }
+        for name, bucket, service, attributes, high, mean, last in store.query(
+            sql, {"names": list(metrics), "start": start, "end": end, "step": step_seconds}
+        )
+    ]
+
+
+def fleet_series_rows(store: Store, start: datetime, end: datetime) -> list[dict]:
+    """Every canonical signal series (:data:`~inferpath.vocabulary.SIGNALS`) with samples in
+    ``[start, end)``, one dict per (signal, service, attributes), gauges first, each kind
+    ordered by service, attributes, signal: ``signal``, ``kind`` (``gauge`` / ``sum``),
+    ``service_name``, ``attributes`` (dict), ``samples``, ``last_time``, ``last_value``,
+    ``min_value``, ``avg_value``, ``max_value`` (the signal's unit). Gauges from
+    ``otel_metrics_gauge``, counters (``preemptions_total``) from ``otel_metrics_sum`` with
+    ``increase`` = last − first (resets not handled: an estimate for a table)."""
+    out = []
+    for table, kind in (("otel_metrics_gauge", "gauge"), ("otel_metrics_sum", "sum")):
+        names = [name for name, signal in SIGNALS.items() if signal.kind == kind]
+        sql = (
+            "SELECT MetricName, ServiceName, Attributes, count(), max(TimeUnix),"
+            " argMax(Value, TimeUnix), argMin(Value, TimeUnix), min(Value), avg(Value), max(Value)"
+            f" FROM {table} WHERE MetricName IN {{names:Array(String)}}"
+            " AND TimeUnix >= {start:DateTime64(9, 'UTC')} AND TimeUnix < {end:DateTime64(9, 'UTC')}"
+            " GROUP BY MetricName, ServiceName, Attributes"
+            " ORDER BY ServiceName, toString(Attributes), MetricName"
+        )
+        for name, service, attributes, count, last_time, last, first, low, mean, high in store.query(
+            sql, {"names": names, "start": start, "end": end}
+        ):
+            row = {
+                "signal": name,
+                "kind": kind,
+                "service_name": service,
+                "attributes": dict(attributes),
+                "samples": int(count),
+                "last_time": last_time,
+                "last_value": float(last),
+                "min_value": float(low),
+                "avg_value": float(mean),
+                "max_value": float(high),
+            }
+            if kind == "sum":
+                row["increase"] = float(last) - float(first)
+            out.append(row)
+    return out

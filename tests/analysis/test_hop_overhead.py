@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from fault_scenarios import MS, T0, WINDOW
 
-from inferpath.server.read_api import hop_overhead_rows, hop_overhead_rows_joined
+from inferpath.storage.hop_rollup import hop_overhead_rows, hop_overhead_rows_joined
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from inferpath.config import Settings
-from inferpath.server.read_api import hop_overhead_rows, hop_overhead_view
 from inferpath.server.runtime import serve_in_thread
 from inferpath.storage import hop_rollup
+from inferpath.storage.hop_rollup import hop_overhead_rows, hop_overhead_view
 from inferpath.storage.refresher import RollupRefresher
 from inferpath.storage.rollup import RELATIVE_ACCURACY
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, RequestRow, SpanRow
