@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry.trace import Span
-
 STAGE = "inferpath.stage"
 ENDPOINT = "inferpath.endpoint"
 ENDPOINT_CLASS = "inferpath.endpoint_class"
@@ -161,11 +159,3 @@ def coerce_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
         if coerced is not None:
             out[key] = coerced
     return out
-
-
-def set_attributes_safely(span: Span, attributes: dict[str, Any]) -> None:
-    """Set attributes, swallowing telemetry errors (never raise into the request path)."""
-    try:
-        span.set_attributes(attributes)
-    except Exception:  # pragma: no cover - SDK failure
-        pass

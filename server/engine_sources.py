@@ -78,7 +78,6 @@ ENGINE_E2E = "gen_ai.latency.e2e"
 ENGINE_QUEUE = "gen_ai.latency.time_in_queue"
 ENGINE_PREFILL = "gen_ai.latency.time_in_model_prefill"
 ENGINE_DECODE = "gen_ai.latency.time_in_model_decode"
-ENGINE_INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
 ENGINE_OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
 
 # --------------------------------------------------------------------------- SGLang
@@ -96,7 +95,6 @@ TGI_VALIDATION_TIME = "validation_time"
 TGI_QUEUE_TIME = "queue_time"
 TGI_INFERENCE_TIME = "inference_time"
 TGI_TIME_PER_TOKEN = "time_per_token"
-TGI_TIMINGS = (TGI_TOTAL_TIME, TGI_VALIDATION_TIME, TGI_QUEUE_TIME, TGI_INFERENCE_TIME, TGI_TIME_PER_TOKEN)
 TGI_QUEUED_SPAN = "queued"
 TGI_STEP_SPAN = "infer"
 TGI_SEND_SPAN = "send_generation"
