@@ -200,14 +200,24 @@ def ask(
     import httpx
 
     with server_for(server, store, fallback_to_default_store=True, json_output=json_output) as (url, headers):
+        shown = shown_store_url(url)
         try:
-            return httpx.request(
+            response = httpx.request(
                 method, f"{url}{path}", params=params, json=json_body, headers=headers, timeout=timeout_seconds
             )
         except httpx.HTTPError as exc:
-            shown = shown_store_url(url)
             fail(f"the inferpath server at {shown} did not answer: {str(exc).replace(url, shown)}", json_output)
             raise
+    # The read API answers JSON, refusals included: anything else is another program on that port.
+    if response.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        fail(
+            f"{shown} is not an inferpath server: it answered {method} {path} with "
+            f"{response.status_code} {response.reason_phrase or ''}".rstrip()
+            + f" ({response.headers.get('content-type') or 'no content type'}); give --server the address "
+            f"`inferpath up` printed (by default {SERVER_URL_EXAMPLE}), not the dashboard's",
+            json_output,
+        )
+    return response
 
 
 def refusal_text(response: httpx.Response) -> str:

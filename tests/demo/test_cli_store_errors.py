@@ -205,3 +205,22 @@ def test_a_printed_store_url_hides_only_the_password(url: str, shown: str) -> No
     from inferpath.server_access import shown_store_url
 
     assert shown_store_url(url) == shown
+
+
+@pytest.mark.parametrize("command", list(READ_ONLY.values()), ids=list(READ_ONLY))
+def test_a_server_url_of_another_program_is_named_not_a_traceback(command) -> None:
+    """The dashboard's port given as --server: a real HTTP server that is not the read API."""
+    import http.server
+    import threading
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{other.server_address[1]}"
+            result = runner.invoke(app, [*command, "--server", url], env=NO_SERVER)
+        finally:
+            other.shutdown()
+    assert result.exit_code == 2, result.output
+    assert f"{url} is not an inferpath server" in said(result)
+    assert "give --server the address" in said(result)
+    assert "Traceback" not in result.output and "JSONDecodeError" not in result.output
