@@ -27,6 +27,7 @@ import json
 import re
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -94,7 +95,7 @@ def open_recording(path: str | Path, *, workdir: str | Path | None = None) -> Re
     tarball is unpacked under ``workdir`` (default: a new temporary folder). Raises
     :class:`RecordingError` for a missing path, an unsafe or unreadable archive, or a folder
     with neither scrapes nor trace bodies."""
-    root = Path(path)
+    root = given = Path(path)
     if not root.exists():
         raise RecordingError(f"{root}: no such file or folder")
     if root.is_file():
@@ -124,16 +125,22 @@ def open_recording(path: str | Path, *, workdir: str | Path | None = None) -> Re
     recording.trace_files.sort(key=lambda f: (TRACE_FOLDERS.index(f.parent.name), f.name))
     if not recording.scrapes and not recording.trace_files:
         raise RecordingError(
-            f"{root}: no scrapes (metrics_<unix_ns>.prom, *.om) and no OTLP trace bodies (otlp/*.pb, otlp/*.json) found"
+            f"{given}: no scrapes (metrics_<unix_ns>.prom, *.om) and no OTLP trace bodies (otlp/*.pb, otlp/*.json) found"
         )
     return recording
 
 
 def _unpack(archive: Path, into: Path) -> Path:
+    if archive.stat().st_size == 0:
+        raise RecordingError(f"{archive}: the archive is empty")
     into.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(archive) as tar:
             tar.extractall(into, filter="data")  # refuses absolute paths, .. and links out of `into`
+    except tarfile.ReadError:
+        raise RecordingError(f"{archive}: not a tar archive (or a damaged one)") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        raise RecordingError(f"{archive}: the archive is cut short or damaged; copy it again") from None
     except (tarfile.TarError, OSError) as exc:
         raise RecordingError(f"{archive}: cannot unpack ({exc})") from None
     entries = [p for p in into.iterdir()]

@@ -180,18 +180,25 @@ def import_cmd(
 ) -> None:
     """Load a recorded incident (scrapes with their times, OTLP trace bodies) so that
     `inferpath diagnose` can judge it afterwards."""
+    import tempfile
+
+    if shift not in ("auto", "now", "none"):
+        fail(f"--shift must be auto, now or none; got {shift!r}")
+    if source is not None and source not in SOURCES:  # before anything is read or written
+        fail(f"--source must be one of {', '.join(SOURCES)}; got {source!r}")
+    with tempfile.TemporaryDirectory(prefix="inferpath-recording-") as unpacked:  # an archive's copy, removed
+        _import(path, Path(unpacked), server, store, shift, source)
+
+
+def _import(path: Path, unpacked: Path, server: str | None, store: str | None, shift: str, source: str | None) -> None:
     import time
 
     import httpx
 
     from inferpath.collectors.recording import RecordingError, choose_offset_ns, import_recording, open_recording
 
-    if shift not in ("auto", "now", "none"):
-        fail(f"--shift must be auto, now or none; got {shift!r}")
-    if source is not None and source not in SOURCES:  # before anything is read or written
-        fail(f"--source must be one of {', '.join(SOURCES)}; got {source!r}")
     try:
-        recording = open_recording(path)
+        recording = open_recording(path, workdir=unpacked)
     except RecordingError as exc:
         fail(f"cannot read the recording: {exc}")
     settings = command_settings(server_url=server, store_url=store)

@@ -107,3 +107,42 @@ def test_inferpath_import_then_diagnose_on_the_store(tmp_path: Path, shared_data
     assert body["current_requests"] == 121
     missing = runner.invoke(app, ["import", str(tmp_path / "nothing"), "--store", store])
     assert missing.exit_code == 2 and "no such file" in missing.output
+
+
+def test_a_damaged_or_empty_archive_is_named_and_nothing_unpacked_is_left(
+    tmp_path: Path, shared_data: Path, monkeypatch
+) -> None:
+    import gzip
+    import io
+    import tempfile
+
+    whole = tmp_path / "whole.tar.gz"
+    with tarfile.open(whole, "w:gz") as tar:
+        tar.add(_capture(shared_data), arcname="capture")
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    (tmp_path / "zero.tar.gz").write_bytes(b"")
+    hollow = tmp_path / "hollow.tar.gz"
+    with tarfile.open(hollow, "w:gz") as tar:
+        info = tarfile.TarInfo("notes.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    (tmp_path / "text.tar.gz").write_bytes(gzip.compress(b"not a tar"))
+    unpacked = tmp_path / "tmp"
+    unpacked.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(unpacked))  # where the import unpacks
+    runner = CliRunner()
+    store = f"chdb://{tmp_path / 'store'}"
+    for name, words in (
+        ("cut", "cut.tar.gz: the archive is cut short or damaged"),
+        ("zero", "zero.tar.gz: the archive is empty"),
+        ("hollow", "hollow.tar.gz: no scrapes"),
+        ("text", "text.tar.gz: not a tar archive"),
+    ):
+        result = runner.invoke(app, ["import", str(tmp_path / f"{name}.tar.gz"), "--store", store])
+        assert result.exit_code == 2, result.output
+        assert words in " ".join(result.output.split()), result.output
+        assert "Aborted" not in result.output and "method gz" not in result.output
+    imported = runner.invoke(app, ["import", str(whole), "--store", store])
+    assert imported.exit_code == 0, imported.output
+    assert list(unpacked.iterdir()) == []
