@@ -239,7 +239,10 @@ REGISTRY: tuple[CauseRule, ...] = (
                 "sequences wait for KV blocks, not for compute",
                 RAISE_BATCH_LIMIT,
             ),
-            Advice("shrinking the batch window will not help: the engine is not holding requests", SHRINK_BATCH_WINDOW),
+            Advice(
+                "shrinking the batch window will not help: requests wait for KV blocks, not for a batch to fill",
+                SHRINK_BATCH_WINDOW,
+            ),
         ],
         ("queue_ns",),
     ),
