@@ -32,13 +32,14 @@ def test_accepted_connections_have_tcp_nodelay_and_keepalive_requests_are_fast(s
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         with httpx.Client(base_url=running.url, timeout=10) as http:
             http.get("/metrics").raise_for_status()  # first request: connection set up
-            started = time.perf_counter()
+            round_trips = []
             for _ in range(10):
+                started = time.perf_counter()
                 http.get("/metrics").raise_for_status()
-            elapsed = time.perf_counter() - started
-    # With Nagle on, ten keep-alive round trips take >= 400 ms (40 ms delayed ACK each);
-    # without it a few ms each even on a loaded machine.
-    assert elapsed < 0.35, f"10 keep-alive requests took {elapsed * 1e3:.0f} ms"
+                round_trips.append(time.perf_counter() - started)
+    # With Nagle on, every keep-alive round trip waits >= 40 ms for the delayed ACK; without
+    # it a few ms. A busy machine delays some round trips, not all ten: the fastest tells.
+    assert min(round_trips) < 0.03, f"fastest of 10 keep-alive requests took {min(round_trips) * 1e3:.0f} ms"
 
 
 def test_the_foreground_server_binds_the_same_way_and_logs_the_port_it_got(tmp_path) -> None:
@@ -62,11 +63,12 @@ def test_the_foreground_server_binds_the_same_way_and_logs_the_port_it_got(tmp_p
         assert port, "the server did not log the port it listens on"
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
             http.get("/metrics").raise_for_status()
-            started = time.perf_counter()
+            round_trips = []
             for _ in range(10):
+                started = time.perf_counter()
                 http.get("/metrics").raise_for_status()
-            elapsed = time.perf_counter() - started
-        assert elapsed < 0.35, f"10 keep-alive requests took {elapsed * 1e3:.0f} ms"
+                round_trips.append(time.perf_counter() - started)
+        assert min(round_trips) < 0.03, f"fastest of 10 keep-alive requests took {min(round_trips) * 1e3:.0f} ms"
         second = subprocess.run(
             [sys.executable, "-m", "inferpath.server", "--port", str(port), "--store", f"chdb://{tmp_path / 'b'}"],
             capture_output=True,
