@@ -60,6 +60,19 @@ def test_waiting_with_free_slots_is_memory_bound_when_kv_is_full_or_sequences_we
     assert configured.bound == "slots"
 
 
+def test_a_queue_behind_one_sequence_that_fills_most_of_the_pool_is_memory_bound() -> None:
+    # The emulated engine's KV pool of 160 blocks, as stored under a loaded CI run: one running
+    # sequence held 87 % of it, and 3-9 requests waited while 63-85 % stood free. The next
+    # one may be as large as the largest the window ran, so it did not fit.
+    state = _engine(
+        queue=[0, 0, 0, 5, 11, 9, 7, 3],
+        running=[2, 0, 0, 1, 1, 1, 1, 1],
+        kv=[0.925, 0.0, 0.0, 0.15, 0.869, 0.2, 0.206, 0.369],
+    )
+    assert (state.waiting_steps, state.memory_bound_steps, state.held_steps) == (5, 5, 0), state.text()
+    assert state.bound == "memory"
+
+
 def test_waiting_with_free_slots_and_kv_room_is_a_hold() -> None:
     held = _engine(queue=[1, 2, 1, 1, 0], running=[3, 2, 6, 3, 4], kv=[0.01] * 5)
     assert held.bound == "held" and held.held_steps == 3
