@@ -7,6 +7,9 @@ cost tens of seconds where ClickHouse needs a fraction of one.
 
 How it stays the same:
 
+- The measure is the client's TTFT / E2E when measured, else the server's
+  (:data:`~inferpath.vocabulary.CLIENT_FIRST_SQL`), as in
+  :func:`~inferpath.analysis.breakdown.request_breakdown`.
 - Band edges are ``quantilesExactInclusive`` of the measure: linear interpolation between
   closest ranks (Hyndman & Fan type 7), the definition of
   :func:`inferpath.analysis.percentiles.quantiles`.
@@ -37,7 +40,7 @@ from inferpath.analysis.breakdown import (
     request_filter,
     stage_sql,
 )
-from inferpath.vocabulary import BREAKDOWN_MEASURES
+from inferpath.vocabulary import BREAKDOWN_MEASURES, CLIENT_FIRST_SQL
 
 _EDGE_QUANTILES: tuple[float, ...] = tuple(sorted({q for _, lo, hi in BANDS for q in (lo, hi)}))
 
@@ -77,10 +80,13 @@ def _sql(where: str) -> str:
     ``group_by_use_nulls`` the other measure's band key is NULL, which tells the two
     apart. A NULL measure has band ``-1`` (dropped by the caller)."""
     levels = ", ".join(repr(q) for q in _EDGE_QUANTILES)
-    edges = ", ".join(f"quantilesExactInclusive({levels})({m}_ns)" for m in BREAKDOWN_MEASURES)
+    edges = ", ".join(f"quantilesExactInclusive({levels})({CLIENT_FIRST_SQL[m]})" for m in BREAKDOWN_MEASURES)
     stage_values = ", ".join(f"{sql} AS {alias}" for alias, sql in _STAGE_VALUES)
-    bands = ", ".join(f"{_band_of(f'{m}_ns', f'window.{i + 2}')} AS {m}_band" for i, m in enumerate(BREAKDOWN_MEASURES))
-    measure_sums = ", ".join(f"sum({m}_ns)" for m in BREAKDOWN_MEASURES)
+    measure_values = ", ".join(f"{CLIENT_FIRST_SQL[m]} AS {m}_measure" for m in BREAKDOWN_MEASURES)
+    bands = ", ".join(
+        f"{_band_of(f'{m}_measure', f'window.{i + 2}')} AS {m}_band" for i, m in enumerate(BREAKDOWN_MEASURES)
+    )
+    measure_sums = ", ".join(f"sum({m}_measure)" for m in BREAKDOWN_MEASURES)
     stage_sums = ", ".join(f"sum({alias})" for alias, _ in _STAGE_VALUES)
     stage_p99 = ", ".join(f"quantileExactInclusive(0.99)({alias})" for alias, _ in _STAGE_VALUES)
     keys = ", ".join(f"{m}_band" for m in BREAKDOWN_MEASURES)
@@ -88,7 +94,7 @@ def _sql(where: str) -> str:
     return (
         f"WITH (SELECT tuple(count(), {edges}) FROM inferpath_requests FINAL WHERE {where}) AS window"
         f" SELECT {keys}, count(), {measure_sums}, {stage_sums}, {stage_p99}, any(window)"
-        f" FROM (SELECT {', '.join(f'{m}_ns' for m in BREAKDOWN_MEASURES)}, {stage_values}, {bands}"
+        f" FROM (SELECT {measure_values}, {stage_values}, {bands}"
         f"  FROM inferpath_requests FINAL WHERE {where})"
         f" GROUP BY GROUPING SETS ({sets}){FINAL_SETTINGS}, group_by_use_nulls = 1"
     )

@@ -33,7 +33,13 @@ from datetime import datetime
 from typing import Any
 
 from inferpath.analysis.percentiles import quantiles
-from inferpath.vocabulary import BREAKDOWN_MEASURES, BREAKDOWN_STAGES, TTFT_PHASE_COLUMNS, TTFT_STAGES
+from inferpath.vocabulary import (
+    BREAKDOWN_MEASURES,
+    BREAKDOWN_STAGES,
+    TTFT_PHASE_COLUMNS,
+    TTFT_STAGES,
+    client_first_ns,
+)
 
 REST = "rest"
 
@@ -108,11 +114,15 @@ class RequestBreakdown:
 def request_breakdown(row: Mapping[str, Any], measure: str = "e2e") -> RequestBreakdown | None:
     """Split one request row into stages of ``measure``; ``None`` if the row lacks the measure.
 
+    The measure is the client's (``client_ttft_ns``) when the row has it, else the server's
+    (:func:`~inferpath.vocabulary.client_first_ns`): what the end user waited for, of which
+    the hop from the client to the first server is the ``network`` stage.
+
     A stage's value is the first non-NULL of :func:`stage_columns` (a missing key counts as
     NULL), else 0. Raises ``ValueError`` for an unknown measure or a negative duration (naming the column).
     """
     stages = measure_stages(measure)
-    total = row.get(f"{measure}_ns")
+    total = client_first_ns(row, measure)
     if total is None:
         return None
     total = _duration(total, f"{measure}_ns")

@@ -39,15 +39,14 @@ from inferpath.analysis.breakdown import (
     stage_sql,
 )
 from inferpath.analysis.percentiles import sorted_quantile
-from inferpath.vocabulary import BREAKDOWN_STAGES, TTFT_PHASE_COLUMNS
+from inferpath.vocabulary import BREAKDOWN_STAGES, CLIENT_FIRST_SQL, TTFT_PHASE_COLUMNS, client_first_ns
 
-MEASURE_SQL: dict[str, str] = {
-    "ttft_ns": "coalesce(ttft_ns, client_ttft_ns)",
-    "e2e_ns": "coalesce(e2e_ns, client_e2e_ns)",
-}
-"""A request's TTFT and E2E as the diagnosis reads them: the server-side measure, else the
-client's own (a row with only client spans, e.g. OpenLLMetry or the GenAI instrumentations
-in the caller, is judged on what its client measured; all its time is then ``rest``)."""
+MEASURE_SQL: dict[str, str] = {f"{measure}_ns": sql for measure, sql in CLIENT_FIRST_SQL.items()}
+"""A request's TTFT and E2E as the diagnosis reads them, keyed by column: the client's own
+measure, else the server's (:data:`~inferpath.vocabulary.CLIENT_FIRST_SQL`, what every
+reader shows). The hop from the client to the first server is then a stage of it
+(``network_ttft_ns``); a row with only client spans (OpenLLMetry, the GenAI
+instrumentations in the caller) has all its time in ``rest``."""
 
 
 def column_sql(column: str) -> str:
@@ -56,11 +55,12 @@ def column_sql(column: str) -> str:
 
 
 def with_client_measures(row: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``row`` with ``ttft_ns`` / ``e2e_ns`` taken from ``client_*`` where the server-side one is missing."""
-    missing = [c for c in MEASURE_SQL if row.get(c) is None and row.get(f"client_{c}") is not None]
-    if not missing:
+    """``row`` with ``ttft_ns`` / ``e2e_ns`` as :data:`MEASURE_SQL` reads them (the client's
+    where measured)."""
+    judged = {f"{m}_ns": client_first_ns(row, m) for m in CLIENT_FIRST_SQL}
+    if all(row.get(c) == v for c, v in judged.items()):
         return row
-    return {**row, **{c: row[f"client_{c}"] for c in missing}}
+    return {**row, **judged}
 
 
 WINDOW_COLUMNS: tuple[str, ...] = (

@@ -14,8 +14,9 @@ follow DESIGN.md §3.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 # ----------------------------------------------------------------------------- units
 # OTel / UCUM unit strings of the canonical signals (the ``Unit`` column of the metric
@@ -110,6 +111,27 @@ OBJECTIVE_MEASURES: tuple[str, ...] = ("ttft", "itl", "e2e")
 
 BREAKDOWN_MEASURES: tuple[str, ...] = ("ttft", "e2e")
 """Measures broken down into stages (:data:`TTFT_STAGES`, :data:`BREAKDOWN_STAGES`)."""
+
+
+CLIENT_FIRST_SQL: dict[str, str] = {
+    "ttft": "coalesce(client_ttft_ns, ttft_ns)",
+    "e2e": "coalesce(client_e2e_ns, e2e_ns)",
+}
+"""A request's TTFT and E2E as inferpath shows, breaks down and judges them (SQL over an
+``inferpath_requests`` row, ns): the calling client's own measure when it has one, else the
+server's (the gateway's, else the engine's). What the end user waited for is what an
+objective bounds; the hop from the client to the first server is then one of its stages
+(``network_ttft_ns``, ``network_ns``). docs/interop.md, "TTFT every reader shows"."""
+
+
+def client_first_ns(row: Mapping[str, Any], measure: str) -> Any:
+    """:data:`CLIENT_FIRST_SQL` over a row held in Python: ``row["client_<measure>_ns"]`` when
+    not ``None``, else ``row["<measure>_ns"]`` (a missing key counts as ``None``).
+    ``ValueError`` for a measure not in :data:`CLIENT_FIRST_SQL`."""
+    if measure not in CLIENT_FIRST_SQL:
+        raise ValueError(f"measure: {measure!r} has no client side, expected one of {', '.join(CLIENT_FIRST_SQL)}")
+    value = row.get(f"client_{measure}_ns")
+    return value if value is not None else row.get(f"{measure}_ns")
 
 
 def measure_column(measure: str) -> str:

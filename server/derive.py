@@ -141,8 +141,8 @@ def _hop_ttft_part_ns(
     ``[start, start + its TTFT]``: the hop's part is client TTFT − server TTFT, i.e. the
     request's trip out plus the first token's trip back. Otherwise each side is its whole
     interval. Both sides are clipped to the window first, so a hop that encloses the span
-    measuring TTFT (the end user's call to the gateway) adds nothing: its wire time lies
-    outside that TTFT. ``server_reading``: the server side's TTFT when an engine's reader
+    measuring TTFT adds nothing: its wire time lies outside that TTFT (the end user's call
+    to the gateway when only the gateway measured a TTFT). ``server_reading``: the server side's TTFT when an engine's reader
     measured it (TGI's is not an attribute of its span)."""
     client_ttft_ns = _span_ttft_ns(client)
     server_ttft_ns = server_reading.ttft_ns if server_reading is not None else _span_ttft_ns(server)
@@ -371,11 +371,15 @@ def assemble_request(
     network_ns = sum(max(0, c.duration_ns - srv.duration_ns) for c, srv in hops) if hops else None
 
     gateway_ns = gateway_ttft_ns = network_ttft_ns = None
-    # The TTFT window: the measuring span's start → its first token (same clock as ttft_ns).
+    # The TTFT window of the judged TTFT (vocabulary.CLIENT_FIRST_SQL): the root client's
+    # start → its first token when it measured one, so that its hop to the first server is a
+    # stage of it; else the gateway's, else the engine's (same clock as the span stamps).
     measuring = gateway if gateway is not None else engine
-    window = (
-        (measuring.start_ns, measuring.start_ns + ttft_ns) if (measuring is not None and ttft_ns is not None) else None
-    )
+    window = None
+    if root_client is not None and client_ttft_ns is not None:
+        window = (root_client.start_ns, root_client.start_ns + client_ttft_ns)
+    elif measuring is not None and ttft_ns is not None:
+        window = (measuring.start_ns, measuring.start_ns + ttft_ns)
     if gateway is not None:
         inner = _descendants(gateway, unique)
         gateway_ns = _self_ns(gateway, inner, gateway.start_ns, gateway.end_ns)

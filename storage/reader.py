@@ -26,7 +26,7 @@ from inferpath.storage.rollup import QUANTILE_LEVELS, WindowPlan, aggregate, pla
 from inferpath.storage.rollup import horizon as rollup_horizon
 from inferpath.storage.rows import REQUEST_COLUMNS, SPAN_COLUMNS, SpanRow
 from inferpath.storage.store import Store, ensure_aware
-from inferpath.vocabulary import REQUEST_MEASURES, SIGNALS
+from inferpath.vocabulary import CLIENT_FIRST_SQL, REQUEST_MEASURES, SIGNALS
 
 MAX_RANGE = timedelta(days=31)
 MAX_LIMIT = 10_000
@@ -414,7 +414,7 @@ class Reader:
             "SELECT toDateTime64(intDiv(toUnixTimestamp(timestamp), {step:UInt32}) * {step:UInt32}, 0, 'UTC') AS bucket,"
             " endpoint_class, count() AS n, avg(ttft) AS avg_ns,"
             " quantilesExactInclusive(0.5, 0.99)(ttft) AS q"
-            " FROM (SELECT timestamp, endpoint_class, coalesce(client_ttft_ns, ttft_ns) AS ttft"
+            f" FROM (SELECT timestamp, endpoint_class, {CLIENT_FIRST_SQL['ttft']} AS ttft"
             f" {_REQUESTS_FROM} WHERE {where})"
             " WHERE ttft IS NOT NULL"
             " GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class"
@@ -530,8 +530,8 @@ def latency_view_points(
         " AS bucket, endpoint_class, count(), countIf(status = 'error'), "
         + aggregates
         + " FROM (SELECT timestamp, endpoint_class, status,"
-        " coalesce(client_ttft_ns, ttft_ns) AS ttft, itl_ns AS itl,"
-        " coalesce(client_e2e_ns, e2e_ns) AS e2e"
+        f" {CLIENT_FIRST_SQL['ttft']} AS ttft, itl_ns AS itl,"
+        f" {CLIENT_FIRST_SQL['e2e']} AS e2e"
         f" {_REQUESTS_FROM} WHERE {where})"
         " GROUP BY bucket, endpoint_class ORDER BY bucket, endpoint_class"
     )

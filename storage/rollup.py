@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from inferpath.vocabulary import REQUEST_MEASURES, measure_column
+from inferpath.vocabulary import CLIENT_FIRST_SQL, REQUEST_MEASURES, measure_column
 
 ROLLUP_TABLE = "inferpath_requests_1m"
 HOURLY_TABLE = "inferpath_requests_1h"
@@ -46,11 +46,12 @@ _SKETCH = f"quantilesDD({RELATIVE_ACCURACY}, {', '.join(str(q) for q in QUANTILE
 
 ROLLUP_MEASURES: dict[str, str] = {
     **{m: measure_column(m) for m in REQUEST_MEASURES},
-    "ttft_best": "coalesce(client_ttft_ns, ttft_ns)",
-    "e2e_best": "coalesce(client_e2e_ns, e2e_ns)",
+    "ttft_best": CLIENT_FIRST_SQL["ttft"],
+    "e2e_best": CLIENT_FIRST_SQL["e2e"],
 }
 """Measure name → its SQL expression over an ``inferpath_requests`` row (nanoseconds).
-``ttft_best``/``e2e_best``: the client's value when measured, else the gateway's."""
+``ttft_best``/``e2e_best``: the client's value when measured, else the server's
+(:data:`~inferpath.vocabulary.CLIENT_FIRST_SQL`)."""
 
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)

@@ -85,17 +85,20 @@ def relaying_gateway_trace(engine_ttft: float | None = 0.25) -> list[SpanRow]:
 def test_streamed_gateway_parts_stop_at_the_first_token() -> None:
     row = assemble_request(relaying_gateway_trace())
     assert row.ttft_ns == 325 * MS
-    # Window 10..335 ms: tokenize 15..25 and the model call 30..335 cover all but 10 ms.
+    assert row.client_ttft_ns == 340 * MS
+    # The judged TTFT is the end user's: window 0..340 ms. The gateway (10..) is covered by
+    # tokenize 15..25 and the model call 30.. in all but 10 ms.
     assert row.gateway_ttft_ns == 10 * MS
     # Whole call: 1 900 − (10 + 1 480) ms.
     assert row.gateway_ns == 410 * MS
-    # The model hop's first-token phases: client 290 ms − engine 250 ms. The end user's hop
-    # encloses the gateway's window and adds nothing to it.
-    assert row.network_ttft_ns == 40 * MS
+    # First-token phases of the two hops: the end user's, client 340 ms − gateway 325 ms; the
+    # model call's, client 290 ms − engine 250 ms.
+    assert row.network_ttft_ns == (15 + 40) * MS
     assert row.network_ns == (1950 - 1900 + 1480 - 1450) * MS
     ttft = request_breakdown(vars(row), "ttft")
-    assert ttft.stage_ns["gateway"] == 10 * MS and ttft.stage_ns["network"] == 40 * MS
-    assert ttft.stage_ns["rest"] == (325 - 10 - 10 - 20 - 200 - 40) * MS >= 0
+    assert ttft.total_ns == 340 * MS
+    assert ttft.stage_ns["gateway"] == 10 * MS and ttft.stage_ns["network"] == 55 * MS
+    assert ttft.stage_ns["rest"] == (340 - 10 - 10 - 20 - 200 - 55) * MS >= 0
     assert request_breakdown(without_phases(row), "ttft").stage_ns["rest"] < 0  # the reported defect
     assert request_breakdown(vars(row), "e2e") == request_breakdown(without_phases(row), "e2e")
 
@@ -107,10 +110,22 @@ def test_without_an_engine_span_the_gateway_part_is_clipped_to_the_ttft() -> Non
     trace[3] = span("m1", "g1", "Client", 30, 200, **{STAGE: "model", TTFT: 0.15})
     row = assemble_request(trace)
     assert row.gateway_ns == (1900 - 10 - 200) * MS > row.ttft_ns
-    assert row.gateway_ttft_ns == (325 - 10 - 200) * MS
-    # The only hop is the end user's, outside the gateway's TTFT.
-    assert (row.network_ttft_ns, row.network_ns) == (0, 50 * MS)
+    # Clipped to the end user's TTFT window 0..340 ms: the gateway's 10..340 less tokenize and the model call.
+    assert row.gateway_ttft_ns == (340 - 10 - 10 - 200) * MS
+    # The only hop is the end user's: 340 ms − the gateway's 325 to the first token.
+    assert (row.network_ttft_ns, row.network_ns) == (15 * MS, 50 * MS)
     assert request_breakdown(vars(row), "ttft").stage_ns["rest"] >= 0
+
+
+def test_without_a_client_ttft_the_end_users_hop_lies_outside_the_window() -> None:
+    trace = relaying_gateway_trace()
+    del trace[0].span_attributes[TTFT]
+    row = assemble_request(trace)
+    assert row.client_ttft_ns is None and row.ttft_ns == 325 * MS
+    # Window 10..335 ms, the gateway's: the end user's hop encloses it and adds nothing.
+    assert row.gateway_ttft_ns == 10 * MS
+    assert row.network_ttft_ns == 40 * MS
+    assert request_breakdown(vars(row), "ttft").stage_ns["rest"] == (325 - 10 - 10 - 20 - 200 - 40) * MS
 
 
 def test_hop_without_ttft_on_both_sides_is_clipped_by_interval() -> None:
@@ -118,12 +133,14 @@ def test_hop_without_ttft_on_both_sides_is_clipped_by_interval() -> None:
     trace[4].span_attributes.pop("gen_ai.latency.time_to_first_token")
     trace[4].span_attributes["gen_ai.latency.e2e"] = "1.45"
     row = assemble_request(trace)
-    # Window 10..335: model client 30..335 (305 ms) − engine 45..335 (290 ms).
-    assert row.network_ttft_ns == 15 * MS
+    # Window 0..340 (the end user's): its hop 340 − 325 ms, and by interval the model
+    # client 30..340 (310 ms) − engine 45..340 (295 ms).
+    assert row.network_ttft_ns == (15 + 15) * MS
 
 
 def test_no_ttft_means_no_phase_parts() -> None:
     trace = relaying_gateway_trace()
+    del trace[0].span_attributes[TTFT]
     del trace[1].span_attributes[TTFT]
     row = assemble_request(trace)
     assert row.ttft_ns is None and row.gateway_ttft_ns is None and row.network_ttft_ns is None
