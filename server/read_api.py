@@ -153,12 +153,11 @@ def parse_time(value: str | None, param: str, *, where: str = "query") -> dateti
     return parsed
 
 
-def _window(start: str | None, end: str | None, *, required: bool = False) -> tuple[datetime, datetime]:
-    """The window of ``start``/``end`` (default: the last 15 minutes; ``required``: both must
-    be given); 422 naming the parameter when one is missing, malformed or reversed."""
+def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
+    """The window of ``start``/``end`` (default: the 15 minutes before ``end``, ``end``
+    defaulting to now, as ``inferpath diagnose``); 422 naming the parameter when one is
+    malformed or the window reversed."""
     start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
-    if required and (start_dt is None or end_dt is None):
-        raise _invalid("start" if start_dt is None else "end", "start and end are required")
     end_dt = end_dt or datetime.now(timezone.utc)
     start_dt = start_dt or max(EARLIEST, end_dt - DEFAULT_WINDOW)
     if end_dt <= start_dt:
@@ -338,8 +337,8 @@ async def trace(
 async def diagnosis(
     request: Request,
     columns: RowFilters,
-    start: str | None = Query(None, description="Window start (required): ISO-8601 with offset or Unix seconds."),
-    end: str | None = Query(None, description="Window end (required): ISO-8601 with offset or Unix seconds."),
+    start: str | None = StartQuery,
+    end: str | None = EndQuery,
     baseline_start: str | None = Query(None, description="Baseline start (optional; give baseline_end with it)."),
     baseline_end: str | None = Query(None, description="Baseline end (optional)."),
     endpoint: str | None = None,
@@ -373,7 +372,7 @@ async def diagnosis(
     """
     from inferpath.analysis import diagnose, verdict_to_dict
 
-    start_dt, end_dt = _window(start, end, required=True)
+    start_dt, end_dt = _window(start, end)
     if start_dt > datetime.now(timezone.utc):
         raise _invalid("start", f"start {start_dt.isoformat()} is in the future: no request can be in the window")
     base_start, base_end = parse_time(baseline_start, "baseline_start"), parse_time(baseline_end, "baseline_end")
@@ -509,7 +508,7 @@ async def whatif(
         detail = {"loc": ["query", param], "msg": template.format_map(API_NAMES), "type": "value_error"}
         return HTTPException(status_code=422, detail=[detail | {"ctx": {"template": template}}])
 
-    start_dt, end_dt = _window(start, end, required=True)
+    start_dt, end_dt = _window(start, end)
     try:
         change = parse_change(
             replicas=replicas,

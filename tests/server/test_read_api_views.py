@@ -339,3 +339,14 @@ def test_the_widest_window_allowed_answers_without_a_server_error(server) -> Non
             "/api/v1/diagnosis", params={"start": "1970-01-01T00:10:00Z", "end": "1970-01-01T00:20:00Z"}
         )
         assert baseline.status_code == 422
+
+
+def test_the_diagnosis_window_defaults_to_the_last_15_minutes(server) -> None:
+    url, _, _ = server
+    with httpx.Client(base_url=url, timeout=60.0) as http:
+        answer = http.get("/api/v1/diagnosis")
+    # The stored requests are an hour old: the default window (now − 15 min, now) holds none,
+    # which is judged and found too thin, not refused for a missing parameter.
+    assert answer.status_code == 422, answer.text[:300]
+    (problem,) = answer.json()["detail"]
+    assert problem["loc"] == ["query", "start"] and "insufficient data" in problem["msg"], problem
