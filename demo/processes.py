@@ -57,8 +57,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free TCP port found on {host}")
 
 
+class PortInUseError(RuntimeError):
+    """A port the demo must listen on is taken: the user's to choose another (exit 2)."""
+
+
 def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port", option: str = "--port") -> None:
-    """Raise ``RuntimeError`` naming ``what`` (and ``option``, which chooses another) if
+    """Raise :class:`PortInUseError` naming ``what`` (and ``option``, which chooses another) if
     ``host:port`` is already taken.
 
     A demo that silently talked to someone else's server on its port would report that
@@ -68,7 +72,7 @@ def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port", 
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise RuntimeError(
+            raise PortInUseError(
                 f"{what} {host}:{port} is already in use ({exc.strerror}); "
                 f"is `inferpath up` or another demo running? Choose another with {option}"
             ) from None

@@ -103,6 +103,7 @@ def demo(
 ) -> None:
     """Run the reference inference path on a real request trace (default: the Azure LLM trace 2023) and print
     the per-stage latency table."""
+    from inferpath.demo.processes import PortInUseError
     from inferpath.demo.run import DemoOptions, run_demo
     from inferpath.demo.trace import TraceError
 
@@ -137,6 +138,9 @@ def demo(
         )
     except TraceError as exc:
         console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from exc
+    except PortInUseError as exc:  # as `inferpath up` answers a taken port
+        console.print(f"[red]demo cannot start:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
     except (RuntimeError, OSError, ValueError) as exc:
         console.print(f"[red]demo failed:[/] {exc}")

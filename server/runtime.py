@@ -574,16 +574,18 @@ def serve_in_thread(
     ``port`` overrides ``settings.port``; 0 picks a free port (``Settings`` itself only
     admits 1..65535). ``services``: see :class:`ServerRuntime`. The socket is bound here, so ``.url``/``.port`` are final on return.
     Returns once uvicorn accepts connections; raises ``RuntimeError`` if it does not within
-    30 s, and what :class:`ServerRuntime` or binding raises (the runtime is closed then).
+    30 s, and what binding (:class:`ListenError`, before the store is opened) or
+    :class:`ServerRuntime` raises.
     """
     listen_port = settings.port if port is None else int(port)
     if not 0 <= listen_port <= 65535:
         raise ValueError(f"port must be in 0..65535, got {listen_port}")
-    runtime = ServerRuntime(settings, services)
+    # The address first: a taken port or a bad host leaves no store folder behind.
+    sock = _bind(settings.host, listen_port)
     try:
-        sock = _bind(settings.host, listen_port)
+        runtime = ServerRuntime(settings, services)
     except BaseException:
-        runtime.close()
+        sock.close()
         raise
     runtime.start()
     server = _uvicorn_server(create_app(runtime), settings)

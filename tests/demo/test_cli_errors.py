@@ -140,6 +140,7 @@ def test_start_up_errors_name_their_real_cause(tmp_path) -> None:
     # A host that is not this machine's is the host's problem.
     host = up("--store", f"chdb://{tmp_path}/s1", "--port", "0", INFERPATH_HOST="999.1.1.1")
     assert "cannot listen on 999.1.1.1:0" in host and "--host" in host and "another inferpath server" not in host
+    assert not (tmp_path / "s1").exists()  # refused before a store folder was made
     # A ClickHouse server that refuses: no word of chDB.
     refused = up("--store", "http://127.0.0.1:9/db", "--port", "0")
     assert "cannot open the store http://127.0.0.1:9/db" in refused and "chDB" not in refused
@@ -209,3 +210,19 @@ def test_server_log_keeps_its_own_messages_and_not_the_scrapes(tmp_path, serve_a
             log = server.communicate(timeout=60)[1]
     assert "INFO inferpath.server.runtime: inferpath server listening on" in log, log
     assert "HTTP Request" not in log and " INFO httpx" not in log and " INFO httpcore" not in log, log
+
+
+def test_demo_on_a_taken_port_exits_2_as_up_does(tmp_path) -> None:
+    # A child process, so that a regression (the demo starting anyway) cannot hang the test.
+    with port_taken() as port:
+        done = subprocess.run(
+            [sys.executable, "-m", "inferpath.cli", "demo", "--exit", "--port", str(port)]
+            + ["--store", f"chdb://{tmp_path / 'store'}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert said.startswith(f"demo cannot start: the inferpath server port 127.0.0.1:{port} is already in use"), said
+    assert "--port" in said
