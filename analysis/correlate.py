@@ -36,7 +36,7 @@ from inferpath.analysis.timeline_query import (
     fetch_request_columns,
 )
 from inferpath.storage.rows import unix_ns_from_datetime
-from inferpath.vocabulary import PREEMPTIONS_TOTAL, SATURATION_GAUGES
+from inferpath.vocabulary import PREEMPTIONS_TOTAL, SATURATION_GAUGES, client_first_ns
 
 PREEMPTION_RATE = "preemptions_per_second"
 
@@ -76,7 +76,9 @@ def request_columns(
 ) -> dict[str, list[float | None]]:
     """Per-step request measures (:data:`REQUEST_COLUMNS`, seconds) of ``rows``.
 
-    A row belongs to the step holding its ``timestamp`` (aware datetime or Unix ns).
+    A row belongs to the step holding its ``timestamp`` (aware datetime or Unix ns). TTFT and
+    E2E are the client's where the row has them, else the server's
+    (:func:`~inferpath.vocabulary.client_first_ns`), as every view shows them.
     """
     buckets: list[list[Mapping[str, Any]]] = [[] for _ in step_start_ns]
     first = step_start_ns[0] if step_start_ns else 0
@@ -88,9 +90,10 @@ def request_columns(
             buckets[index].append(row)
     columns: dict[str, list[float | None]] = {name: [] for name in REQUEST_COLUMNS}
     for members in buckets:
-        ttft = [r["ttft_ns"] / 1e9 for r in members if r.get("ttft_ns") is not None]
+        # TTFT and E2E as the end user saw them: the client's, else the server's.
+        ttft = [v / 1e9 for r in members if (v := client_first_ns(r, "ttft")) is not None]
         itl = [r["itl_ns"] / 1e9 for r in members if r.get("itl_ns") is not None]
-        e2e = [r["e2e_ns"] / 1e9 for r in members if r.get("e2e_ns") is not None]
+        e2e = [v / 1e9 for r in members if (v := client_first_ns(r, "e2e")) is not None]
         columns["requests"].append(float(len(members)))
         columns["ttft_p99_seconds"].append(quantile(ttft, 0.99) if ttft else None)
         columns["ttft_avg_seconds"].append(math.fsum(ttft) / len(ttft) if ttft else None)

@@ -215,8 +215,13 @@ def _tiles(ctx: Context, verdict: dict | None, summary: pd.DataFrame, before: di
     tiles = verdict_view.objective_tiles(verdict, _baseline_ms(ctx, verdict, before) if verdict else {})
     if not tiles:  # no verdict: the window's own numbers, not judged
         headline = figures.stage_latency_table(summary).set_index("stage") if not summary.empty else None
-        for label, stage in (("TTFT p99", "TTFT (server)"), ("E2E p99", "E2E (server)")):
-            value = headline.at[stage, "p99_ms"] if headline is not None and stage in headline.index else None
+        # The client's measure when the caller is instrumented, else the server's (as judged).
+        for label, stages in (
+            ("TTFT p99", ("TTFT (client)", "TTFT (server)")),
+            ("E2E p99", ("E2E (client)", "E2E (server)")),
+        ):
+            values = [headline.at[s, "p99_ms"] for s in stages if headline is not None and s in headline.index]
+            value = next((v for v in values if not pd.isna(v)), None)
             tiles.append(
                 verdict_view.Tile(
                     label,
@@ -354,8 +359,11 @@ def spike_threshold(ctx: Context, objectives: dict | None, reference: Any) -> sp
     limits = verdict_view.objective_limits(objectives, ctx.endpoint_class)
     summary = pd.DataFrame() if isinstance(reference, ReadApiError) else reference
     reference_p99 = requests = None
-    if not summary.empty and "ttft" in set(summary["measure"]):
-        row = summary.set_index("measure").loc["ttft"]
+    by_measure = summary.set_index("measure") if not summary.empty else pd.DataFrame()
+    # The judged TTFT: the client's when the window measured it, else the server's.
+    measured = [m for m in ("client_ttft", "ttft") if m in by_measure.index and by_measure.at[m, "count"]]
+    if measured:
+        row = by_measure.loc[measured[0]]
         reference_p99 = None if pd.isna(row["p99_seconds"]) else float(row["p99_seconds"])
         requests = int(row["count"])
     return spikes.spike_threshold(

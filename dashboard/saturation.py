@@ -294,7 +294,7 @@ def correlate_figure(
     dashed, "not exported" and stale marked; preemptions per second from the correlate
     view), on one shared time axis with each spike shaded over every row."""
     bodies = signals.get("signals", {})
-    titles = ["TTFT (server)"] + [
+    titles = ["TTFT"] + [
         "Preemptions per second" if s == "preemptions_per_second" else panel_title(s, bodies.get(s))
         for s in CORRELATE_SIGNALS
     ]

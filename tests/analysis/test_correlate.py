@@ -55,6 +55,16 @@ def test_build_timeline_joins_requests_and_signals_per_step() -> None:
         build_timeline(rows, gauges, counters, start_ns=0, end_ns=20 * S, step_seconds=0)
 
 
+def test_timeline_ttft_is_the_clients_where_measured() -> None:
+    rows = [
+        {"timestamp": 1 * S, "ttft_ns": 100, "client_ttft_ns": 400, "e2e_ns": 200, "client_e2e_ns": None},
+        {"timestamp": 2 * S, "ttft_ns": 300, "e2e_ns": 500},
+    ]
+    timeline = build_timeline(rows, {}, {}, start_ns=0, end_ns=10 * S, step_seconds=10)
+    assert timeline.columns["ttft_avg_seconds"] == [pytest.approx(350e-9)]  # 400 (client) and 300
+    assert timeline.columns["e2e_p99_seconds"] == [pytest.approx(np.quantile([200e-9, 500e-9], 0.99))]
+
+
 def test_pearson_ignores_missing_steps() -> None:
     assert pearson([1, 2, None, 3], [2, 4, 100, 6]) == pytest.approx(1.0)
     assert pearson([1, 2], [1, 2]) is None

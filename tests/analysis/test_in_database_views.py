@@ -33,6 +33,8 @@ def _odd_requests() -> list[RequestRow]:
             changes |= {"e2e_ns": 500 * MS, "ttft_ns": 100 * MS if changes.get("ttft_ns", 1) else None}  # ties
         if i % 13 == 0:
             changes |= {"status": "error"}
+        if i % 4 == 1:  # an instrumented caller: its TTFT/E2E are the ones judged and shown
+            changes |= {"client_ttft_ns": (row.ttft_ns or 0) + 40 * MS, "client_e2e_ns": (row.e2e_ns or 0) + 60 * MS}
         if i % 3 == 0:
             changes |= {"endpoint_class": "bulk", "endpoint": "/v1/completions"}
         odd.append(RequestRow(**(vars(row) | changes)))
