@@ -393,8 +393,16 @@ async def diagnosis(
         from inferpath.analysis.objectives import objectives_from_mapping
 
         try:
-            chosen = objectives_from_mapping(json.loads(objectives), origin="objectives")
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            document = json.loads(objectives)
+        except json.JSONDecodeError as exc:
+            raise _invalid(
+                "objectives",
+                f"objectives must be JSON in the objectives file's shape, e.g. "
+                f'{{"interactive": {{"ttft_p99_seconds": 0.6}}}}; it is not JSON ({exc})',
+            ) from None
+        try:
+            chosen = objectives_from_mapping(document, origin="objectives")
+        except ValueError as exc:
             raise _invalid("objectives", str(exc)) from None
     else:
         chosen = runtime_objectives(runtime.settings)

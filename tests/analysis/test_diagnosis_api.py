@@ -64,7 +64,8 @@ def test_read_api_names_the_slow_tokenizer_with_and_without_a_baseline(tokenizer
             "start",
             "insufficient data: 0 requests",
         ),
-        ({"end": "2001-01-01T00:10:00Z"}, 422, "start", "required"),
+        # Without start, the 15 minutes before end (as the views): judged, and found empty.
+        ({"end": "2001-01-01T00:10:00Z"}, 422, "start", "insufficient data: 0 requests"),
         ({"start": "2001-01-01T00:10:00Z", "end": "2001-01-01T00:00:00Z"}, 422, "end", "after start"),
         ({"start": "2099-01-01T00:00:00Z", "end": "2099-01-01T00:10:00Z"}, 422, "start", "future"),
         (
@@ -88,6 +89,12 @@ def test_read_api_names_the_slow_tokenizer_with_and_without_a_baseline(tokenizer
             422,
             "objectives",
             "ttft_p99_seconds",
+        ),
+        (
+            {"start": "2001-01-01T00:00:00Z", "end": "2001-01-01T00:10:00Z", "objectives": "garbage"},
+            422,
+            "objectives",
+            "objectives must be JSON in the objectives file's shape",
         ),
     ],
 )
