@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -57,24 +58,32 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free TCP port found on {host}")
 
 
-class PortInUseError(RuntimeError):
-    """A port the demo must listen on is taken: the user's to choose another (exit 2)."""
+class ListenAddressError(RuntimeError):
+    """An address the demo must listen on is taken or not this machine's: the user's to
+    choose another (exit 2)."""
 
 
 def ensure_port_free(port: int, host: str = "127.0.0.1", *, what: str = "port", option: str = "--port") -> None:
-    """Raise :class:`PortInUseError` naming ``what`` (and ``option``, which chooses another) if
-    ``host:port`` is already taken.
+    """Raise :class:`ListenAddressError` naming ``what`` (and ``option``, which chooses
+    another) if ``host:port`` is already taken, or naming ``INFERPATH_HOST`` if ``host`` is
+    not an address of this machine (port 0 checks the host alone).
 
     A demo that silently talked to someone else's server on its port would report that
     server's data as its own.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise PortInUseError(
-                f"{what} {host}:{port} is already in use ({exc.strerror}); "
-                f"is `inferpath up` or another demo running? Choose another with {option}"
+            if exc.errno == errno.EADDRINUSE:
+                raise ListenAddressError(
+                    f"{what} {host}:{port} is already in use ({exc.strerror}); "
+                    f"is `inferpath up` or another demo running? Choose another with {option}"
+                ) from None
+            raise ListenAddressError(
+                f"cannot listen on {host}:{port} for {what}: {exc.strerror or exc} (the host must be a name "
+                "or address of this machine: see INFERPATH_HOST)"
             ) from None
 
 

@@ -157,11 +157,9 @@ def _server_port(options: DemoOptions, settings: Settings) -> int:
     else's server would report that server's data as its own."""
     port = options.port if options.port is not None else settings.port
     if options.dashboard and not options.exit_when_done:
-        ensure_port_free(options.dashboard_port, what="the dashboard port", option="--dashboard-port")
-    if port:
-        ensure_port_free(port, what="the inferpath server port")
-        return port
-    return free_port()
+        ensure_port_free(options.dashboard_port, settings.host, what="the dashboard port", option="--dashboard-port")
+    ensure_port_free(port, settings.host, what="the inferpath server port")  # port 0: the host alone
+    return port or free_port()
 
 
 def _print_scenario(outcome: Any, console: Console) -> None:
@@ -395,9 +393,11 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         outcome = DemoOutcome(
             server_url, window_start, window_end, results, summary_rows, stored, timings, verdict=verdict
         )
+        # While the demo serves, its server holds the store: ask the server; once it exits, the store.
+        again = f"--server {server_url}" if not options.exit_when_done else f"--store {store_url}"
         console.print(
             f"diagnose this window again: inferpath diagnose --from {window_start.isoformat()} "
-            f"--to {window_end.isoformat()} --store {store_url}",
+            f"--to {window_end.isoformat()} {again}",
             soft_wrap=True,
             highlight=False,
         )

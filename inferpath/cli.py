@@ -103,7 +103,7 @@ def demo(
 ) -> None:
     """Run the reference inference path on a real request trace (default: the Azure LLM trace 2023) and print
     the per-stage latency table."""
-    from inferpath.demo.processes import PortInUseError
+    from inferpath.demo.processes import ListenAddressError
     from inferpath.demo.run import DemoOptions, run_demo
     from inferpath.demo.trace import TraceError
 
@@ -139,7 +139,7 @@ def demo(
     except TraceError as exc:
         console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
-    except PortInUseError as exc:  # as `inferpath up` answers a taken port
+    except ListenAddressError as exc:  # as `inferpath up` answers a taken port or a foreign host
         console.print(f"[red]demo cannot start:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
     except (RuntimeError, OSError, ValueError) as exc:
