@@ -307,6 +307,11 @@ def import_recording(
 
 def _post(client: httpx.Client, path: str, body: bytes, what: str) -> None:
     response = client.post(path, content=body, headers=PROTOBUF)
+    if response.status_code in (404, 405, 501):  # an inferpath server has both OTLP routes, for POST
+        raise RecordingError(
+            f"{client.base_url} is not an inferpath server: it answered POST {path} with {response.status_code} "
+            f"{response.reason_phrase}; give --server the address `inferpath up` printed"
+        )
     if response.status_code != 200:
         raise RecordingError(f"the server refused a {what} ({response.status_code}): {response.text[:300]}")
 

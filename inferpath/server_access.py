@@ -208,8 +208,11 @@ def ask(
         except httpx.HTTPError as exc:
             fail(f"the inferpath server at {shown} did not answer: {str(exc).replace(url, shown)}", json_output)
             raise
-    # The read API answers JSON, refusals included: anything else is another program on that port.
-    if response.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+    # The read API answers JSON, refusals included, and has every route it is asked for (its
+    # own 404s name what was not found): anything else is another program on that port.
+    json_answer = response.headers.get("content-type", "").split(";")[0].strip() == "application/json"
+    no_such_route = response.status_code in (404, 405) and refusal_text(response) in ("Not Found", "Method Not Allowed")
+    if not json_answer or no_such_route:
         fail(
             f"{shown} is not an inferpath server: it answered {method} {path} with "
             f"{response.status_code} {response.reason_phrase or ''}".rstrip()

@@ -146,3 +146,21 @@ def test_a_damaged_or_empty_archive_is_named_and_nothing_unpacked_is_left(
     imported = runner.invoke(app, ["import", str(whole), "--store", store])
     assert imported.exit_code == 0, imported.output
     assert list(unpacked.iterdir()) == []
+
+
+def test_import_to_another_program_names_it_not_an_inferpath_server(shared_data: Path) -> None:
+    """A real HTTP server on loopback that is not inferpath (Python's file server: 501 for POST)."""
+    import http.server
+    import threading
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        try:
+            result = CliRunner().invoke(app, ["import", str(_capture(shared_data)), "--server", url])
+        finally:
+            other.shutdown()
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"{url} is not an inferpath server: it answered POST /v1/traces with 501" in said, said
+    assert "give --server the address `inferpath up` printed" in said and "<html" not in said.lower()

@@ -4,6 +4,7 @@ created or written on the way."""
 
 from __future__ import annotations
 
+import http.server
 import logging
 import os
 import socket
@@ -207,13 +208,31 @@ def test_a_printed_store_url_hides_only_the_password(url: str, shown: str) -> No
     assert shown_store_url(url) == shown
 
 
+class _JSONNotFound(http.server.BaseHTTPRequestHandler):
+    """Another JSON API (a model gateway, FastAPI's defaults): 404 / 405 for every route."""
+
+    def _answer(self) -> None:
+        body = b'{"detail":"Not Found"}' if self.command == "GET" else b'{"detail":"Method Not Allowed"}'
+        self.send_response(404 if self.command == "GET" else 405)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize("handler", [http.server.SimpleHTTPRequestHandler, _JSONNotFound], ids=["html", "json"])
 @pytest.mark.parametrize("command", list(READ_ONLY.values()), ids=list(READ_ONLY))
-def test_a_server_url_of_another_program_is_named_not_a_traceback(command) -> None:
-    """The dashboard's port given as --server: a real HTTP server that is not the read API."""
-    import http.server
+def test_a_server_url_of_another_program_is_named_not_a_traceback(command, handler) -> None:
+    """The dashboard's port (HTML) or another JSON API given as --server: a real HTTP server
+    that is not the read API."""
     import threading
 
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler) as other:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as other:
         threading.Thread(target=other.serve_forever, daemon=True).start()
         try:
             url = f"http://127.0.0.1:{other.server_address[1]}"
