@@ -136,9 +136,10 @@ class EngineState:
         )
 
     def text(self) -> str:
-        """The counts in words, e.g. ``requests waited in 41 of 60 steps: batch at its limit of
-        4 in 39, KV cache without room for the next sequence (…) in 0, held with free slots and KV
-        in 2``."""
+        """The counts in words, e.g. ``requests waited in 41 of 60 steps; what held them: the
+        KV cache (…) in 0, the running batch at its limit of 4 (…) in 39, nothing (free slots
+        and KV) in 2``. Each waiting step counts once, the KV cache first: a step with a full
+        batch *and* no KV room is the KV cache's (:attr:`bound`)."""
         if not self.reported:
             return "the engine reported no queue depth"
         if not self.waiting_steps:
@@ -152,10 +153,10 @@ class EngineState:
             batch = f"an engine's running batch at its limit ({'/'.join(limits)} per engine, {self.limit_source})"
         return (
             f"requests waited in {where} in {self.waiting_steps} of {self.steps} steps (queue max "
-            f"{self.queue_max or 0:.0f}): {batch} in "
-            f"{self.slot_bound_steps}, KV cache without room for the next sequence (full, preempting, or less "
-            f"free than a large sequence of the window takes) in {self.memory_bound_steps}, held with "
-            f"free slots and KV in {self.held_steps}"
+            f"{self.queue_max or 0:.0f}); what held them, each step counted once and the KV cache first: "
+            f"the KV cache without room for the next sequence (full, preempting, or less free than a large "
+            f"sequence of the window takes) in {self.memory_bound_steps}, {batch} in "
+            f"{self.slot_bound_steps}, nothing (free slots and KV) in {self.held_steps}"
         )
 
 
