@@ -37,7 +37,6 @@ from inferpath.vocabulary import (
     NS_PER_SECOND,
     PREEMPTIONS_TOTAL,
     QUEUE_DEPTH,
-    judged_sql,
 )
 
 __all__ = ["Sample", "evaluate_rule"]
@@ -97,7 +96,7 @@ def _request_rows(store: Any, rule: Any, at: datetime, select: str, extra: dict[
 
 
 def _quantile_rows(store: Any, rule: Any, at: datetime) -> list[tuple[dict[str, str], int, float | None, float | None]]:
-    column = judged_sql(rule.measure)
+    column = f"{rule.measure}_ns"
     select = f"count({column}), avg({column}), quantileExactInclusive({{q:Float64}})({column})"
     out = []
     for labels, (count, mean_ns, quantile_ns) in _request_rows(store, rule, at, select, {"q": rule.quantile}):

@@ -140,8 +140,7 @@ class _RuleBase(_Strict):
 
 class _RequestRule(_RuleBase):
     """A rule over request rows: ``measure``, one of the vocabulary's
-    :data:`~inferpath.vocabulary.REQUEST_MEASURES`, read by
-    :func:`~inferpath.vocabulary.judged_sql` (``ttft``/``e2e``: the client's, else the server's);
+    :data:`~inferpath.vocabulary.REQUEST_MEASURES` (the ``<measure>_ns`` column);
     ``min_samples`` below which it reports low confidence and never fires; ``by``: columns
     to split alerts by (one alert per distinct value)."""
 

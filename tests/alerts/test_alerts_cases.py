@@ -20,7 +20,6 @@ from alert_scenarios import (
 from inferpath.alerts.evaluator import AlertEvaluator
 from inferpath.alerts.queries import evaluate_rule
 from inferpath.alerts.rules import load_rule_file, parse_rule_text
-from inferpath.vocabulary import NS_PER_SECOND
 
 DIVERGENCE = parse_rule_text("""
 evaluation_interval: 15s
@@ -76,30 +75,6 @@ def test_case1_true_p99_over_windows_does_not_fire(store) -> None:
     assert not sample.active
     evaluator = AlertEvaluator(DIVERGENCE, store, notifiers=[], diagnose=False)
     assert evaluator.evaluate_once(T0 + timedelta(minutes=10)) == []
-
-
-def test_ttft_is_judged_as_the_end_user_saw_it(store) -> None:
-    # The engine answers in 50 ms, the calling client waits 2 s for its first token (a slow
-    # hop): a TTFT rule reads the client's measure where the row has one, as the diagnosis does.
-    rows = [request(T0 + timedelta(seconds=i), 0.05) for i in range(300)]
-    for row in rows[:150]:
-        row.client_ttft_ns = 2 * NS_PER_SECOND
-    insert_requests(store, rows)
-    rule = parse_rule_text("""
-rules:
-  - {name: TTFTOverSLO, kind: quantile_over_slo, measure: ttft, quantile: 0.99, slo_seconds: 1, window: 10m, min_samples: 100}
-""").rules[0]
-    (sample,) = evaluate_rule(store, rule, T0 + timedelta(minutes=10))
-    assert sample.active and math.isclose(sample.evidence["quantile_seconds"], 2.0, rel_tol=1e-9)
-    assert sample.evidence["samples"] == 300
-    # Without the client's measure the same rows are the engine's 50 ms: nothing to fire on.
-    for row in rows:
-        row.client_ttft_ns = None
-        row.trace_id = f"{int(row.trace_id, 16) + 10**6:032x}"
-    store.command("TRUNCATE TABLE inferpath_requests")
-    insert_requests(store, rows)
-    (sample,) = evaluate_rule(store, rule, T0 + timedelta(minutes=10))
-    assert not sample.active and math.isclose(sample.evidence["quantile_seconds"], 0.05, rel_tol=1e-9)
 
 
 def test_case2_too_few_samples_is_low_confidence(store) -> None:
