@@ -135,8 +135,8 @@ def client_first_ns(row: Mapping[str, Any], measure: str) -> Any:
 
 
 def judged_sql(measure: str) -> str:
-    """SQL of ``measure`` (of :data:`REQUEST_MEASURES`) as objectives, alert rules and the
-    diagnosis judge it: :data:`CLIENT_FIRST_SQL` for ``ttft`` and ``e2e``, else its column
+    """SQL of ``measure`` (of :data:`REQUEST_MEASURES`) as the objectives and the views judge
+    and show it: :data:`CLIENT_FIRST_SQL` for ``ttft`` and ``e2e``, else its column
     (``ValueError`` from :func:`measure_column` for an unknown one). ``client_ttft`` and the
     server-only ``ttft`` stay readable as ``client_ttft`` and in the views."""
     return CLIENT_FIRST_SQL.get(measure) or measure_column(measure)
