@@ -49,7 +49,7 @@ from inferpath.analysis.signals import (
 )
 from inferpath.storage import gauge_rollup
 from inferpath.storage.rows import unix_ns_from_datetime
-from inferpath.vocabulary import PREEMPTIONS_TOTAL, SATURATION_GAUGES, judged_sql
+from inferpath.vocabulary import CLIENT_FIRST_SQL, PREEMPTIONS_TOTAL, SATURATION_GAUGES
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "requests",
@@ -97,7 +97,7 @@ def fetch_request_columns(
     )
     parameters |= {"origin_ns": unix_ns_from_datetime(start), "step_ns": step_ns}
     # TTFT and E2E as the end user saw them (the client's, else the server's), as every view shows them.
-    measures = (judged_sql("ttft"), "itl_ns", judged_sql("e2e"))
+    measures = (CLIENT_FIRST_SQL["ttft"], "itl_ns", CLIENT_FIRST_SQL["e2e"])
     aggregates = ", ".join(f"count({m}), quantileExactInclusive(0.99)({m}), sum({m})" for m in measures)
     sql = (
         "SELECT intDiv(toUnixTimestamp64Nano(timestamp) - {origin_ns:Int64}, {step_ns:Int64}) AS step,"

@@ -134,14 +134,6 @@ def client_first_ns(row: Mapping[str, Any], measure: str) -> Any:
     return value if value is not None else row.get(f"{measure}_ns")
 
 
-def judged_sql(measure: str) -> str:
-    """SQL of ``measure`` (of :data:`REQUEST_MEASURES`) as the objectives and the views judge
-    and show it: :data:`CLIENT_FIRST_SQL` for ``ttft`` and ``e2e``, else its column
-    (``ValueError`` from :func:`measure_column` for an unknown one). ``client_ttft`` and the
-    server-only ``ttft`` stay readable as ``client_ttft`` and in the views."""
-    return CLIENT_FIRST_SQL.get(measure) or measure_column(measure)
-
-
 def measure_column(measure: str) -> str:
     """``"ttft"`` → ``"ttft_ns"``: the ``inferpath_requests`` column of a measure of
     :data:`REQUEST_MEASURES`. Raises ``ValueError`` naming the known ones otherwise."""
