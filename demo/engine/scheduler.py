@@ -353,9 +353,6 @@ class Engine:
         )
         return cfg.time_scale * (cfg.cold_slowdown if cold else 1.0)
 
-    def _batch_window_wait_seconds(self) -> float:
-        return self.batcher.batch_window_wait_seconds(self._clock())
-
     # --- stats -----------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """The live snapshot (see :class:`EngineStats` for each field's definition)."""
@@ -403,7 +400,10 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            step = batcher.plan_step(self._clock())
+            # One clock reading for the plan and the window: read twice, a window that closed
+            # between the reads left the head held with no timer to wake the loop.
+            now = self._clock()
+            step = batcher.plan_step(now)
             cfg = self.config
             if step is not None:
                 if step.kind == "prefill":
@@ -412,7 +412,7 @@ class Engine:
                     seconds = self.profile.decode_step_seconds(step.tokens) * cfg.decode_slowdown
                 await self._step(seconds * self.step_multiplier(), len(step.sequences))
                 self._emit(batcher.finish_step(step, self._clock()))
-            elif (hold := self._batch_window_wait_seconds()) > 0:
+            elif (hold := batcher.batch_window_wait_seconds(now)) > 0:
                 # Nothing runs while the batching window of the queue head is open.
                 await asyncio.sleep(hold)
             else:

@@ -224,3 +224,24 @@ def test_invalid_requests_are_rejected_naming_the_field(prompt_tokens, max_token
 def test_invalid_configs_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         EngineConfig(**kwargs)
+
+
+def test_a_batch_window_that_closes_between_clock_readings_does_not_stall_the_queue():
+    """The loop plans a step and sizes the window's hold on one clock reading. A clock that
+    moves past the window between two readings (a preempted process, a loaded machine) once
+    left the head held with no timer set: the request waited for the next arrival forever."""
+    ticks = iter(range(10**6))
+
+    def stepping_clock() -> float:
+        return next(ticks) * 0.3  # every reading 0.3 s later than the one before
+
+    async def main():
+        engine = Engine(EngineConfig(time_scale=0.01, batch_window_seconds=0.5), clock=stepping_clock)
+        engine.start()
+        try:
+            return await asyncio.wait_for(_drain(engine.submit(64, 3)), timeout=5)
+        finally:
+            await engine.stop()
+
+    events = _run(main())
+    assert [e.index for e in events] == [0, 1, 2] and events[-1].finished
