@@ -77,9 +77,9 @@ class Recording:
 
 @dataclass
 class ImportResult:
-    """What :func:`import_recording` posted: counts, the ``offset_ns`` added to every time,
-    the engine ``source`` recognised and the time range covering every scrape and span
-    (aware UTC datetimes, after the offset; ``end`` exclusive)."""
+    """What :func:`post_import` posted: counts (``scrapes``: those of a known source), the
+    ``offset_ns`` added to every time, the engine ``source`` recognised and the time range
+    covering every scrape and span (aware UTC datetimes, after the offset; ``end`` exclusive)."""
 
     scrapes: int
     trace_bodies: int
@@ -247,21 +247,38 @@ def _spans(request: Any) -> Iterator[Any]:
             yield from scope_spans.spans
 
 
-def import_recording(
-    recording: Recording, client: httpx.Client, *, offset_ns: int = 0, source: str | None = None
-) -> ImportResult:
-    """Post ``recording`` to the inferpath server behind ``client`` (module docstring) with
-    every time moved by ``offset_ns``, then flush it so it is readable. ``source``: the
-    collector source of the scrapes (default: recognised from each scrape). Raises
-    :class:`RecordingError` when a file cannot be read or the server refuses a body
-    (its answer is quoted), and for an unknown ``source`` before anything is posted."""
+@dataclass
+class PreparedImport:
+    """A recording read, checked and encoded, ready to post (:func:`prepare_import`):
+    ``trace_bodies`` and ``metric_bodies`` are OTLP protobuf bodies with every time moved by
+    ``offset_ns``; ``unrecognised_scrapes`` the times (unix ns, as recorded) of the scrapes
+    whose metric names match no collector source (they are not posted); ``start`` / ``end``
+    as in :class:`ImportResult`, over what is posted."""
+
+    trace_bodies: list[bytes]
+    metric_bodies: list[bytes]
+    scrapes: int
+    unrecognised_scrapes: list[int]
+    offset_ns: int
+    source: str | None
+    start: datetime | None
+    end: datetime | None
+
+
+def prepare_import(recording: Recording, *, offset_ns: int = 0, source: str | None = None) -> PreparedImport:
+    """Read every file of ``recording``, check it and encode what will be posted, so that a
+    bad file stops the import before anything reaches a store. ``source``: the collector
+    source of the scrapes (default: recognised from each scrape). Raises
+    :class:`RecordingError` naming the file (or the scrape's time) and what was wrong: an
+    unknown ``source``, a body that is not an OTLP trace request, a scrape the collectors'
+    parser refuses, or scrapes of which none is of a known source with no trace body beside."""
     from inferpath.collectors.otlp_export import build_request
     from inferpath.collectors.pipeline import parse_scrape
     from inferpath.vocabulary import SOURCES
 
-    if source is not None and source not in SOURCES:  # said before a body is posted: no partial import
+    if source is not None and source not in SOURCES:
         raise RecordingError(f"source: unknown {source!r}, expected one of {', '.join(SOURCES)}")
-    bodies = 0
+    trace_bodies: list[bytes] = []
     span_range: list[int] = []
     for request in _trace_requests(recording):
         for span in _spans(request):
@@ -275,15 +292,19 @@ def import_recording(
                 if span_range
                 else [span.start_time_unix_nano, span.end_time_unix_nano]
             )
-        _post(client, "/v1/traces", request.SerializeToString(), "trace body")
-        bodies += 1
+        trace_bodies.append(request.SerializeToString())
     seen_source = None
+    unrecognised: list[int] = []
+    posted_range: list[int] = []
+    metric_bodies: list[bytes] = []
     pending: list[tuple[str, list]] = []
     for at_ns, text in recording.scrapes:
         kind = source or detect_source(text)
         if kind is None:
+            unrecognised.append(at_ns)
             continue
         seen_source = seen_source or kind
+        posted_range = [min(posted_range[0], at_ns), max(posted_range[1], at_ns)] if posted_range else [at_ns, at_ns]
         stamp = datetime.fromtimestamp((at_ns + offset_ns) // 1000 / 1e6, tz=timezone.utc)
         try:
             scraped = parse_scrape(text, kind, timestamp=stamp)
@@ -291,18 +312,59 @@ def import_recording(
             raise RecordingError(f"scrape at {at_ns}: {exc}") from None
         pending.append((kind, scraped.all()))
         if len(pending) == SCRAPES_PER_BODY:
-            _post(client, "/v1/metrics", build_request(pending).SerializeToString(), "scrape")
+            metric_bodies.append(build_request(pending).SerializeToString())
             pending = []
     if pending:
-        _post(client, "/v1/metrics", build_request(pending).SerializeToString(), "scrape")
-    flushed = client.post("/api/v1/flush", params={"timeout_seconds": 120}).json().get("ok") is True
-    scrape_range = recording.time_range_ns()
-    bounds = [*span_range, *((scrape_range[0] + offset_ns, scrape_range[1] + offset_ns) if scrape_range else ())]
+        metric_bodies.append(build_request(pending).SerializeToString())
+    if recording.scrapes and not metric_bodies and not trace_bodies:
+        prefixes = ", ".join(prefix for prefix, _ in SOURCE_PREFIXES)
+        raise RecordingError(
+            f"{recording.root}: none of the {len(recording.scrapes)} scrapes holds metrics of a known source "
+            f"(names starting {prefixes}); give --source if they are one's under other names"
+        )
+    bounds = [*span_range, *(at + offset_ns for at in posted_range)]
     start = end = None
-    if bounds:  # the end is exclusive in a window: one microsecond past the last time
+    if bounds:  # the end is exclusive in a window: one microsecond past the last time posted
         start = datetime.fromtimestamp(min(bounds) // 1000 / 1e6, tz=timezone.utc)
         end = datetime.fromtimestamp((max(bounds) // 1000 + 1) / 1e6, tz=timezone.utc)
-    return ImportResult(len(recording.scrapes), bodies, offset_ns, seen_source, start, end, flushed)
+    return PreparedImport(
+        trace_bodies,
+        metric_bodies,
+        len(recording.scrapes) - len(unrecognised),
+        unrecognised,
+        offset_ns,
+        seen_source,
+        start,
+        end,
+    )
+
+
+def post_import(prepared: PreparedImport, client: httpx.Client) -> ImportResult:
+    """Post ``prepared`` to the inferpath server behind ``client`` (traces first), then flush
+    it so it is readable. Raises :class:`RecordingError` when the server refuses a body (its
+    answer is quoted) or is not an inferpath server."""
+    for body in prepared.trace_bodies:
+        _post(client, "/v1/traces", body, "trace body")
+    for body in prepared.metric_bodies:
+        _post(client, "/v1/metrics", body, "scrape")
+    flushed = client.post("/api/v1/flush", params={"timeout_seconds": 120}).json().get("ok") is True
+    return ImportResult(
+        prepared.scrapes,
+        len(prepared.trace_bodies),
+        prepared.offset_ns,
+        prepared.source,
+        prepared.start,
+        prepared.end,
+        flushed,
+    )
+
+
+def import_recording(
+    recording: Recording, client: httpx.Client, *, offset_ns: int = 0, source: str | None = None
+) -> ImportResult:
+    """:func:`prepare_import` then :func:`post_import`: a bad file or option raises
+    :class:`RecordingError` before anything is posted."""
+    return post_import(prepare_import(recording, offset_ns=offset_ns, source=source), client)
 
 
 def _post(client: httpx.Client, path: str, body: bytes, what: str) -> None:
@@ -318,6 +380,7 @@ def _post(client: httpx.Client, path: str, body: bytes, what: str) -> None:
 
 __all__ = [
     "ImportResult",
+    "PreparedImport",
     "Recording",
     "RecordingError",
     "SCRAPES_PER_BODY",
@@ -326,4 +389,6 @@ __all__ = [
     "detect_source",
     "import_recording",
     "open_recording",
+    "post_import",
+    "prepare_import",
 ]

@@ -12,6 +12,7 @@ Exit codes (scripts can trust them): ``diagnose`` 0 healthy, 1 degraded, 2 no ve
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,6 @@ def diagnose(
 ) -> None:
     """Name the bottleneck of a window against the latency objectives, and against a baseline
     when given. Exit 0 healthy, 1 degraded, 2 no verdict."""
-    from datetime import datetime, timedelta, timezone
-
     from inferpath.timespec import parse_duration_seconds, parse_time
 
     now = datetime.now(timezone.utc)
@@ -195,18 +194,27 @@ def _import(path: Path, unpacked: Path, server: str | None, store: str | None, s
 
     import httpx
 
-    from inferpath.collectors.recording import RecordingError, choose_offset_ns, import_recording, open_recording
+    from inferpath.collectors.recording import (
+        RecordingError,
+        choose_offset_ns,
+        open_recording,
+        post_import,
+        prepare_import,
+    )
 
+    settings = command_settings(server_url=server, store_url=store)
+    # Every file is read and checked before a store is opened or a body posted: a bad file
+    # leaves no partial import and no new store folder.
     try:
         recording = open_recording(path, workdir=unpacked)
+        offset = choose_offset_ns(recording, ttl_days=settings.ttl_days, now_ns=time.time_ns(), shift=shift)
+        prepared = prepare_import(recording, offset_ns=offset, source=source)
     except RecordingError as exc:
         fail(f"cannot read the recording: {exc}")
-    settings = command_settings(server_url=server, store_url=store)
-    offset = choose_offset_ns(recording, ttl_days=settings.ttl_days, now_ns=time.time_ns(), shift=shift)
     with server_for(server, store, fallback_to_default_store=False, create_store=True) as (url, headers):
         with httpx.Client(base_url=url, headers=headers, timeout=120.0) as client:
             try:
-                result = import_recording(recording, client, offset_ns=offset, source=source)
+                result = post_import(prepared, client)
             except (RecordingError, httpx.HTTPError) as exc:
                 fail(f"import failed: {exc}")
     console.print(
@@ -214,6 +222,15 @@ def _import(path: Path, unpacked: Path, server: str | None, store: str | None, s
         f"{result.trace_bodies} trace bodies into {shown_store_url(store) if store else url}",
         highlight=False,
     )
+    if prepared.unrecognised_scrapes:
+        skipped = prepared.unrecognised_scrapes
+        console.print(
+            f"skipped {len(skipped)} scrapes with no metric of a known source (the first recorded at "
+            f"{datetime.fromtimestamp(skipped[0] / 1e9, tz=timezone.utc).isoformat()}); give --source if they "
+            "are an engine's under other names",
+            soft_wrap=True,
+            highlight=False,
+        )
     if offset:
         console.print(
             f"times moved by {offset / 1e9:+.0f} s (the recording is older than the store keeps data)", highlight=False

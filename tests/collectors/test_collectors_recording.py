@@ -164,3 +164,43 @@ def test_import_to_another_program_names_it_not_an_inferpath_server(shared_data:
     assert result.exit_code == 2, result.output
     assert f"{url} is not an inferpath server: it answered POST /v1/traces with 501" in said, said
     assert "give --server the address `inferpath up` printed" in said and "<html" not in said.lower()
+
+
+def test_a_corrupt_trace_body_stops_the_import_before_a_store_is_made(tmp_path: Path, shared_data: Path) -> None:
+    import shutil
+
+    recording = tmp_path / "rec"
+    shutil.copytree(_capture(shared_data), recording)
+    bodies = sorted((recording / "otlp").glob("*.pb"))
+    bodies[len(bodies) // 2].write_bytes(b"\xff\xff\xff not protobuf")
+    store = tmp_path / "store"
+    result = CliRunner().invoke(app, ["import", str(recording), "--store", f"chdb://{store}"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"{bodies[len(bodies) // 2].name}: not an OTLP ExportTraceServiceRequest" in said, said
+    assert not store.exists()  # nothing half imported, no empty store left behind
+
+
+def test_scrapes_of_no_known_source_are_counted_or_refused(tmp_path: Path, shared_data: Path) -> None:
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(_capture(shared_data), mixed)
+    (mixed / "metrics_1000000000000000000.prom").write_text("garbage that is no exposition\n")
+    store = tmp_path / "store"
+    result = CliRunner().invoke(app, ["import", str(mixed), "--store", f"chdb://{store}"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "imported 69 scrapes (vllm)" in said, said
+    assert "skipped 1 scrapes with no metric of a known source (the first recorded at 2001-09-09T01:46:40" in said
+    assert "inferpath diagnose --from 2001" not in said  # the window printed covers what was imported
+
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    for at in (1, 2):
+        (garbage / f"metrics_170000000{at}000000000.prom").write_text("my_app_requests_total 3\n")
+    result = CliRunner().invoke(app, ["import", str(garbage), "--store", f"chdb://{tmp_path / 'store2'}"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "none of the 2 scrapes holds metrics of a known source (names starting vllm:" in said, said
+    assert "give --source" in said and not (tmp_path / "store2").exists()
