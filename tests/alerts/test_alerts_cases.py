@@ -20,6 +20,7 @@ from alert_scenarios import (
 from inferpath.alerts.evaluator import AlertEvaluator
 from inferpath.alerts.queries import evaluate_rule
 from inferpath.alerts.rules import load_rule_file, parse_rule_text
+from inferpath.vocabulary import NS_PER_SECOND
 
 DIVERGENCE = parse_rule_text("""
 evaluation_interval: 15s
@@ -75,6 +76,30 @@ def test_case1_true_p99_over_windows_does_not_fire(store) -> None:
     assert not sample.active
     evaluator = AlertEvaluator(DIVERGENCE, store, notifiers=[], diagnose=False)
     assert evaluator.evaluate_once(T0 + timedelta(minutes=10)) == []
+
+
+def test_ttft_is_judged_as_the_end_user_saw_it(store) -> None:
+    # The engine answers in 50 ms, the calling client waits 2 s for its first token (a slow
+    # hop): a TTFT rule reads the client's measure where the row has one, as the diagnosis does.
+    rows = [request(T0 + timedelta(seconds=i), 0.05) for i in range(300)]
+    for row in rows[:150]:
+        row.client_ttft_ns = 2 * NS_PER_SECOND
+    insert_requests(store, rows)
+    rule = parse_rule_text("""
+rules:
+  - {name: TTFTOverSLO, kind: quantile_over_slo, measure: ttft, quantile: 0.99, slo_seconds: 1, window: 10m, min_samples: 100}
+""").rules[0]
+    (sample,) = evaluate_rule(store, rule, T0 + timedelta(minutes=10))
+    assert sample.active and math.isclose(sample.evidence["quantile_seconds"], 2.0, rel_tol=1e-9)
+    assert sample.evidence["samples"] == 300
+    # Without the client's measure the same rows are the engine's 50 ms: nothing to fire on.
+    for row in rows:
+        row.client_ttft_ns = None
+        row.trace_id = f"{int(row.trace_id, 16) + 10**6:032x}"
+    store.command("TRUNCATE TABLE inferpath_requests")
+    insert_requests(store, rows)
+    (sample,) = evaluate_rule(store, rule, T0 + timedelta(minutes=10))
+    assert not sample.active and math.isclose(sample.evidence["quantile_seconds"], 0.05, rel_tol=1e-9)
 
 
 def test_case2_too_few_samples_is_low_confidence(store) -> None:
@@ -173,3 +198,33 @@ rules:
     # The evidence a query reports is what its kind declares to annotation templates.
     for rule, sample in zip(rules.rules, (queue, kv)):
         assert set(sample.evidence) == set(rule.evidence_keys), rule.kind
+
+
+def test_for_counts_evaluation_ticks_not_the_jitter_of_when_each_pass_started(store) -> None:
+    """The loop's passes start a few milliseconds late, by varying amounts. Each evaluation is
+    stamped with its tick (as Prometheus stamps rule evaluations), so ``for`` of two
+    intervals fires at the second evaluation after the one that went pending."""
+    rules = parse_rule_text("""
+evaluation_interval: 1s
+rules:
+  - name: TTFTp99OverSLO
+    kind: quantile_over_slo
+    measure: ttft
+    quantile: 0.99
+    slo_seconds: 0.4
+    min_samples: 5
+    window: 1m
+    for: 2s
+""")
+    insert_requests(store, [request(T0 + timedelta(seconds=i), 2.0) for i in range(30)])
+    started = [T0 + timedelta(minutes=1, milliseconds=ms) for ms in (10, 1012, 2005, 3009)]
+    evaluator = AlertEvaluator(rules, store, notifiers=[], diagnose=False, clock=iter(started).__next__)
+    states = []
+    for _ in started:
+        evaluator.run_pass()
+        states.append("firing" if evaluator.firing() else "pending" if evaluator.pending() else "inactive")
+    # By the pass start times, the third pass is 1.995 s after the first: stamped with them,
+    # the alert would still be pending there.
+    assert states == ["pending", "pending", "firing", "firing"]
+    (alert,) = evaluator.firing()
+    assert alert.active_at == started[0] and alert.fired_at == started[0] + timedelta(seconds=2)
