@@ -31,6 +31,7 @@ from inferpath.alerts.rules import (
     TailDivergenceRule,
 )
 from inferpath.vocabulary import (
+    CLIENT_FIRST_SQL,
     GPU_UP,
     GPU_UTILIZATION_RATIO,
     KV_CACHE_USAGE_RATIO,
@@ -96,7 +97,9 @@ def _request_rows(store: Any, rule: Any, at: datetime, select: str, extra: dict[
 
 
 def _quantile_rows(store: Any, rule: Any, at: datetime) -> list[tuple[dict[str, str], int, float | None, float | None]]:
-    column = f"{rule.measure}_ns"
+    # TTFT and E2E as the diagnosis judges and the dashboard shows them: the client's own
+    # measure where the caller is instrumented, else the server's.
+    column = CLIENT_FIRST_SQL.get(rule.measure, f"{rule.measure}_ns")
     select = f"count({column}), avg({column}), quantileExactInclusive({{q:Float64}})({column})"
     out = []
     for labels, (count, mean_ns, quantile_ns) in _request_rows(store, rule, at, select, {"q": rule.quantile}):

@@ -140,7 +140,8 @@ class _RuleBase(_Strict):
 
 class _RequestRule(_RuleBase):
     """A rule over request rows: ``measure``, one of the vocabulary's
-    :data:`~inferpath.vocabulary.REQUEST_MEASURES` (the ``<measure>_ns`` column);
+    :data:`~inferpath.vocabulary.REQUEST_MEASURES` (the ``<measure>_ns`` column; ``ttft``
+    and ``e2e`` by :data:`~inferpath.vocabulary.CLIENT_FIRST_SQL`: the client's, else the server's);
     ``min_samples`` below which it reports low confidence and never fires; ``by``: columns
     to split alerts by (one alert per distinct value)."""
 
