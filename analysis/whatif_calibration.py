@@ -3,8 +3,11 @@ the window itself recorded.
 
 - **Arrivals and tokens**: one :class:`TraceRequest` per request row (``timestamp``,
   ``input_tokens``, ``output_tokens``, ``endpoint_class``, ``replica``), with its observed
-  ``ttft_ns``, ``queue_ns``, ``prefill_ns``, ``decode_ns``. The API-side time before the
-  scheduler saw it (``ttft − queue − prefill``: HTTP, tokenization, IPC) is kept per request.
+  TTFT and E2E (the client's where the caller is instrumented, else the server's:
+  ``vocabulary.client_first_ns``, as the diagnosis and the views read them), ``queue_ns``,
+  ``prefill_ns``, ``decode_ns``. The time before the scheduler saw it (``ttft − queue −
+  prefill``: the client's hop, the gateway, HTTP, tokenization, IPC) is kept per request, so a
+  prediction is of the TTFT the end user waits for.
 - **Step times** (:class:`StepTimeModel`): vLLM V1 runs decodes and prompt chunks in the same
   steps, so one law for every step: ``step ≈ base + per_sequence·sequences + per_token·prompt
   tokens``. Robust least squares (Huber weights, no coefficient below 0) over two kinds of
@@ -47,7 +50,7 @@ from typing import Any
 
 from inferpath.analysis.percentiles import quantile
 from inferpath.analysis.whatif_engine import EngineSettings
-from inferpath.vocabulary import KV_CACHE_CONFIG_INFO
+from inferpath.vocabulary import KV_CACHE_CONFIG_INFO, client_first_ns
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM V1's default prompt-token budget per step
@@ -65,6 +68,8 @@ ROW_COLUMNS = (
     "output_tokens",
     "ttft_ns",
     "e2e_ns",
+    "client_ttft_ns",
+    "client_e2e_ns",
     "queue_ns",
     "prefill_ns",
     "decode_ns",
@@ -342,8 +347,8 @@ def calibrate(
         for r in rows
         if r.get("prefill_ns") is not None
         and r.get("queue_ns") is not None
-        and r.get("ttft_ns") is not None
-        and r.get("e2e_ns") is not None
+        and client_first_ns(r, "ttft") is not None
+        and client_first_ns(r, "e2e") is not None
         and r.get("input_tokens")
         and r.get("output_tokens")
     ]
@@ -365,8 +370,12 @@ def calibrate(
     for r in usable:
         arrival = r["timestamp"].timestamp() - start_s
         # present on every usable row (checked above)
-        ttft, queue, prefill = float(r["ttft_ns"]) / 1e9, float(r["queue_ns"]) / 1e9, float(r["prefill_ns"]) / 1e9
-        e2e = float(r["e2e_ns"]) / 1e9
+        ttft, queue, prefill = (
+            client_first_ns(r, "ttft") / 1e9,
+            float(r["queue_ns"]) / 1e9,
+            float(r["prefill_ns"]) / 1e9,
+        )
+        e2e = client_first_ns(r, "e2e") / 1e9
         out_tokens = int(r["output_tokens"])
         decode = _seconds(r.get("decode_ns"))
         itl = None

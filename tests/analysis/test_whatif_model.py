@@ -201,3 +201,19 @@ def test_the_cli_names_a_bad_change_by_its_option_before_reading_anything(tmp_pa
         result = CliRunner().invoke(app, ["whatif", "--from", "-30m", "--store", store, *args])
         assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
     assert not (tmp_path / "never-opened").exists()
+
+
+def test_the_clients_hop_is_observed_and_carried_into_every_prediction() -> None:
+    """Where the caller is instrumented the what-if observes and predicts the client's TTFT
+    (as the diagnosis and the views read it): the hop before the engine is kept per request,
+    so an engine change moves the engine's part only."""
+    rows = _rows()
+    for row in rows:
+        row |= {"client_ttft_ns": row["ttft_ns"] + 500_000_000, "client_e2e_ns": row["e2e_ns"] + 500_000_000}
+    window = {"window_start": T0, "window_end": T0 + timedelta(seconds=120)}
+    answer = what_if(calibrate(rows, {}, **window), Change(max_num_seqs=2))
+    bare = what_if(calibrate(_rows(), {}, **window), Change(max_num_seqs=2))
+    for name in ("observed", "replayed", "predicted"):
+        with_hop, without = getattr(answer, name)["all"], getattr(bare, name)["all"]
+        assert with_hop.ttft_p50_seconds == pytest.approx(without.ttft_p50_seconds + 0.5, abs=0.005), name
+    assert answer.observed["all"].ttft_p50_seconds == pytest.approx(0.53, abs=0.001)
