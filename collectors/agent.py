@@ -136,7 +136,13 @@ class _Exporter:
             # A rejected body will be rejected again: drop it rather than block the buffer.
             self._take(len(batches))
             self.stats.samples_dropped_total += count
-            self._log.warning("export to %s rejected with HTTP %s; %d samples dropped", self.url, status, count)
+            hint = (
+                " (no OTLP metrics route there: is it an inferpath server? give --server the address "
+                "`inferpath up` printed)"
+                if status in (404, 405, 501)
+                else ""
+            )
+            self._log.warning("export to %s rejected with HTTP %s; %d samples dropped%s", self.url, status, count, hint)
             return
         wait = _retry_after_seconds(retry_after)
         if wait is None:

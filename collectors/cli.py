@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 
 import typer
 
 from inferpath.config import ENV_SERVER_URL, ENV_TOKEN
+from inferpath.ratelimited_log import configure_logging
 from inferpath.vocabulary import SOURCES
 
 
@@ -45,7 +45,7 @@ def collect(
         raise typer.BadParameter(
             "nothing to collect: pass --nvml and/or --scrape SOURCE=URL", param_hint="--nvml / --scrape"
         )
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     stop = threading.Event()
     # Both signals only set the stop event, so the agent exports what it buffered before exiting.
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -8,6 +8,8 @@
   rest dropped and counted.
 
 Both use the monotonic clock unless given another (tests, a poller's own clock).
+:func:`configure_logging` is the log set-up of inferpath's long-running processes (the
+server, the collector agent).
 """
 
 from __future__ import annotations
@@ -18,7 +20,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RateLimitFilter", "RateLimitedLog"]
+__all__ = ["QUIET_LOGGERS", "RateLimitFilter", "RateLimitedLog", "configure_logging"]
+
+QUIET_LOGGERS = ("httpx", "httpcore")
+"""Libraries that log every HTTP call at INFO: the collectors' scrapes made two such lines a
+second, which buried inferpath's own messages. They keep WARNING and above."""
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Log records of ``level`` and above to stderr, one line each with time, level and
+    logger; :data:`QUIET_LOGGERS` only from WARNING, so inferpath's own INFO lines stand out."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
 
 
 def _check_interval(interval_seconds: float) -> None:

@@ -6,7 +6,6 @@ inferpath.serve`` runs this with them)."""
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -23,20 +22,9 @@ from inferpath.config import (
     Settings,
     describe_invalid_settings,
 )
+from inferpath.ratelimited_log import configure_logging
 from inferpath.server.runtime import ListenError, StoreOpenError, serve_forever
 from inferpath.server.services import BackgroundService
-
-QUIET_LOGGERS = ("httpx", "httpcore")
-"""Libraries that log every HTTP call at INFO: the collectors' scrapes made two such lines a
-second, which buried the server's own messages. They keep WARNING and above."""
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """Log records of ``level`` and above to stderr, one line each with time, level and
-    logger; :data:`QUIET_LOGGERS` only from WARNING, so inferpath's own INFO lines stand out."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(max(level, logging.WARNING))
 
 
 def main(

@@ -220,3 +220,31 @@ def test_collect_command_validates_and_runs(shared_data: Path, monkeypatch):
     assert captured["server_url"] == "http://10.0.0.1:4318" and captured["nvml"] is True
     assert captured["scrape_targets"] == ["vllm=http://127.0.0.1:8000/metrics"]
     assert captured["interval_seconds"] == 2.0 and "sent 5 samples" in result.output
+
+
+def test_another_program_at_server_is_named_once_without_a_line_per_request(caplog):
+    """A real HTTP server on loopback that is not inferpath (Python's file server: 501 for
+    POST): the agent says what to do, once per interval, and httpx's per-request INFO lines
+    stay out of the collector's log (configure_logging, as the server's)."""
+    import http.server
+    import logging
+    import threading
+
+    from inferpath.ratelimited_log import configure_logging
+
+    configure_logging()
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        try:
+            with caplog.at_level(logging.INFO):
+                stats = run_agent(
+                    url, nvml=True, nvml_poller=_poller(), scrape_targets=[], interval_seconds=0.01, max_ticks=5
+                )
+        finally:
+            other.shutdown()
+    assert stats.samples_sent_total == 0 and stats.export_failures_total >= 5
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("inferpath")]
+    assert len(said) == 1 and "rejected with HTTP 501" in said[0], said
+    assert "is it an inferpath server? give --server the address `inferpath up` printed" in said[0]
+    assert not [r for r in caplog.records if r.name in ("httpx", "httpcore")]
