@@ -22,7 +22,6 @@ from inferpath.cli_app import new_app
 
 app = new_app(help="Alert rules: lint them, and see what they would have done over past data.")
 console = Console()
-err_console = Console(stderr=True)
 
 
 def _load(file: str):
@@ -137,8 +136,6 @@ def test(
             highlight=False,
         )
         raise typer.Exit(2) from exc
-    if not json_output:
-        err_console.print(f"replaying {evaluations} evaluations (one per {every:g} s of {span})…", highlight=False)
     path = DEFAULT_RULES_PATH if file == "default" else Path(file)
     body = {
         "rules": path.read_text(encoding="utf-8"),
@@ -148,7 +145,14 @@ def test(
         "step_seconds": step_seconds,
     }
     response = ask(
-        "POST", "/api/v1/alerts/backtest", server, store, json_output, json_body=body, timeout_seconds=3600.0
+        "POST",
+        "/api/v1/alerts/backtest",
+        server,
+        store,
+        json_output,
+        json_body=body,
+        timeout_seconds=3600.0,
+        announce=None if json_output else f"replaying {evaluations} evaluations (one per {every:g} s of {span})…",
     )
     if response.status_code != 200:
         fail(f"cannot replay the rules: {refusal_text(response)}", json_output, http_status=response.status_code)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import httpx
 
 console = Console()
+err_console = Console(stderr=True)
 
 
 def fail(message: str, json_output: bool = False, **extra: Any) -> NoReturn:
@@ -193,14 +194,19 @@ def ask(
     timeout_seconds: float,
     params: dict[str, Any] | None = None,
     json_body: dict[str, Any] | None = None,
+    announce: str | None = None,
 ) -> httpx.Response:
     """``method path`` (with query ``params``, a JSON body ``json_body``) on the server
     :func:`server_for` picks, falling back to the default store when no server answers;
-    exits 2 when it does not answer. Returns the response, whatever its status."""
+    exits 2 when it does not answer. ``announce``: a line printed to stderr once the server is
+    found, before the request (what a long request is doing). Returns the response, whatever
+    its status."""
     import httpx
 
     with server_for(server, store, fallback_to_default_store=True, json_output=json_output) as (url, headers):
         shown = shown_store_url(url)
+        if announce:
+            err_console.print(announce, highlight=False)
         try:
             response = httpx.request(
                 method, f"{url}{path}", params=params, json=json_body, headers=headers, timeout=timeout_seconds

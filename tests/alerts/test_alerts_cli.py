@@ -96,3 +96,14 @@ def test_cli_test_replays_a_window_given_by_its_bounds(store_url: str, tmp_path)
     ):
         refused = CliRunner().invoke(app, ["test", str(rules), *bad, "--store", store_url])
         assert refused.exit_code == 2 and said in refused.output, (bad, refused.output)
+
+
+def test_cli_test_says_it_replays_only_once_a_server_answers() -> None:
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    result = CliRunner().invoke(app, ["test", "default", "--since", "10m", "--server", url])
+    assert result.exit_code == 2, result.output
+    assert "replaying" not in result.output and url in " ".join(result.output.split()), result.output
