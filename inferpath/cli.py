@@ -55,27 +55,40 @@ def _check_store_free(url: str | None) -> None:
         raise typer.Exit(2)
 
 
-def _check_dashboard_port(host: str, port: int) -> None:
+def _check_dashboard_port(host: str, port: int, server_port: int) -> None:
     """Exit 2 when the dashboard could not listen on ``host:port`` (as for the server's own
     --port), before anything starts: the dashboard is a child process whose failure to
-    listen would otherwise go unseen."""
+    listen would otherwise go unseen. A server port taken too is named in the same message."""
     import errno
+
+    failure = _bind_failure(host, port, reuse_address=True)  # as the dashboard's server binds
+    if failure is None:
+        return
+    if failure.errno == errno.EADDRINUSE:
+        hint = "is another dashboard running? choose another with --dashboard-port"
+    else:
+        hint = "check --host and --dashboard-port"
+    message = f"cannot listen on {host}:{port} for the dashboard: {failure.strerror or failure} ({hint})"
+    server_failure = _bind_failure(host, server_port, reuse_address=True) if server_port else None
+    if server_failure is not None and server_failure.errno == errno.EADDRINUSE:
+        message += f"; the server's port {server_port} is in use too (choose another with --port)"
+    console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
+    raise typer.Exit(2)
+
+
+def _bind_failure(host: str, port: int, *, reuse_address: bool) -> OSError | None:
+    """The error binding ``host:port`` gives now (``None``: it binds); the socket is closed."""
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the dashboard's server binds
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
-            reason = exc.strerror or str(exc)
-            if exc.errno == errno.EADDRINUSE:
-                hint = "is another dashboard running? choose another with --dashboard-port"
-            else:
-                hint = "check --host and --dashboard-port"
-            message = f"cannot listen on {host}:{port} for the dashboard: {reason} ({hint})"
-            console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
-            raise typer.Exit(2) from exc
+            return exc
+    return None
 
 
 @app.command()
@@ -186,7 +199,7 @@ def up(
     _check_store_url(settings.store_url)
     _check_store_free(settings.store_url)
     if dashboard:
-        _check_dashboard_port(settings.host, settings.dashboard_port)
+        _check_dashboard_port(settings.host, settings.dashboard_port, settings.port)
     from inferpath.alerts.rules import RuleFileError
     from inferpath.serve import server_services
 

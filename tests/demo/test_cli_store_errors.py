@@ -169,6 +169,27 @@ def test_up_refuses_a_dashboard_port_that_is_taken(tmp_path: Path) -> None:
     assert not (tmp_path / "store").exists()  # nothing started
 
 
+def test_up_with_both_ports_taken_names_both(tmp_path: Path) -> None:
+    with socket.socket() as dash, socket.socket() as server:
+        for taken in (dash, server):
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+        dash_port, server_port = dash.getsockname()[1], server.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "inferpath.cli", "up", "--store", f"chdb://{tmp_path / 'store'}"]
+            + ["--port", str(server_port), "--dashboard-port", str(dash_port)],
+            env={**os.environ, "INFERPATH_HOST": "127.0.0.1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    said_ = " ".join(done.stdout.split())
+    assert f"cannot listen on 127.0.0.1:{dash_port} for the dashboard: Address already in use" in said_, said_
+    assert f"the server's port {server_port} is in use too (choose another with --port)" in said_, said_
+    assert not (tmp_path / "store").exists()
+
+
 def test_server_must_be_an_http_url_and_not_given_with_store(tmp_path: Path) -> None:
     foo = runner.invoke(app, ["diagnose", "--since", "1h", "--server", "foo"])
     assert foo.exit_code == 2
