@@ -46,12 +46,30 @@ def _values(points: Sequence[Mapping[str, Any]], column: str, scale: float) -> l
     return [None if p.get(column) is None else float(p[column]) * scale for p in points]
 
 
+def _with_gaps(points: Sequence[Mapping[str, Any]], step: float) -> list[Mapping[str, Any]]:
+    """``points`` (one per bucket with requests, in time order) with an empty bucket put in
+    after each one followed by a gap, and before the next one: the latency lines break
+    there instead of drawing across minutes without a request, and the rates drop to 0."""
+    if len(points) < 2:
+        return list(points)
+    stamps = pd.to_datetime(pd.Series([p["bucket"] for p in points]), utc=True)
+    width = pd.Timedelta(seconds=step)
+    out: list[Mapping[str, Any]] = [points[0]]
+    for k in range(1, len(points)):
+        if stamps.iloc[k] - stamps.iloc[k - 1] > width:
+            empties = {stamps.iloc[k - 1] + width, stamps.iloc[k] - width}
+            out.extend({"bucket": at.isoformat(), "requests": 0, "errors": 0} for at in sorted(empties))
+        out.append(points[k])
+    return out
+
+
 def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
     """Overview figures, one per endpoint class, from ``/views/latency``.
 
     Rows on one time axis: TTFT, ITL and E2E (p50, p95, p99 and mean, ms); requests and
     errors per second; the p99-to-mean ratio of each measure (how heavy the tail is: 1 means
-    every request is alike). Classes without a name are ``unclassified``.
+    every request is alike). Classes without a name are ``unclassified``. Lines break where
+    buckets have no request.
     """
     step = float(view.get("step_seconds") or 1)
     by_class: dict[str, list[Mapping[str, Any]]] = {}
@@ -59,6 +77,7 @@ def latency_by_class(view: Mapping[str, Any], tz: str) -> dict[str, go.Figure]:
         by_class.setdefault(point.get("endpoint_class") or UNCLASSIFIED, []).append(point)
     figures: dict[str, go.Figure] = {}
     for klass, points in sorted(by_class.items()):
+        points = _with_gaps(points, step)
         x = wall_time([p["bucket"] for p in points], tz)
         rows = StackedRows(("TTFT", "ITL", "E2E", "Requests and errors", "p99 / mean"))
         for row, measure in enumerate(("ttft", "itl", "e2e"), start=1):

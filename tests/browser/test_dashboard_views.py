@@ -72,6 +72,26 @@ def test_a_class_with_no_ttft_or_itl_keeps_the_windows_time_axis() -> None:
     assert "no TTFT measured" in texts and "no ITL measured" in texts
 
 
+def test_lines_break_across_buckets_without_requests() -> None:
+    def point(seconds: int) -> dict:
+        return {
+            "bucket": (pd.Timestamp(T0) + pd.Timedelta(seconds=seconds)).isoformat(),
+            "endpoint_class": "interactive",
+            "requests": 5,
+            "errors": 0,
+            **{f"{m}_{s}_seconds": 0.2 for m in ("ttft", "itl", "e2e") for s in ("avg", "p50", "p95", "p99")},
+        }
+
+    view = {"step_seconds": 10, "points": [point(t) for t in (0, 10, 20, 100, 110)]}
+    by_name = {trace.name: trace for trace in charts.latency_by_class(view, "UTC")["interactive"].data}
+    seconds = [
+        (pd.Timestamp(x) - pd.Timestamp(charts.wall_time([T0], "UTC")[0])).seconds for x in by_name["TTFT p99"].x
+    ]
+    assert seconds == [0, 10, 20, 30, 90, 100, 110]
+    assert [None if y is None or y != y else y for y in by_name["TTFT p99"].y] == [200, 200, 200, None, None, 200, 200]
+    assert list(by_name["requests/s"].y) == [0.5, 0.5, 0.5, 0.0, 0.0, 0.5, 0.5]
+
+
 def test_band_shares_and_hops_tables() -> None:
     bands = [
         {
