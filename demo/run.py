@@ -179,10 +179,10 @@ def _print_scenario(outcome: Any, console: Console) -> None:
     verdict_word = "[green]correct[/]" if outcome.correct else "[red]wrong[/]"
     console.print(f"diagnosis: {verdict['summary']} — expected {outcome.scenario.cause or 'healthy'}: {verdict_word}")
     console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.timings_seconds.items()))
-    start, end = outcome.baseline_window[0], outcome.fault_window[1]
+    (base_start, base_end), (start, end) = outcome.baseline_window, outcome.fault_window
     console.print(
-        f"diagnose this incident again: inferpath diagnose "
-        f"--from {start.isoformat()} --to {end.isoformat()} --store {outcome.store_url}",
+        f"diagnose this incident again: inferpath diagnose --from {start.isoformat()} --to {end.isoformat()} "
+        f"--baseline-from {base_start.isoformat()} --baseline-to {base_end.isoformat()} --store {outcome.store_url}",
         soft_wrap=True,
         highlight=False,
     )

@@ -3,6 +3,7 @@ serves the dashboard on the incident it just made until it is stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -70,4 +71,14 @@ def test_scenario_honours_both_ports_and_serves_the_dashboard(tmp_path: Path) ->
             demo.kill()
             demo.wait(30.0)
     reader.join(10.0)
-    assert "stopping" in "".join(lines)
+    output = "".join(lines)
+    assert "stopping" in output
+    # The command printed to judge the incident again gives the verdict the demo gave (the
+    # fault window against the scenario's baseline).
+    said = " ".join(output.split("diagnosis: ", 1)[1].split(" — expected", 1)[0].split())  # as wrapped
+    command = output.split("diagnose this incident again: inferpath ", 1)[1].splitlines()[0].split()
+    again = subprocess.run(
+        [sys.executable, "-m", "inferpath.cli", *command, "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode in (0, 1), again.stdout + again.stderr
+    assert json.loads(again.stdout[again.stdout.index("{") :])["summary"] == said
