@@ -252,7 +252,8 @@ class PreparedImport:
     """A recording read, checked and encoded, ready to post (:func:`prepare_import`):
     ``trace_bodies`` and ``metric_bodies`` are OTLP protobuf bodies with every time moved by
     ``offset_ns``; ``unrecognised_scrapes`` the times (unix ns, as recorded) of the scrapes
-    whose metric names match no collector source (they are not posted); ``start`` / ``end``
+    whose metric names match no collector source, or none of the given source's catalog
+    (they are not posted); ``start`` / ``end``
     as in :class:`ImportResult`, over what is posted."""
 
     trace_bodies: list[bytes]
@@ -303,20 +304,28 @@ def prepare_import(recording: Recording, *, offset_ns: int = 0, source: str | No
         if kind is None:
             unrecognised.append(at_ns)
             continue
-        seen_source = seen_source or kind
-        posted_range = [min(posted_range[0], at_ns), max(posted_range[1], at_ns)] if posted_range else [at_ns, at_ns]
         stamp = datetime.fromtimestamp((at_ns + offset_ns) // 1000 / 1e6, tz=timezone.utc)
         try:
-            scraped = parse_scrape(text, kind, timestamp=stamp)
+            samples = parse_scrape(text, kind, timestamp=stamp).all()
         except ValueError as exc:
             raise RecordingError(f"scrape at {at_ns}: {exc}") from None
-        pending.append((kind, scraped.all()))
+        if not samples:  # nothing of the source's catalog in it
+            unrecognised.append(at_ns)
+            continue
+        seen_source = seen_source or kind
+        posted_range = [min(posted_range[0], at_ns), max(posted_range[1], at_ns)] if posted_range else [at_ns, at_ns]
+        pending.append((kind, samples))
         if len(pending) == SCRAPES_PER_BODY:
             metric_bodies.append(build_request(pending).SerializeToString())
             pending = []
     if pending:
         metric_bodies.append(build_request(pending).SerializeToString())
     if recording.scrapes and not metric_bodies and not trace_bodies:
+        if source is not None:
+            raise RecordingError(
+                f"{recording.root}: none of the {len(recording.scrapes)} scrapes holds a metric that the "
+                f"{source} collector reads"
+            )
         prefixes = ", ".join(prefix for prefix, _ in SOURCE_PREFIXES)
         raise RecordingError(
             f"{recording.root}: none of the {len(recording.scrapes)} scrapes holds metrics of a known source "

@@ -204,3 +204,10 @@ def test_scrapes_of_no_known_source_are_counted_or_refused(tmp_path: Path, share
     assert result.exit_code == 2, result.output
     assert "none of the 2 scrapes holds metrics of a known source (names starting vllm:" in said, said
     assert "give --source" in said and not (tmp_path / "store2").exists()
+    sourced = CliRunner().invoke(
+        app, ["import", str(garbage), "--source", "vllm", "--store", f"chdb://{tmp_path / 's3'}"]
+    )
+    said = " ".join(sourced.output.split())
+    assert sourced.exit_code == 2, sourced.output
+    assert "none of the 2 scrapes holds a metric that the vllm collector reads" in said, said
+    assert not (tmp_path / "s3").exists()
