@@ -166,8 +166,13 @@ def import_cmd(
         help="A recording: a folder (metrics_<unix_ns>.prom scrapes, otlp/*.pb "
         "bodies), a .tar.gz of one, or an exposition with timestamps.",
     ),
-    server: str | None = typer.Option(None, help="Post to this running inferpath server."),
-    store: str | None = typer.Option(None, help="Import into this store directly (chdb:///path)."),
+    server: str | None = typer.Option(
+        None,
+        help="Post to this running inferpath server (default: INFERPATH_SERVER_URL, else http://127.0.0.1:4318).",
+    ),
+    store: str | None = typer.Option(
+        None, help="Import into this store directly (chdb:///path; an embedded store is created if missing)."
+    ),
     shift: str = typer.Option(
         "auto",
         help="auto: move the times to now only when the recording is older than "

@@ -152,7 +152,8 @@ def server_for(
                     fail(
                         f"cannot reach the inferpath server at {shown_store_url(url)} "
                         f"({str(exc).replace(url, shown_store_url(url))}). Start it with `inferpath up`, "
-                        f"point --server at it, or read a store directly with --store chdb:///path/to/store",
+                        f"point --server at it, or {'import into' if create_store else 'read'} a store directly "
+                        "with --store chdb:///path/to/store",
                         json_output,
                     )
                 store = default
