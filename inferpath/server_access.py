@@ -80,8 +80,8 @@ def _check_server_url(url: str, option: str, json_output: bool) -> None:
 def _check_store_folder(store: str, *, create: bool, verb: str, json_output: bool) -> None:
     """Fail on a store URL that does not parse, an embedded store that is not there (unless
     ``create``: a folder that does not exist, or one without chDB's ``metadata`` folder, which
-    a read would turn into an empty store), or one that another process holds (``verb``: what
-    to do through its server)."""
+    a read would turn into an empty store), a folder of other files to create one in, or one
+    that another process holds (``verb``: what to do through its server)."""
     from inferpath.storage.store import chdb_folder_in_use
     from inferpath.storage.url import parse_store_url
 
@@ -101,6 +101,17 @@ def _check_store_folder(store: str, *, create: bool, verb: str, json_output: boo
         )
         fail(
             f"no store at {parsed.path} ({where}): check the path (inferpath up and inferpath import create one)",
+            json_output,
+        )
+    if (
+        create
+        and parsed.path.is_dir()
+        and not (parsed.path / "metadata").is_dir()
+        and any(entry.name != "lost+found" for entry in parsed.path.iterdir())
+    ):  # a mistyped path (a home folder, a project) would become a store among its files
+        fail(
+            f"{parsed.path} holds other files and no store: give a new or empty folder for the store "
+            "(or the folder of an existing one)",
             json_output,
         )
     if parsed.path.exists() and chdb_folder_in_use(parsed.path):

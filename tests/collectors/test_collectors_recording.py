@@ -211,3 +211,14 @@ def test_scrapes_of_no_known_source_are_counted_or_refused(tmp_path: Path, share
     assert sourced.exit_code == 2, sourced.output
     assert "none of the 2 scrapes holds a metric that the vllm collector reads" in said, said
     assert not (tmp_path / "s3").exists()
+
+
+def test_import_will_not_make_a_store_among_other_files(tmp_path: Path, shared_data: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["import", str(_capture(shared_data)), "--store", f"chdb://{folder}"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"{folder} holds other files and no store: give a new or empty folder" in said, said
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
