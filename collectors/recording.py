@@ -169,6 +169,8 @@ def _timestamped_scrapes(file: Path, text: str) -> list[tuple[int, str]]:
             comments.append(line)
             continue
         parts = line.rsplit(" ", 2)
+        if len(parts) == 3 and _is_number(parts[2]) and not _is_number(parts[1]):
+            raise RecordingError(f"{file}:{number}: the sample's value {parts[1]!r} is not a number")
         if len(parts) != 3 or not _is_number(parts[1]) or not _is_number(parts[2]):
             raise RecordingError(
                 f"{file}:{number}: a sample without a timestamp; a single exposition must "

@@ -56,6 +56,7 @@ def test_an_exposition_with_timestamps_splits_into_one_scrape_per_time(tmp_path:
         (None, "no such file"),
         ("", "no scrapes"),
         ("vllm:num_requests_running 1\n", "a sample without a timestamp"),
+        ('vllm:num_requests_running{model_name="m"} abc 1700000000000\n', "bad.om:1: the sample's value 'abc' is not"),
     ],
 )
 def test_bad_recordings_are_named(tmp_path: Path, content: str | None, words: str) -> None:
