@@ -227,6 +227,15 @@ def store_open_failure(url: str | None, exc: BaseException) -> str:
             f"cannot open the store {shown}: cannot reach ClickHouse at {parsed.host}:{parsed.port} "
             f"({refused.lower()}): start it or correct the URL, or use an embedded store (chdb:///path)"
         )
+    other = re.search(r"HTTP driver received HTTP status (\d+)", text)
+    if parsed.kind == "http" and other is not None and "DB::Exception" not in text and "Code:" not in text:
+        # ClickHouse answers its errors as "Code: N. DB::Exception: ..."; anything else is
+        # another program on that port (a web server, the inferpath server itself).
+        return (
+            f"cannot open the store {shown}: {parsed.host}:{parsed.port} answered HTTP {other.group(1)} and is not "
+            "ClickHouse: give --store ClickHouse's HTTP interface (port 8123 by default), or an embedded store "
+            "(chdb:///path)"
+        )
     if isinstance(exc, OSError) and exc.strerror:
         text = exc.strerror + (f": {exc.filename}" if exc.filename else "")
     first = text.strip().splitlines()[0] if text.strip() else "no reason given"

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,22 @@ def test_a_server_url_of_another_program_is_named_not_a_traceback(command, handl
     assert f"{url} is not an inferpath server" in said(result)
     assert "give --server the address" in said(result)
     assert "Traceback" not in result.output and "JSONDecodeError" not in result.output
+
+
+@pytest.mark.parametrize("command", ["diagnose", "import"])
+def test_a_store_url_of_another_program_says_it_is_not_clickhouse(tmp_path: Path, command) -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        store = f"http://127.0.0.1:{other.server_address[1]}/db"
+        args = (
+            ["diagnose", "--since", "1h", "--store", store]
+            if command == "diagnose"
+            else ["import", str(recording(tmp_path / "rec")), "--store", store]
+        )
+        try:
+            result = runner.invoke(app, args, env=NO_SERVER)
+        finally:
+            other.shutdown()
+    assert result.exit_code == 2, result.output
+    assert f"127.0.0.1:{other.server_address[1]} answered HTTP 501 and is not ClickHouse" in said(result), said(result)
+    assert "<!DOCTYPE" not in result.output and "<html" not in result.output.lower()
