@@ -86,6 +86,7 @@ from inferpath.vocabulary import (
     PREEMPTIONS_TOTAL,
     QUEUE_DEPTH,
     RUNNING_REQUESTS,
+    UNCLASSIFIED,
 )
 
 DEGRADED_RATIO = 1.5
@@ -827,7 +828,7 @@ def _health_text(
     results: Sequence[ObjectiveResult], tails: Sequence[TailResult], degradations: Sequence[Degradation]
 ) -> str:
     parts = [
-        f"{r.endpoint_class or 'unlabelled'} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
+        f"{r.endpoint_class or UNCLASSIFIED} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
         f"≤ {_ms(r.limit_ns)}"
         for r in results
         if r.met
@@ -850,11 +851,11 @@ def _degraded_summary(
     regressed: Sequence[Degradation],
 ) -> str:
     parts = [
-        f"{r.endpoint_class or 'unlabelled'} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
+        f"{r.endpoint_class or UNCLASSIFIED} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
         f"over its {_ms(r.limit_ns)} objective"
         for r in broken
     ]
-    parts += [f"{t.measure.upper()} p99 {t.ratio:.1f}× the mean ({t.endpoint_class or 'unlabelled'})" for t in diverged]
+    parts += [f"{t.measure.upper()} p99 {t.ratio:.1f}× the mean ({t.endpoint_class or UNCLASSIFIED})" for t in diverged]
     parts += [_degradation_text(d) for d in regressed]
     top = verdict.causes[0] if verdict.causes else None
     basis = "of the increase" if verdict.basis == "baseline" else "of the slow requests' time"

@@ -15,7 +15,7 @@ what the guidance's worked example uses:
 | bulk | 10 s | 500 ms | — |
 
 A class not named (e.g. rows with no class) takes the ``interactive`` objectives: an
-unlabelled endpoint is judged by the stricter goal rather than not at all.
+unclassified endpoint is judged by the stricter goal rather than not at all.
 
 Override in a YAML file (``INFERPATH_OBJECTIVES_FILE``, ``inferpath diagnose --objectives``)::
 

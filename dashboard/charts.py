@@ -20,12 +20,12 @@ from inferpath.dashboard.figures import (
     MS_PER_NS,
     MS_PER_SECOND,
     NO_DATA,
-    UNCLASSIFIED,
     fixed_margins,
     line_mode,
     wall_time,
 )
 from inferpath.dashboard.rows import StackedRows
+from inferpath.vocabulary import UNCLASSIFIED
 
 _STATS = [("p50", "solid"), ("p95", "dashdot"), ("p99", "dash"), ("avg", "dot")]
 _COLORS = {"ttft": "#1f77b4", "itl": "#2ca02c", "e2e": "#9467bd"}

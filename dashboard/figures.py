@@ -23,7 +23,6 @@ NO_DATA = "no data"
 BRUSH_LAYOUT = {"dragmode": "select", "selectdirection": "h"}
 """Layout of every time chart: dragging selects a span of time, which the page makes its
 window (:mod:`inferpath.dashboard.brush`); zoom stays in the chart's toolbar."""
-UNCLASSIFIED = "unclassified"
 
 # Order of the per-stage table: what the user felt first, then the path from the edge inwards.
 MEASURE_ORDER = [

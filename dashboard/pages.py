@@ -35,7 +35,7 @@ from inferpath.dashboard.queries import (
     load_view,
 )
 from inferpath.dashboard.timerange import TimeWindow
-from inferpath.vocabulary import ENDPOINT_CLASSES
+from inferpath.vocabulary import ENDPOINT_CLASSES, UNCLASSIFIED
 
 ENGINE_GAUGES = [
     # metric, title, axis label, display scale
@@ -171,7 +171,7 @@ def _objectives(result: Any) -> dict | None:
 def _before_summary(ctx: Context, klass: str) -> tuple:
     # The /summary of one class over the window of the same length just before this one.
     window = ctx.window
-    filters = replace(ctx.filters, endpoint_class=None if klass == figures.UNCLASSIFIED else klass)
+    filters = replace(ctx.filters, endpoint_class=None if klass == UNCLASSIFIED else klass)
     return (
         load_summary,
         (

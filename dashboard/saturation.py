@@ -25,12 +25,12 @@ import plotly.graph_objects as go
 from inferpath.dashboard.figures import (
     BRUSH_LAYOUT,
     MS_PER_SECOND,
-    UNCLASSIFIED,
     fixed_margins,
     line_mode,
     wall_time,
 )
 from inferpath.dashboard.rows import StackedRows
+from inferpath.vocabulary import UNCLASSIFIED
 
 SIGNAL_COLORS = {
     "ttft": "#1f77b4",

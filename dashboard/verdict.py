@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferpath.dashboard.figures import MS_PER_NS, MS_PER_SECOND
+from inferpath.vocabulary import UNCLASSIFIED
 
 # Tile and banner colours: (background, border). Met is green, broken red, "met but much
 # worse than before" amber, not judged grey.
@@ -153,7 +154,7 @@ def objective_tiles(
     before (``baseline_ms``, keyed by (class, measure)); grey when nothing measured it."""
     tiles = []
     for row in (verdict or {}).get("objectives", []):
-        klass, measure = row.get("endpoint_class") or "unclassified", row["measure"]
+        klass, measure = row.get("endpoint_class") or UNCLASSIFIED, row["measure"]
         value = None if row.get("value_ns") is None else row["value_ns"] * MS_PER_NS
         limit = row["limit_ns"] * MS_PER_NS
         before = baseline_ms.get((klass, measure))
@@ -204,5 +205,5 @@ def slot_limit(verdict: Mapping[str, Any] | None) -> float | None:
 def classes_of(verdict: Mapping[str, Any] | None) -> Sequence[str]:
     """Endpoint classes the verdict judged, in order of first appearance."""
     return list(
-        dict.fromkeys((row.get("endpoint_class") or "unclassified") for row in (verdict or {}).get("objectives", []))
+        dict.fromkeys((row.get("endpoint_class") or UNCLASSIFIED) for row in (verdict or {}).get("objectives", []))
     )

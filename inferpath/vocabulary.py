@@ -145,6 +145,9 @@ def measure_column(measure: str) -> str:
 ENDPOINT_CLASSES: tuple[str, ...] = ("interactive", "bulk")
 """Endpoint classes (resource attribute ``inferpath.endpoint_class``); objectives and alert
 rules are per class."""
+UNCLASSIFIED = "unclassified"
+"""What requests without an endpoint class (an engine's own spans, a caller that set none)
+are called wherever a class is shown."""
 
 # ----------------------------------------------------------------------------- signals
 SOURCE_METRIC_ATTRIBUTE = "inferpath.source_metric"

@@ -18,6 +18,7 @@ from typing import Any
 import typer
 
 from inferpath.server_access import ask, console, fail, refusal_text
+from inferpath.vocabulary import UNCLASSIFIED
 
 OPTIONS = {
     "start": "--from",
@@ -183,7 +184,7 @@ def print_whatif(answer: dict[str, Any]) -> None:
         )
     for cls, observed in answer["observed"].items():
         replayed, predicted = answer["replayed"].get(cls, {}), answer["predicted"].get(cls, {})
-        table = Table(title=f"{cls or 'unclassified'} ({observed['requests']} requests)")
+        table = Table(title=f"{cls or UNCLASSIFIED} ({observed['requests']} requests)")
         for column in ("", "observed", "replayed", "predicted"):
             table.add_column(column, justify="right" if column else "left")
         for key, label in (

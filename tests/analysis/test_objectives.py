@@ -29,7 +29,7 @@ def test_a_class_in_the_file_replaces_what_it_names_and_keeps_the_rest(tmp_path:
     interactive = {o.name: o.limit_seconds for o in objectives.for_class("interactive")}
     assert interactive == {"itl_p99": 0.1, "ttft_p99": 0.6, "e2e_p90": 5}
     assert [o.limit_seconds for o in objectives.for_class("batch-jobs")] == [60]
-    assert objectives.for_class("") == objectives.for_class("interactive")  # unlabelled rows
+    assert objectives.for_class("") == objectives.for_class("interactive")  # unclassified rows
     assert {o.limit_seconds for o in objectives.with_limit("ttft", 2.0).for_class("bulk") if o.measure == "ttft"} == {
         2.0
     }
