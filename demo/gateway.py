@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -259,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenize-delay-seconds", type=float, default=0.0)
     parser.add_argument("--retrieval-delay-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
+    # The fault knobs are the demo's admin API, not requests of the service: excluded from
+    # tracing as any FastAPI route is, with OpenTelemetry's variable (a user's value wins).
+    os.environ.setdefault("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", "^/admin/")
     config = GatewayConfig(
         engine_url=args.engine_url.rstrip("/"),
         tokenize_delay_seconds=args.tokenize_delay_seconds,

@@ -38,6 +38,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.util.http import get_excluded_urls
 
 from inferpath.instrumentation import provider
 from inferpath.instrumentation import semconv as sc
@@ -56,7 +57,8 @@ _logger = logging.getLogger(__name__)
 #: Bound on the span flush done when the ASGI server shuts the application down.
 SHUTDOWN_FLUSH_SECONDS = 2.0
 # Probes and scrapes are not requests of the service: tracing them would add a "request" row
-# per health check (as OTel's own instrumentations allow via excluded URLs).
+# per health check. Other routes (an admin API) are excluded as OTel's own instrumentations
+# exclude them: OTEL_PYTHON_FASTAPI_EXCLUDED_URLS, else OTEL_PYTHON_EXCLUDED_URLS.
 DEFAULT_EXCLUDED_PATHS = frozenset({"/health", "/healthz", "/ready", "/readyz", "/livez", "/metrics"})
 
 
@@ -220,7 +222,10 @@ class InferpathASGIMiddleware:
     ``endpoint_class`` overrides the provider's endpoint class on the span;
     ``endpoint`` fixes ``inferpath.endpoint`` (default: the matched route template).
     ``excluded_paths`` (exact request paths, default :data:`DEFAULT_EXCLUDED_PATHS`) are
-    served untraced. ``websocket`` and ``lifespan`` scopes pass through untouched.
+    served untraced, and so are paths that a pattern of OpenTelemetry's
+    ``OTEL_PYTHON_FASTAPI_EXCLUDED_URLS`` (else ``OTEL_PYTHON_EXCLUDED_URLS``: comma-separated
+    regular expressions, read when the middleware is built) finds in the request path.
+    ``websocket`` and ``lifespan`` scopes pass through untouched.
     """
 
     def __init__(
@@ -235,6 +240,7 @@ class InferpathASGIMiddleware:
         self.endpoint_class = endpoint_class
         self.endpoint = endpoint
         self.excluded_paths = frozenset(excluded_paths)
+        self._excluded_urls = get_excluded_urls("FASTAPI")
         self._start_attributes: tuple[str | None, dict[str, Any]] = (None, {})
         self._route_names: dict[tuple[int, str, str], tuple[Any, str, str]] = {}
 
@@ -275,7 +281,8 @@ class InferpathASGIMiddleware:
                 send = self._flushing_on_shutdown(send)
             await self.app(scope, receive, send)
             return
-        if scope.get("path") in self.excluded_paths:
+        path = scope.get("path") or ""
+        if path in self.excluded_paths or self._excluded_urls.url_disabled(path):
             await self.app(scope, receive, send)
             return
         if _FASTAPI_TELEMETRY_KEY not in scope:

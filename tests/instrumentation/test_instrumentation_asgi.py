@@ -229,3 +229,41 @@ def test_health_probes_are_not_traced() -> None:
     names = [span.name for span in exporter.get_finished_spans()]
     assert len(sent) == 4
     assert len(names) == 1 and "health" not in names[0]
+
+
+def test_routes_in_otels_excluded_urls_are_not_traced(monkeypatch) -> None:
+    """OTEL_PYTHON_FASTAPI_EXCLUDED_URLS (else OTEL_PYTHON_EXCLUDED_URLS), as OpenTelemetry's
+    own instrumentations read it: regular expressions searched in the request path."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inferpath.instrumentation.provider import configure, force_flush
+
+    exporter = InMemorySpanExporter()
+    configure("excluded-test", span_exporter=exporter)
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        pass
+
+    def traced(paths) -> list[str]:
+        exporter.clear()
+        middleware = InferpathASGIMiddleware(app)  # reads the variables when built
+        for path in paths:
+            asyncio.run(middleware({"type": "http", "method": "POST", "path": path, "headers": []}, receive, send))
+        force_flush()
+        return [span.attributes.get("http.target") or span.name for span in exporter.get_finished_spans()]
+
+    paths = ("/admin/faults", "/v1/chat/completions", "/internal/cache/flush")
+    monkeypatch.setenv("OTEL_PYTHON_EXCLUDED_URLS", "cache/flush")
+    monkeypatch.setenv("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", "^/admin/,cache/flush")
+    assert len(traced(paths)) == 1
+    monkeypatch.delenv("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS")
+    assert len(traced(paths)) == 2  # the generic variable only
+    monkeypatch.delenv("OTEL_PYTHON_EXCLUDED_URLS")
+    assert len(traced(paths)) == 3
