@@ -368,6 +368,12 @@ def _ttft_reason(
             "integration) or enable chunk events (OpenLLMetry)"
         )
     if gateway is not None:
+        if gateway.status_code == "Error":
+            status = gateway.span_attributes.get("http.response.status_code") or gateway.span_attributes.get(
+                "http.status_code"
+            )
+            why = f"HTTP {status}" if status else (gateway.status_message or "an error status")
+            return f"the request failed at the gateway ({why}) before a first token"
         return "the gateway's response was not an OpenAI-style stream"
     if engine is not None:
         if engine_reason:

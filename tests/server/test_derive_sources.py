@@ -352,3 +352,14 @@ def test_a_genai_client_span_inside_the_apps_own_span_is_the_model_call() -> Non
     gateway = span("gw", "Server", "POST /ask", 100.0, **{"inferpath.stage": "gateway"})
     inner = replace(openinference(), parent_span_id=sid("gw"))
     assert assemble_request([gateway, inner], updated_at=UPDATED).client_ttft_ns is None
+
+
+def test_a_request_that_failed_at_the_gateway_says_so_where_ttft_is_missing() -> None:
+    ok = span("gw", "Server", "POST /v1/chat/completions", 12.0, **{"inferpath.stage": "gateway"})
+    failed = replace(
+        ok, status_code="Error", span_attributes={**ok.span_attributes, "http.response.status_code": "503"}
+    )
+    assert assemble_request([ok]).missing_measures.startswith("ttft: the gateway's response was not an OpenAI-style")
+    assert assemble_request([failed]).missing_measures.startswith(
+        "ttft: the request failed at the gateway (HTTP 503) before a first token"
+    )
