@@ -30,7 +30,8 @@ def _load(file: str):
     try:
         return load_rule_file(file)
     except RuleFileError as exc:
-        console.print(f"[red]invalid rule file[/] ({len(exc.problems)} problems):", highlight=False)
+        count = len(exc.problems)
+        console.print(f"[red]invalid rule file[/] ({count} problem{'s' if count != 1 else ''}):", highlight=False)
         for line in str(exc).splitlines():
             console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2) from exc

@@ -279,14 +279,20 @@ class RuleFile(_Strict):
 
 class RuleFileError(ValueError):
     """A rule file that cannot be used. ``problems``: ``(line, field, message)`` tuples
-    (line 1-based, ``None`` when unknown); ``str()`` gives one ``file:line: field: message``
-    line per problem."""
+    (line 1-based, ``None`` when unknown; field ``"(file)"`` for the file as a whole);
+    ``str()`` gives one ``file:line: field: message`` line per problem (``file: message``
+    for the file as a whole)."""
 
     def __init__(self, source: str, problems: list[tuple[int | None, str, str]]) -> None:
         self.source = source
         self.problems = problems
         lines = [
-            f"{source}:{line if line is not None else '?'}: {field}: {message}" for line, field, message in problems
+            f"{source}:{line}: {field}: {message}"
+            if line is not None
+            else f"{source}: {message}"
+            if field == "(file)"
+            else f"{source}: {field}: {message}"
+            for line, field, message in problems
         ]
         super().__init__("\n".join(lines))
 

@@ -70,7 +70,11 @@ def test_cli_check_names_a_rule_file_that_is_not_text(tmp_path) -> None:
     binary.write_bytes(b"\x00\xff\xfe")
     result = CliRunner().invoke(app, ["check", str(binary)])
     assert result.exit_code == 2
-    assert "bin.yaml:?: (file): not UTF-8 text: byte 0xff at offset 1" in result.output
+    assert "bin.yaml: not UTF-8 text: byte 0xff at offset 1" in result.output
+    assert "(1 problem):" in result.output
+    missing = CliRunner().invoke(app, ["check", str(tmp_path / "nosuch.yaml")])
+    said = " ".join(missing.output.split())
+    assert missing.exit_code == 2 and "nosuch.yaml: cannot read: No such file or directory" in said, said
 
 
 def test_cli_test_replays_a_window_given_by_its_bounds(store_url: str, tmp_path) -> None:

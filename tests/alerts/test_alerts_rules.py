@@ -74,7 +74,7 @@ def test_errors_name_file_line_and_field(text: str, line: int, field: str, words
 
 
 def test_unreadable_file_names_the_file(tmp_path) -> None:
-    with pytest.raises(RuleFileError, match="missing.yaml:\\?: \\(file\\): cannot read"):
+    with pytest.raises(RuleFileError, match="missing.yaml: cannot read: "):
         load_rule_file(tmp_path / "missing.yaml")
 
 
