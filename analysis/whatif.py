@@ -87,6 +87,7 @@ API_NAMES: Mapping[str, str] = {
         "rate",
         "split_endpoint_classes",
         "max_calibration_error",
+        "max_num_batched_tokens",
     )
 }
 """The inputs of a what-if by their read-API parameter names (``GET /api/v1/whatif``): what
@@ -795,9 +796,19 @@ def parse_class_split(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: float = MAX_CALIBRATION_ERROR) -> WhatIf:
+def predict(
+    store: Any,
+    start: Any,
+    end: Any,
+    change: Change,
+    *,
+    max_error: float = MAX_CALIBRATION_ERROR,
+    max_num_batched_tokens: int | None = None,
+) -> WhatIf:
     """Calibrate from the stored window ``[start, end)`` (aware datetimes) and answer
-    :func:`what_if`. Raises :class:`WhatIfRefused` (a missing signal, or calibration off), and
+    :func:`what_if`. ``max_num_batched_tokens``: the engine's prompt-token budget per step
+    as configured (vLLM's ``--max-num-batched-tokens``, which it does not export; default
+    the calibration's, vLLM's 2048). Raises :class:`WhatIfRefused` (a missing signal, or calibration off), and
     :class:`WhatIfInputError` before any row is read: naming ``start`` when the window holds
     more than :data:`MAX_SIMULATED_REQUESTS` requests (counted without ``FINAL``: an upper
     bound), ``split_endpoint_classes`` when it leaves out a class the window's requests have."""
@@ -827,6 +838,12 @@ def predict(store: Any, start: Any, end: Any, change: Change, *, max_error: floa
         calibration = fetch_calibration(store, start, end)
     except InsufficientSignalsError as exc:
         raise WhatIfRefused(_literal(str(exc))) from None
+    if max_num_batched_tokens is not None:
+        calibration = replace(
+            calibration,
+            max_num_batched_tokens=max_num_batched_tokens,
+            sources={**calibration.sources, "max_num_batched_tokens": "given"},
+        )
     return what_if(calibration, change, max_error=max_error)
 
 

@@ -34,7 +34,8 @@ the window itself recorded.
 - **Batch limit**: the peak of ``running_requests`` when requests waited at it while KV had
   room (the limit was reached); otherwise the limit was never binding and vLLM's default
   (256) is assumed, with a note. The step's token budget is vLLM's default for its
-  OpenAI server (2048; ``max_num_batched_tokens`` is not exported).
+  OpenAI server (2048; ``max_num_batched_tokens`` is not exported), unless the caller
+  gives the engine's own.
 """
 
 from __future__ import annotations
@@ -457,6 +458,10 @@ def calibrate(
             "no KV-cache signal (kv_cache_config_info or kv_cache_usage_ratio): the KV pool is taken as "
             "unlimited; KV usage and KV changes cannot be predicted"
         )
+    sources["max_num_batched_tokens"] = (
+        f"vLLM's default ({DEFAULT_MAX_NUM_BATCHED_TOKENS}): engines do not export it; give the engine's own "
+        "(--max-num-batched-tokens) if it differs"
+    )
     return Calibration(
         requests=requests,
         step_time=step_time,

@@ -30,6 +30,7 @@ OPTIONS = {
     "rate": "--rate",
     "split_endpoint_classes": "--split-endpoint-classes",
     "max_calibration_error": "--max-calibration-error",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
 }
 """The read API's parameters of ``GET /api/v1/whatif`` → this command's options: how its
 messages name an input (:data:`inferpath.analysis.whatif.API_NAMES`)."""
@@ -67,6 +68,14 @@ def whatif(
     ),
     max_calibration_error: float = typer.Option(
         0.30, "--max-calibration-error", min=0.01, help="Refuse when the replay is off by more than this."
+    ),
+    max_num_batched_tokens: int | None = typer.Option(
+        None,
+        "--max-num-batched-tokens",
+        min=1,
+        max=1_048_576,
+        help="The engine's prompt-token budget per step as configured (vLLM's --max-num-batched-tokens; "
+        "engines do not export it). Default 2048, vLLM's default.",
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
     server: str | None = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
@@ -113,6 +122,7 @@ def whatif(
         ("batch_window_ms", batch_window_ms),
         ("rate", rate),
         ("split_endpoint_classes", split_endpoint_classes),
+        ("max_num_batched_tokens", max_num_batched_tokens),
     ):
         if value is not None:
             params[name] = value

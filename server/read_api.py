@@ -485,6 +485,13 @@ async def whatif(
     max_calibration_error: float = Query(
         0.30, gt=0, le=10, description="Refuse when the replay of the observed configuration is off by more than this."
     ),
+    max_num_batched_tokens: int | None = Query(
+        None,
+        ge=1,
+        le=1_048_576,
+        description="The engine's prompt-token budget per step as configured (vLLM's --max-num-batched-tokens, "
+        "not exported in its metrics); default 2048, vLLM's default.",
+    ),
 ) -> dict:
     """Predict TTFT, queue time, ITL and KV usage per endpoint class under a changed engine
     configuration, from the window's own requests and engine signals, beside what was observed
@@ -527,7 +534,13 @@ async def whatif(
             split_endpoint_classes=split_endpoint_classes,
         )
         answer = await run_in_threadpool(
-            predict, request.app.state.runtime.store, start_dt, end_dt, change, max_error=max_calibration_error
+            predict,
+            request.app.state.runtime.store,
+            start_dt,
+            end_dt,
+            change,
+            max_error=max_calibration_error,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
     except WhatIfRefused as exc:
         raise refused(exc) from None

@@ -4,6 +4,7 @@ CLI its options, in the same sentence)."""
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
@@ -342,3 +343,22 @@ def test_the_real_servers_refusal_keeps_its_template_for_the_cli(monkeypatch: py
     assert response.status_code == 422
     said = refusal_for_cli(response)
     assert said.startswith("no prediction: calibration off by") and "(--max-calibration-error)" in said, said
+
+
+def test_the_engines_token_budget_can_be_given_where_it_is_not_exported(api, tmp_path) -> None:
+    """vLLM does not export --max-num-batched-tokens: the calibration takes vLLM's default
+    (2048) and says so; the engine's own value, when given, is the one replayed."""
+    default = api(replicas=2).json()["calibration"]
+    assert default["max_num_batched_tokens"] == 2048
+    assert default["sources"]["max_num_batched_tokens"].startswith("vLLM's default (2048): engines do not export it")
+    given = api(replicas=2, max_num_batched_tokens=8192).json()["calibration"]
+    assert given["max_num_batched_tokens"] == 8192 and given["sources"]["max_num_batched_tokens"] == "given"
+    refused = api(max_num_batched_tokens=0)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "max_num_batched_tokens"]
+    code, said = _cli("--max-num-batched-tokens", "0", store=f"chdb://{tmp_path / 'unused'}")
+    assert code == 2 and "--max-num-batched-tokens" in said
+    result = CliRunner().invoke(
+        app, ["whatif", "--from", "-30m", "--replicas", "2", "--max-num-batched-tokens", "8192", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout[result.stdout.index("{") :])["calibration"]["max_num_batched_tokens"] == 8192
