@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from inferpath.children import die_with_parent
+from inferpath.demo.engine.scheduler import EngineConfig
 
 # Ports handed out by free_port in this process: never twice.
 _handed_out: set[int] = set()
@@ -185,5 +186,9 @@ def start_server(
         ],
         port=port,
         log_path=str(log_dir / "server.log"),
-        extra_env=extra_env,
+        # The demo engine's step budget (its --max-num-batched-tokens default), for the what-if.
+        extra_env={
+            "INFERPATH_ENGINE_MAX_NUM_BATCHED_TOKENS": str(EngineConfig.max_num_batched_tokens),
+            **(extra_env or {}),
+        },
     )

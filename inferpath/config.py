@@ -39,6 +39,7 @@ ENV_SPAN_LOG = "INFERPATH_SPAN_LOG"
 ENV_SPAN_LOG_DIR = "INFERPATH_SPAN_LOG_DIR"
 ENV_SPAN_LOG_MAX_BACKLOG_BYTES = "INFERPATH_SPAN_LOG_MAX_BACKLOG_BYTES"
 ENV_BODY_READ_TIMEOUT_SECONDS = "INFERPATH_BODY_READ_TIMEOUT_SECONDS"
+ENV_ENGINE_MAX_NUM_BATCHED_TOKENS = "INFERPATH_ENGINE_MAX_NUM_BATCHED_TOKENS"
 
 _ENV_BY_FIELD = {
     "store_url": ENV_STORE,
@@ -64,6 +65,7 @@ _ENV_BY_FIELD = {
     "span_log_dir": ENV_SPAN_LOG_DIR,
     "span_log_max_backlog_bytes": ENV_SPAN_LOG_MAX_BACKLOG_BYTES,
     "body_read_timeout_seconds": ENV_BODY_READ_TIMEOUT_SECONDS,
+    "engine_max_num_batched_tokens": ENV_ENGINE_MAX_NUM_BATCHED_TOKENS,
 }
 
 
@@ -156,6 +158,9 @@ class Settings(BaseModel):
     alert_rules: str | None = None
     # YAML file of latency objectives per endpoint class (analysis/objectives.py); None: defaults.
     objectives_file: str | None = None
+    # The engines' prompt-token budget per step (vLLM's --max-num-batched-tokens, which no
+    # engine exports): the what-if's when a request gives none. None: vLLM's default, 2048.
+    engine_max_num_batched_tokens: int | None = Field(None, ge=1, le=1_048_576)
     # Retention of every table (days); rows older than this are rejected at ingest, with a reason.
     ttl_days: int = Field(30, ge=1, le=3650)
     # Per-minute rollups of request rows (storage/rollup.py): rebuilt every interval; read for

@@ -490,7 +490,8 @@ async def whatif(
         ge=1,
         le=1_048_576,
         description="The engine's prompt-token budget per step as configured (vLLM's --max-num-batched-tokens, "
-        "not exported in its metrics); default 2048, vLLM's default.",
+        "not exported in its metrics); default the server's INFERPATH_ENGINE_MAX_NUM_BATCHED_TOKENS, else 2048, "
+        "vLLM's default.",
     ),
 ) -> dict:
     """Predict TTFT, queue time, ITL and KV usage per endpoint class under a changed engine
@@ -540,7 +541,8 @@ async def whatif(
             end_dt,
             change,
             max_error=max_calibration_error,
-            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_batched_tokens=max_num_batched_tokens
+            or request.app.state.runtime.settings.engine_max_num_batched_tokens,
         )
     except WhatIfRefused as exc:
         raise refused(exc) from None

@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-blocks", type=int, default=4096, help="KV-cache blocks of the whole group")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens)
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies every step time")
     parser.add_argument("--prefill-slowdown", type=float, default=1.0)
     parser.add_argument("--decode-slowdown", type=float, default=1.0)

@@ -28,6 +28,7 @@ from inferpath.analysis.whatif import (
 )
 from inferpath.analysis.whatif_calibration import TraceRequest, calibrate
 from inferpath.cli import app
+from inferpath.config import Settings
 from inferpath.storage.rows import REQUEST_COLUMNS, RequestRow
 from inferpath.storage.store import Store
 from inferpath.whatif_cli import OPTIONS, refusal_for_cli
@@ -178,7 +179,7 @@ def test_the_bound_is_checked_before_anything_is_simulated(monkeypatch: pytest.M
 
 
 @pytest.fixture
-def api(monkeypatch: pytest.MonkeyPatch, tmp_path):
+def api(monkeypatch: pytest.MonkeyPatch, tmp_path, request):
     """The read API's ``/whatif`` over an in-memory window (an empty store beside it), and the
     CLI asking it."""
     from fastapi import FastAPI
@@ -190,10 +191,11 @@ def api(monkeypatch: pytest.MonkeyPatch, tmp_path):
     monkeypatch.setattr(
         whatif_calibration, "fetch_calibration", lambda store, start, end: calibrate(_rows(), {}, **WINDOW)
     )
+    settings = Settings(**getattr(request, "param", {}))
     server = FastAPI()
     server.include_router(router)
     with Store.open(f"chdb://{tmp_path / 'empty-store'}") as store:
-        server.state.runtime = SimpleNamespace(store=store)
+        server.state.runtime = SimpleNamespace(store=store, settings=settings)
         client = TestClient(server)
 
         def ask(method: str, path: str, *args: object, params: dict, **kwargs: object) -> httpx.Response:
@@ -362,3 +364,10 @@ def test_the_engines_token_budget_can_be_given_where_it_is_not_exported(api, tmp
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout[result.stdout.index("{") :])["calibration"]["max_num_batched_tokens"] == 8192
+
+
+@pytest.mark.parametrize("api", [{"engine_max_num_batched_tokens": 8192}], indirect=True)
+def test_the_servers_setting_is_the_token_budget_a_request_does_not_give(api) -> None:
+    calibration = api(replicas=2).json()["calibration"]
+    assert calibration["max_num_batched_tokens"] == 8192 and calibration["sources"]["max_num_batched_tokens"] == "given"
+    assert api(replicas=2, max_num_batched_tokens=4096).json()["calibration"]["max_num_batched_tokens"] == 4096
