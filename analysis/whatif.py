@@ -604,8 +604,14 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
             f"calibration off by {errors[cls][name] * 100:+.0f}% on {name} ({_literal(cls)}): the replay of the observed "
             f"configuration gives {_figure(replayed[cls], name)}, observed {_figure(observed[cls], name)}; "
             f"a prediction from it cannot be trusted (limit ±{max_error * 100:.0f}%). Try a window of "
-            f"steady traffic, or accept a larger error ({{max_calibration_error}}) "
-            f"and read the prediction with it"
+            f"steady traffic"
+            + (
+                ""
+                if cal.sources.get("max_num_batched_tokens") == "given"
+                else f", give the engine's token budget per step if it is not vLLM's default "
+                f"{cal.max_num_batched_tokens} ({{max_num_batched_tokens}})"
+            )
+            + ", or accept a larger error ({max_calibration_error}) and read the prediction with it"
         )
 
     settings = replace(observed_settings)

@@ -277,7 +277,13 @@ def test_a_calibration_refusal_names_the_limit_as_each_side_takes_it(
     code, said = _cli(store=f"chdb://{tmp_path / 'unused'}")
     assert code == 2 and said.startswith("no prediction: calibration off by") and said.count("prediction:") == 1
     assert "(--max-calibration-error)" in said and "max_calibration_error" not in said
-    assert refusal_for_cli(response) == entry["msg"].replace("(max_calibration_error)", "(--max-calibration-error)")
+    assert "not vLLM's default 2048 (max_num_batched_tokens)" in entry["msg"]
+    assert "(--max-num-batched-tokens)" in said
+    assert refusal_for_cli(response) == entry["msg"].replace(
+        "(max_calibration_error)", "(--max-calibration-error)"
+    ).replace("(max_num_batched_tokens)", "(--max-num-batched-tokens)")
+    # Given the engine's budget, the hint is not repeated.
+    assert "token budget" not in api(max_num_batched_tokens=4096).json()["detail"][0]["msg"]
 
 
 def test_the_cli_says_which_option_was_wrong_before_reading_anything(tmp_path) -> None:
