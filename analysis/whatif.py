@@ -44,6 +44,9 @@ MAX_CALIBRATION_ERROR = 0.30
 """The replay of the observed configuration must come within 30 % of what was observed."""
 EXTRAPOLATION_FACTOR = 1.5
 """A change that takes a quantity beyond 1.5x the largest value observed is an extrapolation."""
+KV_CHECK_MIN_RATIO = 0.10
+"""Mean KV usage observed below which the replay's KV usage is not checked (a nearly empty
+pool: relative errors of it mean nothing)."""
 QUEUE_FLOOR_SECONDS = 0.05
 """Queue or TTFT figures under 50 ms are compared in absolute terms (a relative error of a
 near-zero figure says nothing)."""
@@ -664,6 +667,17 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         )
     if predicted_run.rejected:
         warnings.append(f"{predicted_run.rejected} requests never fit one engine's KV pool and were rejected")
+    observed_kv = cal.observed_kv_mean_ratio
+    if cal.num_kv_blocks and observed_kv is not None and observed_kv >= KV_CHECK_MIN_RATIO:
+        # The refusal reads TTFT and queue time only: a replay can match them with the queue
+        # made for another reason than the KV pool, and then say nothing true of KV changes.
+        off = replay.kv_usage_mean_ratio / observed_kv - 1
+        if abs(off) > max_error:
+            warnings.append(
+                f"KV replay off: the replay's mean KV usage is {replay.kv_usage_mean_ratio:.2f} against "
+                f"{observed_kv:.2f} observed ({off:+.0%}); the KV pool or the tokens each request holds are not "
+                "the engine's, so what this says of KV usage and of KV changes cannot be trusted"
+            )
     return WhatIf(
         change=change,
         calibration=cal,

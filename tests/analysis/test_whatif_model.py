@@ -217,3 +217,19 @@ def test_the_clients_hop_is_observed_and_carried_into_every_prediction() -> None
         with_hop, without = getattr(answer, name)["all"], getattr(bare, name)["all"]
         assert with_hop.ttft_p50_seconds == pytest.approx(without.ttft_p50_seconds + 0.5, abs=0.005), name
     assert answer.observed["all"].ttft_p50_seconds == pytest.approx(0.53, abs=0.001)
+
+
+def test_a_replay_whose_kv_usage_is_far_from_the_observed_says_so() -> None:
+    """The refusal reads TTFT and queue time; a replay whose KV usage is far off the engine's
+    (a pool or per-request tokens not the engine's) is answered with that warning."""
+    from dataclasses import replace
+
+    window = {"window_start": T0, "window_end": T0 + timedelta(seconds=120)}
+    cal = calibrate(_rows(), {}, cache_configs=[{"num_gpu_blocks": "32", "block_size": "32", "engine": "0"}], **window)
+    replayed = what_if(cal, Change(kv_blocks_factor=2.0)).kv["replayed_mean_ratio"]
+    assert replayed is not None and replayed > 0.15
+    close = what_if(replace(cal, observed_kv_mean_ratio=replayed * 1.1), Change(kv_blocks_factor=2.0))
+    assert not any(w.startswith("KV replay off") for w in close.warnings), close.warnings
+    far = what_if(replace(cal, observed_kv_mean_ratio=min(1.0, replayed * 3 + 0.1)), Change(kv_blocks_factor=2.0))
+    (warning,) = [w for w in far.warnings if w.startswith("KV replay off")]
+    assert f"the replay's mean KV usage is {replayed:.2f} against" in warning
