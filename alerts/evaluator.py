@@ -37,7 +37,9 @@ logger = logging.getLogger("inferpath.alerts")
 
 @dataclass
 class Transition:
-    """A state change of one alert at evaluation time ``at`` (aware UTC)."""
+    """A state change of one alert at evaluation time ``at`` (aware UTC): ``value`` and
+    ``reason`` of that evaluation (for an alert that went inactive or resolved, the value that
+    ended it)."""
 
     at: datetime
     rule: str
@@ -283,7 +285,9 @@ class AlertEvaluator(PeriodicPasses):
                 for name, text in rule.annotations.items()
             }
             for change in changes:
-                transitions.append(Transition(now, rule.name, dict(alert.labels), change, alert.value, reason))
+                # An alert that stops reports the value that stopped it, beside its reason.
+                value = found.value if found is not None and change in ("inactive", "resolved") else alert.value
+                transitions.append(Transition(now, rule.name, dict(alert.labels), change, value, reason))
                 self._record(alert, change, now)
                 if change == "firing":
                     outgoing.append((self._notification(alert, "firing", now), False))

@@ -244,7 +244,7 @@ def _queue_growing(store: Any, rule: QueueGrowingRule, at: datetime) -> list[Sam
             increase >= rule.min_increase and depth >= rule.min_depth,
             "ok",
             evidence,
-            f"queue depth {depth:.0f}, trend {increase:+.1f} over {rule.window:.0f} s",
+            f"queue depth {depth:.0f}, trend {increase:+.1f} per {rule.window:.0f} s (least-squares slope)",
         )
     ]
 

@@ -228,3 +228,17 @@ rules:
     assert states == ["pending", "pending", "firing", "firing"]
     (alert,) = evaluator.firing()
     assert alert.active_at == started[0] and alert.fired_at == started[0] + timedelta(seconds=2)
+
+
+def test_an_alert_that_stops_reports_the_value_that_stopped_it(store) -> None:
+    rules = parse_rule_text("""
+rules:
+  - {name: TTFTp99OverSLO, kind: quantile_over_slo, measure: ttft, quantile: 0.99, slo_seconds: 0.4, min_samples: 5, window: 1m, for: 5m}
+""")
+    insert_requests(store, [request(T0 + timedelta(seconds=i), 2.0) for i in range(30)])
+    insert_requests(store, [request(T0 + timedelta(minutes=2, seconds=i), 0.1) for i in range(30)])
+    evaluator = AlertEvaluator(rules, store, notifiers=[], diagnose=False)
+    (pending,) = evaluator.evaluate_once(T0 + timedelta(minutes=1))
+    (stopped,) = evaluator.evaluate_once(T0 + timedelta(minutes=3))
+    assert (pending.change, pending.value) == ("pending", 2.0)
+    assert stopped.change == "inactive" and math.isclose(stopped.value, 0.1) and "100.0 ms" in stopped.reason
