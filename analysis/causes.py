@@ -31,7 +31,10 @@ The rules, from the guidance the project is built on:
   kept the door busy: the engine's cause where the engine held requests (up to their queue
   time in the engine), then tokenization or retrieval (up to their time in the same
   requests). The floor, and an excess no door explains, stay ``network_hop``
-  (:func:`~inferpath.analysis.diagnosis.attribute`).
+  (:func:`~inferpath.analysis.diagnosis.attribute`). Where the caller measured its own first
+  and last token, a stream that reached it in one lump (first and last token a few ms apart
+  while the engine decoded for seconds) was read late on the caller's side: the evidence
+  counts those and the advice names the caller (a CPU-starved client, a buffering proxy).
 - ``unexplained``: gateway self time and time no stage span covers. Except in a tail band whose
   TTFT is the engine's own (no gateway, tokenizer, retrieval or network stage measured): there
   the rest lies inside the engine, between its arrival and its queue (input processing, and a

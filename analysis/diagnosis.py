@@ -103,6 +103,18 @@ the time a busy callee takes to pick a request up comes and goes with its load. 
 real vLLM behind the demo gateway: under saturation the hop's p10 stayed at 12-24 ms while
 its tail band averaged 2.2-2.5 s (vLLM's API server before its engine span); the demo's
 +250 ms proxy puts the p10 itself at ~250 ms."""
+LUMP_STREAM_RATIO = 0.25
+"""A streamed response reached its caller in one lump when the caller saw its first and last
+token closer together than a quarter of the engine's own decode (first to last token): the
+engine made the tokens over its decode, and they were read all at once, late. Seen on real
+vLLM with the load client starved of CPU on the same two cores (first token 2-9 s after the
+send, last token a few ms after it, the engine's decode 1-2 s)."""
+LUMP_MIN_DECODE_NS = 50_000_000
+"""...counted only where the engine's decode took 50 ms at least, so that a short answer
+delivered in one network read is not taken for one."""
+LUMP_FIRST_FLOOR_SHARE = 0.10
+"""The late read's advice comes before the hop's own when the hop's floor is under a tenth of
+the time the hop takes in the tail (no wire delay that every request paid stands out)."""
 ENGINE_CAUSES = frozenset({"gpu_memory", "gpu_compute", "batching"})
 """Causes inside the engine: a hop into an engine that held requests gives them its excess
 (:func:`_hop_doors`)."""
@@ -804,6 +816,41 @@ def _explain(
             "every request waits before its prefill: queue p50 "
             + (f"{_ms(b50)} → {_ms(c50)}" if baseline is not None else _ms(c50)),
         )
+    floor = _hop_floor(measure, current) if cause.cause == "network_hop" else None
+    if floor is not None:
+        evidence(
+            "network_ns",
+            "p10",
+            "ns",
+            None,
+            floor,
+            f"network p10 {_ms(floor)}: what nine requests in ten paid at least (the wire, and any proxy on it)",
+        )
+    if cause.cause == "network_hop" and measure == "ttft":
+        lumps = _lump_streams(current)
+        if lumps is not None:
+            late, measured = lumps
+            evidence(
+                "lump_streams",
+                "count",
+                "count",
+                None,
+                float(late),
+                f"in {late} of the {measured} slowest streamed requests the first token reached the caller "
+                f"with the rest of the stream (client first-to-last token under {LUMP_STREAM_RATIO:.0%} of the "
+                "engine's decode): the engine made the tokens on time and they were read late",
+            )
+            if 2 * late >= measured:
+                # First when no delay on the wire stands out (the floor is a small part of the
+                # tail's hop); after the hop's own advice when every request paid one.
+                helps.insert(
+                    0 if floor is None or floor < LUMP_FIRST_FLOOR_SHARE * cause.added_ns else 1,
+                    Advice(
+                        "the tokens were read late, in one lump: look at the caller's side (an event loop or "
+                        "process starved of CPU reads its streams late, and sends late too) and at any proxy "
+                        "that buffers streamed responses"
+                    ),
+                )
     if cause.cause == "cold_start":
         helps, not_helps = list(COLD_START_HELP), list(COLD_START_NOT_HELP)
         serving = {str(r) for r in current.replicas()}
@@ -822,6 +869,24 @@ def _explain(
                 f"(waiting for it to be ready, or before it warmed up), {measure.upper()} p99 {_ms(p99)}",
             )
     return helps, not_helps
+
+
+def _lump_streams(current: RowsWindow | StoredWindow) -> tuple[int, int] | None:
+    """Of the TTFT tail band's requests whose caller measured a streamed first and last token
+    and whose engine measured its decode (≥ :data:`LUMP_MIN_DECODE_NS`): how many reached the
+    caller in one lump (:data:`LUMP_STREAM_RATIO`), and how many were measured; ``None`` when
+    none were."""
+    edge = current.quantile("ttft_ns", TAIL_QUANTILE)
+    if edge is None:
+        return None
+    late = measured = 0
+    for row in current.rows_at_or_above("ttft_ns", edge):
+        first, last, decode = row.get("client_ttft_ns"), row.get("client_e2e_ns"), row.get("decode_ns")
+        if first is None or last is None or decode is None or decode < LUMP_MIN_DECODE_NS:
+            continue
+        measured += 1
+        late += last - first < LUMP_STREAM_RATIO * decode
+    return (late, measured) if measured else None
 
 
 def _health_text(

@@ -480,3 +480,46 @@ def test_a_hop_into_a_held_engine_waited_at_its_door_and_the_wire_keeps_its_floo
     floor = hops[9] + 0.9 * (hops[10] - hops[9])  # the p10 of 100 values (type 7: rank 9.9)
     expected = sum(min(r["network_ns"], floor) for r in tail) / sum(r["ttft_ns"] for r in tail)
     assert abs(_shares(verdict)["network_hop"] - expected) <= 0.01 and expected > 0.1, _shares(verdict)
+
+
+def test_a_stream_read_late_in_one_lump_points_at_the_callers_side() -> None:
+    idle = SignalWindows(
+        current=WindowSignals.from_values(
+            {"queue_depth": [0, 0, 0], "running_requests": [1, 2, 1], "kv_cache_usage_ratio": [0.05] * 3}
+        )
+    )
+
+    def lumped(rows: list[dict], wire_ms: float = 0.0) -> list[dict]:
+        # The caller measured its own first and last token: in the slowest ten, both came
+        # 2 ms apart although the engine decoded for 400 ms (a CPU-starved client).
+        for i, row in enumerate(rows):
+            row["network_ns"] += int(wire_ms * MS)
+            row["ttft_ns"] += int(wire_ms * MS)
+            row["client_ttft_ns"] = row["ttft_ns"]
+            row["client_e2e_ns"] = row["ttft_ns"] + (2 * MS if i >= 90 else row["decode_ns"])
+            row["e2e_ns"] = row["client_e2e_ns"]
+        return rows
+
+    def hop_advice(rows: list[dict]) -> tuple[list[str], list[str]]:
+        verdict = diagnose_from(rows, signals=idle)
+        assert verdict.top_cause == "network_hop", _shares(verdict)
+        cause = verdict.causes[0]
+        return cause.would_help, [e.text for e in cause.evidence]
+
+    late = lumped(_hop_rows(lambda i: 5 + 1500 * (i >= 90), queue_ms=lambda i: 5, tokenize_ms=lambda i: 0))
+    helps, evidence = hop_advice(late)
+    assert "read late, in one lump" in helps[0], helps
+    assert any(t.startswith("in 10 of the 10 slowest streamed requests") for t in evidence), evidence
+    assert any(t.startswith("network p10 5.0 ms") for t in evidence), evidence
+    # A wire every request pays (a 1 s proxy) keeps the hop's own advice first.
+    helps, _ = hop_advice(
+        lumped(_hop_rows(lambda i: 5 + 1500 * (i >= 90), queue_ms=lambda i: 5, tokenize_ms=lambda i: 0), wire_ms=1000)
+    )
+    assert "remove the extra hop" in helps[0] and "read late, in one lump" in helps[1], helps
+    # Streams that flowed (first to last token as long as the engine's decode) say nothing of it.
+    flowing = _hop_rows(lambda i: 5 + 1500 * (i >= 90), queue_ms=lambda i: 5, tokenize_ms=lambda i: 0)
+    for row in flowing:
+        row["client_ttft_ns"], row["client_e2e_ns"] = row["ttft_ns"], row["e2e_ns"]
+    helps, evidence = hop_advice(flowing)
+    assert not any("lump" in h for h in helps), helps
+    assert any(t.startswith("in 0 of the 10 slowest streamed requests") for t in evidence), evidence

@@ -101,3 +101,21 @@ def test_an_engine_that_served_before_the_window_is_not_starting_in_it_whatever_
     )
     causes = [(c.cause, c.share) for c in verdict.causes]
     assert verdict.top_cause == "retrieval" and "cold_start" not in [c for c, _ in causes], causes
+
+
+def test_a_client_that_read_its_streams_late_is_told_so(imported) -> None:
+    # busy_client_hop: vLLM made the tokens on time (its TTFT p99 ≈ 40 ms); the load client,
+    # starved of CPU, got the first chunk of its slowest requests with the last.
+    server, loaded = imported
+    truth, offset = loaded["busy_client_hop"]
+    window = truth["window"]
+    verdict = diagnose(
+        server.runtime.store,
+        window_start=_at(window["start_unix_ns"], offset),
+        window_end=_at(window["end_unix_ns"], offset),
+    )
+    hop = verdict.causes[0]
+    assert hop.cause == "network_hop", verdict.summary
+    assert "read late, in one lump" in hop.would_help[0], hop.would_help
+    lumps = next(e for e in hop.evidence if e.measure == "lump_streams")
+    assert lumps.current is not None and lumps.current >= 5, lumps.text
