@@ -276,8 +276,9 @@ REGISTRY: tuple[CauseRule, ...] = (
         _engine_rest(_batching),
         lambda c: [
             Advice(
-                "shorten or remove the batching window, or cap the batch for interactive "
-                "endpoints; serve bulk traffic from separate replicas",
+                "shorten or remove the batching window, or raise the engine's per-step token budget "
+                "(vLLM's --max-num-batched-tokens) where prompts wait for it; cap the batch for "
+                "interactive endpoints and serve bulk traffic from separate replicas",
                 SHRINK_BATCH_WINDOW,
             )
         ],
