@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferpath.vocabulary import OBJECTIVE_MEASURES
+from inferpath.vocabulary import DEFAULT_ENDPOINT_CLASS, OBJECTIVE_MEASURES
 
-DEFAULT_CLASS = "interactive"
+DEFAULT_CLASS = DEFAULT_ENDPOINT_CLASS
 """The class whose objectives apply to rows without a class, or of a class not configured."""
 TAIL_DIVERGENCE_RATIO = 5.0
 """p99 / mean at or above which the tail diverges: the slowest 1% then wait five times the

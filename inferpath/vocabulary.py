@@ -145,6 +145,10 @@ def measure_column(measure: str) -> str:
 ENDPOINT_CLASSES: tuple[str, ...] = ("interactive", "bulk")
 """Endpoint classes (resource attribute ``inferpath.endpoint_class``); objectives and alert
 rules are per class."""
+DEFAULT_ENDPOINT_CLASS = "interactive"
+"""The class that requests without one are judged as: its objectives (the diagnosis) and its
+alert rules (a rule of this class also reads the unclassified rows) apply to them. A plain
+vLLM exporting its own spans names no class."""
 UNCLASSIFIED = "unclassified"
 """What requests without an endpoint class (an engine's own spans, a caller that set none)
 are called wherever a class is shown."""
