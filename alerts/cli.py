@@ -16,12 +16,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from inferpath.cli_app import new_app
+from inferpath.cli_app import console, new_app
 
 app = new_app(help="Alert rules: lint them, and see what they would have done over past data.")
-console = Console()
 
 
 def _load(file: str):

@@ -9,16 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from inferpath.alerts.cli import app as alerts_app
-from inferpath.cli_app import command_settings, new_app
+from inferpath.cli_app import command_settings, console, new_app
 from inferpath.collectors.cli import collect
 from inferpath.diagnose_cli import diagnose, import_cmd
 from inferpath.whatif_cli import whatif
 
 app = new_app(help="Trace the inference request path and name the bottleneck.")
-console = Console()
 
 
 _TRACE_HELP = (

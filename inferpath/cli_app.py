@@ -9,10 +9,15 @@ they lay the options out in a fixed 80-column table that cuts long descriptions 
 with their type (``--store <str>``), and wraps every description at the terminal's width
 (80 columns in a pipe, at most :data:`HELP_WIDTH_MAX`), never cutting one; the list of
 commands gives each one's first sentence whole (:class:`WrappingGroup`).
+
+Commands print through :data:`console` and :data:`err_console`. In a pipe, rich lays a table
+out in 80 columns and cuts its cells with an ellipsis (``QueueDepthG…``); there the consoles
+take :data:`PIPED_WIDTH` columns instead, unless ``COLUMNS`` says otherwise.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -24,6 +29,20 @@ if TYPE_CHECKING:
 
 HELP_WIDTH_MAX = 120
 """Columns of help text on a wide terminal (click's default is 80)."""
+PIPED_WIDTH = 200
+"""Columns of a command's output when it is not a terminal and ``COLUMNS`` is not set."""
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr) that is :data:`PIPED_WIDTH` wide in a pipe."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal and not os.environ.get("COLUMNS"):
+        made.width = PIPED_WIDTH
+    return made
+
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 class WrappingGroup(TyperGroup):
@@ -64,7 +83,6 @@ _OPTION_OF_FIELD = {
     "alert_rules": "--alerts",
     "scrape_targets": "--scrape",
 }
-_console = Console()
 
 
 def command_settings(**overrides: Any) -> Settings:
@@ -82,5 +100,5 @@ def command_settings(**overrides: Any) -> Settings:
         # The command's own options are the fields it passed; their flags:
         flags = {field: _OPTION_OF_FIELD.get(field, f"--{field.replace('_', '-')}") for field in overrides}
         for line in describe_invalid_settings(exc, flags):
-            _console.print(f"[red]invalid configuration:[/] {line}", soft_wrap=True)
+            console.print(f"[red]invalid configuration:[/] {line}", soft_wrap=True)
         raise typer.Exit(2) from exc

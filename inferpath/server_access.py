@@ -19,16 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console
 
-from inferpath.cli_app import command_settings
+from inferpath.cli_app import command_settings, console, err_console
 from inferpath.storage.url import invalid_store_url, shown_store_url, store_open_failure
 
 if TYPE_CHECKING:
     import httpx
-
-console = Console()
-err_console = Console(stderr=True)
 
 
 def fail(message: str, json_output: bool = False, **extra: Any) -> NoReturn:

@@ -75,3 +75,24 @@ def test_help_in_a_pipe_wraps_instead_of_cutting_words() -> None:
         listing = _help(group).split("Commands:")[1]
         assert "…" not in listing and "..." not in listing, listing
     assert "(scrapes with their times, OTLP" in " ".join(_help([]).split())
+
+
+def test_a_table_printed_into_a_pipe_keeps_its_cells_whole() -> None:
+    # `inferpath alerts test default --since 1h | less`: rich lays a table out in 80 columns
+    # when its output is not a terminal and cuts cells with an ellipsis; the CLI's consoles
+    # take 200 there, and COLUMNS where the user sets it.
+    script = (
+        "from rich.table import Table\n"
+        "from inferpath.cli_app import console\n"
+        "table = Table('rule', 'why')\n"
+        "table.add_row('QueueDepthGrowing', 'queue depth 69, trend +244.3 per 300 s (least-squares slope)')\n"
+        "console.print(table)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH", "FORCE_COLOR")}
+    piped = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert piped.returncode == 0, piped.stderr
+    assert "QueueDepthGrowing" in piped.stdout and "(least-squares slope)" in piped.stdout, piped.stdout
+    narrow = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "30"}
+    )
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 30, narrow.stdout
