@@ -165,7 +165,7 @@ def test(
 
         table = Table(title=f"what the rules would have done over {span}")
         for column in ("time (UTC)", "rule", "labels", "change", "value", "why"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")  # a narrow terminal folds a rule name, never cuts it
         for t in transitions:
             labels = ", ".join(f"{k}={v}" for k, v in t["labels"].items() if k != "alertname")
             at = datetime.fromisoformat(t["at"]).astimezone(timezone.utc)
