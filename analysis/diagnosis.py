@@ -61,6 +61,7 @@ from inferpath.analysis.request_window import (
     StoredWindow,
     TailSums,
     as_window,
+    failed_requests,
     prefetch_quantiles,
     prepare_attribution,
 )
@@ -115,6 +116,10 @@ delivered in one network read is not taken for one."""
 LUMP_FIRST_FLOOR_SHARE = 0.10
 """The late read's advice comes before the hop's own when the hop's floor is under a tenth of
 the time the hop takes in the tail (no wire delay that every request paid stands out)."""
+FAILED_SHARE_MAX = 0.05
+"""A window in which 5 % of the requests or more failed (``error`` or ``incomplete``) is not
+healthy, whatever the latency of the rest: the default rule pack's ``ErrorRateHigh`` pages at
+the same share."""
 ENGINE_CAUSES = frozenset({"gpu_memory", "gpu_compute", "batching"})
 """Causes inside the engine: a hop into an engine that held requests gives them its excess
 (:func:`_hop_doors`)."""
@@ -390,10 +395,15 @@ def diagnose_from(
     baseline_window: Window | None = None,
     startups: Sequence[ReplicaStartup] = (),
     configured_batch_limit: float | None = None,
+    failed: Mapping[str, int] | None = None,
 ) -> Verdict:
     """Diagnose ``current_rows`` (request-row dicts, see :mod:`inferpath.analysis.breakdown`,
     or a :mod:`~inferpath.analysis.request_window` window) against ``objectives`` and, when
     given, ``baseline_rows`` (module docstring).
+
+    ``failed``: the window's requests that did not end ``ok``, by what they ended with
+    (:func:`~inferpath.analysis.request_window.failed_requests`); they are not in the rows,
+    and :data:`FAILED_SHARE_MAX` of them or more makes the window unhealthy.
 
     ``signals``: the engine/GPU signals of both windows (``baseline`` empty without one);
     ``startups``: engine start-ups from start-up spans (:func:`.startup.fetch_startups`);
@@ -405,10 +415,14 @@ def diagnose_from(
     signals = signals or SignalWindows()
     current = as_window(current_rows)
     measured = current.measured("e2e_ns")
+    failed = dict(failed or {})
+    failed_count = sum(failed.values())
+    failed_text = ", ".join(f"{what}: {count}" for what, count in failed.items())
     if measured < MIN_REQUESTS:
         raise InsufficientDataError(
-            f"insufficient data: {measured} requests with an E2E latency in the window, need {MIN_REQUESTS}; "
-            "widen the window or wait for more traffic",
+            f"insufficient data: {measured} requests with an E2E latency in the window, need {MIN_REQUESTS}"
+            + (f" ({failed_count} more failed: {failed_text})" if failed_count else "")
+            + "; widen the window or wait for more traffic",
             window="current",
             count=measured,
         )
@@ -435,7 +449,16 @@ def diagnose_from(
         objectives=results,
         tail=tails,
         notes=notes,
+        failed=failed,
     )
+    failed_share = failed_count / (failed_count + len(current)) if failed_count else 0.0
+    verdict.failed_share = failed_share
+    failing = failed_share >= FAILED_SHARE_MAX
+    if failed_count:
+        notes.append(
+            f"{failed_count} of {failed_count + len(current)} requests in the window failed ({failed_text}); "
+            "the latency figures are those of the others"
+        )
     without_ttft = len(current) - current.measured("ttft_ns")
     if without_ttft:
         reasons = current.missing_reasons()
@@ -464,6 +487,13 @@ def diagnose_from(
     broken = [r for r in results if r.met is False]
     diverged = [t for t in tails if t.diverged]
     if not broken and not diverged and not (baseline_ok and regressed):
+        if failing:
+            verdict.healthy = False
+            verdict.summary = (
+                f"degraded: {failed_share:.0%} of requests failed ({failed_text}); "
+                "the latency of the others meets its objectives"
+            )
+            return verdict
         verdict.summary = "healthy: " + _health_text(results, tails, verdict.degradations)
         return verdict
     verdict.healthy = False
@@ -496,6 +526,8 @@ def diagnose_from(
             tail_means[0], tail_mean_ns=tail_means[1], p99_ns=worst.value_ns or 0.0, limit_ns=worst.limit_ns
         )
     verdict.summary = _degraded_summary(verdict, broken, diverged, regressed)
+    if failing:
+        verdict.summary += f"; {failed_share:.0%} of requests failed ({failed_text})"
     return verdict
 
 
@@ -946,7 +978,8 @@ def diagnose(
     columns: dict[str, str] | None = None,
     objectives: Objectives = DEFAULT_OBJECTIVES,
 ) -> Verdict:
-    """Diagnose the ``ok`` requests in ``[window_start, window_end)`` (optionally of one
+    """Diagnose the ``ok`` requests in ``[window_start, window_end)`` (the others are counted:
+    ``failed`` of :func:`diagnose_from`) (optionally of one
     ``endpoint`` or ``endpoint_class``; ``columns``: exact-match filters on service_name / model / replica, the
     engine signals stay those of every engine) against ``objectives`` and, when both baseline bounds are given, against
     ``[baseline_start, baseline_end)``.
@@ -979,6 +1012,9 @@ def diagnose(
             store, start=window_start, end=window_end, endpoint=endpoint, columns=columns, endpoint_class=endpoint_class
         )
         current_rows, baseline_rows = current, None
+    failed = failed_requests(
+        store, start=window_start, end=window_end, endpoint=endpoint, endpoint_class=endpoint_class, columns=columns
+    )
     signals = StoredSignalWindows(store, (window_start, window_end), baseline_window)
     lookback = timedelta(seconds=COLD_START_LOOKBACK_SECONDS)
     startups = StoredStartups(
@@ -997,6 +1033,7 @@ def diagnose(
         current_window=(window_start, window_end),
         baseline_window=baseline_window,
         startups=startups,
+        failed=failed,
     )
 
 
@@ -1007,6 +1044,7 @@ __all__ = [
     "COLD_START_LOOKBACK_SECONDS",
     "DEGRADED_RATIO",
     "DIAGNOSIS_COLUMNS",
+    "FAILED_SHARE_MAX",
     "HELD_QUEUE_RATIO",
     "InsufficientDataError",
     "MIN_CAUSE_SHARE",

@@ -634,6 +634,31 @@ def as_window(rows: RequestWindow | Sequence[Mapping[str, Any]]) -> RequestWindo
     return RowsWindow(rows)
 
 
+def failed_requests(
+    store: Any,
+    *,
+    start: datetime,
+    end: datetime,
+    endpoint: str | None = None,
+    endpoint_class: str | None = None,
+    columns: dict[str, str] | None = None,
+) -> dict[str, int]:
+    """The requests of the window that did not end ``ok`` (``error``, ``incomplete``), counted
+    by what they ended with, e.g. ``{"error (HTTP 502)": 40, "incomplete": 3}``, the most
+    common first; ``{}`` when none failed. Same filters as :class:`StoredWindow`."""
+    where, parameters = request_filter(
+        start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=None, columns=columns
+    )
+    rows = store.query(
+        "SELECT status, http_status_code, count() AS n FROM inferpath_requests FINAL"
+        f" WHERE {where} AND status != 'ok' GROUP BY status, http_status_code ORDER BY n DESC{FINAL_SETTINGS}",
+        parameters,
+    )
+    return {
+        f"{status} (HTTP {code})" if code else str(status): int(count) for status, code, count in rows if int(count)
+    }
+
+
 __all__ = [
     "ClassStats",
     "MEASURE_SQL",
@@ -648,6 +673,7 @@ __all__ = [
     "TailSums",
     "WINDOW_COLUMNS",
     "as_window",
+    "failed_requests",
     "prefetch_quantiles",
     "prepare_attribution",
 ]

@@ -132,7 +132,9 @@ class Verdict:
     ``budget``: where the time over a broken TTFT objective goes
     (:class:`~inferpath.analysis.budget.Budget`); ``notes``: what could not be judged and
     why (missing signals or measures); ``basis``: ``"objectives"`` (causes share the tail's
-    time) or ``"baseline"`` (causes share its growth over the baseline).
+    time) or ``"baseline"`` (causes share its growth over the baseline); ``failed``: the
+    window's requests that did not end ``ok``, by what they ended with (``{}`` when none);
+    ``failed_share``: their share (ratio) of all the window's requests.
     """
 
     healthy: bool
@@ -151,6 +153,8 @@ class Verdict:
     budget: Any = None
     notes: list[str] = field(default_factory=list)
     basis: str = "objectives"
+    failed: dict[str, int] = field(default_factory=dict)
+    failed_share: float = 0.0
 
     @property
     def top_cause(self) -> str | None:

@@ -523,3 +523,15 @@ def test_a_stream_read_late_in_one_lump_points_at_the_callers_side() -> None:
     helps, evidence = hop_advice(flowing)
     assert not any("lump" in h for h in helps), helps
     assert any(t.startswith("in 0 of the 10 slowest streamed requests") for t in evidence), evidence
+
+
+def test_failed_requests_are_counted_and_five_percent_of_them_is_not_healthy() -> None:
+    rows = _hop_rows(lambda i: 2, queue_ms=lambda i: 5, tokenize_ms=lambda i: 0)  # 100 fast requests
+    verdict = diagnose_from(rows, failed={"error (HTTP 502)": 4})
+    assert verdict.healthy, verdict.summary  # 4 of 104: under 5 %
+    assert verdict.notes[0].startswith("4 of 104 requests in the window failed (error (HTTP 502): 4)"), verdict.notes
+    verdict = diagnose_from(rows, failed={"error (HTTP 502)": 5, "incomplete": 1})
+    assert not verdict.healthy and verdict.causes == [], verdict.summary
+    assert verdict.summary.startswith("degraded: 6% of requests failed (error (HTTP 502): 5, incomplete: 1)")
+    with pytest.raises(InsufficientDataError, match=r"\(80 more failed: error \(HTTP 502\): 80\)"):
+        diagnose_from(rows[:10], failed={"error (HTTP 502)": 80})

@@ -72,3 +72,22 @@ def test_diagnosis_from_the_store_equals_the_diagnosis_of_its_rows(tmp_path, sce
     assert got["healthy"] == (scenario == "healthy")
     if scenario == "cold_start":
         assert got["top_cause"] == "cold_start"
+
+
+def test_a_window_where_requests_failed_is_not_healthy_however_fast_the_rest(tmp_path) -> None:
+    from fault_scenarios import REQUEST_COLUMNS, T0, WINDOW, request_rows
+
+    from inferpath.storage.rows import RequestRow
+
+    rows = request_rows(SCENARIOS["healthy"].current, T0, seed=5)
+    # One request in eight failed at the gateway (its engine was gone): 502, no first token.
+    failed = [RequestRow(**(vars(r) | {"status": "error", "http_status_code": 502})) for r in rows[::8]]
+    kept = [r for i, r in enumerate(rows) if i % 8]
+    with Store.open(f"chdb://{tmp_path / 'store'}") as store:
+        store.insert("inferpath_requests", [r.to_insert_row() for r in kept + failed], REQUEST_COLUMNS)
+        verdict = diagnose(store, window_start=T0, window_end=T0 + WINDOW)
+    assert not verdict.healthy and verdict.causes == [], verdict.summary
+    share = len(failed) / len(rows)
+    assert f"{share:.0%} of requests failed (error (HTTP 502): {len(failed)})" in verdict.summary, verdict.summary
+    assert verdict.current_requests == len(kept)
+    assert any(f"{len(failed)} of {len(rows)} requests in the window failed" in note for note in verdict.notes)

@@ -71,6 +71,18 @@ def test_the_banner_names_the_verdict_the_top_cause_and_its_first_remedy() -> No
     assert none.state == "unknown" and "3 requests" in verdict_view.banner_html(none, evidence_href=None)
     unexplained = verdict_view.banner_of({**DEGRADED, "top_cause": "unexplained"})
     assert unexplained.headline == "Degraded: no cause explains the slow requests"
+    failing = verdict_view.banner_of(
+        {
+            "healthy": False,
+            "summary": "degraded: 12% of requests failed (error (HTTP 502): 40); the latency of the others meets its objectives",
+            "causes": [],
+            "top_cause": None,
+            "failed": {"error (HTTP 502)": 40},
+            "failed_share": 0.12,
+        }
+    )
+    assert failing.headline == "Degraded: 12 % of requests failed" and "HTTP status" in (failing.action or "")
+    assert failing.detail.startswith("12% of requests failed (error (HTTP 502): 40)")
 
 
 def test_tiles_are_coloured_against_the_objectives_and_the_window_before() -> None:
