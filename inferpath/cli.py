@@ -6,7 +6,10 @@ or configuration.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -297,7 +300,39 @@ app.command("whatif")(whatif)
 app.add_typer(alerts_app, name="alerts")
 
 
+class _ClosablePipe:
+    """``sys.stdout`` for a command whose reader may stop reading (``inferpath diagnose | head
+    -1``): once a write or flush meets a closed pipe, the rest goes to ``/dev/null`` (the way
+    Python's documentation on SIGPIPE advises), so the command ends with its own exit code.
+    Click turns the error into exit 1, which reads as "degraded"."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main() -> None:
+    sys.stdout = _ClosablePipe(sys.stdout)
     app()
 
 

@@ -243,3 +243,23 @@ def test_demo_on_a_host_of_another_machine_exits_2_naming_it(tmp_path) -> None:
     said = " ".join(done.stdout.split())
     assert said.startswith("demo cannot start: cannot listen on 999.1.1.1:0 for the inferpath server port"), said
     assert "INFERPATH_HOST" in said and not (tmp_path / "store").exists()
+
+
+def test_a_reader_that_stops_reading_does_not_change_the_exit_code() -> None:
+    # `inferpath diagnose | head -1`: head exits, the next write meets a closed pipe. The
+    # command's stdout drops the rest instead of raising (click would exit 1: "degraded").
+    import io
+    import os
+
+    from inferpath.cli import _ClosablePipe
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stream = io.TextIOWrapper(os.fdopen(write_end, "wb"), encoding="utf-8")
+    pipe = _ClosablePipe(stream)
+    assert pipe.write("x" * 100_000) == 100_000  # more than a pipe holds: the write reaches it
+    pipe.flush()
+    pipe.write("after\n")
+    pipe.flush()  # now into /dev/null
+    assert os.readlink(f"/proc/self/fd/{stream.fileno()}") == os.devnull
+    stream.close()
