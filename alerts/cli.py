@@ -1,4 +1,4 @@
-"""``inferpath alerts``: lint a rule file, and replay it over past data.
+"""``inferpath alerts``: check a rule file, and replay it over past data.
 
 Exit codes: 0 fine (``check``: valid; ``test``: nothing would have fired), 1 ``test``: some
 alert would have fired, 2 bad usage, an invalid rule file or no server and no store.
@@ -12,14 +12,14 @@ server started in this process over that store.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
 
 from inferpath.cli_app import console, new_app
 
-app = new_app(help="Alert rules: lint them, and see what they would have done over past data.")
+app = new_app(help="Alert rules: check them, and see what they would have done over past data.")
 
 
 def _load(file: str):
@@ -57,45 +57,31 @@ def check(file: str = typer.Argument(..., help="Rule file (YAML), or 'default' f
 
 
 def _duration(text: str, option: str) -> float:
-    from inferpath.timespec import parse_duration_seconds
+    from inferpath.timespec import positive_duration_seconds
 
     try:
-        seconds = parse_duration_seconds(text)
-    except ValueError:
-        seconds = -1.0
-    if seconds <= 0:
-        console.print(f"[red]{option} must be a positive duration like 15m, 1h or 90s; got {text!r}")
-        raise typer.Exit(2)
-    return seconds
+        return positive_duration_seconds(text, option)
+    except ValueError as exc:
+        console.print(str(exc), style="red", highlight=False, markup=False)
+        raise typer.Exit(2) from None
 
 
 def _replay_window(since: str | None, from_: str | None, to: str | None) -> tuple[datetime, datetime, str, str]:
     """``(start, end, words, options)`` of the replay: ``--since`` ending now (default 1h), or
     ``--from`` to ``--to`` (default now); ``words`` says the window, ``options`` the flags that
     set it. Exits 2 naming the option for a bad or mixed window."""
-    from inferpath.timespec import parse_time
+    from inferpath.timespec import command_window
 
-    now = datetime.now(timezone.utc)
+    if from_ is None and to is not None:
+        console.print("[red]--to needs --from (or use --since for a window ending now)")
+        raise typer.Exit(2)
+    try:
+        start, end = command_window(since=since, from_=from_, to=to, default_since="1h", now=datetime.now(timezone.utc))
+    except ValueError as exc:
+        console.print(str(exc), style="red", highlight=False, markup=False)
+        raise typer.Exit(2) from None
     if from_ is None:
-        if to is not None:
-            console.print("[red]--to needs --from (or use --since for a window ending now)")
-            raise typer.Exit(2)
-        since = since or "1h"
-        return now - timedelta(seconds=_duration(since, "--since")), now, f"the last {since}", "--since"
-    if since is not None:
-        console.print("[red]give --since or --from, not both")
-        raise typer.Exit(2)
-    bounds = []
-    for text, option in ((from_, "--from"), (to or "now", "--to")):
-        try:
-            bounds.append(parse_time(text, now=now))
-        except ValueError as exc:
-            console.print(f"[red]{option}: {exc}", highlight=False)
-            raise typer.Exit(2) from None
-    start, end = bounds
-    if end <= start:
-        console.print(f"[red]--to must be after --from (got {start.isoformat()} to {end.isoformat()})", highlight=False)
-        raise typer.Exit(2)
+        return start, end, f"the last {since or '1h'}", "--since"
     return start, end, f"{start.isoformat()} to {end.isoformat()}", "--from/--to"
 
 

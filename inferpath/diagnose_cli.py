@@ -57,7 +57,7 @@ def diagnose(
 ) -> None:
     """Name the bottleneck of a window against the latency objectives, and against a baseline
     when given. Exit 0 healthy, 1 degraded, 2 no verdict."""
-    from inferpath.timespec import parse_duration_seconds, parse_time
+    from inferpath.timespec import command_window, parse_time, positive_duration_seconds
 
     now = datetime.now(timezone.utc)
 
@@ -70,21 +70,16 @@ def diagnose(
 
     def seconds(text: str, option: str) -> float:
         try:
-            value = parse_duration_seconds(text)
+            return positive_duration_seconds(text, option)
         except ValueError as exc:
-            fail(f"{option}: {exc}", json_output)
+            fail(str(exc), json_output)
             raise
-        if value <= 0:
-            fail(f"{option} must be a positive duration like 15m, 1h30m or 90s; got {text!r}", json_output)
-        return value
 
-    if since is not None and from_ is not None:
-        fail("give --since or --from, not both", json_output)
-    begin = when(from_, "--from") if from_ else None  # read first: the first bad option is the one named
-    end = when(to, "--to") if to else now
-    start = begin if begin is not None else end - timedelta(seconds=seconds(since or "15m", "--since"))
-    if end <= start:
-        fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
+    try:
+        start, end = command_window(since=since, from_=from_, to=to, default_since="15m", now=now)
+    except ValueError as exc:
+        fail(str(exc), json_output)
+        raise
     params: dict[str, Any] = {"start": start.isoformat(), "end": end.isoformat()}
     if baseline and (baseline_from or baseline_to):
         fail("give --baseline or --baseline-from/--baseline-to, not both", json_output)
@@ -94,10 +89,14 @@ def diagnose(
     elif baseline_from or baseline_to:
         if not (baseline_from and baseline_to):
             fail("give --baseline-from and --baseline-to together", json_output)
-        params |= {
-            "baseline_start": when(baseline_from, "--baseline-from").isoformat(),
-            "baseline_end": when(baseline_to, "--baseline-to").isoformat(),
-        }
+        base_start, base_end = when(baseline_from, "--baseline-from"), when(baseline_to, "--baseline-to")
+        if base_end <= base_start:
+            fail(
+                f"--baseline-to must be after --baseline-from (from {base_start.isoformat()}, "
+                f"to {base_end.isoformat()})",
+                json_output,
+            )
+        params |= {"baseline_start": base_start.isoformat(), "baseline_end": base_end.isoformat()}
     if endpoint:
         params["endpoint"] = endpoint
     if objectives is not None:

@@ -5,6 +5,7 @@
 - Points in time (:func:`parse_time`): ISO-8601 with an offset (``2026-12-03T10:00:00Z``),
   ``now``, a time relative to now (``-30m``, ``-1h30m``), or Unix seconds; the absolute
   forms alone (:func:`parse_instant`) for the read API.
+- A command's window (:func:`command_window`): its ``--since`` / ``--from`` / ``--to``.
 """
 
 from __future__ import annotations
@@ -123,4 +124,50 @@ def parse_time(value: str, *, now: datetime | None = None) -> datetime:
     return _instant(text, value, _ALL_FORMS)
 
 
-__all__ = ["TimeOutOfRange", "parse_duration_seconds", "parse_instant", "parse_time"]
+def positive_duration_seconds(text: str, option: str) -> float:
+    """``text`` as a duration (seconds, > 0); ``ValueError`` naming ``option`` otherwise."""
+    try:
+        seconds = parse_duration_seconds(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+    if seconds <= 0:
+        raise ValueError(f"{option} must be a positive duration like 15m, 1h30m or 90s; got {text!r}")
+    return seconds
+
+
+def command_window(
+    *, since: str | None, from_: str | None, to: str | None, default_since: str, now: datetime
+) -> tuple[datetime, datetime]:
+    """``(start, end)`` of a command's window: ``--from`` to ``--to`` (default ``now``), or the
+    ``--since`` (default ``default_since``) before ``--to``. Raises ``ValueError`` naming the
+    option: both ``--since`` and ``--from``, a bad time or duration, a window that starts in
+    the future or ends before it starts."""
+    if since is not None and from_ is not None:
+        raise ValueError("give --since or --from, not both")
+
+    def when(text: str, option: str) -> datetime:
+        try:
+            return parse_time(text, now=now)
+        except ValueError as exc:
+            raise ValueError(f"{option}: {exc}") from None
+
+    begin = when(from_, "--from") if from_ else None  # read first: the first bad option is the one named
+    end = when(to, "--to") if to else now
+    if begin is None:
+        begin = end - timedelta(seconds=positive_duration_seconds(since or default_since, "--since"))
+    elif begin >= now:
+        raise ValueError(f"--from {begin.isoformat()} is in the future: no data can be in the window")
+    if end <= begin:
+        given = "--to" if to else "--to (default now)"
+        raise ValueError(f"{given} must be after --from (from {begin.isoformat()}, to {end.isoformat()})")
+    return begin, end
+
+
+__all__ = [
+    "TimeOutOfRange",
+    "command_window",
+    "parse_duration_seconds",
+    "parse_instant",
+    "parse_time",
+    "positive_duration_seconds",
+]

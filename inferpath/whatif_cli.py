@@ -86,17 +86,13 @@ def whatif(
     with a prediction, 2 without."""
     from datetime import datetime, timezone
 
-    from inferpath.timespec import parse_time
+    from inferpath.timespec import command_window
 
-    now = datetime.now(timezone.utc)
     try:
-        start = parse_time(from_, now=now)
-        end = parse_time(to, now=now) if to else now
+        start, end = command_window(since=None, from_=from_, to=to, default_since="15m", now=datetime.now(timezone.utc))
     except ValueError as exc:
-        fail(f"--from/--to: {exc}", json_output)
+        fail(str(exc), json_output)
         raise
-    if end <= start:
-        fail(f"--to must be after --from (from {start.isoformat()}, to {end.isoformat()})", json_output)
     from inferpath.analysis.whatif import WhatIfInputError, parse_change
 
     try:  # checked here too, so a bad value is said at once and by its option's name

@@ -263,3 +263,34 @@ def test_a_reader_that_stops_reading_does_not_change_the_exit_code() -> None:
     pipe.flush()  # now into /dev/null
     assert os.readlink(f"/proc/self/fd/{stream.fileno()}") == os.devnull
     stream.close()
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (
+            ["alerts", "test", "default", "--from", "2099-01-01T00:00:00Z"],
+            "--from 2099-01-01T00:00:00+00:00 is in the future",
+        ),
+        (["diagnose", "--from", "2099-01-01T00:00:00Z"], "--from 2099-01-01T00:00:00+00:00 is in the future"),
+        (
+            ["whatif", "--from", "2099-01-01T00:00:00Z", "--replicas", "2"],
+            "--from 2099-01-01T00:00:00+00:00 is in the future",
+        ),
+        (["whatif", "--from", "-1h", "--to", "-2h", "--replicas", "2"], "--to must be after --from"),
+        (["alerts", "test", "default", "--from", "-1h", "--to", "-2h"], "--to must be after --from"),
+        (["diagnose", "--since", "1h", "--from", "-2h"], "give --since or --from, not both"),
+        (["alerts", "test", "default", "--since", "5x"], "--since: expected a duration"),
+        (
+            ["diagnose", "--from", "-1h", "--baseline-from", "-2h", "--baseline-to", "-3h"],
+            "--baseline-to must be after --baseline-from",
+        ),
+    ],
+)
+def test_every_command_reads_its_window_alike_and_names_the_option(command: list[str], message: str) -> None:
+    # One parser (timespec.command_window) for diagnose, whatif and alerts test: a window
+    # in the future or reversed is refused before any server or store is asked.
+    result = runner.invoke(app, [*command, "--server", "http://127.0.0.1:9"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output, result.output
+    assert "Traceback" not in result.output
