@@ -622,11 +622,20 @@ def attribute(
     stages_of: dict[str, list[str]] = {}
     if current_tail.kept_count:
         doors = _hop_doors(measure, current, baseline, current_tail, base_mean, context) if "network" in stages else []
+        # The budget (the tail's own time, not its growth) moves a door's wait to the stage
+        # that kept the door busy: taking that stage off the path frees the door too.
+        waits = doors
+        if baseline is not None and "network" in stages:
+            zero = dict.fromkeys(base_mean, 0.0)
+            waits = _hop_doors(measure, current, None, current_tail, zero, context)
+        for _, door_stage, ns in waits:
+            tail_means[0][door_stage] += ns / n
+            tail_means[0]["network"] -= ns / n
         for stage in (*stages, REST):
             kept = current_tail.kept_stage_ns[stage] - current_tail.kept_count * base_mean[stage]
             shares = [(cause_of(stage, context), kept)]
             if stage == "network" and doors:
-                shares = [(shares[0][0], kept - sum(ns for _, ns in doors)), *doors]
+                shares = [(shares[0][0], kept - sum(ns for _, _, ns in doors)), *((c, ns) for c, _, ns in doors)]
             for cause, ns in shares:
                 added[cause] = added.get(cause, 0.0) + ns / n
                 if stage not in stages_of.setdefault(cause, []):
@@ -671,10 +680,10 @@ def _hop_doors(
     current_tail: TailSums,
     base_mean: Mapping[str, float],
     context: Context,
-) -> list[tuple[str, float]]:
+) -> list[tuple[str, str, float]]:
     """The parts of the ``network`` stage (ns, summed over the tail band's kept rows; growth
     over the baseline's tail when one is given) that the requests waited at a busy callee's
-    door rather than on the wire, as ``(cause, ns)``: the hop above its
+    door rather than on the wire, as ``(cause, the stage that kept the door busy, ns)``: the hop above its
     :data:`HOP_FLOOR_QUANTILE` floor goes, in this order, to
 
     - the engine's cause when the engine held requests at the same moments (the queue's cause
@@ -691,12 +700,12 @@ def _hop_doors(
     def added(stage: str) -> float:
         return max(0.0, current_tail.kept_stage_ns[stage] - count * base_mean[stage])
 
-    doors: list[tuple[str, float]] = []
+    doors: list[tuple[str, str, float]] = []
     if cause_of("queue", context) in ENGINE_CAUSES:
-        doors.append((cause_of("queue", context), added("queue")))
-    cpu = [(cause_of(stage, context), added(stage)) for stage in ("tokenize", "retrieval") if stage in base_mean]
-    doors += sorted(cpu, key=lambda door: -door[1])
-    doors = [door for door in doors if door[1] > 0]
+        doors.append((cause_of("queue", context), "queue", added("queue")))
+    cpu = [(cause_of(stage, context), stage, added(stage)) for stage in ("tokenize", "retrieval") if stage in base_mean]
+    doors += sorted(cpu, key=lambda door: -door[2])
+    doors = [door for door in doors if door[2] > 0]
     floor = _hop_floor(measure, current) if doors and hop_ns > 0 else None
     if floor is None:
         return []
@@ -705,10 +714,10 @@ def _hop_doors(
         wire -= count * min(base_mean["network"], _hop_floor(measure, baseline) or 0.0)
     left = min(max(0.0, hop_ns - count * base_mean["network"] - max(0.0, wire)), added("network"))
     out = []
-    for cause, cap in doors:
+    for cause, stage, cap in doors:
         taken = min(left, cap)
         if taken > 0:
-            out.append((cause, taken))
+            out.append((cause, stage, taken))
             left -= taken
     return out
 

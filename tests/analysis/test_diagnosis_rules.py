@@ -535,3 +535,25 @@ def test_failed_requests_are_counted_and_five_percent_of_them_is_not_healthy() -
     assert verdict.summary.startswith("degraded: 6% of requests failed (error (HTTP 502): 5, incomplete: 1)")
     with pytest.raises(InsufficientDataError, match=r"\(80 more failed: error \(HTTP 502\): 80\)"):
         diagnose_from(rows[:10], failed={"error (HTTP 502)": 80})
+
+
+def test_the_budget_moves_a_doors_wait_with_the_stage_that_kept_the_door_busy() -> None:
+    idle = SignalWindows(
+        current=WindowSignals.from_values(
+            {"queue_depth": [0, 0, 0], "running_requests": [1, 2, 1], "kv_cache_usage_ratio": [0.05] * 3}
+        )
+    )
+    # A synchronous tokenizer (1 s on the slowest) blocks the gateway's event loop, which then
+    # takes those requests 1.5 s late: the hop's excess is the tokenizer's (the causes say so),
+    # and so is what moving the tokenizer off the loop recovers (the budget must agree).
+    blocked = _hop_rows(
+        lambda i: 5 + 1500 * (i >= 80), queue_ms=lambda i: 5, tokenize_ms=lambda i: 2 + 1000 * (i >= 80)
+    )
+    verdict = diagnose_from(blocked, signals=idle)
+    assert verdict.top_cause == "tokenization" and verdict.budget is not None, verdict.summary
+    items = {item.cause: item.recoverable_ns for item in verdict.budget.items}
+    tail = blocked[90:]
+    tokenize, hop = (sum(r[c] for r in tail) / len(tail) for c in ("tokenize_ns", "network_ns"))
+    assert set(items) == set(_shares(verdict)) - {"unexplained"}, (items, _shares(verdict))
+    assert items["tokenization"] == pytest.approx(2 * tokenize, rel=0.01), items
+    assert items.get("network_hop", 0.0) == pytest.approx(hop - tokenize, rel=0.01), items
