@@ -755,6 +755,11 @@ def _ms(ns: float | None) -> str:
     )
 
 
+def _count(value: float | None) -> str:
+    """A count as people write it: ``223``, or ``2.5`` for a mean."""
+    return "n/a" if value is None else f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
@@ -798,7 +803,7 @@ def _explain(
         c = signals.current.stat(name, which)
         if b is None and c is None:
             return
-        fmt = _percent if unit == "ratio" else (lambda v: "n/a" if v is None else f"{v:.1f}")
+        fmt = _percent if unit == "ratio" else _count
         evidence(
             name,
             which,

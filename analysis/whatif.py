@@ -195,13 +195,24 @@ class Change:
         return all(getattr(self, f) is None for f in self.__dataclass_fields__)
 
     def describe(self) -> str:
-        """The change in words, e.g. ``replicas 2, max_num_seqs 16``."""
+        """The change as its inputs are written (:data:`API_NAMES`), e.g. ``replicas 2,
+        kv_blocks x2, rate x0.5, batch_window_ms 5``."""
+        shown = {
+            "kv_blocks_factor": ("kv_blocks", "x{:g}"),
+            "batch_window_seconds": ("batch_window_ms", "{:g}"),
+            "rate_factor": ("rate", "x{:g}"),
+        }
         parts = []
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if name == "split_classes" and value is not None:
+            if value is None:
+                continue
+            if name == "split_classes":
                 parts.append("classes on their own engines: " + ", ".join(f"{c} {n}" for c, n in value))
-            elif value is not None:
+            elif name in shown:
+                label, form = shown[name]
+                parts.append(f"{label} " + form.format(value * 1000 if name == "batch_window_seconds" else value))
+            else:
                 parts.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
         return ", ".join(parts) or "none (the observed configuration)"
 

@@ -142,7 +142,7 @@ def print_verdict(verdict: dict[str, Any]) -> None:
         basis = "increase" if verdict.get("basis") == "baseline" else "slow requests' time"
         table = Table(title=f"causes, by share of the {basis}")
         for column in ("cause", "share", "evidence", "would help", "would not help"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")  # a narrow terminal folds a cause's name, never cuts it
         for cause in verdict["causes"]:
             table.add_row(
                 cause["cause"],
@@ -240,7 +240,8 @@ def _import(path: Path, unpacked: Path, server: str | None, store: str | None, s
             f"times moved by {offset / 1e9:+.0f} s (the recording is older than the store keeps data)", highlight=False
         )
     if result.start and result.end:
-        where = f" --store {shown_store_url(store)}" if store else ""
+        # Where the data went: the store, or a server the user named (the default one needs no flag).
+        where = f" --store {shown_store_url(store)}" if store else (f" --server {url}" if server else "")
         console.print(
             f"diagnose it: inferpath diagnose --from {result.start.isoformat()} --to {result.end.isoformat()}{where}",
             soft_wrap=True,

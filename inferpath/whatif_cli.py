@@ -174,6 +174,10 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
 def print_whatif(answer: dict[str, Any]) -> None:
     """The answer for a person: the change, the calibration's error, one table per class."""
     from rich.table import Table
@@ -205,7 +209,8 @@ def print_whatif(answer: dict[str, Any]) -> None:
     console.print(
         f"KV usage mean: observed {_ratio(kv.get('observed_mean_ratio'))}, replayed "
         f"{_ratio(kv.get('replayed_mean_ratio'))}, predicted {_ratio(kv.get('predicted_mean_ratio'))}; "
-        f"preemptions: observed {kv.get('observed_preemptions')}, predicted {kv.get('predicted_preemptions')}",
+        f"preemptions: observed {_count(kv.get('observed_preemptions'))}, "
+        f"predicted {_count(kv.get('predicted_preemptions'))}",
         highlight=False,
         soft_wrap=True,
     )
