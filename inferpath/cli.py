@@ -123,6 +123,12 @@ def demo(
 
     settings = command_settings(dashboard_port=dashboard_port)
     _check_store_url(store)
+    if store is not None:  # a file in the folder's place, a folder of other files, a store in use
+        from inferpath.server_access import check_store_folder
+
+        check_store_folder(
+            store, create=True, in_use_hint="give the demo a store of its own with --store", json_output=False
+        )
     if scenario is not None:
         from inferpath.demo.scenarios import SCENARIOS
 

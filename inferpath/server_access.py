@@ -73,11 +73,12 @@ def _check_server_url(url: str, option: str, json_output: bool) -> None:
         )
 
 
-def _check_store_folder(store: str, *, create: bool, verb: str, json_output: bool) -> None:
+def check_store_folder(store: str, *, create: bool, in_use_hint: str, json_output: bool) -> None:
     """Fail on a store URL that does not parse, an embedded store that is not there (unless
     ``create``: a folder that does not exist, or one without chDB's ``metadata`` folder, which
-    a read would turn into an empty store), a folder of other files to create one in, or one
-    that another process holds (``verb``: what to do through its server)."""
+    a read would turn into an empty store), a file where the folder should be, a folder of
+    other files to create one in, or one that another process holds (``in_use_hint``: what
+    to do then)."""
     from inferpath.storage.store import chdb_folder_in_use
     from inferpath.storage.url import parse_store_url
 
@@ -99,6 +100,8 @@ def _check_store_folder(store: str, *, create: bool, verb: str, json_output: boo
             f"no store at {parsed.path} ({where}): check the path (inferpath up and inferpath import create one)",
             json_output,
         )
+    if create and parsed.path.exists() and not parsed.path.is_dir():
+        fail(f"{parsed.path} is a file, not a folder: give a new or empty folder for the store", json_output)
     if (
         create
         and parsed.path.is_dir()
@@ -111,7 +114,7 @@ def _check_store_folder(store: str, *, create: bool, verb: str, json_output: boo
             json_output,
         )
     if parsed.path.exists() and chdb_folder_in_use(parsed.path):
-        fail(store_in_use(parsed.path, f"{verb} through that server with --server URL"), json_output)
+        fail(store_in_use(parsed.path, in_use_hint), json_output)
 
 
 @contextlib.contextmanager
@@ -168,7 +171,12 @@ def server_for(
                     console.print(
                         f"no server at {url}: reading the store {shown_store_url(store)} directly", highlight=False
                     )
-        _check_store_folder(store, create=create_store, verb=verb, json_output=json_output)
+        check_store_folder(
+            store,
+            create=create_store,
+            in_use_hint=f"{verb} through that server with --server URL",
+            json_output=json_output,
+        )
         from inferpath.config import Settings
         from inferpath.serve import server_services
         from inferpath.server.runtime import serve_in_thread

@@ -124,9 +124,10 @@ def test_other_store_errors_carry_no_server_hint_and_no_class_names(tmp_path: Pa
     not_a_folder = runner.invoke(app, ["diagnose", "--since", "1h", "--store", f"chdb://{a_file}"], env=NO_SERVER)
     assert said(not_a_folder).startswith(f"no store at {a_file} (it is a file, not a folder): check the path")
     imported = runner.invoke(app, ["import", str(rec), "--store", f"chdb://{a_file}"], env=NO_SERVER)
-    assert (
-        said(imported) == f"cannot open the store chdb://{a_file}: chdb store path exists and is not a folder: {a_file}"
-    )
+    assert said(imported) == f"{a_file} is a file, not a folder: give a new or empty folder for the store"
+    # The demo says the same before it starts anything (it said 'server exited with code 1; see LOG').
+    demo = runner.invoke(app, ["demo", "--exit", "--port", "0", "--store", f"chdb://{a_file}"], env=NO_SERVER)
+    assert demo.exit_code == 2 and said(demo) == said(imported), demo.output
 
 
 @pytest.mark.parametrize("command", [["diagnose", "--since", "1h"], ["up", "--no-dashboard", "--port", "0"]])
