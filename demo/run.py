@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from inferpath.config import Settings
+from inferpath.demo.engine.scheduler import EngineConfig
 from inferpath.demo.processes import ChildService, ensure_port_free, free_port, start_module, start_server
 from inferpath.demo.replay import ReplayResult, replay
 from inferpath.demo.trace import load_trace
@@ -401,6 +402,15 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
             soft_wrap=True,
             highlight=False,
         )
+        # Engines do not export their token budget per step: the demo's server is told it, a
+        # server opened on the store later is not (the what-if would assume vLLM's 2048).
+        console.print(
+            f"what would a second replica do: inferpath whatif --from {window_start.isoformat()} "
+            f"--to {window_end.isoformat()} --replicas 2 --max-num-batched-tokens "
+            f"{EngineConfig.max_num_batched_tokens} {again}",
+            soft_wrap=True,
+            highlight=False,
+        )
 
         console.print(
             f"store: {store_url} (the demo's own; open it again with "
@@ -413,7 +423,9 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         else:
             console.print(
                 f"dashboard: run `{up_command(store_url, options.dashboard_port)}` and open "
-                f"http://127.0.0.1:{options.dashboard_port}"
+                f"http://127.0.0.1:{options.dashboard_port}",
+                soft_wrap=True,
+                highlight=False,
             )
         return outcome
     finally:

@@ -27,3 +27,6 @@ def test_demo_writes_its_own_store_and_says_how_to_open_it(tmp_path: Path) -> No
         f"store: chdb://{demo_store} (the demo's own; open it again with `inferpath up --store chdb://{demo_store}`)"
         in flat
     ), result.output
+    # The what-if of the window names the engine's token budget, which a server opened on the
+    # store later does not know (its replay would assume vLLM's 2048 and be refused).
+    assert "--replicas 2 --max-num-batched-tokens 8192 --store" in flat, result.output
