@@ -284,6 +284,20 @@ def replay_cmd(
     except (ValueError, OSError) as exc:
         console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
+    import httpx
+
+    # Both ends answer before the first request: a replay that reaches neither prints one line,
+    # not a failure per request and the exporter's retries.
+    for what, url in (("gateway", gateway), ("inferpath server (INFERPATH_OTLP_ENDPOINT)", settings.otlp_endpoint)):
+        try:
+            httpx.get(url, timeout=5.0)
+        except httpx.HTTPError as exc:
+            console.print(
+                f"[red]cannot reach the {what} at {url}:[/] {type(exc).__name__}: {exc}",
+                soft_wrap=True,
+                highlight=False,
+            )
+            raise typer.Exit(2) from None
     console.print(f"trace: {loaded.describe()}", highlight=False)
     trace_requests = loaded.requests
     console.print(f"spans to {settings.otlp_endpoint}", highlight=False)

@@ -74,3 +74,18 @@ def test_bad_rows_stop_replay_and_demo_before_anything_starts(tmp_path: Path) ->
         assert result.exit_code == 2, result.output
         assert "line 3: Request tokens 'lots' is not an integer" in result.output
         assert "Traceback" not in result.output
+
+
+def test_replay_names_the_end_it_cannot_reach_before_sending_anything(serve_app) -> None:
+    result = runner.invoke(app, ["replay", "--gateway", "http://127.0.0.1:9", "--requests", "3"])
+    assert result.exit_code == 2, result.output
+    assert "cannot reach the gateway at http://127.0.0.1:9: ConnectError" in " ".join(result.output.split())
+    stub = _openai_stub()
+    with serve_app(stub) as url:
+        result = runner.invoke(
+            app, ["replay", "--gateway", url, "--requests", "3"], env={"INFERPATH_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+        )
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "cannot reach the inferpath server (INFERPATH_OTLP_ENDPOINT) at http://127.0.0.1:9" in flat, flat
+    assert stub.state.max_tokens == [] and "Transient error" not in result.output
