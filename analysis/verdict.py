@@ -69,10 +69,13 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Degradation:
-    """A per-request measure (``ttft``, ``itl`` or ``e2e``) compared at p99 between windows.
+    """A per-request measure (``ttft``, ``itl`` or ``e2e``) compared between windows, at p99
+    and at the median.
 
     ``baseline_p99_ns`` / ``current_p99_ns``: exact p99 in ns (``None`` when the window has
-    no values); ``ratio``: current / baseline; ``degraded``: the rule's decision.
+    no values); ``ratio``: current / baseline p99; ``degraded``: the rule's decision;
+    ``baseline_p50_ns`` / ``current_p50_ns``: the medians, and ``by``: ``"p99"``, or
+    ``"p50"`` when the median rose though the p99 did not (every other request slower).
     """
 
     measure: str
@@ -80,6 +83,9 @@ class Degradation:
     current_p99_ns: float | None
     ratio: float | None
     degraded: bool
+    baseline_p50_ns: float | None = None
+    current_p50_ns: float | None = None
+    by: str = "p99"
 
 
 @dataclass

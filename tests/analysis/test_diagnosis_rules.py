@@ -557,3 +557,23 @@ def test_the_budget_moves_a_doors_wait_with_the_stage_that_kept_the_door_busy() 
     assert set(items) == set(_shares(verdict)) - {"unexplained"}, (items, _shares(verdict))
     assert items["tokenization"] == pytest.approx(2 * tokenize, rel=0.01), items
     assert items.get("network_hop", 0.0) == pytest.approx(hop - tokenize, rel=0.01), items
+
+
+def test_a_median_that_rose_by_half_and_50_ms_is_a_regression_though_the_p99_did_not() -> None:
+    # A slow tokenizer on every request: p50 0.35 → 1.06 s while the p99, already high from a
+    # busy machine's outliers, went 2.4 → 3.0 s (1.25×).
+    base = [{"ttft_ns": 350 * MS}] * 95 + [{"ttft_ns": 2400 * MS}] * 5
+    slow = [{"ttft_ns": 1060 * MS}] * 95 + [{"ttft_ns": 3000 * MS}] * 5
+    found = degradation("ttft", slow, base)
+    assert found.degraded and found.by == "p50" and found.ratio < DEGRADED_RATIO, found
+    assert (found.baseline_p50_ns, found.current_p50_ns) == (350 * MS, 1060 * MS)
+    # A median up by half but by 20 ms only (30 → 50 ms: more load, the same service) is not one.
+    quick = [{"ttft_ns": 30 * MS}] * 95 + [{"ttft_ns": 900 * MS}] * 5
+    busier = [{"ttft_ns": 50 * MS}] * 95 + [{"ttft_ns": 950 * MS}] * 5
+    assert not degradation("ttft", busier, quick).degraded
+    verdict = diagnose_from(
+        [{**r, "timestamp": T0 + timedelta(seconds=i), "e2e_ns": r["ttft_ns"] + 400 * MS} for i, r in enumerate(slow)],
+        [{**r, "timestamp": T0 + timedelta(seconds=i), "e2e_ns": r["ttft_ns"] + 400 * MS} for i, r in enumerate(base)],
+        objectives=DEFAULT_OBJECTIVES.with_limit("ttft", 10.0),
+    )
+    assert not verdict.healthy and "TTFT p50 350 ms → 1060 ms (3.0× the baseline)" in verdict.summary, verdict.summary
