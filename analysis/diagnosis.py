@@ -407,6 +407,7 @@ def diagnose_from(
     startups: Sequence[ReplicaStartup] = (),
     configured_batch_limit: float | None = None,
     failed: Mapping[str, int] | None = None,
+    failed_times: Sequence[datetime] = (),
 ) -> Verdict:
     """Diagnose ``current_rows`` (request-row dicts, see :mod:`inferpath.analysis.breakdown`,
     or a :mod:`~inferpath.analysis.request_window` window) against ``objectives`` and, when
@@ -414,7 +415,8 @@ def diagnose_from(
 
     ``failed``: the window's requests that did not end ``ok``, by what they ended with
     (:func:`~inferpath.analysis.request_window.failed_requests`); they are not in the rows,
-    and :data:`FAILED_SHARE_MAX` of them or more makes the window unhealthy.
+    and :data:`FAILED_SHARE_MAX` of them or more makes the window unhealthy; ``failed_times``:
+    when they arrived (aware datetimes), to tell failures on a replica still loading.
 
     ``signals``: the engine/GPU signals of both windows (``baseline`` empty without one);
     ``startups``: engine start-ups from start-up spans (:func:`.startup.fetch_startups`);
@@ -500,9 +502,15 @@ def diagnose_from(
     if not broken and not diverged and not (baseline_ok and regressed):
         if failing:
             verdict.healthy = False
+            verdict.causes = _failed_while_starting(failed_times, failed_count, startups)
+            top = (
+                f"; top cause: cold_start ({verdict.causes[0].share:.0%} of the failed requests)"
+                if verdict.causes
+                else ""
+            )
             verdict.summary = (
                 f"degraded: {failed_share:.0%} of requests failed ({failed_text}); "
-                "the latency of the others meets its objectives"
+                f"the latency of the others meets its objectives{top}"
             )
             return verdict
         verdict.summary = "healthy: " + _health_text(results, tails, verdict.degradations)
@@ -539,7 +547,45 @@ def diagnose_from(
     verdict.summary = _degraded_summary(verdict, broken, diverged, regressed)
     if failing:
         verdict.summary += f"; {failed_share:.0%} of requests failed ({failed_text})"
+        if not any(c.cause == "cold_start" for c in verdict.causes):
+            verdict.causes += _failed_while_starting(failed_times, failed_count, startups)
     return verdict
+
+
+def _failed_while_starting(
+    failed_times: Sequence[datetime], failed_count: int, startups: Sequence[ReplicaStartup]
+) -> list[Cause]:
+    """``[cold_start]`` when half the window's failed requests or more arrived before a replica
+    starting in or just before the window was ready (its start-up spans), else ``[]``: a
+    gateway that sends to a replica still loading gets errors, not a wait. ``share`` is then
+    that cause's share of the failed requests, not of time."""
+    if not failed_times or not failed_count:
+        return []
+    starting = [s for s in startups if s.ready_at is not None]
+    early = [t for t in failed_times if any(t < s.ready_at for s in starting)]
+    if 2 * len(early) < len(failed_times):
+        return []
+    cause = Cause(cause="cold_start", share=len(early) / len(failed_times), added_ns=0.0, stages=[])
+    for startup in starting:
+        cause.evidence.append(
+            Evidence("loading_seconds", "total", "seconds", None, startup.loading_seconds, None, None, startup.text())
+        )
+    cause.evidence.append(
+        Evidence(
+            "failed_requests",
+            "count",
+            "count",
+            None,
+            float(len(early)),
+            None,
+            None,
+            f"{len(early)} of the {len(failed_times)} failed requests arrived before a starting replica was ready "
+            f"(last ready at {max(s.ready_at for s in starting).isoformat()})",
+        )
+    )
+    cause.would_help = [a.text for a in COLD_START_HELP]
+    cause.would_not_help = [a.text for a in COLD_START_NOT_HELP]
+    return [cause]
 
 
 def _window_of(rows: RowsWindow | StoredWindow) -> Window | None:
@@ -1042,7 +1088,7 @@ def diagnose(
             store, start=window_start, end=window_end, endpoint=endpoint, columns=columns, endpoint_class=endpoint_class
         )
         current_rows, baseline_rows = current, None
-    failed = failed_requests(
+    failed, failed_times = failed_requests(
         store, start=window_start, end=window_end, endpoint=endpoint, endpoint_class=endpoint_class, columns=columns
     )
     signals = StoredSignalWindows(store, (window_start, window_end), baseline_window)
@@ -1064,6 +1110,7 @@ def diagnose(
         baseline_window=baseline_window,
         startups=startups,
         failed=failed,
+        failed_times=failed_times,
     )
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from inferpath.analysis.breakdown import (
@@ -642,10 +642,12 @@ def failed_requests(
     endpoint: str | None = None,
     endpoint_class: str | None = None,
     columns: dict[str, str] | None = None,
-) -> dict[str, int]:
-    """The requests of the window that did not end ``ok`` (``error``, ``incomplete``), counted
+    times_limit: int = 100_000,
+) -> tuple[dict[str, int], list[datetime]]:
+    """The requests of the window that did not end ``ok`` (``error``, ``incomplete``): counted
     by what they ended with, e.g. ``{"error (HTTP 502)": 40, "incomplete": 3}``, the most
-    common first; ``{}`` when none failed. Same filters as :class:`StoredWindow`."""
+    common first (``{}`` when none failed), and when they arrived, oldest first (the first
+    ``times_limit``). Same filters as :class:`StoredWindow`."""
     where, parameters = request_filter(
         start=start, end=end, endpoint=endpoint, endpoint_class=endpoint_class, status=None, columns=columns
     )
@@ -654,9 +656,17 @@ def failed_requests(
         f" WHERE {where} AND status != 'ok' GROUP BY status, http_status_code ORDER BY n DESC{FINAL_SETTINGS}",
         parameters,
     )
-    return {
+    counts = {
         f"{status} (HTTP {code})" if code else str(status): int(count) for status, code, count in rows if int(count)
     }
+    if not counts:
+        return counts, []
+    times = store.query(
+        "SELECT timestamp FROM inferpath_requests FINAL"
+        f" WHERE {where} AND status != 'ok' ORDER BY timestamp LIMIT {int(times_limit)}{FINAL_SETTINGS}",
+        parameters,
+    )
+    return counts, [t[0] if t[0].tzinfo else t[0].replace(tzinfo=timezone.utc) for t in times]
 
 
 __all__ = [

@@ -85,10 +85,12 @@ def banner_of(verdict: Mapping[str, Any] | None, *, no_verdict: str | None = Non
     action = None
     if cause is not None and cause.get("would_help"):
         action = str(cause["would_help"][0])
-    if not top and (verdict.get("failed_share") or 0) > 0:  # the latency held; requests failed
+    if not verdict.get("measure") and (verdict.get("failed_share") or 0) > 0:  # the latency held; requests failed
         headline = f"Degraded: {verdict['failed_share'] * 100:.0f} % of requests failed"
-        action = "look at why they failed: their HTTP status and the service's or engine's logs"
-        return Banner("degraded", headline, cause=None, action=action, detail=detail)
+        if cause is not None and top == "cold_start":
+            headline += f", {min(1.0, cause.get('share') or 0.0) * 100:.0f} % of them on a replica still starting"
+        action = action or "look at why they failed: their HTTP status and the service's or engine's logs"
+        return Banner("degraded", headline, cause=top, action=action, detail=detail)
     if top and top != "unexplained":
         share = (
             f" ({min(1.0, cause['share']) * 100:.0f} % of the slow requests' time)"

@@ -577,3 +577,24 @@ def test_a_median_that_rose_by_half_and_50_ms_is_a_regression_though_the_p99_did
         objectives=DEFAULT_OBJECTIVES.with_limit("ttft", 10.0),
     )
     assert not verdict.healthy and "TTFT p50 350 ms → 1060 ms (3.0× the baseline)" in verdict.summary, verdict.summary
+
+
+def test_requests_that_failed_on_a_replica_still_loading_are_its_cold_start() -> None:
+    # A gateway in front of a vLLM that is loading for 50 s: its calls fail at once (500),
+    # then the engine is ready and every later request is fast.
+    ready = T0 + timedelta(seconds=50)
+    startup = ReplicaStartup("t", "vllm", "", T0 - timedelta(seconds=5), ready, 55.0)
+    fast = _replica_rows("", [100] * 60, start_s=55.0)
+    failed_times = [T0 + timedelta(seconds=i) for i in range(50)]
+    verdict = diagnose_from(fast, failed={"error (HTTP 500)": 50}, failed_times=failed_times, startups=[startup])
+    assert not verdict.healthy and verdict.top_cause == "cold_start", verdict.summary
+    cause = verdict.causes[0]
+    assert cause.share == 1.0 and cause.would_help and "keep warm replicas" in cause.would_help[0]
+    assert any(
+        "50 of the 50 failed requests arrived before a starting replica was ready" in e.text for e in cause.evidence
+    )
+    assert verdict.summary.endswith("top cause: cold_start (100% of the failed requests)"), verdict.summary
+    # The same failures long after the replica was ready are not its start's.
+    later = [ready + timedelta(seconds=10 + i) for i in range(50)]
+    verdict = diagnose_from(fast, failed={"error (HTTP 500)": 50}, failed_times=later, startups=[startup])
+    assert not verdict.healthy and verdict.causes == [], verdict.summary

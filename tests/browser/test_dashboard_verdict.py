@@ -83,6 +83,19 @@ def test_the_banner_names_the_verdict_the_top_cause_and_its_first_remedy() -> No
     )
     assert failing.headline == "Degraded: 12 % of requests failed" and "HTTP status" in (failing.action or "")
     assert failing.detail.startswith("12% of requests failed (error (HTTP 502): 40)")
+    starting = verdict_view.banner_of(
+        {
+            "healthy": False,
+            "summary": "degraded: 40% of requests failed (error (HTTP 500): 50); the latency of the others "
+            "meets its objectives; top cause: cold_start (100% of the failed requests)",
+            "measure": None,
+            "causes": [{"cause": "cold_start", "share": 1.0, "would_help": ["keep warm replicas"]}],
+            "top_cause": "cold_start",
+            "failed_share": 0.4,
+        }
+    )
+    assert starting.headline == "Degraded: 40 % of requests failed, 100 % of them on a replica still starting"
+    assert starting.cause == "cold_start" and starting.action == "keep warm replicas"
 
 
 def test_tiles_are_coloured_against_the_objectives_and_the_window_before() -> None:
