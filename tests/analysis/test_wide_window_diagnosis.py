@@ -313,13 +313,15 @@ def test_a_pair_of_stored_windows_equals_each_windows_rows(tmp_path, layout) -> 
             assert stored.tail_sums("e2e", edge) == held.tail_sums("e2e", edge)  # not prepared: its own query
 
 
-def test_a_healthy_verdict_or_a_thin_window_costs_one_query(tmp_path) -> None:
+def test_a_healthy_verdict_or_a_thin_window_costs_a_few_scans(tmp_path) -> None:
     with Store.open(f"chdb://{tmp_path / 'store'}") as store:
         windows = load_scenario(store, SCENARIOS["healthy"])
         counting = CountingStore(store)
         verdict = diagnose(counting, **windows)
-        # Both windows' compared measures in one scan, then each window's objectives per class.
-        assert verdict.healthy and len(counting.sql) == 3
+        # The window's failed requests (one scan of the rows that did not end ok), both windows'
+        # compared measures in one scan, then each window's objectives per class.
+        assert verdict.healthy and len(counting.sql) == 4
+        assert sum("status != 'ok'" in sql for sql in counting.sql) == 1  # none failed: no times read
         counting.sql.clear()
         thin = diagnose(
             counting,
@@ -328,11 +330,11 @@ def test_a_healthy_verdict_or_a_thin_window_costs_one_query(tmp_path) -> None:
             baseline_start=T0 - timedelta(hours=2),
             baseline_end=T0 - timedelta(hours=1),
         )
-        assert thin.healthy and "baseline ignored" in thin.notes[0] and len(counting.sql) == 2
+        assert thin.healthy and "baseline ignored" in thin.notes[0] and len(counting.sql) == 3
         counting.sql.clear()
         with pytest.raises(InsufficientDataError, match="insufficient data: 0 requests"):
             diagnose(counting, window_start=T0 - timedelta(hours=2), window_end=T0 - timedelta(hours=1))
-        assert len(counting.sql) == 1
+        assert len(counting.sql) == 2  # the failed requests, then the count
 
 
 # ---------------------------------------------------------------------------- a wide diagnosis
@@ -350,9 +352,10 @@ def test_a_diagnosis_over_two_wide_windows_equals_the_diagnosis_of_their_rows(tm
     assert any(gauge_rollup.GAUGE_ROLLUP_TABLE in sql for sql in counting.sql)
     # One replica in both windows and no start-up: the cold-start rule reads no replica spans;
     # request rows are read by three scans (compared measures; the tail band's stages; the
-    # evidence's quantiles) and the objectives per class, one scan per window.
+    # evidence's quantiles), the objectives per class, one scan per window, and the failed
+    # requests, one scan of the rows that did not end ok.
     assert not any("GROUP BY replica" in sql for sql in counting.sql)
-    assert sum("FROM inferpath_requests" in sql for sql in counting.sql) == 5
+    assert sum("FROM inferpath_requests" in sql for sql in counting.sql) == 6
     kv = next(e for c in got["causes"] for e in c["evidence"] if e["measure"] == "kv_cache_usage_ratio")
     assert kv["current"] >= 0.9 > kv["baseline"]
 
