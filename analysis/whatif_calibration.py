@@ -423,8 +423,15 @@ def calibrate(
     else:
         num_kv_blocks, block_size = _kv_pool(kv, requests, concurrency, intervals, start_s, notes, sources)
     kv_values = [v for series in kv for _, v in series]
-    kv_mean = math.fsum(kv_values) / len(kv_values) if kv_values else None
     kv_max = max(kv_values) if kv_values else None
+    # The mean over the scrapes from the first arrival to the last request's end, the span the
+    # replay's mean covers: a window of -30m around a two-minute load would otherwise compare
+    # the load's own scrapes (0.74) with a replay averaged over half an hour (0.09).
+    first = min(q.arrival_seconds for q in requests)
+    last = max(end for spans in intervals.values() for _, end in spans)
+    in_span = [v for series in kv for ts, v in series if first <= ts / 1e9 - start_s <= last]
+    kv_mean_values = in_span or kv_values
+    kv_mean = math.fsum(kv_mean_values) / len(kv_mean_values) if kv_mean_values else None
 
     # Batch limit.
     max_num_seqs = DEFAULT_MAX_NUM_SEQS

@@ -58,7 +58,8 @@ class EngineRun:
     ``first_scheduled_s``, ``first_token_s``, ``finished_s`` (``None`` when it never got
     there: rejected, or still running at the horizon), ``preemptions`` per request,
     ``rejected`` (never fits the pool), ``steps`` run, KV usage as a ratio of the pool
-    (time-weighted mean from 0 to the end of the last step, and maximum), ``busy_seconds``
+    (time-weighted mean from the first arrival to the end of the last step, as the observed
+    mean is taken over the scrapes of the same span, and maximum), ``busy_seconds``
     (time spent in steps), ``end_s`` (the end of the last step), ``prefill_tokens`` (prompt
     and recompute tokens computed) and ``max_batch`` (most sequences in one step)."""
 
@@ -353,7 +354,7 @@ def run_engine(
         preempts,
         rejected,
         steps,
-        kv_area / last_end / pool if last_end > 0 else 0.0,
+        kv_area / (last_end - arrivals_s[0]) / pool if n and last_end > arrivals_s[0] else 0.0,
         kv_max / pool,
         busy,
         last_end,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -181,3 +181,18 @@ def test_the_read_api_answers_and_refuses(imported) -> None:
         timeout=120,
     )
     assert empty.status_code == 422 and "insufficient data" in empty.json()["detail"][0]["msg"]
+
+
+def test_kv_usage_is_compared_over_the_same_span_however_wide_the_window(imported) -> None:
+    # `whatif --from -30m` around a load of two minutes: the observed mean is the load's own
+    # scrapes, the replay's mean must cover the same span (it was averaged from the window's
+    # start: 0.09 replayed against 0.74 observed on the demo's window).
+    server, windows, _ = imported
+    start, end = windows["kv48"]
+    own = predict(server.runtime.store, start, end, Change(replicas=2), max_error=10.0)
+    # Three minutes before: kv48's idle engine being scraped; the run before it ended 245 s earlier.
+    wide = predict(server.runtime.store, start - timedelta(minutes=3), end, Change(replicas=2), max_error=10.0)
+    for key in ("observed_mean_ratio", "replayed_mean_ratio"):
+        assert own.kv[key] is not None and own.kv[key] > 0.5, own.kv
+        assert wide.kv[key] == pytest.approx(own.kv[key], rel=0.1), (key, own.kv, wide.kv)
+    assert wide.kv["replayed_mean_ratio"] == pytest.approx(wide.kv["observed_mean_ratio"], rel=0.3), wide.kv
