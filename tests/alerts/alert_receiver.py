@@ -25,14 +25,16 @@ def receiver_app(captured: Captured) -> FastAPI:
 
     @app.post("/api/v2/alerts")
     async def alertmanager(request: Request) -> dict:
-        with captured.lock:
-            captured.posts.append(("/api/v2/alerts", await request.json()))
+        body = await request.json()  # read before the lock: held across an await, a second post on
+        with captured.lock:  # the same event loop would block the loop on it, and the first never resume
+            captured.posts.append(("/api/v2/alerts", body))
         return {}
 
     @app.post("/hook")
     async def hook(request: Request) -> dict:
-        with captured.lock:
-            captured.posts.append(("/hook", await request.json()))
+        body = await request.json()  # read before the lock: held across an await, a second post on
+        with captured.lock:  # the same event loop would block the loop on it, and the first never resume
+            captured.posts.append(("/hook", body))
         return {}
 
     return app
