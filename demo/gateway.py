@@ -105,6 +105,13 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _error(status_code: int, message: str) -> JSONResponse:
+    """An OpenAI-style error body (``{"error": {"message", "type", "code"}}``)."""
+    return JSONResponse(
+        {"error": {"message": message, "type": "model_server_error", "code": status_code}}, status_code=status_code
+    )
+
+
 def create_gateway_app(
     config: GatewayConfig,
     *,
@@ -200,12 +207,28 @@ def create_gateway_app(
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
             }
 
+        # The engine's first chunk (or its refusal) before anything is answered: a model server
+        # that is down or starting gets a 503 here, not a 200 cut off mid-stream.
+        events = stream_chat_completion(state["client"], f"{engine_url}/v1/completions", payload, stage="model")
+        try:
+            first = await anext(events, None)
+        except httpx.HTTPStatusError as exc:
+            code = exc.response.status_code
+            return _error(code if code < 500 else 502, f"the model server at {engine_url} answered HTTP {code}")
+        except httpx.HTTPError as exc:
+            return _error(503, f"the model server at {engine_url} is not reachable ({type(exc).__name__})")
+
+        async def engine_events() -> AsyncIterator[dict[str, Any]]:
+            async with events:  # a caller gone mid-stream closes the engine call too
+                if first is not None:
+                    yield first
+                    async for event in events:
+                        yield event
+
         async def stream() -> AsyncIterator[bytes]:
             usage: dict[str, Any] | None = None
             yield _sse(chunk({"role": "assistant", "content": ""}))
-            async for event in stream_chat_completion(
-                state["client"], f"{engine_url}/v1/completions", payload, stage="model"
-            ):
+            async for event in engine_events():
                 if event.get("usage"):
                     usage = event["usage"]
                 for choice in event.get("choices") or ():
