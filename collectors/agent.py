@@ -144,7 +144,7 @@ class _Exporter:
             )
             self._log.warning("export to %s rejected with HTTP %s; %d samples dropped%s", self.url, status, count, hint)
             return
-        wait = _retry_after_seconds(retry_after)
+        wait = retry_after_seconds(retry_after)
         if wait is None:
             wait = self.backoff_seconds
             self.backoff_seconds = min(self.backoff_seconds * 2, _BACKOFF_MAX_SECONDS)
@@ -162,7 +162,8 @@ class _Exporter:
             self.client.close()
 
 
-def _retry_after_seconds(value: str | None) -> float | None:
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (0 … 300), or ``None`` when absent or an HTTP date."""
     if value is None:
         return None
     try:

@@ -27,6 +27,7 @@ import json
 import re
 import tarfile
 import tempfile
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
+
+from inferpath.collectors.agent import retry_after_seconds
 
 SCRAPES_PER_BODY = 32
 """Scrapes posted in one OTLP metrics body (each keeps its own timestamps)."""
@@ -378,15 +383,48 @@ def import_recording(
     return post_import(prepare_import(recording, offset_ns=offset_ns, source=source), client)
 
 
+# How long one body may be refused as "busy" (503/429) before the import gives up: the
+# server's span log drains a full backlog (16 MiB) in seconds.
+BUSY_RETRY_SECONDS = 300.0
+
+
 def _post(client: httpx.Client, path: str, body: bytes, what: str) -> None:
-    response = client.post(path, content=body, headers=PROTOBUF)
+    """POST one OTLP body; a 503 or 429 is waited out as its ``Retry-After`` says (1 s when
+    absent), for at most :data:`BUSY_RETRY_SECONDS` in all. Raises :class:`RecordingError`."""
+    deadline = time.monotonic() + BUSY_RETRY_SECONDS
+    while True:
+        response = client.post(path, content=body, headers=PROTOBUF)
+        if response.status_code not in (429, 503) or time.monotonic() >= deadline:
+            break
+        wait = retry_after_seconds(response.headers.get("Retry-After"))
+        time.sleep(min(1.0 if wait is None else max(wait, 0.1), max(0.0, deadline - time.monotonic())))
     if response.status_code in (404, 405, 501):  # an inferpath server has both OTLP routes, for POST
         raise RecordingError(
             f"{client.base_url} is not an inferpath server: it answered POST {path} with {response.status_code} "
             f"{response.reason_phrase}; give --server the address `inferpath up` printed"
         )
     if response.status_code != 200:
-        raise RecordingError(f"the server refused a {what} ({response.status_code}): {response.text[:300]}")
+        busy = f" for {BUSY_RETRY_SECONDS:g} s" if response.status_code in (429, 503) else ""
+        raise RecordingError(
+            f"the server refused a {what}{busy} ({response.status_code} {response.reason_phrase}): "
+            f"{_refusal_message(response)}"
+        )
+
+
+def _refusal_message(response: httpx.Response) -> str:
+    """The message of an OTLP/HTTP error body (``google.rpc.Status``, protobuf or JSON), else
+    the body's first 300 characters."""
+    if response.headers.get("content-type", "").startswith("application/x-protobuf"):
+        try:
+            return status_pb2.Status.FromString(response.content).message[:300]
+        except DecodeError:
+            pass
+    try:
+        document = response.json()
+    except ValueError:
+        return response.text[:300]
+    message = document.get("message") if isinstance(document, dict) else None
+    return str(message)[:300] if message else response.text[:300]
 
 
 __all__ = [

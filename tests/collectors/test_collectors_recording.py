@@ -223,3 +223,78 @@ def test_import_will_not_make_a_store_among_other_files(tmp_path: Path, shared_d
     assert result.exit_code == 2, result.output
     assert f"{folder} holds other files and no store: give a new or empty folder" in said, said
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
+class _BusyServer:
+    """A real HTTP server on loopback that answers the first ``busy`` OTLP posts 503 with
+    ``Retry-After: 0`` and a protobuf ``google.rpc.Status`` (as the inferpath server does when
+    its span log is full), then 200; ``/api/v1/flush`` answers ``{"ok": true}``."""
+
+    def __init__(self, busy: int) -> None:
+        import http.server
+        import threading
+
+        from google.rpc import status_pb2
+
+        self.posts: list[str] = []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                owner.posts.append(self.path)
+                if self.path.startswith("/api/v1/flush"):
+                    status, body, kind = 200, b'{"ok": true}', "application/json"
+                elif len(owner.posts) <= busy:
+                    message = "ingest backlog full (16140165 bytes logged); retry later"
+                    status, kind = 503, "application/x-protobuf"
+                    body = status_pb2.Status(code=14, message=message).SerializeToString()
+                else:
+                    status, body, kind = 200, b"", "application/x-protobuf"
+                self.send_response(status)
+                if status == 503:
+                    self.send_header("Retry-After", "0")
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_import_waits_out_a_busy_server_and_quotes_its_reason_when_it_stays_busy(monkeypatch) -> None:
+    import httpx
+
+    from inferpath.collectors import recording
+
+    prepared = recording.PreparedImport([b"t1", b"t2"], [b"m1"], 1, [], 0, "vllm", None, None)
+    busy = _BusyServer(busy=3)
+    try:
+        with httpx.Client(base_url=busy.url, timeout=10) as client:
+            result = recording.post_import(prepared, client)
+    finally:
+        busy.close()
+    assert result.flushed and result.trace_bodies == 2
+    # Three 503s waited out, then each body once: nothing skipped, nothing sent twice.
+    assert busy.posts == ["/v1/traces"] * 4 + ["/v1/traces", "/v1/metrics", "/api/v1/flush?timeout_seconds=120"]
+
+    monkeypatch.setattr(recording, "BUSY_RETRY_SECONDS", 0.5)
+    always = _BusyServer(busy=10_000)
+    try:
+        with httpx.Client(base_url=always.url, timeout=10) as client, pytest.raises(RecordingError) as refused:
+            recording.post_import(prepared, client)
+    finally:
+        always.close()
+    assert str(refused.value) == (
+        "the server refused a trace body for 0.5 s (503 Service Unavailable): "
+        "ingest backlog full (16140165 bytes logged); retry later"
+    )
