@@ -8,14 +8,19 @@ Roles a span can play in a trace (spans are the exporter-shaped
 attribute value is a string):
 
 - root client: a ``Client`` span with no parent inside the trace (the end user's call);
-- gateway: a ``Server`` span with ``inferpath.stage=gateway`` (the outermost one);
+- gateway: a ``Server`` span with ``inferpath.stage=gateway`` (the outermost one; of
+  several at that depth, the first that did not fail: failed ones before it were attempts a
+  caller retried, status ERROR or HTTP 429 / ≥ 500);
 - engine: an engine's request span (:mod:`inferpath.server.engine_sources`: vLLM's
   ``llm_request`` or any span with ``gen_ai.latency.*`` attributes, SGLang's request span,
-  TGI's router handler span; the earliest one when a trace holds several), whose measures
+  TGI's router handler span; the earliest one when a trace holds several, after any failed
+  attempts), whose measures
   the engine's reader gives;
 - stage spans: ``inferpath.stage`` in tokenize / retrieval / queue / prefill / decode /
   model / postprocess;
-- network hops: a ``Server`` span whose parent is a ``Client`` span of the trace.
+- network hops: a ``Server`` span whose parent is a ``Client`` span of the trace (failed
+  callees before a caller's first that did not fail were retried attempts: no hops of their
+  own, and the time from the first attempt's start to that callee's is retrying, not the wire).
 
 TTFT-phase parts (``gateway_ttft_ns``, ``network_ttft_ns``) are the gateway's self time and
 the hops' overhead clipped to the TTFT window ``[start, start + ttft_ns]`` of the span that
@@ -173,6 +178,21 @@ def _http_status(span: SpanRow | None) -> int | None:
     return _int_attr(span, HTTP_STATUS)
 
 
+def _failed(span: SpanRow) -> bool:
+    """The span's call failed in a way a caller retries: status ERROR, HTTP 429 or ≥ 500."""
+    code = _http_status(span) or 0
+    return span.status_code == "Error" or code == 429 or code >= 500
+
+
+def _retried(calls: Sequence[SpanRow]) -> int:
+    """How many of ``calls`` (one caller's calls in start order) were attempts it retried:
+    the failed ones before the first that did not fail (all but the last when all failed)."""
+    k = 0
+    while k < len(calls) - 1 and _failed(calls[k]):
+        k += 1
+    return k
+
+
 _NO_ATTRIBUTES: dict[str, str] = {}
 _NO_ENGINE_READING = engine_sources.EngineReading()
 
@@ -285,8 +305,12 @@ def assemble_request(
         if client_reading is not None:
             root_client = candidate
             break
-    gateway = min(gateways, key=lambda s: (_depth(s, by_id), s.start_ns)) if gateways else None
-    engine = engines[0] if engines else None
+    # The outermost gateway span; of several at that depth, failed ones first were attempts
+    # a caller retried (a model server still loading): the request is the attempt after them.
+    top_depth = min((_depth(s, by_id) for s in gateways), default=0)
+    outermost = [s for s in gateways if _depth(s, by_id) == top_depth]
+    gateway = outermost[_retried(outermost)] if outermost else None
+    engine = engines[_retried(engines)] if engines else None
     model_clients = [s for s in by_stage.get("model", ()) if s.span_kind == "Client"]
     genai_client = root_client is not None and (
         sources.is_llm_call(root_client) or any(k.startswith(_GENAI_PREFIX) for k in root_client.span_attributes)
@@ -361,14 +385,23 @@ def assemble_request(
     # difference is time on the wire plus the callee's framework before/after its span.
     # An engine's request span under a CLIENT span is the callee's side of a hop too, whatever
     # its kind (SGLang's and TGI's are INTERNAL).
-    hops = [
-        (by_id[s.parent_span_id], s)
-        for s in unique
-        if (s.span_kind == "Server" or s is engine)
-        and s.parent_span_id in by_id
-        and by_id[s.parent_span_id].span_kind == "Client"
-    ]
-    network_ns = sum(max(0, c.duration_ns - srv.duration_ns) for c, srv in hops) if hops else None
+    # A CLIENT span with several callee spans: failed ones before the first that did not fail
+    # were attempts it retried. Its hop is to that callee, less the time from the first
+    # attempt's start to its start (failed attempts, the caller's back-off: retrying is not
+    # the wire; it stays outside every stage, ``rest``); later callees are hops of their own.
+    callees: dict[str, list[SpanRow]] = {}
+    for s in by_start:
+        if (s.span_kind == "Server" or s is engine) and s.parent_span_id in by_id:
+            if by_id[s.parent_span_id].span_kind == "Client":
+                callees.setdefault(s.parent_span_id, []).append(s)
+    hops: list[tuple[SpanRow, SpanRow, tuple[int, int]]] = []
+    for client_id, calls in callees.items():
+        k = _retried(calls)
+        hops.append((by_id[client_id], calls[k], (calls[0].start_ns, calls[k].start_ns)))
+        hops += [(by_id[client_id], call, (0, 0)) for call in calls[k + 1 :]]
+    network_ns = (
+        sum(max(0, c.duration_ns - srv.duration_ns - (retry[1] - retry[0])) for c, srv, retry in hops) if hops else None
+    )
 
     gateway_ns = gateway_ttft_ns = network_ttft_ns = None
     # The TTFT window of the judged TTFT (vocabulary.CLIENT_FIRST_SQL): the root client's
@@ -387,7 +420,12 @@ def assemble_request(
             gateway_ttft_ns = _self_ns(gateway, inner, *window)
     if window is not None and hops:
         network_ttft_ns = sum(
-            _hop_ttft_part_ns(c, srv, *window, engine_reading.ttft if srv is engine else None) for c, srv in hops
+            max(
+                0,
+                _hop_ttft_part_ns(c, srv, *window, engine_reading.ttft if srv is engine else None)
+                - _overlap_ns(*retry, *window),
+            )
+            for c, srv, retry in hops
         )
 
     top = [s for s in (gateway, root_client, engine) if s is not None]

@@ -316,3 +316,46 @@ def test_a_request_whose_spans_name_no_model_is_labelled_unknown() -> None:
     assert row.model == "unknown"
     named = [replace(spans[0], span_attributes={**spans[0].span_attributes, "gen_ai.request.model": "tiny"}), spans[1]]
     assert assemble_request(named, updated_at=UPDATED).model == "tiny"
+
+
+def test_a_call_retried_under_one_client_span_is_judged_by_its_last_attempt() -> None:
+    """A caller that retried (a model server still loading: two attempts answered 503) under
+    one CLIENT span: the request succeeded, its gateway is the attempt that answered, and the
+    4 s from the first attempt to the last are neither the gateway's nor the wire's."""
+    spans = full_trace()
+    client = replace(
+        spans[0],
+        duration_ns=5000 * MS,
+        span_attributes={**spans[0].span_attributes, "gen_ai.response.time_to_first_chunk": "4.2"},
+    )
+    later = [replace(s, timestamp=datetime_from_unix_ns(s.start_ns + 4000 * MS)) for s in spans[1:]]
+    failed = [
+        span(
+            label,
+            "c1",
+            "Server",
+            "POST /v1/chat/completions",
+            start_ms,
+            20,
+            status="Error",
+            **{"inferpath.stage": "gateway", "http.response.status_code": 503},
+        )
+        for label, start_ms in (("ga", 10), ("gb", 2000))
+    ]
+    row = assemble_request([client, *failed, *later], updated_at=UPDATED)
+    assert row is not None
+    assert (row.status, row.http_status_code) == ("ok", 200)
+    assert (row.client_ttft_ns, row.ttft_ns, row.e2e_ns) == (4200 * MS, 180 * MS, 970 * MS)
+    assert row.gateway_ns == 20 * MS
+    # hops: client 5000 − last gateway 970 − retrying 4000 (10 → 4010 ms), model 900 − engine 880
+    assert row.network_ns == 30 * MS + 20 * MS
+    # Before the first token (0 → 4200 ms): the hop to the gateway 4200 − 180 − 4000 retrying;
+    # the model hop (no TTFT on the model client: whole intervals, clipped) 140 − 130.
+    assert row.network_ttft_ns == 20 * MS + 10 * MS
+    # The same client span with only the last attempt: the same row but for the retrying.
+    alone = assemble_request([client, *later], updated_at=UPDATED)
+    assert alone is not None and alone.network_ns == 4030 * MS + 20 * MS
+    # When the last attempt failed too, the request failed.
+    last = replace(failed[1], timestamp=datetime_from_unix_ns(T0_NS + 4500 * MS))
+    failed_row = assemble_request([client, *failed, last], updated_at=UPDATED)
+    assert failed_row is not None and (failed_row.status, failed_row.http_status_code) == ("error", 503)
