@@ -192,8 +192,9 @@ class QueueGrowingRule(_RuleBase):
 
 
 class KvPressureRule(_RuleBase):
-    """Fires when the fullest engine's mean ``kv_cache_usage_ratio`` is ≥ ``usage_threshold``
-    and ``preemptions_total`` increased by ≥ ``min_preemptions`` over the window."""
+    """Fires when the fullest engine's ``kv_cache_usage_ratio`` over the window, at its p90
+    (``queries.KV_USAGE_QUANTILE``: idle scrapes do not hide a full pool), is ≥
+    ``usage_threshold`` and ``preemptions_total`` increased by ≥ ``min_preemptions``."""
 
     kind: Literal["kv_pressure"]
     evidence_keys = ("samples", KV_CACHE_USAGE_RATIO, "preemptions", "window_seconds")

@@ -10,7 +10,9 @@ mean time of each TTFT stage is measured; stages the caller controls are charged
   in-process rather than a remote call, cached prompts) takes it off the path;
 - ``retrieval`` → ``retrieval``: running retrieval in parallel with the model's first pass
   over the prompt (the prompt's prefill, or speculative prefill of the system part) hides it;
-- ``network`` → ``network_hop``: co-locating the hop removes it.
+- ``network`` → ``network_hop``: co-locating the hop removes it;
+- ``cold_start`` (the whole time of requests that met a starting replica) → ``cold_start``:
+  routing only to ready replicas removes it.
 
 The engine's own stages (queue, prefill) are what the GPU does. When the engine's part alone
 fits in the target, adding GPUs will not bring the endpoint under it; when it does not,
@@ -49,8 +51,10 @@ MOVABLE: dict[str, tuple[str, str]] = {
     ),
     "retrieval": ("retrieval", "run retrieval in parallel with the first model pass over the prompt"),
     "network": ("network_hop", "co-locate the gateway with the model server (remove the hop)"),
+    "cold_start": ("cold_start", "route to a replica only once it is ready (keep warm replicas)"),
 }
-"""Stage → (cause, the change that takes it off the critical path)."""
+"""Stage → (cause, the change that takes it off the critical path). ``cold_start`` is the
+whole time of the tail's requests that met a starting replica (``diagnosis.cold_start_rows``)."""
 ENGINE_STAGES = ("queue", "prefill")
 
 
@@ -99,7 +103,7 @@ class Budget:
 
 def ttft_budget(stage_mean_ns: Mapping[str, float], *, tail_mean_ns: float, p99_ns: float, limit_ns: float) -> Budget:
     """The :class:`Budget` of a TTFT p99 over ``limit_ns`` from the tail band's mean stage
-    times (ns, stage name → mean; ``rest`` allowed). Stages under :data:`MIN_CAUSE_SHARE`
+    times (ns, stage name → mean; ``rest`` and ``cold_start`` allowed). Stages under :data:`MIN_CAUSE_SHARE`
     of the excess are left out. Raises ``ValueError`` for a limit ≤ 0."""
     if limit_ns <= 0:
         raise ValueError(f"limit_ns must be > 0, got {limit_ns}")

@@ -544,11 +544,22 @@ def diagnose_from(
         verdict.budget = ttft_budget(
             tail_means[0], tail_mean_ns=tail_means[1], p99_ns=worst.value_ns or 0.0, limit_ns=worst.limit_ns
         )
-    verdict.summary = _degraded_summary(verdict, broken, diverged, regressed)
+    failed_cause = _failed_while_starting(failed_times, failed_count, startups) if failing else []
+    if failed_cause:
+        # A request that failed is worse than a slow one: when failures make the window
+        # unhealthy and a replica's start explains them, the cold start leads (with its share
+        # of the slow requests' time as well, when it has one).
+        slow = next((c for c in verdict.causes if c.cause == "cold_start"), None)
+        if slow is not None:
+            verdict.causes.remove(slow)
+            slow.evidence += [e for e in failed_cause[0].evidence if e.measure == "failed_requests"]
+            failed_cause = [slow]
+        verdict.causes.insert(0, failed_cause[0])
+        verdict.summary = _degraded_summary(verdict, broken, diverged, regressed, failed=slow is None)
+    else:
+        verdict.summary = _degraded_summary(verdict, broken, diverged, regressed)
     if failing:
         verdict.summary += f"; {failed_share:.0%} of requests failed ({failed_text})"
-        if not any(c.cause == "cold_start" for c in verdict.causes):
-            verdict.causes += _failed_while_starting(failed_times, failed_count, startups)
     return verdict
 
 
@@ -659,7 +670,12 @@ def attribute(
     if not current_tail.count:
         return [], None
     n = current_tail.count
-    tail_means = ({s: current_tail.stage_ns[s] / n for s in (*stages, REST)}, current_tail.total_ns / n)
+    # The budget's stage means: a request on a starting replica counts whole as cold_start,
+    # as in the causes below (its stages, a retried hop's wait included, are the start's).
+    stage_means = {s: current_tail.kept_stage_ns[s] / n for s in (*stages, REST)}
+    if current_tail.excluded_total_ns:
+        stage_means["cold_start"] = current_tail.excluded_total_ns / n
+    tail_means = (stage_means, current_tail.total_ns / n)
     # The tail's requests measured the engine's queue and no stage before the engine: their
     # TTFT is the engine's own, and the rest lies inside the engine (causes.py).
     engine_only = current_tail.stage_ns.get("queue", 0) > 0 and not any(
@@ -1022,7 +1038,10 @@ def _degraded_summary(
     broken: Sequence[ObjectiveResult],
     diverged: Sequence[TailResult],
     regressed: Sequence[Degradation],
+    *,
+    failed: bool = False,
 ) -> str:
+    """``failed``: the top cause's share is of the failed requests, not of time."""
     parts = [
         f"{r.endpoint_class or UNCLASSIFIED} {r.measure.upper()} p{r.quantile * 100:g} {_ms(r.value_ns)} "
         f"over its {_ms(r.limit_ns)} objective"
@@ -1032,6 +1051,8 @@ def _degraded_summary(
     parts += [_degradation_text(d) for d in regressed]
     top = verdict.causes[0] if verdict.causes else None
     basis = "of the increase" if verdict.basis == "baseline" else "of the slow requests' time"
+    if failed:
+        basis = "of the failed requests"
     return (
         "degraded: "
         + "; ".join(parts)

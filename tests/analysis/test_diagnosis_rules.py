@@ -598,3 +598,28 @@ def test_requests_that_failed_on_a_replica_still_loading_are_its_cold_start() ->
     later = [ready + timedelta(seconds=10 + i) for i in range(50)]
     verdict = diagnose_from(fast, failed={"error (HTTP 500)": 50}, failed_times=later, startups=[startup])
     assert not verdict.healthy and verdict.causes == [], verdict.summary
+    # Slow successful requests of another cause beside them: the failures lead, and the other
+    # cause keeps its share of the slow requests' time.
+    slow = [{**r, "timestamp": r["timestamp"] + timedelta(seconds=55)} for r in budget_rows(200, 900, 5, 40)]
+    verdict = diagnose_from(slow, failed={"error (HTTP 503)": 50}, failed_times=failed_times, startups=[startup])
+    assert [c.cause for c in verdict.causes] == ["cold_start", "tokenization"], verdict.summary
+    assert "top cause: cold_start (100% of the failed requests); 20% of requests failed" in verdict.summary
+    assert verdict.budget is not None and verdict.budget.items[0].cause == "tokenization"
+
+
+def test_the_budget_charges_requests_on_a_starting_replica_to_its_start_not_to_their_stages() -> None:
+    # Requests that reached a gateway while its vLLM was loading waited out the start in their
+    # hop (a caller retrying): the causes charge them to the cold start whole, and the budget
+    # must not offer to co-locate the gateway for that time.
+    ready = T0 + timedelta(seconds=20)
+    startup = ReplicaStartup("t", "vllm", "", T0 - timedelta(seconds=5), ready, 25.0)
+    waited = [
+        {**r, "network_ns": r["ttft_ns"] - 50 * MS, "network_ttft_ns": r["ttft_ns"] - 50 * MS, "prefill_ns": 40 * MS}
+        for r in _replica_rows("", [20000 - 1000 * i for i in range(20)])
+    ]
+    fast = [{**r, "prefill_ns": 40 * MS} for r in _replica_rows("", [100] * 180, start_s=21.0)]
+    verdict = diagnose_from(waited + fast, startups=[startup])
+    assert not verdict.healthy and verdict.top_cause == "cold_start", verdict.summary
+    assert verdict.budget is not None, verdict.summary
+    assert [item.cause for item in verdict.budget.items] == ["cold_start"], verdict.budget.text()
+    assert verdict.budget.text().split(": ")[1].startswith("route to a replica only once it is ready")
