@@ -954,8 +954,11 @@ def cmd_pack(args: argparse.Namespace) -> None:
         "load": meta["load"],
         "why": args.why,
     }
-    if args.cause not in CAUSES:
-        raise SystemExit(f"--cause must be one of {CAUSES}")
+    also = dict(item.split("=", 1) for item in args.also)
+    if args.cause not in CAUSES or not set(also) <= set(CAUSES):
+        raise SystemExit(f"--cause and each --also must be one of {CAUSES}")
+    if also:
+        truth["also_causes"] = also
     (run_dir / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
     ws = window_stats(run_dir, window)
     bs = window_stats(run_dir, baseline) if baseline else None
@@ -1086,6 +1089,8 @@ def cmd_pack(args: argparse.Namespace) -> None:
     ):
         lines.append(f"| {label} | {_fmt(ws[key])}" + (f" | {_fmt(bs[key])} |" if bs else " |"))
     lines += ["", f"Why: {args.why}", ""]
+    for cause, why in also.items():
+        lines += [f"Also in the window (`also_causes`: the diagnosis may name it beside): **{cause}**: {why}", ""]
     (run_dir / "README.md").write_text("\n".join(lines))
     scrub_paths(run_dir, work / f"{args.name}.otlp-original")
     out = Path(args.out_dir)
@@ -1171,6 +1176,13 @@ def main(argv: list[str] | None = None) -> None:
     pack.add_argument("--cause", required=True)
     pack.add_argument("--why", required=True)
     pack.add_argument("--note", default=None, help="an extra paragraph for the README")
+    pack.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="CAUSE=WHY",
+        help="a second cause the window also holds, with its evidence (repeat)",
+    )
     pack.add_argument("--window-phase", type=int, default=None, help="default: the whole load")
     pack.add_argument("--baseline-phase", type=int, default=None)
     pack.add_argument(
