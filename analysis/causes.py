@@ -86,6 +86,14 @@ class Context:
         return (util is not None and util >= GPU_SATURATED_RATIO) or self.decode_slower
 
     @property
+    def saturated_for_same_work(self) -> bool:
+        """High, steady utilization, or a slower median decode step while the running batch
+        did not grow: a larger batch makes each step longer by itself (vLLM at a 32-token
+        step budget: ITL p50 ×4 with 7 → 31 sequences per step, the queue held by the budget)."""
+        util = self.gpu_utilization
+        return (util is not None and util >= GPU_SATURATED_RATIO) or (self.decode_slower and not self.batch_grew)
+
+    @property
     def gpus_idle(self) -> bool:
         """Utilization is reported and below :data:`GPU_HEADROOM_RATIO`."""
         return self.gpu_utilization is not None and self.gpu_utilization < GPU_HEADROOM_RATIO
@@ -147,7 +155,9 @@ def _compute(stage: str, c: Context) -> bool:
     if stage == "queue":
         if c.engine.bound == "slots":
             return True
-        return c.gpu_saturated and c.engine.bound in ("held", None)
+        if c.engine.bound == "held":  # requests held with free slots and KV room: compute's
+            return c.saturated_for_same_work  # only when the GPU had no room for them either
+        return c.gpu_saturated and c.engine.bound is None
     if stage == "decode":  # a batch that a hold made larger is the batching rule's
         return not (c.batch_grew and _held(c))
     return True  # prefill: the GPU's own pass over the prompt

@@ -240,7 +240,9 @@ def decode_slower(current_rows: Rows, baseline_rows: Rows) -> bool:
     """The typical decode step got slower: median ITL rose by :data:`DEGRADED_RATIO` and by
     1 ms at least. A decode step is one GPU pass over the batch, so a slower median step for
     the same traffic means the GPU itself is slower or busier; a batching window leaves it
-    unchanged."""
+    unchanged. Where the running batch grew too (:func:`batch_grew`), the larger batch makes
+    each step longer by itself: that is load on the engine, not a sign that the GPU could
+    not take the requests it held (``causes.Context.saturated_for_same_work``)."""
     now, before = as_window(current_rows).quantile("itl_ns", 0.5), as_window(baseline_rows).quantile("itl_ns", 0.5)
     if now is None or before is None:
         return False

@@ -158,6 +158,11 @@ NONE = engine_state(WindowSignals())
         ("queue", SLOTS, {}, "gpu_compute"),  # no GPU utilization needed
         ("queue", HELD, {}, "batching"),
         ("queue", HELD, {"gpu_utilization": 0.99}, "gpu_compute"),
+        # held, and each step slower for the same batch: the GPU had no room for them either
+        ("queue", HELD, {"decode_slower": True}, "gpu_compute"),
+        # held while steps grew with a larger batch (vLLM at its step token budget): the hold's
+        ("queue", HELD, {"decode_slower": True, "batch_grew": True}, "batching"),
+        ("queue", NONE, {"decode_slower": True, "batch_grew": True}, "gpu_compute"),
         ("queue", IDLE, {}, "queueing"),  # nothing waits in the engine: the queue is upstream
         ("queue", NONE, {}, "queueing"),
         ("queue", NONE, {"queue_held": True}, "batching"),
