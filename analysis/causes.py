@@ -16,7 +16,9 @@ The rules, from the guidance the project is built on:
 - ``gpu_compute``: the running batch at its limit while requests wait (capacity), with or
   without GPU utilization; high utilization or a slower median decode step confirm it.
 - ``batching``: requests held while the engine has free slots and KV room (a batching
-  window, or a hold on every request: the median queue time rose with the tail's), and the
+  window, a per-step token budget, or a hold on every request: the median queue time rose
+  with the tail's), unless the GPU was saturated for the same work (utilization ≥ 0.9, or a
+  slower decode step while the batch did not grow: then compute's), and the
   slower decode of a batch that the hold made larger. A batch that grew with the traffic
   while no request was held is compute's: on a real engine (vLLM under a burst, no request
   waiting, 7 → 28 sequences per step) the steps grow with it.
