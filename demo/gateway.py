@@ -228,12 +228,19 @@ def create_gateway_app(
         async def stream() -> AsyncIterator[bytes]:
             usage: dict[str, Any] | None = None
             yield _sse(chunk({"role": "assistant", "content": ""}))
-            async for event in engine_events():
-                if event.get("usage"):
-                    usage = event["usage"]
-                for choice in event.get("choices") or ():
-                    if choice.get("text"):
-                        yield _sse(chunk({"content": choice["text"]}))
+            try:
+                async for event in engine_events():
+                    if event.get("usage"):
+                        usage = event["usage"]
+                    for choice in event.get("choices") or ():
+                        if choice.get("text"):
+                            yield _sse(chunk({"content": choice["text"]}))
+            except httpx.HTTPError as exc:
+                # The model server broke off mid-stream: an error event and no [DONE], so the
+                # caller (and this gateway's span) sees an incomplete answer, not a short one.
+                message = f"the model server at {engine_url} broke off the stream ({type(exc).__name__})"
+                yield _sse({"error": {"message": message, "type": "model_server_error", "code": 502}})
+                return
             yield _sse(chunk({}, "length"))
             if request.stream_options and request.stream_options.include_usage and usage:
                 yield _sse(
@@ -253,7 +260,10 @@ def create_gateway_app(
         text: list[str] = []
         async for raw in stream():
             if raw.startswith(b"data: {"):
-                for choice in json.loads(raw[6:]).get("choices") or ():
+                data = json.loads(raw[6:])
+                if "error" in data:
+                    return _error(502, data["error"]["message"])
+                for choice in data.get("choices") or ():
                     text.append(choice.get("delta", {}).get("content") or "")
         return JSONResponse(
             {
