@@ -116,12 +116,21 @@ class ChildService:
         raise RuntimeError(f"{self.name} not ready at {self.url}{path} after {timeout_seconds:.0f} s")
 
     def exit_message(self) -> str | None:
-        """``"NAME exited with code N; see LOG"`` once the process has exited (a negative code
-        is the signal that ended it), else ``None``."""
+        """``"NAME exited with code N: LAST LOG LINE; see LOG"`` once the process has exited (a
+        negative code is the signal that ended it; the last line is the sentence a child that
+        refused to start printed, e.g. a store in use), else ``None``."""
         code = self.process.poll()
         if code is None:
             return None
-        return f"{self.name} exited with code {code}" + (f"; see {self.log_path}" if self.log_path else "")
+        said = ""
+        if self.log_path is not None and code > 0:  # not for a signal: its log ends mid-work
+            try:
+                lines = [line.strip() for line in Path(self.log_path).read_text(errors="replace").splitlines()]
+            except OSError:
+                lines = []
+            last = next((line for line in reversed(lines) if line), "")
+            said = f": {last[:300]}" if last else ""
+        return f"{self.name} exited with code {code}{said}" + (f"; see {self.log_path}" if self.log_path else "")
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         if self._stopped:
