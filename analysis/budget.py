@@ -101,10 +101,19 @@ class Budget:
         return head + (f": {moves}{total}" if moves else "") + f"; {engine}"
 
 
-def ttft_budget(stage_mean_ns: Mapping[str, float], *, tail_mean_ns: float, p99_ns: float, limit_ns: float) -> Budget:
+def ttft_budget(
+    stage_mean_ns: Mapping[str, float],
+    *,
+    tail_mean_ns: float,
+    p99_ns: float,
+    limit_ns: float,
+    actions: Mapping[str, str] | None = None,
+) -> Budget:
     """The :class:`Budget` of a TTFT p99 over ``limit_ns`` from the tail band's mean stage
     times (ns, stage name → mean; ``rest`` and ``cold_start`` allowed). Stages under :data:`MIN_CAUSE_SHARE`
-    of the excess are left out. Raises ``ValueError`` for a limit ≤ 0."""
+    of the excess are left out. ``actions``: stage → the change in words where the evidence
+    names another than :data:`MOVABLE`'s (a hop whose streams the caller read late). Raises
+    ``ValueError`` for a limit ≤ 0."""
     if limit_ns <= 0:
         raise ValueError(f"limit_ns must be > 0, got {limit_ns}")
     over = max(0.0, p99_ns - limit_ns)
@@ -112,7 +121,7 @@ def ttft_budget(stage_mean_ns: Mapping[str, float], *, tail_mean_ns: float, p99_
     for stage, (cause, action) in MOVABLE.items():
         spent = float(stage_mean_ns.get(stage, 0.0))
         if spent > 0 and over > 0 and spent / over >= MIN_CAUSE_SHARE:
-            items.append(BudgetItem(stage, cause, action, spent))
+            items.append(BudgetItem(stage, cause, (actions or {}).get(stage, action), spent))
     items.sort(key=lambda item: -item.recoverable_ns)
     engine_ns = float(sum(stage_mean_ns.get(s, 0.0) for s in ENGINE_STAGES))
     return Budget(

@@ -116,6 +116,13 @@ token closer together than a quarter of the engine's own decode (first to last t
 engine made the tokens over its decode, and they were read all at once, late. Seen on real
 vLLM with the load client starved of CPU on the same two cores (first token 2-9 s after the
 send, last token a few ms after it, the engine's decode 1-2 s)."""
+LUMP_ADVICE = (
+    "the tokens were read late, in one lump: look at the caller's side (an event loop or process "
+    "starved of CPU reads its streams late, and sends late too) and at any proxy that buffers "
+    "streamed responses"
+)
+"""The network_hop advice where most of the tail's streams were read in one lump; where it
+comes first, the TTFT budget names the caller's side for the hop's time too."""
 LUMP_MIN_DECODE_NS = 50_000_000
 """...counted only where the engine's decode took 50 ms at least, so that a short answer
 delivered in one network read is not taken for one."""
@@ -432,7 +439,11 @@ def diagnose_from(
     measured = current.measured("e2e_ns")
     failed = dict(failed or {})
     failed_count = sum(failed.values())
-    failed_text = ", ".join(f"{what}: {count}" for what, count in failed.items())
+    failed_text = ", ".join(f"{count} {what}" for what, count in failed.items())
+    if measured < MIN_REQUESTS <= measured + failed_count and failed_count / (failed_count + len(current)) >= (
+        FAILED_SHARE_MAX
+    ):
+        return _failed_verdict(current, failed, failed_count, failed_text, failed_times, startups, current_window)
     if measured < MIN_REQUESTS:
         raise InsufficientDataError(
             f"insufficient data: {measured} requests with an E2E latency in the window, need {MIN_REQUESTS}"
@@ -471,7 +482,7 @@ def diagnose_from(
     failing = failed_share >= FAILED_SHARE_MAX
     if failed_count:
         notes.append(
-            f"{failed_count} of {failed_count + len(current)} requests in the window failed ({failed_text}); "
+            f"{failed_count} of {failed_count + len(current)} requests in the window failed: {failed_text}; "
             "the latency figures are those of the others"
         )
     without_ttft = len(current) - current.measured("ttft_ns")
@@ -511,7 +522,7 @@ def diagnose_from(
                 else ""
             )
             verdict.summary = (
-                f"degraded: {failed_share:.0%} of requests failed ({failed_text}); "
+                f"degraded: {failed_share:.0%} of requests failed: {failed_text}; "
                 f"the latency of the others meets its objectives{top}"
             )
             return verdict
@@ -543,8 +554,16 @@ def diagnose_from(
     ttft_broken = [r for r in broken if r.measure == "ttft" and r.quantile == 0.99]
     if ttft_broken and tail_means is not None and measure == "ttft":
         worst = max(ttft_broken, key=lambda r: r.over_ns)
+        hop = next((c for c in verdict.causes if c.cause == "network_hop"), None)
+        read_late = hop is not None and hop.would_help[:1] == [LUMP_ADVICE]
         verdict.budget = ttft_budget(
-            tail_means[0], tail_mean_ns=tail_means[1], p99_ns=worst.value_ns or 0.0, limit_ns=worst.limit_ns
+            tail_means[0],
+            tail_mean_ns=tail_means[1],
+            p99_ns=worst.value_ns or 0.0,
+            limit_ns=worst.limit_ns,
+            actions={"network": "read the streams promptly on the caller's side (see network_hop)"}
+            if read_late
+            else None,
         )
     failed_cause = _failed_while_starting(failed_times, failed_count, startups) if failing else []
     if failed_cause:
@@ -561,7 +580,44 @@ def diagnose_from(
     else:
         verdict.summary = _degraded_summary(verdict, broken, diverged, regressed)
     if failing:
-        verdict.summary += f"; {failed_share:.0%} of requests failed ({failed_text})"
+        verdict.summary += f"; {failed_share:.0%} of requests failed: {failed_text}"
+    return verdict
+
+
+def _failed_verdict(
+    current: RowsWindow | StoredWindow,
+    failed: dict[str, int],
+    failed_count: int,
+    failed_text: str,
+    failed_times: Sequence[datetime],
+    startups: Sequence[ReplicaStartup],
+    current_window: Window | None,
+) -> Verdict:
+    """The verdict of a window where too few requests succeeded to judge their latency but
+    enough failed to judge the window: degraded on its failures alone (an outage), with the
+    cold start that explains them where one does."""
+    total = failed_count + len(current)
+    causes = _failed_while_starting(failed_times, failed_count, startups)
+    top = f"; top cause: cold_start ({causes[0].share:.0%} of the failed requests)" if causes else ""
+    verdict = Verdict(
+        healthy=False,
+        summary=(
+            f"degraded: {failed_count / total:.0%} of requests failed: {failed_text}; "
+            f"{len(current)} succeeded, too few to judge their latency{top}"
+        ),
+        measure=None,
+        degradations=[],
+        causes=causes,
+        current_window=current_window or (_window_of(current) if len(current) else None),
+        baseline_window=None,
+        current_requests=len(current),
+        baseline_requests=0,
+        objectives=[],
+        tail=[],
+        notes=[f"{failed_count} of {total} requests in the window failed: {failed_text}"],
+        failed=failed,
+    )
+    verdict.failed_share = failed_count / total
     return verdict
 
 
@@ -928,14 +984,16 @@ def _explain(
     if cause.cause == "batching" and "queue" in cause.stages:
         b50 = baseline.quantile("queue_ns", 0.5) if baseline is not None else None
         c50 = current.quantile("queue_ns", 0.5)
+        held_all = (
+            "every request waits before its prefill" if context.queue_held else "the typical request did not wait"
+        )
         evidence(
             "queue_ns",
             "p50",
             "ns",
             b50,
             c50,
-            "every request waits before its prefill: queue p50 "
-            + (f"{_ms(b50)} → {_ms(c50)}" if baseline is not None else _ms(c50)),
+            f"{held_all}: queue p50 " + (f"{_ms(b50)} → {_ms(c50)}" if baseline is not None else _ms(c50)),
         )
     floor = _hop_floor(measure, current) if cause.cause == "network_hop" else None
     if floor is not None:
@@ -966,11 +1024,7 @@ def _explain(
                 # tail's hop); after the hop's own advice when every request paid one.
                 helps.insert(
                     0 if floor is None or floor < LUMP_FIRST_FLOOR_SHARE * cause.added_ns else 1,
-                    Advice(
-                        "the tokens were read late, in one lump: look at the caller's side (an event loop or "
-                        "process starved of CPU reads its streams late, and sends late too) and at any proxy "
-                        "that buffers streamed responses"
-                    ),
+                    Advice(LUMP_ADVICE),
                 )
     if cause.cause == "cold_start":
         helps, not_helps = list(COLD_START_HELP), list(COLD_START_NOT_HELP)

@@ -634,6 +634,14 @@ def as_window(rows: RequestWindow | Sequence[Mapping[str, Any]]) -> RequestWindo
     return RowsWindow(rows)
 
 
+def _failure_label(status: str, code: int) -> str:
+    """``error (HTTP 503)``; ``error after HTTP 200`` where the response had begun well (a
+    stream cut short); the status alone without a code."""
+    if not code:
+        return status
+    return f"{status} (HTTP {code})" if code >= 400 else f"{status} after HTTP {code}"
+
+
 def failed_requests(
     store: Any,
     *,
@@ -645,7 +653,8 @@ def failed_requests(
     times_limit: int = 100_000,
 ) -> tuple[dict[str, int], list[datetime]]:
     """The requests of the window that did not end ``ok`` (``error``, ``incomplete``): counted
-    by what they ended with, e.g. ``{"error (HTTP 502)": 40, "incomplete": 3}``, the most
+    by what they ended with, e.g. ``{"error (HTTP 502)": 40, "error after HTTP 200": 2,
+    "incomplete": 3}``, the most
     common first (``{}`` when none failed), and when they arrived, oldest first (the first
     ``times_limit``). Same filters as :class:`StoredWindow`."""
     where, parameters = request_filter(
@@ -656,9 +665,7 @@ def failed_requests(
         f" WHERE {where} AND status != 'ok' GROUP BY status, http_status_code ORDER BY n DESC{FINAL_SETTINGS}",
         parameters,
     )
-    counts = {
-        f"{status} (HTTP {code})" if code else str(status): int(count) for status, code, count in rows if int(count)
-    }
+    counts = {_failure_label(str(status), int(code or 0)): int(count) for status, code, count in rows if int(count)}
     if not counts:
         return counts, []
     times = store.query(

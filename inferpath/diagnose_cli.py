@@ -144,9 +144,13 @@ def print_verdict(verdict: dict[str, Any]) -> None:
         for column in ("cause", "share", "evidence", "would help", "would not help"):
             table.add_column(column, overflow="fold")  # a narrow terminal folds a cause's name, never cuts it
         for cause in verdict["causes"]:
+            # A cause of failures alone (a replica's start) has no time: its share is of the failed requests.
+            of_failed = not cause.get("added_ns") and any(
+                e.get("measure") == "failed_requests" for e in cause.get("evidence", [])
+            )
             table.add_row(
                 cause["cause"],
-                f"{min(1.0, max(0.0, cause['share'])) * 100:.0f}%",
+                f"{min(1.0, max(0.0, cause['share'])) * 100:.0f}%" + (" of the failed requests" if of_failed else ""),
                 "\n".join(e["text"] for e in cause.get("evidence", [])),
                 "\n".join(cause.get("would_help", [])),
                 "\n".join(cause.get("would_not_help", [])),

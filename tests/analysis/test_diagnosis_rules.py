@@ -534,12 +534,20 @@ def test_failed_requests_are_counted_and_five_percent_of_them_is_not_healthy() -
     rows = _hop_rows(lambda i: 2, queue_ms=lambda i: 5, tokenize_ms=lambda i: 0)  # 100 fast requests
     verdict = diagnose_from(rows, failed={"error (HTTP 502)": 4})
     assert verdict.healthy, verdict.summary  # 4 of 104: under 5 %
-    assert verdict.notes[0].startswith("4 of 104 requests in the window failed (error (HTTP 502): 4)"), verdict.notes
+    assert verdict.notes[0].startswith("4 of 104 requests in the window failed: 4 error (HTTP 502)"), verdict.notes
     verdict = diagnose_from(rows, failed={"error (HTTP 502)": 5, "incomplete": 1})
     assert not verdict.healthy and verdict.causes == [], verdict.summary
-    assert verdict.summary.startswith("degraded: 6% of requests failed (error (HTTP 502): 5, incomplete: 1)")
-    with pytest.raises(InsufficientDataError, match=r"\(80 more failed: error \(HTTP 502\): 80\)"):
-        diagnose_from(rows[:10], failed={"error (HTTP 502)": 80})
+    assert verdict.summary.startswith("degraded: 6% of requests failed: 5 error (HTTP 502), 1 incomplete")
+    with pytest.raises(InsufficientDataError, match=r"\(5 more failed: 5 error \(HTTP 502\)\)"):
+        diagnose_from(rows[:10], failed={"error (HTTP 502)": 5})
+    # An outage: too few succeeded to judge their latency, but the window failed.
+    verdict = diagnose_from(rows[:10], failed={"error (HTTP 503)": 80})
+    assert not verdict.healthy and verdict.failed_share == pytest.approx(80 / 90), verdict.summary
+    assert verdict.summary == (
+        "degraded: 89% of requests failed: 80 error (HTTP 503); 10 succeeded, too few to judge their latency"
+    )
+    verdict = diagnose_from([], failed={"error (HTTP 503)": 30})
+    assert not verdict.healthy and verdict.failed_share == 1.0 and verdict.causes == [], verdict.summary
 
 
 def test_the_budget_moves_a_doors_wait_with_the_stage_that_kept_the_door_busy() -> None:
@@ -608,7 +616,7 @@ def test_requests_that_failed_on_a_replica_still_loading_are_its_cold_start() ->
     slow = [{**r, "timestamp": r["timestamp"] + timedelta(seconds=55)} for r in budget_rows(200, 900, 5, 40)]
     verdict = diagnose_from(slow, failed={"error (HTTP 503)": 50}, failed_times=failed_times, startups=[startup])
     assert [c.cause for c in verdict.causes] == ["cold_start", "tokenization"], verdict.summary
-    assert "top cause: cold_start (100% of the failed requests); 20% of requests failed" in verdict.summary
+    assert "top cause: cold_start (100% of the failed requests); 20% of requests failed: 50 error" in verdict.summary
     assert verdict.budget is not None and verdict.budget.items[0].cause == "tokenization"
 
 

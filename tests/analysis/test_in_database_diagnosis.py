@@ -88,6 +88,6 @@ def test_a_window_where_requests_failed_is_not_healthy_however_fast_the_rest(tmp
         verdict = diagnose(store, window_start=T0, window_end=T0 + WINDOW)
     assert not verdict.healthy and verdict.causes == [], verdict.summary
     share = len(failed) / len(rows)
-    assert f"{share:.0%} of requests failed (error (HTTP 502): {len(failed)})" in verdict.summary, verdict.summary
+    assert f"{share:.0%} of requests failed: {len(failed)} error (HTTP 502)" in verdict.summary, verdict.summary
     assert verdict.current_requests == len(kept)
     assert any(f"{len(failed)} of {len(rows)} requests in the window failed" in note for note in verdict.notes)

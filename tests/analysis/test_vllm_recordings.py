@@ -133,7 +133,9 @@ def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(im
         window_end=_at(window["end_unix_ns"], offset),
     )
     assert verdict.failed == {"error (HTTP 503)": 69}, verdict.failed
-    assert "top cause: cold_start (100% of the failed requests); 30% of requests failed" in verdict.summary
+    assert "top cause: cold_start (100% of the failed requests); 30% of requests failed: 69 error (HTTP 503)" in (
+        verdict.summary
+    )
     evidence = [e.text for e in verdict.causes[0].evidence]
     assert any(
         t.startswith("69 of the 69 failed requests arrived before a starting replica was ready") for t in evidence

@@ -74,7 +74,7 @@ def test_the_banner_names_the_verdict_the_top_cause_and_its_first_remedy() -> No
     failing = verdict_view.banner_of(
         {
             "healthy": False,
-            "summary": "degraded: 12% of requests failed (error (HTTP 502): 40); the latency of the others meets its objectives",
+            "summary": "degraded: 12% of requests failed: 40 error (HTTP 502); the latency of the others meets its objectives",
             "causes": [],
             "top_cause": None,
             "failed": {"error (HTTP 502)": 40},
@@ -82,11 +82,11 @@ def test_the_banner_names_the_verdict_the_top_cause_and_its_first_remedy() -> No
         }
     )
     assert failing.headline == "Degraded: 12 % of requests failed" and "HTTP status" in (failing.action or "")
-    assert failing.detail.startswith("12% of requests failed (error (HTTP 502): 40)")
+    assert failing.detail.startswith("12% of requests failed: 40 error (HTTP 502)")
     starting = verdict_view.banner_of(
         {
             "healthy": False,
-            "summary": "degraded: 40% of requests failed (error (HTTP 500): 50); the latency of the others "
+            "summary": "degraded: 40% of requests failed: 50 error (HTTP 500); the latency of the others "
             "meets its objectives; top cause: cold_start (100% of the failed requests)",
             "measure": None,
             "causes": [{"cause": "cold_start", "share": 1.0, "would_help": ["keep warm replicas"]}],

@@ -298,3 +298,22 @@ def test_an_import_waits_out_a_busy_server_and_quotes_its_reason_when_it_stays_b
         "the server refused a trace body for 0.5 s (503 Service Unavailable): "
         "ingest backlog full (16140165 bytes logged); retry later"
     )
+
+
+def test_a_cold_start_behind_a_gateway_reads_as_failures_first_in_the_cli(tmp_path: Path, monkeypatch) -> None:
+    """cold_start_gateway_503 imported and diagnosed as a user would: the failed requests lead,
+    and the table says the cold start's share is of the failed requests, not of time."""
+    from inferpath.cli_app import PIPED_WIDTH, console
+
+    monkeypatch.setattr(console, "width", PIPED_WIDTH)  # as in a pipe, whatever the test runner's terminal
+    recording = Path(__file__).resolve().parents[1] / "data" / "vllm_recordings" / "cold_start_gateway_503.tar.gz"
+    store = f"chdb://{tmp_path / 'store'}"
+    runner = CliRunner()
+    imported = runner.invoke(app, ["import", str(recording), "--store", store])
+    assert imported.exit_code == 0, imported.output
+    command = imported.output.split("inferpath diagnose ", 1)[1].split()
+    verdict = runner.invoke(app, ["diagnose", *command[:4], "--store", store])
+    said = " ".join(verdict.output.split())
+    assert verdict.exit_code == 1, verdict.output
+    assert "top cause: cold_start (100% of the failed requests); 30% of requests failed: 69 error (HTTP 503)" in said
+    assert "cold_start │ 100% of the failed requests" in said, said
