@@ -119,6 +119,9 @@ def test_a_client_that_read_its_streams_late_is_told_so(imported) -> None:
     assert "read late, in one lump" in hop.would_help[0], hop.would_help
     lumps = next(e for e in hop.evidence if e.measure == "lump_streams")
     assert lumps.current is not None and lumps.current >= 5, lumps.text
+    # The budget says the same of the hop's time (it offered to co-locate the gateway).
+    assert verdict.budget is not None and verdict.budget.items[0].stage == "network"
+    assert verdict.budget.items[0].action.startswith("read the streams promptly on the caller's side")
 
 
 def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(imported) -> None:
