@@ -52,6 +52,18 @@ def imported(tmp_path_factory: pytest.TempPathFactory):
         server.stop()
 
 
+def _window_alone(imported, name: str):
+    """The verdict of recording ``name``'s ground-truth window, without its baseline."""
+    server, loaded = imported
+    truth, offset = loaded[name]
+    window = truth["window"]
+    return diagnose(
+        server.runtime.store,
+        window_start=_at(window["start_unix_ns"], offset),
+        window_end=_at(window["end_unix_ns"], offset),
+    )
+
+
 def test_there_are_recordings_of_each_kind() -> None:
     names = {p.name.split(".")[0] for p in RECORDINGS}
     assert {"healthy_low_load", "kv_starved"} <= names
@@ -91,14 +103,7 @@ def test_an_engine_that_served_before_the_window_is_not_starting_in_it_whatever_
     # vLLM became ready a minute before gateway_slow_retrieval's window and served 87 requests
     # before it. Asked about the window alone (no baseline), the store still shows those
     # requests: the retriever's tail is not charged to a start-up.
-    server, loaded = imported
-    truth, offset = loaded["gateway_slow_retrieval"]
-    window = truth["window"]
-    verdict = diagnose(
-        server.runtime.store,
-        window_start=_at(window["start_unix_ns"], offset),
-        window_end=_at(window["end_unix_ns"], offset),
-    )
+    verdict = _window_alone(imported, "gateway_slow_retrieval")
     causes = [(c.cause, c.share) for c in verdict.causes]
     assert verdict.top_cause == "retrieval" and "cold_start" not in [c for c, _ in causes], causes
 
@@ -106,14 +111,7 @@ def test_an_engine_that_served_before_the_window_is_not_starting_in_it_whatever_
 def test_a_client_that_read_its_streams_late_is_told_so(imported) -> None:
     # busy_client_hop: vLLM made the tokens on time (its TTFT p99 ≈ 40 ms); the load client,
     # starved of CPU, got the first chunk of its slowest requests with the last.
-    server, loaded = imported
-    truth, offset = loaded["busy_client_hop"]
-    window = truth["window"]
-    verdict = diagnose(
-        server.runtime.store,
-        window_start=_at(window["start_unix_ns"], offset),
-        window_end=_at(window["end_unix_ns"], offset),
-    )
+    verdict = _window_alone(imported, "busy_client_hop")
     hop = verdict.causes[0]
     assert hop.cause == "network_hop", verdict.summary
     assert "read late, in one lump" in hop.would_help[0], hop.would_help
@@ -127,14 +125,7 @@ def test_a_client_that_read_its_streams_late_is_told_so(imported) -> None:
 def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(imported) -> None:
     """cold_start_gateway_503: the demo gateway answered 503 to the 69 requests that came while
     vLLM was still loading (the load client did not retry them)."""
-    server, loaded = imported
-    truth, offset = loaded["cold_start_gateway_503"]
-    window = truth["window"]
-    verdict = diagnose(
-        server.runtime.store,
-        window_start=_at(window["start_unix_ns"], offset),
-        window_end=_at(window["end_unix_ns"], offset),
-    )
+    verdict = _window_alone(imported, "cold_start_gateway_503")
     assert verdict.failed == {"error (HTTP 503)": 69}, verdict.failed
     assert "top cause: cold_start (100% of the failed requests); 30% of requests failed: 69 error (HTTP 503)" in (
         verdict.summary
