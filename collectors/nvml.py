@@ -126,6 +126,8 @@ class NvmlAdapter:
             for name in ("NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_UNINITIALIZED")
             if hasattr(pynvml, name)
         }
+        self._memory_v2 = getattr(pynvml, "nvmlMemory_v2", None)
+        self._function_not_found = getattr(pynvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)
         # Newer drivers renamed throttle reasons "clocks event reasons"; use what exists.
         self._event_reasons = (
             getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
@@ -214,7 +216,18 @@ class NvmlAdapter:
         return float(self.call(self.nvml.nvmlDeviceGetUtilizationRates, handle).gpu)
 
     def memory_bytes(self, handle: Any) -> tuple[float, float, float]:
-        """(used, free, total) bytes."""
+        """(used, free, total) bytes, ``used`` without the driver's reserved memory: NVML's
+        v2 memory call (drivers R510 on), what nvidia-smi's ``memory.used`` and
+        dcgm-exporter's ``DCGM_FI_DEV_FB_USED`` report. The v1 call, where the driver or
+        nvidia-ml-py has no v2, counts the reserved part as used (615 MiB on an idle H200)."""
+        if self._memory_v2 is not None:
+            try:
+                info = self.call(self.nvml.nvmlDeviceGetMemoryInfo, handle, self._memory_v2)
+                return float(info.used), float(info.free), float(info.total)
+            except self.nvml.NVMLError as exc:
+                if getattr(exc, "value", None) != self._function_not_found:
+                    raise
+                self._memory_v2 = None  # a driver before R510: v1 from now on
         info = self.call(self.nvml.nvmlDeviceGetMemoryInfo, handle)
         return float(info.used), float(info.free), float(info.total)
 

@@ -30,6 +30,7 @@ from pynvml import (  # noqa: F401 - re-exported: the fake module has the real n
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_LIBRARY_NOT_FOUND,
     NVML_ERROR_NO_PERMISSION,
@@ -40,6 +41,7 @@ from pynvml import (  # noqa: F401 - re-exported: the fake module has the real n
     NVML_SUCCESS,
     NVML_TEMPERATURE_GPU,
     NVMLError,
+    nvmlMemory_v2,
 )
 
 MIB = 1024 * 1024
@@ -57,6 +59,10 @@ class FakeGpu:
     memory_used_bytes: int = 0
     memory_free_bytes: int = 0
     memory_total_bytes: int = 0
+    memory_reserved_bytes: int = 0
+    """The driver's reserved part of the total: NVML's v1 memory call counts it as used."""
+    memory_v2: bool = True
+    """False: a driver before R510, whose NVML has no ``nvmlDeviceGetMemoryInfo_v2``."""
     power_milliwatts: int = 0
     temperature_celsius: int = 0
     sm_clock_mhz: int = 0
@@ -79,6 +85,7 @@ def l40s(**overrides) -> FakeGpu:
         memory_used_bytes=0,
         memory_free_bytes=45459 * MIB,
         memory_total_bytes=46068 * MIB,
+        memory_reserved_bytes=608 * MIB,
         power_milliwatts=35686,
         temperature_celsius=32,
         sm_clock_mhz=210,
@@ -98,6 +105,7 @@ def l4(**overrides) -> FakeGpu:
         memory_used_bytes=0,
         memory_free_bytes=22563 * MIB,
         memory_total_bytes=(22563 + 470) * MIB,
+        memory_reserved_bytes=470 * MIB,
         power_milliwatts=16365,
         temperature_celsius=31,
         sm_clock_mhz=210,
@@ -135,6 +143,7 @@ class FakePynvml:
     call (benchmarks). ``calls`` counts calls by name. ``NVMLError_*`` classes are pynvml's."""
 
     NVMLError = NVMLError
+    nvmlMemory_v2 = nvmlMemory_v2
 
     def __init__(
         self,
@@ -225,9 +234,17 @@ class FakePynvml:
         self._enter("nvmlDeviceGetUtilizationRates", gpu)
         return SimpleNamespace(gpu=gpu.utilization_percent, memory=0)
 
-    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu, version: int | None = None) -> SimpleNamespace:
+        # As nvidia-ml-py: no version is the v1 call, whose "used" holds the reserved part
+        # too (an idle H200: 615 MiB used in v1, 0 in v2 and in nvidia-smi).
         self._enter("nvmlDeviceGetMemoryInfo", gpu)
-        return SimpleNamespace(used=gpu.memory_used_bytes, free=gpu.memory_free_bytes, total=gpu.memory_total_bytes)
+        total, free, reserved = gpu.memory_total_bytes, gpu.memory_free_bytes, gpu.memory_reserved_bytes
+        if not version:
+            return SimpleNamespace(used=gpu.memory_used_bytes + reserved, free=free, total=total)
+        assert version == nvmlMemory_v2
+        if not gpu.memory_v2:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        return SimpleNamespace(used=gpu.memory_used_bytes, free=free, total=total, reserved=reserved)
 
     def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
         self._enter("nvmlDeviceGetPowerUsage", gpu)

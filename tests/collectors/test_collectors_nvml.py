@@ -279,7 +279,7 @@ def test_a_driver_that_goes_away_turns_known_gpus_down_and_is_started_again():
     assert len(_by_device(poller.poll())) == 2
     original = fake.nvmlDeviceGetMemoryInfo
 
-    def driver_gone(handle):
+    def driver_gone(handle, *version):
         raise fake.NVMLError(fake.NVML_ERROR_UNINITIALIZED)
 
     fake.nvmlDeviceGetMemoryInfo = driver_gone
@@ -297,3 +297,26 @@ def test_a_driver_that_goes_away_turns_known_gpus_down_and_is_started_again():
     devices = _by_device(poller.poll())
     assert poller.enabled and poller.init_retries_total == 1
     assert all(set(values) == GPU_FIELDS and values["gpu_up"] == 1.0 for values in devices.values())
+
+
+def test_memory_used_leaves_the_drivers_reserved_part_out_as_nvidia_smi_and_dcgm_do(shared_data):
+    # On a real H200 NVML's v1 call said 615 MiB used on an idle GPU where nvidia-smi said 0:
+    # v1 counts the driver's reserved memory as used, v2 (and dcgm-exporter) do not.
+    fake = FakePynvml([l40s()])
+    reading = _by_device(_poller(fake).poll())[("node-a", "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43", "")]
+    scrape = (shared_data / "dcgm_exporter_metrics/cncf_ai_conformance_upcloud_L40S.prom").read_text()
+    dcgm = {s.signal: s.value for s in parse_scrape(scrape, "dcgm", timestamp=T0).samples}
+    assert reading["gpu_memory_used_bytes"] == dcgm["gpu_memory_used_bytes"] == 0.0
+    assert reading["gpu_memory_free_bytes"] == dcgm["gpu_memory_free_bytes"] == 45459 * MIB
+
+
+def test_a_driver_without_the_v2_memory_call_is_read_with_v1_and_not_asked_again():
+    gpu = l40s(memory_v2=False, memory_used_bytes=1000 * MIB)
+    fake = FakePynvml([gpu])
+    poller = _poller(fake)
+    for _ in range(3):
+        reading = _by_device(poller.poll())[("node-a", gpu.uuid, "")]
+        # v1: the reserved 608 MiB counted as used; the field is never left out for it
+        assert reading["gpu_memory_used_bytes"] == (1000 + 608) * MIB
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] == 4  # one refused v2 call, then v1 each poll
+    assert poller.errors_total == 0
