@@ -9,7 +9,7 @@ import gzip
 import statistics
 import struct
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
