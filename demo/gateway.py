@@ -62,7 +62,10 @@ class GatewayConfig:
     ``tokenize_delay_seconds`` / ``retrieval_delay_seconds`` add CPU-side latency to those stages
     (a slow tokenizer, a slow vector store); ``retrieval_k`` passages are prepended to the prompt.
     ``engine_urls``: model servers to spread calls over, round robin (default: ``[engine_url]``).
-    All of these may change while the gateway runs (``POST /admin/faults``).
+    These may change while the gateway runs (``POST /admin/faults``). ``engine_max_connections``:
+    the HTTP client's pool toward the model servers, set at start; each streamed call holds one
+    connection, so a small pool is a queue in front of the engine (a client pool sized for
+    another load).
     """
 
     engine_url: str
@@ -70,6 +73,7 @@ class GatewayConfig:
     tokenize_delay_seconds: float = 0.0
     retrieval_delay_seconds: float = 0.0
     engine_urls: list[str] = field(default_factory=list)
+    engine_max_connections: int = 512
 
     def __post_init__(self) -> None:
         if not self.engine_urls:
@@ -137,7 +141,9 @@ def create_gateway_app(
     async def lifespan(app: FastAPI):
         state["client"] = httpx.AsyncClient(
             timeout=httpx.Timeout(600.0, connect=5.0),
-            limits=httpx.Limits(max_connections=512, keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS),
+            limits=httpx.Limits(
+                max_connections=config.engine_max_connections, keepalive_expiry=_KEEPALIVE_EXPIRY_SECONDS
+            ),
         )
         yield
         await state["client"].aclose()
@@ -292,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpoint-class", default="interactive", choices=["interactive", "bulk"])
     parser.add_argument("--tokenize-delay-seconds", type=float, default=0.0)
     parser.add_argument("--retrieval-delay-seconds", type=float, default=0.0)
+    parser.add_argument("--engine-max-connections", type=int, default=512, help="HTTP pool toward the model servers")
     args = parser.parse_args(argv)
     # The fault knobs are the demo's admin API, not requests of the service: excluded from
     # tracing as any FastAPI route is, with OpenTelemetry's variable (a user's value wins).
@@ -300,6 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         engine_url=args.engine_url.rstrip("/"),
         tokenize_delay_seconds=args.tokenize_delay_seconds,
         retrieval_delay_seconds=args.retrieval_delay_seconds,
+        engine_max_connections=args.engine_max_connections,
     )
     app = create_gateway_app(config, endpoint_class=args.endpoint_class, otlp_endpoint=args.otlp_endpoint)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
