@@ -51,10 +51,16 @@ MOVABLE: dict[str, tuple[str, str]] = {
     ),
     "retrieval": ("retrieval", "run retrieval in parallel with the first model pass over the prompt"),
     "network": ("network_hop", "co-locate the gateway with the model server (remove the hop)"),
+    "upstream_queue": (
+        "queueing",
+        "widen the queue in front of the engine (the caller's connection pool, a concurrency limit, its workers)",
+    ),
     "cold_start": ("cold_start", "route to a replica only once it is ready (keep warm replicas)"),
 }
 """Stage → (cause, the change that takes it off the critical path). ``cold_start`` is the
-whole time of the tail's requests that met a starting replica (``diagnosis.cold_start_rows``)."""
+whole time of the tail's requests that met a starting replica (``diagnosis.cold_start_rows``);
+``upstream_queue`` the part of a hop that waited in a queue before the engine
+(``diagnosis.hop_queue``)."""
 ENGINE_STAGES = ("queue", "prefill")
 
 

@@ -23,7 +23,8 @@ The rules, from the guidance the project is built on:
   while no request was held is compute's: on a real engine (vLLM under a burst, no request
   waiting, 7 → 28 sequences per step) the steps grow with it.
 - ``queueing``: queue time with no request waiting in the engine (the wait is upstream: a
-  gateway or client queue), or when the engine exports no queue depth to tell.
+  gateway or client queue), or when the engine exports no queue depth to tell; and a hop's
+  wait that grew with the backlog (below).
 - CPU stages and hops (``tokenization``, ``retrieval``, ``network_hop``) claim their stage. A
   hop is the caller's CLIENT span less the callee's span: the wire, and the time the callee
   took to pick the request up. On real recordings the second dominated: a gateway whose
@@ -32,8 +33,11 @@ The rules, from the guidance the project is built on:
   its floor (what nine requests in ten paid at least) waited at a busy door and goes to what
   kept the door busy: the engine's cause where the engine held requests (up to their queue
   time in the engine), then tokenization or retrieval (up to their time in the same
-  requests). The floor, and an excess no door explains, stay ``network_hop``
-  (:func:`~inferpath.analysis.diagnosis.attribute`). Where the caller measured its own first
+  requests). An excess that no door explains and that grew with the backlog (the requests
+  that found more waiting ahead of them waited longer) waited in a queue before the engine: a
+  client's connection pool, a concurrency limit (the demo gateway with a pool of 4
+  connections to a real vLLM that never queued); it goes to ``queueing``. The floor, and the
+  rest, stay ``network_hop`` (:func:`~inferpath.analysis.diagnosis.attribute`). Where the caller measured its own first
   and last token, a stream that reached it in one lump (first and last token a few ms apart
   while the engine decoded for seconds) was read late on the caller's side: the evidence
   counts those and the advice names the caller (a CPU-starved client, a buffering proxy).

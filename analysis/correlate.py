@@ -225,6 +225,27 @@ def pearson(xs: Sequence[float | None], ys: Sequence[float | None]) -> float | N
     return sxy / math.sqrt(sxx * syy)
 
 
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation: :func:`pearson` of the ranks (ties share their mean rank);
+    ``None`` where that is undefined. Insensitive to the scale of either column: a wait that
+    grows with a backlog in any monotone way reads near 1."""
+    return pearson(_ranks(xs), _ranks(ys))
+
+
+def _ranks(values: Sequence[float]) -> list[float | None]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks: list[float | None] = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
 @dataclass(frozen=True)
 class SpikeWindow:
     """Consecutive spiking steps: ``[start_ns, end_ns)``, the ``peak`` value in it, the
@@ -308,4 +329,5 @@ __all__ = [
     "fetch_timeline_rows",
     "pearson",
     "request_columns",
+    "spearman",
 ]

@@ -32,8 +32,9 @@ dropped (:func:`~inferpath.analysis.causes.consistent_advice`).
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -48,6 +49,7 @@ from inferpath.analysis.causes import (
     cause_of,
     consistent_advice,
 )
+from inferpath.analysis.correlate import spearman
 from inferpath.analysis.engine_state import EngineState, engine_state
 from inferpath.analysis.objectives import (
     DEFAULT_OBJECTIVES,
@@ -110,6 +112,18 @@ the time a busy callee takes to pick a request up comes and goes with its load. 
 real vLLM behind the demo gateway: under saturation the hop's p10 stayed at 12-24 ms while
 its tail band averaged 2.2-2.5 s (vLLM's API server before its engine span); the demo's
 +250 ms proxy puts the p10 itself at ~250 ms."""
+HOP_QUEUE_RHO = 0.5
+"""A hop's wait above its floor is a queue in front of the engine when the requests that
+waited longer are the ones that found more requests already waiting: Spearman's ρ between
+each request's wait and that backlog at least this (a large correlation by Cohen's
+convention). A wire's delay, or a proxy's fixed hold, does not grow with the backlog; a queue
+does, whatever holds it (a client connection pool, a concurrency limit, too few workers).
+Real vLLM behind the demo gateway with a pool of 4 connections to it: ρ 0.63, the engine
+never queued; behind a proxy holding each request 1 s, ρ 0.08."""
+HOP_QUEUE_MIN_WAITERS = 10
+"""Fewer requests waiting above the floor cannot show that shape."""
+UPSTREAM_QUEUE = "upstream_queue"
+"""The budget's name for a hop's wait in a queue in front of the engine (:func:`_hop_doors`)."""
 LUMP_STREAM_RATIO = 0.25
 """A streamed response reached its caller in one lump when the caller saw its first and last
 token closer together than a quarter of the engine's own decode (first to last token): the
@@ -760,7 +774,7 @@ def attribute(
             zero = dict.fromkeys(base_mean, 0.0)
             waits = _hop_doors(measure, current, None, current_tail, zero, context)
         for _, door_stage, ns in waits:
-            tail_means[0][door_stage] += ns / n
+            tail_means[0][door_stage] = tail_means[0].get(door_stage, 0.0) + ns / n
             tail_means[0]["network"] -= ns / n
         for stage in (*stages, REST):
             kept = current_tail.kept_stage_ns[stage] - current_tail.kept_count * base_mean[stage]
@@ -821,7 +835,10 @@ def _hop_doors(
       is one of :data:`ENGINE_CAUSES`), up to the same requests' queue time in the engine;
     - the CPU stages before the engine that took time of the same requests (tokenization,
       retrieval: a gateway whose workers or event loop they keep busy takes the next request
-      late), the larger first, each up to its own time.
+      late), the larger first, each up to its own time;
+    - ``queueing`` (budget stage :data:`UPSTREAM_QUEUE`), all that is left, when the hop's
+      waits grew with the backlog (:func:`hop_queue`) and the caller did not read its streams
+      late (a CPU-starved caller queues too, on its own side: ``network_hop`` says so).
 
     Each door's wait is a sign of a congestion that its own stage shows first, so none takes
     more than that stage's time. What no door explains stays the hop's, whatever its shape."""
@@ -837,7 +854,7 @@ def _hop_doors(
     cpu = [(cause_of(stage, context), stage, added(stage)) for stage in ("tokenize", "retrieval") if stage in base_mean]
     doors += sorted(cpu, key=lambda door: -door[2])
     doors = [door for door in doors if door[2] > 0]
-    floor = _hop_floor(measure, current) if doors and hop_ns > 0 else None
+    floor = _hop_floor(measure, current) if hop_ns > 0 else None
     if floor is None:
         return []
     wire = min(hop_ns, count * floor)
@@ -850,7 +867,67 @@ def _hop_doors(
         if taken > 0:
             out.append((cause, stage, taken))
             left -= taken
+    if left > 0 and not _read_late(current) and (queue := hop_queue(measure, current)) is not None and queue.queued:
+        out.append(("queueing", UPSTREAM_QUEUE, left))
     return out
+
+
+@dataclass(frozen=True)
+class HopQueue:
+    """How a hop's waits above its floor behaved: ``waiters`` requests waited above the floor
+    (``floor_ns``), ``rho`` is Spearman's ρ between each one's wait and the number of requests
+    already waiting when it arrived (``None`` where undefined), ``backlog_max`` the most
+    waiting at once. ``queued``: the shape of a queue (:data:`HOP_QUEUE_RHO`)."""
+
+    waiters: int
+    floor_ns: float
+    rho: float | None
+    backlog_max: int
+
+    @property
+    def queued(self) -> bool:
+        return self.waiters >= HOP_QUEUE_MIN_WAITERS and self.rho is not None and self.rho >= HOP_QUEUE_RHO
+
+    def text(self) -> str:
+        rho = "n/a" if self.rho is None else f"{self.rho:.2f}"
+        return (
+            f"the hop's waits behaved as a queue: of the {self.waiters} requests that waited above its floor "
+            f"({_ms(self.floor_ns)}), those that found more requests already waiting waited longer (Spearman "
+            f"ρ {rho}; up to {self.backlog_max} waiting at once); a wire's delay does not grow with the backlog"
+        )
+
+
+def hop_queue(measure: str, current: RowsWindow | StoredWindow) -> HopQueue | None:
+    """The :class:`HopQueue` of the window's hop into the engine, ``None`` without a hop.
+
+    Each request that paid more than the hop's floor (:func:`_hop_floor`) waited from
+    ``engine arrival − (hop − floor)`` to its engine arrival, placed at ``timestamp + TTFT −
+    queue − prefill`` (the caller's TTFT where measured; wall clock, ns). Its backlog is the
+    number of the others waiting at the moment it began to."""
+    floor = _hop_floor(measure, current)
+    column = next((c for c in stage_columns(measure, "network") if current.measured(c)), None)
+    if floor is None or column is None:
+        return None
+    waits: list[tuple[float, float]] = []  # (start, engine arrival), ns
+    for row in current.rows_at_or_above(column, floor):
+        hop, ttft = row.get(column), row.get("ttft_ns")
+        if hop is None or ttft is None or hop <= floor:
+            continue
+        arrival = (
+            unix_ns_from_datetime(row["timestamp"]) + ttft - (row.get("queue_ns") or 0) - (row.get("prefill_ns") or 0)
+        )
+        waits.append((arrival - (hop - floor), arrival))
+    starts, arrivals = sorted(w[0] for w in waits), sorted(w[1] for w in waits)
+    # waiting at t: begun at or before t and not yet arrived (the request itself excluded)
+    backlog = [bisect_right(starts, s) - bisect_right(arrivals, s) - 1 for s, _ in waits]
+    rho = spearman([float(b) for b in backlog], [a - s for s, a in waits]) if len(waits) >= 3 else None
+    return HopQueue(len(waits), floor, rho, max(backlog, default=0) + (1 if waits else 0))
+
+
+def _read_late(current: RowsWindow | StoredWindow) -> bool:
+    """Half the tail's streamed requests or more reached the caller in one lump (:func:`_lump_streams`)."""
+    lumps = _lump_streams(current)
+    return lumps is not None and 2 * lumps[0] >= lumps[1]
 
 
 def _hop_floor(measure: str, window: RowsWindow | StoredWindow) -> float | None:
@@ -1019,13 +1096,17 @@ def _explain(
                 f"with the rest of the stream (client first-to-last token under {LUMP_STREAM_RATIO:.0%} of the "
                 "engine's decode): the engine made the tokens on time and they were read late",
             )
-            if 2 * late >= measured:
+            if _read_late(current):
                 # First when no delay on the wire stands out (the floor is a small part of the
                 # tail's hop); after the hop's own advice when every request paid one.
                 helps.insert(
                     0 if floor is None or floor < LUMP_FIRST_FLOOR_SHARE * cause.added_ns else 1,
                     Advice(LUMP_ADVICE),
                 )
+    if cause.cause == "queueing" and "network" in cause.stages:
+        queue = hop_queue(measure, current)
+        if queue is not None:
+            evidence("network_ns", "spearman rho", "ratio", None, queue.rho, queue.text())
     if cause.cause == "cold_start":
         helps, not_helps = list(COLD_START_HELP), list(COLD_START_NOT_HELP)
         serving = {str(r) for r in current.replicas()}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fault_scenarios import SCENARIOS, T0, WINDOW, load_scenario
 
-from inferpath.analysis.correlate import build_timeline, detect_spikes, fetch_timeline, pearson
+from inferpath.analysis.correlate import build_timeline, detect_spikes, fetch_timeline, pearson, spearman
 from inferpath.analysis.signals import Series, WindowSignals
 from inferpath.analysis.timeline_query import fetch_window_signals
 from inferpath.storage.rows import unix_ns_from_datetime
@@ -69,6 +69,14 @@ def test_pearson_ignores_missing_steps() -> None:
     assert pearson([1, 2, None, 3], [2, 4, 100, 6]) == pytest.approx(1.0)
     assert pearson([1, 2], [1, 2]) is None
     assert pearson([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_spearman_reads_any_monotone_relation_and_shares_tied_ranks() -> None:
+    assert spearman([1, 2, 3, 4], [1, 8, 27, 1000]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties take their mean rank: [1, 2.5, 2.5, 4] against [1, 2, 3, 4]
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(pearson([1, 2.5, 2.5, 4], [1, 2, 3, 4]))
+    assert spearman([5, 5, 5], [1, 2, 3]) is None
 
 
 def test_detect_spikes_merges_adjacent_steps_and_keeps_spikes_out_of_the_baseline() -> None:

@@ -487,6 +487,64 @@ def test_a_hop_into_a_held_engine_waited_at_its_door_and_the_wire_keeps_its_floo
     assert abs(_shares(verdict)["network_hop"] - expected) <= 0.01 and expected > 0.1, _shares(verdict)
 
 
+def _capped_rows(hold_ms) -> list[dict]:
+    """100 requests 0.3 s apart through a hop into an idle engine; ``hold_ms(i, free_at)``
+    gives request ``i``'s hop from its arrival (``free_at``: when the first of two
+    connections to the engine frees, each held for 1 s per call: a pool of 2)."""
+    rows, free = [], [0.0, 0.0]
+    for i in range(100):
+        arrival = 0.3 * i
+        hop = hold_ms(i, max(arrival, min(free)) - arrival)
+        free[free.index(min(free))] = arrival + hop / 1000 + 1.0
+        stages = {"queue_ns": 5 * MS, "prefill_ns": 30 * MS, "network_ns": int(hop * MS), "tokenize_ns": 2 * MS}
+        ttft = sum(stages.values())
+        rows.append(
+            {
+                "timestamp": T0 + timedelta(seconds=arrival),
+                "trace_id": f"{i:032x}",
+                "replica": "r",
+                "endpoint_class": "interactive",
+                "ttft_ns": ttft,
+                "e2e_ns": ttft + 400 * MS,
+                "decode_ns": 400 * MS,
+                **stages,
+            }
+        )
+    return rows
+
+
+def test_a_hop_whose_waits_grew_with_the_backlog_is_a_queue_in_front_of_the_engine() -> None:
+    idle = SignalWindows(
+        current=WindowSignals.from_values(
+            {"queue_depth": [0, 0, 0], "running_requests": [1, 2, 2], "kv_cache_usage_ratio": [0.05] * 3}
+        )
+    )
+    # A pool of two connections, each held 1 s, for a request every 0.3 s: each waits for the
+    # ones ahead of it (the demo gateway with a pool of 4 in front of a real vLLM: ρ 0.63).
+    pooled = diagnose_from(_capped_rows(lambda i, wait: 5 + 1000 * wait), signals=idle)
+    # (the hop's p10, its "wire", is a wait here too: it keeps the rest)
+    assert pooled.top_cause == "queueing" and _shares(pooled)["queueing"] >= 0.85, _shares(pooled)
+    queue = pooled.causes[0]
+    assert "network" in queue.stages
+    assert any(e.text.startswith("the hop's waits behaved as a queue") for e in queue.evidence), queue.evidence
+    assert any("adding GPUs will not help" in a for a in queue.would_not_help), queue.would_not_help
+    assert pooled.budget is not None and pooled.budget.items[0].action.startswith("widen the queue in front"), (
+        pooled.budget.text()
+    )
+    # The same hop times in random order (a proxy whose hold comes and goes, not a backlog)
+    # stay the hop's.
+    holds = [5 + 1000 * wait for wait in _backlog_waits()]
+    random.Random(7).shuffle(holds)
+    jitter = diagnose_from(_capped_rows(lambda i, wait: holds[i]), signals=idle)
+    assert jitter.top_cause == "network_hop" and "queueing" not in _shares(jitter), _shares(jitter)
+
+
+def _backlog_waits() -> list[float]:
+    waits: list[float] = []
+    _capped_rows(lambda i, wait: waits.append(wait) or 5 + 1000 * wait)
+    return waits
+
+
 def test_a_stream_read_late_in_one_lump_points_at_the_callers_side() -> None:
     idle = SignalWindows(
         current=WindowSignals.from_values(

@@ -122,6 +122,19 @@ def test_a_client_that_read_its_streams_late_is_told_so(imported) -> None:
     assert verdict.budget.items[0].action.startswith("read the streams promptly on the caller's side")
 
 
+@pytest.mark.parametrize("name", ["gateway_pool_limit", "gateway_pool_limit_b"])
+def test_calls_that_waited_for_a_connection_to_an_idle_engine_are_a_queue_not_the_wire(imported, name: str) -> None:
+    # The gateway's pool of 4 (6) connections to vLLM: the calls waited up to 50 s inside the
+    # gateway's model-call span, vLLM never queued. The advice was "co-locate the gateway".
+    verdict = _window_alone(imported, name)
+    queue = verdict.causes[0]
+    assert queue.cause == "queueing" and "network" in queue.stages, verdict.summary
+    assert any(e.text.startswith("the hop's waits behaved as a queue") for e in queue.evidence), queue.evidence
+    assert any(a.startswith("adding GPUs will not help") for a in queue.would_not_help), queue.would_not_help
+    assert verdict.budget is not None and verdict.budget.items[0].cause == "queueing", verdict.budget.text()
+    assert "co-locate" not in verdict.budget.text(), verdict.budget.text()
+
+
 def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(imported) -> None:
     """cold_start_gateway_503: the demo gateway answered 503 to the 69 requests that came while
     vLLM was still loading (the load client did not retry them)."""
