@@ -68,6 +68,8 @@ MAX_NUM_SEQS = 65_536
 MAX_FACTOR = 1000.0
 """The largest rate factor (``rate``) and KV-pool factor (``kv_blocks`` ``xK``)."""
 MAX_BATCH_WINDOW_MS = 60_000.0
+MAX_STEP_TOKEN_BUDGET = 1_048_576
+"""The largest per-step token budget a change may give (as the observed one's bound)."""
 """The longest batch window a change may ask for, milliseconds."""
 MAX_SIMULATED_REQUESTS = 1_000_000
 """A replay simulates at most this many requests (the observed window's, or the change's with
@@ -91,6 +93,7 @@ API_NAMES: Mapping[str, str] = {
         "split_endpoint_classes",
         "max_calibration_error",
         "max_num_batched_tokens",
+        "step_token_budget",
     )
 }
 """The inputs of a what-if by their read-API parameter names (``GET /api/v1/whatif``): what
@@ -142,7 +145,8 @@ class Change:
     window's pattern compressed by k and repeated to fill the same length);
     ``split_classes``: each endpoint class on engines of its own, ``((class, replicas), ...)``
     (every class of the window must be given; not with ``replicas``), the other settings
-    the same for all.
+    the same for all; ``max_num_batched_tokens``: the engine's per-step token budget (vLLM's
+    ``--max-num-batched-tokens``, at least the batch slots, as vLLM requires).
 
     Bounds (``ValueError`` naming the field otherwise): ``replicas`` and the replicas of
     ``split_classes`` in all at most :data:`MAX_REPLICAS`, ``max_num_seqs`` at most
@@ -157,13 +161,18 @@ class Change:
     batch_window_seconds: float | None = None
     rate_factor: float | None = None
     split_classes: tuple[tuple[str, int], ...] | None = None
+    max_num_batched_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "max_num_seqs", "kv_blocks"):
+        for name in ("replicas", "max_num_seqs", "kv_blocks", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        for name, most in (("replicas", MAX_REPLICAS), ("max_num_seqs", MAX_NUM_SEQS)):
+        for name, most in (
+            ("replicas", MAX_REPLICAS),
+            ("max_num_seqs", MAX_NUM_SEQS),
+            ("max_num_batched_tokens", MAX_STEP_TOKEN_BUDGET),
+        ):
             value = getattr(self, name)
             if value is not None and value > most:
                 raise ValueError(f"{name}: must be at most {most}, got {value!r}")
@@ -201,6 +210,7 @@ class Change:
             "kv_blocks_factor": ("kv_blocks", "x{:g}"),
             "batch_window_seconds": ("batch_window_ms", "{:g}"),
             "rate_factor": ("rate", "x{:g}"),
+            "max_num_batched_tokens": ("step_token_budget", "{}"),
         }
         parts = []
         for name in self.__dataclass_fields__:
@@ -292,6 +302,7 @@ def simulate(
             settings,
             step_seconds,
             horizon_s=horizon,
+            cached_tokens=[calibration.cached_tokens(requests[i].prompt_tokens) for i in mine],
         )
         steps += run.steps
         busy += run.busy_seconds
@@ -638,6 +649,8 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         settings.num_kv_blocks = max(1, round(settings.num_kv_blocks * change.kv_blocks_factor))
     if change.batch_window_seconds is not None:
         settings.batch_window_seconds = change.batch_window_seconds
+    if change.max_num_batched_tokens is not None:
+        settings.max_num_batched_tokens = change.max_num_batched_tokens
     replicas = change.replicas or cal.replicas
     requests = cal.requests
     if change.rate_factor is not None:
@@ -715,6 +728,7 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
             "num_kv_blocks": settings.num_kv_blocks if cal.num_kv_blocks else None,
             "block_size_tokens": settings.block_size_tokens if cal.num_kv_blocks else None,
             "batch_window_seconds": settings.batch_window_seconds,
+            "max_num_batched_tokens": settings.max_num_batched_tokens,
             "rate_factor": change.rate_factor or 1.0,
         },
         warnings=warnings,
@@ -926,6 +940,7 @@ def parse_change(
     batch_window_ms: float | None = None,
     rate: str | None = None,
     split_endpoint_classes: str | None = None,
+    step_token_budget: int | None = None,
 ) -> Change:
     """The :class:`Change` of a what-if's inputs as the read API and the CLI take them
     (``None``: unchanged). Bounds: ``replicas`` 1-:data:`MAX_REPLICAS` (1024);
@@ -933,11 +948,18 @@ def parse_change(
     factor ``xK`` / ``×K`` in (0, 1000]; ``batch_window_ms`` 0-:data:`MAX_BATCH_WINDOW_MS`
     (60,000 ms); ``rate`` a factor ``xK``, ``×K`` or ``K`` in (0, 1000]
     (:data:`MAX_FACTOR`); ``split_endpoint_classes`` ``CLASS=REPLICAS,...`` with at most
-    1024 replicas in all, and not with ``replicas``. Raises :class:`WhatIfInputError` naming
-    the first input at fault by its read-API parameter (:data:`API_NAMES`)."""
+    1024 replicas in all, and not with ``replicas``; ``step_token_budget`` (the engine's
+    per-step token budget to predict) 1-:data:`MAX_STEP_TOKEN_BUDGET`. Raises
+    :class:`WhatIfInputError` naming the first input at fault by its read-API parameter
+    (:data:`API_NAMES`)."""
     _bounded("replicas", replicas, 1, MAX_REPLICAS)
     _bounded("max_num_seqs", max_num_seqs, 1, MAX_NUM_SEQS)
-    for name, value in (("replicas", replicas), ("max_num_seqs", max_num_seqs)):
+    _bounded("step_token_budget", step_token_budget, 1, MAX_STEP_TOKEN_BUDGET)
+    for name, value in (
+        ("replicas", replicas),
+        ("max_num_seqs", max_num_seqs),
+        ("step_token_budget", step_token_budget),
+    ):
         if value is not None and value != int(value):
             raise WhatIfInputError(name, f"expected an integer, got {value!r}")
     _bounded("batch_window_ms", batch_window_ms, 0, MAX_BATCH_WINDOW_MS, unit=" ms")
@@ -956,6 +978,7 @@ def parse_change(
         batch_window_seconds=None if batch_window_ms is None else batch_window_ms / 1000.0,
         rate_factor=rate_factor,
         split_classes=split,
+        max_num_batched_tokens=None if step_token_budget is None else int(step_token_budget),
     )
 
 

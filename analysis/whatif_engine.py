@@ -82,6 +82,7 @@ class _Seq:
         "i",
         "prompt",
         "max_tokens",
+        "cached",
         "generated",
         "computed",
         "blocks",
@@ -93,8 +94,8 @@ class _Seq:
         "epoch",
     )
 
-    def __init__(self, i: int, prompt: int, max_tokens: int) -> None:
-        self.i, self.prompt, self.max_tokens = i, prompt, max_tokens
+    def __init__(self, i: int, prompt: int, max_tokens: int, cached: int = 0) -> None:
+        self.i, self.prompt, self.max_tokens, self.cached = i, prompt, max_tokens, cached
         self.generated = self.computed = self.blocks = 0
         self.order = self.k0 = self.c0 = self.g0 = 0
         self.decoding = False
@@ -109,12 +110,16 @@ def run_engine(
     step_seconds: StepSeconds,
     *,
     horizon_s: float = math.inf,
+    cached_tokens: Sequence[int] | None = None,
 ) -> EngineRun:
     """Run one engine of ``config`` over requests arriving at ``arrivals_s`` (seconds,
     ascending) with their prompt and output lengths (tokens), stepping with
     ``step_seconds(num_seqs, prefill_tokens)``; the clock stops at the first step boundary
-    after ``horizon_s``. A request whose prompt and output can never fit the pool is rejected
-    at arrival. Raises ``ValueError`` when arrivals are not in order."""
+    after ``horizon_s``. ``cached_tokens``: of each prompt, the tokens found in the prefix
+    cache, not computed at admission (nor at a readmission after preemption: the prefix is
+    still cached); their KV blocks are still taken. A request whose prompt and output can
+    never fit the pool is rejected at arrival. Raises ``ValueError`` when arrivals are not in
+    order."""
     n = len(arrivals_s)
     bs = config.block_size_tokens
     pool = config.num_kv_blocks
@@ -185,7 +190,9 @@ def run_engine(
             if blocks_for(prompt_tokens[nxt] + max_tokens[nxt]) > pool:
                 rejected[nxt] = True
             else:
-                waiting.append(_Seq(nxt, prompt_tokens[nxt], max_tokens[nxt]))
+                waiting.append(
+                    _Seq(nxt, prompt_tokens[nxt], max_tokens[nxt], cached_tokens[nxt] if cached_tokens else 0)
+                )
             nxt += 1
         if t > horizon_s:
             break
@@ -239,11 +246,12 @@ def run_engine(
                 if -(-length // bs) > free:
                     break
                 waiting.popleft()
-                n_new = length if length < budget else budget
-                need = -(-n_new // bs)
+                rest = length - seq.cached
+                n_new = rest if rest < budget else budget
+                need = -(-(seq.cached + n_new) // bs)
                 free -= need
                 order_counter += 1
-                seq.order, seq.blocks, seq.computed = order_counter, need, 0
+                seq.order, seq.blocks, seq.computed = order_counter, need, seq.cached
                 running[seq.order] = seq
                 prefilling.append(seq)
                 if first_sched[seq.i] is None:

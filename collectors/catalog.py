@@ -130,6 +130,9 @@ CATALOG: tuple[SourceMetric, ...] = (
     _R("vllm", "vllm:time_to_first_token_seconds", "time_to_first_token_seconds"),
     _R("vllm", "vllm:e2e_request_latency_seconds", "e2e_request_latency_seconds"),
     _R("vllm", "vllm:request_queue_time_seconds", "request_queue_time_seconds"),
+    # Prefix caching, in prompt tokens (V1; on by default): the what-if computes only the misses.
+    _R("vllm", "vllm:prefix_cache_queries_total", "prefix_cache_queries_total"),
+    _R("vllm", "vllm:prefix_cache_hits_total", "prefix_cache_hits_total"),
     # An info metric: value 1, the KV pool in its labels (num_gpu_blocks, block_size), kept as attributes.
     _R("vllm", "vllm:cache_config_info", "kv_cache_config_info"),
     # SGLang: token_usage is the fraction of KV token slots in use.

@@ -30,6 +30,7 @@ UNIT_SECONDS = "s"
 UNIT_REQUESTS = "{request}"
 UNIT_PREEMPTIONS = "{preemption}"
 UNIT_INFO = "{info}"
+UNIT_TOKENS = "{token}"
 
 NS_PER_SECOND = 1_000_000_000
 """Durations are nanoseconds in storage (``*_ns`` columns), seconds in OTel attributes and
@@ -203,6 +204,8 @@ KV_CACHE_USAGE_RATIO = "kv_cache_usage_ratio"
 PREEMPTIONS_TOTAL = "preemptions_total"
 BATCH_SIZE = "batch_size"
 KV_CACHE_CONFIG_INFO = "kv_cache_config_info"
+PREFIX_CACHE_QUERIES_TOTAL = "prefix_cache_queries_total"
+PREFIX_CACHE_HITS_TOTAL = "prefix_cache_hits_total"
 TIME_TO_FIRST_TOKEN_SECONDS = "time_to_first_token_seconds"
 E2E_REQUEST_LATENCY_SECONDS = "e2e_request_latency_seconds"
 REQUEST_QUEUE_TIME_SECONDS = "request_queue_time_seconds"
@@ -361,6 +364,24 @@ SIGNALS: dict[str, Signal] = {
             "(vLLM's cache_config_info labels: num_gpu_blocks, block_size, ...).",
             "KV-cache configuration",
         ),
+        _S(
+            PREFIX_CACHE_QUERIES_TOTAL,
+            UNIT_TOKENS,
+            "sum",
+            "sum",
+            "sum",
+            "Prompt tokens looked up in the engine's prefix cache since start.",
+            "Prefix-cache lookups",
+        ),
+        _S(
+            PREFIX_CACHE_HITS_TOTAL,
+            UNIT_TOKENS,
+            "sum",
+            "sum",
+            "sum",
+            "Prompt tokens found in the engine's prefix cache (not computed again) since start.",
+            "Prefix-cache hits",
+        ),
         # Engine latency histograms: kept as buckets, never as quantiles.
         _S(
             TIME_TO_FIRST_TOKEN_SECONDS,
@@ -442,6 +463,8 @@ __all__ = [
     "NS_PER_SECOND",
     "OBJECTIVE_MEASURES",
     "PREEMPTIONS_TOTAL",
+    "PREFIX_CACHE_HITS_TOTAL",
+    "PREFIX_CACHE_QUERIES_TOTAL",
     "QUEUE_DEPTH",
     "REQUEST_DURATION_COLUMNS",
     "REQUEST_MEASURES",
@@ -463,6 +486,7 @@ __all__ = [
     "UNIT_RATIO",
     "UNIT_REQUESTS",
     "UNIT_SECONDS",
+    "UNIT_TOKENS",
     "UNIT_WATTS",
     "measure_column",
 ]

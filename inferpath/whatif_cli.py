@@ -31,6 +31,7 @@ OPTIONS = {
     "split_endpoint_classes": "--split-endpoint-classes",
     "max_calibration_error": "--max-calibration-error",
     "max_num_batched_tokens": "--max-num-batched-tokens",
+    "step_token_budget": "--step-token-budget",
 }
 """The read API's parameters of ``GET /api/v1/whatif`` → this command's options: how its
 messages name an input (:data:`inferpath.analysis.whatif.API_NAMES`)."""
@@ -77,6 +78,14 @@ def whatif(
         help="The engine's prompt-token budget per step as configured (vLLM's --max-num-batched-tokens; "
         "engines do not export it). Default 2048, vLLM's default.",
     ),
+    step_token_budget: int | None = typer.Option(
+        None,
+        "--step-token-budget",
+        min=1,
+        max=1_048_576,
+        help="The per-step token budget to predict (vLLM's --max-num-batched-tokens; give the engine's current one "
+        "with --max-num-batched-tokens).",
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
     server: str | None = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),
     store: str | None = typer.Option(None, help="Read this store directly (chdb:///path or http://host:8123/db)."),
@@ -103,6 +112,7 @@ def whatif(
             batch_window_ms=batch_window_ms,
             rate=rate,
             split_endpoint_classes=split_endpoint_classes,
+            step_token_budget=step_token_budget,
         )
     except WhatIfInputError as exc:
         fail(exc.text(OPTIONS), json_output)
@@ -119,6 +129,7 @@ def whatif(
         ("rate", rate),
         ("split_endpoint_classes", split_endpoint_classes),
         ("max_num_batched_tokens", max_num_batched_tokens),
+        ("step_token_budget", step_token_budget),
     ):
         if value is not None:
             params[name] = value

@@ -493,6 +493,12 @@ async def whatif(
         "not exported in its metrics); default the server's INFERPATH_ENGINE_MAX_NUM_BATCHED_TOKENS, else 2048, "
         "vLLM's default.",
     ),
+    step_token_budget: int | None = Query(
+        None,
+        ge=1,
+        le=1_048_576,
+        description="The per-step token budget to predict (the change; vLLM's --max-num-batched-tokens).",
+    ),
 ) -> dict:
     """Predict TTFT, queue time, ITL and KV usage per endpoint class under a changed engine
     configuration, from the window's own requests and engine signals, beside what was observed
@@ -533,6 +539,7 @@ async def whatif(
             batch_window_ms=batch_window_ms,
             rate=rate,
             split_endpoint_classes=split_endpoint_classes,
+            step_token_budget=step_token_budget,
         )
         answer = await run_in_threadpool(
             predict,

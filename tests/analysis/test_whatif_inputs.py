@@ -99,6 +99,8 @@ def test_counts_and_classes_are_bounded_and_named_by_their_parameter() -> None:
         ({"replicas": 0}, "replicas: at least 1, got 0"),
         ({"max_num_seqs": 70_000}, "max_num_seqs: at most 65536, got 70000"),
         ({"batch_window_ms": -1.0}, "batch_window_ms: at least 0 ms, got -1"),
+        ({"step_token_budget": 0}, "step_token_budget: at least 1, got 0"),
+        ({"step_token_budget": 2.5}, "step_token_budget: expected an integer, got 2.5"),
         (
             {"split_endpoint_classes": "foo"},
             "split_endpoint_classes: expected CLASS=REPLICAS,... like interactive=2,bulk=1 (each count at least 1), "
@@ -318,6 +320,7 @@ def test_the_cli_help_states_the_forms_and_bounds() -> None:
         "xK, ×K or K",
         "at most 1000",
         "at most 1,000,000 requests",
+        "The per-step token budget to predict",
     ):
         assert text in said, text
 

@@ -86,6 +86,8 @@ def test_vllm_v1_scrape_with_created_series_and_empty_family(shared_data):
         "kv_cache_config_info",
         "kv_cache_usage_ratio",
         "preemptions_total",
+        "prefix_cache_hits_total",
+        "prefix_cache_queries_total",
         "queue_depth",
         "running_requests",
     ]
@@ -128,8 +130,12 @@ def test_every_live_capture_scrape_is_sane_and_counters_only_grow(shared_data):
             "kv_cache_usage_ratio",
             "preemptions_total",
             "kv_cache_config_info",
+            "prefix_cache_queries_total",
+            "prefix_cache_hits_total",
         }
         assert 0.0 <= grouped["kv_cache_usage_ratio"][0].value <= 1.0
+        queried, hit = grouped["prefix_cache_queries_total"][0].value, grouped["prefix_cache_hits_total"][0].value
+        assert 0.0 <= hit <= queried  # tokens found in the cache are tokens looked up
         assert grouped["running_requests"][0].value <= 16  # --max-num-seqs 16
         assert grouped["preemptions_total"][0].value >= previous
         previous = grouped["preemptions_total"][0].value
