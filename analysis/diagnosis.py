@@ -118,8 +118,11 @@ waited longer are the ones that found more requests already waiting: Spearman's 
 each request's wait and that backlog at least this (a large correlation by Cohen's
 convention). A wire's delay, or a proxy's fixed hold, does not grow with the backlog; a queue
 does, whatever holds it (a client connection pool, a concurrency limit, too few workers).
-Real vLLM behind the demo gateway with a pool of 4 connections to it: ρ 0.63, the engine
-never queued; behind a proxy holding each request 1 s, ρ 0.08."""
+Real vLLM behind the demo gateway with a pool of 4 (6) connections to it: ρ 0.65 (0.76),
+the engine never queued. The margin is thin: behind the demo's proxy holding each request
+1 s, on the same two busy cores, the proxy's own backlog gave ρ 0.53; there the caller read
+most of the slow streams late, in one lump, and that evidence keeps the hop's
+(:func:`_hop_doors`)."""
 HOP_QUEUE_MIN_WAITERS = 10
 """Fewer requests waiting above the floor cannot show that shape."""
 UPSTREAM_QUEUE = "upstream_queue"
