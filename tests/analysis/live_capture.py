@@ -81,6 +81,6 @@ def ingest_capture(client: httpx.Client, shared_data: Path) -> int:
             "/v1/metrics", content=scrape_as_otlp(path.read_text(), at_ns + offset_ns), headers=PROTOBUF
         )
         assert response.status_code == 200, response.text
-    flushed = client.post("/api/v1/flush").json()
+    flushed = client.post("/api/v1/flush", timeout=120).json()
     assert flushed["ok"] is True
     return offset_ns

@@ -32,7 +32,7 @@ def test_real_vllm_startup_is_found_in_the_store_and_measured(shared_data: Path,
                     client.post("/v1/traces", content=shifted_trace_body(path, offset_ns), headers=PROTOBUF).status_code
                     == 200
                 )
-            assert client.post("/api/v1/flush").json()["ok"] is True
+            assert client.post("/api/v1/flush", timeout=120).json()["ok"] is True
         around = datetime_from_unix_ns(first_ns + offset_ns)
         startups = fetch_startups(server.runtime.store, around - timedelta(minutes=5), around + timedelta(minutes=5))
         rows = server.runtime.store.query("SELECT count() FROM inferpath_requests FINAL")

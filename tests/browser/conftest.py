@@ -38,7 +38,7 @@ def fed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedServer]:
             ]
             response = http.post("/v1/metrics", content=metrics_body(samples), headers=PROTOBUF)
             assert response.status_code == 200, response.text
-            flushed = http.post("/api/v1/flush").json()
+            flushed = http.post("/api/v1/flush", timeout=120).json()
             assert flushed["ok"], flushed
         # Requests started before their spans were posted, and the scrapes run alongside:
         # a window from a little before the first scrape to after the last post covers all.

@@ -67,7 +67,7 @@ def test_agent_pushes_nvml_and_scrapes_to_a_real_server(shared_data: Path, store
         assert stats.samples_sent_total == stats.samples_collected_total > 0
         assert stats.samples_dropped_total == 0 and stats.export_failures_total == 0
         with httpx.Client(base_url=running.url, headers={"Authorization": "Bearer s3cret"}) as http:
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         store = running.runtime.store
         rows = store.query_dicts(
             "SELECT ServiceName, MetricName, Value, MetricUnit AS Unit, Attributes, ResourceAttributes FROM otel_metrics_gauge"

@@ -73,7 +73,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory):
                     "/v1/metrics", content=e.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
                 )
                 assert response.status_code == 200, response.text
-            assert client.post("/api/v1/flush").json()["ok"]
+            assert client.post("/api/v1/flush", timeout=120).json()["ok"]
             start = datetime.fromtimestamp((min(times) + offset_ns) / 1e9 - 1, tz=timezone.utc)
             end = datetime.fromtimestamp((max(times) + offset_ns) / 1e9 + 1, tz=timezone.utc)
 

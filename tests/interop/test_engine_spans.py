@@ -103,7 +103,7 @@ def _stored_rows(server_url: str, since: datetime, expected: int = 1) -> list[di
     deadline = time.monotonic() + 30
     with httpx.Client(base_url=server_url, timeout=30) as http:
         while True:
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
             rows = http.get(
                 "/api/v1/requests",
                 params={

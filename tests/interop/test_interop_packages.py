@@ -90,7 +90,7 @@ def run_app(source: str, server_url: str, model_base_url: str) -> list[dict]:
 
 def stored_rows(server_url: str, since: datetime) -> list[dict]:
     with httpx.Client(base_url=server_url, timeout=30) as http:
-        assert http.post("/api/v1/flush").json()["ok"]
+        assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         rows = http.get(
             "/api/v1/requests",
             params={

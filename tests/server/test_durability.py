@@ -124,7 +124,7 @@ def test_a_retried_export_whose_200_was_lost_is_stored_once(store_url: str) -> N
         with httpx.Client(base_url=running.url, timeout=30.0) as http:
             for _ in range(3):  # the exporter's retries resend the very same bytes
                 assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         rows, distinct = running.runtime.store.query("SELECT count(), uniqExact(SpanId) FROM otel_traces")[0]
         requests = running.runtime.store.query("SELECT count() FROM inferpath_requests FINAL")[0][0]
     assert rows == distinct == 60
@@ -176,7 +176,7 @@ def test_store_outage_answers_503_with_retry_after_then_recovers_by_itself(store
             # (a back-off had expired): the outage ends now in any case.
             end_outage()
             metrics = http.get("/metrics").text
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         assert http.get  # client closed
         statuses = [status for status, _, _ in answers]
         assert 503 in statuses and statuses[-1] == 200

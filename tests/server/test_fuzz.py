@@ -189,7 +189,7 @@ def test_one_megabyte_values_and_a_hundred_thousand_attributes_are_stored(server
     parsed = _check(server.post("/v1/traces", content=many.SerializeToString(), headers=PROTOBUF))
     assert parsed is not None and not parsed.HasField("partial_success")
     # A 200 means logged durably; the insert follows within a moment (server/log_ingest.py).
-    assert server.post("/api/v1/flush").json()["ok"]
+    assert server.post("/api/v1/flush", timeout=120).json()["ok"]
     stored = server.get(f"/api/v1/traces/{'01' * 16}").json()["spans"]
     by_id = {s["span_id"]: s for s in stored}
     assert len(by_id["0404040404040404"]["span_attributes"]["prompt"]) == 512 * 1024

@@ -30,7 +30,7 @@ def test_twelve_concurrent_reads_during_an_insert_all_succeed(store_url: str) ->
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
             first, first_ids = trace_body(spans_per_trace=20, traces=50)
             assert http.post("/v1/traces", content=first, headers=PROTOBUF).status_code == 200
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         trace_id = next(iter(first_ids))
         now = time.time()
         window = {"start": str(now - 600), "end": str(now + 600)}
@@ -76,7 +76,7 @@ def test_twelve_concurrent_reads_during_an_insert_all_succeed(store_url: str) ->
         assert not [r for r in results if "session" in r[2].lower() or "lock" in r[2].lower()]
         # A 200 means logged: flush drains the span log before counting.
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         rows = running.runtime.store.query("SELECT count() FROM otel_traces")[0][0]
         assert rows == 1000 + 12_000
 
@@ -98,7 +98,7 @@ def test_recorded_vllm_bodies_give_rows_equal_to_vllm_latencies_and_a_cold_start
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
             for path in files:  # as vLLM sent them: unchanged bytes
                 assert http.post("/v1/traces", content=path.read_bytes(), headers=PROTOBUF).status_code == 200
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
             window = {"start": "2026-11-29T00:00:00Z", "end": "2026-12-02T00:00:00Z"}
             rows = http.get("/api/v1/requests", params={**window, "limit": 10_000}).json()["requests"]
         by_trace = {row["trace_id"]: row for row in rows}

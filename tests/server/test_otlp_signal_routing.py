@@ -99,7 +99,7 @@ def test_a_json_logs_export_to_the_traces_path_is_a_400_naming_it(server) -> Non
         ExportLogsServiceRequest(),
     )
     assert http.post("/v1/traces", content=body.SerializeToString(), headers=PROTOBUF).status_code == 400
-    assert http.post("/api/v1/flush").json()["ok"]
+    assert http.post("/api/v1/flush", timeout=120).json()["ok"]
     assert running.runtime.store.query("SELECT count() FROM otel_traces") == [(0,)]
 
 

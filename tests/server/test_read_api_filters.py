@@ -130,7 +130,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                     ]
                 }
                 assert http.post("/v1/traces", json=body).status_code == 200
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         running.runtime.refresh_rollups()
         yield running.url
 

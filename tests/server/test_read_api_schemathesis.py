@@ -31,7 +31,7 @@ def read_api_schema(tmp_path_factory: pytest.TempPathFactory):
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
             for path in sorted(CAPTURE.glob("*.pb"))[:3]:
                 http.post("/v1/traces", content=path.read_bytes(), headers={"content-type": "application/x-protobuf"})
-            http.post("/api/v1/flush")
+            http.post("/api/v1/flush", timeout=120)
         loaded = schemathesis.openapi.from_url(f"{running.url}/openapi.json")
         yield loaded.include(path_regex=r"^/api/v1/", method="GET")
     finally:

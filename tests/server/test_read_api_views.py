@@ -102,7 +102,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                 ]
             }
             assert http.post("/v1/traces", json=hop).status_code == 200
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         start = min(_capture_time(scrapes[0]), _capture_time(traces[0])) - timedelta(minutes=1)
         end = max(_capture_time(scrapes[-1]), _capture_time(traces[-1])) + timedelta(minutes=1)
         yield running.url, start, end

@@ -105,7 +105,7 @@ RECENT_START_NS = 1_796_037_400_000_000_000  # 2026-11-30T11:16:40Z, inside CAPT
 
 
 def flush(http: httpx.Client) -> dict:
-    result = http.post("/api/v1/flush").json()
+    result = http.post("/api/v1/flush", timeout=120).json()
     assert result["ok"] is True and result["pending_traces"] == 0
     return result
 
@@ -223,7 +223,7 @@ def test_gzip_body_and_partial_success(client: httpx.Client) -> None:
 def test_unsupported_media_and_oversized_bodies(store_url: str) -> None:
     running = start(store_url, max_body_bytes=1024)
     try:
-        with httpx.Client(base_url=running.url) as http:
+        with httpx.Client(base_url=running.url, timeout=60.0) as http:
             assert http.post("/v1/traces", content=b"{}", headers={"content-type": "text/plain"}).status_code == 415
             assert http.post("/v1/traces", content=b"{}", headers={**JSON, "content-encoding": "br"}).status_code == 415
             big = http.post("/v1/traces", content=b" " * 4096, headers=JSON)
@@ -345,13 +345,13 @@ def test_restart_on_the_same_store_keeps_earlier_spans(shared_data: Path, store_
     first_traces, second_traces = llm_traces([first]), llm_traces([second])
     assert first_traces and second_traces
     running = start(store_url)
-    with httpx.Client(base_url=running.url) as http:
+    with httpx.Client(base_url=running.url, timeout=60.0) as http:
         assert http.post("/v1/traces", content=first.read_bytes(), headers=PROTOBUF).status_code == 200
     running.stop()  # graceful: what was accepted is inserted and assembled before the store closes
 
     running = start(store_url)
     try:
-        with httpx.Client(base_url=running.url) as http:
+        with httpx.Client(base_url=running.url, timeout=60.0) as http:
             count = http.get("/api/v1/requests/count", params=CAPTURE_WINDOW).json()["count"]
             assert count == len(first_traces)
             assert http.post("/v1/traces", content=second.read_bytes(), headers=PROTOBUF).status_code == 200
@@ -368,7 +368,7 @@ def test_bearer_token_guards_ingest_and_reads(shared_data: Path, store_url: str)
     running = start(store_url, token="s3cret")
     body = capture(shared_data, "otlp")[0].read_bytes()
     try:
-        with httpx.Client(base_url=running.url) as http:
+        with httpx.Client(base_url=running.url, timeout=60.0) as http:
             assert http.get("/healthz").status_code == 200
             refused = http.post("/v1/traces", content=body, headers=PROTOBUF)
             assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
@@ -438,7 +438,7 @@ def test_scrape_loop_stores_canonical_signals(shared_data: Path, store_url: str)
         deadline = time.monotonic() + 20
         while running.runtime.scrape_loop.samples_total == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        with httpx.Client(base_url=running.url) as http:
+        with httpx.Client(base_url=running.url, timeout=60.0) as http:
             flush(http)
         rows = running.runtime.store.query_dicts(
             "SELECT ServiceName, Value, Attributes FROM otel_metrics_gauge WHERE MetricName = 'queue_depth'"

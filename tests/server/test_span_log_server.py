@@ -103,7 +103,7 @@ def test_a_full_backlog_answers_503_with_retry_after_and_recovers(store_url: str
         with httpx.Client(base_url=running.url, timeout=30.0) as http:
             warm, _ = trace_body(spans_per_trace=2)
             assert http.post("/v1/traces", content=warm, headers=PROTOBUF).status_code == 200
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
             # ~110 KB each: the first fits an empty backlog, the second would pass 64 KiB.
             first, second = trace_body(spans_per_trace=10, traces=100), trace_body(spans_per_trace=10, traces=100)
             with store._lock:  # the store is slow: the drainer's insert waits here
@@ -119,7 +119,7 @@ def test_a_full_backlog_answers_503_with_retry_after_and_recovers(store_url: str
             while (retry := http.post("/v1/traces", content=second[0], headers=PROTOBUF)).status_code != 200:
                 assert retry.status_code == 503 and time.monotonic() < deadline
                 time.sleep(0.1)
-            assert http.post("/api/v1/flush").json()["ok"]
+            assert http.post("/api/v1/flush", timeout=120).json()["ok"]
         stored = {r[0] for r in store.query("SELECT SpanId FROM otel_traces")}
         expected = {s for body in (first, second) for spans in body[1].values() for s in spans}
         assert expected <= stored and len(stored) == len(expected) + 2
@@ -136,7 +136,7 @@ def test_a_retried_export_is_stored_once_and_counted_as_a_duplicate_by_the_log(s
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
             for _ in range(2):  # the exporter's retry of an export whose 200 it did not see
                 assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
-            flushed = http.post("/api/v1/flush").json()
+            flushed = http.post("/api/v1/flush", timeout=120).json()
             metrics = http.get("/metrics").text
         stored = running.runtime.store.query("SELECT count() FROM otel_traces")[0][0]
     assert isinstance(running.runtime.span_sink, LoggedSpanIngest) == span_log

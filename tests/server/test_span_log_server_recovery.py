@@ -41,7 +41,7 @@ def test_a_damaged_logged_export_is_skipped_counted_and_the_others_stored(store_
     settings = Settings(store_url=store_url, assembly_settle_seconds=0.1)
     with serve_in_thread(settings, port=0) as running:
         with httpx.Client(base_url=running.url, timeout=60.0) as http:
-            flushed = http.post("/api/v1/flush").json()
+            flushed = http.post("/api/v1/flush", timeout=120).json()
             assert flushed["ok"]
             assert flushed["spans_inserted_total"] == 40  # the recovered spans, inserted by this process
             metrics = http.get("/metrics").text
