@@ -355,15 +355,16 @@ def prepare_import(recording: Recording, *, offset_ns: int = 0, source: str | No
     )
 
 
-def post_import(prepared: PreparedImport, client: httpx.Client) -> ImportResult:
+def post_import(prepared: PreparedImport, client: httpx.Client, *, flush: bool = True) -> ImportResult:
     """Post ``prepared`` to the inferpath server behind ``client`` (traces first), then flush
-    it so it is readable. Raises :class:`RecordingError` when the server refuses a body (its
-    answer is quoted) or is not an inferpath server."""
+    it so it is readable (``flush=False``: the caller flushes once after several imports;
+    ``flushed`` is then False). Raises :class:`RecordingError` when the server refuses a body
+    (its answer is quoted) or is not an inferpath server."""
     for body in prepared.trace_bodies:
         _post(client, "/v1/traces", body, "trace body")
     for body in prepared.metric_bodies:
         _post(client, "/v1/metrics", body, "scrape")
-    flushed = client.post("/api/v1/flush", params={"timeout_seconds": 120}).json().get("ok") is True
+    flushed = flush and client.post("/api/v1/flush", params={"timeout_seconds": 120}).json().get("ok") is True
     return ImportResult(
         prepared.scrapes,
         len(prepared.trace_bodies),
@@ -376,11 +377,11 @@ def post_import(prepared: PreparedImport, client: httpx.Client) -> ImportResult:
 
 
 def import_recording(
-    recording: Recording, client: httpx.Client, *, offset_ns: int = 0, source: str | None = None
+    recording: Recording, client: httpx.Client, *, offset_ns: int = 0, source: str | None = None, flush: bool = True
 ) -> ImportResult:
     """:func:`prepare_import` then :func:`post_import`: a bad file or option raises
     :class:`RecordingError` before anything is posted."""
-    return post_import(prepare_import(recording, offset_ns=offset_ns, source=source), client)
+    return post_import(prepare_import(recording, offset_ns=offset_ns, source=source), client, flush=flush)
 
 
 # How long one body may be refused as "busy" (503/429) before the import gives up: the

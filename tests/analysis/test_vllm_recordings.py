@@ -44,9 +44,11 @@ def imported(tmp_path_factory: pytest.TempPathFactory):
             for path in RECORDINGS:
                 recording = open_recording(path, workdir=root / path.name.split(".")[0])
                 offset = choose_offset_ns(recording, ttl_days=server.runtime.settings.ttl_days, now_ns=time.time_ns())
-                result = import_recording(recording, client, offset_ns=offset)
-                assert result.flushed and result.source == "vllm"
+                result = import_recording(recording, client, offset_ns=offset, flush=False)
+                assert result.source == "vllm"
                 loaded[path.name.split(".")[0]] = (recording.ground_truth, offset)
+            # one flush for all: each import's own flush waited out its assembly
+            assert client.post("/api/v1/flush", params={"timeout_seconds": 300}).json()["ok"]
         yield server, loaded
     finally:
         server.stop()

@@ -79,13 +79,14 @@ def imported(tmp_path_factory: pytest.TempPathFactory):
             for name, path in [*((n, DATA / f"{n}.tar.gz") for n in NAMES), *BUDGET_RUNS.items()]:
                 recording = open_recording(path, workdir=root / name)
                 offset = choose_offset_ns(recording, ttl_days=server.runtime.settings.ttl_days, now_ns=time.time_ns())
-                assert import_recording(recording, client, offset_ns=offset).flushed
+                import_recording(recording, client, offset_ns=offset, flush=False)
                 w = recording.ground_truth["window"]
                 windows[name] = tuple(
                     datetime.fromtimestamp((w[k] + offset) / 1e9, tz=timezone.utc)
                     for k in ("start_unix_ns", "end_unix_ns")
                 )
                 roots[name] = recording.root
+            assert client.post("/api/v1/flush", params={"timeout_seconds": 300}).json()["ok"]
         yield server, windows, roots
     finally:
         server.stop()
