@@ -53,7 +53,7 @@ MOVABLE: dict[str, tuple[str, str]] = {
     "network": ("network_hop", "co-locate the gateway with the model server (remove the hop)"),
     "upstream_queue": (
         "queueing",
-        "widen the queue in front of the engine (the caller's connection pool, a concurrency limit, its workers)",
+        "raise the limit in front of the engine (the caller's connection pool, a concurrency limit, its workers)",
     ),
     "cold_start": ("cold_start", "route to a replica only once it is ready (keep warm replicas)"),
 }

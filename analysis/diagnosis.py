@@ -894,9 +894,10 @@ class HopQueue:
     def text(self) -> str:
         rho = "n/a" if self.rho is None else f"{self.rho:.2f}"
         return (
-            f"the hop's waits behaved as a queue: of the {self.waiters} requests that waited above its floor "
-            f"({_ms(self.floor_ns)}), those that found more requests already waiting waited longer (Spearman "
-            f"ρ {rho}; up to {self.backlog_max} waiting at once); a wire's delay does not grow with the backlog"
+            f"the calls waited in a queue before reaching the engine (the hop from the caller to the engine's "
+            f"span): of the {self.waiters} requests that waited longer than nine in ten did ({_ms(self.floor_ns)}), "
+            f"those that found more requests already waiting waited longer (Spearman ρ {rho}; up to "
+            f"{self.backlog_max} waiting at once); a wire's delay does not grow with the backlog"
         )
 
 
@@ -1109,7 +1110,14 @@ def _explain(
     if cause.cause == "queueing" and "network" in cause.stages:
         queue = hop_queue(measure, current)
         if queue is not None:
-            evidence("network_ns", "spearman rho", "ratio", None, queue.rho, queue.text())
+            text = queue.text()
+            if state.reported and not state.waiting_steps and state.running_max:
+                cap = f"{state.running_max:.0f}"
+                text += (
+                    f"; the engine ran at most {cap} at once and none waited in it: what held the calls was in "
+                    f"front of it, letting about {cap} through at a time (a connection pool, a concurrency limit)"
+                )
+            evidence("network_ns", "spearman rho", "ratio", None, queue.rho, text)
     if cause.cause == "cold_start":
         helps, not_helps = list(COLD_START_HELP), list(COLD_START_NOT_HELP)
         serving = {str(r) for r in current.replicas()}

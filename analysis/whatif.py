@@ -651,6 +651,13 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         settings.batch_window_seconds = change.batch_window_seconds
     if change.max_num_batched_tokens is not None:
         settings.max_num_batched_tokens = change.max_num_batched_tokens
+        if cal.sources.get("max_num_batched_tokens") != "given":
+            warnings.append(
+                f"the observed engine's step-token budget is assumed ({cal.max_num_batched_tokens}, vLLM's default; "
+                "engines do not export it): give the engine's own (--max-num-batched-tokens, max_num_batched_tokens "
+                "in the read API), or this compares "
+                f"{change.max_num_batched_tokens} with a budget the engine may not have had"
+            )
     replicas = change.replicas or cal.replicas
     requests = cal.requests
     if change.rate_factor is not None:

@@ -286,6 +286,17 @@ def create_gateway_app(
     return app
 
 
+def _positive(text: str) -> int:
+    """An integer >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m inferpath.demo.gateway --port N --engine-url URL [--otlp-endpoint URL]``."""
     import uvicorn
@@ -298,7 +309,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpoint-class", default="interactive", choices=["interactive", "bulk"])
     parser.add_argument("--tokenize-delay-seconds", type=float, default=0.0)
     parser.add_argument("--retrieval-delay-seconds", type=float, default=0.0)
-    parser.add_argument("--engine-max-connections", type=int, default=512, help="HTTP pool toward the model servers")
+    parser.add_argument(
+        "--engine-max-connections",
+        type=_positive,
+        default=512,
+        help="connections in the HTTP pool toward the model servers (default 512); each streamed call holds one "
+        "for its whole answer, so fewer than the engine's --max-num-seqs caps the calls that reach it",
+    )
     args = parser.parse_args(argv)
     # The fault knobs are the demo's admin API, not requests of the service: excluded from
     # tracing as any FastAPI route is, with OpenTelemetry's variable (a user's value wins).

@@ -75,16 +75,16 @@ def whatif(
         "--max-num-batched-tokens",
         min=1,
         max=1_048_576,
-        help="The engine's prompt-token budget per step as configured (vLLM's --max-num-batched-tokens; "
-        "engines do not export it). Default 2048, vLLM's default.",
+        help="The observed engine's prompt-token budget per step as configured (vLLM's --max-num-batched-tokens; "
+        "engines do not export it). Default 2048, vLLM's default for its OpenAI server.",
     ),
     step_token_budget: int | None = typer.Option(
         None,
         "--step-token-budget",
         min=1,
         max=1_048_576,
-        help="The per-step token budget to predict (vLLM's --max-num-batched-tokens; give the engine's current one "
-        "with --max-num-batched-tokens).",
+        help="The change: a per-step token budget to predict, in tokens (e.g. 8192; vLLM's "
+        "--max-num-batched-tokens). Give the engine's current one with --max-num-batched-tokens.",
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
     server: str | None = typer.Option(None, help="inferpath server URL (default INFERPATH_SERVER_URL)."),

@@ -526,11 +526,13 @@ def test_a_hop_whose_waits_grew_with_the_backlog_is_a_queue_in_front_of_the_engi
     assert pooled.top_cause == "queueing" and _shares(pooled)["queueing"] >= 0.85, _shares(pooled)
     queue = pooled.causes[0]
     assert "network" in queue.stages
-    assert any(e.text.startswith("the hop's waits behaved as a queue") for e in queue.evidence), queue.evidence
-    assert any("adding GPUs will not help" in a for a in queue.would_not_help), queue.would_not_help
-    assert pooled.budget is not None and pooled.budget.items[0].action.startswith("widen the queue in front"), (
-        pooled.budget.text()
+    assert any(e.text.startswith("the calls waited in a queue before reaching the engine") for e in queue.evidence), (
+        queue.evidence
     )
+    assert any("adding GPUs will not help" in a for a in queue.would_not_help), queue.would_not_help
+    assert pooled.budget is not None and pooled.budget.items[0].action.startswith(
+        "raise the limit in front of the engine"
+    ), pooled.budget.text()
     # The same hop times in random order (a proxy whose hold comes and goes, not a backlog)
     # stay the hop's.
     holds = [5 + 1000 * wait for wait in _backlog_waits()]

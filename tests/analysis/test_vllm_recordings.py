@@ -131,7 +131,13 @@ def test_calls_that_waited_for_a_connection_to_an_idle_engine_are_a_queue_not_th
     verdict = _window_alone(imported, name)
     queue = verdict.causes[0]
     assert queue.cause == "queueing" and "network" in queue.stages, verdict.summary
-    assert any(e.text.startswith("the hop's waits behaved as a queue") for e in queue.evidence), queue.evidence
+    hop = [
+        e.text for e in queue.evidence if e.text.startswith("the calls waited in a queue before reaching the engine")
+    ]
+    assert hop, queue.evidence
+    # the engine's own gauges place the cap: it never ran more than the pool let through
+    pool = {"gateway_pool_limit": 4, "gateway_pool_limit_b": 6}[name]
+    assert f"the engine ran at most {pool} at once and none waited in it" in hop[0], hop[0]
     assert any(a.startswith("adding GPUs will not help") for a in queue.would_not_help), queue.would_not_help
     assert verdict.budget is not None and verdict.budget.items[0].cause == "queueing", verdict.budget.text()
     assert "co-locate" not in verdict.budget.text(), verdict.budget.text()

@@ -320,7 +320,7 @@ def test_the_cli_help_states_the_forms_and_bounds() -> None:
         "xK, ×K or K",
         "at most 1000",
         "at most 1,000,000 requests",
-        "The per-step token budget to predict",
+        "a per-step token budget to predict",
     ):
         assert text in said, text
 

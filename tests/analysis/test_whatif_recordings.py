@@ -232,3 +232,8 @@ def test_a_small_step_token_budget_is_replayed_with_the_prefix_cache_and_its_cha
     assert truth.ttft_p99_seconds < observed.ttft_p99_seconds and predicted.ttft_p99_seconds < replayed.ttft_p99_seconds
     if abs(p50) > TARGET or abs(p99) > TARGET:
         assert any(w.startswith(("extrapolates", "sensitive")) for w in answer.warnings), answer.warnings
+    assert not any("is assumed" in w for w in answer.warnings), answer.warnings
+    # Without the engine's own budget, vLLM's 2048 is assumed and the change to 2048 is the
+    # replay itself: said, not answered as "no effect" in silence.
+    unsure = predict(store, *windows["token_budget_c"], Change(max_num_batched_tokens=2048), max_error=10.0)
+    assert any(w.startswith("the observed engine's step-token budget is assumed (2048") for w in unsure.warnings)
