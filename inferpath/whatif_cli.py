@@ -198,6 +198,20 @@ def print_whatif(answer: dict[str, Any]) -> None:
     console.print(
         f"replay of the observed configuration: within {worst * 100:.0f}% of what was observed", highlight=False
     )
+    cal = answer.get("calibration") or {}
+    if cal:
+        blocks = cal.get("num_kv_blocks")
+        assumed = "given" not in str((cal.get("sources") or {}).get("max_num_batched_tokens", ""))
+        console.print(
+            f"observed engine as calibrated: {cal.get('replicas')} replica(s) of {cal.get('max_num_seqs')} batch "
+            "slots, "
+            + (f"{blocks} KV blocks of {cal.get('block_size_tokens')} tokens" if blocks else "KV pool unknown")
+            + f", step budget {cal.get('max_num_batched_tokens')} tokens"
+            + (" (assumed: vLLM's default)" if assumed else "")
+            + f", prefix cache hits {(cal.get('prefix_cache_hit_ratio') or 0.0):.0%} of prompt tokens",
+            highlight=False,
+            soft_wrap=True,
+        )
     by_class = (answer.get("settings") or {}).get("replicas_by_class")
     if by_class:
         console.print(

@@ -373,6 +373,12 @@ def test_the_engines_token_budget_can_be_given_where_it_is_not_exported(api, tmp
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout[result.stdout.index("{") :])["calibration"]["max_num_batched_tokens"] == 8192
+    # The text answer says which engine it replayed, and what of it was assumed.
+    for flags, said_budget in ((["--max-num-batched-tokens", "8192"], "step budget 8192 tokens,"), ([], "(assumed")):
+        text = CliRunner().invoke(app, ["whatif", "--from", "-30m", "--replicas", "2", *flags])
+        assert text.exit_code == 0, text.output
+        line = next(x for x in text.output.splitlines() if x.startswith("observed engine as calibrated:"))
+        assert said_budget in line and "prefix cache hits" in line, line
 
 
 @pytest.mark.parametrize("api", [{"engine_max_num_batched_tokens": 8192}], indirect=True)
