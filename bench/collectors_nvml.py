@@ -22,16 +22,17 @@ from fake_pynvml import FakePynvml, l40s  # noqa: E402
 from inferpath.collectors.nvml import NvmlAdapter, NvmlPoller  # noqa: E402
 
 
-def _direct_calls(fake: FakePynvml, handles: list) -> None:
-    # Exactly the calls one poll makes per GPU (processes excluded: they run every 10 s).
+def direct_calls(nvml, handles: list) -> None:
+    """Exactly the NVML calls one poll makes per GPU (processes excluded: they run every 10 s),
+    on ``nvml`` (the fake here, the real ``pynvml`` in ``nvml_device_check.py``)."""
     for handle in handles:
-        fake.nvmlDeviceGetUtilizationRates(handle)
-        fake.nvmlDeviceGetMemoryInfo(handle)
-        fake.nvmlDeviceGetPowerUsage(handle)
-        fake.nvmlDeviceGetTemperature(handle, fake.NVML_TEMPERATURE_GPU)
-        fake.nvmlDeviceGetClockInfo(handle, fake.NVML_CLOCK_SM)
-        fake.nvmlDeviceGetClockInfo(handle, fake.NVML_CLOCK_MEM)
-        fake.nvmlDeviceGetCurrentClocksEventReasons(handle)
+        nvml.nvmlDeviceGetUtilizationRates(handle)
+        nvml.nvmlDeviceGetMemoryInfo(handle, nvml.nvmlMemory_v2)
+        nvml.nvmlDeviceGetPowerUsage(handle)
+        nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+        nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
+        nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)
+        nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
 
 
 def run(gpus: int = 8, call_latency_us: float = 20.0, polls: int = 2000) -> dict:
@@ -54,7 +55,7 @@ def run(gpus: int = 8, call_latency_us: float = 20.0, polls: int = 2000) -> dict
         best_poll = min(best_poll, (time.perf_counter() - start) / polls)
         start = time.perf_counter()
         for _ in range(polls):
-            _direct_calls(fake, handles)
+            direct_calls(fake, handles)
         best_reference = min(best_reference, (time.perf_counter() - start) / polls)
     assert len(samples) == gpus * 10
     return {

@@ -42,6 +42,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from collectors_nvml import direct_calls  # noqa: E402
+
 from inferpath.collectors.nvml import NvmlPoller  # noqa: E402
 
 LOAD = """
@@ -204,16 +208,6 @@ def main() -> int:
 
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
 
-    def direct() -> None:
-        for h in handles:
-            pynvml.nvmlDeviceGetUtilizationRates(h)
-            pynvml.nvmlDeviceGetMemoryInfo(h)
-            pynvml.nvmlDeviceGetPowerUsage(h)
-            pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
-            pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
-            pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
-            pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
-
     poller.process_interval_seconds = float("inf")
     best_poll = best_direct = float("inf")
     for _ in range(3):
@@ -223,7 +217,7 @@ def main() -> int:
         best_poll = min(best_poll, (time.perf_counter() - start) / args.polls)
         start = time.perf_counter()
         for _ in range(args.polls):
-            direct()
+            direct_calls(pynvml, handles)
         best_direct = min(best_direct, (time.perf_counter() - start) / args.polls)
     n = max(1, len(handles))
     result["overhead_us_per_gpu"] = {

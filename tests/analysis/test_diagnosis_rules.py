@@ -414,9 +414,9 @@ def test_the_rest_is_engine_time_only_where_the_ttft_is_the_engines_own() -> Non
     assert "wait for a free slot" in advice.would_not_help(_context(SLOTS))[0].text
 
 
-def _hop_rows(hop_ms, queue_ms=lambda i: 20 + 20 * i, tokenize_ms=lambda i: 2) -> list[dict]:
-    """100 requests behind a gateway (by default, the engine's queue grows to 2 s);
-    ``hop_ms(i)`` is the hop into the engine of request ``i``."""
+def _hop_rows(hop_ms, queue_ms=lambda i: 20 + 20 * i, tokenize_ms=lambda i: 2, gap_s: float = 1.0) -> list[dict]:
+    """100 requests ``gap_s`` apart behind a gateway (by default, the engine's queue grows to
+    2 s); ``hop_ms(i)`` is the hop into the engine of request ``i``."""
     rows = []
     for i in range(100):
         stages = {
@@ -428,7 +428,7 @@ def _hop_rows(hop_ms, queue_ms=lambda i: 20 + 20 * i, tokenize_ms=lambda i: 2) -
         ttft = sum(stages.values())
         rows.append(
             {
-                "timestamp": T0 + timedelta(seconds=i),
+                "timestamp": T0 + timedelta(seconds=gap_s * i),
                 "trace_id": f"{i:032x}",
                 "replica": "r",
                 "endpoint_class": "interactive",
@@ -487,30 +487,16 @@ def test_a_hop_into_a_held_engine_waited_at_its_door_and_the_wire_keeps_its_floo
     assert abs(_shares(verdict)["network_hop"] - expected) <= 0.01 and expected > 0.1, _shares(verdict)
 
 
-def _capped_rows(hold_ms) -> list[dict]:
-    """100 requests 0.3 s apart through a hop into an idle engine; ``hold_ms(i, free_at)``
-    gives request ``i``'s hop from its arrival (``free_at``: when the first of two
-    connections to the engine frees, each held for 1 s per call: a pool of 2)."""
-    rows, free = [], [0.0, 0.0]
+def _pool_waits(gap_s: float = 0.3, hold_s: float = 1.0, connections: int = 2) -> list[float]:
+    """Seconds each of 100 requests ``gap_s`` apart waits for one of ``connections``, each
+    held ``hold_s`` per call (first come, first served)."""
+    free, waits = [0.0] * connections, []
     for i in range(100):
-        arrival = 0.3 * i
-        hop = hold_ms(i, max(arrival, min(free)) - arrival)
-        free[free.index(min(free))] = arrival + hop / 1000 + 1.0
-        stages = {"queue_ns": 5 * MS, "prefill_ns": 30 * MS, "network_ns": int(hop * MS), "tokenize_ns": 2 * MS}
-        ttft = sum(stages.values())
-        rows.append(
-            {
-                "timestamp": T0 + timedelta(seconds=arrival),
-                "trace_id": f"{i:032x}",
-                "replica": "r",
-                "endpoint_class": "interactive",
-                "ttft_ns": ttft,
-                "e2e_ns": ttft + 400 * MS,
-                "decode_ns": 400 * MS,
-                **stages,
-            }
-        )
-    return rows
+        arrival = gap_s * i
+        start = max(arrival, min(free))
+        free[free.index(min(free))] = start + hold_s
+        waits.append(start - arrival)
+    return waits
 
 
 def test_a_hop_whose_waits_grew_with_the_backlog_is_a_queue_in_front_of_the_engine() -> None:
@@ -521,7 +507,8 @@ def test_a_hop_whose_waits_grew_with_the_backlog_is_a_queue_in_front_of_the_engi
     )
     # A pool of two connections, each held 1 s, for a request every 0.3 s: each waits for the
     # ones ahead of it (the demo gateway with a pool of 4 in front of a real vLLM: ρ 0.63).
-    pooled = diagnose_from(_capped_rows(lambda i, wait: 5 + 1000 * wait), signals=idle)
+    holds = [5 + 1000 * wait for wait in _pool_waits()]
+    pooled = diagnose_from(_hop_rows(holds.__getitem__, lambda i: 5, gap_s=0.3), signals=idle)
     # (the hop's p10, its "wire", is a wait here too: it keeps the rest)
     assert pooled.top_cause == "queueing" and _shares(pooled)["queueing"] >= 0.85, _shares(pooled)
     queue = pooled.causes[0]
@@ -535,16 +522,9 @@ def test_a_hop_whose_waits_grew_with_the_backlog_is_a_queue_in_front_of_the_engi
     ), pooled.budget.text()
     # The same hop times in random order (a proxy whose hold comes and goes, not a backlog)
     # stay the hop's.
-    holds = [5 + 1000 * wait for wait in _backlog_waits()]
     random.Random(7).shuffle(holds)
-    jitter = diagnose_from(_capped_rows(lambda i, wait: holds[i]), signals=idle)
+    jitter = diagnose_from(_hop_rows(holds.__getitem__, lambda i: 5, gap_s=0.3), signals=idle)
     assert jitter.top_cause == "network_hop" and "queueing" not in _shares(jitter), _shares(jitter)
-
-
-def _backlog_waits() -> list[float]:
-    waits: list[float] = []
-    _capped_rows(lambda i, wait: waits.append(wait) or 5 + 1000 * wait)
-    return waits
 
 
 def test_a_stream_read_late_in_one_lump_points_at_the_callers_side() -> None:
