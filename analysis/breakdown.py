@@ -36,6 +36,7 @@ from inferpath.analysis.percentiles import quantiles
 from inferpath.vocabulary import (
     BREAKDOWN_MEASURES,
     BREAKDOWN_STAGES,
+    ENGINE_SEND_COLUMN,
     TTFT_PHASE_COLUMNS,
     TTFT_STAGES,
     client_first_ns,
@@ -268,6 +269,7 @@ REQUEST_QUERY_COLUMNS: tuple[str, ...] = (
     "model_ns",
     "postprocess_ns",
     *TTFT_PHASE_COLUMNS.values(),
+    ENGINE_SEND_COLUMN,
 )
 
 

@@ -36,11 +36,15 @@ The rules, from the guidance the project is built on:
   requests). An excess that no door explains and that grew with the backlog (the requests
   that found more waiting ahead of them waited longer) waited in a queue before the engine: a
   client's connection pool, a concurrency limit (the demo gateway with a pool of 4
-  connections to a real vLLM that never queued); it goes to ``queueing``. The floor, and the
+  connections to a real vLLM that never queued); it goes to ``queueing``, up to the waits on
+  the hop's trip out (``engine_send_ns``: the call's start to the engine span's start; a
+  first token that came back late waited in no queue before the engine). The floor, and the
   rest, stay ``network_hop`` (:func:`~inferpath.analysis.diagnosis.attribute`). Where the caller measured its own first
   and last token, a stream that reached it in one lump (first and last token a few ms apart
   while the engine decoded for seconds) was read late on the caller's side: the evidence
-  counts those and the advice names the caller (a CPU-starved client, a buffering proxy).
+  counts those and the advice names the caller (a CPU-starved client, a buffering proxy). A
+  caller that reads late sends late too: where it called the engine itself, its waits are not
+  taken for a queue; behind a gateway they are its own hop's, not the gateway's wait.
 - ``unexplained``: gateway self time and time no stage span covers. Except in a tail band whose
   TTFT is the engine's own (no gateway, tokenizer, retrieval or network stage measured): there
   the rest lies inside the engine, between its arrival and its queue (input processing, and a

@@ -85,6 +85,7 @@ from inferpath.analysis.verdict import (
 )
 from inferpath.storage.rows import unix_ns_from_datetime
 from inferpath.vocabulary import (
+    ENGINE_SEND_COLUMN,
     GPU_UTILIZATION_RATIO,
     KV_CACHE_USAGE_RATIO,
     PREEMPTIONS_TOTAL,
@@ -155,6 +156,16 @@ ENGINE_CAUSES = frozenset({"gpu_memory", "gpu_compute", "batching"})
 (:func:`_hop_doors`)."""
 PRE_ENGINE_STAGES = ("gateway", "tokenize", "retrieval", "network")
 """Stages before the engine: a tail band with none measured has the engine's own TTFT."""
+ENGINE_ONLY_NOTE = (
+    "the TTFT and E2E judged here are the engine's own, from the request's arrival in the engine: no span "
+    "of a caller or a gateway is in the window, so the time before it (the engine's API server, the "
+    "network, the caller) is not seen; instrument the caller or the gateway to judge what users wait for"
+)
+"""The note of a degraded window whose requests carry only the engine's span (vLLM's own
+tracing): its TTFT starts at the engine's arrival (vLLM's ``arrival_time``)."""
+ENGINE_STAGES = ("queue", "prefill", "decode")
+"""Stages inside the engine; their evidence says so ("engine queue p99"), beside a queue in
+front of the engine."""
 BATCH_GROWTH_RATIO = 1.5
 """Running requests (batch size) up by half: each decode step now carries 1.5× the tokens."""
 HELD_QUEUE_RATIO = 0.5
@@ -568,6 +579,12 @@ def diagnose_from(
         startups,
         earlier_rows=baseline,
     )
+    if (
+        tail_means is not None
+        and tail_means[0].get("queue")
+        and not any(tail_means[0].get(s) for s in PRE_ENGINE_STAGES)
+    ):
+        notes.append(ENGINE_ONLY_NOTE)  # the tail's requests measured the engine's queue and nothing before it
     ttft_broken = [r for r in broken if r.measure == "ttft" and r.quantile == 0.99]
     if ttft_broken and tail_means is not None and measure == "ttft":
         worst = max(ttft_broken, key=lambda r: r.over_ns)
@@ -839,9 +856,13 @@ def _hop_doors(
     - the CPU stages before the engine that took time of the same requests (tokenization,
       retrieval: a gateway whose workers or event loop they keep busy takes the next request
       late), the larger first, each up to its own time;
-    - ``queueing`` (budget stage :data:`UPSTREAM_QUEUE`), all that is left, when the hop's
-      waits grew with the backlog (:func:`hop_queue`) and the caller did not read its streams
-      late (a CPU-starved caller queues too, on its own side: ``network_hop`` says so).
+    - ``queueing`` (budget stage :data:`UPSTREAM_QUEUE`), when the waits before the engine's
+      span grew with the backlog (:func:`hop_queue`): what is left, up to the tail's waits on
+      the trip out of the hop into the engine (``engine_send_ns``, where measured; the way
+      back, a first token read late, is not a queue in front of the engine). Not where the
+      caller read its streams late and made that hop itself: a CPU-starved caller sends late
+      too, and queues on its own side (``network_hop`` says so). Behind a gateway the caller's
+      late reads are its own hop's, not the gateway's wait for the engine.
 
     Each door's wait is a sign of a congestion that its own stage shows first, so none takes
     more than that stage's time. What no door explains stays the hop's, whatever its shape."""
@@ -870,8 +891,11 @@ def _hop_doors(
         if taken > 0:
             out.append((cause, stage, taken))
             left -= taken
-    if left > 0 and not _read_late(current) and (queue := hop_queue(measure, current)) is not None and queue.queued:
-        out.append(("queueing", UPSTREAM_QUEUE, left))
+    queue = hop_queue(measure, current) if left > 0 else None
+    if queue is not None and queue.queued and not (queue.callers_own and _read_late(current)):
+        taken = left if queue.tail_wait_ns is None else min(left, queue.tail_wait_ns)
+        if taken > 0:
+            out.append(("queueing", UPSTREAM_QUEUE, taken))
     return out
 
 
@@ -880,12 +904,21 @@ class HopQueue:
     """How a hop's waits above its floor behaved: ``waiters`` requests waited above the floor
     (``floor_ns``), ``rho`` is Spearman's ρ between each one's wait and the number of requests
     already waiting when it arrived (``None`` where undefined), ``backlog_max`` the most
-    waiting at once. ``queued``: the shape of a queue (:data:`HOP_QUEUE_RHO`)."""
+    waiting at once. ``queued``: the shape of a queue (:data:`HOP_QUEUE_RHO`).
+
+    ``send``: the waits are those of the trip out of the hop into the engine
+    (``engine_send_ns``), else of the whole hop (rows without that column). ``tail_wait_ns``:
+    with ``send``, the sum of the waits above the floor over the measure's tail band (ns),
+    else ``None``. ``callers_own``: no gateway stands between the calling client and the
+    engine (the hop is the caller's own)."""
 
     waiters: int
     floor_ns: float
     rho: float | None
     backlog_max: int
+    send: bool = False
+    tail_wait_ns: float | None = None
+    callers_own: bool = True
 
     @property
     def queued(self) -> bool:
@@ -893,23 +926,36 @@ class HopQueue:
 
     def text(self) -> str:
         rho = "n/a" if self.rho is None else f"{self.rho:.2f}"
+        where = (
+            "(from the caller's send to the engine's span)"
+            if self.send
+            else "(the hop from the caller to the engine's span)"
+        )
         return (
-            f"the calls waited in a queue before reaching the engine (the hop from the caller to the engine's "
-            f"span): of the {self.waiters} requests that waited longer than nine in ten did ({_ms(self.floor_ns)}), "
-            f"those that found more requests already waiting waited longer (Spearman ρ {rho}; up to "
-            f"{self.backlog_max} waiting at once); a wire's delay does not grow with the backlog"
+            f"the calls waited in a queue before reaching the engine {where}: of the {self.waiters} requests "
+            f"that waited longer than nine in ten did ({_ms(self.floor_ns)}), those that found more requests "
+            f"already waiting waited longer (Spearman ρ {rho}; up to {self.backlog_max} waiting at once); a "
+            "wire's delay does not grow with the backlog"
         )
 
 
 def hop_queue(measure: str, current: RowsWindow | StoredWindow) -> HopQueue | None:
     """The :class:`HopQueue` of the window's hop into the engine, ``None`` without a hop.
 
-    Each request that paid more than the hop's floor (:func:`_hop_floor`) waited from
-    ``engine arrival − (hop − floor)`` to its engine arrival, placed at ``timestamp + TTFT −
-    queue − prefill`` (the caller's TTFT where measured; wall clock, ns). Its backlog is the
-    number of the others waiting at the moment it began to."""
-    floor = _hop_floor(measure, current)
-    column = next((c for c in stage_columns(measure, "network") if current.measured(c)), None)
+    The waits are read on the hop's trip out (``engine_send_ns``: the caller's start to the
+    engine span's start) where the rows measured it, else on the whole hop (the network
+    stage of ``measure``). Each request that paid more than that column's
+    :data:`HOP_FLOOR_QUANTILE` floor waited from ``engine arrival − (value − floor)`` to its
+    engine arrival, placed at ``timestamp + TTFT − queue − prefill`` (the caller's TTFT where
+    measured; wall clock, ns). Its backlog is the number of the others waiting at the moment
+    it began to."""
+    send = current.measured(ENGINE_SEND_COLUMN) > 0
+    if send:
+        column: str | None = ENGINE_SEND_COLUMN
+        floor = current.quantile(ENGINE_SEND_COLUMN, HOP_FLOOR_QUANTILE)
+    else:
+        floor = _hop_floor(measure, current)
+        column = next((c for c in stage_columns(measure, "network") if current.measured(c)), None)
     if floor is None or column is None:
         return None
     waits: list[tuple[float, float]] = []  # (start, engine arrival), ns
@@ -925,7 +971,24 @@ def hop_queue(measure: str, current: RowsWindow | StoredWindow) -> HopQueue | No
     # waiting at t: begun at or before t and not yet arrived (the request itself excluded)
     backlog = [bisect_right(starts, s) - bisect_right(arrivals, s) - 1 for s, _ in waits]
     rho = spearman([float(b) for b in backlog], [a - s for s, a in waits]) if len(waits) >= 3 else None
-    return HopQueue(len(waits), floor, rho, max(backlog, default=0) + (1 if waits else 0))
+    tail_wait = None
+    if send and (edge := current.quantile(f"{measure}_ns", TAIL_QUANTILE)) is not None:
+        tail_wait = float(
+            sum(
+                max(0.0, row[ENGINE_SEND_COLUMN] - floor)
+                for row in current.rows_at_or_above(f"{measure}_ns", edge)
+                if row.get(ENGINE_SEND_COLUMN) is not None
+            )
+        )
+    return HopQueue(
+        len(waits),
+        floor,
+        rho,
+        max(backlog, default=0) + (1 if waits else 0),
+        send=send,
+        tail_wait_ns=tail_wait,
+        callers_own=not current.measured("gateway_ns"),
+    )
 
 
 def _read_late(current: RowsWindow | StoredWindow) -> bool:
@@ -1001,6 +1064,8 @@ def _explain(
         if c is None and b is None:
             return
         name = column.removesuffix("_ns")
+        if name in ENGINE_STAGES:  # not the queue in front of the engine, nor the caller's
+            name = f"engine {name}"
         evidence(
             column,
             "p99",

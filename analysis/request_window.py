@@ -39,7 +39,13 @@ from inferpath.analysis.breakdown import (
     stage_sql,
 )
 from inferpath.analysis.percentiles import sorted_quantile
-from inferpath.vocabulary import BREAKDOWN_STAGES, CLIENT_FIRST_SQL, TTFT_PHASE_COLUMNS, client_first_ns
+from inferpath.vocabulary import (
+    BREAKDOWN_STAGES,
+    CLIENT_FIRST_SQL,
+    ENGINE_SEND_COLUMN,
+    TTFT_PHASE_COLUMNS,
+    client_first_ns,
+)
 
 MEASURE_SQL: dict[str, str] = {f"{measure}_ns": sql for measure, sql in CLIENT_FIRST_SQL.items()}
 """A request's TTFT and E2E as the diagnosis reads them, keyed by column: the client's own
@@ -75,15 +81,18 @@ WINDOW_COLUMNS: tuple[str, ...] = (
     "itl_ns",
     *(f"{stage}_ns" for stage in BREAKDOWN_STAGES),
     *TTFT_PHASE_COLUMNS.values(),
+    ENGINE_SEND_COLUMN,
 )
 """The request columns the diagnosis reads (the TTFT-phase parts of gateway and network too:
-a TTFT tail is attributed with them, as the breakdown does)."""
+a TTFT tail is attributed with them, as the breakdown does; the hop into the engine's trip
+out, to tell a queue in front of the engine from a late read)."""
 MEASURED_COLUMNS: tuple[str, ...] = (
     "ttft_ns",
     "e2e_ns",
     "itl_ns",
     *(f"{stage}_ns" for stage in BREAKDOWN_STAGES),
     *TTFT_PHASE_COLUMNS.values(),
+    ENGINE_SEND_COLUMN,
 )
 QUANTILE_LEVELS: tuple[float, ...] = (0.1, 0.5, 0.9, 0.99)
 """The quantiles :class:`StoredWindow` computes in one pass (0.1: a hop's floor,

@@ -6,6 +6,7 @@ or configuration.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -353,7 +354,20 @@ class _ClosablePipe:
 
 def main() -> None:
     sys.stdout = _ClosablePipe(sys.stdout)
-    app()
+    if "--json" not in sys.argv[1:]:
+        app()
+        return
+    # A script asked for JSON: an option it got wrong (a value that is not a number, an
+    # unknown option) is an {"error": ...} on stdout as every other refusal is, exit 2.
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:  # Ctrl-C, as click says "Aborted!"
+        sys.exit(1)
+    except typer.TyperException as exc:  # typer's click: usage errors and bad values
+        format_message = getattr(exc, "format_message", None)
+        print(json.dumps({"error": format_message() if callable(format_message) else str(exc)}))
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

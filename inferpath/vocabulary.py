@@ -104,7 +104,15 @@ MEASURE_TITLES: dict[str, str] = {
 TTFT_PHASE_COLUMNS: dict[str, str] = {"gateway": "gateway_ttft_ns", "network": "network_ttft_ns"}
 """Stages whose part before the first token has its own column (schema 012): stage → column."""
 
-REQUEST_DURATION_COLUMNS: tuple[str, ...] = (*(f"{m}_ns" for m in REQUEST_MEASURES), *TTFT_PHASE_COLUMNS.values())
+ENGINE_SEND_COLUMN = "engine_send_ns"
+"""The trip out of the hop into the engine (schema 016, docs/telemetry-contract.md): its
+caller's start to the engine span's start, ns. Not a stage: it lies inside ``network``."""
+
+REQUEST_DURATION_COLUMNS: tuple[str, ...] = (
+    *(f"{m}_ns" for m in REQUEST_MEASURES),
+    *TTFT_PHASE_COLUMNS.values(),
+    ENGINE_SEND_COLUMN,
+)
 """Every duration column of ``inferpath_requests`` (nanoseconds)."""
 
 OBJECTIVE_MEASURES: tuple[str, ...] = ("ttft", "itl", "e2e")
@@ -467,6 +475,7 @@ __all__ = [
     "PREFIX_CACHE_QUERIES_TOTAL",
     "QUEUE_DEPTH",
     "REQUEST_DURATION_COLUMNS",
+    "ENGINE_SEND_COLUMN",
     "REQUEST_MEASURES",
     "REQUEST_QUEUE_TIME_SECONDS",
     "RUNNING_REQUESTS",

@@ -25,7 +25,8 @@ attribute value is a string):
 TTFT-phase parts (``gateway_ttft_ns``, ``network_ttft_ns``) are the gateway's self time and
 the hops' overhead clipped to the TTFT window ``[start, start + ttft_ns]`` of the span that
 measured ``ttft_ns``: a streamed response's gateway relays every later token, and that time
-is not part of TTFT.
+is not part of TTFT. ``engine_send_ns`` is the trip out of the hop into the engine: its
+caller's start to the engine span's start, before any token.
 
 Durations: attributes carry seconds (float text); every measure is converted once, by
 :func:`seconds_to_ns`, to integer nanoseconds rounded to nearest. Span intervals use the
@@ -402,6 +403,11 @@ def assemble_request(
     network_ns = (
         sum(max(0, c.duration_ns - srv.duration_ns - (retry[1] - retry[0])) for c, srv, retry in hops) if hops else None
     )
+    # The hop into the engine, its trip out: what held the call before the engine's span began
+    # (the wire, a connection pool or proxy in front of it, its server before the span).
+    engine_send_ns = next(
+        (max(0, srv.start_ns - c.start_ns - (retry[1] - retry[0])) for c, srv, retry in hops if srv is engine), None
+    )
 
     gateway_ns = gateway_ttft_ns = network_ttft_ns = None
     # The TTFT window of the judged TTFT (vocabulary.CLIENT_FIRST_SQL): the root client's
@@ -489,6 +495,7 @@ def assemble_request(
         gateway_ttft_ns=gateway_ttft_ns,
         network_ttft_ns=network_ttft_ns,
         ttft_source=shown_reading.source if shown_reading is not None else "",
+        engine_send_ns=engine_send_ns,
         missing_measures=sources.missing_measures(
             client=root_client,
             gateway=gateway,

@@ -391,7 +391,9 @@ class RequestRow:
     first token (schema 012; ``None`` when ``ttft_ns`` is). ``ttft_source``: where the TTFT
     readers show (``client_ttft_ns``, else ``ttft_ns``) came from, ``missing_measures``: why
     a measure is missing, ``"measure: reason"`` joined by ``"; "`` (schema 015, see
-    ``server/sources.py``; ``""`` in rows stored before). ``status``: ``ok``,
+    ``server/sources.py``; ``""`` in rows stored before). ``engine_send_ns``: the trip out of
+    the hop into the engine, its caller's start to the engine span's start (schema 016;
+    ``None`` without that hop). ``status``: ``ok``,
     ``error`` or ``incomplete``. ``updated_at``: version for ReplacingMergeTree (newest
     wins under ``FINAL``); defaults to now.
     """
@@ -426,6 +428,7 @@ class RequestRow:
     network_ttft_ns: int | None = None
     ttft_source: str = ""
     missing_measures: str = ""
+    engine_send_ns: int | None = None
     span_count: int = 0
     updated_at: datetime = field(default_factory=_now_utc)
 

@@ -516,6 +516,8 @@ def test_a_hop_whose_waits_grew_with_the_backlog_is_a_queue_in_front_of_the_engi
     assert any(e.text.startswith("the calls waited in a queue before reaching the engine") for e in queue.evidence), (
         queue.evidence
     )
+    # the engine's own queue is named as the engine's, beside the queue in front of it
+    assert any(e.text.startswith("engine queue p99 5.0 ms") for e in queue.evidence), [e.text for e in queue.evidence]
     assert any("adding GPUs will not help" in a for a in queue.would_not_help), queue.would_not_help
     assert pooled.budget is not None and pooled.budget.items[0].action.startswith(
         "raise the limit in front of the engine"
@@ -568,6 +570,47 @@ def test_a_stream_read_late_in_one_lump_points_at_the_callers_side() -> None:
     helps, evidence = hop_advice(flowing)
     assert not any("lump" in h for h in helps), helps
     assert any(t.startswith("in 0 of the 10 slowest streamed requests") for t in evidence), evidence
+
+
+def test_a_queue_on_the_way_to_the_engine_is_told_from_a_late_read_by_the_hops_trip_out() -> None:
+    idle = SignalWindows(
+        current=WindowSignals.from_values(
+            {"queue_depth": [0, 0, 0], "running_requests": [1, 2, 2], "kv_cache_usage_ratio": [0.05] * 3}
+        )
+    )
+    waits = _pool_waits()
+    hops = [5 + 1000 * wait for wait in waits]
+
+    def rows(send_ms, gateway: bool) -> list[dict]:
+        # The caller read the slowest ten streams late, in one lump (the pool burst recorded on
+        # real vLLM: 15 of its 30 slowest streams, while the calls waited 48 s for a connection).
+        out = _hop_rows(hops.__getitem__, lambda i: 5, gap_s=0.3)
+        slowest = set(sorted(range(100), key=lambda i: out[i]["ttft_ns"])[90:])
+        for i, row in enumerate(out):
+            row["engine_send_ns"] = int(send_ms(i) * MS)
+            row["gateway_ns"] = MS if gateway else None
+            row["client_ttft_ns"] = row["ttft_ns"]
+            row["client_e2e_ns"] = row["ttft_ns"] + (2 * MS if i in slowest else row["decode_ns"])
+        return out
+
+    # Behind a gateway the waits before the engine's span are the gateway's (its connection
+    # pool): the caller's late reads are its own hop's.
+    pooled = diagnose_from(rows(hops.__getitem__, gateway=True), signals=idle)
+    assert pooled.top_cause == "queueing" and _shares(pooled)["queueing"] >= 0.85, _shares(pooled)
+    assert any("from the caller's send to the engine's span" in e.text for e in pooled.causes[0].evidence)
+    # A caller that calls the engine itself and reads late sends late too: its own side.
+    own = diagnose_from(rows(hops.__getitem__, gateway=False), signals=idle)
+    assert own.top_cause == "network_hop" and "queueing" not in _shares(own), _shares(own)
+    assert any("read late, in one lump" in h for h in own.causes[0].would_help), own.causes[0].would_help
+    # The same hop times spent on the way back (each call reached the engine at once, the first
+    # token came back late): no queue in front of the engine, whatever the hop's shape.
+    back = diagnose_from(rows(lambda i: 5, gateway=True), signals=idle)
+    assert back.top_cause == "network_hop" and "queueing" not in _shares(back), _shares(back)
+    # Only the trip out's waits go to the queue; the rest of the hop stays the hop's.
+    half = diagnose_from(rows(lambda i: 5 + hops[i] / 2, gateway=True), signals=idle)
+    shares = _shares(half)
+    assert half.top_cause in ("queueing", "network_hop") and 0.3 <= shares["queueing"] <= 0.6, shares
+    assert shares["network_hop"] >= 0.3, shares
 
 
 def test_failed_requests_are_counted_and_five_percent_of_them_is_not_healthy() -> None:

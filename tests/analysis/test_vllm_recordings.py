@@ -110,6 +110,17 @@ def test_an_engine_that_served_before_the_window_is_not_starting_in_it_whatever_
     assert verdict.top_cause == "retrieval" and "cold_start" not in [c for c, _ in causes], causes
 
 
+def test_a_verdict_on_the_engines_spans_alone_says_whose_ttft_it_judged(imported) -> None:
+    # kv_starved holds vLLM's spans only: its TTFT starts at vLLM's arrival, not the caller's send.
+    engine_only = _window_alone(imported, "kv_starved")
+    assert any(n.startswith("the TTFT and E2E judged here are the engine's own") for n in engine_only.notes), (
+        engine_only.notes
+    )
+    # With the load client's spans (its own TTFT, and the hop to vLLM) nothing needs saying.
+    with_client = _window_alone(imported, "kv_starved_b")
+    assert not any("engine's own" in n for n in with_client.notes), with_client.notes
+
+
 def test_a_client_that_read_its_streams_late_is_told_so(imported) -> None:
     # busy_client_hop: vLLM made the tokens on time (its TTFT p99 ≈ 40 ms); the load client,
     # starved of CPU, got the first chunk of its slowest requests with the last.
@@ -124,10 +135,12 @@ def test_a_client_that_read_its_streams_late_is_told_so(imported) -> None:
     assert verdict.budget.items[0].action.startswith("read the streams promptly on the caller's side")
 
 
-@pytest.mark.parametrize("name", ["gateway_pool_limit", "gateway_pool_limit_b"])
+@pytest.mark.parametrize("name", ["gateway_pool_limit", "gateway_pool_limit_b", "gateway_pool_burst"])
 def test_calls_that_waited_for_a_connection_to_an_idle_engine_are_a_queue_not_the_wire(imported, name: str) -> None:
-    # The gateway's pool of 4 (6) connections to vLLM: the calls waited up to 50 s inside the
+    # The gateway's pool of 4 (6, 8) connections to vLLM: the calls waited up to 50 s inside the
     # gateway's model-call span, vLLM never queued. The advice was "co-locate the gateway".
+    # In the burst the load client, starved of CPU, also read half its slowest streams late:
+    # that is its own hop's, not the gateway's wait for a connection (it read network_hop).
     verdict = _window_alone(imported, name)
     queue = verdict.causes[0]
     assert queue.cause == "queueing" and "network" in queue.stages, verdict.summary
@@ -136,11 +149,20 @@ def test_calls_that_waited_for_a_connection_to_an_idle_engine_are_a_queue_not_th
     ]
     assert hop, queue.evidence
     # the engine's own gauges place the cap: it never ran more than the pool let through
-    pool = {"gateway_pool_limit": 4, "gateway_pool_limit_b": 6}[name]
+    pool = {"gateway_pool_limit": 4, "gateway_pool_limit_b": 6, "gateway_pool_burst": 8}[name]
     assert f"the engine ran at most {pool} at once and none waited in it" in hop[0], hop[0]
     assert any(a.startswith("adding GPUs will not help") for a in queue.would_not_help), queue.would_not_help
     assert verdict.budget is not None and verdict.budget.items[0].cause == "queueing", verdict.budget.text()
-    assert "co-locate" not in verdict.budget.text(), verdict.budget.text()
+    if name != "gateway_pool_burst":
+        assert "co-locate" not in verdict.budget.text(), verdict.budget.text()
+    else:
+        # The caller's late reads stay named, for the caller's own hop, and its time (the
+        # hop's floor is a wait too there: every call in the burst waited 1.4 s at least).
+        hop_cause = next(c for c in verdict.causes if c.cause == "network_hop")
+        assert hop_cause.share < queue.share / 4, verdict.summary
+        lumps = next(e for e in hop_cause.evidence if e.measure == "lump_streams")
+        assert lumps.current is not None and lumps.current >= 10, lumps.text
+        assert any("read late, in one lump" in h for h in hop_cause.would_help), hop_cause.would_help
 
 
 def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(imported) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -263,6 +264,25 @@ def test_a_reader_that_stops_reading_does_not_change_the_exit_code() -> None:
     pipe.flush()  # now into /dev/null
     assert os.readlink(f"/proc/self/fd/{stream.fileno()}") == os.devnull
     stream.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["whatif", "--from", "-30m", "--replicas", "two"], "Invalid value for '--replicas'"),
+        (["diagnose", "--since", "1h", "--objective", "x"], "No such option: --objective"),
+    ],
+)
+def test_with_json_a_bad_option_is_a_json_error_too(args: list[str], error: str) -> None:
+    # Scripts parse stdout: click's usage text there (on stderr, exit 2) read as no answer.
+    run = subprocess.run(
+        [sys.executable, "-c", "from inferpath.cli import main; main()", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert json.loads(run.stdout)["error"].startswith(error), run.stdout
 
 
 @pytest.mark.parametrize(

@@ -147,6 +147,24 @@ def test_no_ttft_means_no_phase_parts() -> None:
     assert row.gateway_ns is not None and row.network_ns is not None
 
 
+def test_the_hop_into_the_engine_keeps_its_trip_out() -> None:
+    # The model call starts at 30 ms, the engine's span at 45 ms: 15 ms before the engine saw it.
+    assert assemble_request(relaying_gateway_trace()).engine_send_ns == 15 * MS
+    # A failed attempt at 35 ms, retried at 60 ms: the trip out is to the first attempt (the
+    # retry is no stage), as the hop's own time is.
+    trace = relaying_gateway_trace()
+    engine_attributes = dict(trace[4].span_attributes)
+    trace[4] = span("e1", "m1", "Server", 60, 1435, **{k.replace(".", "__"): v for k, v in engine_attributes.items()})
+    trace.append(span("e0", "m1", "Server", 35, 5, http__response__status_code=503))
+    trace[-1].status_code = "Error"
+    assert assemble_request(trace).engine_send_ns == 5 * MS
+    # Without an engine span, or with an engine span no CLIENT span called: no such hop.
+    assert assemble_request(relaying_gateway_trace(engine_ttft=None)).engine_send_ns is None
+    alone = relaying_gateway_trace()[4]
+    alone.parent_span_id = ""
+    assert assemble_request([alone]).engine_send_ns is None
+
+
 def test_recorded_vllm_traces_keep_parts_within_ttft(vllm_spans_by_trace: dict[str, list[SpanRow]]) -> None:
     by_trace = vllm_spans_by_trace
     rows = [r for r in (assemble_request(spans) for spans in by_trace.values()) if r is not None]

@@ -1,4 +1,5 @@
-"""Schema 012 (the TTFT-phase columns of the request row) on a single node and on a cluster."""
+"""Schemas 012 and 016 (the TTFT-phase columns and the hop into the engine's trip out of the
+request row) on a single node and on a cluster."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from inferpath.storage.rows import REQUEST_COLUMNS
 from inferpath.storage.store import Store
 from inferpath.vocabulary import REQUEST_DURATION_COLUMNS
 
-PHASE_COLUMNS = ("gateway_ttft_ns", "network_ttft_ns")
+PHASE_COLUMNS = ("gateway_ttft_ns", "network_ttft_ns", "engine_send_ns")  # schemas 012, 016
 
 
 def test_phase_columns_are_nullable_and_follow_the_row_order(store: Store) -> None:
