@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from inferpath.cli_app import console, new_app
+from inferpath.cli_app import console, err_console, new_app
 
 app = new_app(help="Alert rules: check them, and see what they would have done over past data.")
 
@@ -29,9 +29,9 @@ def _load(file: str):
         return load_rule_file(file)
     except RuleFileError as exc:
         count = len(exc.problems)
-        console.print(f"[red]invalid rule file[/] ({count} problem{'s' if count != 1 else ''}):", highlight=False)
+        err_console.print(f"[red]invalid rule file[/] ({count} problem{'s' if count != 1 else ''}):", highlight=False)
         for line in str(exc).splitlines():
-            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+            err_console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2) from exc
 
 
@@ -62,7 +62,7 @@ def _duration(text: str, option: str) -> float:
     try:
         return positive_duration_seconds(text, option)
     except ValueError as exc:
-        console.print(str(exc), style="red", highlight=False, markup=False)
+        err_console.print(str(exc), style="red", highlight=False, markup=False)
         raise typer.Exit(2) from None
 
 
@@ -73,12 +73,12 @@ def _replay_window(since: str | None, from_: str | None, to: str | None) -> tupl
     from inferpath.timespec import command_window
 
     if from_ is None and to is not None:
-        console.print("[red]--to needs --from (or use --since for a window ending now)")
+        err_console.print("[red]--to needs --from (or use --since for a window ending now)")
         raise typer.Exit(2)
     try:
         start, end = command_window(since=since, from_=from_, to=to, default_since="1h", now=datetime.now(timezone.utc))
     except ValueError as exc:
-        console.print(str(exc), style="red", highlight=False, markup=False)
+        err_console.print(str(exc), style="red", highlight=False, markup=False)
         raise typer.Exit(2) from None
     if from_ is None:
         return start, end, f"the last {since or '1h'}", "--since"

@@ -159,7 +159,7 @@ def _objective_of_key(key: str, value: Any, where: str) -> Objective:
 
 def load_objectives(path: str | Path | None) -> Objectives:
     """:data:`DEFAULT_OBJECTIVES`, overridden by the YAML file at ``path`` when given.
-    Raises ``ValueError`` naming the file for a missing, unreadable or malformed file."""
+    Raises ``ValueError`` naming the file for a missing, unreadable, malformed or empty file."""
     if path is None or str(path) == "":
         return DEFAULT_OBJECTIVES
     import yaml
@@ -172,7 +172,14 @@ def load_objectives(path: str | Path | None) -> Objectives:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"objectives file {path}: not valid YAML ({exc})") from None
-    return objectives_from_mapping(data or {}, origin=f"objectives file {path}")
+    if data is None or data == {}:
+        # A file given and read as nothing is a mistake (a wrong file, or one cut short), not
+        # a wish for the defaults: those need no file.
+        raise ValueError(
+            f"objectives file {path}: holds no objectives; write at least one, e.g. "
+            "'interactive: {ttft_p99_seconds: 1.0}', or leave the option out for the defaults"
+        )
+    return objectives_from_mapping(data, origin=f"objectives file {path}")
 
 
 # ---------------------------------------------------------------------------- judging a window

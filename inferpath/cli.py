@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from inferpath.alerts.cli import app as alerts_app
-from inferpath.cli_app import command_settings, console, new_app
+from inferpath.cli_app import command_settings, console, err_console, new_app
 from inferpath.collectors.cli import collect
 from inferpath.diagnose_cli import diagnose, import_cmd
 from inferpath.whatif_cli import whatif
@@ -39,7 +39,7 @@ def _check_store_url(url: str | None) -> None:
     try:
         parse_store_url(url)
     except ValueError as exc:
-        console.print(invalid_store_url(url, exc), style="red", soft_wrap=True, highlight=False, markup=False)
+        err_console.print(invalid_store_url(url, exc), style="red", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(2) from exc
 
 
@@ -53,7 +53,7 @@ def _check_store_free(url: str | None) -> None:
     parsed = parse_store_url(url or default_store_url())
     if parsed.kind == "chdb" and parsed.path is not None and chdb_folder_in_use(parsed.path):
         message = store_in_use(parsed.path, "stop that process, or give this server another --store")
-        console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
+        err_console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(2)
 
 
@@ -74,7 +74,7 @@ def _check_dashboard_port(host: str, port: int, server_port: int) -> None:
     server_failure = _bind_failure(host, server_port, reuse_address=True) if server_port else None
     if server_failure is not None and server_failure.errno == errno.EADDRINUSE:
         message += f"; the server's port {server_port} is in use too (choose another with --port)"
-    console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
+    err_console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
     raise typer.Exit(2)
 
 
@@ -134,7 +134,7 @@ def demo(
         from inferpath.demo.scenarios import SCENARIOS
 
         if scenario not in SCENARIOS:
-            console.print(f"[red]unknown scenario {scenario!r};[/] one of {', '.join(SCENARIOS)}")
+            err_console.print(f"[red]unknown scenario {scenario!r};[/] one of {', '.join(SCENARIOS)}")
             raise typer.Exit(2)
     import signal
 
@@ -158,13 +158,13 @@ def demo(
             console,
         )
     except TraceError as exc:
-        console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
+        err_console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
     except ListenAddressError as exc:  # as `inferpath up` answers a taken port or a foreign host
-        console.print(f"[red]demo cannot start:[/] {exc}", soft_wrap=True, highlight=False)
+        err_console.print(f"[red]demo cannot start:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
     except (RuntimeError, OSError, ValueError) as exc:
-        console.print(f"[red]demo failed:[/] {exc}")
+        err_console.print(f"[red]demo failed:[/] {exc}")
         raise typer.Exit(1) from exc
     except KeyboardInterrupt:
         console.print("stopped")
@@ -214,7 +214,7 @@ def up(
     try:
         services = server_services(settings)  # the alert evaluator, with the rules of --alerts
     except RuleFileError as exc:
-        console.print(f"[red]invalid alert rules:[/] {exc}")
+        err_console.print(f"[red]invalid alert rules:[/] {exc}")
         raise typer.Exit(2) from exc
     from inferpath.server.runtime import ListenError, cap_c_heap_arenas, tune_gc_for_server
     from inferpath.server_access import quiet_store_driver, store_open_failure
@@ -224,11 +224,11 @@ def up(
         with quiet_store_driver():  # a store that cannot be opened is said once, below
             server = serve_in_thread(settings, services=services)
     except ListenError as exc:
-        console.print(exc.strerror, style="red", highlight=False, markup=False)
+        err_console.print(exc.strerror, style="red", highlight=False, markup=False)
         raise typer.Exit(2) from exc
     except Exception as exc:  # the store could not be opened: say which and why, no traceback
         message = store_open_failure(settings.store_url, exc)
-        console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
+        err_console.print(message, style="red", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(2) from exc
     tune_gc_for_server()  # this process is the server (the dashboard runs in its own)
     console.print(f"inferpath server on {server.url} (store {server.runtime.store.url})")
@@ -278,12 +278,12 @@ def replay_cmd(
 
     settings = command_settings()
     if not gateway.startswith(("http://", "https://")):
-        console.print(f"[red]--gateway must be an http(s):// URL, got {gateway!r}")
+        err_console.print(f"[red]--gateway must be an http(s):// URL, got {gateway!r}")
         raise typer.Exit(2)
     try:
         loaded = load_trace(trace, limit=requests)
     except (ValueError, OSError) as exc:
-        console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
+        err_console.print(f"[red]cannot read trace:[/] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from exc
     import httpx
 
@@ -293,7 +293,7 @@ def replay_cmd(
         try:
             httpx.get(url, timeout=5.0)
         except httpx.HTTPError as exc:
-            console.print(
+            err_console.print(
                 f"[red]cannot reach the {what} at {url}:[/] {type(exc).__name__}: {exc}",
                 soft_wrap=True,
                 highlight=False,
@@ -308,7 +308,7 @@ def replay_cmd(
     failed = [r for r in done if r.error]
     console.print(f"{len(done) - len(failed)} of {len(done)} requests completed")
     if failed:
-        console.print(f"[red]{len(failed)} failed; first error:[/] {failed[0].error}")
+        err_console.print(f"[red]{len(failed)} failed; first error:[/] {failed[0].error}")
     raise typer.Exit(1 if failed else 0)
 
 

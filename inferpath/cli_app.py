@@ -10,7 +10,9 @@ with their type (``--store <str>``), and wraps every description at the terminal
 (80 columns in a pipe, at most :data:`HELP_WIDTH_MAX`), never cutting one; the list of
 commands gives each one's first sentence whole (:class:`WrappingGroup`).
 
-Commands print through :data:`console` and :data:`err_console`. In a pipe, rich lays a table
+Commands print their answer through :data:`console` (stdout) and every error or notice
+through :data:`err_console` (stderr), so that ``> file`` keeps the answer alone; with
+``--json`` an error is ``{"error": ...}`` on stdout, for scripts. In a pipe, rich lays a table
 out in 80 columns and cuts its cells with an ellipsis (``QueueDepthG…``); there the consoles
 take :data:`PIPED_WIDTH` columns instead, unless ``COLUMNS`` says otherwise.
 """
@@ -100,5 +102,5 @@ def command_settings(**overrides: Any) -> Settings:
         # The command's own options are the fields it passed; their flags:
         flags = {field: _OPTION_OF_FIELD.get(field, f"--{field.replace('_', '-')}") for field in overrides}
         for line in describe_invalid_settings(exc, flags):
-            console.print(f"[red]invalid configuration:[/] {line}", soft_wrap=True)
+            err_console.print(f"[red]invalid configuration:[/] {line}", soft_wrap=True)
         raise typer.Exit(2) from exc

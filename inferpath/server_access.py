@@ -33,7 +33,7 @@ def fail(message: str, json_output: bool = False, **extra: Any) -> NoReturn:
     if json_output:  # scripts read stdout: an error is JSON there too
         print(json.dumps({"error": message, **extra}))
     else:
-        console.print(f"[red]{message}[/]", soft_wrap=True, highlight=False)
+        err_console.print(f"[red]{message}[/]", soft_wrap=True, highlight=False)
     raise typer.Exit(2)
 
 
@@ -168,7 +168,7 @@ def server_for(
                     )
                 store = default
                 if not json_output:
-                    console.print(
+                    err_console.print(
                         f"no server at {url}: reading the store {shown_store_url(store)} directly", highlight=False
                     )
         check_store_folder(

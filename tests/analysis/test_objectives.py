@@ -45,6 +45,9 @@ def test_a_class_in_the_file_replaces_what_it_names_and_keeps_the_rest(tmp_path:
         ("interactive: 3", "expected a mapping"),
         ("[1, 2]", "expected a mapping of endpoint class"),
         ("interactive: {ttft_p99_seconds: [1", "not valid YAML"),
+        ("", "holds no objectives"),  # a file given and empty is not a wish for the defaults
+        ("# interactive: {ttft_p99_seconds: 1.0}\n", "holds no objectives"),
+        ("{}", "holds no objectives"),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path: Path, text: str, words: str) -> None:

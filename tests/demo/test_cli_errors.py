@@ -224,7 +224,7 @@ def test_demo_on_a_taken_port_exits_2_as_up_does(tmp_path) -> None:
             timeout=120,
         )
     assert done.returncode == 2, done.stdout + done.stderr
-    said = " ".join(done.stdout.split())
+    said = " ".join(done.stderr.split())
     assert said.startswith(f"demo cannot start: the inferpath server port 127.0.0.1:{port} is already in use"), said
     assert "--port" in said
 
@@ -241,7 +241,7 @@ def test_demo_on_a_host_of_another_machine_exits_2_naming_it(tmp_path) -> None:
         timeout=120,
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    said = " ".join(done.stdout.split())
+    said = " ".join(done.stderr.split())
     assert said.startswith("demo cannot start: cannot listen on 999.1.1.1:0 for the inferpath server port"), said
     assert "INFERPATH_HOST" in said and not (tmp_path / "store").exists()
 

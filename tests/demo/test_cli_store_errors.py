@@ -164,7 +164,7 @@ def test_up_refuses_a_dashboard_port_that_is_taken(tmp_path: Path) -> None:
             timeout=120,
         )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert " ".join(done.stdout.split()) == (
+    assert " ".join(done.stderr.split()) == (
         f"cannot listen on 127.0.0.1:{port} for the dashboard: Address already in use "
         "(is another dashboard running? choose another with --dashboard-port)"
     )
@@ -186,7 +186,7 @@ def test_up_with_both_ports_taken_names_both(tmp_path: Path) -> None:
             timeout=120,
         )
     assert done.returncode == 2, done.stdout + done.stderr
-    said_ = " ".join(done.stdout.split())
+    said_ = " ".join(done.stderr.split())
     assert f"cannot listen on 127.0.0.1:{dash_port} for the dashboard: Address already in use" in said_, said_
     assert f"the server's port {server_port} is in use too (choose another with --port)" in said_, said_
     assert not (tmp_path / "store").exists()
