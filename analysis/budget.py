@@ -50,7 +50,10 @@ MOVABLE: dict[str, tuple[str, str]] = {
         "move tokenization in-process (a Rust tokenizer in the serving process, cached prompt tokens)",
     ),
     "retrieval": ("retrieval", "run retrieval in parallel with the first model pass over the prompt"),
-    "network": ("network_hop", "co-locate the gateway with the model server (remove the hop)"),
+    "network": (
+        "network_hop",
+        "remove the hop or bring its ends together (a proxy, a load balancer, a distant gateway)",
+    ),
     "upstream_queue": (
         "queueing",
         "raise the limit in front of the engine (the caller's connection pool, a concurrency limit, its workers)",
@@ -97,10 +100,10 @@ class Budget:
 
     def text(self) -> str:
         """``TTFT p99 900 ms against a 600 ms objective (300 ms over): tokenization in-process
-        and retrieval in parallel recover about 300 ms; queue + prefill take 560 ms, within it``."""
+        and retrieval in parallel recover about 300 ms; engine queue + prefill take 560 ms, within it``."""
         head = f"TTFT p99 {_ms(self.p99_ns)} against a {_ms(self.limit_ns)} objective ({_ms(self.over_ns)} over)"
         moves = "; ".join(f"{item.action}: about {_ms(item.recoverable_ns)}" for item in self.items)
-        engine = f"queue + prefill take {_ms(self.engine_ns)}, " + (
+        engine = f"engine queue + prefill take {_ms(self.engine_ns)}, " + (
             "within the objective" if self.engine_fits else "over the objective on their own"
         )
         total = f" (about {_ms(self.recoverable_ns)} in all)" if len(self.items) > 1 else ""
@@ -229,7 +232,7 @@ def diagnose_against_target(
             evidence(
                 "queue_ns+prefill_ns",
                 budget.engine_ns,
-                f"queue + prefill alone take {_ms(budget.engine_ns)}, over the target",
+                f"engine queue + prefill alone take {_ms(budget.engine_ns)}, over the target",
             )
         )
         cause.would_help.append("add GPUs or replicas, or shorten prompts: the engine alone exceeds the target")
@@ -238,7 +241,7 @@ def diagnose_against_target(
     gpu_text = f"GPU utilization {utilization:.0%}; " if utilization is not None else ""
     if budget.engine_fits and verdict.causes:
         not_gpu = (
-            f"adding GPUs will not help: {gpu_text}queue + prefill take {_ms(budget.engine_ns)}, "
+            f"adding GPUs will not help: {gpu_text}engine queue + prefill take {_ms(budget.engine_ns)}, "
             f"within the {_ms(ttft_target_ns)} target"
         )
         for cause in verdict.causes:

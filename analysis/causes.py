@@ -234,7 +234,10 @@ REGISTRY: tuple[CauseRule, ...] = (
         frozenset({"network"}),
         _always,
         lambda c: [
-            Advice("remove the extra hop or co-locate the gateway with the model server; keep connections alive"),
+            Advice(
+                "remove the extra hop (a proxy, a load balancer) or bring the caller, any gateway and the model "
+                "server closer together; keep connections alive"
+            ),
             Advice(
                 "or, where the caller and callee share a host, look at the callee's accept side: a hop also "
                 "holds the time a busy server takes to pick the request up (an event loop blocked by a "

@@ -85,6 +85,7 @@ from inferpath.analysis.verdict import (
 )
 from inferpath.storage.rows import unix_ns_from_datetime
 from inferpath.vocabulary import (
+    DEFAULT_ENDPOINT_CLASS,
     ENGINE_SEND_COLUMN,
     GPU_UTILIZATION_RATIO,
     KV_CACHE_USAGE_RATIO,
@@ -490,6 +491,11 @@ def diagnose_from(
         baseline, baseline_window = None, None
     window = current_window or _window_of(current)
     results, tails = judge_objectives(current, objectives)
+    if any(not r.endpoint_class for r in results):
+        notes.append(
+            f"'{UNCLASSIFIED}': requests whose spans name no endpoint class (inferpath.endpoint_class; an "
+            f"engine's own spans carry none), judged against the {DEFAULT_ENDPOINT_CLASS} objectives"
+        )
     verdict = Verdict(
         healthy=True,
         summary="",
@@ -932,10 +938,10 @@ class HopQueue:
             else "(the hop from the caller to the engine's span)"
         )
         return (
-            f"the calls waited in a queue before reaching the engine {where}: of the {self.waiters} requests "
-            f"that waited longer than nine in ten did ({_ms(self.floor_ns)}), those that found more requests "
-            f"already waiting waited longer (Spearman ρ {rho}; up to {self.backlog_max} waiting at once); a "
-            "wire's delay does not grow with the backlog"
+            f"the calls waited in a queue before reaching the engine {where}: {self.waiters} requests waited "
+            f"longer than the floor ({_ms(self.floor_ns)}, what nine in ten waited at least), and those that found "
+            f"more requests already waiting waited longer (Spearman ρ {rho}; up to {self.backlog_max} waiting at "
+            "once); a wire's delay does not grow with the backlog"
         )
 
 

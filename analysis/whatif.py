@@ -691,6 +691,22 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         sensitivity = {cls: (faster[cls], slower[cls]) for cls in faster if cls in slower}
         band_requests = len(sample)
         warnings += _sensitivity_warnings(point, sensitivity, None if sample is requests else len(sample))
+    capacity = (change.replicas, change.max_num_seqs, change.kv_blocks, change.kv_blocks_factor, change.split_classes)
+    waited = observed.get(ALL_CLASSES)
+    if (
+        any(value is not None for value in capacity)
+        and change.rate_factor is None
+        and waited is not None
+        and waited.queue_mean_seconds is not None
+        and waited.queue_mean_seconds < QUEUE_FLOOR_SECONDS
+    ):
+        # Nothing waited in the engine: more of it shortens no wait (the diagnosis' "adding GPUs
+        # will not help"); the time before the engine is replayed as it was observed.
+        warnings.append(
+            f"no request waited in the engine (its mean queue time {waited.queue_mean_seconds * 1000:.0f} ms): "
+            "more engine capacity shortens no wait; the time before the engine (a queue in front of it, the "
+            "network, the caller) is replayed as observed, and `inferpath diagnose` names where it goes"
+        )
     if predicted_run.unfinished:
         warnings.append(
             f"{predicted_run.unfinished} requests had not finished when the simulation stopped "

@@ -364,7 +364,10 @@ def calibrate(
     start_s = window_start.timestamp()
     window_seconds = max(1e-3, window_end.timestamp() - start_s)
     if len(rows) < MIN_REQUESTS:
-        raise InsufficientSignalsError(f"insufficient data: {len(rows)} requests in the window, need {MIN_REQUESTS}")
+        raise InsufficientSignalsError(
+            f"insufficient data: {len(rows)} requests in the window, need {MIN_REQUESTS}; widen the window or wait "
+            "for more traffic"
+        )
     usable = [
         r
         for r in rows

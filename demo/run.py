@@ -389,6 +389,15 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         summary_rows = summary["measures"] if isinstance(summary, dict) else summary
         console.print(summary_table(summary_rows, f"{stored} requests stored of {len(results)} replayed"))
         verdict = answer.json() if answer.status_code == 200 else None
+        if options.speed != 1:
+            # The default --speed 10 is more load than the one emulated replica takes: the
+            # verdict names what that load filled, not a fault of the demo.
+            console.print(
+                f"the trace was played {options.speed:g}× as fast as it was recorded; the verdict judges that load "
+                "(--speed 1 plays it at its real pace)",
+                soft_wrap=True,
+                highlight=False,
+            )
         print_demo_verdict(console, verdict, answer)
         console.print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
         outcome = DemoOutcome(

@@ -240,9 +240,8 @@ def _import(path: Path, unpacked: Path, server: str | None, store: str | None, s
             highlight=False,
         )
     if offset:
-        console.print(
-            f"times moved by {offset / 1e9:+.0f} s (the recording is older than the store keeps data)", highlight=False
-        )
+        why = "--shift now" if shift == "now" else "the recording is older than the store keeps data"
+        console.print(f"times moved by {offset / 1e9:+.0f} s ({why})", highlight=False)
     if result.start and result.end:
         # Where the data went: the store, or a server the user named (the default one needs no flag).
         where = f" --store {shown_store_url(store)}" if store else (f" --server {url}" if server else "")

@@ -193,10 +193,14 @@ def print_whatif(answer: dict[str, Any]) -> None:
     """The answer for a person: the change, the calibration's error, one table per class."""
     from rich.table import Table
 
+    from inferpath.analysis.whatif import QUEUE_FLOOR_SECONDS
+
     console.print(f"[bold]what if: {answer['change_text']}[/]", highlight=False)
     worst = answer.get("max_calibration_error") or 0.0
     console.print(
-        f"replay of the observed configuration: within {worst * 100:.0f}% of what was observed", highlight=False
+        f"replay of the observed configuration: within {worst * 100:.0f}% of what was observed "
+        f"(TTFT and queue figures both under {QUEUE_FLOOR_SECONDS * 1000:.0f} ms count as agreeing)",
+        highlight=False,
     )
     cal = answer.get("calibration") or {}
     if cal:
