@@ -176,6 +176,13 @@ def _timestamped_scrapes(file: Path, text: str) -> list[tuple[int, str]]:
         parts = line.rsplit(" ", 2)
         if len(parts) == 3 and _is_number(parts[2]) and not _is_number(parts[1]):
             raise RecordingError(f"{file}:{number}: the sample's value {parts[1]!r} is not a number")
+        if len(parts) < 2 or not _is_number(parts[-1]):
+            # Not a sample line at all (a value must be a number): not an exposition.
+            raise RecordingError(
+                f"{file}:{number}: not a Prometheus exposition sample ({line[:60]!r}); a recording is a folder or "
+                ".tar.gz of metrics_<unix_ns>.prom scrapes and otlp/*.pb bodies, or one exposition whose samples "
+                "carry timestamps"
+            )
         if len(parts) != 3 or not _is_number(parts[1]) or not _is_number(parts[2]):
             raise RecordingError(
                 f"{file}:{number}: a sample without a timestamp; a single exposition must "

@@ -184,20 +184,31 @@ def import_cmd(
     source: str | None = typer.Option(
         None, help=f"Collector source of the scrapes ({', '.join(SOURCES)}; default: recognised)."
     ),
+    json_output: bool = typer.Option(
+        False, "--json", help="Print what was imported (counts, the window, the shift) as JSON."
+    ),
 ) -> None:
     """Load a recorded incident (scrapes with their times, OTLP trace bodies) so that
     `inferpath diagnose` can judge it afterwards."""
     import tempfile
 
     if shift not in ("auto", "now", "none"):
-        fail(f"--shift must be auto, now or none; got {shift!r}")
+        fail(f"--shift must be auto, now or none; got {shift!r}", json_output)
     if source is not None and source not in SOURCES:  # before anything is read or written
-        fail(f"--source must be one of {', '.join(SOURCES)}; got {source!r}")
+        fail(f"--source must be one of {', '.join(SOURCES)}; got {source!r}", json_output)
     with tempfile.TemporaryDirectory(prefix="inferpath-recording-") as unpacked:  # an archive's copy, removed
-        _import(path, Path(unpacked), server, store, shift, source)
+        _import(path, Path(unpacked), server, store, shift, source, json_output)
 
 
-def _import(path: Path, unpacked: Path, server: str | None, store: str | None, shift: str, source: str | None) -> None:
+def _import(
+    path: Path,
+    unpacked: Path,
+    server: str | None,
+    store: str | None,
+    shift: str,
+    source: str | None,
+    json_output: bool = False,
+) -> None:
     import time
 
     import httpx
@@ -218,13 +229,37 @@ def _import(path: Path, unpacked: Path, server: str | None, store: str | None, s
         offset = choose_offset_ns(recording, ttl_days=settings.ttl_days, now_ns=time.time_ns(), shift=shift)
         prepared = prepare_import(recording, offset_ns=offset, source=source)
     except RecordingError as exc:
-        fail(f"cannot read the recording: {exc}")
-    with server_for(server, store, fallback_to_default_store=False, create_store=True) as (url, headers):
+        fail(f"cannot read the recording: {exc}", json_output)
+    with server_for(server, store, fallback_to_default_store=False, json_output=json_output, create_store=True) as (
+        url,
+        headers,
+    ):
         with httpx.Client(base_url=url, headers=headers, timeout=120.0) as client:
             try:
                 result = post_import(prepared, client)
             except (RecordingError, httpx.HTTPError) as exc:
-                fail(f"import failed: {exc}")
+                fail(f"import failed: {exc}", json_output)
+    if not result.flushed:
+        fail(
+            f"posted {result.scrapes} scrapes and {result.trace_bodies} trace bodies, but the server did not finish "
+            "storing everything in time; run the command again (nothing is stored twice)",
+            json_output,
+        )
+    if json_output:
+        print(
+            json.dumps(
+                {
+                    "scrapes": result.scrapes,
+                    "source": result.source,
+                    "trace_bodies": result.trace_bodies,
+                    "skipped_scrapes": len(prepared.unrecognised_scrapes),
+                    "shift_seconds": offset / 1e9,
+                    "start": result.start.isoformat() if result.start else None,
+                    "end": result.end.isoformat() if result.end else None,
+                }
+            )
+        )
+        return
     console.print(
         f"imported {result.scrapes} scrapes ({result.source or 'no known engine'}) and "
         f"{result.trace_bodies} trace bodies into {shown_store_url(store) if store else url}",
@@ -250,8 +285,6 @@ def _import(path: Path, unpacked: Path, server: str | None, store: str | None, s
             soft_wrap=True,
             highlight=False,
         )
-    if not result.flushed:
-        fail("the server did not finish storing everything in time; run the command again")
 
 
 __all__ = ["diagnose", "import_cmd", "print_verdict"]

@@ -57,6 +57,7 @@ def test_an_exposition_with_timestamps_splits_into_one_scrape_per_time(tmp_path:
         ("", "no scrapes"),
         ("vllm:num_requests_running 1\n", "a sample without a timestamp"),
         ('vllm:num_requests_running{model_name="m"} abc 1700000000000\n', "bad.om:1: the sample's value 'abc' is not"),
+        ("hello world\n", r"bad.om:1: not a Prometheus exposition sample \('hello world'\); a recording is a folder"),
     ],
 )
 def test_bad_recordings_are_named(tmp_path: Path, content: str | None, words: str) -> None:
@@ -108,6 +109,16 @@ def test_inferpath_import_then_diagnose_on_the_store(tmp_path: Path, shared_data
     assert body["current_requests"] == 121
     missing = runner.invoke(app, ["import", str(tmp_path / "nothing"), "--store", store])
     assert missing.exit_code == 2 and "no such file" in missing.output
+    # For scripts: the same import as JSON (stored nothing twice), and its refusal too.
+    again = runner.invoke(app, ["import", str(_capture(shared_data)), "--store", store, "--json"])
+    assert again.exit_code == 0, again.output
+    summary = json.loads(again.stdout)
+    assert (summary["scrapes"], summary["source"], summary["shift_seconds"]) == (69, "vllm", 0.0)
+    assert summary["start"] == command[1] and summary["end"] == command[3]
+    twice = runner.invoke(app, ["diagnose", *command[:4], "--store", store, "--json"])
+    assert json.loads(twice.stdout)["current_requests"] == 121
+    refused = runner.invoke(app, ["import", str(tmp_path / "nothing"), "--store", store, "--json"])
+    assert refused.exit_code == 2 and "no such file" in json.loads(refused.stdout)["error"]
 
 
 def test_a_damaged_or_empty_archive_is_named_and_nothing_unpacked_is_left(
