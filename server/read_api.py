@@ -158,7 +158,10 @@ def _window(start: str | None, end: str | None) -> tuple[datetime, datetime]:
     defaulting to now, as ``inferpath diagnose``); 422 naming the parameter when one is
     malformed or the window reversed."""
     start_dt, end_dt = parse_time(start, "start"), parse_time(end, "end")
-    end_dt = end_dt or datetime.now(timezone.utc)
+    now = datetime.now(timezone.utc)
+    if end_dt is None and start_dt is not None and start_dt >= now:  # as the CLI says it
+        raise _invalid("start", f"start {start_dt.isoformat()} is in the future: no data can be in the window")
+    end_dt = end_dt or now
     start_dt = start_dt or max(EARLIEST, end_dt - DEFAULT_WINDOW)
     if end_dt <= start_dt:
         raise _invalid("end", f"end must be after start (start={start_dt.isoformat()}, end={end_dt.isoformat()})")

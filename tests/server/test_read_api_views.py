@@ -226,9 +226,13 @@ def test_view_parameters_are_validated_with_the_field_named(server) -> None:
     with httpx.Client(base_url=url, timeout=30.0) as http:
         too_many = http.get("/api/v1/views/correlate", params={"max_points": 10_001})
         reversed_window = http.get("/api/v1/views/latency", params={"start": _iso(end), "end": _iso(start)})
+        future = http.get("/api/v1/diagnosis", params={"start": "2099-01-01T00:00:00Z"})
     assert too_many.status_code == 422 and too_many.json()["detail"][0]["loc"] == ["query", "max_points"]
     assert reversed_window.status_code == 422
     assert reversed_window.json()["detail"][0]["loc"] == ["query", "end"]
+    # a start after now with no end is named as the CLI names it (not "end must be after start")
+    assert future.status_code == 422 and future.json()["detail"][0]["loc"] == ["query", "start"]
+    assert "is in the future: no data can be in the window" in future.json()["detail"][0]["msg"]
 
 
 def test_an_unknown_query_parameter_is_refused_with_its_name(server) -> None:
