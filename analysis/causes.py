@@ -44,7 +44,8 @@ The rules, from the guidance the project is built on:
   while the engine decoded for seconds) was read late on the caller's side: the evidence
   counts those and the advice names the caller (a CPU-starved client, a buffering proxy). A
   caller that reads late sends late too: where it called the engine itself, its waits are not
-  taken for a queue; behind a gateway they are its own hop's, not the gateway's wait.
+  taken for a queue; behind a gateway they are its own hop's, not the gateway's wait (where
+  the hop's trip out is measured; without it, the whole network stage with the caller's hop).
 - ``unexplained``: gateway self time and time no stage span covers. Except in a tail band whose
   TTFT is the engine's own (no gateway, tokenizer, retrieval or network stage measured): there
   the rest lies inside the engine, between its arrival and its queue (input processing, and a

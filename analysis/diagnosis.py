@@ -125,6 +125,10 @@ the engine never queued. The margin is thin: behind the demo's proxy holding eac
 1 s, on the same two busy cores, the proxy's own backlog gave ρ 0.53; there the caller read
 most of the slow streams late, in one lump, and that evidence keeps the hop's
 (:func:`_hop_doors`)."""
+SEND_MEASURED_SHARE = 0.9
+"""The hop's trip out (``engine_send_ns``) is read when nine rows in ten with a hop measured
+it; otherwise (a window reaching back before schema 016, hops into no engine span) the whole
+network stage is."""
 HOP_QUEUE_MIN_WAITERS = 10
 """Fewer requests waiting above the floor cannot show that shape."""
 UPSTREAM_QUEUE = "upstream_queue"
@@ -585,12 +589,8 @@ def diagnose_from(
         startups,
         earlier_rows=baseline,
     )
-    if (
-        tail_means is not None
-        and tail_means[0].get("queue")
-        and not any(tail_means[0].get(s) for s in PRE_ENGINE_STAGES)
-    ):
-        notes.append(ENGINE_ONLY_NOTE)  # the tail's requests measured the engine's queue and nothing before it
+    if tail_means is not None and tail_means[2]:
+        notes.append(ENGINE_ONLY_NOTE)
     ttft_broken = [r for r in broken if r.measure == "ttft" and r.quantile == 0.99]
     if ttft_broken and tail_means is not None and measure == "ttft":
         worst = max(ttft_broken, key=lambda r: r.over_ns)
@@ -744,10 +744,12 @@ def attribute(
     startups: Sequence[ReplicaStartup] = (),
     *,
     earlier_rows: Rows | None = None,
-) -> tuple[list[Cause], tuple[dict[str, float], float] | None]:
+) -> tuple[list[Cause], tuple[dict[str, float], float, bool] | None]:
     """Share the tail band's mean ``measure`` (its growth over ``baseline_rows`` when given)
     among causes (module docstring). Returns the causes and the tail band's mean stage
-    times and mean total (ns) of the current window, or ``None`` when it has no tail.
+    times and mean total (ns) of the current window, and whether the tail's TTFT is the
+    engine's own (it measured the engine's queue and no stage before the engine), or ``None``
+    when it has no tail.
     ``earlier_rows``: the baseline window's rows even where the growth is not measured
     against them (a verdict on objectives): which replicas served before the window
     decides which ones start in it (:func:`cold_start_rows`)."""
@@ -773,12 +775,12 @@ def attribute(
     stage_means = {s: current_tail.kept_stage_ns[s] / n for s in (*stages, REST)}
     if current_tail.excluded_total_ns:
         stage_means["cold_start"] = current_tail.excluded_total_ns / n
-    tail_means = (stage_means, current_tail.total_ns / n)
     # The tail's requests measured the engine's queue and no stage before the engine: their
     # TTFT is the engine's own, and the rest lies inside the engine (causes.py).
     engine_only = current_tail.stage_ns.get("queue", 0) > 0 and not any(
         current_tail.stage_ns.get(stage, 0) for stage in PRE_ENGINE_STAGES
     )
+    tail_means = (stage_means, current_tail.total_ns / n, engine_only)
     context = replace(context, engine_only=engine_only)
     if baseline is not None:
         baseline_tail = baseline.tail_sums(measure, baseline_edge)  # type: ignore[arg-type]
@@ -864,11 +866,13 @@ def _hop_doors(
       late), the larger first, each up to its own time;
     - ``queueing`` (budget stage :data:`UPSTREAM_QUEUE`), when the waits before the engine's
       span grew with the backlog (:func:`hop_queue`): what is left, up to the tail's waits on
-      the trip out of the hop into the engine (``engine_send_ns``, where measured; the way
-      back, a first token read late, is not a queue in front of the engine). Not where the
-      caller read its streams late and made that hop itself: a CPU-starved caller sends late
-      too, and queues on its own side (``network_hop`` says so). Behind a gateway the caller's
-      late reads are its own hop's, not the gateway's wait for the engine.
+      the trip out of the hop into the engine (``engine_send_ns``, where measured; their growth
+      over the baseline's with one; the way back, a first token read late, is not a queue in
+      front of the engine). Not where the caller read its streams late and made that hop
+      itself: a CPU-starved caller sends late too, and queues on its own side (``network_hop``
+      says so). Behind a gateway the caller's late reads are its own hop's, not the gateway's
+      wait for the engine; where the trip out is not measured (the whole network stage is
+      read, the caller's hop with it), they keep every hop's.
 
     Each door's wait is a sign of a congestion that its own stage shows first, so none takes
     more than that stage's time. What no door explains stays the hop's, whatever its shape."""
@@ -898,8 +902,16 @@ def _hop_doors(
             out.append((cause, stage, taken))
             left -= taken
     queue = hop_queue(measure, current) if left > 0 else None
-    if queue is not None and queue.queued and not (queue.callers_own and _read_late(current)):
-        taken = left if queue.tail_wait_ns is None else min(left, queue.tail_wait_ns)
+    # The caller's late reads speak for the hops it makes itself: all of them where the waits
+    # are read on the whole network stage, the one into the engine where no gateway is between.
+    if queue is not None and queue.queued and not ((queue.callers_own or not queue.send) and _read_late(current)):
+        waited = queue.tail_wait_ns
+        if waited is not None and baseline is not None:
+            # growth, as ``left`` is: less what the baseline's tail waited on the same trip
+            base = hop_queue(measure, baseline)
+            if base is not None and base.tail_wait_ns is not None and base.tail_rows:
+                waited -= queue.tail_rows * base.tail_wait_ns / base.tail_rows
+        taken = left if waited is None else min(left, waited)
         if taken > 0:
             out.append(("queueing", UPSTREAM_QUEUE, taken))
     return out
@@ -913,10 +925,11 @@ class HopQueue:
     waiting at once. ``queued``: the shape of a queue (:data:`HOP_QUEUE_RHO`).
 
     ``send``: the waits are those of the trip out of the hop into the engine
-    (``engine_send_ns``), else of the whole hop (rows without that column). ``tail_wait_ns``:
-    with ``send``, the sum of the waits above the floor over the measure's tail band (ns),
-    else ``None``. ``callers_own``: no gateway stands between the calling client and the
-    engine (the hop is the caller's own)."""
+    (``engine_send_ns``, measured on nine rows in ten with a hop at least), else of the whole
+    network stage. ``tail_wait_ns``: with ``send``, the sum of the waits above the floor over
+    the measure's tail band (ns; requests on a starting replica included), else ``None``;
+    ``tail_rows``: the tail band's rows that measured it. ``callers_own``: no gateway stands
+    between the calling client and the engine (the hop is the caller's own)."""
 
     waiters: int
     floor_ns: float
@@ -924,6 +937,7 @@ class HopQueue:
     backlog_max: int
     send: bool = False
     tail_wait_ns: float | None = None
+    tail_rows: int = 0
     callers_own: bool = True
 
     @property
@@ -955,14 +969,18 @@ def hop_queue(measure: str, current: RowsWindow | StoredWindow) -> HopQueue | No
     engine arrival, placed at ``timestamp + TTFT − queue − prefill`` (the caller's TTFT where
     measured; wall clock, ns). Its backlog is the number of the others waiting at the moment
     it began to."""
-    send = current.measured(ENGINE_SEND_COLUMN) > 0
+    column = next((c for c in stage_columns(measure, "network") if current.measured(c)), None)
+    if column is None:
+        return None
+    # Rows stored before the column, or hops into no engine span, leave it NULL: the trip out
+    # is read where (nearly) every row with a hop measured it.
+    send = current.measured(ENGINE_SEND_COLUMN) >= SEND_MEASURED_SHARE * current.measured(column) > 0
     if send:
-        column: str | None = ENGINE_SEND_COLUMN
+        column = ENGINE_SEND_COLUMN
         floor = current.quantile(ENGINE_SEND_COLUMN, HOP_FLOOR_QUANTILE)
     else:
         floor = _hop_floor(measure, current)
-        column = next((c for c in stage_columns(measure, "network") if current.measured(c)), None)
-    if floor is None or column is None:
+    if floor is None:
         return None
     waits: list[tuple[float, float]] = []  # (start, engine arrival), ns
     for row in current.rows_at_or_above(column, floor):
@@ -977,15 +995,14 @@ def hop_queue(measure: str, current: RowsWindow | StoredWindow) -> HopQueue | No
     # waiting at t: begun at or before t and not yet arrived (the request itself excluded)
     backlog = [bisect_right(starts, s) - bisect_right(arrivals, s) - 1 for s, _ in waits]
     rho = spearman([float(b) for b in backlog], [a - s for s, a in waits]) if len(waits) >= 3 else None
-    tail_wait = None
+    tail_wait, tail_rows = None, 0
     if send and (edge := current.quantile(f"{measure}_ns", TAIL_QUANTILE)) is not None:
-        tail_wait = float(
-            sum(
-                max(0.0, row[ENGINE_SEND_COLUMN] - floor)
-                for row in current.rows_at_or_above(f"{measure}_ns", edge)
-                if row.get(ENGINE_SEND_COLUMN) is not None
-            )
-        )
+        sends = [
+            row[ENGINE_SEND_COLUMN]
+            for row in current.rows_at_or_above(f"{measure}_ns", edge)
+            if row.get(ENGINE_SEND_COLUMN) is not None
+        ]
+        tail_wait, tail_rows = float(sum(max(0.0, v - floor) for v in sends)), len(sends)
     return HopQueue(
         len(waits),
         floor,
@@ -993,6 +1010,7 @@ def hop_queue(measure: str, current: RowsWindow | StoredWindow) -> HopQueue | No
         max(backlog, default=0) + (1 if waits else 0),
         send=send,
         tail_wait_ns=tail_wait,
+        tail_rows=tail_rows,
         callers_own=not current.measured("gateway_ns"),
     )
 

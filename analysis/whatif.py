@@ -48,8 +48,8 @@ KV_CHECK_MIN_RATIO = 0.10
 """Mean KV usage observed below which the replay's KV usage is not checked (a nearly empty
 pool: relative errors of it mean nothing)."""
 QUEUE_FLOOR_SECONDS = 0.05
-"""Queue or TTFT figures under 50 ms are compared in absolute terms (a relative error of a
-near-zero figure says nothing)."""
+"""TTFT figures under 50 ms (mean queue times under ten times that) are compared in absolute
+terms (a relative error of a near-zero figure says nothing): both under it agree."""
 STEP_TIME_SENSITIVITY = 0.10
 """How much faster and slower the engine's steps are taken for :attr:`WhatIf.sensitivity`:
 the calibration's own uncertainty, as measured on real vLLM. The step law fitted from the
@@ -691,21 +691,19 @@ def what_if(calibration: Calibration, change: Change, *, max_error: float = MAX_
         sensitivity = {cls: (faster[cls], slower[cls]) for cls in faster if cls in slower}
         band_requests = len(sample)
         warnings += _sensitivity_warnings(point, sensitivity, None if sample is requests else len(sample))
-    capacity = (change.replicas, change.max_num_seqs, change.kv_blocks, change.kv_blocks_factor, change.split_classes)
-    waited = observed.get(ALL_CLASSES)
-    if (
-        any(value is not None for value in capacity)
-        and change.rate_factor is None
-        and waited is not None
-        and waited.queue_mean_seconds is not None
-        and waited.queue_mean_seconds < QUEUE_FLOOR_SECONDS
-    ):
+    more_capacity = (
+        replicas > cal.replicas
+        or settings.max_num_seqs > observed_settings.max_num_seqs
+        or settings.num_kv_blocks > observed_settings.num_kv_blocks
+    )
+    longest_wait = max((q.observed_queue_seconds for q in cal.requests), default=None)
+    if more_capacity and change.rate_factor is None and longest_wait is not None and longest_wait < QUEUE_FLOOR_SECONDS:
         # Nothing waited in the engine: more of it shortens no wait (the diagnosis' "adding GPUs
         # will not help"); the time before the engine is replayed as it was observed.
         warnings.append(
-            f"no request waited in the engine (its mean queue time {waited.queue_mean_seconds * 1000:.0f} ms): "
-            "more engine capacity shortens no wait; the time before the engine (a queue in front of it, the "
-            "network, the caller) is replayed as observed, and `inferpath diagnose` names where it goes"
+            f"no request waited in the engine (the longest queue time {longest_wait * 1000:.0f} ms): more engine "
+            "capacity shortens no wait; the time before the engine (a queue in front of it, the network, the "
+            "caller) is replayed as observed, and `inferpath diagnose` names where it goes"
         )
     if predicted_run.unfinished:
         warnings.append(

@@ -194,7 +194,7 @@ def up(
     """Run the inferpath server: OTLP/HTTP receiver, assembler, read API, collectors and the dashboard."""
     from inferpath.server.runtime import serve_in_thread
 
-    overrides: dict[str, object] = {
+    overrides: dict[str, Any] = {
         "store_url": store,
         "host": host,
         "port": port,
@@ -215,6 +215,14 @@ def up(
         services = server_services(settings)  # the alert evaluator, with the rules of --alerts
     except RuleFileError as exc:
         err_console.print(f"[red]invalid alert rules:[/] {exc}")
+        raise typer.Exit(2) from exc
+    from inferpath.analysis.objectives import load_objectives
+    from inferpath.config import ENV_OBJECTIVES_FILE
+
+    try:  # every diagnosis would answer 500 naming it: say it once, before anything starts
+        load_objectives(settings.objectives_file)
+    except ValueError as exc:
+        err_console.print(f"[red]invalid objectives ({ENV_OBJECTIVES_FILE}):[/] {exc}", soft_wrap=True)
         raise typer.Exit(2) from exc
     from inferpath.server.runtime import ListenError, cap_c_heap_arenas, tune_gc_for_server
     from inferpath.server_access import quiet_store_driver, store_open_failure

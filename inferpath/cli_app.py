@@ -10,8 +10,8 @@ with their type (``--store <str>``), and wraps every description at the terminal
 (80 columns in a pipe, at most :data:`HELP_WIDTH_MAX`), never cutting one; the list of
 commands gives each one's first sentence whole (:class:`WrappingGroup`).
 
-Commands print their answer through :data:`console` (stdout) and every error or notice
-through :data:`err_console` (stderr), so that ``> file`` keeps the answer alone; with
+Commands print their answer through :data:`console` (stdout) and their errors through
+:data:`err_console` (stderr), so that ``> file`` keeps no error as its content; with
 ``--json`` an error is ``{"error": ...}`` on stdout, for scripts. In a pipe, rich lays a table
 out in 80 columns and cuts its cells with an ellipsis (``QueueDepthG…``); there the consoles
 take :data:`PIPED_WIDTH` columns instead, unless ``COLUMNS`` says otherwise.
@@ -87,11 +87,13 @@ _OPTION_OF_FIELD = {
 }
 
 
-def command_settings(**overrides: Any) -> Settings:
+def command_settings(*, json_output: bool = False, **overrides: Any) -> Settings:
     """Settings from ``INFERPATH_*`` and the command's options (``overrides``: settings field →
     the option's value, ``None`` when not given). On an invalid value, prints one line per
-    problem naming its flag (the command's own options) or ``INFERPATH_*`` variable and
-    exits 2."""
+    problem naming its flag (the command's own options) or ``INFERPATH_*`` variable (with
+    ``json_output``: ``{"error": ...}`` on stdout, the lines joined by "; ") and exits 2."""
+    import json
+
     from pydantic import ValidationError
 
     from inferpath.config import Settings, describe_invalid_settings
@@ -101,6 +103,9 @@ def command_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         # The command's own options are the fields it passed; their flags:
         flags = {field: _OPTION_OF_FIELD.get(field, f"--{field.replace('_', '-')}") for field in overrides}
-        for line in describe_invalid_settings(exc, flags):
+        lines = describe_invalid_settings(exc, flags)
+        if json_output:
+            print(json.dumps({"error": "invalid configuration: " + "; ".join(lines)}))
+        for line in [] if json_output else lines:
             err_console.print(f"[red]invalid configuration:[/] {line}", soft_wrap=True)
         raise typer.Exit(2) from exc

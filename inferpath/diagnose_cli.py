@@ -221,7 +221,7 @@ def _import(
         prepare_import,
     )
 
-    settings = command_settings(server_url=server, store_url=store)
+    settings = command_settings(json_output=json_output, server_url=server, store_url=store)
     # Every file is read and checked before a store is opened or a body posted: a bad file
     # leaves no partial import and no new store folder.
     try:

@@ -138,7 +138,7 @@ def server_for(
             "give --server or --store, not both: --server reads through a running server, --store reads a store directly",
             json_output,
         )
-    settings = command_settings(server_url=server, store_url=store)
+    settings = command_settings(json_output=json_output, server_url=server, store_url=store)
     headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
     verb = "import it" if create_store else "read it"
     with quiet_store_driver():

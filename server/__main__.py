@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
+from inferpath.analysis.objectives import load_objectives
 from inferpath.config import (
     ENV_HOST,
     ENV_MAX_BODY_BYTES,
@@ -82,6 +83,7 @@ def main(
         return 2
     try:
         services = services_for(settings) if services_for is not None else ()
+        load_objectives(settings.objectives_file)  # else every diagnosis answers 500 naming it
     except ValueError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2

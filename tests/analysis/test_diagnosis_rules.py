@@ -581,16 +581,17 @@ def test_a_queue_on_the_way_to_the_engine_is_told_from_a_late_read_by_the_hops_t
     waits = _pool_waits()
     hops = [5 + 1000 * wait for wait in waits]
 
-    def rows(send_ms, gateway: bool) -> list[dict]:
+    def rows(send_ms, gateway: bool, lumped: bool = True, hop=hops.__getitem__) -> list[dict]:
         # The caller read the slowest ten streams late, in one lump (the pool burst recorded on
         # real vLLM: 15 of its 30 slowest streams, while the calls waited 48 s for a connection).
-        out = _hop_rows(hops.__getitem__, lambda i: 5, gap_s=0.3)
+        out = _hop_rows(hop, lambda i: 5, gap_s=0.3)
         slowest = set(sorted(range(100), key=lambda i: out[i]["ttft_ns"])[90:])
         for i, row in enumerate(out):
-            row["engine_send_ns"] = int(send_ms(i) * MS)
+            row["engine_send_ns"] = None if send_ms is None else int(send_ms(i) * MS)
             row["gateway_ns"] = MS if gateway else None
             row["client_ttft_ns"] = row["ttft_ns"]
-            row["client_e2e_ns"] = row["ttft_ns"] + (2 * MS if i in slowest else row["decode_ns"])
+            late = lumped and i in slowest
+            row["client_e2e_ns"] = row["ttft_ns"] + (2 * MS if late else row["decode_ns"])
         return out
 
     # Behind a gateway the waits before the engine's span are the gateway's (its connection
@@ -611,6 +612,38 @@ def test_a_queue_on_the_way_to_the_engine_is_told_from_a_late_read_by_the_hops_t
     shares = _shares(half)
     assert half.top_cause in ("queueing", "network_hop") and 0.3 <= shares["queueing"] <= 0.6, shares
     assert shares["network_hop"] >= 0.3, shares
+    # Without the trip out (rows stored before it), the whole network stage is read, the
+    # caller's own hop with it: its late reads keep the hop's time, gateway or not.
+    unknown = diagnose_from(rows(None, gateway=True), signals=idle)
+    assert unknown.top_cause == "network_hop" and "queueing" not in _shares(unknown), _shares(unknown)
+    # A window reaching back before the column (the trip out on half its rows) reads the
+    # whole hop too, and a pool read promptly is still a queue.
+    mixed = rows(hops.__getitem__, gateway=True, lumped=False)
+    for row in mixed[:50]:
+        row["engine_send_ns"] = None
+    verdict = diagnose_from(mixed, signals=idle)
+    assert verdict.top_cause == "queueing" and _shares(verdict)["queueing"] >= 0.85, _shares(verdict)
+    # Against a healthy baseline whose calls waited as long on the way out (a small queue, up to
+    # 450 ms), a slower way back (+1.5 s on twenty) is no queue in front of the engine: the trip
+    # out did not grow (the queue took the current window's own waits, a fifth of the growth).
+    small = [5 + 50 * (i % 10) for i in range(100)]
+    baseline = rows(small.__getitem__, gateway=True, lumped=False, hop=small.__getitem__)
+    current = rows(small.__getitem__, gateway=True, lumped=False, hop=lambda i: small[i] + 1500 * (i >= 80))
+    grew_back = diagnose_from(current, baseline, signals=SignalWindows(current=idle.current, baseline=idle.current))
+    assert grew_back.basis == "baseline" and grew_back.top_cause == "network_hop", _shares(grew_back)
+    assert "queueing" not in _shares(grew_back), _shares(grew_back)
+
+
+def test_a_verdict_on_a_tail_without_stages_before_the_engine_says_its_ttft_is_the_engines() -> None:
+    # vLLM's spans alone: queue, prefill, decode, no hop.
+    alone = diagnose_from(_hop_rows(lambda i: 0, tokenize_ms=lambda i: 0))
+    assert any(n.startswith("the TTFT and E2E judged here are the engine's own") for n in alone.notes), alone.notes
+    # A hop measured on most requests (the client's spans): the TTFT is the client's, even where
+    # the hop's time went to a queue in front of the engine.
+    waits = _pool_waits()
+    hopped = _hop_rows(lambda i: 0 if i < 15 else 5 + 1000 * waits[i], lambda i: 5, tokenize_ms=lambda i: 0, gap_s=0.3)
+    verdict = diagnose_from(hopped)
+    assert not any(n.startswith("the TTFT and E2E judged here") for n in verdict.notes), verdict.notes
 
 
 def test_failed_requests_are_counted_and_five_percent_of_them_is_not_healthy() -> None:

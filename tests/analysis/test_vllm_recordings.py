@@ -183,6 +183,14 @@ def test_a_capacity_what_if_over_a_queue_in_front_of_the_engine_says_why_it_chan
         max_error=10.0,
     )
     assert any(w.startswith("no request waited in the engine") for w in answer.warnings), answer.warnings
+    fewer = predict(
+        server.runtime.store,
+        _at(window["start_unix_ns"], offset),
+        _at(window["end_unix_ns"], offset),
+        Change(max_num_seqs=4),
+        max_error=10.0,
+    )
+    assert not any(w.startswith("no request waited") for w in fewer.warnings), fewer.warnings  # less, not more
     # A window whose engine queued gets no such warning (kv_starved_b: 156 preemptions, 70 waiting).
     truth, offset = loaded["kv_starved_b"]
     window = truth["window"]

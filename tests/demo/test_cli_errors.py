@@ -267,19 +267,23 @@ def test_a_reader_that_stops_reading_does_not_change_the_exit_code() -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "error"),
+    ("args", "error", "env"),
     [
-        (["whatif", "--from", "-30m", "--replicas", "two"], "Invalid value for '--replicas'"),
-        (["diagnose", "--since", "1h", "--objective", "x"], "No such option: --objective"),
+        (["whatif", "--from", "-30m", "--replicas", "two"], "Invalid value for '--replicas'", {}),
+        (["diagnose", "--since", "1h", "--objective", "x"], "No such option: --objective", {}),
+        (["import", "x.tar.gz"], "invalid configuration: INFERPATH_TTL_DAYS = 'abc'", {"INFERPATH_TTL_DAYS": "abc"}),
     ],
 )
-def test_with_json_a_bad_option_is_a_json_error_too(args: list[str], error: str) -> None:
+def test_with_json_a_bad_option_is_a_json_error_too(args: list[str], error: str, env: dict[str, str]) -> None:
     # Scripts parse stdout: click's usage text there (on stderr, exit 2) read as no answer.
+    import os
+
     run = subprocess.run(
         [sys.executable, "-c", "from inferpath.cli import main; main()", *args, "--json"],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **env},
     )
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert json.loads(run.stdout)["error"].startswith(error), run.stdout

@@ -149,6 +149,23 @@ def test_import_checks_its_source_before_writing_anything(tmp_path: Path) -> Non
     assert not folder.exists()
 
 
+def test_up_refuses_an_objectives_file_that_holds_none_before_starting(tmp_path: Path) -> None:
+    # Each diagnosis would answer 500 naming the file: said once, before the store is made.
+    empty = tmp_path / "objectives.yaml"
+    empty.write_text("# interactive: {ttft_p99_seconds: 1.0}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "inferpath.cli", "up", "--store", f"chdb://{tmp_path / 'store'}", "--port", "0"],
+        env={**os.environ, "INFERPATH_OBJECTIVES_FILE": str(empty), "INFERPATH_HOST": "127.0.0.1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert said.startswith("invalid objectives (INFERPATH_OBJECTIVES_FILE): objectives file"), said
+    assert "holds no objectives" in said and not (tmp_path / "store").exists()
+
+
 def test_up_refuses_a_dashboard_port_that_is_taken(tmp_path: Path) -> None:
     # A child process, so that a regression (the server starting anyway) cannot hang the test.
     with socket.socket() as taken:
