@@ -173,35 +173,20 @@ def test_a_capacity_what_if_over_a_queue_in_front_of_the_engine_says_why_it_chan
     from inferpath.analysis.whatif import Change, predict
 
     server, loaded = imported
-    truth, offset = loaded["gateway_pool_burst"]
-    window = truth["window"]
-    answer = predict(
-        server.runtime.store,
-        _at(window["start_unix_ns"], offset),
-        _at(window["end_unix_ns"], offset),
-        Change(replicas=2),
-        max_error=10.0,
-    )
-    assert any(w.startswith("no request waited in the engine") for w in answer.warnings), answer.warnings
-    fewer = predict(
-        server.runtime.store,
-        _at(window["start_unix_ns"], offset),
-        _at(window["end_unix_ns"], offset),
-        Change(max_num_seqs=4),
-        max_error=10.0,
-    )
-    assert not any(w.startswith("no request waited") for w in fewer.warnings), fewer.warnings  # less, not more
+
+    def warnings(name: str, change: Change) -> list[str]:
+        truth, offset = loaded[name]
+        window = truth["window"]
+        start, end = (_at(window[k], offset) for k in ("start_unix_ns", "end_unix_ns"))
+        return predict(server.runtime.store, start, end, change, max_error=10.0).warnings
+
+    said = warnings("gateway_pool_burst", Change(replicas=2))
+    assert any(w.startswith("no request waited in the engine") for w in said), said
+    fewer = warnings("gateway_pool_burst", Change(max_num_seqs=4))
+    assert not any(w.startswith("no request waited") for w in fewer), fewer  # less, not more
     # A window whose engine queued gets no such warning (kv_starved_b: 156 preemptions, 70 waiting).
-    truth, offset = loaded["kv_starved_b"]
-    window = truth["window"]
-    queued = predict(
-        server.runtime.store,
-        _at(window["start_unix_ns"], offset),
-        _at(window["end_unix_ns"], offset),
-        Change(replicas=2),
-        max_error=10.0,
-    )
-    assert not any(w.startswith("no request waited in the engine") for w in queued.warnings), queued.warnings
+    queued = warnings("kv_starved_b", Change(replicas=2))
+    assert not any(w.startswith("no request waited in the engine") for w in queued), queued
 
 
 def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(imported) -> None:
