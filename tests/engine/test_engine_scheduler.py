@@ -53,7 +53,9 @@ def test_step_times_come_from_the_profile():
     engine, m = _run(main())
     assert m.queue_seconds < 0.005
     assert m.prefill_seconds == pytest.approx(engine.profile.prefill_seconds(512), abs=0.01)
-    assert m.decode_seconds == pytest.approx(5 * engine.profile.decode_step_seconds(1), rel=0.15)
+    # A sleep never ends early but may end late beside a busy neighbour (+48 ms on 149 ms once).
+    decode = 5 * engine.profile.decode_step_seconds(1)
+    assert 0.85 * decode <= m.decode_seconds <= decode + 0.1
 
 
 def test_time_scale_and_slowdown_multiply_step_times():
