@@ -174,7 +174,7 @@ class Settings(BaseModel):
     max_inflight_bytes: int = Field(256 * 1024 * 1024, ge=1024)
     store_retry_after_seconds: float = Field(1.0, gt=0, le=30)
     # Span exports are answered 200 once appended to a write-ahead log and inserted in large
-    # blocks by one thread (server/log_ingest.py). The log lives in the chDB folder; for a
+    # blocks by one thread (server/span_log.py). The log lives in the chDB folder; for a
     # ClickHouse server only when span_log_dir names a folder (else each export is inserted
     # before its 200). An export that would take the un-inserted backlog past
     # span_log_max_backlog_bytes (body bytes) is answered 503 with Retry-After.

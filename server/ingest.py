@@ -8,7 +8,7 @@ insert failing for the store's reason opens a back-off (doubling up to
 ``max_retry_after_seconds``) during which exports get 503 without touching the store; the
 first export after it probes. An insert refused for its data is a 400 and does not trip the
 back-off. Span exports go through a :class:`SpanSink`: :class:`DirectSpanSink` commits each
-export like this; :class:`~inferpath.server.log_ingest.LoggedSpanIngest` (embedded chDB)
+export like this; :class:`~inferpath.server.span_log.LoggedSpanIngest` (embedded chDB)
 acknowledges once the body is logged and inserts many exports as one block.
 
 Clocks: back-off and insert latency use the monotonic clock (``time.monotonic``).
@@ -298,7 +298,7 @@ class DurableIngest:
 
 class SpanSink(Protocol):
     """Where the receiver puts a decoded trace export; the one interface of the two ways a
-    span export is kept (:class:`DirectSpanSink`, :class:`~inferpath.server.log_ingest.LoggedSpanIngest`).
+    span export is kept (:class:`DirectSpanSink`, :class:`~inferpath.server.span_log.LoggedSpanIngest`).
 
     ``reserve(body_bytes)``: room for an export whose body was read, before it is decoded:
     a :class:`Reservation` to release once answered, or a :class:`CommitResult` (503).

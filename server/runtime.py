@@ -21,6 +21,7 @@ import gc
 import logging
 import re
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,11 +32,10 @@ from inferpath.config import Settings
 from inferpath.server.app import create_app
 from inferpath.server.assembler import RECOVERY_WINDOW_SECONDS, REQUESTS_TABLE, RequestAssembler
 from inferpath.server.ingest import CommitResult, DirectSpanSink, DurableIngest, SpanSink, TableRows
-from inferpath.server.log_ingest import LoggedSpanIngest
 from inferpath.server.otlp import DecodedMetrics, DecodedSpans
 from inferpath.server.scrape import ScrapeLoop
 from inferpath.server.services import BackgroundService
-from inferpath.server.span_log import SpanLog
+from inferpath.server.span_log import LoggedSpanIngest, SpanLog
 from inferpath.storage import gauge_rollup
 from inferpath.storage.periodic import PeriodicPasses
 from inferpath.storage.reader import Reader
@@ -208,7 +208,7 @@ class ServerRuntime:
             settle_seconds=settings.assembly_settle_seconds,
             writer=self.writers[REQUESTS_TABLE],
         )
-        # Span exports: 200 once logged, inserted in large blocks by one thread (log_ingest.py),
+        # Span exports: 200 once logged, inserted in large blocks by one thread (span_log.py),
         # or once inserted (DirectSpanSink).
         self.span_sink: SpanSink = self._open_span_sink(settings)
         # Flush work that can take long (after a restart, every recovered trace is read back;
@@ -264,7 +264,7 @@ class ServerRuntime:
             return direct
         try:
             log = SpanLog(folder)
-        except (OSError, ValueError) as exc:
+        except (OSError, sqlite3.Error) as exc:
             logger.warning("span log %s unusable (%s); inserting every export before its 200", folder, exc)
             return direct
         return LoggedSpanIngest(

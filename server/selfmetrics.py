@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from inferpath.server.ingest import INSERT_SECONDS_BUCKETS
-from inferpath.server.log_ingest import LoggedSpanIngest
+from inferpath.server.span_log import LoggedSpanIngest
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferpath.server.runtime import ServerRuntime
@@ -262,18 +262,13 @@ def _span_log_metrics(log_ingest: LoggedSpanIngest) -> Iterator[Metric]:
             ),
             (
                 "inferpath_span_log_corrupt_records",
-                "Damaged log regions skipped at start-up (each logged at ERROR).",
+                "Logged exports whose body failed its checksum at start-up (skipped, logged at ERROR).",
                 log.corrupt_records_total,
             ),
             (
-                "inferpath_span_log_corrupt_bytes",
-                "Bytes of damaged log regions skipped at start-up.",
-                log.corrupt_bytes_total,
-            ),
-            (
-                "inferpath_span_log_torn_bytes",
-                "Bytes of a torn last record (never acknowledged) cut off at start-up.",
-                log.torn_bytes_dropped,
+                "inferpath_span_log_unreadable_logs",
+                "Span logs SQLite could not read at start-up (moved aside, logged at ERROR).",
+                log.unreadable_logs_total,
             ),
         )
     )

@@ -1,88 +1,104 @@
-"""An append-only write-ahead log of accepted OTLP trace export bodies, with drain progress.
+"""Span exports acknowledged once logged, inserted by one drainer thread in large blocks.
 
-The receiver answers 200 once an export's body is appended here; one inserter thread
-(:mod:`inferpath.server.log_ingest`) drains the log into large inserts. This module is the
-file format and its bookkeeping only — no decoding, no store.
+Embedded chDB pays ~20-30 ms per INSERT whatever its size, so rows per insert decide the
+ingest rate (bench/README.md, server_ingest). A 200 therefore means "in the span log":
 
-Layout of the log folder::
+1. :meth:`LoggedSpanIngest.accept` (request thread, export already decoded): the body is
+   appended to the :class:`SpanLog`, its spans queued in memory, 200 follows. A retry of a
+   logged export (same dedup token) gets 200 without a record.
+2. The drainer takes the queued exports in log order, up to ``insert_rows`` rows or what
+   arrived within ``linger_seconds`` of the oldest, records the range it is about to insert
+   with one sample span, inserts the rows as ONE block into ``otel_traces`` with the dedup
+   token ``wal-{log id}-{start}-{end}``, notes the spans for assembly (``on_committed``) and
+   marks the range drained.
+3. At start-up the records not drained are decoded and queued again. An insert begun and not
+   marked done is settled by looking its sample span up (a block is one part, all or
+   nothing): found, the range is done; else exactly that range is inserted again under the
+   same token.
 
-    log_id                 random id of this log, part of every insert's dedup token
-    00000000000000000000.log   segments, named by the global offset of their first byte
-    00000000000067108864.log
-    progress               "B start end trace_id span_id" before an insert, "D end" after,
-                           "L end" while records before ``end`` are settled by lookup
+The log is one SQLite database (``spans.sqlite`` in the log folder; Python's ``sqlite3``):
+SQLite makes each append and each progress step atomic, so a crash inside a write leaves
+the state before it. Journal mode WAL with ``synchronous=OFF``: a committed append is in the
+kernel's page cache, which survives ``kill -9`` of the server (the failure this log is for);
+a power loss can lose the last seconds, as it can for ClickHouse's own inserts, which do not
+``fsync`` by default either (``fsync_after_insert = 0``). Each record keeps the CRC-32 of its
+body, checked when the body is read back after a restart: a damaged record is skipped, logged
+at ERROR and counted. A database SQLite cannot read is moved aside (``.corrupt-<unix time>``)
+and a new log started, logged at ERROR and counted. Drained records keep their token (the
+body is dropped) until ``max_tokens`` newer records exist, so a client retrying an export
+whose 200 was lost is recognised after its rows were inserted, a restart included.
 
-Offsets are global byte positions over the concatenated segments, so a range of records
-``[start, end)`` names the same rows forever (the insert's dedup token is built from it).
+Bounds: the backlog (body bytes logged, not inserted) stays under ``max_backlog_bytes`` and
+its spans under ``max_backlog_seconds`` of the drainer's measured rate (at least 2000 spans),
+so span end → visible stays near a second under saturation. Exports being decoded hold room
+too (:meth:`LoggedSpanIngest.reserve`), so one that cannot fit gets its 503 before decoding.
+An export that would pass a bound waits up to ``backlog_wait_seconds``, then gets 503 with
+``Retry-After``. While the store backs off after an error
+(:class:`~inferpath.server.ingest.DurableIngest`) exports get 503 instead of being logged:
+the log is not an outage buffer. An insert refused for its data is retried export by export;
+an export refused alone is dropped, logged and counted (``refused_spans_total``).
 
-A record is a 45-byte header — magic ``b"IPL1"``, payload length (u32), CRC-32 of token,
-flags and payload (u32), the export's 32-byte token digest, flags (u8: 1 = OTLP/JSON else
-protobuf, 2 = gzip) — followed by the body exactly as received. At start-up every record
-is read and checked (magic, length, CRC-32):
-
-- damage that reaches the end of the newest segment with no valid record after it (the
-  process died inside ``write``) is cut off: its export was never answered 200, so its
-  client retries it;
-- any other damaged record is left in place and skipped: the scan resynchronises on the
-  next valid header (the magic followed by a length and CRC that check out), logs the
-  segment, offset and bytes skipped at ERROR and counts them (``corrupt_records_total``,
-  ``corrupt_bytes_total``); no region holding valid records after it is ever truncated,
-  and offsets never move (a record's offset is its segment's name plus its position);
-- progress past the end of the data (segments removed by hand) starts a new segment named
-  by the progress offset, so new records never fall below the "inserted" mark;
-- a missing progress file (with records present) is logged as a warning and sets
-  :attr:`SpanLog.lookup_until` to the log's end (kept as an ``L`` line until drained past
-  it): the drainer's owner settles each of those records by looking its spans up in the
-  store instead of inserting every record again.
-
-Durability: records and progress lines are written with ``os.write`` and not ``fsync``ed.
-After ``write`` returns the bytes are in the kernel's page cache, which survives ``kill -9``
-of the server (the failure this log is for); a power loss can lose the last seconds, as it
-can for ClickHouse's own inserts, which do not ``fsync`` by default either
-(``fsync_after_insert = 0``), so an ``fsync`` here would not make the store as a whole
-durable against power loss, and it costs milliseconds per export.
-
-Drained segments are deleted, except the newest ones up to ``retain_drained_bytes``: their
-record tokens are read back at start-up so that a client retrying (after a restart) an
-export whose 200 was lost is recognised even after its rows were inserted.
+Clocks: ``linger_seconds`` and waits use the monotonic clock.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
 import secrets
-import struct
+import sqlite3
 import threading
+import time
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FLAG_GZIP", "FLAG_JSON", "HEADER_BYTES", "LogRecord", "SpanLog", "UnfinishedInsert"]
+from inferpath.server.ingest import CommitResult, DurableIngest, Reservation, TableRows
+from inferpath.server.otlp import decode_trace_request
+from inferpath.server.otlp_body import body_format
+from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
+
+__all__ = ["FLAG_GZIP", "FLAG_JSON", "LogRecord", "LoggedSpanIngest", "SpanLog", "body_flags", "token_digest"]
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"IPL1"
-# magic, payload bytes, CRC-32 (token + flags + payload), token digest, flags
-_HEADER = struct.Struct("<4sII32sB")
-HEADER_BYTES = _HEADER.size
 FLAG_JSON = 1
 FLAG_GZIP = 2
-_SEGMENT_SUFFIX = ".log"
-_PROGRESS = "progress"
-# Progress lines kept before the file is rewritten to its last state.
-_PROGRESS_MAX_LINES = 4096
+LOG_FILE_NAME = "spans.sqlite"
+SPANS_TABLE = "otel_traces"
+# The span bound of the backlog never goes below this many spans.
+_MIN_BACKLOG_SPANS = 2000
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS exports (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, token BLOB NOT NULL, flags INTEGER NOT NULL,
+    crc INTEGER NOT NULL, body BLOB);
+"""
+
+
+def token_digest(token: str) -> bytes:
+    """The 32 bytes a log record keeps of an export's dedup token (sha256 of its text)."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+def body_flags(content_type: str | None, content_encoding: str | None) -> int:
+    """Record flags for a body of ``content_type`` / ``content_encoding``. Raises
+    :class:`~inferpath.server.otlp_body.UnsupportedMediaTypeError` for another media type."""
+    flags = FLAG_JSON if body_format(content_type) == "json" else 0
+    if (content_encoding or "").strip().lower() == "gzip":
+        flags |= FLAG_GZIP
+    return flags
 
 
 @dataclass(frozen=True)
 class LogRecord:
-    """One accepted export: global byte range ``[start, end)`` (header included), ``token``
-    (32-byte digest of the export's dedup token), ``flags`` and the ``body`` as received."""
+    """One accepted export not yet drained: its range ``[start, end)`` of record ids (one id
+    per record), ``flags`` and the ``body`` as received."""
 
     start: int
     end: int
-    token: bytes
     flags: int
     body: bytes
 
@@ -99,7 +115,7 @@ class LogRecord:
 
 @dataclass(frozen=True)
 class UnfinishedInsert:
-    """An insert whose ``B`` line has no ``D`` line: the range ``[start, end)`` and one sample
+    """An insert begun and not marked done: the range ``[start, end)`` and one sample
     ``(trace_id, span_id)`` of its rows (empty strings when it had none)."""
 
     start: int
@@ -108,368 +124,561 @@ class UnfinishedInsert:
     span_id: str
 
 
-def _crc(token: bytes, flags: int, body: bytes | memoryview) -> int:
-    return zlib.crc32(body, zlib.crc32(bytes((flags,)), zlib.crc32(token))) & 0xFFFFFFFF
-
-
-def encode_record(token: bytes, flags: int, body: bytes) -> bytes:
-    """Header + body of one record. Raises ``ValueError`` for a token that is not 32 bytes,
-    flags outside 0..255 or a body of 4 GiB or more."""
-    if len(token) != 32:
-        raise ValueError(f"token must be 32 bytes, got {len(token)}")
-    if not 0 <= flags <= 255:
-        raise ValueError(f"flags must be 0..255, got {flags}")
-    if len(body) >= 2**32:
-        raise ValueError(f"body must be < 4 GiB, got {len(body)} bytes")
-    return _HEADER.pack(MAGIC, len(body), _crc(token, flags, body), token, flags) + body
-
-
-def _valid_record_end(data: bytes, position: int) -> int | None:
-    """End of the record at ``position`` when its magic, length and CRC check out, else None."""
-    if len(data) - position < HEADER_BYTES:
-        return None
-    magic, size, crc, token, flags = _HEADER.unpack_from(data, position)
-    record_end = position + HEADER_BYTES + size
-    if magic != MAGIC or record_end > len(data):
-        return None
-    if _crc(token, flags, memoryview(data)[position + HEADER_BYTES : record_end]) != crc:
-        return None
-    return record_end
-
-
-def _next_valid_record(data: bytes, position: int) -> int | None:
-    """Position of the first valid record at or after ``position`` (resynchronisation on the
-    magic, confirmed by length and CRC), or None."""
-    while (found := data.find(MAGIC, position)) >= 0:
-        if _valid_record_end(data, found) is not None:
-            return found
-        position = found + 1
-    return None
-
-
-def _problem(data: bytes, position: int) -> str:
-    """Why the record at ``position`` is not valid, for the log line."""
-    if len(data) - position < HEADER_BYTES:
-        return "header cut short"
-    magic, size, _crc_value, _token, _flags = _HEADER.unpack_from(data, position)
-    if magic != MAGIC:
-        return "bad magic"
-    if position + HEADER_BYTES + size > len(data):
-        return "body cut short"
-    return "checksum mismatch"
-
-
 class SpanLog:
     """The log in ``folder`` (created if missing), opened for appending and draining.
 
-    ``segment_bytes``: a segment is closed and a new one started once it holds at least this
-    many bytes (≥ 1). ``retain_drained_bytes``: drained segments kept for their tokens
-    (≥ 0). ``max_tokens``: tokens remembered for deduplication (≥ 1, oldest forgotten).
-    After opening, :attr:`unfinished` lists the records past the committed offset (to be
-    inserted again), :attr:`unfinished_insert` the insert that was running at a crash, if
-    any, and :attr:`lookup_until` the offset before which unfinished records must be settled
-    by a store lookup (0: none; set when the progress file was lost). ``torn_bytes_dropped``,
-    ``corrupt_records_total`` and ``corrupt_bytes_total`` count what the scan cut or skipped
-    (see the module docstring). Raises ``OSError`` when the folder or its files cannot be read or written,
-    ``ValueError`` for bad limits. Thread-safe.
+    Records are numbered 1, 2, … (never reused); record ``n`` spans the range ``[n, n + 1)``,
+    so a range of records names the same rows forever (the insert's dedup token is built
+    from it). After opening, :attr:`unfinished` holds the records not drained (to be inserted
+    again) and :attr:`unfinished_insert` the insert that was running at a crash, if any.
+    ``max_tokens`` (≥ 1): drained records whose tokens are kept. Counters:
+    ``corrupt_records_total`` (bodies failing their CRC at open, skipped),
+    ``unreadable_logs_total`` (a database moved aside at open). Raises ``OSError`` or
+    ``sqlite3.Error`` when the folder or the database cannot be written, ``ValueError`` for a
+    bad limit. Thread-safe.
     """
 
-    def __init__(
-        self,
-        folder: Path,
-        *,
-        segment_bytes: int = 64 * 1024 * 1024,
-        retain_drained_bytes: int = 64 * 1024 * 1024,
-        max_tokens: int = 100_000,
-    ) -> None:
-        if segment_bytes < 1:
-            raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
-        if retain_drained_bytes < 0:
-            raise ValueError(f"retain_drained_bytes must be >= 0, got {retain_drained_bytes}")
+    def __init__(self, folder: Path, *, max_tokens: int = 100_000) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.folder = Path(folder)
-        self.segment_bytes = segment_bytes
-        self.retain_drained_bytes = retain_drained_bytes
         self.max_tokens = max_tokens
+        self.corrupt_records_total = 0
+        self.unreadable_logs_total = 0
         self._lock = threading.Lock()
         self._tokens: OrderedDict[bytes, None] = OrderedDict()
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.log_id = self._read_or_create_id()
-        self.torn_bytes_dropped = 0  # bytes of a torn tail cut off at open
-        self.corrupt_records_total = 0  # damaged regions skipped at open (each logged at ERROR)
-        self.corrupt_bytes_total = 0
-        # Records before this offset (and past the committed one) are settled one by one by
-        # looking their spans up in the store: set when the progress file was lost.
-        self.lookup_until = 0
-        progress_found = (self.folder / _PROGRESS).exists()
-        self.committed_offset, self.unfinished_insert, self.lookup_until = self._read_progress()
-        self._segments: list[int] = sorted(
-            int(p.stem) for p in self.folder.glob(f"*{_SEGMENT_SUFFIX}") if p.stem.isdigit()
-        )
+        path = self.folder / LOG_FILE_NAME
+        try:
+            self._db, rows = self._open(path)
+        except sqlite3.DatabaseError as exc:
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            path.rename(aside)
+            for suffix in ("-wal", "-shm"):
+                path.with_name(path.name + suffix).unlink(missing_ok=True)
+            logger.error(
+                "span log %s is unreadable (%s); moved to %s and a new log started: acknowledged exports"
+                " not yet inserted in it are lost",
+                path,
+                exc,
+                aside.name,
+            )
+            self.unreadable_logs_total += 1
+            self._db, rows = self._open(path)
+        meta = dict(self._db.execute("SELECT key, value FROM meta"))
+        self.log_id = meta.get("log_id") or secrets.token_hex(8)
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (self.log_id,))
         self.unfinished: list[LogRecord] = []
-        self.end_offset = self._scan()
-        if not progress_found and self.unfinished:
-            # Without progress every record looks un-inserted; inserting them all again would
-            # store each drained span twice, so each is settled by a lookup (log_ingest.py).
-            logger.warning(
-                "span log %s: the progress file is missing; the %d records in the log will be"
-                " settled by looking their spans up in the store",
-                self.folder,
-                len(self.unfinished),
-            )
-            self.lookup_until = self.end_offset
-        new_segment = not self._segments or self._segment_path(self._segments[-1]).stat().st_size >= segment_bytes
-        if self.committed_offset > self.end_offset:
-            # Progress past the data (segments removed or cut by hand): offsets only ever grow,
-            # so new records go into a new segment named by the progress offset; none of them
-            # can then fall below the "already inserted" mark.
-            logger.warning(
-                "span log %s: progress %d is past the log's end %d; appending from %d in a new segment",
-                self.folder,
-                self.committed_offset,
-                self.end_offset,
-                self.committed_offset,
-            )
-            self.end_offset = self.committed_offset
-            new_segment = True
-        if self.unfinished_insert is not None and self.unfinished_insert.start < self.committed_offset:
-            self.unfinished_insert = None  # a stale line: an insert never starts before the committed offset
-        if new_segment and (not self._segments or self._segments[-1] != self.end_offset):
-            self._segments.append(self.end_offset)
-        self._fd = os.open(self._segment_path(self._segments[-1]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._segment_size = os.fstat(self._fd).st_size
-        self._progress_fd = os.open(self.folder / _PROGRESS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._progress_lines = 0
-        self._rewrite_progress()
-
-    # ------------------------------------------------------------------ open
-    def _read_or_create_id(self) -> str:
-        path = self.folder / "log_id"
-        try:
-            text = path.read_text(encoding="ascii").strip()
-            if text.isalnum():
-                return text
-        except FileNotFoundError:
-            pass
-        new_id = secrets.token_hex(8)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(new_id, encoding="ascii")
-        os.replace(temporary, path)
-        return new_id
-
-    def _read_progress(self) -> tuple[int, UnfinishedInsert | None, int]:
-        """``(committed offset, unfinished insert or None, lookup_until)`` from the progress file."""
-        committed, begun, lookup_until = 0, None, 0
-        try:
-            text = (self.folder / _PROGRESS).read_text(encoding="ascii", errors="replace")
-        except FileNotFoundError:
-            return 0, None, 0
-        for line in text.splitlines():
-            parts = line.split()
-            try:
-                if parts[0] == "L" and len(parts) == 2:
-                    lookup_until = max(lookup_until, int(parts[1]))
-                elif parts[0] == "D" and len(parts) == 2:
-                    committed = max(committed, int(parts[1]))
-                    begun = None if begun is not None and begun.end <= committed else begun
-                elif parts[0] == "B" and len(parts) in (3, 5):
-                    trace_id, span_id = (parts[3], parts[4]) if len(parts) == 5 else ("", "")
-                    begun = UnfinishedInsert(int(parts[1]), int(parts[2]), trace_id, span_id)
-            except (IndexError, ValueError):
-                continue  # a torn last line: the state before it stands
-        if begun is not None and begun.end <= committed:
-            begun = None
-        return committed, begun, lookup_until
-
-    def _segment_path(self, start: int) -> Path:
-        return self.folder / f"{start:020d}{_SEGMENT_SUFFIX}"
-
-    def _scan(self) -> int:
-        """Read every segment's records (tokens), load the records past the committed offset;
-        skip damaged records in place, cut only a torn tail; return the log's end offset."""
-        end = self._segments[0] if self._segments else self.committed_offset
-        for index, start in enumerate(self._segments):
-            path = self._segment_path(start)
-            last = index == len(self._segments) - 1
-            with open(path, "rb") as segment:
-                data = segment.read()
-            position = 0
-            while position < len(data):
-                record_end = _valid_record_end(data, position)
-                if record_end is None:
-                    following = _next_valid_record(data, position + 1)
-                    if following is None and last:
-                        # Damage that reaches the end of the newest segment: a write cut short by
-                        # the crash (never answered 200). Nothing valid follows, so the cut loses
-                        # no record.
-                        dropped = len(data) - position
-                        logger.warning(
-                            "span log %s: cutting off a torn last record (%s, %d bytes at %d); its"
-                            " export was never acknowledged",
-                            path.name,
-                            _problem(data, position),
-                            dropped,
-                            position,
-                        )
-                        self.torn_bytes_dropped += dropped
-                        os.truncate(path, position)
-                        break
-                    # Damage in the middle: the bytes are left alone (no file region holding valid
-                    # records after it is ever truncated) and skipped up to the next valid record.
-                    skip_to = len(data) if following is None else following
-                    self._note_corrupt(path, start, position, skip_to - position, _problem(data, position))
-                    position = skip_to
-                    continue
-                magic, size, crc, token, flags = _HEADER.unpack_from(data, position)
-                if start + record_end > self.committed_offset:
-                    self.unfinished.append(
-                        LogRecord(
-                            start + position,
-                            start + record_end,
-                            token,
-                            flags,
-                            bytes(data[position + HEADER_BYTES : record_end]),
-                        )
-                    )
-                self._remember(token)
-                position = record_end
-            end = start + position
-            if not last and end != self._segments[index + 1]:
-                # A segment shorter or longer than its successor's name says: offsets of the next
-                # segment are its own (never renumbered), so continue there.
-                end = self._segments[index + 1]
-        return end
-
-    def _note_corrupt(self, path: Path, segment_start: int, position: int, skipped: int, problem: str) -> None:
-        inserted = segment_start + position + skipped <= self.committed_offset
-        logger.error(
-            "span log %s: damaged record (%s) at offset %d of the segment (global %d); skipped %d bytes"
-            " to the next valid record%s",
-            path.name,
-            problem,
-            position,
-            segment_start + position,
-            skipped,
-            " (behind the drained mark: inserted, or lost and reported at an earlier start)"
-            if inserted
-            else "; an acknowledged export in them is lost",
+        self.backlog_bytes = 0  # body bytes logged, not yet drained
+        for record_id, token, flags, crc, body in rows:
+            self._remember(token)
+            if body is None:
+                continue
+            if zlib.crc32(body) != crc:
+                logger.error(
+                    "span log %s: record %d is damaged (checksum mismatch); skipped: an acknowledged export is lost",
+                    path,
+                    record_id,
+                )
+                self.corrupt_records_total += 1
+                self._db.execute("UPDATE exports SET body = NULL WHERE id = ?", (record_id,))  # reported once
+                continue
+            self.unfinished.append(LogRecord(record_id, record_id + 1, flags, body))
+            self.backlog_bytes += len(body)
+        self.end_offset = (self._db.execute("SELECT seq FROM sqlite_sequence").fetchone() or (0,))[0] + 1
+        # Every record before this one is drained (or skipped as damaged).
+        self.committed_offset = self.unfinished[0].start if self.unfinished else self.end_offset
+        begun = meta.get("begun", "").split()
+        self.unfinished_insert = (
+            UnfinishedInsert(int(begun[0]), int(begun[1]), *(begun[2:4] if len(begun) == 4 else ("", "")))
+            if len(begun) in (2, 4) and int(begun[1]) > self.committed_offset
+            else None
         )
-        self.corrupt_records_total += 1
-        self.corrupt_bytes_total += skipped
 
-    # ------------------------------------------------------------------ use
+    @staticmethod
+    def _open(path: Path) -> tuple[sqlite3.Connection, list]:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=OFF")
+            db.executescript(_SCHEMA)
+            rows = db.execute("SELECT id, token, flags, crc, body FROM exports ORDER BY id").fetchall()
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db, rows
+
     def knows(self, token: bytes) -> bool:
         """True when a record with ``token`` was appended (and is remembered)."""
         return token in self._tokens
 
-    @property
-    def backlog_bytes(self) -> int:
-        """Bytes appended and not yet known inserted."""
-        return self.end_offset - self.committed_offset
-
     def append(self, token: bytes, flags: int, body: bytes) -> tuple[int, int]:
-        """Append one record; return its ``(start, end)`` global offsets once written to the
-        page cache. Raises ``ValueError`` (see :func:`encode_record`) and ``OSError`` (disk
-        full, …), in which case nothing is left of the record in the log."""
-        record = encode_record(token, flags, body)
+        """Append one record; return its range ``(start, end)`` once written to the page
+        cache. Raises ``sqlite3.Error`` (disk full, …), in which case nothing is logged."""
         with self._lock:
-            if self._segment_size >= self.segment_bytes:
-                self._rotate()
-            start = self.end_offset
-            view = memoryview(record)
-            written = 0
-            try:
-                while written < len(record):
-                    written += os.write(self._fd, view[written:])
-            except OSError:
-                if written:
-                    os.ftruncate(self._fd, self._segment_size)
-                raise
-            self._segment_size += len(record)
-            self.end_offset += len(record)
+            cursor = self._db.execute(
+                "INSERT INTO exports (token, flags, crc, body) VALUES (?, ?, ?, ?)",
+                (token, flags, zlib.crc32(body), body),
+            )
+            record_id = int(cursor.lastrowid or 0)
+            self.end_offset = record_id + 1
+            self.backlog_bytes += len(body)
             self._remember(token)
-            return start, self.end_offset
+            return record_id, record_id + 1
 
     def begin_insert(self, start: int, end: int, trace_id: str = "", span_id: str = "") -> None:
         """Record that the records ``[start, end)`` are about to be inserted, with one sample
-        key of their rows. Raises ``OSError``."""
-        sample = f" {trace_id} {span_id}" if trace_id and span_id else ""
-        self._write_progress(f"B {start} {end}{sample}\n")
+        key of their rows. Raises ``sqlite3.Error``."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('begun', ?)", (f"{start} {end} {trace_id} {span_id}".strip(),)
+            )
 
     def done_insert(self, end: int) -> None:
-        """Record that every record before ``end`` is inserted; delete drained segments beyond
-        the retention. Never raises (a lost line means the range is checked again at start-up)."""
+        """Record that every record before ``end`` is inserted: drop their bodies, forget the
+        tokens beyond ``max_tokens``. Never raises (a lost step means the range is settled
+        again at start-up, by its sample span)."""
         with self._lock:
-            self.committed_offset = max(self.committed_offset, end)
             try:
-                self._write_progress(f"D {end}\n")
-            except OSError as exc:
-                logger.warning("span log %s: could not write progress: %s", self.folder, exc)
+                drained = self._db.execute(
+                    "SELECT coalesce(sum(length(body)), 0) FROM exports WHERE id < ? AND body IS NOT NULL", (end,)
+                ).fetchone()[0]
+                with self._db:  # one transaction
+                    self._db.execute("BEGIN")
+                    self._db.execute("UPDATE exports SET body = NULL WHERE id < ? AND body IS NOT NULL", (end,))
+                    self._db.execute("DELETE FROM exports WHERE id < ?", (min(end, self.end_offset - self.max_tokens),))
+                    self._db.execute("DELETE FROM meta WHERE key = 'begun'")
+                self.backlog_bytes -= drained
+            except sqlite3.Error as exc:
+                logger.warning("span log %s: could not record drained records: %s", self.folder, exc)
+            self.committed_offset = max(self.committed_offset, end)
             if self.unfinished_insert is not None and self.unfinished_insert.end <= self.committed_offset:
                 self.unfinished_insert = None
-            # Only here, between inserts: a rewrite must not drop the B line of one in flight.
-            if self._progress_lines > _PROGRESS_MAX_LINES:
-                self._rewrite_progress()
-            self._delete_drained()
 
     def close(self) -> None:
-        """Close the files; idempotent."""
+        """Close the database; idempotent."""
         with self._lock:
-            for name in ("_fd", "_progress_fd"):
-                fd = getattr(self, name, -1)
-                if fd >= 0:
-                    os.close(fd)
-                    setattr(self, name, -1)
+            self._db.close()
 
-    # ------------------------------------------------------------------ internals
     def _remember(self, token: bytes) -> None:
         self._tokens[token] = None
         if len(self._tokens) > self.max_tokens:
             self._tokens.popitem(last=False)
 
-    def _rotate(self) -> None:
-        os.close(self._fd)
-        self._segments.append(self.end_offset)
-        self._fd = os.open(self._segment_path(self.end_offset), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._segment_size = 0
 
-    def _write_progress(self, line: str) -> None:
-        os.write(self._progress_fd, line.encode("ascii"))
-        self._progress_lines += 1
+@dataclass
+class _Queued:
+    """One logged export waiting for the drainer: log range ``[start, end)`` and its spans."""
 
-    def _rewrite_progress(self) -> None:
-        """Replace the progress file by its state (atomic rename), keeping an unfinished line."""
-        lines = f"D {self.committed_offset}\n"
-        if self.lookup_until > self.committed_offset:  # kept until the looked-up range is drained
-            lines += f"L {self.lookup_until}\n"
-        if self.unfinished_insert is not None:
-            u = self.unfinished_insert
-            lines += f"B {u.start} {u.end} {u.trace_id} {u.span_id}\n" if u.span_id else f"B {u.start} {u.end}\n"
-        path = self.folder / _PROGRESS
-        temporary = path.with_suffix(".tmp")
+    start: int
+    end: int
+    spans: list[SpanRow]
+    enqueued: float  # monotonic seconds
+
+
+class LoggedSpanIngest:
+    """Durable queue of span exports in front of ``otel_traces`` (see the module docstring);
+    a :class:`~inferpath.server.ingest.SpanSink`.
+
+    ``ingest``: the receiver's :class:`DurableIngest` (back-off state, insert, counters).
+    ``log``: an open :class:`SpanLog`; its unfinished records are decoded and queued here.
+    ``on_committed(spans)``: called by the drainer with the spans of each committed insert
+    (the assembler's ``note_spans``). ``insert_rows`` (≥ 1): rows per insert at most (a
+    larger export is inserted alone). ``linger_seconds`` (0..60): how long the oldest queued
+    export may wait for company (larger blocks make larger parts, which chDB merges less).
+    ``max_backlog_bytes``, ``max_backlog_seconds``, ``backlog_wait_seconds`` (0..60): the
+    bounds of the module docstring. Raises ``ValueError`` for bad limits. The drainer runs
+    after :meth:`start`. Counters: ``appended_total`` (exports logged),
+    ``duplicate_exports_total``, ``backlog_full_total`` (503s), ``log_errors_total``
+    (appends that failed, 503), ``inserts_total``, ``inserted_spans_total``,
+    ``refused_spans_total``, ``recovered_spans_total`` (queued again at start-up).
+    """
+
+    def __init__(
+        self,
+        ingest: DurableIngest,
+        log: SpanLog,
+        *,
+        on_committed: Callable[[list[SpanRow]], None] = lambda spans: None,
+        insert_rows: int = 60_000,
+        linger_seconds: float = 0.5,
+        max_backlog_bytes: int = 16 * 1024 * 1024,
+        max_backlog_seconds: float = 1.0,
+        backlog_wait_seconds: float = 1.0,
+    ) -> None:
+        if insert_rows < 1:
+            raise ValueError(f"insert_rows must be >= 1, got {insert_rows}")
+        if not 0 <= linger_seconds <= 60:
+            raise ValueError(f"linger_seconds must be in 0..60, got {linger_seconds}")
+        if max_backlog_bytes < 1:
+            raise ValueError(f"max_backlog_bytes must be >= 1, got {max_backlog_bytes}")
+        if not 0 < max_backlog_seconds <= 3600:
+            raise ValueError(f"max_backlog_seconds must be in (0, 3600], got {max_backlog_seconds}")
+        if not 0 <= backlog_wait_seconds <= 60:
+            raise ValueError(f"backlog_wait_seconds must be in 0..60, got {backlog_wait_seconds}")
+        self.ingest = ingest
+        self.log = log
+        self.on_committed = on_committed
+        self.insert_rows = insert_rows
+        self.linger_seconds = linger_seconds
+        self.max_backlog_bytes = max_backlog_bytes
+        self.backlog_wait_seconds = backlog_wait_seconds
+        self.max_backlog_seconds = max_backlog_seconds
+        # Spans per second of the drainer's recent inserts (batch taken → committed), EWMA;
+        # 0 until the first insert.
+        self.drain_spans_per_second = 0.0
+        self._cond = threading.Condition()
+        self._queue: deque[_Queued] = deque()
+        self._queued_spans = 0
+        self._stopping = False
+        self._flush_waiters = 0
+        self._room_waiters = 0
+        self._reserved_bytes = 0  # bodies of exports read, being decoded: see reserve()
+        self._thread: threading.Thread | None = None
+        # Drain exactly this range first (an insert a crash left unfinished), then per export
+        # up to ``_single_until`` (a group the store refused for its data).
+        self._forced_end: int | None = None
+        self._single_until = -1
+        self.appended_total = 0
+        self.duplicate_exports_total = 0
+        self.backlog_full_total = 0
+        self.log_errors_total = 0
+        self.inserts_total = 0
+        self.inserted_spans_total = 0
+        self.refused_spans_total = 0
+        self.recovered_spans_total = 0
+        self._recover()
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        """Queue the log's records not drained again; settle the insert a crash interrupted
+        (see the module docstring)."""
+        for record in self.log.unfinished:
+            queued = self._decode(record)
+            self._queue.append(queued)
+            self._queued_spans += len(queued.spans)
+            self.recovered_spans_total += len(queued.spans)
+        self.log.unfinished = []  # decoded: drop the bodies
+        unfinished = self.log.unfinished_insert
+        if unfinished is not None:
+            if unfinished.span_id and self._present(unfinished.trace_id, unfinished.span_id):
+                logger.info(
+                    "span log: the insert of [%d, %d) interrupted by a crash had landed",
+                    unfinished.start,
+                    unfinished.end,
+                )
+                while self._queue and self._queue[0].end <= unfinished.end:
+                    dropped = self._queue.popleft()
+                    self._queued_spans -= len(dropped.spans)
+                    self.recovered_spans_total -= len(dropped.spans)
+                self.log.done_insert(unfinished.end)
+            else:
+                logger.info(
+                    "span log: the insert of [%d, %d) interrupted by a crash had not landed; inserting"
+                    " exactly that range again",
+                    unfinished.start,
+                    unfinished.end,
+                )
+                self._forced_end = unfinished.end
+        if self._queue:
+            logger.info(
+                "span log: re-queued %d records (%d spans) not inserted before the last stop",
+                len(self._queue),
+                self._queued_spans,
+            )
+
+    def _decode(self, record) -> _Queued:
+        """A log record decoded again into a queue entry (no spans when it cannot be decoded)."""
         try:
-            temporary.write_text(lines, encoding="ascii")
-            os.replace(temporary, path)
-            os.close(self._progress_fd)
-            self._progress_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._progress_lines = 0
-        except OSError as exc:
-            logger.warning("span log %s: could not rewrite progress: %s", self.folder, exc)
+            decoded = decode_trace_request(
+                record.body, content_type=record.content_type, content_encoding=record.content_encoding
+            )
+        except Exception as exc:  # noqa: BLE001 - accepted once, unreadable now: count, go on
+            logger.error("span log record at %d could not be decoded again (%s); skipped", record.start, exc)
+            self.refused_spans_total += 1
+            decoded = None
+        spans = decoded.spans if decoded is not None else []
+        return _Queued(record.start, record.end, spans, time.monotonic())
 
-    def _delete_drained(self) -> None:
-        # Segments wholly before the committed offset, newest first; keep up to the retention.
-        kept = 0
-        for index in range(len(self._segments) - 2, -1, -1):
-            start, end = self._segments[index], self._segments[index + 1]
-            if end > self.committed_offset:
-                continue
-            kept += end - start
-            if kept > self.retain_drained_bytes:
-                for old in self._segments[: index + 1]:
-                    try:
-                        self._segment_path(old).unlink()
-                    except FileNotFoundError:
-                        pass
-                del self._segments[: index + 1]
+    def _present(self, trace_id: str, span_id: str) -> bool:
+        try:
+            rows = self.ingest.store.query(
+                "SELECT count() FROM otel_traces WHERE TraceId = {t:String} AND SpanId = {s:String}",
+                {"t": trace_id, "s": span_id},
+            )
+        except Exception as exc:  # noqa: BLE001 - unknown: insert again, the token dedups
+            logger.warning("span log: could not look up a sample span (%s); inserting the range again", exc)
+            return False
+        return bool(rows and rows[0][0])
+
+    # ------------------------------------------------------------------ receiver side
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes logged and not yet inserted."""
+        return self.log.backlog_bytes
+
+    @property
+    def backlog_spans(self) -> int:
+        """Spans queued for the drainer."""
+        return self._queued_spans
+
+    def accept(
+        self, spans: Sequence[SpanRow], token: str, body: bytes, content_type: str | None, content_encoding: str | None
+    ) -> CommitResult:
+        """Log one decoded export and queue its rows; ``committed`` once the record is written.
+
+        ``spans``: the export's valid spans; ``token``: its dedup token
+        (:func:`~inferpath.server.ingest.dedup_token`); ``body``, ``content_type``,
+        ``content_encoding``: as received (the log keeps the body, decoded again only after
+        a restart). Answers ``unavailable`` (503) while the store backs off or when the log
+        cannot be written, ``overloaded`` (503) when the backlog would still pass
+        ``max_backlog_bytes`` after ``backlog_wait_seconds``, ``invalid`` (400) for a media
+        type the log cannot record (not expected: the body was decoded). Never raises.
+        """
+        digest = token_digest(token)
+        if self.log.knows(digest):
+            self.duplicate_exports_total += 1
+            return CommitResult("committed", duplicate=True)
+        refusal = self.ingest.refusal()
+        if refusal is not None:
+            return refusal
+        if not spans:
+            return CommitResult("committed")  # nothing to store
+        spans = list(spans)
+        try:
+            flags = body_flags(content_type, content_encoding)
+        except Exception as exc:  # noqa: BLE001 - decoded already, so not expected: a 400, never raised
+            return CommitResult("invalid", str(exc))
+        with self._cond:
+            if self.log.knows(digest):  # the same export, accepted meanwhile by another thread
+                self.duplicate_exports_total += 1
+                return CommitResult("committed", duplicate=True)
+            # Flow control first: a client holds one export in flight, so making it wait a
+            # moment for room slows it down without a Retry-After pause that idles the drainer.
+            deadline = time.monotonic() + self.backlog_wait_seconds
+            while (
+                self._backlog_full(len(body), len(spans))
+                and not self._stopping
+                and (left := deadline - time.monotonic()) > 0
+            ):
+                self._room_waiters += 1  # the drainer stops lingering: the backlog is full
+                self._cond.notify_all()
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._room_waiters -= 1
+            if self.log.knows(digest):
+                self.duplicate_exports_total += 1
+                return CommitResult("committed", duplicate=True)
+            if self._backlog_full(len(body), len(spans)):
+                self.backlog_full_total += 1
+                return CommitResult(
+                    "overloaded",
+                    f"ingest backlog full ({self.log.backlog_bytes} bytes,"
+                    f" {self._queued_spans} spans not yet inserted; max_backlog_bytes="
+                    f"{self.max_backlog_bytes}, max_backlog_seconds={self.max_backlog_seconds}"
+                    f" at {self.drain_spans_per_second:.0f} spans/s); retry later",
+                    max(1, round(self.ingest.retry_after_seconds)),
+                )
+            try:
+                start, end = self.log.append(digest, flags, body)
+            except Exception as exc:  # noqa: BLE001 - disk full, …: the client retries
+                self.log_errors_total += 1
+                logger.warning("span log append failed: %s", exc)
+                return CommitResult("unavailable", f"span log unwritable ({type(exc).__name__}); retry later", 1)
+            self._queue.append(_Queued(start, end, spans, time.monotonic()))
+            self._queued_spans += len(spans)
+            self.appended_total += 1
+            if len(self._queue) == 1 or self._queued_spans >= self.insert_rows:
+                self._cond.notify_all()
+        return CommitResult("committed")
+
+    def reserve(self, body_bytes: int) -> Reservation | CommitResult:
+        """Room in the backlog for one export of ``body_bytes`` whose body was read and is
+        about to be decoded; release it (context manager) once the export is answered.
+
+        Refused at once (``overloaded``, 503 with ``Retry-After``) when the backlog and the
+        exports already reserved would pass ``max_backlog_bytes`` with it, so an export that
+        cannot fit is not decoded first. An export gets room when nothing is logged or
+        reserved, whatever its size. Counted in ``backlog_full_total``. Never raises."""
+        with self._cond:
+            backlog, reserved = self.log.backlog_bytes, self._reserved_bytes
+            if (backlog or reserved) and backlog + reserved + body_bytes > self.max_backlog_bytes:
+                self.backlog_full_total += 1
+                return CommitResult(
+                    "overloaded",
+                    f"ingest backlog full ({backlog} bytes logged, {reserved} bytes"
+                    f" being decoded, {body_bytes} more; max_backlog_bytes={self.max_backlog_bytes});"
+                    " retry later",
+                    max(1, round(self.ingest.retry_after_seconds)),
+                )
+            self._reserved_bytes += body_bytes
+        return Reservation(self._unreserve, body_bytes)
+
+    def _unreserve(self, body_bytes: int) -> None:
+        with self._cond:
+            self._reserved_bytes -= body_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Body bytes of the exports holding a :meth:`reserve` now."""
+        return self._reserved_bytes
+
+    def _backlog_full(self, body_bytes: int, spans: int) -> bool:
+        """True when one more export would pass a bound; an empty backlog takes any export.
+        The caller holds ``_cond``."""
+        if not self.log.backlog_bytes:
+            return False
+        if self.log.backlog_bytes + body_bytes > self.max_backlog_bytes:
+            return True
+        rate = self.drain_spans_per_second
+        # What the drainer gets through in max_backlog_seconds (a floor keeps inserts large
+        # enough to be efficient when the measured rate is low).
+        return bool(rate) and self._queued_spans + spans > max(_MIN_BACKLOG_SPANS, rate * self.max_backlog_seconds)
+
+    # ------------------------------------------------------------------ drainer
+    def start(self) -> None:
+        """Start the drainer thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="inferpath-span-log", daemon=True)
+            self._thread.start()
+
+    def _take_batch(self) -> list[_Queued] | None:
+        """Wait for the next batch (held in the queue until committed); None when stopping."""
+        with self._cond:
+            while True:
+                if self._stopping:  # close() flushed first; an undrained rest stays in the log
+                    return None
+                if not self._queue:
+                    self._cond.wait(0.5)
+                    continue
+                waited = time.monotonic() - self._queue[0].enqueued
+                if (
+                    self._queued_spans < self.insert_rows
+                    and waited < self.linger_seconds
+                    and not self._flush_waiters
+                    and not self._room_waiters
+                    and not self._stopping
+                    and self._forced_end is None
+                ):
+                    self._cond.wait(self.linger_seconds - waited)
+                    continue
+                batch: list[_Queued] = []
+                rows = 0
+                for queued in self._queue:
+                    if self._forced_end is not None:
+                        if queued.end > self._forced_end:
+                            break
+                    elif batch and (rows + len(queued.spans) > self.insert_rows or queued.start < self._single_until):
+                        break
+                    batch.append(queued)
+                    rows += len(queued.spans)
+                return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
                 return
+            try:
+                self._drain(batch)
+            except Exception:  # noqa: BLE001 - the drainer must outlive any one batch
+                logger.exception("span log drain failed; retrying")
+                self._pause(1.0)
+
+    def _pause(self, seconds: float) -> None:
+        with self._cond:
+            if not self._stopping:
+                self._cond.wait(seconds)
+
+    def _drain(self, batch: list[_Queued]) -> None:
+        refusal = self.ingest.refusal()
+        if refusal is not None:  # the store backs off: wait for the probe time
+            self._pause(0.05)
+            return
+        taken = time.monotonic()
+        start, end = batch[0].start, batch[-1].end
+        rows = sum(len(queued.spans) for queued in batch)
+        sample = next(((span.trace_id, span.span_id) for q in batch for span in q.spans[:1]), ("", ""))
+        result = CommitResult("committed")
+        if rows:
+            try:
+                self.log.begin_insert(start, end, *sample)
+            except sqlite3.Error as exc:
+                logger.warning("span log progress unwritable (%s); retrying", exc)
+                self._pause(1.0)
+                return
+            block = [span.to_insert_row(timestamp_ns=True) for queued in batch for span in queued.spans]
+            result = self.ingest.commit(
+                [TableRows(SPANS_TABLE, SPAN_COLUMNS, block, checked=True)],
+                f"wal-{self.log.log_id}-{start}-{end}",
+                exports=len(batch),
+            )
+            del block
+        if result.status == "unavailable":
+            return  # back-off opened; the next round waits for it
+        if result.status == "invalid":
+            if len(batch) > 1:
+                logger.warning(
+                    "the store refused a block of %d exports for its data; inserting them one by one", len(batch)
+                )
+                self._single_until = end
+                self._forced_end = None
+                return
+            logger.error("the store refused a logged export's %d spans (dropped): %s", rows, result.message)
+            self.refused_spans_total += rows
+        spans = [span for queued in batch for span in queued.spans]
+        if result.ok and spans:
+            try:  # before D: a flush that sees the range done finds its traces noted
+                self.on_committed(spans)
+            except Exception:  # noqa: BLE001 - on_committed must not raise; the drainer goes on
+                logger.exception("handing committed spans to the assembler failed")
+        self.log.done_insert(end)
+        with self._cond:
+            for _ in batch:
+                self._queue.popleft()
+            self._queued_spans -= len(spans)
+            if self._forced_end is not None and end >= self._forced_end:
+                self._forced_end = None
+            self._cond.notify_all()
+        if result.ok and spans:
+            sample_rate = len(spans) / max(time.monotonic() - taken, 1e-3)
+            self.drain_spans_per_second = (
+                sample_rate
+                if not self.drain_spans_per_second
+                else 0.7 * self.drain_spans_per_second + 0.3 * sample_rate
+            )
+            self.inserts_total += 1
+            self.inserted_spans_total += len(spans)
+
+    # ------------------------------------------------------------------ flush / close
+    def flush(self, timeout_seconds: float = 30.0) -> bool:
+        """Wait until everything logged before the call is inserted (or dropped as refused)
+        and its spans were handed to ``on_committed``; False on timeout (e.g. the store is
+        down: the backlog stays in the log)."""
+        target = self.log.end_offset
+        deadline = time.monotonic() + timeout_seconds
+        with self._cond:
+            self._flush_waiters += 1
+            self._cond.notify_all()
+            try:
+                while self.log.committed_offset < target:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or (self._thread is None or not self._thread.is_alive()):
+                        return False
+                    self._cond.wait(min(left, 0.1))
+                return True
+            finally:
+                self._flush_waiters -= 1
+
+    def close(self, timeout_seconds: float = 30.0) -> None:
+        """Drain what can be drained within ``timeout_seconds``, stop the thread, close the
+        log (an undrained rest stays in it for the next start). Idempotent."""
+        if self._thread is not None and self._thread.is_alive():
+            self.flush(timeout_seconds)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+        self.log.close()

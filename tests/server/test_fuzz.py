@@ -188,7 +188,7 @@ def test_one_megabyte_values_and_a_hundred_thousand_attributes_are_stored(server
     span.attributes.extend(KeyValue(key=f"k{i}", value=AnyValue(int_value=i)) for i in range(100_000))
     parsed = _check(server.post("/v1/traces", content=many.SerializeToString(), headers=PROTOBUF))
     assert parsed is not None and not parsed.HasField("partial_success")
-    # A 200 means logged durably; the insert follows within a moment (server/log_ingest.py).
+    # A 200 means logged durably; the insert follows within a moment (server/span_log.py).
     assert server.post("/api/v1/flush", timeout=120).json()["ok"]
     stored = server.get(f"/api/v1/traces/{'01' * 16}").json()["spans"]
     by_id = {s["span_id"]: s for s in stored}

@@ -1,17 +1,17 @@
-"""The span write-ahead log: record format, torn tails, progress, segments, and its drainer
+"""The span log: records, progress, token retention, and its drainer
 on a real chDB store (crash in the middle of an insert, backlog bound)."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from inferpath.server.ingest import DurableIngest, Reservation, TableRows, dedup_token
-from inferpath.server.log_ingest import LoggedSpanIngest, token_digest
 from inferpath.server.otlp import decode_trace_request
-from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, HEADER_BYTES, SpanLog
+from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, LoggedSpanIngest, SpanLog, token_digest
 from inferpath.storage.rows import SPAN_COLUMNS
 from inferpath.storage.store import Store
 
@@ -24,52 +24,35 @@ def _token(n: int) -> bytes:
     return token_digest(f"export-{n}")
 
 
-def test_records_survive_reopen_and_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
+def test_records_survive_reopen_with_their_media_type_and_ids_continue(tmp_path: Path) -> None:
     log = SpanLog(tmp_path / "log")
     ranges = [log.append(_token(n), FLAG_JSON if n == 1 else 0, f"body {n}".encode() * 10) for n in range(3)]
-    log.close()
-    segment = next((tmp_path / "log").glob("*.log"))
-    size = segment.stat().st_size
-    assert size == ranges[-1][1] == sum(HEADER_BYTES + 60 for _ in range(3))
-    with open(segment, "ab") as tail:  # the process died inside write(): half a record
-        tail.write((b"IPL1" + bytes(40))[:30])
+    assert ranges == [(1, 2), (2, 3), (3, 4)] and log.backlog_bytes == 3 * 60
+    log.close()  # killed: nothing drained
     reopened = SpanLog(tmp_path / "log")
     assert [r.body for r in reopened.unfinished] == [f"body {n}".encode() * 10 for n in range(3)]
     assert [(r.start, r.end) for r in reopened.unfinished] == ranges
     assert reopened.unfinished[1].content_type == "application/json"
-    assert reopened.torn_bytes_dropped == 30 and segment.stat().st_size == size
+    assert reopened.unfinished[0].content_encoding is None
     assert reopened.knows(_token(2)) and not reopened.knows(_token(3))
-    # The next record starts where the good ones end.
-    assert reopened.append(_token(3), FLAG_GZIP, b"next") == (size, size + HEADER_BYTES + 4)
+    assert reopened.log_id == log.log_id and reopened.backlog_bytes == 3 * 60
+    assert reopened.append(_token(3), FLAG_GZIP, b"next") == (4, 5)
     reopened.close()
 
 
-def test_a_last_record_with_a_bad_checksum_is_cut_off(tmp_path: Path) -> None:
-    log = SpanLog(tmp_path / "log")
-    log.append(_token(0), 0, b"a" * 100)
-    start, end = log.append(_token(1), 0, b"b" * 100)
-    log.close()
-    segment = next((tmp_path / "log").glob("*.log"))
-    data = bytearray(segment.read_bytes())
-    data[end - 1] ^= 0xFF  # one flipped byte in the last body
-    segment.write_bytes(bytes(data))
-    reopened = SpanLog(tmp_path / "log")
-    assert [r.body for r in reopened.unfinished] == [b"a" * 100]
-    assert reopened.end_offset == start and not reopened.knows(_token(1))
-    reopened.close()
-
-
-def test_progress_lines_decide_what_is_unfinished(tmp_path: Path) -> None:
+def test_progress_decides_what_is_unfinished(tmp_path: Path) -> None:
     log = SpanLog(tmp_path / "log")
     ranges = [log.append(_token(n), 0, b"x" * 50) for n in range(4)]
     log.begin_insert(ranges[0][0], ranges[1][1], "a" * 32, "b" * 16)
     log.done_insert(ranges[1][1])
+    assert log.committed_offset == ranges[1][1] and log.backlog_bytes == 100
     log.begin_insert(ranges[2][0], ranges[3][1], "c" * 32, "d" * 16)  # killed during this insert
     log.close()
     reopened = SpanLog(tmp_path / "log")
-    assert reopened.committed_offset == ranges[1][1] and reopened.backlog_bytes == ranges[3][1] - ranges[2][0]
+    assert reopened.committed_offset == ranges[1][1] and reopened.backlog_bytes == 100
     assert [(r.start, r.end) for r in reopened.unfinished] == ranges[2:]
     unfinished = reopened.unfinished_insert
+    assert unfinished is not None
     assert (unfinished.start, unfinished.end, unfinished.trace_id, unfinished.span_id) == (
         ranges[2][0],
         ranges[3][1],
@@ -77,20 +60,24 @@ def test_progress_lines_decide_what_is_unfinished(tmp_path: Path) -> None:
         "d" * 16,
     )
     assert all(reopened.knows(_token(n)) for n in range(4))  # drained records' tokens too
+    reopened.done_insert(ranges[3][1])
     reopened.close()
+    drained = SpanLog(tmp_path / "log")
+    assert drained.unfinished == [] and drained.unfinished_insert is None and drained.backlog_bytes == 0
+    assert drained.append(_token(4), 0, b"z") == (5, 6)  # ids are never reused
+    drained.close()
 
 
-def test_drained_segments_are_deleted_beyond_the_retention(tmp_path: Path) -> None:
-    log = SpanLog(tmp_path / "log", segment_bytes=1000, retain_drained_bytes=2500)
-    ends = [log.append(_token(n), 0, b"y" * 955)[1] for n in range(8)]  # one 1000-byte record per segment
-    assert len(list((tmp_path / "log").glob("*.log"))) == 8
-    log.done_insert(ends[-2])  # seven segments drained, the current one not
-    names = sorted(p.name for p in (tmp_path / "log").glob("*.log"))
-    assert names == [f"{start:020d}.log" for start in (5000, 6000, 7000)]
+def test_drained_records_keep_only_the_newest_tokens(tmp_path: Path) -> None:
+    log = SpanLog(tmp_path / "log", max_tokens=3)
+    ends = [log.append(_token(n), 0, b"y" * 100)[1] for n in range(8)]
+    log.done_insert(ends[-2])  # seven drained, the last not
     log.close()
-    reopened = SpanLog(tmp_path / "log")
-    assert [(r.start, r.end) for r in reopened.unfinished] == [(7000, 8000)]
+    reopened = SpanLog(tmp_path / "log", max_tokens=3)
+    assert [(r.start, r.end) for r in reopened.unfinished] == [(8, 9)]
     assert reopened.knows(_token(5)) and not reopened.knows(_token(4))
+    rows = sqlite3.connect(tmp_path / "log" / "spans.sqlite").execute("SELECT count(*) FROM exports").fetchone()
+    assert rows == (3,)
     reopened.close()
 
 
@@ -171,18 +158,19 @@ def test_exports_being_decoded_hold_backlog_room_and_one_that_cannot_fit_is_refu
     store_url: str, tmp_path: Path
 ) -> None:
     exports = _exports(3, spans=100)
+    exports[1] = _exports(1, spans=160)[0]  # larger: it passes the backlog's bound below
     size = len(exports[0][0])
     with Store.open(store_url) as store:
         ingest = DurableIngest(store)
         log_ingest = LoggedSpanIngest(
-            ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=2 * size, backlog_wait_seconds=0
+            ingest, SpanLog(tmp_path / "log"), max_backlog_bytes=2 * size + size // 4, backlog_wait_seconds=0
         )
         # Alone, an export gets room whatever its size.
         huge = log_ingest.reserve(100 * size)
         assert isinstance(huge, Reservation) and log_ingest.reserved_bytes == 100 * size
         refused = log_ingest.reserve(1)
         assert refused.status == "overloaded" and refused.retry_after_seconds >= 1
-        assert f"{100 * size} bytes being decoded, 1 more; max_backlog_bytes={2 * size}" in refused.message
+        assert f"{100 * size} bytes being decoded, 1 more; max_backlog_bytes={2 * size + size // 4}" in refused.message
         huge.release()
         huge.release()  # once only
         assert log_ingest.reserved_bytes == 0

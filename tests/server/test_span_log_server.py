@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from inferpath.config import Settings
-from inferpath.server.log_ingest import LoggedSpanIngest
 from inferpath.server.runtime import serve_in_thread
+from inferpath.server.span_log import LoggedSpanIngest
 
 from .otlp_factory import trace_body
 from .test_durability import _free_port, _start_server_process, _stored_span_counts
