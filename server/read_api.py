@@ -13,12 +13,9 @@ and analysis; this module parses parameters, answers 422s and shapes the JSON.
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import json
 import re
-import types
-import typing
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -66,51 +63,32 @@ def _invalid_all(problems: list[tuple[str, str]], where: str = "query") -> HTTPE
     return HTTPException(status_code=422, detail=detail)
 
 
-# (path, methods) of a route → (its query parameter names, those taking one value)
-_KNOWN_PARAMS: dict[tuple[str, frozenset[str]], tuple[frozenset[str], frozenset[str]]] = {}
-
-
-def _query_param_names(dependant, *, repeatable: bool | None = None) -> set[str]:
-    """Names (aliases) of the query parameters of a FastAPI ``Dependant`` and its dependencies;
-    with ``repeatable`` only those that take (True) or do not take (False) several values."""
-    names = {
-        param.alias
-        for param in dependant.query_params
-        if repeatable is None or _is_sequence(param.field_info.annotation) == repeatable
-    }
+def _query_param_names(dependant) -> set[str]:
+    """Names (aliases) of the query parameters of a FastAPI ``Dependant`` and its dependencies."""
+    names = {param.alias for param in dependant.query_params}
     for sub in dependant.dependencies:
-        names |= _query_param_names(sub, repeatable=repeatable)
+        names |= _query_param_names(sub)
     return names
 
 
-def _is_sequence(annotation: object) -> bool:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):  # Optional[list[str]]
-        return any(_is_sequence(arg) for arg in typing.get_args(annotation))
-    return origin in (list, tuple, set, frozenset, collections.abc.Sequence)
+_KNOWN_PARAMS: dict[tuple[str, frozenset[str]], set[str]] = {}  # (path, methods) of a route → its query parameters
 
 
 async def _reject_unknown_params(request: Request) -> None:
-    """422 naming each query parameter the endpoint does not declare, and each single-valued
-    one given more than once (else the last value would silently win)."""
+    """422 naming each query parameter the endpoint does not declare, and each one given more
+    than once (else the last value would silently win: every parameter here takes one value)."""
     route = request.scope.get("route")
     if route is None:
         return
     key = (route.path, frozenset(route.methods or ()))
-    known = _KNOWN_PARAMS.get(key)
-    if known is None:
-        known = _KNOWN_PARAMS[key] = (
-            frozenset(_query_param_names(route.dependant)),
-            frozenset(_query_param_names(route.dependant, repeatable=False)),
-        )
-    names, single = known
+    if key not in _KNOWN_PARAMS:
+        _KNOWN_PARAMS[key] = _query_param_names(route.dependant)
+    names = _KNOWN_PARAMS[key]
     takes = ", ".join(sorted(names)) or "none"
-    unknown = sorted(set(request.query_params) - names)
-    if unknown:
+    if unknown := sorted(set(request.query_params) - names):
         raise _invalid_all([(n, f"unknown query parameter {n!r}; this endpoint takes {takes}") for n in unknown])
-    given = {name: len(request.query_params.getlist(name)) for name in single}
-    repeated = sorted(name for name, times in given.items() if times > 1)
-    if repeated:
+    given = {name: len(request.query_params.getlist(name)) for name in names}
+    if repeated := sorted(name for name, times in given.items() if times > 1):
         raise _invalid_all(
             [(n, f"query parameter {n!r} is given {given[n]} times; it takes one value") for n in repeated]
         )
@@ -121,18 +99,16 @@ router = APIRouter(prefix="/api/v1", tags=["read"], dependencies=[Depends(_rejec
 
 def parse_time(value: str | None, param: str, *, where: str = "query") -> datetime | None:
     """Parse ISO-8601 with offset (``Z`` allowed) or Unix seconds into an aware UTC datetime
-    (:func:`inferpath.timespec.parse_instant`).
+    (:func:`inferpath.timespec.parse_instant`); ``None``/empty gives ``None``.
 
-    ``None``/empty gives ``None``. Raises ``HTTPException(422)`` naming ``param`` for a naive
-    or unparsable time, or one outside ``[EARLIEST, LATEST]`` (1970 to 2100: the store's
-    time columns hold nothing outside, and the bound keeps window arithmetic clear of the
-    limits of Python's datetime and ClickHouse's ``DateTime64``). ``where``: the 422's
-    location of ``param`` (``query``, or ``body`` for a field of a JSON body).
+    Raises ``HTTPException(422)`` naming ``param`` (located in ``where``: ``query``, or
+    ``body`` for a JSON field) for a naive or unparsable time, or one outside
+    ``[EARLIEST, LATEST]``: the store holds nothing outside, and the bound keeps window
+    arithmetic clear of the limits of datetime and ClickHouse's ``DateTime64``.
     """
-    if value is None or value.strip() == "":
+    if value is None or not value.strip():
         return None
-    text = value.strip()
-    unit_hint = ""
+    text, unit_hint = value.strip(), ""
     try:
         parsed: datetime | None = parse_instant(text)
     except TimeOutOfRange as exc:
@@ -145,11 +121,8 @@ def parse_time(value: str | None, param: str, *, where: str = "query") -> dateti
             hint = "; a '+' in a query string must be sent as %2B (or give the time in UTC with Z)"
         raise _invalid(param, f"{param}: {exc}{hint}", where) from None
     if parsed is None or not EARLIEST <= parsed <= LATEST:
-        raise _invalid(
-            param,
-            f"{param} is out of range: {text!r} (times from {EARLIEST.isoformat()} to {LATEST.isoformat()}){unit_hint}",
-            where,
-        )
+        bounds = f"times from {EARLIEST.isoformat()} to {LATEST.isoformat()}"
+        raise _invalid(param, f"{param} is out of range: {text!r} ({bounds}){unit_hint}", where)
     return parsed
 
 
@@ -185,9 +158,8 @@ def _row_filters(
     model: str | None = Query(None, description="Only requests of this model, exact match."),
     replica: str | None = Query(None, description="Only requests served by this replica, exact match."),
 ) -> dict[str, str]:
-    """The ``service`` / ``model`` / ``replica`` query parameters as column → value (a route
-    dependency: ``columns: RowFilters``); 422 naming the parameter for an empty value or one
-    over 256 characters."""
+    """The ``service`` / ``model`` / ``replica`` query parameters as column → value; 422
+    naming the parameter for an empty value or one over 256 characters."""
     columns: dict[str, str] = {}
     for name, value in (("service", service), ("model", model), ("replica", replica)):
         try:
@@ -198,9 +170,7 @@ def _row_filters(
 
 
 RowFilters = Annotated[dict[str, str], Depends(_row_filters)]
-_FILTER_PARAMS = {column: name for name, column in ROW_FILTERS.items()}
-"""Request-row column → the query parameter that filters it."""
-
+_FILTER_PARAMS = {column: name for name, column in ROW_FILTERS.items()}  # request-row column → its parameter
 
 StartQuery = Query(None, description="Window start: ISO-8601 with offset or Unix seconds (default end − 15 min).")
 EndQuery = Query(None, description="Window end: ISO-8601 with offset or Unix seconds (default now).")
@@ -223,14 +193,9 @@ async def summary(
     by ``service``, ``model`` or ``replica`` (exact match), the raw rows are read whatever the
     window (``exact``): the rollups hold none of those columns."""
     start_dt, end_dt = _window(start, end)
-    body = await _read(
-        request.app.state.runtime.reader.summary,
-        start_dt,
-        end_dt,
-        endpoint=endpoint,
-        endpoint_class=endpoint_class,
-        columns=columns,
-    )
+    reader = request.app.state.runtime.reader
+    filters = {"endpoint": endpoint, "endpoint_class": endpoint_class, "columns": columns}
+    body = await _read(reader.summary, start_dt, end_dt, **filters)
     return {"start": start_dt, "end": end_dt, "endpoint": endpoint, "endpoint_class": endpoint_class, **body}
 
 
@@ -248,16 +213,9 @@ async def requests_(
     """Request rows in the window (durations in ns), newest first or slowest first;
     ``service``, ``model``, ``replica``: exact-match filters on the row."""
     start_dt, end_dt = _window(start, end)
-    rows = await _read(
-        request.app.state.runtime.reader.requests,
-        start_dt,
-        end_dt,
-        endpoint=endpoint,
-        endpoint_class=endpoint_class,
-        columns=columns,
-        limit=limit,
-        order=order,
-    )
+    reader = request.app.state.runtime.reader
+    filters = {"endpoint": endpoint, "endpoint_class": endpoint_class, "columns": columns}
+    rows = await _read(reader.requests, start_dt, end_dt, **filters, limit=limit, order=order)
     return {"start": start_dt, "end": end_dt, "requests": rows}
 
 
@@ -273,14 +231,9 @@ async def requests_count(
     """Number of requests in the window (``service``, ``model``, ``replica``: exact-match
     filters on the row)."""
     start_dt, end_dt = _window(start, end)
-    count = await _read(
-        request.app.state.runtime.reader.request_count,
-        start_dt,
-        end_dt,
-        endpoint=endpoint,
-        endpoint_class=endpoint_class,
-        columns=columns,
-    )
+    reader = request.app.state.runtime.reader
+    filters = {"endpoint": endpoint, "endpoint_class": endpoint_class, "columns": columns}
+    count = await _read(reader.request_count, start_dt, end_dt, **filters)
     return {"start": start_dt, "end": end_dt, "count": count}
 
 
@@ -294,12 +247,9 @@ async def ttft_timeseries(
 ) -> dict:
     """TTFT per time bucket and endpoint class (seconds)."""
     start_dt, end_dt = _window(start, end)
+    reader = request.app.state.runtime.reader
     points = await _read(
-        request.app.state.runtime.reader.ttft_timeseries,
-        start_dt,
-        end_dt,
-        step_seconds=step_seconds,
-        endpoint_class=endpoint_class,
+        reader.ttft_timeseries, start_dt, end_dt, step_seconds=step_seconds, endpoint_class=endpoint_class
     )
     return {"start": start_dt, "end": end_dt, "step_seconds": step_seconds, "points": points}
 
@@ -314,9 +264,8 @@ async def gauge_timeseries(
 ) -> dict:
     """Mean of one gauge (canonical signal name) per bucket, service and attribute set."""
     start_dt, end_dt = _window(start, end)
-    points = await _read(
-        request.app.state.runtime.reader.gauge_timeseries, metric, start_dt, end_dt, step_seconds=step_seconds
-    )
+    reader = request.app.state.runtime.reader
+    points = await _read(reader.gauge_timeseries, metric, start_dt, end_dt, step_seconds=step_seconds)
     return {"metric": metric, "start": start_dt, "end": end_dt, "step_seconds": step_seconds, "points": points}
 
 
@@ -328,11 +277,7 @@ async def trace(
     spans = await _read(request.app.state.runtime.reader.trace_spans, trace_id)
     if not spans:
         raise HTTPException(status_code=404, detail=f"trace {trace_id.lower()} not found")
-    out = []
-    for span in spans:
-        item = dataclasses.asdict(span)
-        item["start_ns"], item["end_ns"] = span.start_ns, span.end_ns
-        out.append(item)
+    out = [{**dataclasses.asdict(span), "start_ns": span.start_ns, "end_ns": span.end_ns} for span in spans]
     return {"trace_id": trace_id.lower(), "spans": out}
 
 
@@ -350,9 +295,8 @@ async def diagnosis(
         None,
         gt=0,
         le=3600,
-        description="TTFT p99 objective "
-        "for every endpoint class (default: the objectives "
-        "file, else 1 s interactive / 10 s bulk).",
+        description="TTFT p99 objective for every endpoint class (default: the objectives file, else 1 s "
+        "interactive / 10 s bulk).",
     ),
     itl_p99_seconds: float | None = Query(
         None, gt=0, le=3600, description="ITL p99 objective for every endpoint class."
@@ -360,9 +304,8 @@ async def diagnosis(
     objectives: str | None = Query(
         None,
         max_length=16_384,
-        description="Objectives per "
-        "endpoint class as JSON, the objectives file's shape, e.g. "
-        '{"interactive": {"ttft_p99_seconds": 0.6}}.',
+        description='Objectives per endpoint class as JSON, the objectives file\'s shape, e.g. {"interactive": '
+        '{"ttft_p99_seconds": 0.6}}.',
     ),
 ) -> dict:
     """The verdict for the window: healthy or not against the latency objectives per endpoint
@@ -380,9 +323,8 @@ async def diagnosis(
         raise _invalid("start", f"start {start_dt.isoformat()} is in the future: no request can be in the window")
     base_start, base_end = parse_time(baseline_start, "baseline_start"), parse_time(baseline_end, "baseline_end")
     if (base_start is None) != (base_end is None):
-        missing = "baseline_end" if base_end is None else "baseline_start"
         raise _invalid(
-            missing,
+            "baseline_end" if base_end is None else "baseline_start",
             "give baseline_start and baseline_end together, or neither for a verdict against the objectives alone",
         )
     if base_start is not None and base_end is not None and base_end <= base_start:
@@ -392,44 +334,18 @@ async def diagnosis(
             f"{base_start.isoformat()}, baseline_end={base_end.isoformat()})",
         )
     runtime = request.app.state.runtime
-    if objectives is not None:
-        from inferpath.analysis.objectives import objectives_from_mapping
-
-        try:
-            document = json.loads(objectives)
-        except json.JSONDecodeError as exc:
-            raise _invalid(
-                "objectives",
-                f"objectives must be JSON in the objectives file's shape, e.g. "
-                f'{{"interactive": {{"ttft_p99_seconds": 0.6}}}}; it is not JSON ({exc})',
-            ) from None
-        try:
-            chosen = objectives_from_mapping(document, origin="objectives")
-        except ValueError as exc:
-            raise _invalid("objectives", str(exc)) from None
-    else:
-        chosen = runtime_objectives(runtime.settings)
+    chosen = runtime_objectives(runtime.settings) if objectives is None else _objectives_param(objectives)
     if ttft_p99_seconds is not None:
         chosen = chosen.with_limit("ttft", ttft_p99_seconds)
     if itl_p99_seconds is not None:
         chosen = chosen.with_limit("itl", itl_p99_seconds)
-    store = runtime.store
-    if endpoint is not None:
-        if not await run_in_threadpool(runtime.reader.has_endpoint, endpoint):
-            raise HTTPException(
-                status_code=404,
-                detail=[
-                    {
-                        "loc": ["query", "endpoint"],
-                        "type": "not_found",
-                        "msg": f"no request of endpoint {endpoint!r} is stored",
-                    }
-                ],
-            )
+    if endpoint is not None and not await run_in_threadpool(runtime.reader.has_endpoint, endpoint):
+        msg = f"no request of endpoint {endpoint!r} is stored"
+        raise HTTPException(404, detail=[{"loc": ["query", "endpoint"], "type": "not_found", "msg": msg}])
     try:
         verdict = await run_in_threadpool(
             diagnose,
-            store,
+            runtime.store,
             window_start=start_dt,
             window_end=end_dt,
             baseline_start=base_start,
@@ -440,9 +356,10 @@ async def diagnosis(
             objectives=chosen,
         )
     except ValueError as exc:  # InsufficientDataError included: name the window it is about
+        window = getattr(exc, "window", "current")
         narrowed = {"endpoint_class": endpoint_class, **{_FILTER_PARAMS[c]: v for c, v in columns.items()}}
         narrowed = {name: value for name, value in narrowed.items() if value is not None}
-        if getattr(exc, "count", None) == 0 and getattr(exc, "window", "current") == "current" and narrowed:
+        if getattr(exc, "count", None) == 0 and window == "current" and narrowed:
             # Nothing matched: the filters are what to change, not the window.
             said = ", ".join(f"{name} {value!r}" for name, value in narrowed.items())
             raise _invalid(
@@ -450,9 +367,26 @@ async def diagnosis(
                 f"no request of {said} in the window: insufficient data to judge; "
                 "check the value (exact match) or widen the window",
             ) from None
-        param = "baseline_start" if getattr(exc, "window", "current") == "baseline" else "start"
-        raise _invalid(param, str(exc)) from None
+        raise _invalid("baseline_start" if window == "baseline" else "start", str(exc)) from None
     return verdict_to_dict(verdict)
+
+
+def _objectives_param(text: str) -> Objectives:
+    """The ``objectives`` query parameter (JSON in the objectives file's shape); 422 naming it."""
+    from inferpath.analysis.objectives import objectives_from_mapping
+
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _invalid(
+            "objectives",
+            f"objectives must be JSON in the objectives file's shape, e.g. "
+            f'{{"interactive": {{"ttft_p99_seconds": 0.6}}}}; it is not JSON ({exc})',
+        ) from None
+    try:
+        return objectives_from_mapping(document, origin="objectives")
+    except ValueError as exc:
+        raise _invalid("objectives", str(exc)) from None
 
 
 @router.get("/whatif")
@@ -524,16 +458,8 @@ async def whatif(
         what_if_to_dict,
     )
 
-    def refused(exc: WhatIfRefused) -> HTTPException:
-        param, template = (
-            (exc.param, exc.template)
-            if isinstance(exc, WhatIfInputError)
-            else ("start", f"{NO_PREDICTION}: {exc.template}")
-        )
-        detail = {"loc": ["query", param], "msg": template.format_map(API_NAMES), "type": "value_error"}
-        return HTTPException(status_code=422, detail=[detail | {"ctx": {"template": template}}])
-
     start_dt, end_dt = _window(start, end)
+    runtime = request.app.state.runtime
     try:
         change = parse_change(
             replicas=replicas,
@@ -546,16 +472,20 @@ async def whatif(
         )
         answer = await run_in_threadpool(
             predict,
-            request.app.state.runtime.store,
+            runtime.store,
             start_dt,
             end_dt,
             change,
             max_error=max_calibration_error,
-            max_num_batched_tokens=max_num_batched_tokens
-            or request.app.state.runtime.settings.engine_max_num_batched_tokens,
+            max_num_batched_tokens=max_num_batched_tokens or runtime.settings.engine_max_num_batched_tokens,
         )
     except WhatIfRefused as exc:
-        raise refused(exc) from None
+        if isinstance(exc, WhatIfInputError):
+            param, template = exc.param, exc.template
+        else:
+            param, template = "start", f"{NO_PREDICTION}: {exc.template}"
+        detail = {"loc": ["query", param], "msg": template.format_map(API_NAMES), "type": "value_error"}
+        raise HTTPException(status_code=422, detail=[detail | {"ctx": {"template": template}}]) from None
     return what_if_to_dict(answer)
 
 
@@ -581,7 +511,6 @@ async def flush(request: Request, timeout_seconds: float = Query(30.0, gt=0, le=
 # Read-only views that each answer one dashboard page in one call. Every time series here is
 # downsampled on the server: the step grows until the window holds at most ``max_points``
 # buckets (≤ VIEW_MAX_POINTS), so no plotted series exceeds ~10k points whatever the window.
-# Their queries: storage.reader (latency, gauges, fleet) and storage.hop_rollup (hops).
 
 VIEW_MAX_POINTS = 10_000
 """Upper bound on buckets per series in a view: more than a wide screen has pixels."""
@@ -632,13 +561,12 @@ async def latency_view(
         plan=plan,
         columns=columns,
     )
-    return {
-        "start": start_dt,
-        "end": end_dt,
-        "step_seconds": step,
-        "percentiles": "exact" if plan is None else "ddsketch",
-        "points": points,
-    }
+    percentiles = "exact" if plan is None else "ddsketch"
+    return {"start": start_dt, "end": end_dt, "step_seconds": step, "percentiles": percentiles, "points": points}
+
+
+def _utc(unix_ns: int) -> datetime:
+    return datetime.fromtimestamp(unix_ns / 1e9, tz=timezone.utc)
 
 
 def correlate_view_body(
@@ -667,10 +595,7 @@ def correlate_view_body(
         endpoint_class=endpoint_class,
         columns=columns,
     )
-    points = []
-    for row in timeline.rows():
-        step_start_ns = row.pop("step_start_ns")
-        points.append({"time": datetime.fromtimestamp(step_start_ns / 1e9, tz=timezone.utc), **row})
+    points = [{"time": _utc(row.pop("step_start_ns")), **row} for row in timeline.rows()]
     spikes = detect_spikes(timeline.step_start_ns, timeline.columns["ttft_p99_seconds"], timeline.step_seconds)
     return {
         "columns": list(timeline.columns),
@@ -678,8 +603,8 @@ def correlate_view_body(
         "points": points,
         "spikes": [
             {
-                "start": datetime.fromtimestamp(s.start_ns / 1e9, tz=timezone.utc),
-                "end": datetime.fromtimestamp(s.end_ns / 1e9, tz=timezone.utc),
+                "start": _utc(s.start_ns),
+                "end": _utc(s.end_ns),
                 "peak_seconds": s.peak,
                 "baseline_seconds": s.baseline,
                 "ratio": s.ratio,
@@ -706,16 +631,9 @@ async def correlate_view(
     the engine and GPU signals stay every engine's."""
     start_dt, end_dt = _window(start, end)
     step = view_step_seconds(start_dt, end_dt, step_seconds, max_points)
-    body = await _read(
-        correlate_view_body,
-        request.app.state.runtime.store,
-        start_dt,
-        end_dt,
-        step_seconds=step,
-        endpoint=endpoint,
-        endpoint_class=endpoint_class,
-        columns=columns,
-    )
+    filters = {"endpoint": endpoint, "endpoint_class": endpoint_class, "columns": columns}
+    store = request.app.state.runtime.store
+    body = await _read(correlate_view_body, store, start_dt, end_dt, step_seconds=step, **filters)
     return {"start": start_dt, "end": end_dt, "step_seconds": step, **body}
 
 
@@ -733,10 +651,9 @@ def breakdown_view_body(
     over the ``ok`` requests of the window, computed inside the store
     (:func:`inferpath.analysis.band_query.fetch_breakdown_bands`), and the hop overheads
     (:func:`~inferpath.storage.hop_rollup.hop_overhead_view`; ``hop_percentiles`` says
-    ``exact`` or ``ddsketch``).
-    ``columns``: service / model / replica filters on the request rows; the hops then are
-    those of the matching requests' traces, paired from raw spans (``exact``). The hops do
-    not take ``endpoint_class``."""
+    ``exact`` or ``ddsketch``). ``columns``: service / model / replica filters on the request
+    rows; the hops then are those of the matching requests' traces, paired from raw spans
+    (``exact``). The hops do not take ``endpoint_class``."""
     from inferpath.analysis.band_query import fetch_breakdown_bands
 
     request_count, summaries = fetch_breakdown_bands(
@@ -787,19 +704,12 @@ async def fleet_view(request: Request, start: str | None = StartQuery, end: str 
     start_dt, end_dt = _window(start, end)
     series = await _read(fleet_series_rows, request.app.state.runtime.store, start_dt, end_dt)
     sources: dict[str, dict[str, list[str]]] = {}
-    catalog_rows: tuple[SourceMetric | DerivedMetric, ...] = (*CATALOG, *DERIVED)
-    for row in catalog_rows:
+    catalog: tuple[SourceMetric | DerivedMetric, ...] = (*CATALOG, *DERIVED)
+    for row in catalog:
         metrics = sources.setdefault(row.source, {}).setdefault(row.signal, [])
         metrics.append(row.metric if isinstance(row, SourceMetric) else "+".join(row.required))
-    return {
-        "start": start_dt,
-        "end": end_dt,
-        "series": series,
-        "signals": {
-            name: {"unit": s.unit, "kind": s.kind, "description": s.description} for name, s in SIGNALS.items()
-        },
-        "sources": sources,
-    }
+    signals = {name: {"unit": s.unit, "kind": s.kind, "description": s.description} for name, s in SIGNALS.items()}
+    return {"start": start_dt, "end": end_dt, "series": series, "signals": signals, "sources": sources}
 
 
 def _alerts_service(request: Request) -> AlertsService | None:
@@ -877,15 +787,11 @@ async def objectives_view(request: Request) -> dict:
     from inferpath.analysis.objectives import DEFAULT_CLASS
 
     settings = request.app.state.runtime.settings
-    chosen = runtime_objectives(settings)
-    return {
-        "by_class": {
-            name: [{"measure": o.measure, "quantile": o.quantile, "limit_seconds": o.limit_seconds} for o in objectives]
-            for name, objectives in chosen.by_class.items()
-        },
-        "default_class": DEFAULT_CLASS,
-        "source": settings.objectives_file or "defaults",
+    by_class = {
+        name: [{"measure": o.measure, "quantile": o.quantile, "limit_seconds": o.limit_seconds} for o in objectives]
+        for name, objectives in runtime_objectives(settings).by_class.items()
     }
+    return {"by_class": by_class, "default_class": DEFAULT_CLASS, "source": settings.objectives_file or "defaults"}
 
 
 SIGNAL_VIEW_METRICS = (
@@ -906,10 +812,10 @@ def signals_view_body(store, start: datetime, end: datetime, *, step_seconds: in
     ``/views/latency``): the largest and the mean sample of each series in the step,
     combined across series as the vocabulary's :attr:`~inferpath.vocabulary.Signal.across`
     says (queue and memory summed, KV usage the fullest engine, utilization the mean GPU). A
-    step without a sample is absent: never a held value, never 0. Each signal also says how many series
-    reported it (``series``, e.g. 4 GPUs) and when its last sample in the window was
-    (``last_time``), so a reader can mark a series that stopped as stale. A signal without
-    any sample in the window is absent from ``signals``."""
+    step without a sample is absent: never a held value, never 0. Each signal also says how
+    many series reported it (``series``, e.g. 4 GPUs) and when its last sample in the window
+    was (``last_time``), so a reader can mark a series that stopped as stale. A signal
+    without any sample in the window is absent from ``signals``."""
     from inferpath.analysis.signals import COMBINE
 
     grouped: dict[str, dict] = {}
