@@ -67,6 +67,12 @@ _MEDIA_TYPES = {"protobuf": "application/x-protobuf", "json": "application/json"
 # google.rpc.Code values used in error bodies.
 _INVALID_ARGUMENT, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNAVAILABLE, _UNAUTHENTICATED = 3, 4, 8, 14, 16
 _UNIMPLEMENTED = 12
+# Exceptions of decoding an export → (HTTP status, google.rpc.Code) of its refusal.
+_DECODE_REFUSALS: tuple[tuple[type[Exception], int, int], ...] = (
+    (UnsupportedMediaTypeError, 415, _INVALID_ARGUMENT),
+    (BodyTooLargeError, 413, _RESOURCE_EXHAUSTED),
+    (OTLPDecodeError, 400, _INVALID_ARGUMENT),
+)
 
 LOGS_NOT_ACCEPTED = (
     "inferpath does not accept OTLP logs: it stores traces (POST /v1/traces) and metrics "
@@ -76,6 +82,14 @@ LOGS_NOT_ACCEPTED = (
 
 class _BodyTooLarge(Exception):
     pass
+
+
+def _format_or_none(request: Request) -> BodyFormat | None:
+    """The encoding of the request's body for an error body; ``None`` (JSON) when unsupported."""
+    try:
+        return body_format(request.headers.get("content-type"))
+    except UnsupportedMediaTypeError:
+        return None
 
 
 def _status_response(
@@ -192,14 +206,10 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         if not request.url.path.startswith("/v1/"):
             exc.detail = _bounded(exc.detail, MAX_MESSAGE_CHARS)
             return await http_exception_handler(request, exc)
-        try:
-            fmt: BodyFormat | None = body_format(request.headers.get("content-type"))
-        except UnsupportedMediaTypeError:
-            fmt = None
         code = _UNAUTHENTICATED if exc.status_code == 401 else _INVALID_ARGUMENT
         if exc.status_code == 401:  # not a malformed export: logged, not counted as one
             refusals.warning("OTLP export to %s from %s answered 401: %s", request.url.path, _peer(request), exc.detail)
-        return _status_response(exc.status_code, code, str(exc.detail), fmt, headers=exc.headers)
+        return _status_response(exc.status_code, code, str(exc.detail), _format_or_none(request), headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_errors(request: Request, exc: RequestValidationError) -> Response:
@@ -227,24 +237,11 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
                     _read_body(request, settings.max_body_bytes), settings.body_read_timeout_seconds
                 )
             except TimeoutError:  # a stalled upload must not hold its in-flight slot
-                return _refused(
-                    request,
-                    signal,
-                    408,
-                    _DEADLINE_EXCEEDED,
-                    f"body not received within body_read_timeout_seconds={settings.body_read_timeout_seconds:g}",
-                    fmt,
-                    headers={"Connection": "close"},
-                )
+                message = f"body not received within body_read_timeout_seconds={settings.body_read_timeout_seconds:g}"
+                return _refused(request, signal, 408, _DEADLINE_EXCEEDED, message, fmt, {"Connection": "close"})
             except _BodyTooLarge:
-                return _refused(
-                    request,
-                    signal,
-                    413,
-                    _RESOURCE_EXHAUSTED,
-                    f"body exceeds max_body_bytes={settings.max_body_bytes}",
-                    fmt,
-                )
+                message = f"body exceeds max_body_bytes={settings.max_body_bytes}"
+                return _refused(request, signal, 413, _RESOURCE_EXHAUSTED, message, fmt)
             except ClientDisconnect:  # the exporter gave up mid-upload (its timeout): nothing to answer
                 refusals.log(
                     logging.INFO,
@@ -289,37 +286,35 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
 
         outcome = await run_in_threadpool(decode_and_commit)
         if isinstance(outcome, Exception):
-            if isinstance(outcome, UnsupportedMediaTypeError):
-                return _refused(request, signal, 415, _INVALID_ARGUMENT, str(outcome), fmt)
-            if isinstance(outcome, BodyTooLargeError):
-                return _refused(request, signal, 413, _RESOURCE_EXHAUSTED, str(outcome), fmt)
-            if isinstance(outcome, OTLPDecodeError):
-                return _refused(request, signal, 400, _INVALID_ARGUMENT, str(outcome), fmt)
+            for kind, http_status, code in _DECODE_REFUSALS:
+                if isinstance(outcome, kind):
+                    return _refused(request, signal, http_status, code, str(outcome), fmt)
             # A body must never take the server down.
             logger.error("unexpected error decoding an OTLP %s body", signal, exc_info=outcome)
             return _refused(request, signal, 400, _INVALID_ARGUMENT, f"could not decode body: {outcome}", fmt)
         decoded, result = outcome
-        if isinstance(decoded, DecodedSpans):
-            response = ExportTraceServiceResponse()
-            if decoded.rejected_spans or decoded.error_message:  # a warning alone has a count of 0
-                response.partial_success.rejected_spans = decoded.rejected_spans
-                response.partial_success.error_message = decoded.error_message
-        else:
-            response = ExportMetricsServiceResponse()
-            if decoded.rejected_data_points:
-                response.partial_success.rejected_data_points = decoded.rejected_data_points
-                response.partial_success.error_message = decoded.error_message
         if result.status == "invalid":
             return _refused(request, signal, 400, _INVALID_ARGUMENT, result.message, fmt)
         if not result.ok:
             return _unavailable(result, fmt)
-        partial = response.partial_success
-        if partial.rejected_spans if isinstance(decoded, DecodedSpans) else partial.rejected_data_points:
+        if isinstance(decoded, DecodedSpans):
+            rejected = decoded.rejected_spans
+            response = ExportTraceServiceResponse()
+            if rejected or decoded.error_message:  # a warning alone has a count of 0
+                response.partial_success.rejected_spans = rejected
+                response.partial_success.error_message = decoded.error_message
+        else:
+            rejected = decoded.rejected_data_points
+            response = ExportMetricsServiceResponse()
+            if rejected:
+                response.partial_success.rejected_data_points = rejected
+                response.partial_success.error_message = decoded.error_message
+        if rejected:
             partial_rejections.warning(
                 "OTLP %s export from %s stored without what it rejected: %s",
                 signal,
                 _peer(request),
-                _bounded(partial.error_message),
+                _bounded(decoded.error_message),
             )
         return Response(encode_message(response, fmt), media_type=_MEDIA_TYPES[fmt])
 
@@ -343,11 +338,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     async def otlp_logs(request: Request) -> Response:
         """OTLP/HTTP logs export: not accepted; 501 with a ``google.rpc.Status`` (code
         UNIMPLEMENTED) saying so, in the request's encoding. The body is not read."""
-        try:
-            fmt: BodyFormat | None = body_format(request.headers.get("content-type"))
-        except UnsupportedMediaTypeError:
-            fmt = None
-        return _refused(request, "logs", 501, _UNIMPLEMENTED, LOGS_NOT_ACCEPTED, fmt)
+        return _refused(request, "logs", 501, _UNIMPLEMENTED, LOGS_NOT_ACCEPTED, _format_or_none(request))
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict:
