@@ -163,10 +163,6 @@ def _hop_ttft_part_ns(
     )
 
 
-def _first(*values):
-    return _first_of(values)
-
-
 def _first_of(values: Iterable):
     """The first value that is neither ``None`` nor ``""`` (``None`` if none); stops there."""
     for value in values:
@@ -265,17 +261,10 @@ def assemble_request(
     llm_calls: list[SpanRow] = []  # model calls other instrumentations mark (INTERNAL spans)
     engines: list[SpanRow] = []
     by_stage: dict[str, list[SpanRow]] = {}
-    staged = False
     for s in by_start:
-        attributes = s.span_attributes
-        stage = attributes.get(STAGE)
+        stage = s.span_attributes.get(STAGE)
         if stage is not None:
-            staged = True
-            group = by_stage.get(stage)
-            if group is None:
-                by_stage[stage] = [s]
-            else:
-                group.append(s)
+            by_stage.setdefault(stage, []).append(s)
         if sources.is_llm_call(s):
             llm_calls.append(s)
             if s.parent_span_id not in by_id:
@@ -316,7 +305,7 @@ def assemble_request(
     genai_client = root_client is not None and (
         sources.is_llm_call(root_client) or any(k.startswith(_GENAI_PREFIX) for k in root_client.span_attributes)
     )
-    if not (gateway or engine or staged or genai_client):
+    if not (gateway or engine or by_stage or genai_client):
         return None
 
     # The attributes of the spans that play a role ({} for a role no span plays).
@@ -348,14 +337,13 @@ def assemble_request(
     ttft_ns = server_reading.ttft_ns if server_reading is not None else None
     shown_reading = client_reading or server_reading
 
-    engine_queue_ns, engine_prefill_ns = engine_reading.queue_ns, engine_reading.prefill_ns
+    # Stage times: the engine's own measure, else the union of the stage's spans (tokenize:
+    # the spans first).
     engine_decode_ns = engine_reading.decode_ns
-    queue_ns = engine_queue_ns if engine_queue_ns is not None else _stage_union(by_stage.get("queue"))
-    prefill_ns = engine_prefill_ns if engine_prefill_ns is not None else _stage_union(by_stage.get("prefill"))
-    decode_ns = engine_decode_ns if engine_decode_ns is not None else _stage_union(by_stage.get("decode"))
-    tokenize_ns = _stage_union(by_stage.get("tokenize"))
-    if tokenize_ns is None:
-        tokenize_ns = engine_reading.tokenize_ns
+    queue_ns = _first_of((engine_reading.queue_ns, _stage_union(by_stage.get("queue"))))
+    prefill_ns = _first_of((engine_reading.prefill_ns, _stage_union(by_stage.get("prefill"))))
+    decode_ns = _first_of((engine_decode_ns, _stage_union(by_stage.get("decode"))))
+    tokenize_ns = _first_of((_stage_union(by_stage.get("tokenize")), engine_reading.tokenize_ns))
 
     input_tokens = _first_int(
         (gateway, root_client, *model_clients, *by_stage.get("tokenize", ()), engine), INPUT_TOKENS
@@ -435,7 +423,7 @@ def assemble_request(
         )
 
     top = [s for s in (gateway, root_client, engine) if s is not None]
-    http_status_code = _first(_http_status(gateway), _http_status(root_client)) or 0
+    http_status_code = _first_of((_http_status(gateway), _http_status(root_client))) or 0
     if any(s.status_code == "Error" for s in top) or http_status_code >= 500:
         status = "error"
     elif any(s.span_attributes.get(STREAM_STATUS) == "incomplete" for s in top):
@@ -461,9 +449,7 @@ def assemble_request(
         or UNKNOWN_MODEL
     )
     model_version = _first_value((engine, *model_clients, root_client), RESPONSE_MODEL) or ""
-    replica = ""
-    if engine is not None:
-        replica = _first_of(engine.resource_attributes.get(name) for name in REPLICA) or ""
+    replica = (_first_of(engine.resource_attributes.get(name) for name in REPLICA) if engine else None) or ""
 
     return RequestRow(
         timestamp=by_start[0].timestamp,
