@@ -193,8 +193,6 @@ def _event_offsets(span: SpanRow, names: frozenset[str], counts: DerivationCount
 
 
 def _read_openllmetry_chunks(span: SpanRow, counts: DerivationCounts) -> int | None:
-    if not span.events:
-        return None
     offsets = _event_offsets(span, CHUNK_EVENTS, counts)
     # The first chunk of an OpenAI-compatible chat stream is the role-only one.
     return offsets[1] if len(offsets) >= 2 else None
@@ -221,8 +219,6 @@ def _read_genai_first_chunk(span: SpanRow, counts: DerivationCounts) -> int | No
 
 
 def _read_openinference(span: SpanRow, counts: DerivationCounts) -> int | None:
-    if not span.events:
-        return None
     offsets = _event_offsets(span, _FIRST_TOKEN_EVENTS, counts)
     return offsets[0] if offsets else None
 
@@ -305,11 +301,7 @@ def describe_instrumentation(span: SpanRow) -> str:
 
 
 def _not_streamed(span: SpanRow) -> bool:
-    attributes = span.span_attributes
-    for name in (*OPENLLMETRY_STREAMING, GENAI_REQUEST_STREAM):
-        if attributes.get(name) == "false":
-            return True
-    return False
+    return any(span.span_attributes.get(name) == "false" for name in (*OPENLLMETRY_STREAMING, GENAI_REQUEST_STREAM))
 
 
 def missing_measures(
@@ -369,14 +361,11 @@ def _ttft_reason(
         )
     if gateway is not None:
         if gateway.status_code == "Error":
-            status = gateway.span_attributes.get("http.response.status_code") or gateway.span_attributes.get(
-                "http.status_code"
-            )
+            attributes = gateway.span_attributes
+            status = attributes.get("http.response.status_code") or attributes.get("http.status_code")
             why = f"HTTP {status}" if status else (gateway.status_message or "an error status")
             return f"the request failed at the gateway ({why}) before a first token"
         return "the gateway's response was not an OpenAI-style stream"
     if engine is not None:
-        if engine_reason:
-            return engine_reason
-        return f"the engine span carries no {ENGINE_TTFT}"
+        return engine_reason or f"the engine span carries no {ENGINE_TTFT}"
     return "no span of this trace measures a first token"
