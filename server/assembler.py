@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from inferpath.ratelimited_log import RateLimitedLog
@@ -88,16 +89,14 @@ def read_trace_spans(
     return out
 
 
+@dataclass(slots=True, eq=False)
 class _Pending:
     """A trace noted and not yet assembled: when (monotonic seconds), its committed spans
     (``None``: read back) and the keys of the insert blocks they came in."""
 
-    __slots__ = ("noted_at", "spans", "blocks")
-
-    def __init__(self, noted_at: float, spans: list[SpanRow] | None) -> None:
-        self.noted_at = noted_at
-        self.spans = spans
-        self.blocks: set[tuple[int, str]] = set()
+    noted_at: float
+    spans: list[SpanRow] | None
+    blocks: set[tuple[int, str]] = field(default_factory=set)
 
 
 class RequestAssembler(PeriodicPasses):
@@ -194,12 +193,9 @@ class RequestAssembler(PeriodicPasses):
             stamp = self._clock() if now is None else now
             with self._lock:
                 for trace_id in trace_ids:
-                    pending = self._pending.get(trace_id)
-                    if pending is None:
-                        self._pending[trace_id] = _Pending(stamp, None)
-                    else:
-                        pending.noted_at = stamp
-                        self._let_go(pending)
+                    pending = self._pending.setdefault(trace_id, _Pending(stamp, None))
+                    pending.noted_at = stamp
+                    self._let_go(pending)
         except Exception:  # noqa: BLE001 - called on the ingest path
             logger.exception("could not note trace ids for assembly")
 
