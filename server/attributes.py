@@ -40,7 +40,7 @@ def format_double(value: float) -> str:
     # already gives the shortest round-trip digits.
     if "e" not in text and "n" not in text:
         return text[:-2] if text.endswith(".0") else text
-    if math.isinf(value) or math.isnan(value):
+    if not math.isfinite(value):
         go = "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
         return f"json: unsupported value: {go}"
     magnitude = abs(value)
@@ -56,30 +56,22 @@ def format_double(value: float) -> str:
     return format(Decimal(text).normalize(), "f")
 
 
+# What Go's encoding/json escapes in a string beyond what json.dumps does (HTML-safe output).
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _go_json(raw: Any) -> str:
     """Serialize a raw value like Go's ``encoding/json`` (HTML-safe, compact, sorted map keys)."""
-    if raw is None:
-        return "null"
-    if isinstance(raw, bool):
-        return "true" if raw else "false"
-    if isinstance(raw, int):
-        return str(raw)
+    if raw is None or isinstance(raw, int):  # bool is an int: "true"/"false"
+        return json.dumps(raw)
     if isinstance(raw, float):
         return format_double(raw)
     if isinstance(raw, bytes):
-        return _go_json(base64.b64encode(raw).decode("ascii"))
+        raw = base64.b64encode(raw).decode("ascii")
     if isinstance(raw, str):
-        text = json.dumps(raw, ensure_ascii=False)
-        return (
-            text.replace("<", "\\u003c")
-            .replace(">", "\\u003e")
-            .replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028")
-            .replace("\u2029", "\\u2029")
-        )
+        return json.dumps(raw, ensure_ascii=False).translate(_GO_ESCAPES)
     if isinstance(raw, dict):
-        items = ",".join(f"{_go_json(key)}:{_go_json(raw[key])}" for key in sorted(raw))
-        return "{" + items + "}"
+        return "{" + ",".join(f"{_go_json(key)}:{_go_json(raw[key])}" for key in sorted(raw)) + "}"
     return "[" + ",".join(_go_json(item) for item in raw) + "]"
 
 
@@ -99,19 +91,17 @@ def any_value_to_raw(value: AnyValue) -> Any:
 def any_value_to_string(value: AnyValue) -> str:
     """Flatten one ``AnyValue`` to the string the ClickHouse exporter stores (pdata ``AsString``)."""
     kind = value.WhichOneof("value")
-    if kind is None:
-        return ""
     if kind == "string_value":
         return value.string_value
-    if kind == "bool_value":
-        return "true" if value.bool_value else "false"
     if kind == "int_value":
         return str(value.int_value)
     if kind == "double_value":
         return format_double(value.double_value)
+    if kind == "bool_value":
+        return "true" if value.bool_value else "false"
     if kind == "bytes_value":
         return base64.b64encode(value.bytes_value).decode("ascii")
-    return _go_json(any_value_to_raw(value))
+    return "" if kind is None else _go_json(any_value_to_raw(value))
 
 
 def attributes_to_map(attributes: Iterable[KeyValue]) -> dict[str, str]:
