@@ -1,4 +1,4 @@
-"""OTLP/HTTP request bodies: content negotiation, gzip, JSON id conversion, responses.
+"""OTLP/HTTP request bodies: content negotiation, gzip, OTLP/JSON checks, responses.
 
 Reference: the OTLP specification, "OTLP/HTTP" (binary protobuf ``application/x-protobuf``,
 JSON ``application/json``; ``Content-Encoding: gzip``; the JSON mapping differs from proto3
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
 import zlib
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from google.protobuf import json_format
@@ -37,6 +39,7 @@ __all__ = [
 MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 
 BodyFormat = Literal["protobuf", "json"]
+Signal = Literal["traces", "metrics"]
 
 
 class OTLPDecodeError(ValueError):
@@ -57,13 +60,13 @@ def body_format(content_type: str | None) -> BodyFormat:
 
     Raises :class:`UnsupportedMediaTypeError` for anything else (including a missing header).
     """
+    if not (content_type or "").strip():
+        raise UnsupportedMediaTypeError("missing Content-Type: use application/x-protobuf or application/json")
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media in ("application/x-protobuf", "application/protobuf"):
         return "protobuf"
     if media == "application/json":
         return "json"
-    if not media and not (content_type or "").strip():
-        raise UnsupportedMediaTypeError("missing Content-Type: use application/x-protobuf or application/json")
     raise UnsupportedMediaTypeError(
         f"unsupported Content-Type {content_type!r}: use application/x-protobuf or application/json"
     )
@@ -107,122 +110,127 @@ def decompress(body: bytes, content_encoding: str | None, max_bytes: int = MAX_D
             raise OTLPDecodeError(f"body is not valid {encoding}: {len(rest)} bytes follow the end of the stream")
 
 
-def _hex_to_base64(value: Any, path: str, hex_digits: int) -> str:
-    if not isinstance(value, str):
-        raise OTLPDecodeError(f"{path}: expected a hex string, got {type(value).__name__}")
-    if value == "":
-        return ""
-    if len(value) != hex_digits:
-        raise OTLPDecodeError(f"{path}: expected {hex_digits} hex digits, got {len(value)} ({value[:40]!r})")
-    try:
-        raw = binascii.unhexlify(value)
-    except (binascii.Error, ValueError):
-        raise OTLPDecodeError(f"{path}: not a hex string ({value[:40]!r})") from None
-    return base64.b64encode(raw).decode("ascii")
+@functools.cache
+def _snake(camel: str) -> str:
+    return re.sub("([A-Z])", r"_\1", camel).lower()
 
 
-def _get(obj: dict, camel: str, snake: str) -> tuple[str | None, Any]:
-    for key in (camel, snake):
+def _get(obj: dict, camel: str) -> tuple[str | None, Any]:
+    """``(key, value)`` of the field named ``camel`` in lowerCamelCase or snake_case;
+    ``(None, None)`` when it is absent."""
+    for key in (camel, _snake(camel)):
         if key in obj:
             return key, obj[key]
     return None, None
 
 
-def _list_at(obj: dict, camel: str, snake: str, path: str) -> list:
-    key, value = _get(obj, camel, snake)
-    if key is None or value is None:
+def _objects_at(obj: dict, camel: str, path: str) -> list[tuple[str, dict]]:
+    """``[(path, object)]`` of the array at ``obj[camel]`` (none when absent or ``null``).
+    Raises :class:`OTLPDecodeError` for a value that is not an array of objects."""
+    where = f"{path}.{camel}" if path else camel
+    value = _get(obj, camel)[1]
+    if value is None:
         return []
     if not isinstance(value, list):
-        raise OTLPDecodeError(f"{path + '.' if path else ''}{camel}: expected an array, got {type(value).__name__}")
+        raise OTLPDecodeError(f"{where}: expected an array, got {type(value).__name__}")
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise OTLPDecodeError(f"{where}[{index}]: expected an object, got {type(item).__name__}")
+    return [(f"{where}[{index}]", item) for index, item in enumerate(value)]
+
+
+def _object_at(obj: dict, camel: str, path: str) -> dict | None:
+    """The message at ``obj[camel]``: ``None`` when absent or ``null``; raises
+    :class:`OTLPDecodeError` for anything but an object (the parser would drop it silently)."""
+    value = _get(obj, camel)[1]
+    if value is not None and not isinstance(value, dict):
+        raise OTLPDecodeError(f"{path}.{camel}: expected an object, got {type(value).__name__}")
     return value
 
 
-def _objects(items: list, path: str) -> list[tuple[str, dict]]:
-    out = []
-    for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise OTLPDecodeError(f"{path}[{index}]: expected an object, got {type(item).__name__}")
-        out.append((f"{path}[{index}]", item))
-    return out
+def _convert_ids(obj: dict, path: str, fields: tuple[tuple[str, int], ...]) -> None:
+    """OTLP/JSON's hex ids in ``obj`` to the base64 that proto3 JSON expects, in place;
+    ``fields``: ``(name, hex digits)``. Raises :class:`OTLPDecodeError` for a bad id."""
+    for camel, digits in fields:
+        key, value = _get(obj, camel)
+        if key is None or value is None or value == "":
+            continue
+        where = f"{path}.{camel}"
+        if not isinstance(value, str):
+            raise OTLPDecodeError(f"{where}: expected a hex string, got {type(value).__name__}")
+        if len(value) != digits:
+            raise OTLPDecodeError(f"{where}: expected {digits} hex digits, got {len(value)} ({value[:40]!r})")
+        try:
+            obj[key] = base64.b64encode(binascii.unhexlify(value)).decode("ascii")
+        except (binascii.Error, ValueError):
+            raise OTLPDecodeError(f"{where}: not a hex string ({value[:40]!r})") from None
 
 
-def _convert_ids(obj: dict, path: str, fields: tuple[tuple[str, str, int], ...]) -> None:
-    for camel, snake, digits in fields:
-        key, value = _get(obj, camel, snake)
-        if key is not None and value is not None:
-            obj[key] = _hex_to_base64(value, f"{path}.{camel}", digits)
-
-
-_SPAN_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16), ("parentSpanId", "parent_span_id", 16))
-_LINK_IDS = (("traceId", "trace_id", 32), ("spanId", "span_id", 16))
+# Each signal's export: top-level array, scope array, item array, item message.
+_LEVELS: dict[str, tuple[str, str, str, type[Message]]] = {
+    "traces": ("resourceSpans", "scopeSpans", "spans", Span),
+    "metrics": ("resourceMetrics", "scopeMetrics", "metrics", Metric),
+}
+_SPAN_IDS = (("traceId", 32), ("spanId", 16), ("parentSpanId", 16))
+_LINK_IDS = _SPAN_IDS[:2]
 _SPAN_KINDS = frozenset(Span.SpanKind.keys())
 _STATUS_CODES = frozenset(Status.StatusCode.keys())
-_METRIC_KINDS = (
-    ("gauge", "gauge"),
-    ("sum", "sum"),
-    ("histogram", "histogram"),
-    ("exponentialHistogram", "exponential_histogram"),
-    ("summary", "summary"),
-)
-
-
+_METRIC_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INTEGER_TEXT = re.compile(r"\s*-?[0-9]{1,10}\s*")  # what int() takes, at most int32's digits
+_UNSIGNED_TEXT = re.compile(r"^\d+$")
 _SHOWN = 64  # characters of an offending value quoted in a message
 
 
-def _enum_value(value: Any, names: frozenset[str], path: str, what: str) -> tuple[Any, str | None]:
-    """Check an OTLP/JSON enum value (proto3 JSON: a name or an integer, also as text) at
-    ``path``. Returns ``(value for the parser, warning)``: a known name or an int32 number
-    passes (an undefined number is kept and warned about after parsing, as in protobuf);
-    an unknown name gives ``(None, warning)``: the default is kept, since the parser would
-    drop it silently (``ignore_unknown_fields`` covers enum names too). An integral float
-    passes as its int. Raises :class:`OTLPDecodeError` for another type (bool, fraction,
-    object, array) or a number outside int32, which the parser would truncate, wrap or
-    quote whole."""
+def _walk(document: dict, signal: Signal) -> Iterator[tuple[str, type[Message], Any]]:
+    """Each resource, scope and span or metric of an OTLP/JSON export, depth first, as
+    ``(path, message type, object or None)``. Raises :class:`OTLPDecodeError` naming an
+    array or object of the wrong type."""
+    top, scopes, items, item_type = _LEVELS[signal]
+    for rpath, resource in _objects_at(document, top, ""):
+        yield f"{rpath}.resource", Resource, _object_at(resource, "resource", rpath)
+        for spath, scope in _objects_at(resource, scopes, rpath):
+            yield f"{spath}.scope", InstrumentationScope, _object_at(scope, "scope", spath)
+            for path, item in _objects_at(scope, items, spath):
+                yield path, item_type, item
+
+
+def _check_enum(obj: dict, key: str, names: frozenset[str], what: str, path: str, label: str, found: list[str]) -> None:
+    """Check the OTLP/JSON enum ``obj[key]`` (named ``path.label``) in place. proto3 JSON
+    takes a name or an integer, also as text: a known name or an int32 number stays (an
+    undefined number is warned about after parsing, as in protobuf; an integral float
+    becomes its int). An unknown name is removed, with ``"{label}: …"`` appended to
+    ``found``, since the parser would drop it silently. Raises :class:`OTLPDecodeError`
+    for another type (bool, fraction, object, array) or a number outside int32, which the
+    parser would truncate, wrap or quote whole."""
+    value = obj.get(key)
+    if value is None:
+        return
     if isinstance(value, str):
         if value in names:
-            return value, None
-        if _INTEGER_TEXT.fullmatch(value):
-            value = int(value)
-        else:
-            return None, f"unknown {what} {value[:_SHOWN]!r}, stored as the default"
+            return
+        if not _INTEGER_TEXT.fullmatch(value):
+            del obj[key]
+            found.append(f"{label}: unknown {what} {value[:_SHOWN]!r}, stored as the default")
+            return
+        value = int(value)
     elif isinstance(value, float) and value.is_integer() and _INT32[0] <= value <= _INT32[1]:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise OTLPDecodeError(
-            f"{path}: expected a {what} name or integer, got {type(value).__name__} ({repr(value)[:_SHOWN]})"
+            f"{path}.{label}: expected a {what} name or integer, got {type(value).__name__} ({repr(value)[:_SHOWN]})"
         )
     if not _INT32[0] <= value <= _INT32[1]:
-        raise OTLPDecodeError(f"{path}: {what} {str(value)[:_SHOWN]} is outside the int32 range of an enum")
-    return value, None
-
-
-def _check_enum(
-    obj: dict, camel: str, names: frozenset[str], path: str, what: str, found: list[str], label: str
-) -> None:
-    """:func:`_enum_value` of ``obj[camel]`` in place (``null`` is the default); a warning
-    is appended to ``found`` as ``"{label}: …"`` (``label``: the field's path in the span)."""
-    value = obj.get(camel)
-    if value is None:
-        return
-    checked, warning = _enum_value(value, names, f"{path}.{camel}", what)
-    if warning is None:
-        obj[camel] = checked
-    else:
-        del obj[camel]
-        found.append(f"{label}: {warning}")
-
-
-_UNSIGNED_TEXT = re.compile(r"^\d+$")
+        raise OTLPDecodeError(f"{path}.{label}: {what} {str(value)[:_SHOWN]} is outside the int32 range of an enum")
+    obj[key] = value
 
 
 def _check_event_time(event: dict, label: str, found: list[str]) -> None:
     """An event whose ``timeUnixNano`` is not a whole number (``"abc"``, ``1.5``, ``true``)
     loses that field, with a warning in ``found``: the event is kept without a time (as a
-    protobuf event without one), and its span and the export's other spans are not lost
-    over it. Request derivation ignores and counts events without a valid time."""
-    key, value = _get(event, "timeUnixNano", "time_unix_nano")
+    protobuf event without one) rather than losing the export. Request derivation ignores
+    and counts events without a valid time."""
+    key, value = _get(event, "timeUnixNano")
     if key is None or value is None:
         return
     if isinstance(value, bool) or not (
@@ -234,183 +242,121 @@ def _check_event_time(event: dict, label: str, found: list[str]) -> None:
         found.append(f"{label}.timeUnixNano: {value!r} is not a time in ns; the event is kept without a time")
 
 
-def _object_at(obj: dict, camel: str, snake: str, path: str) -> dict | None:
-    """The message at ``obj[camel]`` (or its snake_case key): ``None`` when absent or
-    ``null``; raises :class:`OTLPDecodeError` for anything but an object (the parser would
-    drop it silently)."""
-    key, value = _get(obj, camel, snake)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise OTLPDecodeError(f"{path}.{camel}: expected an object, got {type(value).__name__}")
-    return value
+def _prepare_span(span: dict, path: str) -> list[str]:
+    """Make one OTLP/JSON span ready for the proto3 JSON parser; returns its warnings."""
+    _convert_ids(span, path, _SPAN_IDS)
+    found: list[str] = []
+    _check_enum(span, "kind", _SPAN_KINDS, "span kind", path, "kind", found)
+    status = _object_at(span, "status", path)
+    if status is not None:
+        _check_enum(status, "code", _STATUS_CODES, "status code", path, "status.code", found)
+    for epath, event in _objects_at(span, "events", path):
+        _check_event_time(event, epath[len(path) + 1 :], found)
+    for lpath, link in _objects_at(span, "links", path):
+        _convert_ids(link, lpath, _LINK_IDS)
+    return found
 
 
-def _prepare_json(
-    document: dict, signal: Literal["traces", "metrics"], warnings: dict[str, list[str]] | None = None
-) -> None:
+def _prepare_metric(metric: dict, path: str) -> None:
+    for kind in _METRIC_KINDS:
+        data = _get(metric, kind)[1]
+        if isinstance(data, dict):
+            for ppath, point in _objects_at(data, "dataPoints", f"{path}.{kind}"):
+                for epath, exemplar in _objects_at(point, "exemplars", ppath):
+                    _convert_ids(exemplar, epath, _LINK_IDS)
+
+
+def _prepare_json(document: dict, signal: Signal, warnings: dict[str, list[str]] | None = None) -> None:
     """Make an OTLP/JSON document ready for proto3 JSON parsing, in place: hex ids to the
-    base64 it expects; span kinds and status codes checked (:func:`_enum_value`), unknown
-    names removed with a warning in ``warnings[span path]``; resources, scopes and statuses
-    that are not objects refused. Raises :class:`OTLPDecodeError` naming the path."""
-    if signal == "traces":
-        for rpath, resource in _objects(_list_at(document, "resourceSpans", "resource_spans", ""), "resourceSpans"):
-            _object_at(resource, "resource", "resource", rpath)
-            for spath, scope in _objects(_list_at(resource, "scopeSpans", "scope_spans", rpath), f"{rpath}.scopeSpans"):
-                _object_at(scope, "scope", "scope", spath)
-                for path, span in _objects(_list_at(scope, "spans", "spans", spath), f"{spath}.spans"):
-                    _convert_ids(span, path, _SPAN_IDS)
-                    found: list[str] = []
-                    _check_enum(span, "kind", _SPAN_KINDS, path, "span kind", found, "kind")
-                    status = _object_at(span, "status", "status", path)
-                    if status is not None:
-                        _check_enum(
-                            status, "code", _STATUS_CODES, f"{path}.status", "status code", found, "status.code"
-                        )
-                    for epath, event in _objects(_list_at(span, "events", "events", path), f"{path}.events"):
-                        _check_event_time(event, epath[len(path) + 1 :], found)
-                    if found and warnings is not None:
-                        warnings[path] = found
-                    for lpath, link in _objects(_list_at(span, "links", "links", path), f"{path}.links"):
-                        _convert_ids(link, lpath, _LINK_IDS)
-        return
-    for rpath, resource in _objects(_list_at(document, "resourceMetrics", "resource_metrics", ""), "resourceMetrics"):
-        _object_at(resource, "resource", "resource", rpath)
-        for spath, scope in _objects(
-            _list_at(resource, "scopeMetrics", "scope_metrics", rpath), f"{rpath}.scopeMetrics"
-        ):
-            _object_at(scope, "scope", "scope", spath)
-            for mpath, metric in _objects(_list_at(scope, "metrics", "metrics", spath), f"{spath}.metrics"):
-                for camel, snake in _METRIC_KINDS:
-                    key, data = _get(metric, camel, snake)
-                    if not isinstance(data, dict):
-                        continue
-                    dpath = f"{mpath}.{camel}.dataPoints"
-                    for ppath, point in _objects(
-                        _list_at(data, "dataPoints", "data_points", f"{mpath}.{camel}"), dpath
-                    ):
-                        for epath, exemplar in _objects(
-                            _list_at(point, "exemplars", "exemplars", ppath), f"{ppath}.exemplars"
-                        ):
-                            _convert_ids(exemplar, epath, _LINK_IDS)
+    base64 it expects; span kinds and status codes checked (:func:`_check_enum`), unknown
+    names removed with a warning in ``warnings[span path]``; arrays, resources, scopes and
+    statuses of the wrong type refused. Raises :class:`OTLPDecodeError` naming the path."""
+    for path, message_type, item in _walk(document, signal):
+        if message_type is Span:
+            found = _prepare_span(item, path)
+            if found and warnings is not None:
+                warnings[path] = found
+        elif message_type is Metric:
+            _prepare_metric(item, path)
 
 
 _PARSE_STEP = re.compile(r"Failed to parse (\w+) field: ")
 
 
-def _parse_error(exc: json_format.ParseError) -> tuple[list[str], str]:
+def _described(exc: json_format.ParseError, path: str = "") -> str:
     """protobuf's nested ``Failed to parse X field: Failed to parse Y field: reason.`` as
-    ``(["X", "Y"], "reason")``, the reason cut to 200 characters."""
-    text, fields = str(exc), []
+    ``path.X.Y: reason``, the reason cut to 200 characters."""
+    text, fields = str(exc), [path] if path else []
     while match := _PARSE_STEP.match(text):
         fields.append(match.group(1))
         text = text[match.end() :]
     reason = text.rstrip(".")
-    return fields, (reason if len(reason) <= 200 else f"{reason[:200]}… ({len(reason)} characters)")
+    if len(reason) > 200:
+        reason = f"{reason[:200]}… ({len(reason)} characters)"
+    return f"{'.'.join(fields)}: {reason}" if fields else reason
 
 
-def _described(path: str, fields: list[str], reason: str) -> str:
-    """``path.field.field: reason`` (either part may be empty)."""
-    where = ".".join(part for part in (path, *fields) if part)
-    return f"{where}: {reason}" if where else reason
-
-
-def _located(document: dict, signal: Literal["traces", "metrics"]) -> str | None:
-    """After the whole document failed to parse: ``path.field…: reason`` of the first span,
-    metric, resource or scope that fails alone (``None`` if none does). Only on the error
-    path, so a malformed body is answered with the index of the item to fix."""
-    top, scopes, items, item_type = (
-        ("resourceSpans", "scopeSpans", "spans", Span)
-        if signal == "traces"
-        else ("resourceMetrics", "scopeMetrics", "metrics", Metric)
-    )
-    snake = {
-        "resourceSpans": "resource_spans",
-        "scopeSpans": "scope_spans",
-        "resourceMetrics": "resource_metrics",
-        "scopeMetrics": "scope_metrics",
-    }
-    for i, resource in enumerate(_get(document, top, snake[top])[1] or ()):
-        candidates: list[tuple[str, Any, type[Message]]] = [
-            (f"{top}[{i}].resource", resource.get("resource"), Resource)
-        ]
-        for j, scope in enumerate(_get(resource, scopes, snake[scopes])[1] or ()):
-            candidates.append((f"{top}[{i}].{scopes}[{j}].scope", scope.get("scope"), InstrumentationScope))
-            candidates.extend(
-                (f"{top}[{i}].{scopes}[{j}].{items}[{k}]", item, item_type)
-                for k, item in enumerate(scope.get(items) or ())
-            )
-        for path, value, message_type in candidates:
-            if not isinstance(value, dict):
-                continue
-            try:
-                json_format.ParseDict(value, message_type(), ignore_unknown_fields=True)
-            except json_format.ParseError as exc:
-                return _described(path, *_parse_error(exc))
-            except (RecursionError, TypeError, ValueError, AttributeError):
-                continue
+def _located(document: dict, signal: Signal) -> str | None:
+    """After the whole document failed to parse: ``path.field…: reason`` of the first
+    resource, scope, span or metric that fails alone (``None`` if none does), so that a
+    malformed body is answered with the index of the item to fix."""
+    for path, message_type, value in _walk(document, signal):
+        if value is None:
+            continue
+        try:
+            json_format.ParseDict(value, message_type(), ignore_unknown_fields=True)
+        except json_format.ParseError as exc:
+            return _described(exc, path)
+        except (RecursionError, TypeError, ValueError, AttributeError):
+            continue
     return None
 
 
-# The one field at the top of each signal's Export*ServiceRequest (lowerCamelCase, snake_case).
-_TOP_LEVEL_FIELDS = {"traces": ("resourceSpans", "resource_spans"), "metrics": ("resourceMetrics", "resource_metrics")}
-# Top-level fields of every OTLP export, to say which signal a misrouted body carries.
-_SIGNAL_OF_FIELD = {
+# The top-level field of each OTLP export, to say which signal a misrouted body carries.
+_EXPORTS = {
     "resourceSpans": ("traces", "/v1/traces"),
-    "resource_spans": ("traces", "/v1/traces"),
     "resourceMetrics": ("metrics", "/v1/metrics"),
-    "resource_metrics": ("metrics", "/v1/metrics"),
     "resourceLogs": ("logs", "/v1/logs"),
-    "resource_logs": ("logs", "/v1/logs"),
     "resourceProfiles": ("profiles", "/v1development/profiles"),
-    "resource_profiles": ("profiles", "/v1development/profiles"),
 }
-_SHOWN_KEYS = 5
+_SIGNAL_OF_FIELD = {field: export for camel, export in _EXPORTS.items() for field in (camel, _snake(camel))}
 
 
-def _check_top_level(document: dict, signal: Literal["traces", "metrics"], name: str) -> None:
-    """Refuse a JSON object that is not this signal's export at all.
-
-    OTLP/JSON receivers must ignore unknown fields, and the JSON parser does, so an OTLP logs
-    export (``resourceLogs``) posted to ``/v1/traces`` parsed as an *empty* trace export and
-    was answered 200 while its data was thrown away. An empty object is a valid empty export
-    (the specification asks for success), and unknown fields next to ``resourceSpans`` stay
-    ignored; an object with fields but not this signal's one is not an export of it.
-    Raises :class:`OTLPDecodeError` naming what was found.
-    """
-    expected = _TOP_LEVEL_FIELDS[signal]
-    if not document or any(field in document for field in expected):
+def _check_top_level(document: dict, signal: Signal, name: str) -> None:
+    """Refuse a non-empty JSON object without this signal's top-level field: the parser
+    ignores unknown fields, so a logs export posted to ``/v1/traces`` would parse as an
+    empty trace export and its data be lost. An empty object is a valid empty export.
+    Raises :class:`OTLPDecodeError` naming what was found."""
+    top = _LEVELS[signal][0]
+    if not document or top in document or _snake(top) in document:
         return
     keys = sorted(map(str, document))
-    shown = ", ".join(repr(k[:64]) for k in keys[:_SHOWN_KEYS]) + (
-        f" and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else ""
-    )
+    shown = ", ".join(repr(k[:64]) for k in keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
     other = next((_SIGNAL_OF_FIELD[k] for k in keys if k in _SIGNAL_OF_FIELD), None)
     hint = ""
     if other is not None:
-        accepted = other[0] in _TOP_LEVEL_FIELDS
         hint = f": an OTLP {other[0]} export, which belongs at {other[1]}" + (
-            "" if accepted else " (inferpath accepts traces and metrics only)"
+            "" if other[0] in _LEVELS else " (inferpath accepts traces and metrics only)"
         )
-    raise OTLPDecodeError(f"JSON body is not an {name}: no {expected[0]} at the top level, found {shown}{hint}")
+    raise OTLPDecodeError(f"JSON body is not an {name}: no {top} at the top level, found {shown}{hint}")
 
 
 def parse_message(
     payload: bytes,
     fmt: BodyFormat,
     message: Message,
-    signal: Literal["traces", "metrics"],
+    signal: Signal,
     warnings: dict[str, list[str]] | None = None,
 ) -> Message:
     """Fill ``message`` (an ``Export*ServiceRequest``) from a decompressed body.
 
     JSON follows the OTLP/JSON mapping: lowerCamelCase (snake_case also accepted), enums as
     ints or names, 64-bit ints as strings or numbers, ids as hex; unknown fields are ignored
-    as the specification requires, except that a non-empty object without this signal's
-    top-level field (``resourceSpans``/``resourceMetrics``; e.g. a logs export's
-    ``resourceLogs``) is refused as not an export of it. An unknown span kind or status code name leaves the
-    default, with a message in ``warnings[span path]`` (``resourceSpans[i].scopeSpans[j].spans[k]``).
-    Raises :class:`OTLPDecodeError` naming the problem.
+    as the specification requires, but a non-empty object without this signal's top-level
+    field (e.g. a logs export's ``resourceLogs``) is refused. An unknown span kind or status
+    code name leaves the default, with a message in ``warnings[span path]``
+    (``resourceSpans[i].scopeSpans[j].spans[k]``). Raises :class:`OTLPDecodeError` naming
+    the problem.
     """
     name = type(message).__name__
     if fmt == "protobuf":
@@ -422,7 +368,7 @@ def parse_message(
     try:
         try:
             document = json.loads(payload)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except ValueError as exc:  # UnicodeDecodeError included
             raise OTLPDecodeError(f"body is not valid JSON: {exc}") from None
         if not isinstance(document, dict):
             raise OTLPDecodeError(f"JSON body must be an object ({name}), got {type(document).__name__}")
@@ -431,7 +377,7 @@ def parse_message(
         try:
             json_format.ParseDict(document, message, ignore_unknown_fields=True)
         except json_format.ParseError as exc:
-            located = _located(document, signal) or _described("", *_parse_error(exc))
+            located = _located(document, signal) or _described(exc)
             raise OTLPDecodeError(f"invalid OTLP/JSON {name}: {located}") from None
     except RecursionError:  # the parsers recurse per level of nesting; OTLP needs fewer than 20
         raise OTLPDecodeError("JSON body is nested too deeply to decode") from None
