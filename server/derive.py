@@ -110,6 +110,10 @@ def _descendants(root: SpanRow, spans: Sequence[SpanRow]) -> list[SpanRow]:
     return out
 
 
+def _has_genai_attributes(span: SpanRow) -> bool:
+    return any(k.startswith(_GENAI_PREFIX) for k in span.span_attributes)
+
+
 def _stage_union(spans: Sequence[SpanRow] | None) -> int | None:
     """Union of the intervals of one stage's spans (ns); ``None`` when the trace has none."""
     return union_ns([(s.start_ns, s.end_ns) for s in spans]) if spans else None
@@ -133,11 +137,6 @@ def _self_ns(span: SpanRow, descendants: Sequence[SpanRow], lo_ns: int, hi_ns: i
     return max(0, (hi_ns - lo_ns) - union_ns(inside))
 
 
-def _span_ttft_ns(span: SpanRow) -> int | None:
-    reading = span_ttft(span)
-    return reading.ttft_ns if reading is not None else None
-
-
 def _hop_ttft_part_ns(
     client: SpanRow, server: SpanRow, lo_ns: int, hi_ns: int, server_reading: TTFTReading | None = None
 ) -> int:
@@ -148,12 +147,12 @@ def _hop_ttft_part_ns(
     request's trip out plus the first token's trip back. Otherwise each side is its whole
     interval. Both sides are clipped to the window first, so a hop that encloses the span
     measuring TTFT adds nothing: its wire time lies outside that TTFT (the end user's call
-    to the gateway when only the gateway measured a TTFT). ``server_reading``: the server side's TTFT when an engine's reader
-    measured it (TGI's is not an attribute of its span)."""
-    client_ttft_ns = _span_ttft_ns(client)
-    server_ttft_ns = server_reading.ttft_ns if server_reading is not None else _span_ttft_ns(server)
-    if client_ttft_ns is not None and server_ttft_ns is not None:
-        client_end_ns, server_end_ns = client.start_ns + client_ttft_ns, server.start_ns + server_ttft_ns
+    to the gateway when only the gateway measured a TTFT). ``server_reading``: the server
+    side's TTFT when an engine's reader measured it (TGI's is not an attribute of its span)."""
+    client_reading, server_reading = span_ttft(client), server_reading or span_ttft(server)
+    if client_reading is not None and server_reading is not None:
+        client_end_ns = client.start_ns + client_reading.ttft_ns
+        server_end_ns = server.start_ns + server_reading.ttft_ns
     else:
         client_end_ns, server_end_ns = client.end_ns, server.end_ns
     return max(
@@ -281,9 +280,7 @@ def assemble_request(
         nested = llm_calls or [
             s
             for s in by_start
-            if s.span_kind == "Client"
-            and STAGE not in s.span_attributes
-            and any(k.startswith(_GENAI_PREFIX) for k in s.span_attributes)
+            if s.span_kind == "Client" and STAGE not in s.span_attributes and _has_genai_attributes(s)
         ]
         if nested:
             root_clients = [min(nested, key=lambda s: (_depth(s, by_id), s.start_ns))]
@@ -302,9 +299,7 @@ def assemble_request(
     gateway = outermost[_retried(outermost)] if outermost else None
     engine = engines[_retried(engines)] if engines else None
     model_clients = [s for s in by_stage.get("model", ()) if s.span_kind == "Client"]
-    genai_client = root_client is not None and (
-        sources.is_llm_call(root_client) or any(k.startswith(_GENAI_PREFIX) for k in root_client.span_attributes)
-    )
+    genai_client = root_client is not None and (sources.is_llm_call(root_client) or _has_genai_attributes(root_client))
     if not (gateway or engine or by_stage or genai_client):
         return None
 
@@ -368,7 +363,7 @@ def assemble_request(
         if itl_ns is None and client_ttft_ns is not None and output_tokens is not None and output_tokens >= 2:
             itl_ns = round(max(0, root_client.duration_ns - client_ttft_ns) / (output_tokens - 1))
 
-    model_ns = union_ns((s.start_ns, s.end_ns) for s in model_clients) if model_clients else None
+    model_ns = _stage_union(model_clients)
 
     # A hop: the caller's CLIENT span and the callee's SERVER span of the same call; the
     # difference is time on the wire plus the callee's framework before/after its span.
