@@ -20,7 +20,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from inferpath.server.attributes import attributes_to_map
 from inferpath.server.otlp_body import (
@@ -32,9 +31,9 @@ from inferpath.server.otlp_body import (
     parse_message,
 )
 from inferpath.storage.rows import (
-    UNIX_EPOCH as _EPOCH,
-)
-from inferpath.storage.rows import (
+    SPAN_KINDS,
+    STATUS_CODES,
+    UNIX_EPOCH,
     GaugeRow,
     HistogramRow,
     SpanRow,
@@ -54,9 +53,9 @@ __all__ = [
     "STATUS_CODE_NAMES",
 ]
 
-# Collector pdata ``ptrace.SpanKind.String()`` minus its prefix, as the exporter stores it.
-SPAN_KIND_NAMES = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
-STATUS_CODE_NAMES = {0: "Unset", 1: "Ok", 2: "Error"}
+# OTLP enum number → the name the Collector's exporter stores (pdata ``String()`` minus its prefix).
+SPAN_KIND_NAMES = dict(enumerate(SPAN_KINDS))
+STATUS_CODE_NAMES = dict(enumerate(STATUS_CODES))
 # How many per-item reasons one partial_success message quotes before summarizing.
 _MAX_REASONS = 5
 
@@ -100,17 +99,16 @@ MAX_METRIC_NAME_CHARS = 512
 
 
 class _Rejections:
-    """Counts rejected items and keeps the first few reasons for the response message."""
+    """Counts rejected items and items kept with a warning (OTLP's ``partial_success``
+    carries such warnings with a count of 0), keeping the first few reasons of each."""
 
     def __init__(self, noun: str) -> None:
-        self.noun = noun
+        self.noun = noun  # plural: "spans", "data points"
         self.count = 0
         self.reasons: list[str] = []
         self._named = 0  # items that the kept reasons account for
-        # Kept items with something the receiver could not take as sent (e.g. an unknown
-        # span kind): OTLP's partial_success carries such warnings with a count of 0.
-        self.warnings: list[str] = []
         self.warned = 0
+        self.warnings: list[str] = []
 
     def add(self, path: str, reason: str, count: int = 1) -> None:
         """``count`` items rejected for one ``reason`` (e.g. every point of one metric)."""
@@ -120,27 +118,21 @@ class _Rejections:
             self._named += count
 
     def warn(self, warning: str) -> None:
-        """One kept item with ``warning`` (its path and what was taken instead; one entry
-        per item, however many of its fields it names)."""
+        """One kept item with ``warning`` (its path and what was taken instead)."""
         self.warned += 1
         if len(self.warnings) < _MAX_REASONS:
             self.warnings.append(warning)
 
-    def _nouns(self, count: int) -> str:
-        return self.noun if count != 1 else self.noun[:-1]  # "spans", "data points"
+    def _said(self, count: int, named: int, reasons: list[str], what: str) -> str:
+        noun = self.noun if count != 1 else self.noun[:-1]
+        return (
+            f"{count} {noun} {what}: " + "; ".join(reasons) + (f"; and {count - named} more" if count > named else "")
+        )
 
     def message(self) -> str:
-        parts = []
-        if self.count:
-            more = self.count - self._named
-            tail = f"; and {more} more" if more > 0 else ""
-            parts.append(f"{self.count} {self._nouns(self.count)} rejected: " + "; ".join(self.reasons) + tail)
+        parts = [self._said(self.count, self._named, self.reasons, "rejected")] if self.count else []
         if self.warned:
-            more = self.warned - len(self.warnings)
-            tail = f"; and {more} more" if more > 0 else ""
-            parts.append(
-                f"{self.warned} {self._nouns(self.warned)} kept with a warning: " + "; ".join(self.warnings) + tail
-            )
+            parts.append(self._said(self.warned, len(self.warnings), self.warnings, "kept with a warning"))
         return ". ".join(parts)
 
 
@@ -166,7 +158,15 @@ def _utc(unix_ns: int) -> str:
     return datetime.fromtimestamp(unix_ns // 1_000_000_000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _span_problem(span, oldest_unix_ns: int = 0) -> str | None:
+def _span_problem(span, path: str, oldest_unix_ns: int) -> str | None:
+    """Why ``span`` (at ``path``) is rejected, or ``None``. Raises :class:`OTLPDecodeError`
+    for an id of the wrong length, as the Collector fails the whole request on one."""
+    _check_id(span.trace_id, 16, f"{path}.traceId")
+    _check_id(span.span_id, 8, f"{path}.spanId")
+    _check_id(span.parent_span_id, 8, f"{path}.parentSpanId")
+    for n, link in enumerate(span.links):
+        _check_id(link.trace_id, 16, f"{path}.links[{n}].traceId")
+        _check_id(link.span_id, 8, f"{path}.links[{n}].spanId")
     if not span.trace_id:
         return "traceId is missing"
     if span.trace_id == _ZERO_TRACE_ID:
@@ -196,11 +196,11 @@ def decode_trace_request(
     """Decode an OTLP/HTTP ``/v1/traces`` body into span rows.
 
     ``content_type``: ``application/x-protobuf`` or ``application/json``; ``content_encoding``:
-    ``gzip`` or ``None``/``identity``. Raises :class:`UnsupportedMediaTypeError` for other (or no)
-    media types or encodings, :class:`OTLPDecodeError` for a malformed body or an id of the wrong
-    length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``). Spans with a
-    missing or all-zero id, no start time, end before start, a time after 2262 (past
-    DateTime64(9)) or a start before ``oldest_unix_ns`` (the store's retention: the TTL
+    ``gzip``, ``deflate`` or ``None``/``identity``. Raises :class:`UnsupportedMediaTypeError`
+    for other (or no) media types or encodings, :class:`OTLPDecodeError` for a malformed body
+    or an id of the wrong length (path given as ``resourceSpans[i].scopeSpans[j].spans[k].traceId``).
+    Spans with a missing or all-zero id, no start time, end before start, a time after 2262
+    (past DateTime64(9)) or a start before ``oldest_unix_ns`` (the store's retention: the TTL
     would drop the row silently) are rejected and counted, with the reason in
     ``error_message``. A span whose kind or status code OTLP does not define (a number, or
     an OTLP/JSON name) is kept with the default (``Unspecified``, ``Unset``) and a warning
@@ -209,21 +209,20 @@ def decode_trace_request(
     fmt = body_format(content_type)
     payload = decompress(body, content_encoding)
     rejections = _Rejections("spans")
-    # Warnings per span path: from the OTLP/JSON checks (unknown enum names), then from
-    # building each span (undefined enum numbers); said only for spans that are kept.
+    # Warnings per span path from the OTLP/JSON checks; said only for spans that are kept.
     warnings: dict[str, list[str]] = {}
     request = parse_message(payload, fmt, ExportTraceServiceRequest(), "traces", warnings)
-    unknown: list[str] = []  # of the span being built
     spans: list[SpanRow] = []
     for i, resource_spans in enumerate(request.resource_spans):
         resource_attributes = attributes_to_map(resource_spans.resource.attributes)
         service_name = resource_attributes.get("service.name", "")
         for j, scope_spans in enumerate(resource_spans.scope_spans):
-            scope = scope_spans.scope
-            scope_name, scope_version = scope.name, scope.version
+            scope_name, scope_version = scope_spans.scope.name, scope_spans.scope.version
             for k, span in enumerate(scope_spans.spans):
+                # Each field read from the message builds a new Python object: read each once.
                 trace_id, span_id, parent_span_id = span.trace_id, span.span_id, span.parent_span_id
                 start_ns, end_ns = span.start_time_unix_nano, span.end_time_unix_nano
+                events, links = span.events, span.links
                 # The common case, decided in one expression: well-sized non-zero ids, times in
                 # order and storable, no events or links. Anything else takes the full checks,
                 # which name the field.
@@ -235,127 +234,76 @@ def decode_trace_request(
                     and span_id != _ZERO_SPAN_ID
                     and 0 < start_ns <= end_ns <= MAX_STORABLE_UNIX_NS
                     and start_ns >= oldest_unix_ns
-                    and not (links := span.links)
-                    and not (events := span.events)
+                    and not links
+                    and not events
                 ):
                     path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
-                    _check_id(trace_id, 16, f"{path}.traceId")
-                    _check_id(span_id, 8, f"{path}.spanId")
-                    _check_id(parent_span_id, 8, f"{path}.parentSpanId")
-                    for n, link in enumerate(span.links):
-                        _check_id(link.trace_id, 16, f"{path}.links[{n}].traceId")
-                        _check_id(link.span_id, 8, f"{path}.links[{n}].spanId")
-                    problem = _span_problem(span, oldest_unix_ns)
+                    problem = _span_problem(span, path, oldest_unix_ns)
                     if problem:
                         rejections.add(path, problem)
-                        if warnings:
-                            warnings.pop(path, None)
+                        warnings.pop(path, None)
                         continue
-                    links, events = span.links, span.events
+                status = span.status
+                kind, code = SPAN_KIND_NAMES.get(span.kind), STATUS_CODE_NAMES.get(status.code)
+                if kind is None or code is None or warnings:
+                    path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                    found = warnings.pop(path, [])
+                    if kind is None:  # a number OTLP does not define: stored as the default
+                        kind = "Unspecified"
+                        found.append(f"kind: unknown span kind {span.kind}, stored as the default")
+                    if code is None:
+                        code = "Unset"
+                        found.append(f"status.code: unknown status code {status.code}, stored as the default")
+                    if found:
+                        rejections.warn("; ".join(f"{path}.{warning}" for warning in found))
                 spans.append(
-                    _span_row(
-                        span,
-                        trace_id,
-                        span_id,
-                        parent_span_id,
-                        start_ns,
-                        end_ns,
-                        events,
-                        links,
+                    SpanRow.from_checked(  # every field checked above
+                        UNIX_EPOCH + timedelta(microseconds=start_ns // 1000),  # datetime_from_unix_ns, inlined
+                        trace_id.hex(),
+                        span_id.hex(),
+                        parent_span_id.hex(),
+                        span.trace_state,
+                        span.name,
+                        kind,
                         service_name,
                         resource_attributes,
                         scope_name,
                         scope_version,
-                        unknown,
+                        attributes_to_map(span.attributes),
+                        end_ns - start_ns,
+                        code,
+                        status.message,
+                        # No events or links (most spans): the shared empty tuple, which the
+                        # garbage collector does not track, instead of two new lists per span.
+                        [
+                            (datetime_from_unix_ns(e.time_unix_nano), e.name, attributes_to_map(e.attributes))
+                            for e in events
+                        ]
+                        if events
+                        else (),
+                        [
+                            (
+                                link.trace_id.hex(),
+                                link.span_id.hex(),
+                                link.trace_state,
+                                attributes_to_map(link.attributes),
+                            )
+                            for link in links
+                        ]
+                        if links
+                        else (),
+                        start_ns // 1000 * 1000,
                     )
                 )
-                if unknown or warnings:
-                    path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
-                    found = warnings.pop(path, []) + unknown
-                    if found:
-                        rejections.warn("; ".join(f"{path}.{warning}" for warning in found))
-                    unknown.clear()
     return DecodedSpans(spans, rejections.count, rejections.message(), warned_spans=rejections.warned)
-
-
-def _span_row(
-    span,
-    trace_id: bytes,
-    span_id: bytes,
-    parent_span_id: bytes,
-    start_ns: int,
-    end_ns: int,
-    events,
-    links,
-    service_name: str,
-    resource_attributes: dict[str, str],
-    scope_name: str,
-    scope_version: str,
-    unknown: list[str],
-) -> SpanRow:
-    """``span`` as a row; the ids, times, events and links are those already read from it
-    (each field read from the message builds a new Python object). A kind or status code
-    number OTLP does not define is stored as the default and named in ``unknown``."""
-    # No events or links (most spans): the shared empty tuple, which the garbage collector
-    # does not track, instead of two new lists per span held for assembly.
-    events = (
-        [
-            (datetime_from_unix_ns(event.time_unix_nano), event.name, attributes_to_map(event.attributes))
-            for event in events
-        ]
-        if events
-        else ()
-    )
-    links = (
-        [
-            (link.trace_id.hex(), link.span_id.hex(), link.trace_state, attributes_to_map(link.attributes))
-            for link in links
-        ]
-        if links
-        else ()
-    )
-    # Every field was checked by _check_id/_span_problem (ids of 16/8 bytes, not zero; end
-    # not before start; times storable): build the row without re-validating it.
-    status = span.status
-    kind, code = SPAN_KIND_NAMES.get(span.kind), STATUS_CODE_NAMES.get(status.code)
-    if kind is None:
-        kind = "Unspecified"
-        unknown.append(f"kind: unknown span kind {span.kind}, stored as the default")
-    if code is None:
-        code = "Unset"
-        unknown.append(f"status.code: unknown status code {status.code}, stored as the default")
-    return SpanRow.from_checked(
-        _EPOCH + timedelta(microseconds=start_ns // 1000),
-        trace_id.hex(),
-        span_id.hex(),
-        parent_span_id.hex(),
-        span.trace_state,
-        span.name,
-        kind,
-        service_name,
-        resource_attributes,
-        scope_name,
-        scope_version,
-        attributes_to_map(span.attributes),
-        end_ns - start_ns,
-        code,
-        status.message,
-        events,
-        links,
-        start_ns // 1000 * 1000,
-    )
 
 
 # --- metrics -------------------------------------------------------------------------------
 
 
-def _number_value(point) -> float | None:
-    kind = point.WhichOneof("value")
-    if kind == "as_double":
-        return float(point.as_double)
-    if kind == "as_int":
-        return float(point.as_int)
-    return None
+def _number_value(point) -> float:
+    """A gauge or sum point's ``asDouble`` or ``asInt`` (0.0 when it has neither)."""
+    return float(point.as_double if point.WhichOneof("value") == "as_double" else point.as_int)
 
 
 def decode_metrics_request(
@@ -383,19 +331,25 @@ def decode_metrics_request(
             scope = scope_metrics.scope
             for k, metric in enumerate(scope_metrics.metrics):
                 path = f"resourceMetrics[{i}].scopeMetrics[{j}].metrics[{k}]"
-                # Stored, such a metric could never be asked for.
-                if not metric.name or len(metric.name) > MAX_METRIC_NAME_CHARS:
-                    kind = metric.WhichOneof("data")
+                kind = metric.WhichOneof("data")
+                if not metric.name or len(metric.name) > MAX_METRIC_NAME_CHARS:  # stored, never asked for
                     points = len(getattr(metric, kind).data_points) if kind else 0
                     if points:
-                        problem = (
+                        name = (
                             f"{len(metric.name)} characters, at most {MAX_METRIC_NAME_CHARS}"
                             if metric.name
                             else "missing"
                         )
-                        rejections.add(
-                            f"{path}.name", f"{problem} (its {points} data point{'s' * (points != 1)})", points
-                        )
+                        rejections.add(f"{path}.name", f"{name} (its {points} data point{'s' * (points != 1)})", points)
+                    continue
+                if kind is None:
+                    rejections.add(path, "metric has no data (gauge, sum or histogram)")
+                    continue
+                data = getattr(metric, kind)
+                if kind not in ("gauge", "sum", "histogram"):
+                    json_name = metric.DESCRIPTOR.fields_by_name[kind].json_name
+                    for n in range(len(data.data_points)):
+                        rejections.add(f"{path}.{json_name}.dataPoints[{n}]", f"{json_name} points are not stored")
                     continue
                 common = dict(
                     resource_attributes=resource_attributes,
@@ -406,102 +360,68 @@ def decode_metrics_request(
                     description=metric.description,
                     unit=metric.unit,
                 )
-                _decode_metric(metric, common, path, out, rejections, oldest_unix_ns)
+                for n, point in enumerate(data.data_points):
+                    problem = _point_problem(point, kind, oldest_unix_ns)
+                    if problem:
+                        rejections.add(f"{path}.{kind}.dataPoints[{n}]", problem)
+                        continue
+                    # An unset OTLP start time (0) is stored as the epoch, as the exporter does.
+                    fields = dict(
+                        common,
+                        attributes=attributes_to_map(point.attributes),
+                        start_time=datetime_from_unix_ns(point.start_time_unix_nano),
+                        time=datetime_from_unix_ns(point.time_unix_nano),
+                    )
+                    if kind == "gauge":
+                        out.gauges.append(GaugeRow(**fields, value=_number_value(point)))
+                    elif kind == "sum":
+                        out.sums.append(
+                            SumRow(
+                                **fields,
+                                value=_number_value(point),
+                                aggregation_temporality=int(data.aggregation_temporality),
+                                is_monotonic=bool(data.is_monotonic),
+                            )
+                        )
+                    else:
+                        out.histograms.append(
+                            HistogramRow(
+                                **fields,
+                                count=int(point.count),
+                                sum=float(point.sum),
+                                bucket_counts=[int(c) for c in point.bucket_counts],
+                                explicit_bounds=[float(b) for b in point.explicit_bounds],
+                                min=float(point.min) if point.HasField("min") else None,
+                                max=float(point.max) if point.HasField("max") else None,
+                                aggregation_temporality=int(data.aggregation_temporality),
+                            )
+                        )
     return DecodedMetrics(out.gauges, out.sums, out.histograms, rejections.count, rejections.message())
 
 
-def _point_time_problem(point, oldest_unix_ns: int) -> str | None:
+def _point_problem(point, kind: str, oldest_unix_ns: int) -> str | None:
+    """Why a ``kind`` (gauge, sum or histogram) data point is rejected, or ``None``."""
+    if kind != "histogram":
+        if point.WhichOneof("value") is None:
+            return "no asDouble/asInt value"
+        value = _number_value(point)
+        if not math.isfinite(value):  # not a measurement; it would blank every aggregate
+            return f"asDouble is {value!r}, not a finite number"
     if point.time_unix_nano == 0:
         return "timeUnixNano is missing"
-    return _time_problem("timeUnixNano", point.time_unix_nano, oldest_unix_ns) or _time_problem(
+    problem = _time_problem("timeUnixNano", point.time_unix_nano, oldest_unix_ns) or _time_problem(
         "startTimeUnixNano", point.start_time_unix_nano, 0
     )
-
-
-def _decode_metric(
-    metric: metrics_pb2.Metric,
-    common: dict,
-    path: str,
-    out: DecodedMetrics,
-    rejections: _Rejections,
-    oldest_unix_ns: int = 0,
-) -> None:
-    kind = metric.WhichOneof("data")
-    if kind in ("gauge", "sum"):
-        data = getattr(metric, kind)
-        for n, point in enumerate(data.data_points):
-            ppath = f"{path}.{kind}.dataPoints[{n}]"
-            value = _number_value(point)
-            if value is None:
-                rejections.add(ppath, "no asDouble/asInt value")
-                continue
-            if not math.isfinite(value):  # not a measurement; it would blank every aggregate
-                rejections.add(ppath, f"asDouble is {value!r}, not a finite number")
-                continue
-            problem = _point_time_problem(point, oldest_unix_ns)
-            if problem:
-                rejections.add(ppath, problem)
-                continue
-            fields = dict(common, **_point_fields(point), value=value)
-            if kind == "gauge":
-                out.gauges.append(GaugeRow(**fields))
-            else:
-                out.sums.append(
-                    SumRow(
-                        **fields,
-                        aggregation_temporality=int(data.aggregation_temporality),
-                        is_monotonic=bool(data.is_monotonic),
-                    )
-                )
-    elif kind == "histogram":
-        data = metric.histogram
-        for n, point in enumerate(data.data_points):
-            ppath = f"{path}.histogram.dataPoints[{n}]"
-            problem = _point_time_problem(point, oldest_unix_ns)
-            if problem:
-                rejections.add(ppath, problem)
-                continue
-            if point.bucket_counts and len(point.bucket_counts) != len(point.explicit_bounds) + 1:
-                rejections.add(ppath, "bucketCounts must have one more entry than explicitBounds")
-                continue
-            not_finite = next(
-                (
-                    name
-                    for name, number in (("sum", point.sum), ("min", point.min), ("max", point.max))
-                    if not math.isfinite(number)
-                ),
-                None,
-            )
-            if not_finite is None and not all(map(math.isfinite, point.explicit_bounds)):
-                not_finite = "explicitBounds"
-            if not_finite is not None:
-                rejections.add(ppath, f"{not_finite} is not a finite number")
-                continue
-            out.histograms.append(
-                HistogramRow(
-                    **common,
-                    **_point_fields(point),
-                    count=int(point.count),
-                    sum=float(point.sum),
-                    bucket_counts=[int(c) for c in point.bucket_counts],
-                    explicit_bounds=[float(b) for b in point.explicit_bounds],
-                    min=float(point.min) if point.HasField("min") else None,
-                    max=float(point.max) if point.HasField("max") else None,
-                    aggregation_temporality=int(data.aggregation_temporality),
-                )
-            )
-    elif kind is None:
-        rejections.add(path, "metric has no data (gauge, sum or histogram)")
-    else:
-        json_name = metric.DESCRIPTOR.fields_by_name[kind].json_name
-        for n in range(len(getattr(metric, kind).data_points)):
-            rejections.add(f"{path}.{json_name}.dataPoints[{n}]", f"{json_name} points are not stored")
-
-
-def _point_fields(point) -> dict:
-    # An unset OTLP start time (0) is stored as the epoch, as the exporter does.
-    return dict(
-        attributes=attributes_to_map(point.attributes),
-        start_time=datetime_from_unix_ns(point.start_time_unix_nano),
-        time=datetime_from_unix_ns(point.time_unix_nano),
+    if problem or kind != "histogram":
+        return problem
+    if point.bucket_counts and len(point.bucket_counts) != len(point.explicit_bounds) + 1:
+        return "bucketCounts must have one more entry than explicitBounds"
+    numbers = (
+        ("sum", [point.sum]),
+        ("min", [point.min]),
+        ("max", [point.max]),
+        ("explicitBounds", point.explicit_bounds),
+    )
+    return next(
+        (f"{name} is not a finite number" for name, values in numbers if not all(map(math.isfinite, values))), None
     )
