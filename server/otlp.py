@@ -136,12 +136,6 @@ class _Rejections:
         return ". ".join(parts)
 
 
-def _check_id(raw: bytes, length: int, path: str) -> None:
-    # The Collector fails the whole request on an id of the wrong size; empty means "unset".
-    if raw and len(raw) != length:
-        raise OTLPDecodeError(f"{path}: expected {length} bytes, got {len(raw)}")
-
-
 def _time_problem(name: str, unix_ns: int, oldest_unix_ns: int) -> str | None:
     if unix_ns > MAX_STORABLE_UNIX_NS:
         return f"{name} {unix_ns} is after 2262-04-11, the last time DateTime64(9) can hold"
@@ -161,12 +155,12 @@ def _utc(unix_ns: int) -> str:
 def _span_problem(span, path: str, oldest_unix_ns: int) -> str | None:
     """Why ``span`` (at ``path``) is rejected, or ``None``. Raises :class:`OTLPDecodeError`
     for an id of the wrong length, as the Collector fails the whole request on one."""
-    _check_id(span.trace_id, 16, f"{path}.traceId")
-    _check_id(span.span_id, 8, f"{path}.spanId")
-    _check_id(span.parent_span_id, 8, f"{path}.parentSpanId")
+    ids = [("traceId", span.trace_id, 16), ("spanId", span.span_id, 8), ("parentSpanId", span.parent_span_id, 8)]
     for n, link in enumerate(span.links):
-        _check_id(link.trace_id, 16, f"{path}.links[{n}].traceId")
-        _check_id(link.span_id, 8, f"{path}.links[{n}].spanId")
+        ids += ((f"links[{n}].traceId", link.trace_id, 16), (f"links[{n}].spanId", link.span_id, 8))
+    for name, raw, length in ids:
+        if raw and len(raw) != length:  # empty means "unset"
+            raise OTLPDecodeError(f"{path}.{name}: expected {length} bytes, got {len(raw)}")
     if not span.trace_id:
         return "traceId is missing"
     if span.trace_id == _ZERO_TRACE_ID:

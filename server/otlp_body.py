@@ -243,7 +243,9 @@ def _check_event_time(event: dict, label: str, found: list[str]) -> None:
 
 
 def _prepare_span(span: dict, path: str) -> list[str]:
-    """Make one OTLP/JSON span ready for the proto3 JSON parser; returns its warnings."""
+    """Make one OTLP/JSON span ready for the proto3 JSON parser, in place: hex ids to the
+    base64 it expects, kind and status code checked (:func:`_check_enum`), event times
+    checked. Returns its warnings; raises :class:`OTLPDecodeError` naming the path."""
     _convert_ids(span, path, _SPAN_IDS)
     found: list[str] = []
     _check_enum(span, "kind", _SPAN_KINDS, "span kind", path, "kind", found)
@@ -258,26 +260,13 @@ def _prepare_span(span: dict, path: str) -> list[str]:
 
 
 def _prepare_metric(metric: dict, path: str) -> None:
+    """The hex ids of one OTLP/JSON metric's exemplars to base64, in place."""
     for kind in _METRIC_KINDS:
         data = _get(metric, kind)[1]
         if isinstance(data, dict):
             for ppath, point in _objects_at(data, "dataPoints", f"{path}.{kind}"):
                 for epath, exemplar in _objects_at(point, "exemplars", ppath):
                     _convert_ids(exemplar, epath, _LINK_IDS)
-
-
-def _prepare_json(document: dict, signal: Signal, warnings: dict[str, list[str]] | None = None) -> None:
-    """Make an OTLP/JSON document ready for proto3 JSON parsing, in place: hex ids to the
-    base64 it expects; span kinds and status codes checked (:func:`_check_enum`), unknown
-    names removed with a warning in ``warnings[span path]``; arrays, resources, scopes and
-    statuses of the wrong type refused. Raises :class:`OTLPDecodeError` naming the path."""
-    for path, message_type, item in _walk(document, signal):
-        if message_type is Span:
-            found = _prepare_span(item, path)
-            if found and warnings is not None:
-                warnings[path] = found
-        elif message_type is Metric:
-            _prepare_metric(item, path)
 
 
 _PARSE_STEP = re.compile(r"Failed to parse (\w+) field: ")
@@ -373,7 +362,14 @@ def parse_message(
         if not isinstance(document, dict):
             raise OTLPDecodeError(f"JSON body must be an object ({name}), got {type(document).__name__}")
         _check_top_level(document, signal, name)
-        _prepare_json(document, signal, warnings)
+        # Ready for the proto3 JSON parser, in place: ids from hex, enums and event times checked.
+        for path, message_type, item in _walk(document, signal):
+            if message_type is Span:
+                found = _prepare_span(item, path)
+                if found and warnings is not None:
+                    warnings[path] = found
+            elif message_type is Metric:
+                _prepare_metric(item, path)
         try:
             json_format.ParseDict(document, message, ignore_unknown_fields=True)
         except json_format.ParseError as exc:
