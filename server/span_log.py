@@ -240,12 +240,14 @@ class SpanLog:
         again at start-up, by its sample span)."""
         with self._lock:
             try:
-                drained = self._db.execute(
-                    "SELECT coalesce(sum(length(body)), 0) FROM exports WHERE id < ? AND body IS NOT NULL", (end,)
-                ).fetchone()[0]
+                # Records before the committed offset hold no body: scan only the drained range.
+                where = "WHERE id >= ? AND id < ? AND body IS NOT NULL"
+                span = (self.committed_offset, end)
+                query = f"SELECT coalesce(sum(length(body)), 0) FROM exports {where}"
+                drained = self._db.execute(query, span).fetchone()[0]
                 with self._db:  # one transaction
                     self._db.execute("BEGIN")
-                    self._db.execute("UPDATE exports SET body = NULL WHERE id < ? AND body IS NOT NULL", (end,))
+                    self._db.execute(f"UPDATE exports SET body = NULL {where}", span)
                     self._db.execute("DELETE FROM exports WHERE id < ?", (min(end, self.end_offset - self.max_tokens),))
                     self._db.execute("DELETE FROM meta WHERE key = 'begun'")
                 self.backlog_bytes -= drained
