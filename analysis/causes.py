@@ -1,6 +1,6 @@
 """The registry of causes: which stage's time each one claims, on what evidence, and the advice.
 
-Each :class:`CauseRule` is one entry: its name (a :data:`~inferpath.analysis.verdict.CAUSES`
+Each :class:`CauseRule` is one entry: its name (a :data:`~inferpath.vocabulary.CAUSES`
 name), the stages whose time it may claim, a predicate over the :class:`Context` (the
 engine's state and the request measures of the same windows), the evidence it quotes and
 what would and would not help. A stage's time goes to the *first* rule in

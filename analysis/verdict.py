@@ -12,19 +12,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from typing import Any
 
-CAUSES: tuple[str, ...] = (
-    "tokenization",
-    "retrieval",
-    "queueing",
-    "batching",
-    "network_hop",
-    "gpu_compute",
-    "gpu_memory",
-    "cold_start",
-    "unexplained",
-)
-"""Cause names a :class:`Cause` may carry. ``retrieval`` is a CPU stage of its own (a slow
-retriever is not a tokenizer problem); ``unexplained`` is time that no stage span covers."""
+from inferpath.vocabulary import CAUSES
 
 Window = tuple[datetime, datetime]
 

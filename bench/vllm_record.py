@@ -62,20 +62,13 @@ from typing import Any
 
 import httpx
 
+from inferpath.vocabulary import CAUSES as VOCABULARY_CAUSES
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = "azure2023_AzureLLMInferenceTrace_code.csv"
 DEFAULT_OUT = REPO / "tests" / "data" / "vllm_recordings"
-CAUSES = (
-    "healthy",
-    "gpu_compute",
-    "gpu_memory",
-    "batching",
-    "queueing",
-    "tokenization",
-    "retrieval",
-    "network_hop",
-    "cold_start",
-)
+# What a recording's ground truth may name: a diagnosis cause, or healthy.
+CAUSES = ("healthy", *(cause for cause in VOCABULARY_CAUSES if cause != "unexplained"))
 # One WordPiece token per word, so a prompt of N words is about N tokens (as demo/replay.py).
 FILLER = (
     "the request path of an inference service runs through a gateway a retrieval step a queue "

@@ -65,7 +65,7 @@ DRAIN_SECONDS = 1.5
 class Scenario:
     """One fault and the cause it must be diagnosed as.
 
-    ``cause``: a :data:`inferpath.analysis.verdict.CAUSES` name, ``None`` for the healthy run.
+    ``cause``: a :data:`inferpath.vocabulary.CAUSES` name, ``None`` for the healthy run.
     ``gateway_faults`` / ``engine_faults``: bodies of ``POST /admin/faults`` (gateway) and
     ``POST /admin/config`` (engine) sent when the fault phase starts. ``proxy_delay_seconds``:
     route the gateway through a proxy that adds this delay. ``cold_replica``: start a second

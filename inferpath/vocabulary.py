@@ -1,4 +1,4 @@
-"""inferpath's vocabulary: the names of stages, measures, signals, sources and units, once.
+"""inferpath's vocabulary: the names of stages, measures, causes, signals, sources and units, once.
 
 Every part draws these names from here: the instrumentation's stage attribute
 (:mod:`inferpath.instrumentation.semconv`), the settings (:mod:`inferpath.config`), the
@@ -161,6 +161,22 @@ vLLM exporting its own spans names no class."""
 UNCLASSIFIED = "unclassified"
 """What requests without an endpoint class (an engine's own spans, a caller that set none)
 are called wherever a class is shown."""
+
+# ----------------------------------------------------------------------------- causes
+CAUSES: tuple[str, ...] = (
+    "tokenization",
+    "retrieval",
+    "queueing",
+    "batching",
+    "network_hop",
+    "gpu_compute",
+    "gpu_memory",
+    "cold_start",
+    "unexplained",
+)
+"""Cause names a diagnosis may name (``analysis.verdict.Cause``). ``retrieval`` is a CPU
+stage of its own (a slow retriever is not a tokenizer problem); ``unexplained`` is time that
+no stage span covers."""
 
 # ----------------------------------------------------------------------------- signals
 SOURCE_METRIC_ATTRIBUTE = "inferpath.source_metric"
@@ -450,6 +466,7 @@ DEFAULT_SCRAPE_SOURCE = "vllm"
 """The source of a scrape target given as a bare URL."""
 
 __all__ = [
+    "CAUSES",
     "BATCH_SIZE",
     "BREAKDOWN_MEASURES",
     "BREAKDOWN_STAGES",

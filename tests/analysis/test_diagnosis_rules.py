@@ -24,7 +24,8 @@ from inferpath.analysis.engine_state import EngineState, engine_state
 from inferpath.analysis.objectives import DEFAULT_OBJECTIVES
 from inferpath.analysis.signals import SignalWindows, WindowSignals
 from inferpath.analysis.startup import ReplicaStartup
-from inferpath.analysis.verdict import CAUSES, verdict_to_dict
+from inferpath.analysis.verdict import verdict_to_dict
+from inferpath.vocabulary import CAUSES
 
 
 def _signals(current: dict, baseline: dict, current_preemptions=None, baseline_preemptions=None) -> SignalWindows:
@@ -185,7 +186,10 @@ def test_each_stage_goes_to_the_first_cause_of_the_registry_that_claims_it(stage
 
 
 def test_the_registry_names_only_known_causes_and_every_rule_gives_advice() -> None:
+    from inferpath.dashboard.verdict import CAUSE_LABELS
+
     assert {rule.name for rule in REGISTRY} <= set(CAUSES)
+    assert set(CAUSE_LABELS) == set(CAUSES)  # the dashboard words every cause, and no other
     for rule in REGISTRY:
         assert rule.would_help(_context(SLOTS)), rule.name
 
