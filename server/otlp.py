@@ -326,7 +326,7 @@ def decode_metrics_request(
             for k, metric in enumerate(scope_metrics.metrics):
                 path = f"resourceMetrics[{i}].scopeMetrics[{j}].metrics[{k}]"
                 kind = metric.WhichOneof("data")
-                if not metric.name or len(metric.name) > MAX_METRIC_NAME_CHARS:  # stored, never asked for
+                if not metric.name or len(metric.name) > MAX_METRIC_NAME_CHARS:  # the read API could never ask for it
                     points = len(getattr(metric, kind).data_points) if kind else 0
                     if points:
                         name = (
