@@ -8,25 +8,30 @@ ingest rate (bench/README.md, server_ingest). A 200 therefore means "in the span
    logged export (same dedup token) gets 200 without a record.
 2. The drainer takes the queued exports in log order, up to ``insert_rows`` rows or what
    arrived within ``linger_seconds`` of the oldest, records the range it is about to insert
-   with one sample span, inserts the rows as ONE block into ``otel_traces`` with the dedup
-   token ``wal-{log id}-{start}-{end}``, notes the spans for assembly (``on_committed``) and
-   marks the range drained.
+   with a sample span per day (partition), inserts the rows as ONE block into ``otel_traces`` with the dedup
+   token of the range (:func:`range_token`, from the exports' own tokens), notes the spans
+   for assembly (``on_committed``) and deletes the range from the log.
 3. At start-up the records not drained are decoded and queued again. An insert begun and not
-   marked done is settled by looking its sample span up (a block is one part, all or
-   nothing): found, the range is done; else exactly that range is inserted again under the
-   same token.
+   marked done is settled by looking its sample spans up (an insert writes one part per
+   partition, each all or nothing): all found, the range is done; else exactly that range is
+   inserted again under the same token, which skips the parts already stored.
 
 The log is one SQLite database (``spans.sqlite`` in the log folder; Python's ``sqlite3``):
 SQLite makes each append and each progress step atomic, so a crash inside a write leaves
 the state before it. Journal mode WAL with ``synchronous=OFF``: a committed append is in the
 kernel's page cache, which survives ``kill -9`` of the server (the failure this log is for);
 a power loss can lose the last seconds, as it can for ClickHouse's own inserts, which do not
-``fsync`` by default either (``fsync_after_insert = 0``). Each record keeps the CRC-32 of its
-body, checked when the body is read back after a restart: a damaged record is skipped, logged
-at ERROR and counted. A database SQLite cannot read is moved aside (``.corrupt-<unix time>``)
-and a new log started, logged at ERROR and counted. Drained records keep their token (the
-body is dropped) until ``max_tokens`` newer records exist, so a client retrying an export
-whose 200 was lost is recognised after its rows were inserted, a restart included.
+``fsync`` by default either (``fsync_after_insert = 0``). The WAL file (``spans.sqlite-wal``)
+is part of the log: never delete it. Each record keeps the body as received with its media
+type and encoding, and the body's CRC-32, checked when the body is read back after a
+restart: a damaged record is skipped, logged at ERROR and counted. A database SQLite cannot
+read (corrupt, not a database) is moved aside with its WAL (``.corrupt-<unix time>``) and a
+new log started, logged at ERROR and counted; any other error (a lock held by another
+process, a read-only folder) is raised. The tokens of the newest ``max_tokens`` records are
+kept after they are drained, so a client retrying an export whose 200 was lost is
+recognised after its rows were inserted, a restart included. Where the disk is full,
+exports get 503 and the drainer retries its progress each second (logged at most every
+10 s): nothing acknowledged is dropped, and ingest resumes once there is room.
 
 Bounds: the backlog (body bytes logged, not inserted) stays under ``max_backlog_bytes`` and
 its spans under ``max_backlog_seconds`` of the drainer's measured rate (at least 2000 spans),
@@ -45,7 +50,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import secrets
 import sqlite3
 import threading
 import time
@@ -55,26 +59,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.server.ingest import CommitResult, DurableIngest, Reservation, TableRows
 from inferpath.server.otlp import decode_trace_request
-from inferpath.server.otlp_body import body_format
 from inferpath.storage.rows import SPAN_COLUMNS, SpanRow
 
-__all__ = ["FLAG_GZIP", "FLAG_JSON", "LogRecord", "LoggedSpanIngest", "SpanLog", "body_flags", "token_digest"]
+__all__ = ["LogRecord", "LoggedSpanIngest", "SpanLog", "range_token", "token_digest"]
 
 logger = logging.getLogger(__name__)
 
-FLAG_JSON = 1
-FLAG_GZIP = 2
 LOG_FILE_NAME = "spans.sqlite"
 SPANS_TABLE = "otel_traces"
+_NS_PER_DAY = 86_400 * 10**9
 # The span bound of the backlog never goes below this many spans.
 _MIN_BACKLOG_SPANS = 2000
+# SQLite's answers for a file that is not (or no longer) a readable database.
+_UNREADABLE = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS exports (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, token BLOB NOT NULL, flags INTEGER NOT NULL,
-    crc INTEGER NOT NULL, body BLOB);
+    id INTEGER PRIMARY KEY AUTOINCREMENT, token BLOB NOT NULL, content_type TEXT NOT NULL,
+    content_encoding TEXT NOT NULL, crc INTEGER NOT NULL, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (id INTEGER PRIMARY KEY, token BLOB NOT NULL);
 """
 
 
@@ -83,59 +89,63 @@ def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def body_flags(content_type: str | None, content_encoding: str | None) -> int:
-    """Record flags for a body of ``content_type`` / ``content_encoding``. Raises
-    :class:`~inferpath.server.otlp_body.UnsupportedMediaTypeError` for another media type."""
-    flags = FLAG_JSON if body_format(content_type) == "json" else 0
-    if (content_encoding or "").strip().lower() == "gzip":
-        flags |= FLAG_GZIP
-    return flags
+def range_token(digests: Sequence[bytes]) -> str:
+    """The insert dedup token of a drained range: ``wal-`` and the sha256 of its records'
+    token digests in log order. Built from the exports themselves, not from record ids, so
+    that it names the same rows even where ids were reused (a log restored without its WAL)."""
+    return "wal-" + hashlib.sha256(b"".join(digests)).hexdigest()
 
 
 @dataclass(frozen=True)
 class LogRecord:
     """One accepted export not yet drained: its range ``[start, end)`` of record ids (one id
-    per record), ``flags`` and the ``body`` as received."""
+    per record), ``token`` (digest), and the ``body`` with the ``content_type`` and
+    ``content_encoding`` it was received with (``None`` for none)."""
 
     start: int
     end: int
-    flags: int
+    token: bytes
+    content_type: str
+    content_encoding: str | None
     body: bytes
-
-    @property
-    def content_type(self) -> str:
-        """The OTLP media type the body was sent with."""
-        return "application/json" if self.flags & FLAG_JSON else "application/x-protobuf"
-
-    @property
-    def content_encoding(self) -> str | None:
-        """``"gzip"`` or ``None``."""
-        return "gzip" if self.flags & FLAG_GZIP else None
 
 
 @dataclass(frozen=True)
 class UnfinishedInsert:
     """An insert begun and not marked done: the range ``[start, end)`` and one sample
-    ``(trace_id, span_id)`` of its rows (empty strings when it had none)."""
+    ``(trace_id, span_id)`` of its rows per day they start on (the partitions of
+    ``otel_traces``: an insert writes one part per partition, each all or nothing)."""
 
     start: int
     end: int
-    trace_id: str
-    span_id: str
+    samples: tuple[tuple[str, str], ...] = ()
+
+
+def _unfinished_insert(text: str, committed: int) -> UnfinishedInsert | None:
+    """The ``begun`` line (``start end [trace_id:span_id ...]``) past ``committed``, else None;
+    a line that does not parse is logged and ignored (its range is inserted again)."""
+    parts = text.split()
+    try:
+        samples = tuple((trace_id, span_id) for trace_id, span_id in (part.split(":") for part in parts[2:]))
+        begun = UnfinishedInsert(int(parts[0]), int(parts[1]), samples)
+    except (IndexError, ValueError, TypeError):
+        if text:
+            logger.warning("span log: ignoring an unreadable begun-insert line %r", text)
+        return None
+    return begun if begun.end > committed else None
 
 
 class SpanLog:
     """The log in ``folder`` (created if missing), opened for appending and draining.
 
-    Records are numbered 1, 2, … (never reused); record ``n`` spans the range ``[n, n + 1)``,
-    so a range of records names the same rows forever (the insert's dedup token is built
-    from it). After opening, :attr:`unfinished` holds the records not drained (to be inserted
-    again) and :attr:`unfinished_insert` the insert that was running at a crash, if any.
-    ``max_tokens`` (≥ 1): drained records whose tokens are kept. Counters:
-    ``corrupt_records_total`` (bodies failing their CRC at open, skipped),
-    ``unreadable_logs_total`` (a database moved aside at open). Raises ``OSError`` or
-    ``sqlite3.Error`` when the folder or the database cannot be written, ``ValueError`` for a
-    bad limit. Thread-safe.
+    Records are numbered 1, 2, …; record ``n`` spans the range ``[n, n + 1)``. After opening,
+    :attr:`unfinished` holds the records not drained (to be inserted again) and
+    :attr:`unfinished_insert` the insert that was running at a crash, if any. ``max_tokens``
+    (≥ 1): tokens kept of drained records. Counters: ``corrupt_records_total`` (bodies
+    failing their CRC at open, skipped), ``unreadable_logs_total`` (a database moved aside at
+    open). Raises ``OSError`` or ``sqlite3.Error`` when the folder or the database cannot be
+    used (locked by another process, read-only, …), ``ValueError`` for a bad limit.
+    Thread-safe.
     """
 
     def __init__(self, folder: Path, *, max_tokens: int = 100_000) -> None:
@@ -149,31 +159,34 @@ class SpanLog:
         self._tokens: OrderedDict[bytes, None] = OrderedDict()
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / LOG_FILE_NAME
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
-            self._db, rows = self._open(path)
+            rows = self._prepare()
         except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorcode", None) not in _UNREADABLE:
+                self._db.close()
+                raise
+            # Moved while still open: closing the connection first would delete the WAL.
             aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-            path.rename(aside)
-            for suffix in ("-wal", "-shm"):
-                path.with_name(path.name + suffix).unlink(missing_ok=True)
+            for suffix in ("", "-wal", "-shm"):  # together: the WAL holds the newest records
+                if path.with_name(path.name + suffix).exists():
+                    path.with_name(path.name + suffix).rename(aside.with_name(aside.name + suffix))
+            self._db.close()
             logger.error(
                 "span log %s is unreadable (%s); moved to %s and a new log started: acknowledged exports"
-                " not yet inserted in it are lost",
+                " not yet inserted are in it, for what SQLite can still read (sqlite3's .recover)",
                 path,
                 exc,
                 aside.name,
             )
             self.unreadable_logs_total += 1
-            self._db, rows = self._open(path)
-        meta = dict(self._db.execute("SELECT key, value FROM meta"))
-        self.log_id = meta.get("log_id") or secrets.token_hex(8)
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (self.log_id,))
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            rows = self._prepare()
+        for (token,) in self._db.execute("SELECT token FROM tokens ORDER BY id"):
+            self._remember(token)
         self.unfinished: list[LogRecord] = []
         self.backlog_bytes = 0  # body bytes logged, not yet drained
-        for record_id, token, flags, crc, body in rows:
-            self._remember(token)
-            if body is None:
-                continue
+        for record_id, token, content_type, content_encoding, crc, body in rows:
             if zlib.crc32(body) != crc:
                 logger.error(
                     "span log %s: record %d is damaged (checksum mismatch); skipped: an acknowledged export is lost",
@@ -181,78 +194,66 @@ class SpanLog:
                     record_id,
                 )
                 self.corrupt_records_total += 1
-                self._db.execute("UPDATE exports SET body = NULL WHERE id = ?", (record_id,))  # reported once
+                self._db.execute("DELETE FROM exports WHERE id = ?", (record_id,))  # reported once
                 continue
-            self.unfinished.append(LogRecord(record_id, record_id + 1, flags, body))
+            record = LogRecord(record_id, record_id + 1, token, content_type, content_encoding or None, body)
+            self.unfinished.append(record)
             self.backlog_bytes += len(body)
         self.end_offset = (self._db.execute("SELECT seq FROM sqlite_sequence").fetchone() or (0,))[0] + 1
         # Every record before this one is drained (or skipped as damaged).
         self.committed_offset = self.unfinished[0].start if self.unfinished else self.end_offset
-        begun = meta.get("begun", "").split()
-        self.unfinished_insert = (
-            UnfinishedInsert(int(begun[0]), int(begun[1]), *(begun[2:4] if len(begun) == 4 else ("", "")))
-            if len(begun) in (2, 4) and int(begun[1]) > self.committed_offset
-            else None
-        )
+        begun = self._db.execute("SELECT value FROM meta WHERE key = 'begun'").fetchone()
+        self.unfinished_insert = _unfinished_insert(begun[0] if begun else "", self.committed_offset)
 
-    @staticmethod
-    def _open(path: Path) -> tuple[sqlite3.Connection, list]:
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=OFF")
-            db.executescript(_SCHEMA)
-            rows = db.execute("SELECT id, token, flags, crc, body FROM exports ORDER BY id").fetchall()
-        except sqlite3.DatabaseError:
-            db.close()
-            raise
-        return db, rows
+    def _prepare(self) -> list:
+        """WAL mode, the schema, and the records not drained (rows of ``exports``)."""
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.executescript(_SCHEMA)
+        query = "SELECT id, token, content_type, content_encoding, crc, body FROM exports ORDER BY id"
+        return self._db.execute(query).fetchall()
 
     def knows(self, token: bytes) -> bool:
         """True when a record with ``token`` was appended (and is remembered)."""
         return token in self._tokens
 
-    def append(self, token: bytes, flags: int, body: bytes) -> tuple[int, int]:
-        """Append one record; return its range ``(start, end)`` once written to the page
-        cache. Raises ``sqlite3.Error`` (disk full, …), in which case nothing is logged."""
-        with self._lock:
+    def append(self, token: bytes, content_type: str | None, content_encoding: str | None, body: bytes) -> int:
+        """Append one record; return its id once written to the page cache. Raises
+        ``sqlite3.Error`` (disk full, …), in which case nothing is logged."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
             cursor = self._db.execute(
-                "INSERT INTO exports (token, flags, crc, body) VALUES (?, ?, ?, ?)",
-                (token, flags, zlib.crc32(body), body),
+                "INSERT INTO exports (token, content_type, content_encoding, crc, body) VALUES (?, ?, ?, ?, ?)",
+                (token, content_type or "", content_encoding or "", zlib.crc32(body), body),
             )
             record_id = int(cursor.lastrowid or 0)
+            self._db.execute("INSERT INTO tokens (token) VALUES (?)", (token,))
             self.end_offset = record_id + 1
             self.backlog_bytes += len(body)
             self._remember(token)
-            return record_id, record_id + 1
+            return record_id
 
-    def begin_insert(self, start: int, end: int, trace_id: str = "", span_id: str = "") -> None:
-        """Record that the records ``[start, end)`` are about to be inserted, with one sample
-        key of their rows. Raises ``sqlite3.Error``."""
+    def begin_insert(self, start: int, end: int, samples: Sequence[tuple[str, str]] = ()) -> None:
+        """Record that the records ``[start, end)`` are about to be inserted, with sample
+        ``(trace_id, span_id)`` keys of their rows (:class:`UnfinishedInsert`). Raises
+        ``sqlite3.Error``."""
+        line = " ".join([str(start), str(end), *(f"{trace_id}:{span_id}" for trace_id, span_id in samples)])
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('begun', ?)", (f"{start} {end} {trace_id} {span_id}".strip(),)
-            )
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('begun', ?)", (line,))
 
     def done_insert(self, end: int) -> None:
-        """Record that every record before ``end`` is inserted: drop their bodies, forget the
-        tokens beyond ``max_tokens``. Never raises (a lost step means the range is settled
-        again at start-up, by its sample span)."""
+        """Record that every record before ``end`` is inserted: delete them, forget the tokens
+        beyond ``max_tokens``. Raises ``sqlite3.Error`` (nothing recorded then)."""
         with self._lock:
-            try:
-                # Records before the committed offset hold no body: scan only the drained range.
-                where = "WHERE id >= ? AND id < ? AND body IS NOT NULL"
-                span = (self.committed_offset, end)
-                query = f"SELECT coalesce(sum(length(body)), 0) FROM exports {where}"
-                drained = self._db.execute(query, span).fetchone()[0]
-                with self._db:  # one transaction
-                    self._db.execute("BEGIN")
-                    self._db.execute(f"UPDATE exports SET body = NULL {where}", span)
-                    self._db.execute("DELETE FROM exports WHERE id < ?", (min(end, self.end_offset - self.max_tokens),))
-                    self._db.execute("DELETE FROM meta WHERE key = 'begun'")
-                self.backlog_bytes -= drained
-            except sqlite3.Error as exc:
-                logger.warning("span log %s: could not record drained records: %s", self.folder, exc)
+            span = (self.committed_offset, end)
+            query = "SELECT coalesce(sum(length(body)), 0) FROM exports WHERE id >= ? AND id < ?"
+            drained = self._db.execute(query, span).fetchone()[0]
+            with self._db:  # one transaction
+                self._db.execute("BEGIN")
+                self._db.execute("DELETE FROM exports WHERE id >= ? AND id < ?", span)
+                self._db.execute("DELETE FROM tokens WHERE id <= (SELECT max(id) FROM tokens) - ?", (self.max_tokens,))
+                self._db.execute("DELETE FROM meta WHERE key = 'begun'")
+            self.backlog_bytes -= drained
             self.committed_offset = max(self.committed_offset, end)
             if self.unfinished_insert is not None and self.unfinished_insert.end <= self.committed_offset:
                 self.unfinished_insert = None
@@ -270,10 +271,12 @@ class SpanLog:
 
 @dataclass
 class _Queued:
-    """One logged export waiting for the drainer: log range ``[start, end)`` and its spans."""
+    """One logged export waiting for the drainer: log range ``[start, end)``, token digest
+    and its spans."""
 
     start: int
     end: int
+    token: bytes
     spans: list[SpanRow]
     enqueued: float  # monotonic seconds
 
@@ -349,6 +352,7 @@ class LoggedSpanIngest:
         self.inserted_spans_total = 0
         self.refused_spans_total = 0
         self.recovered_spans_total = 0
+        self._log_trouble = RateLimitedLog(logger, interval_seconds=10.0)  # a full disk fails every export
         self._recover()
 
     # ------------------------------------------------------------------ recovery
@@ -363,7 +367,9 @@ class LoggedSpanIngest:
         self.log.unfinished = []  # decoded: drop the bodies
         unfinished = self.log.unfinished_insert
         if unfinished is not None:
-            if unfinished.span_id and self._present(unfinished.trace_id, unfinished.span_id):
+            # Landed only where every partition's sample is stored; else the same range under
+            # the same token (parts already stored are skipped by the token).
+            if unfinished.samples and all(self._present(*sample) for sample in unfinished.samples):
                 logger.info(
                     "span log: the insert of [%d, %d) interrupted by a crash had landed",
                     unfinished.start,
@@ -389,18 +395,19 @@ class LoggedSpanIngest:
                 self._queued_spans,
             )
 
-    def _decode(self, record) -> _Queued:
-        """A log record decoded again into a queue entry (no spans when it cannot be decoded)."""
+    def _decode(self, record: LogRecord) -> _Queued:
+        """A log record decoded again into a queue entry (no spans when it cannot be decoded:
+        logged at ERROR and counted with the damaged records)."""
         try:
             decoded = decode_trace_request(
                 record.body, content_type=record.content_type, content_encoding=record.content_encoding
             )
         except Exception as exc:  # noqa: BLE001 - accepted once, unreadable now: count, go on
-            logger.error("span log record at %d could not be decoded again (%s); skipped", record.start, exc)
-            self.refused_spans_total += 1
+            logger.error("span log record %d could not be decoded again (%s); skipped", record.start, exc)
+            self.log.corrupt_records_total += 1
             decoded = None
         spans = decoded.spans if decoded is not None else []
-        return _Queued(record.start, record.end, spans, time.monotonic())
+        return _Queued(record.start, record.end, record.token, spans, time.monotonic())
 
     def _present(self, trace_id: str, span_id: str) -> bool:
         try:
@@ -447,10 +454,6 @@ class LoggedSpanIngest:
         if not spans:
             return CommitResult("committed")  # nothing to store
         spans = list(spans)
-        try:
-            flags = body_flags(content_type, content_encoding)
-        except Exception as exc:  # noqa: BLE001 - decoded already, so not expected: a 400, never raised
-            return CommitResult("invalid", str(exc))
         with self._cond:
             if self.log.knows(digest):  # the same export, accepted meanwhile by another thread
                 self.duplicate_exports_total += 1
@@ -483,12 +486,12 @@ class LoggedSpanIngest:
                     max(1, round(self.ingest.retry_after_seconds)),
                 )
             try:
-                start, end = self.log.append(digest, flags, body)
+                record_id = self.log.append(digest, content_type, content_encoding, body)
             except Exception as exc:  # noqa: BLE001 - disk full, …: the client retries
                 self.log_errors_total += 1
-                logger.warning("span log append failed: %s", exc)
+                self._log_trouble.warning("span log append failed (answered 503): %s", exc)
                 return CommitResult("unavailable", f"span log unwritable ({type(exc).__name__}); retry later", 1)
-            self._queue.append(_Queued(start, end, spans, time.monotonic()))
+            self._queue.append(_Queued(record_id, record_id + 1, digest, spans, time.monotonic()))
             self._queued_spans += len(spans)
             self.appended_total += 1
             if len(self._queue) == 1 or self._queued_spans >= self.insert_rows:
@@ -601,19 +604,22 @@ class LoggedSpanIngest:
         taken = time.monotonic()
         start, end = batch[0].start, batch[-1].end
         rows = sum(len(queued.spans) for queued in batch)
-        sample = next(((span.trace_id, span.span_id) for q in batch for span in q.spans[:1]), ("", ""))
+        samples: dict[int, tuple[str, str]] = {}  # one per UTC day, the partitions of otel_traces
+        for queued in batch:
+            for span in queued.spans:
+                samples.setdefault(span.start_ns // _NS_PER_DAY, (span.trace_id, span.span_id))
         result = CommitResult("committed")
         if rows:
             try:
-                self.log.begin_insert(start, end, *sample)
+                self.log.begin_insert(start, end, list(samples.values()))
             except sqlite3.Error as exc:
-                logger.warning("span log progress unwritable (%s); retrying", exc)
+                self._log_trouble.warning("span log progress unwritable (%s); retrying", exc)
                 self._pause(1.0)
                 return
             block = [span.to_insert_row(timestamp_ns=True) for queued in batch for span in queued.spans]
             result = self.ingest.commit(
                 [TableRows(SPANS_TABLE, SPAN_COLUMNS, block, checked=True)],
-                f"wal-{self.log.log_id}-{start}-{end}",
+                range_token([queued.token for queued in batch]),
                 exports=len(batch),
             )
             del block
@@ -635,7 +641,15 @@ class LoggedSpanIngest:
                 self.on_committed(spans)
             except Exception:  # noqa: BLE001 - on_committed must not raise; the drainer goes on
                 logger.exception("handing committed spans to the assembler failed")
-        self.log.done_insert(end)
+        while True:  # the rows are in: a range inserted again would be stored twice
+            try:
+                self.log.done_insert(end)
+                break
+            except sqlite3.Error as exc:
+                self._log_trouble.warning("span log progress unwritable (%s); retrying", exc)
+                if self._stopping:
+                    return  # the begun line settles the range at the next start
+                self._pause(1.0)
         with self._cond:
             for _ in batch:
                 self._queue.popleft()

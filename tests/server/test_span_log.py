@@ -3,6 +3,7 @@ on a real chDB store (crash in the middle of an insert, backlog bound)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from pathlib import Path
@@ -11,13 +12,14 @@ import pytest
 
 from inferpath.server.ingest import DurableIngest, Reservation, TableRows, dedup_token
 from inferpath.server.otlp import decode_trace_request
-from inferpath.server.span_log import FLAG_GZIP, FLAG_JSON, LoggedSpanIngest, SpanLog, token_digest
+from inferpath.server.span_log import LoggedSpanIngest, SpanLog, UnfinishedInsert, range_token, token_digest
 from inferpath.storage.rows import SPAN_COLUMNS
 from inferpath.storage.store import Store
 
 from .otlp_factory import trace_body
 
 PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
 
 
 def _token(n: int) -> bytes:
@@ -26,59 +28,79 @@ def _token(n: int) -> bytes:
 
 def test_records_survive_reopen_with_their_media_type_and_ids_continue(tmp_path: Path) -> None:
     log = SpanLog(tmp_path / "log")
-    ranges = [log.append(_token(n), FLAG_JSON if n == 1 else 0, f"body {n}".encode() * 10) for n in range(3)]
-    assert ranges == [(1, 2), (2, 3), (3, 4)] and log.backlog_bytes == 3 * 60
+    ids = [
+        log.append(_token(n), JSON if n == 1 else PROTOBUF, "gzip" if n == 2 else None, b"%d" % n * 60)
+        for n in range(3)
+    ]
+    assert ids == [1, 2, 3] and log.backlog_bytes == 3 * 60
     log.close()  # killed: nothing drained
     reopened = SpanLog(tmp_path / "log")
-    assert [r.body for r in reopened.unfinished] == [f"body {n}".encode() * 10 for n in range(3)]
-    assert [(r.start, r.end) for r in reopened.unfinished] == ranges
-    assert reopened.unfinished[1].content_type == "application/json"
-    assert reopened.unfinished[0].content_encoding is None
-    assert reopened.knows(_token(2)) and not reopened.knows(_token(3))
-    assert reopened.log_id == log.log_id and reopened.backlog_bytes == 3 * 60
-    assert reopened.append(_token(3), FLAG_GZIP, b"next") == (4, 5)
+    assert [r.body for r in reopened.unfinished] == [b"%d" % n * 60 for n in range(3)]
+    assert [(r.start, r.end, r.token) for r in reopened.unfinished] == [(n + 1, n + 2, _token(n)) for n in range(3)]
+    assert [(r.content_type, r.content_encoding) for r in reopened.unfinished] == [
+        (PROTOBUF, None),
+        (JSON, None),
+        (PROTOBUF, "gzip"),
+    ]
+    assert reopened.knows(_token(2)) and not reopened.knows(_token(3)) and reopened.backlog_bytes == 3 * 60
+    assert reopened.append(_token(3), PROTOBUF, "deflate", b"next") == 4
     reopened.close()
 
 
-def test_progress_decides_what_is_unfinished(tmp_path: Path) -> None:
+def test_progress_decides_what_is_unfinished(tmp_path: Path, caplog) -> None:
     log = SpanLog(tmp_path / "log")
-    ranges = [log.append(_token(n), 0, b"x" * 50) for n in range(4)]
-    log.begin_insert(ranges[0][0], ranges[1][1], "a" * 32, "b" * 16)
-    log.done_insert(ranges[1][1])
-    assert log.committed_offset == ranges[1][1] and log.backlog_bytes == 100
-    log.begin_insert(ranges[2][0], ranges[3][1], "c" * 32, "d" * 16)  # killed during this insert
+    ids = [log.append(_token(n), PROTOBUF, None, b"x" * 50) for n in range(4)]
+    log.begin_insert(ids[0], ids[1] + 1, [("a" * 32, "b" * 16)])
+    log.done_insert(ids[1] + 1)
+    assert log.committed_offset == ids[1] + 1 and log.backlog_bytes == 100
+    log.begin_insert(ids[2], ids[3] + 1, [("c" * 32, "d" * 16), ("e" * 32, "f" * 16)])  # killed during it
     log.close()
     reopened = SpanLog(tmp_path / "log")
-    assert reopened.committed_offset == ranges[1][1] and reopened.backlog_bytes == 100
-    assert [(r.start, r.end) for r in reopened.unfinished] == ranges[2:]
-    unfinished = reopened.unfinished_insert
-    assert unfinished is not None
-    assert (unfinished.start, unfinished.end, unfinished.trace_id, unfinished.span_id) == (
-        ranges[2][0],
-        ranges[3][1],
-        "c" * 32,
-        "d" * 16,
-    )
+    assert reopened.committed_offset == ids[2] and reopened.backlog_bytes == 100
+    assert [r.start for r in reopened.unfinished] == ids[2:]
+    samples = (("c" * 32, "d" * 16), ("e" * 32, "f" * 16))
+    assert reopened.unfinished_insert == UnfinishedInsert(ids[2], ids[3] + 1, samples)
     assert all(reopened.knows(_token(n)) for n in range(4))  # drained records' tokens too
-    reopened.done_insert(ranges[3][1])
+    reopened.done_insert(ids[3] + 1)
     reopened.close()
     drained = SpanLog(tmp_path / "log")
     assert drained.unfinished == [] and drained.unfinished_insert is None and drained.backlog_bytes == 0
-    assert drained.append(_token(4), 0, b"z") == (5, 6)  # ids are never reused
+    assert drained.append(_token(4), PROTOBUF, None, b"z") == 5  # ids are not reused
     drained.close()
+    with sqlite3.connect(tmp_path / "log" / "spans.sqlite") as db:  # a line no version writes
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('begun', 'abc def')")
+    with caplog.at_level(logging.WARNING, logger="inferpath.server.span_log"):
+        damaged = SpanLog(tmp_path / "log")
+    assert damaged.unfinished_insert is None and [r.start for r in damaged.unfinished] == [5]
+    assert any("unreadable begun-insert line 'abc def'" in r.getMessage() for r in caplog.records)
+    damaged.close()
 
 
-def test_drained_records_keep_only_the_newest_tokens(tmp_path: Path) -> None:
+def test_drained_records_are_deleted_and_only_the_newest_tokens_kept(tmp_path: Path) -> None:
     log = SpanLog(tmp_path / "log", max_tokens=3)
-    ends = [log.append(_token(n), 0, b"y" * 100)[1] for n in range(8)]
-    log.done_insert(ends[-2])  # seven drained, the last not
+    ids = [log.append(_token(n), PROTOBUF, None, b"y" * 100) for n in range(8)]
+    log.done_insert(ids[-1])  # seven drained, the last not
     log.close()
     reopened = SpanLog(tmp_path / "log", max_tokens=3)
-    assert [(r.start, r.end) for r in reopened.unfinished] == [(8, 9)]
+    assert [r.start for r in reopened.unfinished] == [8]
     assert reopened.knows(_token(5)) and not reopened.knows(_token(4))
-    rows = sqlite3.connect(tmp_path / "log" / "spans.sqlite").execute("SELECT count(*) FROM exports").fetchone()
-    assert rows == (3,)
+    with sqlite3.connect(tmp_path / "log" / "spans.sqlite") as db:
+        assert db.execute("SELECT count(*) FROM exports").fetchone() == (1,)
+        assert db.execute("SELECT count(*) FROM tokens").fetchone() == (3,)
     reopened.close()
+
+
+def test_a_log_held_by_another_process_is_refused_and_left_in_place(tmp_path: Path) -> None:
+    SpanLog(tmp_path / "log").close()
+    holder = sqlite3.connect(tmp_path / "log" / "spans.sqlite", isolation_level=None, timeout=0)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            SpanLog(tmp_path / "log")
+    finally:
+        holder.close()
+    assert sorted(p.name for p in (tmp_path / "log").iterdir() if "corrupt" in p.name) == []
 
 
 def _exports(count: int, spans: int = 20) -> list[tuple[bytes, dict[str, list[str]]]]:
@@ -107,12 +129,12 @@ def test_an_insert_cut_by_a_crash_is_settled_exactly_once_at_restart(
         first = list(log_ingest._queue)[:3]
         rows = [span.to_insert_row(timestamp_ns=True) for queued in first for span in queued.spans]
         log_ingest.log.begin_insert(
-            first[0].start, first[-1].end, first[0].spans[0].trace_id, first[0].spans[0].span_id
+            first[0].start, first[-1].end, [(first[0].spans[0].trace_id, first[0].spans[0].span_id)]
         )
         if landed:
             assert ingest.commit(
                 [TableRows("otel_traces", SPAN_COLUMNS, rows, checked=True)],
-                f"wal-{log_ingest.log.log_id}-{first[0].start}-{first[-1].end}",
+                range_token([queued.token for queued in first]),
             ).ok
         log_ingest.log.close()  # killed: no drain, no close of the ingest
 
@@ -196,20 +218,57 @@ def test_exports_being_decoded_hold_backlog_room_and_one_that_cannot_fit_is_refu
 def test_exports_of_other_media_types_and_encodings_are_decoded_again_from_the_log(
     store_url: str, tmp_path: Path
 ) -> None:
+    import base64
     import gzip
+    import json
+    import zlib
 
-    body, ids = trace_body(spans_per_trace=3, traces=2)
-    zipped = gzip.compress(body)
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    bodies = [trace_body(spans_per_trace=3, traces=2) for _ in range(4)]
+    as_json = json_format.MessageToDict(ExportTraceServiceRequest.FromString(bodies[3][0]))
+    for span in (s for r in as_json["resourceSpans"] for ss in r["scopeSpans"] for s in ss["spans"]):
+        for key in ("traceId", "spanId", "parentSpanId"):
+            if key in span:  # OTLP/JSON ids are hex
+                span[key] = base64.b64decode(span[key]).hex()
+    sent = [
+        (gzip.compress(bodies[0][0]), PROTOBUF, "gzip"),
+        (zlib.compress(bodies[1][0]), PROTOBUF, "deflate"),
+        (gzip.compress(bodies[2][0]), PROTOBUF, "x-gzip"),
+        (json.dumps(as_json).encode(), "application/json; charset=utf-8", None),
+    ]
     with Store.open(store_url) as store:
         ingest = DurableIngest(store)
         first = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
-        decoded = decode_trace_request(zipped, content_type=PROTOBUF, content_encoding="gzip")
-        assert first.accept(decoded.spans, "t-gzip", zipped, PROTOBUF, "gzip").ok
+        for body, content_type, encoding in sent:
+            decoded = decode_trace_request(body, content_type=content_type, content_encoding=encoding)
+            token = dedup_token("traces", content_type, encoding, body)
+            assert first.accept(decoded.spans, token, body, content_type, encoding).ok
         first.log.close()  # killed before the drainer ran
         restarted = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
+        assert restarted.recovered_spans_total == 24 and restarted.log.corrupt_records_total == 0
         restarted.start()
         assert restarted.flush(30)
         restarted.close()
         stored = {r[0] for r in store.query("SELECT SpanId FROM otel_traces")}
-    assert stored == {s for spans in ids.values() for s in spans}
+    assert stored == {s for _, ids in bodies for spans in ids.values() for s in spans}
     assert os.path.isdir(tmp_path / "log")
+
+
+def test_record_ids_used_again_never_make_a_new_range_look_inserted(store_url: str, tmp_path: Path) -> None:
+    exports = _exports(2)
+    with Store.open(store_url) as store:
+        ingest = DurableIngest(store)
+        first = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
+        first.start()
+        assert _accept(first, exports[0][0]).ok and first.flush(30)
+        first.close()
+        with sqlite3.connect(tmp_path / "log" / "spans.sqlite") as db:  # as a log restored without its WAL
+            db.execute("DELETE FROM sqlite_sequence")
+        second = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
+        second.start()
+        assert _accept(second, exports[1][0]).ok and second.flush(30)
+        assert second.log.end_offset == 2  # record 1 again, under another export
+        second.close()
+        assert _span_counts(store) == (40, 40)

@@ -23,16 +23,16 @@ def _token(n: int) -> bytes:
 
 def test_a_damaged_body_is_skipped_reported_once_and_every_other_record_kept(tmp_path: Path, caplog) -> None:
     log = SpanLog(tmp_path / "log")
-    ranges = [log.append(_token(n), 0, f"body {n} ".encode() * 30) for n in range(5)]
+    ids = [log.append(_token(n), PROTOBUF, None, f"body {n} ".encode() * 30) for n in range(5)]
     log.close()
     with sqlite3.connect(tmp_path / "log" / "spans.sqlite") as db:  # the disk flipped bytes of the 2nd body
-        db.execute("UPDATE exports SET body = ? WHERE id = ?", (b"bodY 1 " * 30, ranges[1][0]))
+        db.execute("UPDATE exports SET body = ? WHERE id = ?", (b"bodY 1 " * 30, ids[1]))
     with caplog.at_level(logging.WARNING, logger="inferpath.server.span_log"):
         reopened = SpanLog(tmp_path / "log")
-    assert [(r.start, r.end) for r in reopened.unfinished] == ranges[:1] + ranges[2:]
+    assert [r.start for r in reopened.unfinished] == ids[:1] + ids[2:]
     assert reopened.corrupt_records_total == 1 and reopened.backlog_bytes == 4 * 210
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and f"record {ranges[1][0]} is damaged" in errors[0]
+    assert len(errors) == 1 and f"record {ids[1]} is damaged" in errors[0]
     assert reopened.knows(_token(1))  # a retry of it would not help: its 200 was given
     reopened.close()
     again = SpanLog(tmp_path / "log")  # reported once, not at every start
@@ -44,16 +44,20 @@ def test_an_unreadable_log_is_moved_aside_and_a_new_one_started(tmp_path: Path, 
     folder = tmp_path / "log"
     folder.mkdir()
     (folder / "spans.sqlite").write_bytes(b"not a database, " * 1000)
+    (folder / "spans.sqlite-wal").write_bytes(b"its write-ahead log")
     with caplog.at_level(logging.WARNING, logger="inferpath.server.span_log"):
         log = SpanLog(folder)
     assert log.unreadable_logs_total == 1 and log.unfinished == []
-    aside = [p.name for p in folder.iterdir() if ".corrupt-" in p.name]
-    assert len(aside) == 1 and aside[0].startswith("spans.sqlite.corrupt-")
+    aside = sorted(p.name for p in folder.iterdir() if ".corrupt-" in p.name)
+    assert aside[0].startswith("spans.sqlite.corrupt-") and aside[0] + "-wal" in aside
+    assert (folder / (aside[0] + "-wal")).read_bytes() == b"its write-ahead log"  # kept beside it, not deleted
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "unreadable" in errors[0] and aside[0] in errors[0]
-    assert log.append(_token(0), 0, b"new") == (1, 2)
+    assert log.append(_token(0), PROTOBUF, None, b"new") == 1
     log.close()
-    assert [(r.start, r.body) for r in SpanLog(folder).unfinished] == [(1, b"new")]
+    reopened = SpanLog(folder)
+    assert [(r.start, r.body) for r in reopened.unfinished] == [(1, b"new")]
+    reopened.close()
 
 
 def _accept(log_ingest: LoggedSpanIngest, body: bytes):

@@ -14,7 +14,7 @@ import pytest
 from inferpath.config import Settings
 from inferpath.server.ingest import dedup_token
 from inferpath.server.runtime import SPAN_LOG_FOLDER_NAME, serve_in_thread
-from inferpath.server.span_log import SpanLog, body_flags, token_digest
+from inferpath.server.span_log import SpanLog, token_digest
 
 from .otlp_factory import trace_body
 from .test_span_log_server import _metric
@@ -28,13 +28,13 @@ def test_a_damaged_logged_export_is_skipped_counted_and_the_others_stored(store_
     folder = Path(store_url.removeprefix("chdb://")) / SPAN_LOG_FOLDER_NAME
     exports = [trace_body(spans_per_trace=4, traces=2) for _ in range(6)]
     log = SpanLog(folder)  # what a killed server left: six acknowledged, never inserted exports
-    ranges = [
-        log.append(token_digest(dedup_token("traces", PROTOBUF, None, body)), body_flags(PROTOBUF, None), body)
+    ids = [
+        log.append(token_digest(dedup_token("traces", PROTOBUF, None, body)), PROTOBUF, None, body)
         for body, _ in exports
     ]
     log.close()
     with sqlite3.connect(folder / "spans.sqlite") as db:  # the disk damaged the 2nd
-        db.execute("UPDATE exports SET body = substr(body, 1, 20) WHERE id = ?", (ranges[1][0],))
+        db.execute("UPDATE exports SET body = substr(body, 1, 20) WHERE id = ?", (ids[1],))
 
     settings = Settings(store_url=store_url, assembly_settle_seconds=0.1)
     with serve_in_thread(settings, port=0) as running:
