@@ -343,13 +343,15 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict:
         """Liveness: 200 with ``{"status": "ok"}`` while the server runs; ``store`` is
-        ``"unavailable"`` while inserts back off after a store error."""
+        ``"unavailable"`` while inserts back off after a store error; ``span_log`` is ``on``,
+        ``off``, or why the configured log could not be opened."""
         if runtime.closed:
             raise HTTPException(status_code=503, detail="shutting down")
         return {
             "status": "ok",
             "version": inferpath.__version__,
             "store": "available" if runtime.ingest.store_available else "unavailable",
+            "span_log": runtime.span_log_state,
         }
 
     @app.get("/metrics", dependencies=[guard], tags=["ops"])

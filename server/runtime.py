@@ -254,6 +254,7 @@ class ServerRuntime:
         :class:`DirectSpanSink` (every export inserted before its 200) when the log is off,
         for a ClickHouse server without a folder, or when the folder is unusable."""
         direct = DirectSpanSink(self.ingest, on_committed=self.assembler.note_spans)
+        self.span_log_state = "off"  # /healthz: "on", "off", or why the log is unusable
         if not settings.span_log:
             return direct
         if settings.span_log_dir:
@@ -265,8 +266,15 @@ class ServerRuntime:
         try:
             log = SpanLog(folder)
         except (OSError, sqlite3.Error) as exc:
-            logger.warning("span log %s unusable (%s); inserting every export before its 200", folder, exc)
+            logger.warning(
+                "span log %s unusable (%s); inserting every export before its 200 (exports it holds wait"
+                " for a start that can open it)",
+                folder,
+                exc,
+            )
+            self.span_log_state = f"unusable ({folder}: {exc}); inserting every export before its 200"
             return direct
+        self.span_log_state = "on"
         return LoggedSpanIngest(
             self.ingest,
             log,

@@ -138,10 +138,12 @@ def test_a_retried_export_is_stored_once_and_counted_as_a_duplicate_by_the_log(s
                 assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
             flushed = http.post("/api/v1/flush", timeout=120).json()
             metrics = http.get("/metrics").text
+            health = http.get("/healthz").json()
         stored = running.runtime.store.query("SELECT count() FROM otel_traces")[0][0]
     assert isinstance(running.runtime.span_sink, LoggedSpanIngest) == span_log
     assert flushed["ok"] and stored == 6  # stored once either way
     assert _metric(metrics, "inferpath_server_spans_received_total") == 12
+    assert health["span_log"] == ("on" if span_log else "off")
     if span_log:  # the log knows its records' tokens: the retry is answered without a second record
         assert flushed["spans_inserted_total"] == 6
         assert _metric(metrics, "inferpath_server_spans_duplicate_total") == 6
@@ -169,3 +171,19 @@ def test_a_trace_export_that_cannot_fit_the_backlog_is_refused_before_it_is_deco
             assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
             assert log_ingest.reserved_bytes == 0  # released once answered
             assert _metric(http.get("/metrics").text, "inferpath_span_log_refused_backlog_full_total") == 2
+
+
+def test_a_span_log_that_cannot_be_opened_is_said_on_healthz_and_exports_are_inserted_before_their_200(
+    store_url: str, tmp_path
+) -> None:
+    (tmp_path / "not-a-folder").write_text("a file where the log's folder should be")
+    body, _ = trace_body(spans_per_trace=2, traces=1)
+    settings = Settings(store_url=store_url, span_log_dir=str(tmp_path / "not-a-folder"), assembly_settle_seconds=0.1)
+    with serve_in_thread(settings, port=0) as running:
+        with httpx.Client(base_url=running.url, timeout=60.0) as http:
+            health = http.get("/healthz").json()
+            assert http.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+        stored = running.runtime.store.query("SELECT count() FROM otel_traces")[0][0]
+    assert health["status"] == "ok" and health["span_log"].startswith("unusable (")
+    assert "not-a-folder" in health["span_log"] and "inserting every export before its 200" in health["span_log"]
+    assert stored == 2  # inserted before its 200
