@@ -210,6 +210,7 @@ class ServerRuntime:
         )
         # Span exports: 200 once logged, inserted in large blocks by one thread (span_log.py),
         # or once inserted (DirectSpanSink).
+        self._ttl_days_by_table: dict[str, int] = {}  # read by the span log's recovery
         self.span_sink: SpanSink = self._open_span_sink(settings)
         # Flush work that can take long (after a restart, every recovered trace is read back;
         # a rollup pass over days of backdated traces): waited for only until the timeout.
@@ -228,7 +229,6 @@ class ServerRuntime:
         )
         self.allocator_release = AllocatorRelease(self.store)
         self._lock = threading.Lock()
-        self._ttl_days_by_table: dict[str, int] = {}
         self._closed = False
         self.spans_received_total = 0
         self.spans_duplicate_total = 0  # of them, spans of retried exports answered without an insert
@@ -279,6 +279,7 @@ class ServerRuntime:
             self.ingest,
             log,
             on_committed=self.assembler.note_spans,
+            oldest_unix_ns=lambda: self.oldest_storable_unix_ns("otel_traces"),
             max_backlog_bytes=settings.span_log_max_backlog_bytes,
         )
 

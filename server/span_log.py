@@ -18,13 +18,17 @@ ingest rate (bench/README.md, server_ingest). A 200 therefore means "in the span
 
 The log is one SQLite database (``spans.sqlite`` in the log folder; Python's ``sqlite3``):
 SQLite makes each append and each progress step atomic, so a crash inside a write leaves
-the state before it. Journal mode WAL with ``synchronous=OFF``: a committed append is in the
-kernel's page cache, which survives ``kill -9`` of the server (the failure this log is for);
-a power loss can lose the last seconds, as it can for ClickHouse's own inserts, which do not
-``fsync`` by default either (``fsync_after_insert = 0``). The WAL file (``spans.sqlite-wal``)
-is part of the log: never delete it. Each record keeps the body as received with its media
-type and encoding, and the body's CRC-32, checked when the body is read back after a
-restart: a damaged record is skipped, logged at ERROR and counted. A database SQLite cannot
+the state before it. Journal mode WAL with ``synchronous=NORMAL``: a committed append is
+written to the WAL without ``fsync`` and is in the kernel's page cache, which survives
+``kill -9`` of the server (the failure this log is for); the drainer checkpoints the WAL
+into the database after each insert, with an ``fsync``, so a power loss can lose the last
+appends but cannot corrupt the log (ClickHouse does not ``fsync`` its own inserts by
+default either: ``fsync_after_insert = 0``). The log is held by one process (SQLite's
+exclusive locking mode): a second server on the same folder gets "database is locked". The
+WAL file (``spans.sqlite-wal``) is part of the log: never delete it. Each record keeps the
+body as received with its media type and encoding, and the body's CRC-32, checked when the
+body is read back after a restart: a damaged record is logged at ERROR, counted and drained
+without rows (its token stays in its range's). A database SQLite cannot
 read (corrupt, not a database) is moved aside with its WAL (``.corrupt-<unix time>``) and a
 new log started, logged at ERROR and counted; any other error (a lock held by another
 process, a read-only folder) is raised. The tokens of the newest ``max_tokens`` records are
@@ -100,14 +104,15 @@ def range_token(digests: Sequence[bytes]) -> str:
 class LogRecord:
     """One accepted export not yet drained: its range ``[start, end)`` of record ids (one id
     per record), ``token`` (digest), and the ``body`` with the ``content_type`` and
-    ``content_encoding`` it was received with (``None`` for none)."""
+    ``content_encoding`` it was received with (``None`` for none); ``body`` is ``None`` for a
+    record that failed its CRC."""
 
     start: int
     end: int
     token: bytes
     content_type: str
     content_encoding: str | None
-    body: bytes
+    body: bytes | None  # None: damaged (failed its CRC)
 
 
 @dataclass(frozen=True)
@@ -194,12 +199,13 @@ class SpanLog:
                     record_id,
                 )
                 self.corrupt_records_total += 1
-                self._db.execute("DELETE FROM exports WHERE id = ?", (record_id,))  # reported once
-                continue
+                body = None  # kept as an entry without spans: its token stays part of its range's
             record = LogRecord(record_id, record_id + 1, token, content_type, content_encoding or None, body)
             self.unfinished.append(record)
-            self.backlog_bytes += len(body)
-        self.end_offset = (self._db.execute("SELECT seq FROM sqlite_sequence").fetchone() or (0,))[0] + 1
+            self.backlog_bytes += len(body or b"")
+        self.end_offset = (
+            self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'exports'").fetchone() or (0,)
+        )[0] + 1
         # Every record before this one is drained (or skipped as damaged).
         self.committed_offset = self.unfinished[0].start if self.unfinished else self.end_offset
         begun = self._db.execute("SELECT value FROM meta WHERE key = 'begun'").fetchone()
@@ -207,9 +213,12 @@ class SpanLog:
 
     def _prepare(self) -> list:
         """WAL mode, the schema, and the records not drained (rows of ``exports``)."""
+        self._db.execute("PRAGMA locking_mode=EXCLUSIVE")  # one process per log: held from the first write
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # in WAL mode: fsync at checkpoints only
+        self._db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints by the drainer, not the request threads
         self._db.executescript(_SCHEMA)
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('opened', ?)", (str(time.time()),))
         query = "SELECT id, token, content_type, content_encoding, crc, body FROM exports ORDER BY id"
         return self._db.execute(query).fetchall()
 
@@ -220,14 +229,15 @@ class SpanLog:
     def append(self, token: bytes, content_type: str | None, content_encoding: str | None, body: bytes) -> int:
         """Append one record; return its id once written to the page cache. Raises
         ``sqlite3.Error`` (disk full, …), in which case nothing is logged."""
-        with self._lock, self._db:
-            self._db.execute("BEGIN")
-            cursor = self._db.execute(
-                "INSERT INTO exports (token, content_type, content_encoding, crc, body) VALUES (?, ?, ?, ?, ?)",
-                (token, content_type or "", content_encoding or "", zlib.crc32(body), body),
-            )
+        with self._lock:
+            with self._db:  # committed here (a full disk fails at the commit: nothing changes then)
+                self._db.execute("BEGIN")
+                cursor = self._db.execute(
+                    "INSERT INTO exports (token, content_type, content_encoding, crc, body) VALUES (?, ?, ?, ?, ?)",
+                    (token, content_type or "", content_encoding or "", zlib.crc32(body), body),
+                )
+                self._db.execute("INSERT INTO tokens (token) VALUES (?)", (token,))
             record_id = int(cursor.lastrowid or 0)
-            self._db.execute("INSERT INTO tokens (token) VALUES (?)", (token,))
             self.end_offset = record_id + 1
             self.backlog_bytes += len(body)
             self._remember(token)
@@ -253,6 +263,7 @@ class SpanLog:
                 self._db.execute("DELETE FROM exports WHERE id >= ? AND id < ?", span)
                 self._db.execute("DELETE FROM tokens WHERE id <= (SELECT max(id) FROM tokens) - ?", (self.max_tokens,))
                 self._db.execute("DELETE FROM meta WHERE key = 'begun'")
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
             self.backlog_bytes -= drained
             self.committed_offset = max(self.committed_offset, end)
             if self.unfinished_insert is not None and self.unfinished_insert.end <= self.committed_offset:
@@ -288,7 +299,9 @@ class LoggedSpanIngest:
     ``ingest``: the receiver's :class:`DurableIngest` (back-off state, insert, counters).
     ``log``: an open :class:`SpanLog`; its unfinished records are decoded and queued here.
     ``on_committed(spans)``: called by the drainer with the spans of each committed insert
-    (the assembler's ``note_spans``). ``insert_rows`` (≥ 1): rows per insert at most (a
+    (the assembler's ``note_spans``). ``oldest_unix_ns()``: spans starting before it are
+    rejected when a record is decoded again at start-up, as the receiver rejects them (the
+    table's TTL). ``insert_rows`` (≥ 1): rows per insert at most (a
     larger export is inserted alone). ``linger_seconds`` (0..60): how long the oldest queued
     export may wait for company (larger blocks make larger parts, which chDB merges less).
     ``max_backlog_bytes``, ``max_backlog_seconds``, ``backlog_wait_seconds`` (0..60): the
@@ -305,6 +318,7 @@ class LoggedSpanIngest:
         log: SpanLog,
         *,
         on_committed: Callable[[list[SpanRow]], None] = lambda spans: None,
+        oldest_unix_ns: Callable[[], int] = lambda: 0,
         insert_rows: int = 60_000,
         linger_seconds: float = 0.5,
         max_backlog_bytes: int = 16 * 1024 * 1024,
@@ -324,6 +338,7 @@ class LoggedSpanIngest:
         self.ingest = ingest
         self.log = log
         self.on_committed = on_committed
+        self.oldest_unix_ns = oldest_unix_ns
         self.insert_rows = insert_rows
         self.linger_seconds = linger_seconds
         self.max_backlog_bytes = max_backlog_bytes
@@ -375,11 +390,15 @@ class LoggedSpanIngest:
                     unfinished.start,
                     unfinished.end,
                 )
-                while self._queue and self._queue[0].end <= unfinished.end:
-                    dropped = self._queue.popleft()
-                    self._queued_spans -= len(dropped.spans)
-                    self.recovered_spans_total -= len(dropped.spans)
-                self.log.done_insert(unfinished.end)
+                try:
+                    self.log.done_insert(unfinished.end)
+                    while self._queue and self._queue[0].end <= unfinished.end:
+                        dropped = self._queue.popleft()
+                        self._queued_spans -= len(dropped.spans)
+                        self.recovered_spans_total -= len(dropped.spans)
+                except sqlite3.Error as exc:  # redone under its token instead: dropped as stored
+                    logger.warning("span log progress unwritable (%s); inserting the range again", exc)
+                    self._forced_end = unfinished.end
             else:
                 logger.info(
                     "span log: the insert of [%d, %d) interrupted by a crash had not landed; inserting"
@@ -396,16 +415,21 @@ class LoggedSpanIngest:
             )
 
     def _decode(self, record: LogRecord) -> _Queued:
-        """A log record decoded again into a queue entry (no spans when it cannot be decoded:
-        logged at ERROR and counted with the damaged records)."""
+        """A log record decoded again, against the TTL as the receiver applies it, into a queue
+        entry (no spans when damaged or when it cannot be decoded: logged at ERROR and counted
+        with the damaged records)."""
+        decoded = None
         try:
-            decoded = decode_trace_request(
-                record.body, content_type=record.content_type, content_encoding=record.content_encoding
-            )
+            if record.body is not None:
+                decoded = decode_trace_request(
+                    record.body,
+                    content_type=record.content_type,
+                    content_encoding=record.content_encoding,
+                    oldest_unix_ns=self.oldest_unix_ns(),
+                )
         except Exception as exc:  # noqa: BLE001 - accepted once, unreadable now: count, go on
             logger.error("span log record %d could not be decoded again (%s); skipped", record.start, exc)
             self.log.corrupt_records_total += 1
-            decoded = None
         spans = decoded.spans if decoded is not None else []
         return _Queued(record.start, record.end, record.token, spans, time.monotonic())
 
@@ -624,7 +648,10 @@ class LoggedSpanIngest:
             )
             del block
         if result.status == "unavailable":
-            return  # back-off opened; the next round waits for it
+            # Back-off opened; the next round waits for it and retries exactly this range under
+            # the same token (a part of it may have landed before the error).
+            self._forced_end = end
+            return
         if result.status == "invalid":
             if len(batch) > 1:
                 logger.warning(

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -67,7 +69,7 @@ def test_progress_decides_what_is_unfinished(tmp_path: Path, caplog) -> None:
     assert drained.unfinished == [] and drained.unfinished_insert is None and drained.backlog_bytes == 0
     assert drained.append(_token(4), PROTOBUF, None, b"z") == 5  # ids are not reused
     drained.close()
-    with sqlite3.connect(tmp_path / "log" / "spans.sqlite") as db:  # a line no version writes
+    with closing(sqlite3.connect(tmp_path / "log" / "spans.sqlite")) as db, db:  # a line no version writes
         db.execute("INSERT OR REPLACE INTO meta VALUES ('begun', 'abc def')")
     with caplog.at_level(logging.WARNING, logger="inferpath.server.span_log"):
         damaged = SpanLog(tmp_path / "log")
@@ -84,10 +86,43 @@ def test_drained_records_are_deleted_and_only_the_newest_tokens_kept(tmp_path: P
     reopened = SpanLog(tmp_path / "log", max_tokens=3)
     assert [r.start for r in reopened.unfinished] == [8]
     assert reopened.knows(_token(5)) and not reopened.knows(_token(4))
-    with sqlite3.connect(tmp_path / "log" / "spans.sqlite") as db:
+    reopened.close()
+    with closing(sqlite3.connect(tmp_path / "log" / "spans.sqlite")) as db, db:
         assert db.execute("SELECT count(*) FROM exports").fetchone() == (1,)
         assert db.execute("SELECT count(*) FROM tokens").fetchone() == (3,)
-    reopened.close()
+
+
+def test_a_second_process_cannot_open_a_log_in_use(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    log = SpanLog(tmp_path / "log")
+    log.append(_token(0), PROTOBUF, None, b"held")
+    opener = "import sys; from inferpath.server.span_log import SpanLog; SpanLog(sys.argv[1])"
+    other = subprocess.run([sys.executable, "-c", opener, str(tmp_path / "log")], capture_output=True, text=True)
+    assert other.returncode != 0 and "database is locked" in other.stderr
+    log.close()
+    again = subprocess.run([sys.executable, "-c", opener, str(tmp_path / "log")], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_commit_that_fails_changes_nothing(tmp_path: Path) -> None:
+    import resource
+
+    log = SpanLog(tmp_path / "log")
+    assert log.append(_token(0), PROTOBUF, None, b"a" * 1000) == 1
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, hard))
+    try:
+        with pytest.raises(sqlite3.Error):
+            log.append(_token(1), PROTOBUF, None, os.urandom(300_000))  # the WAL cannot grow: the commit fails
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert not log.knows(_token(1)) and log.backlog_bytes == 1000 and log.end_offset == 2
+    assert log.append(_token(1), PROTOBUF, None, b"b" * 10) == 2
+    log.close()
 
 
 def test_a_log_held_by_another_process_is_refused_and_left_in_place(tmp_path: Path) -> None:
@@ -264,7 +299,7 @@ def test_record_ids_used_again_never_make_a_new_range_look_inserted(store_url: s
         first.start()
         assert _accept(first, exports[0][0]).ok and first.flush(30)
         first.close()
-        with sqlite3.connect(tmp_path / "log" / "spans.sqlite") as db:  # as a log restored without its WAL
+        with closing(sqlite3.connect(tmp_path / "log" / "spans.sqlite")) as db, db:  # as a log restored without its WAL
             db.execute("DELETE FROM sqlite_sequence")
         second = LoggedSpanIngest(ingest, SpanLog(tmp_path / "log"))
         second.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import httpx
@@ -33,7 +34,7 @@ def test_a_damaged_logged_export_is_skipped_counted_and_the_others_stored(store_
         for body, _ in exports
     ]
     log.close()
-    with sqlite3.connect(folder / "spans.sqlite") as db:  # the disk damaged the 2nd
+    with closing(sqlite3.connect(folder / "spans.sqlite")) as db, db:  # the disk damaged the 2nd
         db.execute("UPDATE exports SET body = substr(body, 1, 20) WHERE id = ?", (ids[1],))
 
     settings = Settings(store_url=store_url, assembly_settle_seconds=0.1)
