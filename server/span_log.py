@@ -179,7 +179,7 @@ class SpanLog:
             self._db.close()
             logger.error(
                 "span log %s is unreadable (%s); moved to %s and a new log started: acknowledged exports"
-                " not yet inserted are in it, for what SQLite can still read (sqlite3's .recover)",
+                " not yet inserted are in it, for what SQLite can still read (the sqlite3 shell's .dump)",
                 path,
                 exc,
                 aside.name,
@@ -263,11 +263,14 @@ class SpanLog:
                 self._db.execute("DELETE FROM exports WHERE id >= ? AND id < ?", span)
                 self._db.execute("DELETE FROM tokens WHERE id <= (SELECT max(id) FROM tokens) - ?", (self.max_tokens,))
                 self._db.execute("DELETE FROM meta WHERE key = 'begun'")
-            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
             self.backlog_bytes -= drained
             self.committed_offset = max(self.committed_offset, end)
             if self.unfinished_insert is not None and self.unfinished_insert.end <= self.committed_offset:
                 self.unfinished_insert = None
+            try:  # the WAL into the database (with its fsync); a failure is retried at the next one
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as exc:
+                logger.debug("span log checkpoint failed: %s", exc)
 
     def close(self) -> None:
         """Close the database; idempotent."""
@@ -367,7 +370,9 @@ class LoggedSpanIngest:
         self.inserted_spans_total = 0
         self.refused_spans_total = 0
         self.recovered_spans_total = 0
-        self._log_trouble = RateLimitedLog(logger, interval_seconds=10.0)  # a full disk fails every export
+        # A full disk fails every export and every drain: one line per 10 s of each.
+        self._append_trouble = RateLimitedLog(logger, interval_seconds=10.0)
+        self._drain_trouble = RateLimitedLog(logger, interval_seconds=10.0)
         self._recover()
 
     # ------------------------------------------------------------------ recovery
@@ -513,7 +518,7 @@ class LoggedSpanIngest:
                 record_id = self.log.append(digest, content_type, content_encoding, body)
             except Exception as exc:  # noqa: BLE001 - disk full, …: the client retries
                 self.log_errors_total += 1
-                self._log_trouble.warning("span log append failed (answered 503): %s", exc)
+                self._append_trouble.warning("span log append failed (answered 503): %s", exc)
                 return CommitResult("unavailable", f"span log unwritable ({type(exc).__name__}); retry later", 1)
             self._queue.append(_Queued(record_id, record_id + 1, digest, spans, time.monotonic()))
             self._queued_spans += len(spans)
@@ -637,7 +642,7 @@ class LoggedSpanIngest:
             try:
                 self.log.begin_insert(start, end, list(samples.values()))
             except sqlite3.Error as exc:
-                self._log_trouble.warning("span log progress unwritable (%s); retrying", exc)
+                self._drain_trouble.warning("span log progress unwritable (%s); retrying", exc)
                 self._pause(1.0)
                 return
             block = [span.to_insert_row(timestamp_ns=True) for queued in batch for span in queued.spans]
@@ -673,7 +678,7 @@ class LoggedSpanIngest:
                 self.log.done_insert(end)
                 break
             except sqlite3.Error as exc:
-                self._log_trouble.warning("span log progress unwritable (%s); retrying", exc)
+                self._drain_trouble.warning("span log progress unwritable (%s); retrying", exc)
                 if self._stopping:
                     return  # the begun line settles the range at the next start
                 self._pause(1.0)
