@@ -147,7 +147,7 @@ class SpanLog:
     :attr:`unfinished` holds the records not drained (to be inserted again) and
     :attr:`unfinished_insert` the insert that was running at a crash, if any. ``max_tokens``
     (≥ 1): tokens kept of drained records. Counters: ``corrupt_records_total`` (bodies
-    failing their CRC at open, skipped), ``unreadable_logs_total`` (a database moved aside at
+    failing their CRC at open: kept without their body, drained without rows), ``unreadable_logs_total`` (a database moved aside at
     open). Raises ``OSError`` or ``sqlite3.Error`` when the folder or the database cannot be
     used (locked by another process, read-only, …), ``ValueError`` for a bad limit.
     Thread-safe.
@@ -206,7 +206,7 @@ class SpanLog:
         self.end_offset = (
             self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'exports'").fetchone() or (0,)
         )[0] + 1
-        # Every record before this one is drained (or skipped as damaged).
+        # Every record before this one is drained.
         self.committed_offset = self.unfinished[0].start if self.unfinished else self.end_offset
         begun = self._db.execute("SELECT value FROM meta WHERE key = 'begun'").fetchone()
         self.unfinished_insert = _unfinished_insert(begun[0] if begun else "", self.committed_offset)
