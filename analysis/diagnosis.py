@@ -330,7 +330,9 @@ def cold_start_rows(
     A replica is *starting* when one of ``startups`` (its start-up spans) says it became
     ready during the window or up to :data:`COLD_START_LOOKBACK_SECONDS` before it, or when
     it serves in the window and not in the baseline (its start: its first request). Charged
-    to its start are: (a) requests that arrived before it was ready (they waited for it);
+    to its start are: (a) requests that arrived before it was ready (they waited for it), and
+    those that reached it in one wall as it opened (:func:`_held_at_opening`: the same
+    requests, seen from the engine's own spans);
     (b) its first requests after that, up to the first :data:`COLD_RECOVERY_RUN` in a row
     that are no slower than its steady state (the p90 of ``measure`` over the later half of
     its requests), when at least :data:`COLD_MIN_SLOW` of them were slower; or, when warm
@@ -391,12 +393,55 @@ def cold_start_rows(
         at = ready[replica]
         waited = [r for r in served if r["timestamp"] < at]
         after = [r for r in served if r["timestamp"] >= at]
+        held = _held_at_opening(after, column)
+        after = [r for r in after if not any(r is h for h in held)]
+        waited += held
         slow = _warm_up_rows(after, column)
         if not slow and peers is not None and after:
             slow = _slower_than_peers(after, column, peers)
         if waited or slow:
             out[str(replica)] = waited + slow
     return out
+
+
+def _held_at_opening(rows: Sequence[Mapping[str, Any]], column: str) -> list[Mapping[str, Any]]:
+    """The requests that reached a just-ready replica together as it opened and were slower
+    than its steady state (:func:`_steady_edge` of the requests after them), when
+    :data:`COLD_MIN_SLOW` or more; else none.
+    Together: their span in the engine began before the first of them had its first token
+    (the engine had done no work yet). Requests held outside while it loaded (refused
+    connections retried, a balancer's queue) arrive in one wall when it opens: seen from the
+    engine's own spans alone, they are the requests that waited for it to be ready (a real
+    vLLM took 77 within 10 ms, 1.2 s after it finished loading, and its first token came 99 ms
+    later). The engine span begins at the row's start plus the trip out of the hop into it
+    (``engine_send_ns``) where a caller's span is the row's start."""
+    doors = sorted(
+        (
+            (unix_ns_from_datetime(r["timestamp"]) + (r.get(ENGINE_SEND_COLUMN) or 0), r)
+            for r in rows
+            if r.get("ttft_ns") is not None and r.get(column) is not None
+        ),
+        key=lambda item: item[0],
+    )
+    if not doors:
+        return []
+    first_at, first = doors[0]
+    first_token = first_at + first["ttft_ns"] - (first.get(ENGINE_SEND_COLUMN) or 0)
+    wall = [r for at, r in doors if at <= first_token]
+    edge = _steady_edge([float(r[column]) for _, r in doors[len(wall) :]])
+    held = [r for r in wall if edge is None or r[column] > edge]
+    return held if len(held) >= COLD_MIN_SLOW else []
+
+
+def _steady_edge(values: Sequence[float]) -> float | None:
+    """The p90 of the later half of ``values`` (time order): a replica's steady state, or
+    ``None`` with fewer than ``max(COLD_RECOVERY_RUN, MIN_REQUESTS // 4)`` values there."""
+    from inferpath.analysis.percentiles import quantile
+
+    half = len(values) // 2
+    if len(values) - half < max(COLD_RECOVERY_RUN, MIN_REQUESTS // 4):
+        return None
+    return quantile(values[half:], 0.9)
 
 
 def _slower_than_peers(
@@ -418,13 +463,11 @@ def _warm_up_rows(rows: Sequence[Mapping[str, Any]], column: str) -> list[Mappin
     """The slow requests of a warm-up at the start of ``rows`` (time order), per
     :func:`cold_start_rows` (b); empty when the replica started warm. The steady state is the
     later half of its requests (at least :data:`MIN_REQUESTS` // 4 of them)."""
-    from inferpath.analysis.percentiles import quantile
-
     values = [float(r[column]) for r in rows]
     half = len(values) // 2
-    if len(values) - half < max(COLD_RECOVERY_RUN, MIN_REQUESTS // 4):
+    reference = _steady_edge(values)
+    if reference is None:
         return []
-    reference = quantile(values[half:], 0.9)
     run = 0
     for index, value in enumerate(values[: half + COLD_RECOVERY_RUN]):
         run = run + 1 if value <= reference else 0

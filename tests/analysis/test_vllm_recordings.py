@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from inferpath.analysis import diagnose
 from inferpath.collectors.recording import choose_offset_ns, import_recording, open_recording
@@ -201,3 +202,45 @@ def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(im
     assert any(
         t.startswith("69 of the 69 failed requests arrived before a starting replica was ready") for t in evidence
     )
+
+
+def _without_service(folder: Path, service: str) -> None:
+    """Remove ``service``'s spans from every OTLP body of a recording's folder (in place), and
+    give the other spans new trace ids (each byte inverted), so that the copy is a trace of
+    its own beside the recording imported as it is."""
+    for body in folder.rglob("*.pb"):
+        request = ExportTraceServiceRequest.FromString(body.read_bytes())
+        kept = [
+            rs
+            for rs in request.resource_spans
+            if not any(a.key == "service.name" and a.value.string_value == service for a in rs.resource.attributes)
+        ]
+        for span in (span for rs in kept for scope in rs.scope_spans for span in scope.spans):
+            span.trace_id = bytes(b ^ 0xFF for b in span.trace_id)
+        del request.resource_spans[:]
+        request.resource_spans.extend(kept)
+        body.write_bytes(request.SerializeToString())
+
+
+def test_a_cold_start_seen_from_vllms_spans_alone_is_named(imported, tmp_path: Path) -> None:
+    # cold_start_waiting as a capture of vLLM alone records it (spans and scrapes, no caller's
+    # span: ../shared/data/vllm_live_capture): the 77 requests the load client held while vLLM
+    # loaded reached it in one wall 1.2 s after it was ready and queued behind its 16 slots. The
+    # engine's spans all start after readiness; the wall says they waited for it.
+    server, loaded = imported
+    recording = open_recording(DATA / "vllm_recordings" / "cold_start_waiting.tar.gz", workdir=tmp_path)
+    _without_service(recording.root, "load-client")
+    recording = open_recording(recording.root)
+    truth, first_offset = loaded["cold_start_waiting"]
+    offset = first_offset - 86_400 * 10**9  # a day before the copy with the client's spans
+    with httpx.Client(base_url=server.url, timeout=120.0) as client:
+        import_recording(recording, client, offset_ns=offset)
+    window = truth["window"]
+    verdict = diagnose(
+        server.runtime.store,
+        window_start=_at(window["start_unix_ns"], offset),
+        window_end=_at(window["end_unix_ns"], offset),
+    )
+    assert any(n.startswith("the TTFT and E2E judged here are the engine's own") for n in verdict.notes)
+    assert verdict.top_cause == "cold_start", (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
+    assert any("slowed by its start" in e.text for e in verdict.causes[0].evidence), verdict.causes[0].evidence
