@@ -23,7 +23,9 @@ The rules, from the guidance the project is built on:
   while no request was held is compute's: on a real engine (vLLM under a burst, no request
   waiting, 7 → 28 sequences per step) the steps grow with it.
 - ``queueing``: queue time with no request waiting in the engine (the wait is upstream: a
-  gateway or client queue), or when the engine exports no queue depth to tell; and a hop's
+  gateway or client queue), or when the engine exports no queue depth to tell (where its
+  spans alone are the request, they are counted instead: a running batch at its peak while
+  requests waited is compute's); and a hop's
   wait that grew with the backlog (below).
 - CPU stages and hops (``tokenization``, ``retrieval``, ``network_hop``) claim their stage. A
   hop is the caller's CLIENT span less the callee's span: the wire, and the time the callee

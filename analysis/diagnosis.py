@@ -50,7 +50,7 @@ from inferpath.analysis.causes import (
     consistent_advice,
 )
 from inferpath.analysis.correlate import spearman
-from inferpath.analysis.engine_state import EngineState, engine_state
+from inferpath.analysis.engine_state import EngineState, engine_state, engine_state_from_spans
 from inferpath.analysis.objectives import (
     DEFAULT_OBJECTIVES,
     ObjectiveResult,
@@ -753,6 +753,12 @@ def _context(
 ) -> Context:
     other = signals.baseline if baseline is not None else None
     state = engine_state(signals.current, other=other, configured_limit=configured_batch_limit)
+    if not state.reported and current.measured("queue_ns"):
+        # No gauges: the engine's spans still say whether it queued at its running peak.
+        intervals = _engine_intervals(current)
+        counted = engine_state_from_spans(intervals) if intervals else None
+        if counted is not None and 2 * counted.slot_bound_steps > counted.waiting_steps:
+            state = counted
     return Context(
         engine=state,
         gpu_utilization=signals.current.stat(GPU_UTILIZATION_RATIO),
@@ -763,9 +769,36 @@ def _context(
     )
 
 
+def _engine_intervals(window: RowsWindow | StoredWindow) -> dict[Any, list[tuple[int, int, int]]] | None:
+    """Per replica, each request's ``(arrival, scheduled, end)`` in the engine (wall clock,
+    ns), where every row with an engine queue time is the engine's own (its span is the
+    request's root: no caller's or gateway's span, as vLLM traced alone): its first token
+    at its start plus its TTFT, scheduled its prefill before that, queued its queue time
+    before that, ended at its start plus its E2E. ``None`` when a row has a caller: its TTFT
+    and E2E are the caller's, which place the engine's steps only as late as the caller read
+    them."""
+    out: dict[Any, list[tuple[int, int, int]]] = {}
+    for row in window.rows_of(window.replicas()):
+        queue, prefill, ttft, e2e = row.get("queue_ns"), row.get("prefill_ns"), row.get("ttft_ns"), row.get("e2e_ns")
+        if queue is None:
+            continue
+        callers = ("client_ttft_ns", "client_e2e_ns", "network_ns", "gateway_ns", ENGINE_SEND_COLUMN)
+        if any(row.get(c) is not None for c in callers) or prefill is None or ttft is None or e2e is None:
+            return None
+        start = unix_ns_from_datetime(row["timestamp"])
+        scheduled = start + ttft - prefill
+        out.setdefault(row.get("replica"), []).append((scheduled - queue, scheduled, start + e2e))
+    return out
+
+
 def _missing_signal_notes(context: Context, signals: Signals) -> list[str]:
     notes = []
-    if not context.engine.reported:
+    if context.engine.source == "spans":
+        notes.append(
+            "the engine's gauges are not exported (scrape its /metrics with inferpath collect): its queue and "
+            "running batch were counted from its request spans; KV-cache usage and preemptions are not known"
+        )
+    elif not context.engine.reported:
         notes.append(
             "the engine's queue depth is not exported (scrape its /metrics with inferpath collect): "
             "engine capacity cannot be told from an upstream queue"

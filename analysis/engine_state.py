@@ -25,6 +25,12 @@ peak is what memory allowed, so waiting steps there count as memory-bound. Each 
 :mod:`~inferpath.analysis.signals`, one scrape interval) is one observation; the verdict
 quotes the counts, so the evidence can be checked against the raw scrapes.
 
+An engine that exports no gauges but traces its requests alone (vLLM with
+``--otlp-traces-endpoint`` and no scrape) still shows its queue and running batch in its
+spans: :func:`engine_state_from_spans` counts them every second. A running batch at its own
+peak while requests wait is the slots'; below it, a full KV cache and a scheduler's hold look
+the same without KV usage, and those steps stay unclassified.
+
 Several engines (replicas) are read one by one: each waiting engine against its own limit,
 running batch and KV pool, and a step takes the class of the engine with the longest queue.
 Summed over a fleet, a queue in front of a full engine beside a half-empty one would read
@@ -36,7 +42,8 @@ engines' limits, the capacity of the summed running batch).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from inferpath.analysis.percentiles import quantile
@@ -103,6 +110,9 @@ class EngineState:
     preemptions: float | None
     engines: int = 1
     engine_limits: tuple[float, ...] = ()
+    source: str = "gauges"
+    """``"gauges"``: the engine's own queue depth, running batch and KV usage; ``"spans"``:
+    queue and running batch counted from its request spans (:func:`engine_state_from_spans`)."""
 
     @property
     def reported(self) -> bool:
@@ -144,6 +154,14 @@ class EngineState:
             return "the engine reported no queue depth"
         if not self.waiting_steps:
             return f"no request waited in the engine in {self.steps} steps"
+        if self.source == "spans":
+            limit = "n/a" if self.slot_limit is None else f"{self.slot_limit:.0f}"
+            return (
+                f"counted from the engine's request spans (it exported no queue depth): requests waited in the "
+                f"engine in {self.waiting_steps} of {self.steps} one-second steps (queue max "
+                f"{self.queue_max or 0:.0f}), with its running batch at its peak of {limit} in "
+                f"{self.slot_bound_steps} of them; KV-cache usage is not known"
+            )
         if self.engines == 1:
             limit = "n/a" if self.slot_limit is None else f"{self.slot_limit:.0f}"
             where, batch = "the engine", f"running batch at its limit of {limit} ({self.limit_source})"
@@ -227,6 +245,60 @@ def engine_state(
     )
 
 
+def engine_state_from_spans(
+    intervals: Mapping[object, Sequence[tuple[int, int, int]]], step_ns: int = 1_000_000_000
+) -> EngineState:
+    """The engine's queue and running batch counted from its request spans, for an engine
+    that exports no gauges: ``intervals`` per engine (replica), one ``(arrival, scheduled,
+    end)`` per request (wall clock, ns: it waits in the queue from its arrival until it is
+    scheduled, then runs until its last token). Read every ``step_ns`` from the first arrival
+    to the last schedule, like a scrape; each engine's slot limit is its own running peak
+    (observed max). A waiting step is slot-bound when the engine with the longest queue ran
+    at that peak; the others stay unclassified (``memory_bound_steps`` and ``held_steps``
+    are 0): without KV usage a full KV cache cannot be told from a scheduler's hold."""
+    grids: dict[object, list[tuple[int, int]]] = {}
+    starts = [a for spans in intervals.values() for a, _, _ in spans]
+    ends = [s for spans in intervals.values() for _, s, _ in spans]
+    if not starts:
+        return EngineState(0, 0, 0, 0, 0, None, "observed max", None, None, None, None, None, source="spans")
+    times = range(min(starts), max(ends) + 1, step_ns)
+    for key, spans in intervals.items():
+        arrivals = sorted(a for a, _, _ in spans)
+        scheduled = sorted(s for _, s, _ in spans)
+        finished = sorted(e for _, _, e in spans)
+        grids[key] = [
+            (
+                bisect_right(arrivals, t) - bisect_right(scheduled, t),
+                bisect_right(scheduled, t) - bisect_right(finished, t),
+            )
+            for t in times
+        ]
+    limits = {key: max((run for _, run in grid), default=0) for key, grid in grids.items()}
+    waiting = slots = 0
+    for i in range(len(times)):
+        key, (queued, run) = max(((k, g[i]) for k, g in grids.items()), key=lambda item: item[1][0])
+        if queued >= WAITING_MIN:
+            waiting += 1
+            slots += run >= limits[key] > 0
+    return EngineState(
+        steps=len(times),
+        waiting_steps=waiting,
+        slot_bound_steps=slots,
+        memory_bound_steps=0,
+        held_steps=0,
+        slot_limit=float(sum(limits.values())),
+        limit_source="observed max",
+        running_max=float(max((sum(g[i][1] for g in grids.values()) for i in range(len(times))), default=0)),
+        queue_max=float(max((sum(g[i][0] for g in grids.values()) for i in range(len(times))), default=0)),
+        kv_waiting_p90=None,
+        kv_max=None,
+        preemptions=None,
+        engines=len(grids),
+        engine_limits=tuple(float(v) for v in limits.values()),
+        source="spans",
+    )
+
+
 def steps_of(
     queue: Sequence[float | None], running: Sequence[float | None], kv: Sequence[float | None]
 ) -> list[tuple[float | None, float | None, float | None]]:
@@ -240,6 +312,7 @@ __all__ = [
     "WAITING_MIN",
     "EngineState",
     "engine_state",
+    "engine_state_from_spans",
     "kv_full_at",
     "sequence_share",
     "steps_of",

@@ -204,22 +204,33 @@ def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(im
     )
 
 
-def _without_service(folder: Path, service: str) -> None:
-    """Remove ``service``'s spans from every OTLP body of a recording's folder (in place), and
-    give the other spans new trace ids (each byte inverted), so that the copy is a trace of
-    its own beside the recording imported as it is."""
-    for body in folder.rglob("*.pb"):
+def _import_copy(imported, tmp_path: Path, name: str, *, drop_service: str | None = None, scrapes: bool = True):
+    """Import recording ``name`` again, a day before its first copy, as another capture would
+    have recorded it: without ``drop_service``'s spans, or without its scrapes. The copy's
+    spans get new trace ids (each byte inverted), so that it is a trace of its own beside the
+    first copy. Returns its ground truth and offset."""
+    server, loaded = imported
+    recording = open_recording(DATA / "vllm_recordings" / f"{name}.tar.gz", workdir=tmp_path)
+    for body in recording.root.rglob("*.pb"):
         request = ExportTraceServiceRequest.FromString(body.read_bytes())
         kept = [
             rs
             for rs in request.resource_spans
-            if not any(a.key == "service.name" and a.value.string_value == service for a in rs.resource.attributes)
+            if not any(a.key == "service.name" and a.value.string_value == drop_service for a in rs.resource.attributes)
         ]
         for span in (span for rs in kept for scope in rs.scope_spans for span in scope.spans):
             span.trace_id = bytes(b ^ 0xFF for b in span.trace_id)
         del request.resource_spans[:]
         request.resource_spans.extend(kept)
         body.write_bytes(request.SerializeToString())
+    if not scrapes:
+        for scrape in recording.root.rglob("metrics_*.prom"):
+            scrape.unlink()
+    truth, first_offset = loaded[name]
+    offset = first_offset - 86_400 * 10**9
+    with httpx.Client(base_url=server.url, timeout=120.0) as client:
+        import_recording(open_recording(recording.root), client, offset_ns=offset)
+    return truth, offset
 
 
 def test_a_cold_start_seen_from_vllms_spans_alone_is_named(imported, tmp_path: Path) -> None:
@@ -227,14 +238,8 @@ def test_a_cold_start_seen_from_vllms_spans_alone_is_named(imported, tmp_path: P
     # span: ../shared/data/vllm_live_capture): the 77 requests the load client held while vLLM
     # loaded reached it in one wall 1.2 s after it was ready and queued behind its 16 slots. The
     # engine's spans all start after readiness; the wall says they waited for it.
-    server, loaded = imported
-    recording = open_recording(DATA / "vllm_recordings" / "cold_start_waiting.tar.gz", workdir=tmp_path)
-    _without_service(recording.root, "load-client")
-    recording = open_recording(recording.root)
-    truth, first_offset = loaded["cold_start_waiting"]
-    offset = first_offset - 86_400 * 10**9  # a day before the copy with the client's spans
-    with httpx.Client(base_url=server.url, timeout=120.0) as client:
-        import_recording(recording, client, offset_ns=offset)
+    server, _ = imported
+    truth, offset = _import_copy(imported, tmp_path, "cold_start_waiting", drop_service="load-client")
     window = truth["window"]
     verdict = diagnose(
         server.runtime.store,
@@ -244,3 +249,35 @@ def test_a_cold_start_seen_from_vllms_spans_alone_is_named(imported, tmp_path: P
     assert any(n.startswith("the TTFT and E2E judged here are the engine's own") for n in verdict.notes)
     assert verdict.top_cause == "cold_start", (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
     assert any("slowed by its start" in e.text for e in verdict.causes[0].evidence), verdict.causes[0].evidence
+
+
+def test_an_engine_at_its_running_peak_is_named_from_its_spans_without_gauges(imported, tmp_path: Path) -> None:
+    # slots_starved's vLLM spans without its scrapes (tracing on, /metrics not scraped): its
+    # running batch, counted from the spans, sat at its peak of 4 while requests waited. It read
+    # "batching" (the median queue time rose with the tail's) before the spans were counted.
+    server, _ = imported
+    truth, offset = _import_copy(imported, tmp_path, "slots_starved", scrapes=False)
+    window, baseline = truth["window"], truth.get("baseline")
+    verdict = diagnose(
+        server.runtime.store,
+        window_start=_at(window["start_unix_ns"], offset),
+        window_end=_at(window["end_unix_ns"], offset),
+        baseline_start=_at(baseline["start_unix_ns"], offset) if baseline else None,
+        baseline_end=_at(baseline["end_unix_ns"], offset) if baseline else None,
+    )
+    assert verdict.top_cause == "gpu_compute", (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
+    assert verdict.engine is not None and verdict.engine.source == "spans" and verdict.engine.slot_limit == 4
+    assert verdict.engine.slot_bound_steps * 2 > verdict.engine.waiting_steps
+    assert any(n.startswith("the engine's gauges are not exported") for n in verdict.notes), verdict.notes
+    assert any(e.text.startswith("counted from the engine's request spans") for e in verdict.causes[0].evidence)
+    # kv_starved the same way: below its running peak while requests waited, which a full KV
+    # cache and a scheduler's hold both do; without KV usage the spans cannot tell which.
+    truth, offset = _import_copy(imported, tmp_path / "kv", "kv_starved", scrapes=False)
+    window = truth["window"]
+    kv = diagnose(
+        server.runtime.store,
+        window_start=_at(window["start_unix_ns"], offset),
+        window_end=_at(window["end_unix_ns"], offset),
+    )
+    assert kv.engine is not None and kv.engine.source == "gauges" and not kv.engine.reported
+    assert kv.top_cause != "gpu_compute", kv.summary
