@@ -22,12 +22,12 @@ from inferpath.ratelimited_log import RateLimitedLog
 from inferpath.storage.periodic import PeriodicPasses
 from inferpath.storage.rows import GaugeRow, HistogramRow, SumRow
 from inferpath.storage.writer import BatchWriter
+from inferpath.vocabulary import SOURCE_METRIC_ATTRIBUTE
 
-__all__ = ["ScrapeLoop", "samples_to_rows", "SOURCE_METRIC_ATTRIBUTE"]
+__all__ = ["ScrapeLoop", "samples_to_rows"]
 
 logger = logging.getLogger(__name__)
 
-SOURCE_METRIC_ATTRIBUTE = "inferpath.source_metric"
 _OTLP_CUMULATIVE = 2
 
 

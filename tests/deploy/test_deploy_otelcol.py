@@ -144,7 +144,7 @@ def test_value_scales_equal_the_catalog_conversions(config: dict) -> None:
 
 
 def test_host_label_and_source_metric_match_the_scrape_loop(config: dict) -> None:
-    from inferpath.server.scrape import SOURCE_METRIC_ATTRIBUTE
+    from inferpath.vocabulary import SOURCE_METRIC_ATTRIBUTE
 
     statements = _statements(config, "datapoint")
     assert statements[0] == f'set(attributes["{SOURCE_METRIC_ATTRIBUTE}"], metric.name)'
