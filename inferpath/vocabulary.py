@@ -36,6 +36,38 @@ NS_PER_SECOND = 1_000_000_000
 """Durations are nanoseconds in storage (``*_ns`` columns), seconds in OTel attributes and
 in every answer of the read API."""
 
+# ----------------------------------------------------------------------------- span attributes
+# The names of docs/telemetry-contract.md that the instrumentation writes and the server
+# reads: OTel GenAI / HTTP semantic-convention names where one exists, ``inferpath.*``
+# otherwise; and vLLM's engine TTFT, which the server reads beside them.
+STAGE = "inferpath.stage"
+ENDPOINT = "inferpath.endpoint"
+ENDPOINT_CLASS = "inferpath.endpoint_class"
+ITL_SECONDS = "inferpath.itl_seconds"
+STREAM_CHUNKS = "inferpath.stream.chunks"
+STREAM_STATUS = "inferpath.stream.status"
+STREAM_INCOMPLETE_REASON = "inferpath.stream.incomplete_reason"
+RETRIEVAL_DOCUMENTS = "inferpath.retrieval.documents"
+
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+URL_PATH = "url.path"
+URL_SCHEME = "url.scheme"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+GEN_AI_LATENCY_TTFT = "gen_ai.latency.time_to_first_token"
+
 # ----------------------------------------------------------------------------- stages
 STAGES: tuple[str, ...] = (
     "gateway",
@@ -466,6 +498,31 @@ DEFAULT_SCRAPE_SOURCE = "vllm"
 """The source of a scrape target given as a bare URL."""
 
 __all__ = [
+    "STAGE",
+    "ENDPOINT",
+    "ENDPOINT_CLASS",
+    "ITL_SECONDS",
+    "STREAM_CHUNKS",
+    "STREAM_STATUS",
+    "STREAM_INCOMPLETE_REASON",
+    "RETRIEVAL_DOCUMENTS",
+    "GEN_AI_OPERATION_NAME",
+    "GEN_AI_REQUEST_MODEL",
+    "GEN_AI_REQUEST_MAX_TOKENS",
+    "GEN_AI_RESPONSE_MODEL",
+    "GEN_AI_RESPONSE_FINISH_REASONS",
+    "GEN_AI_TIME_TO_FIRST_CHUNK",
+    "GEN_AI_USAGE_INPUT_TOKENS",
+    "GEN_AI_USAGE_OUTPUT_TOKENS",
+    "HTTP_REQUEST_METHOD",
+    "HTTP_ROUTE",
+    "HTTP_RESPONSE_STATUS_CODE",
+    "URL_PATH",
+    "URL_SCHEME",
+    "SERVER_ADDRESS",
+    "SERVER_PORT",
+    "ERROR_TYPE",
+    "GEN_AI_LATENCY_TTFT",
     "CAUSES",
     "BATCH_SIZE",
     "BREAKDOWN_MEASURES",

@@ -1,40 +1,40 @@
 """Span attribute names of docs/telemetry-contract.md, and the stream-result writer.
 
 OTel GenAI / HTTP semantic-convention names where one exists, ``inferpath.*`` otherwise.
-Every attribute inferpath's instrumentation writes is named here and nowhere else; the
-values of ``inferpath.stage`` are the vocabulary's :data:`~inferpath.vocabulary.STAGES`.
+The names are the vocabulary's (:mod:`inferpath.vocabulary`, where the server reads them
+too); the values of ``inferpath.stage`` are its :data:`~inferpath.vocabulary.STAGES`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-STAGE = "inferpath.stage"
-ENDPOINT = "inferpath.endpoint"
-ENDPOINT_CLASS = "inferpath.endpoint_class"
-ITL_SECONDS = "inferpath.itl_seconds"
-STREAM_CHUNKS = "inferpath.stream.chunks"
-STREAM_STATUS = "inferpath.stream.status"
-STREAM_INCOMPLETE_REASON = "inferpath.stream.incomplete_reason"
-RETRIEVAL_DOCUMENTS = "inferpath.retrieval.documents"
-
-GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
-GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
-GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
-GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
-GEN_AI_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
-GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
-GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-
-HTTP_REQUEST_METHOD = "http.request.method"
-HTTP_ROUTE = "http.route"
-HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
-URL_PATH = "url.path"
-URL_SCHEME = "url.scheme"
-SERVER_ADDRESS = "server.address"
-SERVER_PORT = "server.port"
-ERROR_TYPE = "error.type"
+from inferpath.vocabulary import (  # noqa: F401 - the contract's names, written here
+    ENDPOINT,
+    ENDPOINT_CLASS,
+    ERROR_TYPE,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_REQUEST_MAX_TOKENS,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_RESPONSE_MODEL,
+    GEN_AI_TIME_TO_FIRST_CHUNK,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    HTTP_REQUEST_METHOD,
+    HTTP_RESPONSE_STATUS_CODE,
+    HTTP_ROUTE,
+    ITL_SECONDS,
+    RETRIEVAL_DOCUMENTS,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+    STAGE,
+    STREAM_CHUNKS,
+    STREAM_INCOMPLETE_REASON,
+    STREAM_STATUS,
+    URL_PATH,
+    URL_SCHEME,
+)
 
 STATUS_COMPLETE = "complete"
 STATUS_INCOMPLETE = "incomplete"

@@ -43,6 +43,19 @@ from inferpath.server import engine_sources, sources
 from inferpath.server.engine_sources import union_ns
 from inferpath.server.sources import DerivationCounts, TTFTReading, seconds_to_ns, span_ttft
 from inferpath.storage.rows import RequestRow, SpanRow
+from inferpath.vocabulary import (
+    ENDPOINT,
+    ENDPOINT_CLASS,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_MODEL,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    HTTP_RESPONSE_STATUS_CODE,
+    HTTP_ROUTE,
+    ITL_SECONDS,
+    STAGE,
+    STREAM_STATUS,
+)
 
 __all__ = [
     "assemble_request",
@@ -51,21 +64,12 @@ __all__ = [
     "union_ns",
 ]
 
-STAGE = "inferpath.stage"
-TTFT_SECONDS = "gen_ai.response.time_to_first_chunk"
-ITL_SECONDS = "inferpath.itl_seconds"
-INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", sources.OPENINFERENCE_INPUT_TOKENS)
-OUTPUT_TOKENS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", sources.OPENINFERENCE_OUTPUT_TOKENS)
-HTTP_STATUS = ("http.response.status_code", "http.status_code")
-ENDPOINT_CLASS = "inferpath.endpoint_class"
-ENDPOINT = "inferpath.endpoint"
-HTTP_ROUTE = "http.route"
-STREAM_STATUS = "inferpath.stream.status"
-REQUEST_MODEL = "gen_ai.request.model"
+INPUT_TOKENS = (GEN_AI_USAGE_INPUT_TOKENS, "gen_ai.usage.prompt_tokens", sources.OPENINFERENCE_INPUT_TOKENS)
+OUTPUT_TOKENS = (GEN_AI_USAGE_OUTPUT_TOKENS, "gen_ai.usage.completion_tokens", sources.OPENINFERENCE_OUTPUT_TOKENS)
+HTTP_STATUS = (HTTP_RESPONSE_STATUS_CODE, "http.status_code")
 UNKNOWN_MODEL = "unknown"
 """``model`` of a request whose spans name none (docs/telemetry-contract.md): an explicit
 label that groups, filters and reads as what it is, where ``''`` looked like a missing column."""
-RESPONSE_MODEL = "gen_ai.response.model"
 REPLICA = ("inferpath.replica", "service.instance.id", "host.name")
 
 _GENAI_PREFIX = "gen_ai."
@@ -437,13 +441,13 @@ def assemble_request(
         or _first_value(by_start, ENDPOINT_CLASS)
     ) or ""
     model = (
-        _first_value((*model_clients, root_client, gateway, engine), REQUEST_MODEL)
-        or engine_attrs.get(RESPONSE_MODEL)
+        _first_value((*model_clients, root_client, gateway, engine), GEN_AI_REQUEST_MODEL)
+        or engine_attrs.get(GEN_AI_RESPONSE_MODEL)
         or client_attrs.get(sources.OPENINFERENCE_MODEL)
         or client_attrs.get(sources.LANGFUSE_MODEL)
         or UNKNOWN_MODEL
     )
-    model_version = _first_value((engine, *model_clients, root_client), RESPONSE_MODEL) or ""
+    model_version = _first_value((engine, *model_clients, root_client), GEN_AI_RESPONSE_MODEL) or ""
     replica = (_first_of(engine.resource_attributes.get(name) for name in REPLICA) if engine else None) or ""
 
     return RequestRow(

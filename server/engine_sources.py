@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 from inferpath.server.sources import DerivationCounts, TTFTReading, seconds_to_ns
 from inferpath.storage.rows import SpanRow
+from inferpath.vocabulary import GEN_AI_LATENCY_TTFT
 
 __all__ = [
     "missing_ttft_reason",
@@ -73,7 +74,6 @@ VLLM_SOURCE, SGLANG_SOURCE, TGI_SOURCE = "engine", "sglang.time_to_first_token",
 # --------------------------------------------------------------------------- vLLM
 VLLM_SPAN_NAME = "llm_request"
 GENAI_LATENCY_PREFIX = "gen_ai.latency."
-ENGINE_TTFT = "gen_ai.latency.time_to_first_token"
 ENGINE_E2E = "gen_ai.latency.e2e"
 ENGINE_QUEUE = "gen_ai.latency.time_in_queue"
 ENGINE_PREFILL = "gen_ai.latency.time_in_model_prefill"
@@ -188,7 +188,7 @@ def _claims_vllm(span: SpanRow) -> bool:
 
 
 def _read_vllm(span: SpanRow, descendants: Callable[[], Sequence[SpanRow]], counts: DerivationCounts) -> EngineReading:
-    ttft_ns = _seconds(span, ENGINE_TTFT, counts)
+    ttft_ns = _seconds(span, GEN_AI_LATENCY_TTFT, counts)
     return EngineReading(
         ttft=TTFTReading(ttft_ns, VLLM_SOURCE) if ttft_ns is not None else None,
         e2e_ns=seconds_to_ns(span.span_attributes.get(ENGINE_E2E)),
@@ -216,7 +216,7 @@ def _claims_sglang(span: SpanRow) -> bool:
 def _read_sglang(
     span: SpanRow, descendants: Callable[[], Sequence[SpanRow]], counts: DerivationCounts
 ) -> EngineReading:
-    ttft_ns = _seconds(span, ENGINE_TTFT, counts)
+    ttft_ns = _seconds(span, GEN_AI_LATENCY_TTFT, counts)
     below = descendants()
     return EngineReading(
         ttft=TTFTReading(ttft_ns, SGLANG_SOURCE) if ttft_ns is not None else None,

@@ -50,6 +50,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from inferpath.storage.rows import SpanRow, unix_ns_from_datetime
+from inferpath.vocabulary import (
+    GEN_AI_LATENCY_TTFT,
+    GEN_AI_TIME_TO_FIRST_CHUNK,
+    STREAM_CHUNKS,
+    STREAM_INCOMPLETE_REASON,
+    STREAM_STATUS,
+)
 
 __all__ = [
     "TTFT_SOURCES",
@@ -66,11 +73,7 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------- names
-TTFT_SECONDS = "gen_ai.response.time_to_first_chunk"
-INFERPATH_STREAM_MARKS = ("inferpath.stream.status", "inferpath.stream.chunks")
-INFERPATH_STREAM_STATUS = "inferpath.stream.status"
-INFERPATH_INCOMPLETE_REASON = "inferpath.stream.incomplete_reason"
-ENGINE_TTFT = "gen_ai.latency.time_to_first_token"
+INFERPATH_STREAM_MARKS = (STREAM_STATUS, STREAM_CHUNKS)
 # OpenLLMetry: one event per streamed chunk, no attributes (traceloop-sdk 0.62: the first;
 # releases before the GenAI rename: the second).
 CHUNK_EVENTS = frozenset({"gen_ai.content.completion.chunk", "llm.content.completion.chunk"})
@@ -167,11 +170,11 @@ def _is_inferpath_stream(span: SpanRow) -> bool:
 
 
 def _read_inferpath(span: SpanRow, counts: DerivationCounts) -> int | None:
-    return _seconds_attribute(span, TTFT_SECONDS, counts) if _is_inferpath_stream(span) else None
+    return _seconds_attribute(span, GEN_AI_TIME_TO_FIRST_CHUNK, counts) if _is_inferpath_stream(span) else None
 
 
 def _read_engine(span: SpanRow, counts: DerivationCounts) -> int | None:
-    return _seconds_attribute(span, ENGINE_TTFT, counts)
+    return _seconds_attribute(span, GEN_AI_LATENCY_TTFT, counts)
 
 
 def _event_offsets(span: SpanRow, names: frozenset[str], counts: DerivationCounts) -> list[int]:
@@ -215,7 +218,7 @@ def _read_langfuse(span: SpanRow, counts: DerivationCounts) -> int | None:
 
 
 def _read_genai_first_chunk(span: SpanRow, counts: DerivationCounts) -> int | None:
-    return None if _is_inferpath_stream(span) else _seconds_attribute(span, TTFT_SECONDS, counts)
+    return None if _is_inferpath_stream(span) else _seconds_attribute(span, GEN_AI_TIME_TO_FIRST_CHUNK, counts)
 
 
 def _read_openinference(span: SpanRow, counts: DerivationCounts) -> int | None:
@@ -343,8 +346,8 @@ def _ttft_reason(
     client: SpanRow | None, gateway: SpanRow | None, engine: SpanRow | None, engine_reason: str | None
 ) -> str:
     for span in (gateway, client):
-        if span is not None and span.span_attributes.get(INFERPATH_STREAM_STATUS) == "incomplete":
-            reason = span.span_attributes.get(INFERPATH_INCOMPLETE_REASON) or "incomplete"
+        if span is not None and span.span_attributes.get(STREAM_STATUS) == "incomplete":
+            reason = span.span_attributes.get(STREAM_INCOMPLETE_REASON) or "incomplete"
             return f"the stream ended without a visible token ({reason})"
     if client is not None:
         who = describe_instrumentation(client)
@@ -367,5 +370,5 @@ def _ttft_reason(
             return f"the request failed at the gateway ({why}) before a first token"
         return "the gateway's response was not an OpenAI-style stream"
     if engine is not None:
-        return engine_reason or f"the engine span carries no {ENGINE_TTFT}"
+        return engine_reason or f"the engine span carries no {GEN_AI_LATENCY_TTFT}"
     return "no span of this trace measures a first token"
