@@ -25,8 +25,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from inferpath.dashboard.figures import MS_PER_NS, MS_PER_SECOND
+from inferpath.vocabulary import GEN_AI_LATENCY_TTFT, GEN_AI_TIME_TO_FIRST_CHUNK
 
-TTFT_KEYS = ("gen_ai.response.time_to_first_chunk", "gen_ai.latency.time_to_first_token")
+TTFT_KEYS = (GEN_AI_TIME_TO_FIRST_CHUNK, GEN_AI_LATENCY_TTFT)
 TOKEN_COUNT_KEYS = ("inferpath.stream.chunks", "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
 ENGINE_PHASES = (
     ("queue", "gen_ai.latency.time_in_queue", "#d62728"),

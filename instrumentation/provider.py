@@ -58,12 +58,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from inferpath.ratelimited_log import RateLimitedLog, RateLimitFilter
-from inferpath.vocabulary import ENDPOINT_CLASSES
+from inferpath.vocabulary import ENDPOINT_CLASS, ENDPOINT_CLASSES
 
 _logger = logging.getLogger(__name__)
 
 INSTRUMENTATION_NAME = "inferpath"
-ATTR_ENDPOINT_CLASS = "inferpath.endpoint_class"
 
 # Export and flush timeouts above this are almost surely milliseconds passed as seconds
 # (the OTel SDK's own parameters are in milliseconds, which makes the slip easy).
@@ -262,7 +261,7 @@ def _build(settings: _Settings) -> _State:
     # what the environment lacks are given. (Not Resource.create({}) to look: recent SDKs
     # put a process-wide service.instance.id there, which a forked child would share.)
     from_environment = OTELResourceDetector().detect().attributes
-    attributes: dict[str, Any] = {ATTR_ENDPOINT_CLASS: settings.endpoint_class}
+    attributes: dict[str, Any] = {ENDPOINT_CLASS: settings.endpoint_class}
     if SERVICE_INSTANCE_ID not in from_environment:
         attributes[SERVICE_INSTANCE_ID] = str(uuid.uuid4())
     attributes.update(settings.resource_attributes)
