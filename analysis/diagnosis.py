@@ -405,29 +405,29 @@ def cold_start_rows(
 
 
 def _held_at_opening(rows: Sequence[Mapping[str, Any]], column: str) -> list[Mapping[str, Any]]:
-    """The requests that reached a just-ready replica together as it opened and were slower
+    """The requests that reached a just-ready replica in one wall as it opened and were slower
     than its steady state (:func:`_steady_edge` of the requests after them), when
-    :data:`COLD_MIN_SLOW` or more; else none.
-    Together: their span in the engine began before the first of them had its first token
-    (the engine had done no work yet). Requests held outside while it loaded (refused
-    connections retried, a balancer's queue) arrive in one wall when it opens: seen from the
-    engine's own spans alone, they are the requests that waited for it to be ready (a real
-    vLLM took 77 within 10 ms, 1.2 s after it finished loading, and its first token came 99 ms
-    later). The engine span begins at the row's start plus the trip out of the hop into it
-    (``engine_send_ns``) where a caller's span is the row's start."""
+    :data:`COLD_MIN_SLOW` or more; else none. The wall: the requests whose span in the engine
+    began before the first of them had finished (the engine had not served one yet).
+    Requests held outside while it loaded (refused connections retried, a balancer's queue)
+    arrive together when it opens: seen from the engine's own spans alone, they are the
+    requests that waited for it to be ready. Two real vLLM starts: 77 requests within 10 ms,
+    and 72 within 0.2 s (a client retrying every 0.2 s), both before the first request's
+    last token. The engine span begins at the row's start plus the trip out of the hop into
+    it (``engine_send_ns``) where a caller's span is the row's start."""
     doors = sorted(
         (
             (unix_ns_from_datetime(r["timestamp"]) + (r.get(ENGINE_SEND_COLUMN) or 0), r)
             for r in rows
-            if r.get("ttft_ns") is not None and r.get(column) is not None
+            if r.get("e2e_ns") is not None and r.get(column) is not None
         ),
         key=lambda item: item[0],
     )
     if not doors:
         return []
     first_at, first = doors[0]
-    first_token = first_at + first["ttft_ns"] - (first.get(ENGINE_SEND_COLUMN) or 0)
-    wall = [r for at, r in doors if at <= first_token]
+    first_done = first_at + first["e2e_ns"] - (first.get(ENGINE_SEND_COLUMN) or 0)
+    wall = [r for at, r in doors if at <= first_done]
     edge = _steady_edge([float(r[column]) for _, r in doors[len(wall) :]])
     held = [r for r in wall if edge is None or r[column] > edge]
     return held if len(held) >= COLD_MIN_SLOW else []
