@@ -769,6 +769,10 @@ def _context(
     )
 
 
+_CALLER_COLUMNS = ("client_ttft_ns", "client_e2e_ns", "network_ns", "gateway_ns", ENGINE_SEND_COLUMN)
+"""Columns a row has only where a caller's or gateway's span is in it."""
+
+
 def _engine_intervals(window: RowsWindow | StoredWindow) -> dict[Any, list[tuple[int, int, int]]] | None:
     """Per replica, each request's ``(arrival, scheduled, end)`` in the engine (wall clock,
     ns), where every row with an engine queue time is the engine's own (its span is the
@@ -782,8 +786,7 @@ def _engine_intervals(window: RowsWindow | StoredWindow) -> dict[Any, list[tuple
         queue, prefill, ttft, e2e = row.get("queue_ns"), row.get("prefill_ns"), row.get("ttft_ns"), row.get("e2e_ns")
         if queue is None:
             continue
-        callers = ("client_ttft_ns", "client_e2e_ns", "network_ns", "gateway_ns", ENGINE_SEND_COLUMN)
-        if any(row.get(c) is not None for c in callers) or prefill is None or ttft is None or e2e is None:
+        if any(row.get(c) is not None for c in _CALLER_COLUMNS) or prefill is None or ttft is None or e2e is None:
             return None
         start = unix_ns_from_datetime(row["timestamp"])
         scheduled = start + ttft - prefill

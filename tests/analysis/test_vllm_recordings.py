@@ -55,16 +55,24 @@ def imported(tmp_path_factory: pytest.TempPathFactory):
         server.stop()
 
 
-def _window_alone(imported, name: str):
-    """The verdict of recording ``name``'s ground-truth window, without its baseline."""
-    server, loaded = imported
-    truth, offset = loaded[name]
-    window = truth["window"]
+def _diagnose_truth(server, truth: dict, offset: int, *, baseline: bool = True):
+    """The verdict over a recording's ground-truth window, with its baseline when it has one
+    (and ``baseline``), the recording imported ``offset`` ns later."""
+    window, base = truth["window"], truth.get("baseline") if baseline else None
     return diagnose(
         server.runtime.store,
         window_start=_at(window["start_unix_ns"], offset),
         window_end=_at(window["end_unix_ns"], offset),
+        baseline_start=_at(base["start_unix_ns"], offset) if base else None,
+        baseline_end=_at(base["end_unix_ns"], offset) if base else None,
     )
+
+
+def _window_alone(imported, name: str):
+    """The verdict of recording ``name``'s ground-truth window, without its baseline."""
+    server, loaded = imported
+    truth, offset = loaded[name]
+    return _diagnose_truth(server, truth, offset, baseline=False)
 
 
 def test_there_are_recordings_of_each_kind() -> None:
@@ -77,14 +85,7 @@ def test_the_verdict_names_the_recorded_cause(imported, name: str) -> None:
     server, loaded = imported
     truth, offset = loaded[name]
     assert truth is not None, f"{name}: the recording has no ground_truth.json"
-    window, baseline = truth["window"], truth.get("baseline")
-    verdict = diagnose(
-        server.runtime.store,
-        window_start=_at(window["start_unix_ns"], offset),
-        window_end=_at(window["end_unix_ns"], offset),
-        baseline_start=_at(baseline["start_unix_ns"], offset) if baseline else None,
-        baseline_end=_at(baseline["end_unix_ns"], offset) if baseline else None,
-    )
+    verdict = _diagnose_truth(server, truth, offset)
     expected = truth["expected_top_cause"]
     if expected == "healthy":
         assert verdict.healthy, verdict.summary
@@ -240,12 +241,7 @@ def test_a_cold_start_seen_from_vllms_spans_alone_is_named(imported, tmp_path: P
     # engine's spans all start after readiness; the wall says they waited for it.
     server, _ = imported
     truth, offset = _import_copy(imported, tmp_path, "cold_start_waiting", drop_service="load-client")
-    window = truth["window"]
-    verdict = diagnose(
-        server.runtime.store,
-        window_start=_at(window["start_unix_ns"], offset),
-        window_end=_at(window["end_unix_ns"], offset),
-    )
+    verdict = _diagnose_truth(server, truth, offset, baseline=False)
     assert any(n.startswith("the TTFT and E2E judged here are the engine's own") for n in verdict.notes)
     assert verdict.top_cause == "cold_start", (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
     assert any("slowed by its start" in e.text for e in verdict.causes[0].evidence), verdict.causes[0].evidence
@@ -257,14 +253,7 @@ def test_an_engine_at_its_running_peak_is_named_from_its_spans_without_gauges(im
     # "batching" (the median queue time rose with the tail's) before the spans were counted.
     server, _ = imported
     truth, offset = _import_copy(imported, tmp_path, "slots_starved", scrapes=False)
-    window, baseline = truth["window"], truth.get("baseline")
-    verdict = diagnose(
-        server.runtime.store,
-        window_start=_at(window["start_unix_ns"], offset),
-        window_end=_at(window["end_unix_ns"], offset),
-        baseline_start=_at(baseline["start_unix_ns"], offset) if baseline else None,
-        baseline_end=_at(baseline["end_unix_ns"], offset) if baseline else None,
-    )
+    verdict = _diagnose_truth(server, truth, offset)
     assert verdict.top_cause == "gpu_compute", (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
     assert verdict.engine is not None and verdict.engine.source == "spans" and verdict.engine.slot_limit == 4
     assert verdict.engine.slot_bound_steps * 2 > verdict.engine.waiting_steps
@@ -273,11 +262,6 @@ def test_an_engine_at_its_running_peak_is_named_from_its_spans_without_gauges(im
     # kv_starved the same way: below its running peak while requests waited, which a full KV
     # cache and a scheduler's hold both do; without KV usage the spans cannot tell which.
     truth, offset = _import_copy(imported, tmp_path / "kv", "kv_starved", scrapes=False)
-    window = truth["window"]
-    kv = diagnose(
-        server.runtime.store,
-        window_start=_at(window["start_unix_ns"], offset),
-        window_end=_at(window["end_unix_ns"], offset),
-    )
+    kv = _diagnose_truth(server, truth, offset, baseline=False)
     assert kv.engine is not None and kv.engine.source == "gauges" and not kv.engine.reported
     assert kv.top_cause != "gpu_compute", kv.summary
