@@ -22,8 +22,9 @@ The slot limit is the configured one where a source reports it, else the largest
 batch seen in the window and its baseline: an engine that queued while running stayed
 below its own earlier peak was not out of slots; in a window with preemptions the observed
 peak is what memory allowed, so waiting steps there count as memory-bound. Each aligned step (the signal grid of
-:mod:`~inferpath.analysis.signals`, one scrape interval) is one observation; the verdict
-quotes the counts, so the evidence can be checked against the raw scrapes.
+:mod:`~inferpath.analysis.signals`, one scrape interval) that carries a new reading is one
+observation (:func:`fresh_steps`: a late scrape looked up again at the next steps counts
+once); the verdict quotes the counts, so the evidence can be checked against the raw scrapes.
 
 An engine that exports no gauges but traces its requests alone (vLLM with
 ``--otlp-traces-endpoint`` and no scrape) still shows its queue and running batch in its
@@ -178,6 +179,23 @@ class EngineState:
         )
 
 
+def fresh_steps(per_engine: Mapping[object, Sequence[Step]]) -> list[int]:
+    """Indices of the aligned steps that carry a new reading: a step whose every engine reads
+    exactly what it read at the step before holds the same scrape, looked up again "as of"
+    a later time (a scrape that came late, every few seconds on a busy host), and is skipped.
+    Counted once each, a reading taken between a request's end and the next admission (a
+    batch pinned at its limit that reads one below it) weighs what any other reading does,
+    however long the next scrape took."""
+    fresh: list[int] = []
+    previous: tuple[Step | None, ...] | None = None
+    for i in range(max((len(v) for v in per_engine.values()), default=0)):
+        current = tuple(v[i] if i < len(v) else None for v in per_engine.values())
+        if current != previous:
+            fresh.append(i)
+        previous = current
+    return fresh
+
+
 def engine_state(
     window: WindowSignals, *, other: WindowSignals | None = None, configured_limit: float | None = None
 ) -> EngineState:
@@ -185,7 +203,6 @@ def engine_state(
     :attr:`~inferpath.analysis.signals.WindowSignals.engines` tells them apart. ``other``:
     the baseline's signals, whose running peak also bounds the observed slot limit;
     ``configured_limit``: one engine's configured batch limit (requests) when known."""
-    steps = [s for s in window.steps if s[0] is not None]
     per_engine: dict[object, list[Step]] = dict(window.engines) or {None: window.steps}
     other_engines: dict[object, list[Step]] = {}
     if other is not None:
@@ -199,7 +216,8 @@ def engine_state(
     large = {key: sequence_share(engine_steps) for key, engine_steps in per_engine.items()}
     counts = {"slots": 0, "memory": 0, "held": 0}
     waiting_steps = 0
-    for i in range(max((len(v) for v in per_engine.values()), default=0)):
+    fresh = fresh_steps(per_engine)
+    for i in fresh:
         queued = [(key, v[i]) for key, v in per_engine.items() if i < len(v) and (v[i][0] or 0) >= WAITING_MIN]
         if not queued:
             continue
@@ -225,6 +243,7 @@ def engine_state(
             counts["held"] += 1
     running = [s[1] for s in window.steps if s[1] is not None]
     known = [v for v in limits.values() if v is not None]
+    steps = [window.steps[i] for i in fresh if i < len(window.steps) and window.steps[i][0] is not None]
     kv_waiting = [s[2] for s in steps if s[0] >= WAITING_MIN and s[2] is not None]  # type: ignore[operator]
     kv_all = [s[2] for s in window.steps if s[2] is not None]
     return EngineState(
@@ -313,6 +332,7 @@ __all__ = [
     "EngineState",
     "engine_state",
     "engine_state_from_spans",
+    "fresh_steps",
     "kv_full_at",
     "sequence_share",
     "steps_of",

@@ -265,3 +265,20 @@ def test_an_engine_at_its_running_peak_is_named_from_its_spans_without_gauges(im
     kv = _diagnose_truth(server, truth, offset, baseline=False)
     assert kv.engine is not None and kv.engine.source == "gauges" and not kv.engine.reported
     assert kv.top_cause != "gpu_compute", kv.summary
+
+
+def test_a_late_scrape_counts_once_however_many_steps_read_it(imported) -> None:
+    # slots_starved_c (3 slots, a saturated machine): its scrapes came 1-9 s apart in the load.
+    # One taken between a request's end and the next admission (waiting 14, running 2 of 3)
+    # was the latest for five one-second steps, and the window 15 s earlier than the ground
+    # truth's read "batching" (8 held steps against 5 at the limit). Counted once per scrape:
+    # 4 at the limit, 2 held.
+    server, loaded = imported
+    truth, offset = loaded["slots_starved_c"]
+    shift = 15 * 10**9
+    window = {k: v - shift for k, v in truth["window"].items()}
+    verdict = _diagnose_truth(server, {"window": window}, offset)
+    assert verdict.top_cause == "gpu_compute", (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
+    state = verdict.engine
+    assert state is not None and state.slot_limit == 3
+    assert (state.waiting_steps, state.slot_bound_steps, state.held_steps) == (6, 4, 2), state.text()
