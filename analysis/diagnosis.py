@@ -36,7 +36,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from inferpath.analysis.breakdown import REST, measure_stages, stage_columns
 from inferpath.analysis.budget import ttft_budget
@@ -50,6 +50,7 @@ from inferpath.analysis.causes import (
     consistent_advice,
 )
 from inferpath.analysis.correlate import spearman
+from inferpath.analysis.engine_histograms import fetch_window_histograms
 from inferpath.analysis.engine_state import EngineState, engine_state, engine_state_from_spans
 from inferpath.analysis.objectives import (
     DEFAULT_OBJECTIVES,
@@ -60,6 +61,7 @@ from inferpath.analysis.objectives import (
 )
 from inferpath.analysis.request_window import (
     WINDOW_COLUMNS,
+    HistogramWindow,
     RowsWindow,
     StoredWindow,
     TailSums,
@@ -93,6 +95,7 @@ from inferpath.vocabulary import (
     QUEUE_DEPTH,
     RUNNING_REQUESTS,
     UNCLASSIFIED,
+    share_basis,
 )
 
 DEGRADED_RATIO = 1.5
@@ -168,6 +171,16 @@ ENGINE_ONLY_NOTE = (
 )
 """The note of a degraded window whose requests carry only the engine's span (vLLM's own
 tracing): its TTFT starts at the engine's arrival (vLLM's ``arrival_time``)."""
+SPAN_COVERAGE_MIN = 0.8
+"""Where the request spans hold fewer than this share of the first tokens the engine's own
+TTFT histogram counted (and :data:`~inferpath.analysis.verdict.MIN_REQUESTS` fewer at least),
+the spans miss requests: the histograms judge the window (:func:`diagnose`)."""
+COUNTED_NOTE = (
+    "judged from the engine's own latency histograms (TTFT, queue time, E2E: {counted} first tokens counted in "
+    "the window, {spans} request spans{why}): quantiles are estimated inside the histograms' buckets and causes "
+    "share the mean request's time, as the histograms hold no per-request split"
+)
+"""The note of a verdict judged from the engine's histograms (:func:`diagnose`)."""
 ENGINE_STAGES = ("queue", "prefill", "decode")
 """Stages inside the engine; their evidence says so ("engine queue p99"), beside a queue in
 front of the engine."""
@@ -557,6 +570,7 @@ def diagnose_from(
         tail=tails,
         notes=notes,
         failed=failed,
+        source="histograms" if isinstance(current, HistogramWindow) else "spans",
     )
     failed_share = failed_count / (failed_count + len(current)) if failed_count else 0.0
     verdict.failed_share = failed_share
@@ -622,16 +636,24 @@ def diagnose_from(
     context = _context(current, baseline if baseline is not None else None, signals, configured_batch_limit)
     verdict.engine = context.engine
     notes.extend(_missing_signal_notes(context, signals))
-    verdict.causes, tail_means = attribute(
-        measure,
-        current,
-        baseline if by_change else None,
-        context,
-        signals,
-        (window, verdict.baseline_window),
-        startups,
-        earlier_rows=baseline,
-    )
+    if isinstance(current, HistogramWindow):
+        counted_base = baseline if by_change and isinstance(baseline, HistogramWindow) else None
+        verdict.causes = _attribute_counted(
+            measure, current, counted_base, context, signals, (window, verdict.baseline_window)
+        )
+        tail_means = None
+        notes.append(ENGINE_ONLY_NOTE)
+    else:
+        verdict.causes, tail_means = attribute(
+            measure,
+            current,
+            baseline if by_change else None,
+            context,
+            signals,
+            (window, verdict.baseline_window),
+            startups,
+            earlier_rows=baseline,
+        )
     if tail_means is not None and tail_means[2]:
         notes.append(ENGINE_ONLY_NOTE)
     ttft_broken = [r for r in broken if r.measure == "ttft" and r.quantile == 0.99]
@@ -925,6 +947,74 @@ def attribute(
     return causes, tail_means
 
 
+def _attribute_counted(
+    measure: str,
+    current: HistogramWindow,
+    baseline: HistogramWindow | None,
+    context: Context,
+    signals: Signals,
+    windows: tuple[Window | None, Window | None],
+) -> list[Cause]:
+    """Causes of a window judged from the engine's histograms (:func:`diagnose`): the mean
+    ``measure`` (its growth over ``baseline`` when given) split into the engine's queue time,
+    the rest of its TTFT (the prompt's prefill, the wait for the step in flight) and, for E2E,
+    the decode after the first token, each stage going to the cause that claims it
+    (:func:`~inferpath.analysis.causes.cause_of`). Without a queue-time histogram the whole
+    TTFT is the rest."""
+    ttft, e2e = current.mean_ns("ttft_ns"), current.mean_ns("e2e_ns")
+
+    def parts(window: HistogramWindow | None) -> dict[str, float]:
+        if window is None:
+            return {}
+        first, waited, whole = window.mean_ns("ttft_ns"), window.mean_ns("queue_ns") or 0.0, window.mean_ns("e2e_ns")
+        split = {"queue": min(waited, first or 0.0), "prefill": max(0.0, (first or 0.0) - waited)}
+        if measure == "e2e" and whole is not None:
+            split["decode"] = max(0.0, whole - (first or 0.0))
+        return split
+
+    if (ttft if measure == "ttft" else e2e) is None:
+        return []
+    now, before = parts(current), parts(baseline)
+    total_added = sum(now.values()) - sum(before.values())
+    if total_added <= 0:
+        return []
+    context = replace(context, engine_only=True)
+    added: dict[str, float] = {}
+    stages_of: dict[str, list[str]] = {}
+    for stage, value in now.items():
+        cause = cause_of(stage, context)
+        added[cause] = added.get(cause, 0.0) + value - before.get(stage, 0.0)
+        if value > before.get(stage, 0.0):
+            stages_of.setdefault(cause, []).append(stage)
+    causes = [
+        Cause(cause=name, share=min(1.0, value / total_added), added_ns=value, stages=stages_of.get(name, []))
+        for name, value in added.items()
+        if value / total_added >= MIN_CAUSE_SHARE
+    ]
+    causes.sort(key=lambda c: -c.share)
+    mean_of = f"the mean {measure.upper()}"
+    advice = [
+        _explain(
+            item,
+            measure,
+            current,  # type: ignore[arg-type]
+            baseline,  # type: ignore[arg-type]
+            context,
+            signals,
+            windows,
+            (),
+            {},
+            band=f"{mean_of} of the requests the engine counted",
+        )
+        for item in causes
+    ]
+    fixed = consistent_advice([helps for helps, _ in advice], [not_helps for _, not_helps in advice])
+    for item, (helps, _), not_help in zip(causes, advice, fixed):
+        item.would_help = [a.text for a in helps]
+        item.would_not_help = [a.text for a in not_help]
+    return causes
+
+
 def _hop_doors(
     measure: str,
     current: RowsWindow | StoredWindow,
@@ -1152,9 +1242,12 @@ def _explain(
     windows: tuple[Window | None, Window | None],
     startups: Sequence[ReplicaStartup],
     cold_rows: Mapping[str, list[Mapping[str, Any]]],
+    *,
+    band: str | None = None,
 ) -> tuple[list[Advice], list[Advice]]:
     """Fill ``cause.evidence``; return its advice, (would help, would not help) as
-    :class:`Advice`, which the caller makes consistent across causes."""
+    :class:`Advice`, which the caller makes consistent across causes. ``band``: what the
+    cause's time is of, in words (default: the slowest 10%)."""
     current_window, baseline_window = windows
     state: EngineState = context.engine
 
@@ -1193,15 +1286,21 @@ def _explain(
             f"{name} {which} {fmt(b)} → {fmt(c)}" if baseline is not None else f"{name} {which} {fmt(c)}",
         )
 
-    basis = "of the increase" if baseline is not None else f"of the slowest {1 - TAIL_QUANTILE:.0%}'s {measure.upper()}"
+    if band is None:
+        band = f"the slowest {1 - TAIL_QUANTILE:.0%}"
+        basis = (
+            "of the increase" if baseline is not None else f"of the slowest {1 - TAIL_QUANTILE:.0%}'s {measure.upper()}"
+        )
+        text = f"per request in {band} ({cause.share:.0%} {basis})"
+    else:
+        text = f"of {band} ({cause.share:.0%} of {'its increase' if baseline is not None else 'it'})"
     evidence(
         f"{measure}_ns",
-        "mean of tail band",
+        "mean of tail band" if band.startswith("the slowest") else "mean",
         "ns",
         None,
         cause.added_ns,
-        f"{cause.cause} {'added' if baseline is not None else 'takes'} {_ms(cause.added_ns)} per request in "
-        f"the slowest {1 - TAIL_QUANTILE:.0%} ({cause.share:.0%} {basis})",
+        f"{cause.cause} {'added' if baseline is not None else 'takes'} {_ms(cause.added_ns)} {text}",
     )
     rule = BY_NAME.get(cause.cause)
     helps: list[Advice] = list(rule.would_help(context)) if rule else []
@@ -1366,7 +1465,7 @@ def _degraded_summary(
     parts += [f"{t.measure.upper()} p99 {t.ratio:.1f}× the mean ({t.endpoint_class or UNCLASSIFIED})" for t in diverged]
     parts += [_degradation_text(d) for d in regressed]
     top = verdict.causes[0] if verdict.causes else None
-    basis = "of the increase" if verdict.basis == "baseline" else "of the slow requests' time"
+    basis = f"of the {share_basis(verdict.basis, verdict.source)}"
     if failed:
         basis = "of the failed requests"
     return (
@@ -1438,17 +1537,78 @@ def diagnose(
         ready_before=window_end,
         warm_at=window_start,
     )
-    return diagnose_from(
-        current_rows,
-        baseline_rows,
+    short: InsufficientDataError | None = None
+    verdict: Verdict | None = None
+    try:
+        verdict = diagnose_from(
+            current_rows,
+            baseline_rows,
+            signals,
+            objectives=objectives,
+            current_window=(window_start, window_end),
+            baseline_window=baseline_window,
+            startups=startups,
+            failed=failed,
+            failed_times=failed_times,
+        )
+    except InsufficientDataError as exc:
+        if exc.window != "current":
+            raise
+        short = exc
+    if (verdict is not None and not verdict.healthy) or endpoint or endpoint_class or columns:
+        if verdict is None:
+            raise short  # type: ignore[misc]
+        return verdict
+    counted = _counted_verdict(
+        store,
+        (window_start, window_end),
+        baseline_window,
+        current_rows.measured("ttft_ns"),
+        signals,
+        objectives,
+        short,
+    )
+    if counted is None or (verdict is not None and counted.healthy):
+        if verdict is None:
+            raise short  # type: ignore[misc]
+        return verdict
+    return counted
+
+
+def _counted_verdict(
+    store: Any,
+    window: Window,
+    baseline_window: Window | None,
+    spans: int,
+    signals: Signals,
+    objectives: Objectives,
+    short: InsufficientDataError | None,
+) -> Verdict | None:
+    """The verdict of ``window`` judged from the engine's own histograms
+    (:class:`~inferpath.analysis.request_window.HistogramWindow`), where its request spans
+    miss requests the engine counted: fewer than :data:`SPAN_COVERAGE_MIN` of its first tokens
+    have a span (``spans``: request rows with a TTFT), and :data:`MIN_REQUESTS` at least. An
+    engine scraped but not traced, and spans that lag an incident (vLLM exports a span when its
+    request ends; the ones still in the engine at the end of a window are in its histograms
+    already). ``None`` where the spans hold the requests or the histograms count too few."""
+    current = HistogramWindow(fetch_window_histograms(store, *window))
+    counted = current.measured("ttft_ns")
+    if counted < MIN_REQUESTS or counted - spans < MIN_REQUESTS or spans >= SPAN_COVERAGE_MIN * counted:
+        return None
+    baseline = HistogramWindow(fetch_window_histograms(store, *baseline_window)) if baseline_window else None
+    why = "" if spans else ": the engine is not traced, or its spans did not reach the store"
+    if spans and short is None:
+        why = ": the others had not ended, or their spans not arrived, when the window closed"
+    verdict = diagnose_from(
+        cast(Any, current),  # a window's judgement reads what the histograms answer (HistogramWindow)
+        cast(Any, baseline if baseline is not None and baseline.measured("ttft_ns") >= MIN_REQUESTS else None),
         signals,
         objectives=objectives,
-        current_window=(window_start, window_end),
+        current_window=window,
         baseline_window=baseline_window,
-        startups=startups,
-        failed=failed,
-        failed_times=failed_times,
     )
+    verdict.notes.insert(0, COUNTED_NOTE.format(counted=counted, spans=spans, why=why))
+    return verdict
 
 
 __all__ = [

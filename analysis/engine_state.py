@@ -180,17 +180,19 @@ class EngineState:
 
 
 def fresh_steps(per_engine: Mapping[object, Sequence[Step]]) -> list[int]:
-    """Indices of the aligned steps that carry a new reading: a step whose every engine reads
-    exactly what it read at the step before holds the same scrape, looked up again "as of"
-    a later time (a scrape that came late, every few seconds on a busy host), and is skipped.
-    Counted once each, a reading taken between a request's end and the next admission (a
-    batch pinned at its limit that reads one below it) weighs what any other reading does,
-    however long the next scrape took."""
+    """Indices of the aligned steps to count: every step but a waiting one whose every engine
+    reads exactly what it read at the step before. That one holds the same scrape, looked up
+    again "as of" a later time (a scrape that came late, every few seconds on a busy host):
+    counted once, a reading taken between a request's end and the next admission (a batch
+    pinned at its limit that reads one below it) weighs what any other reading does, however
+    long the next scrape took. (An idle engine reads the same in every scrape: idle steps
+    all count, as the steps carry no scrape time to tell a repeat.)"""
     fresh: list[int] = []
     previous: tuple[Step | None, ...] | None = None
     for i in range(max((len(v) for v in per_engine.values()), default=0)):
         current = tuple(v[i] if i < len(v) else None for v in per_engine.values())
-        if current != previous:
+        waiting = any(step is not None and (step[0] or 0) >= WAITING_MIN for step in current)
+        if current != previous or not waiting:
             fresh.append(i)
         previous = current
     return fresh

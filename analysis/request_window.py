@@ -38,6 +38,7 @@ from inferpath.analysis.breakdown import (
     stage_columns,
     stage_sql,
 )
+from inferpath.analysis.engine_histograms import LatencyHistogram
 from inferpath.analysis.percentiles import sorted_quantile
 from inferpath.vocabulary import (
     BREAKDOWN_STAGES,
@@ -632,6 +633,60 @@ def prefetch_quantiles(current: RequestWindow, baseline: RequestWindow, columns:
         current._aggregates.load_rest(wanted)
 
 
+class HistogramWindow:
+    """A window's requests as the engine's own latency histograms count them
+    (:mod:`~inferpath.analysis.engine_histograms`): the same questions for the columns they
+    measure (``ttft_ns``, ``e2e_ns``, ``queue_ns``; none for the others), quantiles estimated
+    from the buckets, no endpoint class (``""``), no rows. ``histograms``: request column →
+    :class:`~inferpath.analysis.engine_histograms.LatencyHistogram`."""
+
+    def __init__(self, histograms: Mapping[str, LatencyHistogram]) -> None:
+        self.histograms = dict(histograms)
+
+    def __len__(self) -> int:
+        return max(self.measured("ttft_ns"), self.measured("e2e_ns"))
+
+    def measured(self, column: str) -> int:
+        """Requests the engine counted in ``column``'s histogram (0 without one)."""
+        histogram = self.histograms.get(column)
+        return round(histogram.count) if histogram is not None else 0
+
+    def quantile(self, column: str, q: float) -> float | None:
+        """``column``'s estimated ``q``-quantile (ns); ``None`` without observations."""
+        histogram = self.histograms.get(column)
+        value = histogram.quantile_seconds(q) if histogram is not None else None
+        return None if value is None else value * 1e9
+
+    def mean_ns(self, column: str) -> float | None:
+        """``column``'s mean (ns); ``None`` without observations."""
+        histogram = self.histograms.get(column)
+        value = histogram.mean_seconds() if histogram is not None else None
+        return None if value is None else value * 1e9
+
+    def class_stats(self, measures: Sequence[str], quantiles: Sequence[float]) -> dict[str, dict[str, ClassStats]]:
+        """Measure → ``{"": ClassStats}`` for each measure with a histogram."""
+        out: dict[str, dict[str, ClassStats]] = {measure: {} for measure in measures}
+        for measure in measures:
+            column, mean = f"{measure}_ns", self.mean_ns(f"{measure}_ns")
+            if mean is not None:
+                levels = {q: self.quantile(column, q) or 0.0 for q in quantiles}
+                out[measure][""] = ClassStats(self.measured(column), mean, levels)
+        return out
+
+    def replicas(self) -> set[Any]:
+        """None told apart: the histograms are summed over the engines."""
+        return set()
+
+    def replica_spans(self) -> dict[Any, tuple[datetime, datetime] | None]:
+        return {}
+
+    def rows_of(self, replicas: Iterable[Any]) -> list[Mapping[str, Any]]:
+        return []
+
+    def missing_reasons(self, limit: int = 3) -> list[tuple[str, int]]:
+        return []
+
+
 RequestWindow = RowsWindow | StoredWindow
 
 
@@ -640,6 +695,8 @@ def as_window(rows: RequestWindow | Sequence[Mapping[str, Any]]) -> RequestWindo
     of request-row dicts wrapped in a :class:`RowsWindow`."""
     if isinstance(rows, (RowsWindow, StoredWindow)):
         return rows
+    if isinstance(rows, HistogramWindow):  # answers what judging a window asks, not the tail's rows
+        return rows  # type: ignore[return-value]
     return RowsWindow(rows)
 
 
@@ -691,6 +748,7 @@ __all__ = [
     "column_sql",
     "with_client_measures",
     "FIRST_COLUMNS",
+    "HistogramWindow",
     "MEASURED_COLUMNS",
     "QUANTILE_LEVELS",
     "RequestWindow",

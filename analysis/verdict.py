@@ -128,7 +128,9 @@ class Verdict:
     why (missing signals or measures); ``basis``: ``"objectives"`` (causes share the tail's
     time) or ``"baseline"`` (causes share its growth over the baseline); ``failed``: the
     window's requests that did not end ``ok``, by what they ended with (``{}`` when none);
-    ``failed_share``: their share (ratio) of all the window's requests.
+    ``failed_share``: their share (ratio) of all the window's requests; ``source``:
+    ``"spans"`` (the request rows) or ``"histograms"`` (the engine's own latency histograms,
+    where the spans miss the requests; causes then share the mean request's time).
     """
 
     healthy: bool
@@ -149,6 +151,7 @@ class Verdict:
     basis: str = "objectives"
     failed: dict[str, int] = field(default_factory=dict)
     failed_share: float = 0.0
+    source: str = "spans"
 
     @property
     def top_cause(self) -> str | None:

@@ -35,7 +35,7 @@ from inferpath.dashboard.queries import (
     load_view,
 )
 from inferpath.dashboard.timerange import TimeWindow
-from inferpath.vocabulary import ENDPOINT_CLASSES, UNCLASSIFIED
+from inferpath.vocabulary import ENDPOINT_CLASSES, UNCLASSIFIED, share_basis
 
 ENGINE_GAUGES = [
     # metric, title, axis label, display scale
@@ -640,11 +640,12 @@ def diagnosis_panels(ctx: Context) -> None:
     budget = verdict.get("budget")
     if budget:
         st.markdown(f"**Budget:** {budget.get('text', '')}")
-    basis = "of the increase" if verdict.get("basis") == "baseline" else "of the slow requests' time"
+    basis = share_basis(verdict.get("basis"), verdict.get("source"))
+    per = "request" if verdict.get("source") == "histograms" else "tail request"
     for cause in verdict.get("causes", []):
         st.subheader(
-            f"{cause['cause']}: {min(1.0, cause['share']) * 100:.0f}% {basis} "
-            f"({cause['added_ns'] * figures.MS_PER_NS:.0f} ms per tail request)"
+            f"{cause['cause']}: {min(1.0, cause['share']) * 100:.0f}% of the {basis} "
+            f"({cause['added_ns'] * figures.MS_PER_NS:.0f} ms per {per})"
         )
         for line in cause.get("evidence", []):
             st.markdown(f"- {line['text']}")

@@ -20,7 +20,7 @@ import typer
 
 from inferpath.cli_app import command_settings
 from inferpath.server_access import ask, console, fail, refusal_text, server_for, shown_store_url
-from inferpath.vocabulary import SOURCES
+from inferpath.vocabulary import SOURCES, share_basis
 
 
 def diagnose(
@@ -139,7 +139,7 @@ def print_verdict(verdict: dict[str, Any]) -> None:
     style = "green" if verdict.get("healthy") else "red"
     console.print(f"[bold {style}]{verdict.get('summary', '')}[/]", soft_wrap=True, highlight=False)
     if verdict.get("causes"):
-        basis = "increase" if verdict.get("basis") == "baseline" else "slow requests' time"
+        basis = share_basis(verdict.get("basis"), verdict.get("source"))
         table = Table(title=f"causes, by share of the {basis}")
         for column in ("cause", "share", "evidence", "would help", "would not help"):
             table.add_column(column, overflow="fold")  # a narrow terminal folds a cause's name, never cuts it

@@ -497,6 +497,15 @@ SOURCES: tuple[str, ...] = ("vllm", "sglang", "tgi", "triton", "trtllm", "dcgm")
 DEFAULT_SCRAPE_SOURCE = "vllm"
 """The source of a scrape target given as a bare URL."""
 
+
+def share_basis(basis: str | None, source: str | None = "spans") -> str:
+    """What a cause's share is of, in words, for a verdict's ``basis`` and ``source``:
+    ``"increase"``, ``"slow requests' time"`` or ``"mean request's time"``."""
+    if basis == "baseline":
+        return "increase"
+    return "mean request's time" if source == "histograms" else "slow requests' time"
+
+
 __all__ = [
     "STAGE",
     "ENDPOINT",
@@ -572,4 +581,5 @@ __all__ = [
     "UNIT_TOKENS",
     "UNIT_WATTS",
     "measure_column",
+    "share_basis",
 ]

@@ -86,6 +86,7 @@ def test_the_verdict_names_the_recorded_cause(imported, name: str) -> None:
     truth, offset = loaded[name]
     assert truth is not None, f"{name}: the recording has no ground_truth.json"
     verdict = _diagnose_truth(server, truth, offset)
+    assert verdict.source == "spans"  # the spans hold the requests the engine counted
     expected = truth["expected_top_cause"]
     if expected == "healthy":
         assert verdict.healthy, verdict.summary
@@ -205,14 +206,20 @@ def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(im
     )
 
 
-def _import_copy(imported, tmp_path: Path, name: str, *, drop_service: str | None = None, scrapes: bool = True):
+def _import_copy(
+    imported, tmp_path: Path, name: str, *, drop_service: str | None = None, scrapes: bool = True, spans: bool = True
+):
     """Import recording ``name`` again, a day before its first copy, as another capture would
-    have recorded it: without ``drop_service``'s spans, or without its scrapes. The copy's
+    have recorded it: without ``drop_service``'s spans, without its scrapes, or without any
+    span (``spans=False``: vLLM scraped and not traced). The copy's
     spans get new trace ids (each byte inverted), so that it is a trace of its own beside the
     first copy. Returns its ground truth and offset."""
     server, loaded = imported
     recording = open_recording(DATA / "vllm_recordings" / f"{name}.tar.gz", workdir=tmp_path)
     for body in recording.root.rglob("*.pb"):
+        if not spans:
+            body.unlink()
+            continue
         request = ExportTraceServiceRequest.FromString(body.read_bytes())
         kept = [
             rs
@@ -282,3 +289,18 @@ def test_a_late_scrape_counts_once_however_many_steps_read_it(imported) -> None:
     state = verdict.engine
     assert state is not None and state.slot_limit == 3
     assert (state.waiting_steps, state.slot_bound_steps, state.held_steps) == (6, 4, 2), state.text()
+
+
+@pytest.mark.parametrize("name", ["kv_long_e", "slots2_e_2", "budget_e", "healthy_e"])
+def test_an_engine_scraped_and_not_traced_is_named_from_its_histograms(imported, tmp_path: Path, name: str) -> None:
+    # The recording's scrapes alone (vLLM's /metrics, tracing off): its TTFT, queue-time and
+    # E2E histograms count the requests, its gauges say what held them. Before, "no verdict".
+    server, _ = imported
+    truth, offset = _import_copy(imported, tmp_path, name, spans=False)
+    verdict = _diagnose_truth(server, truth, offset)
+    assert verdict.source == "histograms", verdict.summary
+    expected = truth["expected_top_cause"]
+    if expected == "healthy":
+        assert verdict.healthy, verdict.summary
+    else:
+        assert verdict.top_cause == expected, (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
