@@ -70,7 +70,7 @@ from inferpath.analysis.request_window import (
     prefetch_quantiles,
     prepare_attribution,
 )
-from inferpath.analysis.signals import SignalWindows, WindowSignals
+from inferpath.analysis.signals import SignalWindows, WindowSignals, alignment_grid, window_step_seconds
 from inferpath.analysis.startup import ReplicaStartup, StoredStartups
 from inferpath.analysis.timeline_query import StoredSignalWindows
 from inferpath.analysis.verdict import (
@@ -171,6 +171,11 @@ ENGINE_ONLY_NOTE = (
 )
 """The note of a degraded window whose requests carry only the engine's span (vLLM's own
 tracing): its TTFT starts at the engine's arrival (vLLM's ``arrival_time``)."""
+OPENING_STEPS = 3
+"""A backlog held while an engine started reaches it as it opens: within its first two
+readings (the scrape that found it ready and the next; retrying clients and a balancer's
+queue send at once), which lie in the first three steps of the signal grid whatever its
+phase against the scrapes."""
 SPAN_COVERAGE_MIN = 0.8
 """Where the request spans hold fewer than this share of the first tokens the engine's own
 TTFT histogram counted (and :data:`~inferpath.analysis.verdict.MIN_REQUESTS` fewer at least),
@@ -978,6 +983,36 @@ def _attribute_counted(
     total_added = sum(now.values()) - sum(before.values())
     if total_added <= 0:
         return []
+    first = current.histograms.get("ttft_ns")
+    opening = None
+    if first is not None and first.began_ns is not None and windows[0] is not None:
+        # The steps from the one holding the new counters' first scrape: an engine restarted
+        # under the same name reads its old process's last gauges before it (as of).
+        origin, step_ns, _ = alignment_grid(*windows[0], window_step_seconds(*windows[0]))
+        opened = max(0, -(-(first.began_ns - origin + 1) // step_ns) - 1)
+        opening = _opened_to_backlog(signals.current.steps[opened:])
+    if opening is not None:
+        # Every request that waited in the window waited in the wall it opened to: the
+        # start's, whole, as the spans' rule charges the requests held at an opening.
+        queue_max, drained, kept_up = opening
+        started = Cause("cold_start", share=1.0, added_ns=total_added, stages=[s for s, v in now.items() if v > 0])
+        started.evidence.append(
+            Evidence(
+                QUEUE_DEPTH,
+                "max",
+                "requests",
+                None,
+                queue_max,
+                windows[1],
+                windows[0],
+                f"the engine's counters began in the window and its first readings found {queue_max:.0f} requests "
+                f"waiting: a backlog held while it started reached it as it opened; its queue drained in {drained} "
+                f"steps and stayed empty for the {kept_up} after (no span of a start-up: the engine is not traced)",
+            )
+        )
+        started.would_help = [a.text for a in COLD_START_HELP]
+        started.would_not_help = [a.text for a in COLD_START_NOT_HELP]
+        return [started]
     context = replace(context, engine_only=True)
     added: dict[str, float] = {}
     stages_of: dict[str, list[str]] = {}
@@ -1013,6 +1048,25 @@ def _attribute_counted(
         item.would_help = [a.text for a in helps]
         item.would_not_help = [a.text for a in not_help]
     return causes
+
+
+def _opened_to_backlog(steps: Sequence[tuple[float | None, ...]]) -> tuple[float, int, int] | None:
+    """The engine met a backlog as it opened (engine steps of a window in which its counters
+    began): requests waited in its first :data:`OPENING_STEPS` steps, its queue
+    then drained and stayed empty at least as long as the backlog took to drain (it kept up
+    once it had cleared what waited for it) and to the window's end. Returns the queue's
+    largest depth in that wall, the steps it took to drain and the steps it stayed empty;
+    ``None`` otherwise. A queue that builds later, or stays, is the engine's own capacity."""
+    queue = [s[0] for s in steps if s[0] is not None]
+    if not any(q >= 1 for q in queue[:OPENING_STEPS]):
+        return None
+    drained = next((i for i, q in enumerate(queue) if i >= 1 and q < 1 and queue[i - 1] >= 1), None)
+    if drained is None:
+        return None
+    after = queue[drained:]
+    if any(q >= 1 for q in after) or len(after) < drained:
+        return None
+    return max(queue[:drained]), drained, len(after)
 
 
 def _hop_doors(

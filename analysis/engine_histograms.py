@@ -49,6 +49,11 @@ class LatencyHistogram:
     bounds: tuple[float, ...]
     counts: tuple[float, ...]
     total_seconds: float
+    began_ns: int | None = None
+    """When its counters began in the window (Unix ns), where every series of it did: not
+    scraped at or before the window's start (within the lookback), or counting less at its
+    first scrape in the window than before it (a restarted engine); the latest of them.
+    ``None`` where a series ran on from before the window."""
 
     @property
     def count(self) -> float:
@@ -92,7 +97,8 @@ def _increase(points: list[_Point], start_ns: int) -> tuple[tuple[float, ...], l
     """One series' increase after ``start_ns`` (points sorted by time): its bounds, counts per
     bucket and sum; ``None`` when it has no point after ``start_ns``. The base is the latest
     point at or before ``start_ns``, else the series' first point (what came before it was
-    not observed); a point with a lower count than the one before, or other bounds, restarts."""
+    not observed); a point with a lower count than the one before, or other bounds, restarts.
+    ``began`` of :class:`LatencyHistogram` tells the second case."""
     before = [p for p in points if p.time_ns <= start_ns]
     inside = [p for p in points if p.time_ns > start_ns]
     if not inside:
@@ -113,6 +119,18 @@ def _increase(points: list[_Point], start_ns: int) -> tuple[tuple[float, ...], l
             total += point.total - (0.0 if restarted else previous.total)
         previous = point
     return bounds, counts, total
+
+
+def _began(points: list[_Point], start_ns: int) -> int | None:
+    """When the series' counters began at or after ``start_ns``: its first point there, where
+    none came before or it counted less than the one before (the engine restarted). A window
+    that starts at an engine's first scrape (the range ``inferpath import`` suggests) holds
+    its beginning."""
+    before = [p for p in points if p.time_ns < start_ns]
+    inside = [p for p in points if p.time_ns >= start_ns]
+    if inside and (not before or sum(inside[0].counts) < sum(before[-1].counts)):
+        return inside[0].time_ns
+    return None
 
 
 def fetch_window_histograms(
@@ -139,20 +157,22 @@ def fetch_window_histograms(
         point = _Point(int(time_ns), tuple(float(b) for b in bounds), tuple(float(c) for c in counts), float(total))
         if len(point.counts) == len(point.bounds) + 1:
             series.setdefault(key, []).append(point)
-    grouped: dict[str, dict[tuple[float, ...], tuple[list[float], float]]] = {}
+    grouped: dict[str, dict[tuple[float, ...], tuple[list[float], float, int | None]]] = {}
     for key, points in series.items():
         got = _increase(points, start_ns)
         if got is None:
             continue
         bounds, counts, total = got
         same = grouped.setdefault(key[0], {})
-        summed, summed_total = same.get(bounds, ([0.0] * len(counts), 0.0))
-        same[bounds] = ([a + b for a, b in zip(summed, counts)], summed_total + total)
+        summed, summed_total, began = same.get(bounds, ([0.0] * len(counts), 0.0, 0))
+        this = _began(points, start_ns)
+        began = None if began is None or this is None else max(began, this)
+        same[bounds] = ([a + b for a, b in zip(summed, counts)], summed_total + total, began)
     out: dict[str, LatencyHistogram] = {}
     column_of = {name: column for column, name in HISTOGRAM_COLUMNS.items()}
     for name, by_bounds in grouped.items():
-        bounds, (counts, total) = max(by_bounds.items(), key=lambda item: math.fsum(item[1][0]))
-        out[column_of[name]] = LatencyHistogram(bounds, tuple(counts), total)
+        bounds, (counts, total, began) = max(by_bounds.items(), key=lambda item: math.fsum(item[1][0]))
+        out[column_of[name]] = LatencyHistogram(bounds, tuple(counts), total, began)
     return out
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from inferpath.analysis import diagnose
-from inferpath.analysis.engine_histograms import LatencyHistogram, _increase, _Point, fetch_window_histograms
+from inferpath.analysis.engine_histograms import LatencyHistogram, _began, _increase, _Point, fetch_window_histograms
 from inferpath.collectors.recording import choose_offset_ns, import_recording, open_recording
 from inferpath.config import Settings
 from inferpath.server.runtime import serve_in_thread
@@ -54,6 +54,15 @@ def test_a_windows_increase_starts_at_the_scrape_before_it_and_survives_a_restar
     # Without a scrape before the window, what its first scrape holds came before it.
     later = _Point(40, bounds, (8, 2, 1), 3.5)
     assert _increase([points[1], later], start_ns=0) == (bounds, [1.0, 1.0, 1.0], pytest.approx(2.6))
+
+
+def test_counters_that_begin_in_the_window_are_told_from_counters_that_ran_on() -> None:
+    bounds = (0.1, 1.0)
+    first, second = _Point(20, bounds, (0, 0, 0), 0.0), _Point(30, bounds, (4, 1, 0), 0.6)
+    assert _began([first, second], start_ns=20) == 20  # its first scrape opens the window
+    assert _began([first, second], start_ns=25) is None  # it ran on from before
+    restarted = [_Point(10, bounds, (90, 9, 1), 30.0), first, second]
+    assert _began(restarted, start_ns=15) == 20  # counting less than before: a new process
 
 
 def _import(folder: Path, server) -> tuple[object, int]:

@@ -291,10 +291,12 @@ def test_a_late_scrape_counts_once_however_many_steps_read_it(imported) -> None:
     assert (state.waiting_steps, state.slot_bound_steps, state.held_steps) == (6, 4, 2), state.text()
 
 
-@pytest.mark.parametrize("name", ["kv_long_e", "slots2_e_2", "budget_e", "healthy_e"])
+@pytest.mark.parametrize("name", ["kv_long_e", "slots2_e_2", "budget_e", "healthy_e", "cold_e"])
 def test_an_engine_scraped_and_not_traced_is_named_from_its_histograms(imported, tmp_path: Path, name: str) -> None:
     # The recording's scrapes alone (vLLM's /metrics, tracing off): its TTFT, queue-time and
     # E2E histograms count the requests, its gauges say what held them. Before, "no verdict".
+    # cold_e's engine opened to the 85 requests held while it loaded (waiting 48 at its second
+    # scrape, drained in 9 s, empty after): its counters began in the window, a start.
     server, _ = imported
     truth, offset = _import_copy(imported, tmp_path, name, spans=False)
     verdict = _diagnose_truth(server, truth, offset)
