@@ -1620,7 +1620,6 @@ def diagnose(
         current_rows.measured("ttft_ns"),
         signals,
         objectives,
-        short,
     )
     if counted is None or (verdict is not None and counted.healthy):
         if verdict is None:
@@ -1636,7 +1635,6 @@ def _counted_verdict(
     spans: int,
     signals: Signals,
     objectives: Objectives,
-    short: InsufficientDataError | None,
 ) -> Verdict | None:
     """The verdict of ``window`` judged from the engine's own histograms
     (:class:`~inferpath.analysis.request_window.HistogramWindow`), where its request spans
@@ -1650,9 +1648,11 @@ def _counted_verdict(
     if counted < MIN_REQUESTS or counted - spans < MIN_REQUESTS or spans >= SPAN_COVERAGE_MIN * counted:
         return None
     baseline = HistogramWindow(fetch_window_histograms(store, *baseline_window)) if baseline_window else None
-    why = "" if spans else ": the engine is not traced, or its spans did not reach the store"
-    if spans and short is None:
-        why = ": the others had not ended, or their spans not arrived, when the window closed"
+    why = (
+        ": the others had not ended when the window closed, were not sampled, or their spans did not arrive"
+        if spans
+        else ": the engine is not traced, or its spans did not reach the store"
+    )
     verdict = diagnose_from(
         cast(Any, current),  # a window's judgement reads what the histograms answer (HistogramWindow)
         cast(Any, baseline if baseline is not None and baseline.measured("ttft_ns") >= MIN_REQUESTS else None),

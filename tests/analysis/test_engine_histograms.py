@@ -121,7 +121,7 @@ def test_spans_that_lag_the_incident_leave_the_verdict_to_the_histograms(capture
     result, offset = _import(folder, server)
     verdict = diagnose(server.runtime.store, window_start=result.start, window_end=result.end)
     assert verdict.source == "histograms" and verdict.top_cause == "gpu_memory", verdict.summary
-    assert "had not ended, or their spans not arrived" in verdict.notes[0]
+    assert "had not ended when the window closed, were not sampled" in verdict.notes[0]
     # Where the spans hold the requests (the first 40 s of load), the spans judge.
     first = datetime_from_unix_ns(1796037438338696590 + offset)
     early = diagnose(server.runtime.store, window_start=first, window_end=first + timedelta(seconds=55))
