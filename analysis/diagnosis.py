@@ -183,7 +183,7 @@ the spans miss requests: the histograms judge the window (:func:`diagnose`)."""
 COUNTED_NOTE = (
     "judged from the engine's own latency histograms (TTFT, queue time, E2E: {counted} first tokens counted in "
     "the window, {spans} request spans{why}): quantiles are estimated inside the histograms' buckets and causes "
-    "share the mean request's time, as the histograms hold no per-request split"
+    "share the mean request's time (its growth, against a baseline), as the histograms hold no per-request split"
 )
 """The note of a verdict judged from the engine's histograms (:func:`diagnose`)."""
 ENGINE_STAGES = ("queue", "prefill", "decode")
@@ -556,7 +556,11 @@ def diagnose_from(
         baseline, baseline_window = None, None
     window = current_window or _window_of(current)
     results, tails = judge_objectives(current, objectives)
-    if any(not r.endpoint_class for r in results):
+    if isinstance(current, HistogramWindow):
+        notes.append(
+            f"the engine's histograms carry no endpoint class: judged against the {DEFAULT_ENDPOINT_CLASS} objectives"
+        )
+    elif any(not r.endpoint_class for r in results):
         notes.append(
             f"'{UNCLASSIFIED}': requests whose spans name no endpoint class (inferpath.endpoint_class; an "
             f"engine's own spans carry none), judged against the {DEFAULT_ENDPOINT_CLASS} objectives"
@@ -1617,7 +1621,7 @@ def diagnose(
         store,
         (window_start, window_end),
         baseline_window,
-        current_rows.measured("ttft_ns"),
+        current_rows.measured("e2e_ns"),
         signals,
         objectives,
     )
@@ -1639,7 +1643,7 @@ def _counted_verdict(
     """The verdict of ``window`` judged from the engine's own histograms
     (:class:`~inferpath.analysis.request_window.HistogramWindow`), where its request spans
     miss requests the engine counted: fewer than :data:`SPAN_COVERAGE_MIN` of its first tokens
-    have a span (``spans``: request rows with a TTFT), and :data:`MIN_REQUESTS` at least. An
+    have a span (``spans``: the window's request rows), and :data:`MIN_REQUESTS` at least. An
     engine scraped but not traced, and spans that lag an incident (vLLM exports a span when its
     request ends; the ones still in the engine at the end of a window are in its histograms
     already). ``None`` where the spans hold the requests or the histograms count too few."""
@@ -1647,11 +1651,13 @@ def _counted_verdict(
     counted = current.measured("ttft_ns")
     if counted < MIN_REQUESTS or counted - spans < MIN_REQUESTS or spans >= SPAN_COVERAGE_MIN * counted:
         return None
+    if current.measured("e2e_ns") < MIN_REQUESTS:  # an engine that exports no E2E histogram
+        return None
     baseline = HistogramWindow(fetch_window_histograms(store, *baseline_window)) if baseline_window else None
     why = (
         ": the others had not ended when the window closed, were not sampled, or their spans did not arrive"
         if spans
-        else ": the engine is not traced, or its spans did not reach the store"
+        else ": none began in the window; the engine is not traced, or its spans did not reach the store"
     )
     verdict = diagnose_from(
         cast(Any, current),  # a window's judgement reads what the histograms answer (HistogramWindow)

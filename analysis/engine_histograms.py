@@ -153,10 +153,15 @@ def fetch_window_histograms(
     parameters.update(from_ns=start_ns - int(lookback_seconds * 1e9), to_ns=end_ns)
     series: dict[tuple, list[_Point]] = {}
     for name, service, resource, attributes, time_ns, bounds, counts, total in store.query(sql, parameters):
-        key = (name, service, tuple(sorted((resource or {}).items())), tuple(sorted((attributes or {}).items())))
         point = _Point(int(time_ns), tuple(float(b) for b in bounds), tuple(float(c) for c in counts), float(total))
+        # The bounds are part of a series' identity: two engines whose labels the collector
+        # merged, with other buckets, stay two series (a change of bounds is not a restart).
+        resource_key, attributes_key = (
+            tuple(sorted((resource or {}).items())),
+            tuple(sorted((attributes or {}).items())),
+        )
         if len(point.counts) == len(point.bounds) + 1:
-            series.setdefault(key, []).append(point)
+            series.setdefault((name, service, resource_key, attributes_key, point.bounds), []).append(point)
     grouped: dict[str, dict[tuple[float, ...], tuple[list[float], float, int | None]]] = {}
     for key, points in series.items():
         got = _increase(points, start_ns)

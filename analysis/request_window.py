@@ -644,7 +644,9 @@ class HistogramWindow:
         self.histograms = dict(histograms)
 
     def __len__(self) -> int:
-        return max(self.measured("ttft_ns"), self.measured("e2e_ns"))
+        """The first tokens counted (the requests that reached one in the window); the E2E
+        count where no TTFT histogram is exported."""
+        return self.measured("ttft_ns") or self.measured("e2e_ns")
 
     def measured(self, column: str) -> int:
         """Requests the engine counted in ``column``'s histogram (0 without one)."""
@@ -652,10 +654,16 @@ class HistogramWindow:
         return round(histogram.count) if histogram is not None else 0
 
     def quantile(self, column: str, q: float) -> float | None:
-        """``column``'s estimated ``q``-quantile (ns); ``None`` without observations."""
+        """``column``'s estimated ``q``-quantile (ns); ``None`` without observations. A
+        request's queue time is part of its TTFT, so the queue's quantile is at most the
+        TTFT's (coarser queue buckets would otherwise interpolate past it)."""
         histogram = self.histograms.get(column)
         value = histogram.quantile_seconds(q) if histogram is not None else None
-        return None if value is None else value * 1e9
+        if value is None:
+            return None
+        first = self.histograms.get("ttft_ns")
+        bound = first.quantile_seconds(q) if column == "queue_ns" and first is not None else None
+        return (value if bound is None else min(value, bound)) * 1e9
 
     def mean_ns(self, column: str) -> float | None:
         """``column``'s mean (ns); ``None`` without observations."""

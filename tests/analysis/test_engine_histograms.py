@@ -13,6 +13,7 @@ import pytest
 
 from inferpath.analysis import diagnose
 from inferpath.analysis.engine_histograms import LatencyHistogram, _began, _increase, _Point, fetch_window_histograms
+from inferpath.analysis.request_window import HistogramWindow
 from inferpath.collectors.recording import choose_offset_ns, import_recording, open_recording
 from inferpath.config import Settings
 from inferpath.server.runtime import serve_in_thread
@@ -126,3 +127,29 @@ def test_spans_that_lag_the_incident_leave_the_verdict_to_the_histograms(capture
     first = datetime_from_unix_ns(1796037438338696590 + offset)
     early = diagnose(server.runtime.store, window_start=first, window_end=first + timedelta(seconds=55))
     assert early.source == "spans" and early.healthy, early.summary
+
+
+def test_a_queue_quantile_never_passes_the_ttft_quantile_it_is_part_of() -> None:
+    # vLLM's queue-time buckets are coarser than its TTFT buckets (60, 120 s against 40, 80 s):
+    # interpolated alone, a queue p99 of 112 s beside a TTFT p99 of 79 s.
+    ttft = LatencyHistogram((40.0, 80.0), (10, 90, 0), 6000.0)
+    queue = LatencyHistogram((60.0, 120.0), (20, 80, 0), 5000.0)
+    window = HistogramWindow({"ttft_ns": ttft, "queue_ns": queue})
+    assert queue.quantile_seconds(0.99) == pytest.approx(119.25)
+    assert window.quantile("queue_ns", 0.99) == pytest.approx(window.quantile("ttft_ns", 0.99))
+    assert window.quantile("queue_ns", 0.1) == pytest.approx(queue.quantile_seconds(0.1) * 1e9)
+    assert len(window) == 100 and window.measured("itl_ns") == 0 and window.quantile("itl_ns", 0.5) is None
+
+
+def test_an_engine_without_an_e2e_histogram_leaves_the_verdict_to_the_spans(capture_server, shared_data) -> None:
+    # Triton exports a first-response histogram and no E2E one: the histograms cannot judge a
+    # window (every verdict needs 20 E2E latencies), so the spans' verdict stands.
+    server, root = capture_server
+    folder = root / "no_e2e"
+    shutil.copytree(shared_data / "vllm_live_capture", folder)
+    for path in folder.glob("metrics_*.prom"):
+        kept = [line for line in path.read_text().splitlines() if "e2e_request_latency" not in line]
+        path.write_text("\n".join(kept) + "\n")
+    result, _ = _import(folder, server)
+    verdict = diagnose(server.runtime.store, window_start=result.start, window_end=result.end)
+    assert verdict.source == "spans" and verdict.healthy, verdict.summary

@@ -325,8 +325,10 @@ def test_a_healthy_verdict_or_a_thin_window_costs_a_few_scans(tmp_path) -> None:
         counting = CountingStore(store)
         verdict = diagnose(counting, **windows)
         # The window's failed requests (one scan of the rows that did not end ok), both windows'
-        # compared measures in one scan, then each window's objectives per class.
-        assert verdict.healthy and len(counting.sql) == 4
+        # compared measures in one scan, then each window's objectives per class, and the
+        # engine's TTFT histogram (do the spans hold the requests it counted?).
+        assert verdict.healthy and len(counting.sql) == 5
+        assert "otel_metrics_histogram" in counting.sql[-1]
         assert sum("status != 'ok'" in sql for sql in counting.sql) == 1  # none failed: no times read
         counting.sql.clear()
         thin = diagnose(
@@ -336,11 +338,11 @@ def test_a_healthy_verdict_or_a_thin_window_costs_a_few_scans(tmp_path) -> None:
             baseline_start=T0 - timedelta(hours=2),
             baseline_end=T0 - timedelta(hours=1),
         )
-        assert thin.healthy and "baseline ignored" in thin.notes[0] and len(counting.sql) == 3
+        assert thin.healthy and "baseline ignored" in thin.notes[0] and len(counting.sql) == 4
         counting.sql.clear()
         with pytest.raises(InsufficientDataError, match="insufficient data: 0 requests"):
             diagnose(counting, window_start=T0 - timedelta(hours=2), window_end=T0 - timedelta(hours=1))
-        assert len(counting.sql) == 2  # the failed requests, then the count
+        assert len(counting.sql) == 3  # the failed requests, the count, the engine's histograms
 
 
 # ---------------------------------------------------------------------------- a wide diagnosis
