@@ -8,7 +8,9 @@ A recording is what a collector and an OTLP receiver would have seen, kept as fi
   OpenMetrics ends with ``# EOF`` and its timestamps are seconds; Prometheus text timestamps
   are milliseconds);
 - OTLP/HTTP trace bodies as they were posted: ``*.pb`` (protobuf ``ExportTraceServiceRequest``)
-  or ``*.json`` (OTLP/JSON) in ``otlp/``, ``startup_otlp/`` or ``traces/``.
+  or ``*.json`` (OTLP/JSON, ids in hex), gzip-compressed or not (``*.pb.gz``, or the bytes an
+  exporter with gzip compression posted), in ``otlp/``, ``startup_otlp/`` or ``traces/``; read
+  by the receiver's own parser.
 
 A folder in that layout, or a ``.tar.gz``/``.tgz`` of one, is read. The engine kind of the
 scrapes (vLLM, SGLang, TGI, Triton, TRT-LLM, dcgm-exporter) is recognised from the metric
@@ -118,7 +120,7 @@ def open_recording(path: str | Path, *, workdir: str | Path | None = None) -> Re
             recording.scrapes.append((int(match.group(1)), _read_text(file)))
         elif file.suffix in (".om",) or file.name.endswith((".om.gz",)):
             recording.scrapes.extend(_timestamped_scrapes(file, _read_text(file)))
-        elif file.parent.name in TRACE_FOLDERS and file.suffix in (".pb", ".json"):
+        elif file.parent.name in TRACE_FOLDERS and file.name.endswith((".pb", ".json", ".pb.gz", ".json.gz")):
             recording.trace_files.append(file)
         elif file.name == "ground_truth.json":
             try:
@@ -240,17 +242,20 @@ def _last_time_ns(recording: Recording) -> int | None:
 
 
 def _trace_requests(recording: Recording) -> Iterator[Any]:
-    from google.protobuf import json_format
+    """Each trace body as the receiver reads it (its parser: OTLP/JSON ids in hex), gzip
+    bodies inflated first: an exporter with ``OTEL_EXPORTER_OTLP_COMPRESSION=gzip`` posts
+    them so, and a capture keeps them as received."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from inferpath.server.otlp_body import OTLPDecodeError, decompress, parse_message
 
     for file in recording.trace_files:
         request = ExportTraceServiceRequest()
+        body = file.read_bytes()
         try:
-            if file.suffix == ".json":
-                json_format.Parse(file.read_text(encoding="utf-8"), request, ignore_unknown_fields=True)
-            else:
-                request.ParseFromString(file.read_bytes())
-        except Exception as exc:  # protobuf raises DecodeError / ParseError, both without a common base here
+            payload = decompress(body, "gzip" if body[:2] == b"\x1f\x8b" else None)
+            parse_message(payload, "json" if ".json" in file.suffixes else "protobuf", request, "traces")
+        except OTLPDecodeError as exc:
             raise RecordingError(f"{file}: not an OTLP ExportTraceServiceRequest ({exc})") from None
         yield request
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -69,6 +70,52 @@ def test_bad_recordings_are_named(tmp_path: Path, content: str | None, words: st
         target.write_text(content)
     with pytest.raises(RecordingError, match=words):
         open_recording(target)
+
+
+def _as_otlp_json(body: bytes) -> str:
+    """A protobuf trace export in the OTLP/JSON encoding (ids in hex, as exporters send them)."""
+    import base64
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    document = json_format.MessageToDict(ExportTraceServiceRequest.FromString(body))
+    for resource in document.get("resourceSpans", []):
+        for scope in resource.get("scopeSpans", []):
+            for span in scope.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(document)
+
+
+def test_trace_bodies_kept_as_gzip_or_as_otlp_json_import_as_the_protobuf_ones(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    # Bodies as exporters post them: gzip (OTEL_EXPORTER_OTLP_COMPRESSION=gzip) and OTLP/JSON
+    # with hex ids (http/json). Both were refused ("wire format was corrupt"; "traceId:
+    # expected 16 bytes, got 24": the JSON was read as protobuf's JSON, ids in base64).
+    import gzip
+
+    folder = tmp_path / "capture"
+    shutil.copytree(_capture(shared_data), folder)
+    bodies = sorted((folder / "otlp").glob("*.pb"))
+    for index, path in enumerate(bodies):
+        if index % 2:
+            path.with_suffix(".json").write_text(_as_otlp_json(path.read_bytes()))
+        else:
+            path.with_suffix(".pb.gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    store = f"chdb://{tmp_path / 'store'}"
+    runner = CliRunner()
+    imported = runner.invoke(app, ["import", str(folder), "--store", store, "--json"])
+    assert imported.exit_code == 0, imported.output
+    assert json.loads(imported.stdout)["trace_bodies"] == len(bodies) + 7  # and startup_otlp's 7
+    summary = json.loads(imported.stdout)
+    verdict = runner.invoke(
+        app, ["diagnose", "--from", summary["start"], "--to", summary["end"], "--store", store, "--json"]
+    )
+    assert "121 request spans" in json.loads(verdict.stdout)["notes"][0]  # every span of the capture
 
 
 def test_a_tarball_may_not_write_outside_its_folder(tmp_path: Path) -> None:
