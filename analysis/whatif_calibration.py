@@ -771,6 +771,16 @@ def fetch_calibration(store: Any, start: datetime, end: datetime) -> Calibration
         if not any(k == "inferpath.combined" for k, _ in key[2])
         and any(start_ns <= t < end_ns for t in series.times_ns)
     ]  # not an engine gone before the window
+    if len(rows) < MIN_REQUESTS:
+        from inferpath.analysis.engine_histograms import fetch_window_histograms
+
+        first = fetch_window_histograms(store, start, end).get("ttft_ns")
+        if first is not None and first.count >= MIN_REQUESTS:
+            raise InsufficientSignalsError(
+                f"no request spans: {len(rows)} in the window, where the engine's histograms counted "
+                f"{first.count:.0f} first tokens; a replay needs each request's arrival and tokens: trace the "
+                "engine (vLLM: --otlp-traces-endpoint) or instrument its caller"
+            )
     return calibrate(rows, signals, window_start=start, window_end=end, cache_configs=configs)
 
 

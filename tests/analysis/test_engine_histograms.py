@@ -14,6 +14,7 @@ import pytest
 from inferpath.analysis import diagnose
 from inferpath.analysis.engine_histograms import LatencyHistogram, _began, _increase, _Point, fetch_window_histograms
 from inferpath.analysis.request_window import HistogramWindow
+from inferpath.analysis.whatif_calibration import InsufficientSignalsError, fetch_calibration
 from inferpath.collectors.recording import choose_offset_ns, import_recording, open_recording
 from inferpath.config import Settings
 from inferpath.server.runtime import serve_in_thread
@@ -106,6 +107,10 @@ def test_an_engine_scraped_and_not_traced_is_judged_from_its_histograms(capture_
     assert ttft.met is False and 1e9 < (ttft.value_ns or 0) <= 2.5e9
     evidence = " ".join(e.text for e in verdict.causes[0].evidence)
     assert "of the mean TTFT of the requests the engine counted" in evidence and "preemptions" in evidence
+
+    # A what-if needs each request: it says why it cannot answer, and what to do.
+    with pytest.raises(InsufficientSignalsError, match="no request spans: 0 in the window.*226 first tokens"):
+        fetch_calibration(server.runtime.store, result.start, result.end)
 
     # A window before the burst: the engine kept up, and the histograms say so.
     calm = diagnose(server.runtime.store, window_start=result.start, window_end=result.start + timedelta(seconds=40))
