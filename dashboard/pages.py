@@ -625,7 +625,10 @@ def diagnosis_panels(ctx: Context) -> None:
         st.info(messages.no_verdict(verdict[NO_VERDICT_KEY]))
         return
     (st.success if verdict.get("healthy") else st.warning)(verdict.get("summary", ""))
-    st.caption(f"{verdict.get('current_requests')} requests in the window")
+    counted = (
+        " (counted by the engine's own histograms: see the notes)" if verdict.get("source") == "histograms" else ""
+    )
+    st.caption(f"{verdict.get('current_requests')} requests in the window{counted}")
     objectives = pd.DataFrame(verdict.get("objectives", []))
     if not objectives.empty:
         objectives["value_ms"] = objectives["value_ns"] * figures.MS_PER_NS
