@@ -206,7 +206,9 @@ def test_tool_call_or_reasoning_delta_is_the_first_token(traced, first: dict) ->
     assert server.written_at[1] - server.arrived_at - 0.001 <= ttft < server.written_at[2] - server.arrived_at
 
 
-LONG = [(0, frame(ROLE))] + [(1 + i, frame(content(f"t{i}"))) for i in range(30)] + [(40, frame("[DONE]"))]
+# Spread over 10 s: each case reads a chunk or two and lets go. Within 40 ms, a caller that
+# a busy host let run late found the whole stream already received: a complete one.
+LONG = [(0, frame(ROLE))] + [(1 + 300 * i, frame(content(f"t{i}"))) for i in range(30)] + [(10_000, frame("[DONE]"))]
 
 
 def test_case4_break_close_and_aclose_each_end_one_incomplete_span(traced) -> None:
