@@ -969,7 +969,9 @@ def _attribute_counted(
     the rest of its TTFT (the prompt's prefill, the wait for the step in flight) and, for E2E,
     the decode after the first token, each stage going to the cause that claims it
     (:func:`~inferpath.analysis.causes.cause_of`). Without a queue-time histogram the whole
-    TTFT is the rest."""
+    TTFT is the rest. An engine whose counters began in the window and that opened to a
+    backlog it then cleared (:func:`_opened_to_backlog`) is a cold start, charged the whole
+    time: no start-up span tells it when the engine is not traced."""
     ttft, e2e = current.mean_ns("ttft_ns"), current.mean_ns("e2e_ns")
 
     def parts(window: HistogramWindow | None) -> dict[str, float]:
