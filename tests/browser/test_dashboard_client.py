@@ -156,10 +156,11 @@ def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(
 
 
 def test_the_diagnosis_page_says_when_the_engines_histograms_judged(
-    tmp_path, shared_data, monkeypatch: pytest.MonkeyPatch
+    fed_server: FedServer, tmp_path, shared_data, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # vLLM scraped and not traced (the live capture's scrapes alone): the verdict comes from its
-    # TTFT, queue-time and E2E histograms, and the page says so beside the count and the causes.
+    # vLLM scraped and not traced (the live capture's scrapes alone, a day before the copy the
+    # fed server holds: one chDB folder per process): the verdict comes from its TTFT,
+    # queue-time and E2E histograms, and the page says so beside the count and the causes.
     import shutil
     from pathlib import Path
 
@@ -167,36 +168,30 @@ def test_the_diagnosis_page_says_when_the_engines_histograms_judged(
     from streamlit.testing.v1 import AppTest
 
     from inferpath.collectors.recording import import_recording, open_recording
-    from inferpath.config import Settings
-    from inferpath.server.runtime import serve_in_thread
 
     folder = tmp_path / "scrapes"
     folder.mkdir()
     for path in (shared_data / "vllm_live_capture").glob("metrics_*.prom"):
         shutil.copy(path, folder)
-    server = serve_in_thread(Settings(store_url=f"chdb://{tmp_path / 'store'}", assembly_settle_seconds=0.2), port=0)
-    try:
-        with httpx.Client(base_url=server.url, timeout=120.0) as client:
-            result = import_recording(open_recording(folder), client)
-        assert result.start is not None and result.end is not None
-        monkeypatch.setenv("INFERPATH_SERVER_URL", server.url)
-        app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"), default_timeout=120)
-        app.query_params.update(
-            {"start": result.start.isoformat(), "end": result.end.isoformat(), "refresh": "0", "tz": "UTC"}
-        )
-        app.run()
-        diagnosis = [
-            h
-            for h, page in app._registered_pages.items()  # noqa: SLF001 - pages are functions
-            if page.get("page_name") == "Diagnosis"
-        ]
-        app._page_hash = diagnosis[0]  # noqa: SLF001
-        app.run()
-        assert not app.exception
-        captions = [c.value for c in app.caption]
-        assert "226 requests in the window (counted by the engine's own histograms: see the notes)" in captions
-        assert any(c.startswith("note: judged from the engine's own latency histograms") for c in captions)
-        headers = [h.value for h in app.subheader]
-        assert any(h.startswith("gpu_memory: 100% of the mean request's time (") for h in headers), headers
-    finally:
-        server.stop()
+    with httpx.Client(base_url=fed_server.url, timeout=120.0) as client:
+        result = import_recording(open_recording(folder), client, offset_ns=-86_400 * 10**9)
+    assert result.start is not None and result.end is not None
+    monkeypatch.setenv("INFERPATH_SERVER_URL", fed_server.url)
+    app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"), default_timeout=120)
+    app.query_params.update(
+        {"start": result.start.isoformat(), "end": result.end.isoformat(), "refresh": "0", "tz": "UTC"}
+    )
+    app.run()
+    diagnosis = [
+        h
+        for h, page in app._registered_pages.items()  # noqa: SLF001 - pages are functions
+        if page.get("page_name") == "Diagnosis"
+    ]
+    app._page_hash = diagnosis[0]  # noqa: SLF001
+    app.run()
+    assert not app.exception
+    captions = [c.value for c in app.caption]
+    assert "226 requests in the window (counted by the engine's own histograms: see the notes)" in captions
+    assert any(c.startswith("note: judged from the engine's own latency histograms") for c in captions)
+    headers = [h.value for h in app.subheader]
+    assert any(h.startswith("gpu_memory: 100% of the mean request's time (") for h in headers), headers
