@@ -133,6 +133,11 @@ def client_spans(spans) -> list:
     return [s for s in spans.finished(wait_for=1) if s.kind is SpanKind.CLIENT]
 
 
+LOOP_LATE_SECONDS = 0.05
+"""How late the event loop may read bytes after they were written, on a host where another
+process is busy; the stamps' accuracy on a quiet host is measured by ``bench/bench_accuracy.py``."""
+
+
 def test_ttft_itl_and_tokens_follow_aiperf_and_match_the_callers_clock(spans) -> None:
     async def main() -> tuple[Any, float, list, bytes, list[float], float]:
         async with ScriptedSSEServer(TTFT_SCRIPT) as server, httpx.AsyncClient() as client:
@@ -153,10 +158,12 @@ def test_ttft_itl_and_tokens_follow_aiperf_and_match_the_callers_clock(spans) ->
     assert len(chunks) == 5
     timeline = stream.timeline
     # Against the schedule (loose: a loaded machine may stall the loop) and against the
-    # moments the bytes were actually written (same process, same monotonic clock).
+    # moments the bytes were actually written (same process, same monotonic clock): never
+    # before, and after by what the loop took to read them (13 ms once beside a process
+    # burning a core; under 10 ms on a quiet host).
     hel_written, lo_written = written_at[1] - caller_start, written_at[3] - caller_start
     assert 0.795 <= timeline.ttft_seconds < 1.3  # never before the scripted 800 ms
-    assert timeline.ttft_seconds == pytest.approx(hel_written, abs=0.01)
+    assert hel_written - 0.001 <= timeline.ttft_seconds < hel_written + LOOP_LATE_SECONDS
     # A caller with clock reads of its own brackets the span's (its start before, its stamp
     # after): it can only see a later TTFT, by whatever ran in between.
     assert 0 <= caller_ttft - timeline.ttft_seconds < 0.025
@@ -166,7 +173,7 @@ def test_ttft_itl_and_tokens_follow_aiperf_and_match_the_callers_clock(spans) ->
     )
     assert (first_content_ns - timeline.start_ns) / 1e9 == timeline.ttft_seconds
     assert [chunk for chunk, _ in received] == chunks
-    assert timeline.itl_list_seconds == [pytest.approx(lo_written - hel_written, abs=0.01)]
+    assert timeline.itl_list_seconds == [pytest.approx(lo_written - hel_written, abs=LOOP_LATE_SECONDS)]
     assert timeline.itl_seconds == timeline.itl_list_seconds[0]
     assert timeline.output_tokens == 2
     assert stream.status == "complete" and stream.reason is None
@@ -188,7 +195,11 @@ def test_ttft_itl_and_tokens_follow_aiperf_and_match_the_callers_clock(spans) ->
     assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
     # The span ends at the last chunk: its duration is the E2E of the monotonic clock.
     assert (span.end_time - span.start_time) == pytest.approx(timeline.e2e_seconds * 1e9, abs=1)
-    assert timeline.e2e_seconds == pytest.approx(written_at[-1] - caller_start, abs=0.01)
+    assert (
+        written_at[-1] - caller_start - 0.001
+        <= timeline.e2e_seconds
+        < written_at[-1] - caller_start + LOOP_LATE_SECONDS
+    )
     # The request carried this span's W3C context and asked for a stream.
     head, _, body = request.partition(b"\r\n\r\n")
     traceparent = (
