@@ -96,6 +96,17 @@ def test_signals_view_gives_the_max_per_step_and_who_reported(fed_server: FedSer
     assert {"measure": "ttft", "quantile": 0.99, "limit_seconds": 1.0} in objectives["by_class"]["interactive"]
 
 
+def _run_page(app, name: str) -> None:
+    """Switch the AppTest ``app`` to the page titled ``name`` and run it."""
+    (page_hash,) = [
+        h
+        for h, page in app._registered_pages.items()  # noqa: SLF001 - pages are functions
+        if page.get("page_name") == name
+    ]
+    app._page_hash = page_hash  # noqa: SLF001
+    app.run()
+
+
 def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(
     fed_server: FedServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,13 +154,7 @@ def test_the_pages_send_each_filter_only_to_the_routes_that_take_it(
     assert notes and "model = no-such-model (/views/signals)" in notes[0] and "/diagnosis" not in notes[0]
     # The slowest requests, chosen next, come filtered by class: the choice follows the page.
     calls.clear()
-    slowest = [
-        h
-        for h, page in app._registered_pages.items()  # noqa: SLF001 - pages are functions
-        if page.get("page_name") == "Slowest requests"
-    ]
-    app._page_hash = slowest[0]  # noqa: SLF001
-    app.run()
+    _run_page(app, "Slowest requests")
     assert not app.exception
     requests = [params for path, params in calls if path == "/api/v1/requests"]
     assert requests and requests[0]["endpoint_class"] == "interactive"
@@ -182,13 +187,7 @@ def test_the_diagnosis_page_says_when_the_engines_histograms_judged(
         {"start": result.start.isoformat(), "end": result.end.isoformat(), "refresh": "0", "tz": "UTC"}
     )
     app.run()
-    diagnosis = [
-        h
-        for h, page in app._registered_pages.items()  # noqa: SLF001 - pages are functions
-        if page.get("page_name") == "Diagnosis"
-    ]
-    app._page_hash = diagnosis[0]  # noqa: SLF001
-    app.run()
+    _run_page(app, "Diagnosis")
     assert not app.exception
     captions = [c.value for c in app.caption]
     assert "226 requests in the window (counted by the engine's own histograms: see the notes)" in captions
