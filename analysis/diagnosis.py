@@ -1347,16 +1347,15 @@ def _explain(
         )
 
     if band is None:
-        band = f"the slowest {1 - TAIL_QUANTILE:.0%}"
-        basis = (
-            "of the increase" if baseline is not None else f"of the slowest {1 - TAIL_QUANTILE:.0%}'s {measure.upper()}"
-        )
-        text = f"per request in {band} ({cause.share:.0%} {basis})"
+        slowest = f"the slowest {1 - TAIL_QUANTILE:.0%}"
+        basis = "of the increase" if baseline is not None else f"of {slowest}'s {measure.upper()}"
+        statistic, text = "mean of tail band", f"per request in {slowest} ({cause.share:.0%} {basis})"
     else:
+        statistic = "mean"
         text = f"of {band} ({cause.share:.0%} of {'its increase' if baseline is not None else 'it'})"
     evidence(
         f"{measure}_ns",
-        "mean of tail band" if band.startswith("the slowest") else "mean",
+        statistic,
         "ns",
         None,
         cause.added_ns,
@@ -1597,8 +1596,12 @@ def diagnose(
         ready_before=window_end,
         warm_at=window_start,
     )
-    short: InsufficientDataError | None = None
-    verdict: Verdict | None = None
+    filtered = bool(endpoint or endpoint_class or columns)  # the histograms know no endpoint
+
+    def counted() -> Verdict | None:
+        spans = current_rows.measured("e2e_ns")
+        return _counted_verdict(store, (window_start, window_end), baseline_window, spans, signals, objectives)
+
     try:
         verdict = diagnose_from(
             current_rows,
@@ -1612,26 +1615,14 @@ def diagnose(
             failed_times=failed_times,
         )
     except InsufficientDataError as exc:
-        if exc.window != "current":
+        judged = None if exc.window != "current" or filtered else counted()
+        if judged is None:
             raise
-        short = exc
-    if (verdict is not None and not verdict.healthy) or endpoint or endpoint_class or columns:
-        if verdict is None:
-            raise short  # type: ignore[misc]
+        return judged
+    if not verdict.healthy or filtered:
         return verdict
-    counted = _counted_verdict(
-        store,
-        (window_start, window_end),
-        baseline_window,
-        current_rows.measured("e2e_ns"),
-        signals,
-        objectives,
-    )
-    if counted is None or (verdict is not None and counted.healthy):
-        if verdict is None:
-            raise short  # type: ignore[misc]
-        return verdict
-    return counted
+    judged = counted()
+    return judged if judged is not None and not judged.healthy else verdict
 
 
 def _counted_verdict(
