@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import tarfile
 import tempfile
@@ -112,7 +113,9 @@ def open_recording(path: str | Path, *, workdir: str | Path | None = None) -> Re
             raise RecordingError(f"{root}: expected a folder, a .tar.gz of one, or an exposition file")
         root = _unpack(root, Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="inferpath-recording-")))
     recording = Recording(root=root)
-    for file in sorted(root.rglob("*")):
+    for file in [root, *sorted(root.rglob("*"))]:
+        if file.is_dir() and not os.access(file, os.R_OK | os.X_OK):  # rglob would skip it silently
+            raise RecordingError(f"{file}: the folder cannot be read (permission denied); make it readable")
         if not file.is_file():
             continue
         match = SCRAPE_FILE.match(file.name)
@@ -127,6 +130,8 @@ def open_recording(path: str | Path, *, workdir: str | Path | None = None) -> Re
                 recording.ground_truth = json.loads(file.read_text(encoding="utf-8"))
             except ValueError as exc:
                 raise RecordingError(f"{file}: not valid JSON ({exc})") from None
+            except OSError as exc:
+                raise RecordingError(f"{file}: cannot be read ({exc.strerror or exc})") from None
     recording.scrapes.sort(key=lambda item: item[0])
     # Start-up traces first (the engine loaded before it served), then by receive time.
     recording.trace_files.sort(key=lambda f: (TRACE_FOLDERS.index(f.parent.name), f.name))
@@ -251,7 +256,10 @@ def _trace_requests(recording: Recording) -> Iterator[Any]:
 
     for file in recording.trace_files:
         request = ExportTraceServiceRequest()
-        body = file.read_bytes()
+        try:
+            body = file.read_bytes()
+        except OSError as exc:
+            raise RecordingError(f"{file}: cannot be read ({exc.strerror or exc})") from None
         try:
             payload = decompress(body, "gzip" if body[:2] == b"\x1f\x8b" else None)
             parse_message(payload, "json" if ".json" in file.suffixes else "protobuf", request, "traces")

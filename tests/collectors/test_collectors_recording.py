@@ -242,6 +242,41 @@ def test_a_corrupt_trace_body_stops_the_import_before_a_store_is_made(tmp_path: 
     assert not store.exists()  # nothing half imported, no empty store left behind
 
 
+def _import_without_read_override(recording: Path, store: Path):
+    """``inferpath import`` in a process that permissions bind: as root, one without the
+    capabilities that read any file (util-linux's setpriv)."""
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", "from inferpath.cli import app; app()", "import", str(recording)]
+    command += ["--store", f"chdb://{store}"]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv: permissions do not bind")
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("unreadable", ["body", "folder"])
+def test_an_unreadable_trace_body_or_folder_is_named_without_a_traceback(
+    tmp_path: Path, shared_data: Path, unreadable: str
+) -> None:
+    recording = tmp_path / "rec"
+    shutil.copytree(_capture(shared_data), recording)
+    target = sorted((recording / "otlp").glob("*.pb"))[3] if unreadable == "body" else recording / "otlp"
+    target.chmod(0)
+    try:
+        result = _import_without_read_override(recording, tmp_path / "store")
+    finally:
+        target.chmod(0o755)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, said
+    assert "Traceback" not in said, said
+    expected = "cannot be read (Permission denied)" if unreadable == "body" else "the folder cannot be read"
+    assert f"{target.name}: {expected}" in said, said
+
+
 def test_scrapes_of_no_known_source_are_counted_or_refused(tmp_path: Path, shared_data: Path) -> None:
     import shutil
 
