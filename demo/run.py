@@ -273,8 +273,6 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
     if options.scenario is not None:
         return _run_scenario(options, console)
     timings: dict[str, float] = {}
-    log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="inferpath-demo-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
     engine_port, gateway_port = free_port(), free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
 
@@ -291,6 +289,9 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> DemoOutcom
         )
     server_port = _server_port(options, settings)
     server_url = f"http://127.0.0.1:{server_port}"
+    # The children's logs, made once the inputs are checked (a refused run leaves no folder).
+    log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="inferpath-demo-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     children: list[ChildService] = []
     try:
         # The engine first, so that the server's first scrape finds it; its spans are exported

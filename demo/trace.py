@@ -255,29 +255,34 @@ def load_trace(path: Path | str | None = None, *, limit: int | None = None) -> T
     """Load a request trace in any format of :data:`TRACE_FORMATS`, sorted by arrival.
 
     ``path`` defaults to the shipped Azure code trace; ``limit`` keeps the first N requests
-    of the file. Raises :class:`TraceError` (a ``ValueError``) for an unknown format, bad
-    rows (naming each bad row's line and field) or a file without requests, and ``OSError`` (``FileNotFoundError``, …)
-    for a file that cannot be read.
+    of the file. Raises :class:`TraceError` (a ``ValueError``) for an unknown format, a file
+    that is not UTF-8 text, bad rows (naming each bad row's line and field) or a file without
+    requests, and ``OSError`` (``FileNotFoundError``, …) for a file that cannot be read.
     """
     source = Path(path) if path is not None else AZURE_CODE_TRACE_CSV
-    fmt = detect_format(source)
     rows: list[tuple[int, int, int]] = []
     bad: list[str] = []
     bad_total = skipped = 0
     skip_reason = ""
-    for line_number, row in _rows(source, fmt):
-        if limit is not None and len(rows) >= limit:
-            break
-        try:
-            if isinstance(row, str):
-                raise ValueError(row)
-            rows.append(fmt.parse_row(row))
-        except SkipRow as why:
-            skipped, skip_reason = skipped + 1, str(why)
-        except ValueError as exc:
-            bad_total += 1
-            if len(bad) < MAX_REPORTED_ROWS:
-                bad.append(f"line {line_number}: {exc}")
+    try:
+        fmt = detect_format(source)
+        for line_number, row in _rows(source, fmt):
+            if limit is not None and len(rows) >= limit:
+                break
+            try:
+                if isinstance(row, str):
+                    raise ValueError(row)
+                rows.append(fmt.parse_row(row))
+            except SkipRow as why:
+                skipped, skip_reason = skipped + 1, str(why)
+            except ValueError as exc:
+                bad_total += 1
+                if len(bad) < MAX_REPORTED_ROWS:
+                    bad.append(f"line {line_number}: {exc}")
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"{source}: not a text trace (byte {exc.start} is not UTF-8); expected CSV or JSON Lines: {format_help()}"
+        ) from None
     if bad_total:
         more = f"; and {bad_total - len(bad)} more" if bad_total > len(bad) else ""
         raise TraceError(f"{source.name} ({fmt.title}): {bad_total} bad row(s): " + "; ".join(bad) + more)

@@ -89,3 +89,17 @@ def test_replay_names_the_end_it_cannot_reach_before_sending_anything(serve_app)
     assert result.exit_code == 2, result.output
     assert "cannot reach the inferpath server (INFERPATH_OTLP_ENDPOINT) at http://127.0.0.1:9" in flat, flat
     assert stub.state.max_tokens == [] and "Transient error" not in result.output
+
+
+def test_a_binary_file_given_as_a_trace_is_named_with_the_formats_expected(tmp_path: Path) -> None:
+    trace = tmp_path / "rand.bin"
+    trace.write_bytes(b"\x00\xa0\xff\xfe binary \x9c\x01" * 64)
+    for command in (
+        ["replay", "--gateway", "http://127.0.0.1:9"],
+        ["demo", "--exit", "--store", f"chdb://{tmp_path / 'store'}"],
+    ):
+        result = runner.invoke(app, [*command, "--trace", str(trace)])
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2, said
+        assert "rand.bin: not a text trace" in said and "expected CSV or JSON Lines" in said, said
+        assert "Traceback" not in said
