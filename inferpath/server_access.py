@@ -234,6 +234,14 @@ def ask(
     # own 404s name what was not found): anything else is another program on that port.
     json_answer = response.headers.get("content-type", "").split(";")[0].strip() == "application/json"
     no_such_route = response.status_code in (404, 405) and refusal_text(response) in ("Not Found", "Method Not Allowed")
+    if response.status_code == 401 and json_answer:
+        given = "the token INFERPATH_TOKEN gives" if headers else "no token (INFERPATH_TOKEN is not set)"
+        fail(
+            f"the inferpath server at {shown} refused {given}: set INFERPATH_TOKEN to the token it was started "
+            "with, then run the command again",
+            json_output,
+            http_status=401,
+        )
     if not json_answer or no_such_route:
         fail(
             f"{shown} is not an inferpath server: it answered {method} {path} with "

@@ -318,3 +318,24 @@ def test_every_command_reads_its_window_alike_and_names_the_option(command: list
     assert result.exit_code == 2, result.output
     assert message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_a_server_that_refuses_the_token_is_answered_with_what_to_set(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from inferpath.cli import app
+    from inferpath.config import Settings
+    from inferpath.server.runtime import serve_in_thread
+
+    server = serve_in_thread(Settings(store_url=f"chdb://{tmp_path / 'store'}", token="s3cret"), port=0)
+    try:
+        for token, said in ((None, "refused no token (INFERPATH_TOKEN is not set)"), ("wrong", "refused the token")):
+            for command in (["diagnose", "--since", "5m"], ["whatif", "--from", "-5m", "--replicas", "2"]):
+                result = CliRunner().invoke(
+                    app, [*command, "--server", server.url], env={"INFERPATH_TOKEN": token, "COLUMNS": "200"}
+                )
+                text = " ".join(result.output.split())
+                assert result.exit_code == 2, text
+                assert said in text and "set INFERPATH_TOKEN to the token it was started with" in text, text
+    finally:
+        server.stop()
