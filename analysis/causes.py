@@ -63,7 +63,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inferpath.analysis.engine_state import EngineState
+from inferpath.analysis.engine_state import KV_FULL_RATIO, EngineState
 
 GPU_SATURATED_RATIO = 0.90
 """Mean GPU utilization above which the GPU has no idle time left to absorb more work."""
@@ -200,6 +200,31 @@ def _gpu_text(c: Context) -> str:
     return "" if c.gpu_utilization is None else f" (GPU utilization {c.gpu_utilization:.0%})"
 
 
+def _compute_help(c: Context) -> list[Advice]:
+    """Capacity first, except where the batch was full while the KV cache kept room and the
+    GPU was not busy: a larger batch limit is then the cheaper step (vLLM with
+    ``--max-num-seqs 4`` and its KV cache at 2 %)."""
+    add = Advice("add replicas (or GPUs), and move bulk traffic to replicas of its own", ADD_CAPACITY)
+    if c.engine.bound != "slots":
+        return [add]
+    kv, util = c.engine.kv_max, c.gpu_utilization
+    if (
+        kv is not None
+        and kv < KV_FULL_RATIO
+        and not c.engine.memory_pressure
+        and not (util is not None and util >= GPU_SATURATED_RATIO)
+    ):
+        return [
+            Advice(
+                f"raise the engine's batch limit (max-num-seqs): the batch was full while the KV cache stayed at "
+                f"or below {kv:.0%}",
+                RAISE_BATCH_LIMIT,
+            ),
+            Advice("or add replicas (or GPUs), and move bulk traffic to replicas of its own", ADD_CAPACITY),
+        ]
+    return [add, Advice("or raise the engine's batch limit (max-num-seqs) where KV memory allows", RAISE_BATCH_LIMIT)]
+
+
 REGISTRY: tuple[CauseRule, ...] = (
     CauseRule(
         "tokenization",
@@ -279,14 +304,7 @@ REGISTRY: tuple[CauseRule, ...] = (
         "gpu_compute",
         frozenset({"queue", "prefill", "decode", "rest"}),
         _engine_rest(_compute),
-        lambda c: [
-            Advice("add replicas (or GPUs), and move bulk traffic to replicas of its own", ADD_CAPACITY),
-            *(
-                [Advice("or raise the engine's batch limit (max-num-seqs) where KV memory allows", RAISE_BATCH_LIMIT)]
-                if c.engine.bound == "slots"
-                else []
-            ),
-        ],
+        _compute_help,
         lambda c: [
             Advice(_window_text(c), SHRINK_BATCH_WINDOW),
             Advice(

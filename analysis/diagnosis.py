@@ -51,7 +51,13 @@ from inferpath.analysis.causes import (
 )
 from inferpath.analysis.correlate import spearman
 from inferpath.analysis.engine_histograms import fetch_window_histograms
-from inferpath.analysis.engine_state import EngineState, engine_state, engine_state_from_spans
+from inferpath.analysis.engine_state import (
+    EngineState,
+    engine_state,
+    engine_state_between_scrapes,
+    engine_state_from_spans,
+    sampled_sparsely,
+)
 from inferpath.analysis.objectives import (
     DEFAULT_OBJECTIVES,
     ObjectiveResult,
@@ -307,12 +313,31 @@ def decode_slower(current_rows: Rows, baseline_rows: Rows) -> bool:
     return before > 0 and now >= DEGRADED_RATIO * before and now - before >= 1_000_000
 
 
-def batch_grew(signals: Signals) -> bool:
-    """Mean running requests grew by :data:`BATCH_GROWTH_RATIO` or more over the baseline."""
-    current, baseline = signals.current.stat(RUNNING_REQUESTS), signals.baseline.stat(RUNNING_REQUESTS)
+def batch_grew(signals: Signals, counted: tuple[float | None, float | None] | None = None) -> bool:
+    """Mean running requests grew by :data:`BATCH_GROWTH_RATIO` or more over the baseline:
+    the gauges' means, or ``counted`` (current, baseline) where the running batch was counted
+    from the engine's spans (:func:`_mean_running`)."""
+    current, baseline = counted or (signals.current.stat(RUNNING_REQUESTS), signals.baseline.stat(RUNNING_REQUESTS))
     if current is None or baseline is None or baseline <= 0:
         return False
     return current >= BATCH_GROWTH_RATIO * baseline
+
+
+def _mean_running(
+    intervals: Mapping[Any, Sequence[tuple[int, int, int]]] | None, window: Window | None
+) -> float | None:
+    """Mean number of the engine's requests running over ``window`` (Little's law: their
+    running time inside it over its length), from ``(arrival, scheduled, end)`` per request
+    (:func:`_engine_intervals`); ``None`` without either."""
+    if not intervals or window is None:
+        return None
+    lo, hi = unix_ns_from_datetime(window[0]), unix_ns_from_datetime(window[1])
+    if hi <= lo:
+        return None
+    running = sum(
+        max(0, min(end, hi) - max(scheduled, lo)) for spans in intervals.values() for _, scheduled, end in spans
+    )
+    return running / (hi - lo)
 
 
 def queue_held(current_rows: Rows, baseline_rows: Rows | None = None) -> bool:
@@ -642,7 +667,7 @@ def diagnose_from(
     verdict.measure = measure
     by_change = baseline is not None and baseline_ok and any(d.measure == measure and d.degraded for d in regressed)
     verdict.basis = "baseline" if by_change else "objectives"
-    context = _context(current, baseline if baseline is not None else None, signals, configured_batch_limit)
+    context = _context(current, baseline, signals, configured_batch_limit, current_window, verdict.baseline_window)
     verdict.engine = context.engine
     notes.extend(_missing_signal_notes(context, signals))
     if isinstance(current, HistogramWindow):
@@ -781,20 +806,44 @@ def _context(
     baseline: RowsWindow | StoredWindow | None,
     signals: Signals,
     configured_batch_limit: float | None,
+    window: Window | None = None,
+    baseline_window: Window | None = None,
 ) -> Context:
+    """What the rules read beside the rows. ``window``, ``baseline_window``: the windows
+    the signals were fetched over (their grid), ``None`` when not known."""
     other = signals.baseline if baseline is not None else None
     state = engine_state(signals.current, other=other, configured_limit=configured_batch_limit)
-    if not state.reported and current.measured("queue_ns"):
+    # The spans' queue, where the gauges cannot show it all (one more read of the rows).
+    unseen = not state.reported or (len(signals.current.engines) <= 1 and sampled_sparsely(signals.current))
+    intervals = _engine_intervals(current) if unseen and current.measured("queue_ns") else None
+    if not state.reported and intervals:
         # No gauges: the engine's spans still say whether it queued at its running peak.
-        intervals = _engine_intervals(current)
-        counted = engine_state_from_spans(intervals) if intervals else None
-        if counted is not None and 2 * counted.slot_bound_steps > counted.waiting_steps:
+        counted = engine_state_from_spans(intervals)
+        if 2 * counted.slot_bound_steps > counted.waiting_steps:
             state = counted
+    elif intervals and len(intervals) == 1 and window is not None:
+        # Scrapes further apart than the queue came and went: counted from the spans at each step
+        # where they saw it wait in at least twice as many steps as the scrapes did.
+        origin, step_ns, _ = alignment_grid(*window, window_step_seconds(*window))
+        times = [origin + (i + 1) * step_ns - 1 for i in range(len(signals.current.steps))]
+        between = engine_state_between_scrapes(
+            signals.current,
+            next(iter(intervals.values())),
+            times,
+            scraped_waiting_steps=state.waiting_steps,
+            configured_limit=configured_batch_limit,
+        )
+        if between.waiting_steps >= 2 * state.waiting_steps and between.waiting_steps > state.waiting_steps:
+            state = between
+    running_means = None
+    if state.source != "gauges" and baseline is not None:  # the running batch read where the queue was
+        base_intervals = _engine_intervals(baseline) if baseline.measured("queue_ns") else None
+        running_means = (_mean_running(intervals, window), _mean_running(base_intervals, baseline_window))
     return Context(
         engine=state,
         gpu_utilization=signals.current.stat(GPU_UTILIZATION_RATIO),
         decode_slower=baseline is not None and decode_slower(current, baseline),
-        batch_grew=baseline is not None and batch_grew(signals),
+        batch_grew=baseline is not None and batch_grew(signals, running_means),
         queue_held=queue_held(current, baseline),
         has_baseline=baseline is not None,
     )

@@ -113,7 +113,11 @@ class EngineState:
     engine_limits: tuple[float, ...] = ()
     source: str = "gauges"
     """``"gauges"``: the engine's own queue depth, running batch and KV usage; ``"spans"``:
-    queue and running batch counted from its request spans (:func:`engine_state_from_spans`)."""
+    queue and running batch counted from its request spans (:func:`engine_state_from_spans`);
+    ``"spans and scrapes"``: counted from its spans, with KV usage and preemptions from its
+    scrapes (:func:`engine_state_between_scrapes`)."""
+    scraped_waiting_steps: int | None = None
+    """With ``"spans and scrapes"``: the waiting steps the scrapes themselves showed."""
 
     @property
     def reported(self) -> bool:
@@ -166,6 +170,11 @@ class EngineState:
         if self.engines == 1:
             limit = "n/a" if self.slot_limit is None else f"{self.slot_limit:.0f}"
             where, batch = "the engine", f"running batch at its limit of {limit} ({self.limit_source})"
+            if self.source == "spans and scrapes":
+                where = (
+                    f"the engine (counted from its request spans at each step: its scrapes, further apart, showed "
+                    f"requests waiting in {self.scraped_waiting_steps} steps; KV usage as of its latest scrape)"
+                )
         else:
             limits = sorted({f"{v:.0f}" for v in self.engine_limits}, key=float) or ["n/a"]
             where = f"{self.engines} engines"
@@ -177,6 +186,21 @@ class EngineState:
             f"sequence of the window takes) in {self.memory_bound_steps}, {batch} in "
             f"{self.slot_bound_steps}, nothing (free slots and KV) in {self.held_steps}"
         )
+
+
+def _held_by(run: float, kv: float | None, limit: float, configured: bool, share: float | None, preempted: bool) -> str:
+    """What held a waiting step: ``"memory"``, ``"slots"`` or ``"held"`` (module docstring),
+    from its running batch ``run``, KV usage ``kv`` (ratio, ``None`` when not reported), the
+    slot ``limit`` (``configured`` or the observed peak), the KV ``share`` of a large sequence
+    of the window (:func:`sequence_share`) and whether the engine ``preempted`` in the window."""
+    below_limit = not configured or run < limit
+    no_room = kv is not None and share is not None and 1.0 - kv < share
+    if (kv is not None and kv >= kv_full_at(run)) or ((preempted or no_room) and below_limit):
+        # Preempted sequences mean the pool ran out of blocks; no room for a sequence as large
+        # as the window's own means the next one did not fit. A peak observed then is what
+        # memory allowed, not a batch limit; a configured limit reached is the slots'.
+        return "memory"
+    return "slots" if run >= limit else "held"
 
 
 def fresh_steps(per_engine: Mapping[object, Sequence[Step]]) -> list[int]:
@@ -196,6 +220,16 @@ def fresh_steps(per_engine: Mapping[object, Sequence[Step]]) -> list[int]:
             fresh.append(i)
         previous = current
     return fresh
+
+
+def sampled_sparsely(window: WindowSignals) -> bool:
+    """The engine's readings change at fewer than half of the window's steps: its scrapes
+    come further apart than the signal grid (a 15 s Prometheus interval on a grid of 1 s), or
+    it sat unchanged. Either way a queue that came and went between two scrapes does not show
+    in them, and its spans are worth reading (:func:`engine_state_between_scrapes`)."""
+    steps = window.steps
+    readings = 1 + sum(steps[i] != steps[i - 1] for i in range(1, len(steps)))
+    return bool(steps) and 2 * readings < len(steps)
 
 
 def engine_state(
@@ -228,21 +262,10 @@ def engine_state(
         limit = limits[key]
         if run is None or limit is None:
             continue
-        below_limit = source != "configured" or run < limit
-        share = large[key]
-        no_room = kv is not None and share is not None and 1.0 - kv < share
         # An engine's own counter where it is told apart: another engine's preemptions say
         # nothing of this one's KV pool.
         preempted = window.engine_preemptions[key] > 0 if key in window.engine_preemptions else fleet_preempted
-        if (kv is not None and kv >= kv_full_at(run)) or ((preempted or no_room) and below_limit):
-            # Preempted sequences mean the pool ran out of blocks; no room for a sequence as
-            # large as the window's own means the next one did not fit. A peak observed then is
-            # what memory allowed, not a batch limit; a configured limit reached is the slots'.
-            counts["memory"] += 1
-        elif run >= limit:
-            counts["slots"] += 1
-        else:
-            counts["held"] += 1
+        counts[_held_by(run, kv, limit, source == "configured", large[key], preempted)] += 1
     running = [s[1] for s in window.steps if s[1] is not None]
     known = [v for v in limits.values() if v is not None]
     steps = [window.steps[i] for i in fresh if i < len(window.steps) and window.steps[i][0] is not None]
@@ -266,6 +289,73 @@ def engine_state(
     )
 
 
+def counted_from_spans(spans: Sequence[tuple[int, int, int]], times: Sequence[int]) -> list[tuple[int, int]]:
+    """``(queued, running)`` at each of ``times`` (ns) from one engine's requests, one
+    ``(arrival, scheduled, end)`` each (ns): queued from its arrival until it is scheduled,
+    running from then until its last token."""
+    arrivals = sorted(a for a, _, _ in spans)
+    scheduled = sorted(s for _, s, _ in spans)
+    finished = sorted(e for _, _, e in spans)
+    return [
+        (bisect_right(arrivals, t) - bisect_right(scheduled, t), bisect_right(scheduled, t) - bisect_right(finished, t))
+        for t in times
+    ]
+
+
+def engine_state_between_scrapes(
+    window: WindowSignals,
+    spans: Sequence[tuple[int, int, int]],
+    times: Sequence[int],
+    *,
+    scraped_waiting_steps: int,
+    configured_limit: float | None = None,
+) -> EngineState:
+    """One engine's queue and running batch counted from its request spans at each step of
+    the signal grid, each waiting step judged with the KV usage of the engine's latest scrape
+    and its preemptions in the window: for scrapes too far apart to catch a queue that came
+    and went between them (a 15 s Prometheus interval over a burst of seconds).
+
+    ``spans``: one ``(arrival, scheduled, end)`` per request (ns, :func:`counted_from_spans`);
+    ``times``: the as-of instant (ns) of each step of ``window.steps``;
+    ``scraped_waiting_steps``: the waiting steps the scrapes themselves showed (quoted in the
+    text). The slot limit is the configured one, else the spans' own running peak; the KV
+    share of a large sequence (:func:`sequence_share`) is read from the scrapes' own steps,
+    whose running batch and KV usage are of one moment. Source ``"spans and scrapes"``."""
+    counted = counted_from_spans(spans, times)
+    peak = max((run for _, run in counted), default=0)
+    limit = float(configured_limit) if configured_limit else float(peak)
+    share = sequence_share(window.steps)
+    preempted = (window.preemptions or 0) > 0
+    counts = {"slots": 0, "memory": 0, "held": 0}
+    kv_waiting: list[float] = []
+    for (queued, run), step in zip(counted, window.steps):
+        if queued < WAITING_MIN:
+            continue
+        kv = step[2]
+        if kv is not None:
+            kv_waiting.append(kv)
+        if limit > 0:
+            counts[_held_by(run, kv, limit, bool(configured_limit), share, preempted)] += 1
+    kv_all = [s[2] for s in window.steps if s[2] is not None]
+    waiting = sum(queued >= WAITING_MIN for queued, _ in counted[: len(window.steps)])
+    return EngineState(
+        steps=min(len(counted), len(window.steps)),
+        waiting_steps=waiting,
+        slot_bound_steps=counts["slots"],
+        memory_bound_steps=counts["memory"],
+        held_steps=counts["held"],
+        slot_limit=limit if limit > 0 else None,
+        limit_source="configured" if configured_limit else "observed max",
+        running_max=float(peak),
+        queue_max=float(max((q for q, _ in counted), default=0)),
+        kv_waiting_p90=quantile(kv_waiting, 0.9) if kv_waiting else None,
+        kv_max=max(kv_all, default=None),
+        preemptions=window.preemptions,
+        source="spans and scrapes",
+        scraped_waiting_steps=scraped_waiting_steps,
+    )
+
+
 def engine_state_from_spans(
     intervals: Mapping[object, Sequence[tuple[int, int, int]]], step_ns: int = 1_000_000_000
 ) -> EngineState:
@@ -277,23 +367,12 @@ def engine_state_from_spans(
     (observed max). A waiting step is slot-bound when the engine with the longest queue ran
     at that peak; the others stay unclassified (``memory_bound_steps`` and ``held_steps``
     are 0): without KV usage a full KV cache cannot be told from a scheduler's hold."""
-    grids: dict[object, list[tuple[int, int]]] = {}
     starts = [a for spans in intervals.values() for a, _, _ in spans]
     ends = [s for spans in intervals.values() for _, s, _ in spans]
     if not starts:
         return EngineState(0, 0, 0, 0, 0, None, "observed max", None, None, None, None, None, source="spans")
     times = range(min(starts), max(ends) + 1, step_ns)
-    for key, spans in intervals.items():
-        arrivals = sorted(a for a, _, _ in spans)
-        scheduled = sorted(s for _, s, _ in spans)
-        finished = sorted(e for _, _, e in spans)
-        grids[key] = [
-            (
-                bisect_right(arrivals, t) - bisect_right(scheduled, t),
-                bisect_right(scheduled, t) - bisect_right(finished, t),
-            )
-            for t in times
-        ]
+    grids = {key: counted_from_spans(spans, times) for key, spans in intervals.items()}
     limits = {key: max((run for _, run in grid), default=0) for key, grid in grids.items()}
     waiting = slots = 0
     for i in range(len(times)):
@@ -332,10 +411,13 @@ __all__ = [
     "SEQUENCE_SHARE_QUANTILE",
     "WAITING_MIN",
     "EngineState",
+    "counted_from_spans",
     "engine_state",
+    "engine_state_between_scrapes",
     "engine_state_from_spans",
     "fresh_steps",
     "kv_full_at",
+    "sampled_sparsely",
     "sequence_share",
     "steps_of",
 ]

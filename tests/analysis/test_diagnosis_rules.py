@@ -20,7 +20,7 @@ from inferpath.analysis.diagnosis import (
     diagnose_from,
     queue_held,
 )
-from inferpath.analysis.engine_state import EngineState, engine_state
+from inferpath.analysis.engine_state import EngineState, engine_state, engine_state_between_scrapes
 from inferpath.analysis.objectives import DEFAULT_OBJECTIVES
 from inferpath.analysis.signals import SignalWindows, WindowSignals
 from inferpath.analysis.startup import ReplicaStartup
@@ -95,6 +95,46 @@ def _two_engines(engine0: dict, engine1: dict) -> WindowSignals:
             attributes = (("engine", engine), ("inferpath.source_metric", sources[name]), ("model_name", "tiny"))
             columns[name][("vllm", (("service.name", "vllm"),), attributes)] = column
     return WindowSignals.from_series_columns(columns)
+
+
+def test_a_late_scrape_read_at_several_steps_counts_once() -> None:
+    # One scrape (14 waiting, 2 of 3 running) stayed the latest for five one-second steps.
+    late = _engine(queue=[14, 14, 14, 14, 14, 9, 8], running=[2, 2, 2, 2, 2, 3, 3], kv=[0.1] * 7)
+    assert (late.waiting_steps, late.slot_bound_steps, late.held_steps) == (3, 2, 1) and late.bound == "slots"
+    # An idle engine reads the same in every scrape: each step counts.
+    idle = _engine(queue=[0, 0, 0], running=[1, 1, 1], kv=[0.1] * 3)
+    assert idle.steps == 3 and idle.waiting_steps == 0
+
+
+S = 1_000_000_000
+
+
+def test_a_queue_between_scrapes_is_counted_from_the_spans_with_kv_from_the_latest_scrape() -> None:
+    # Scrapes 15 s apart, as of each one-second step: none saw a request waiting.
+    scraped = WindowSignals.from_values(
+        {
+            "queue_depth": [0] * 15 + [0] * 15,
+            "running_requests": [1] * 15 + [2] * 15,
+            "kv_cache_usage_ratio": [0.05] * 15 + [0.85] * 15,
+        }
+    )
+    times = [(i + 1) * S - 1 for i in range(30)]
+    # Requests as (arrival, scheduled, end): four run 2-8 s; two more arrive at 3 s and wait
+    # until 8 s; in the second half three run 16-28 s and two wait from 18 s to 28 s.
+    spans = [(2 * S, 2 * S, 8 * S)] * 4 + [(3 * S, 8 * S, 12 * S)] * 2
+    spans += [(16 * S, 16 * S, 28 * S)] * 3 + [(18 * S, 28 * S, 29 * S)] * 2
+    state = engine_state_between_scrapes(scraped, spans, times, scraped_waiting_steps=0)
+    assert state.source == "spans and scrapes" and state.slot_limit == 4 and state.running_max == 4
+    # 3-7 s: four running, the peak: the slots'. 18-27 s: three of four running with KV at
+    # 85 % as of the latest scrape: no room beside three sequences (75 %): memory's.
+    assert (state.waiting_steps, state.slot_bound_steps, state.memory_bound_steps, state.held_steps) == (15, 5, 10, 0)
+    assert state.bound == "memory" and "its scrapes, further apart, showed requests waiting in 0 steps" in state.text()
+    # The same queue with KV nearly empty in the second half: held with free slots and KV.
+    roomy = WindowSignals.from_values(
+        {"queue_depth": [0] * 30, "running_requests": [1] * 30, "kv_cache_usage_ratio": [0.05] * 30}
+    )
+    held = engine_state_between_scrapes(roomy, spans, times, scraped_waiting_steps=0)
+    assert (held.slot_bound_steps, held.memory_bound_steps, held.held_steps) == (5, 0, 10) and held.bound == "held"
 
 
 def test_several_engines_are_read_one_by_one() -> None:
@@ -756,3 +796,22 @@ def test_the_budget_charges_requests_on_a_starting_replica_to_its_start_not_to_t
     assert verdict.budget is not None, verdict.summary
     assert [item.cause for item in verdict.budget.items] == ["cold_start"], verdict.budget.text()
     assert verdict.budget.text().split(": ")[1].startswith("route to a replica only once it is ready")
+
+
+def test_a_full_batch_with_kv_room_is_told_to_raise_its_limit_before_adding_replicas() -> None:
+    from inferpath.analysis.causes import REGISTRY
+
+    compute = next(rule for rule in REGISTRY if rule.name == "gpu_compute")
+    # vLLM at --max-num-seqs 4 under overload, KV at 6 %: a larger batch first.
+    roomy = compute.would_help(Context(engine=SLOTS))
+    assert [a.action for a in roomy] == ["raise_batch_limit", "add_capacity"]
+    assert "max-num-seqs" in roomy[0].text and "at or below 10%" in roomy[0].text
+    # The same with the GPU busy, or with the KV cache short (a configured limit reached
+    # while preempting): capacity first.
+    busy = compute.would_help(Context(engine=SLOTS, gpu_utilization=0.97))
+    preempting = _engine([5, 5], [8, 8], [0.5, 0.5], preemptions=3, limit=8)
+    assert preempting.bound == "slots" and preempting.memory_pressure
+    full = compute.would_help(Context(engine=preempting))
+    assert [a.action for a in busy] == [a.action for a in full] == ["add_capacity", "raise_batch_limit"]
+    # Not held by the slots: capacity alone.
+    assert [a.action for a in compute.would_help(Context(engine=HELD))] == ["add_capacity"]

@@ -207,11 +207,20 @@ def test_requests_that_failed_while_vllm_was_loading_are_named_its_cold_start(im
 
 
 def _import_copy(
-    imported, tmp_path: Path, name: str, *, drop_service: str | None = None, scrapes: bool = True, spans: bool = True
+    imported,
+    tmp_path: Path,
+    name: str,
+    *,
+    drop_service: str | None = None,
+    scrapes: bool = True,
+    spans: bool = True,
+    scrape_every: int = 1,
+    days_before: int = 1,
 ):
-    """Import recording ``name`` again, a day before its first copy, as another capture would
-    have recorded it: without ``drop_service``'s spans, without its scrapes, or without any
-    span (``spans=False``: vLLM scraped and not traced). The copy's
+    """Import recording ``name`` again, ``days_before`` days before its first copy, as another
+    capture would have recorded it: without ``drop_service``'s spans, without its scrapes, with
+    only every ``scrape_every``-th scrape, or without any span (``spans=False``: vLLM scraped
+    and not traced). The copy's
     spans get new trace ids (each byte inverted), so that it is a trace of its own beside the
     first copy. Returns its ground truth and offset."""
     server, loaded = imported
@@ -231,11 +240,11 @@ def _import_copy(
         del request.resource_spans[:]
         request.resource_spans.extend(kept)
         body.write_bytes(request.SerializeToString())
-    if not scrapes:
-        for scrape in recording.root.rglob("metrics_*.prom"):
+    for i, scrape in enumerate(sorted(recording.root.rglob("metrics_*.prom"))):
+        if not scrapes or i % scrape_every:
             scrape.unlink()
     truth, first_offset = loaded[name]
-    offset = first_offset - 86_400 * 10**9
+    offset = first_offset - days_before * 86_400 * 10**9
     with httpx.Client(base_url=server.url, timeout=120.0) as client:
         import_recording(open_recording(recording.root), client, offset_ns=offset)
     return truth, offset
@@ -274,12 +283,13 @@ def test_an_engine_at_its_running_peak_is_named_from_its_spans_without_gauges(im
     assert kv.top_cause != "gpu_compute", kv.summary
 
 
-def test_a_late_scrape_counts_once_however_many_steps_read_it(imported) -> None:
+def test_scrapes_late_in_a_saturated_machine_are_read_with_the_spans(imported) -> None:
     # slots_starved_c (3 slots, a saturated machine): its scrapes came 1-9 s apart in the load.
     # One taken between a request's end and the next admission (waiting 14, running 2 of 3)
     # was the latest for five one-second steps, and the window 15 s earlier than the ground
-    # truth's read "batching" (8 held steps against 5 at the limit). Counted once per scrape:
-    # 4 at the limit, 2 held.
+    # truth's read "batching" (8 held steps against 5 at the limit). Counted once per scrape,
+    # the scrapes show 6 waiting steps; the spans show the queue at 21 steps, every one of them
+    # with the batch at its limit of 3.
     server, loaded = imported
     truth, offset = loaded["slots_starved_c"]
     shift = 15 * 10**9
@@ -287,8 +297,9 @@ def test_a_late_scrape_counts_once_however_many_steps_read_it(imported) -> None:
     verdict = _diagnose_truth(server, {"window": window}, offset)
     assert verdict.top_cause == "gpu_compute", (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
     state = verdict.engine
-    assert state is not None and state.slot_limit == 3
-    assert (state.waiting_steps, state.slot_bound_steps, state.held_steps) == (6, 4, 2), state.text()
+    assert state is not None and state.source == "spans and scrapes" and state.slot_limit == 3
+    assert state.scraped_waiting_steps == 6, state.text()
+    assert (state.waiting_steps, state.slot_bound_steps, state.held_steps) == (21, 21, 0), state.text()
 
 
 @pytest.mark.parametrize("name", ["kv_long_e", "slots2_e_2", "budget_e", "healthy_e", "cold_e"])
@@ -306,3 +317,24 @@ def test_an_engine_scraped_and_not_traced_is_named_from_its_histograms(imported,
         assert verdict.healthy, verdict.summary
     else:
         assert verdict.top_cause == expected, (verdict.summary, [(c.cause, c.share) for c in verdict.causes])
+
+
+@pytest.mark.parametrize("name", ["token_budget_c", "budget_e", "slots_starved_c"])
+def test_scrapes_further_apart_than_the_queue_came_and_went_are_read_with_the_spans(
+    imported, tmp_path: Path, name: str
+) -> None:
+    # Every 15th scrape kept: Prometheus's default interval over a capture scraped each second.
+    # The bursts queued for seconds at a time, between scrapes (token_budget_c's scrapes then
+    # show no waiting step at all, budget_e's two): the spans count the queue at each step.
+    server, _ = imported
+    truth, offset = _import_copy(imported, tmp_path, name, scrape_every=15, days_before=2)
+    verdict = _diagnose_truth(server, truth, offset)
+    assert verdict.top_cause == truth["expected_top_cause"], (
+        verdict.summary,
+        [(c.cause, c.share) for c in verdict.causes],
+    )
+    assert verdict.engine is not None and verdict.engine.source == "spans and scrapes"
+    scraped = verdict.engine.scraped_waiting_steps or 0
+    assert verdict.engine.waiting_steps >= 2 * scraped and verdict.engine.waiting_steps > scraped
+    evidence = [e.text for c in verdict.causes for e in c.evidence if e.measure == "engine_waiting_steps"]
+    assert evidence and "counted from its request spans at each step" in evidence[0], evidence
