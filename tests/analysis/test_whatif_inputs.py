@@ -386,3 +386,26 @@ def test_the_servers_setting_is_the_token_budget_a_request_does_not_give(api) ->
     calibration = api(replicas=2).json()["calibration"]
     assert calibration["max_num_batched_tokens"] == 8192 and calibration["sources"]["max_num_batched_tokens"] == "given"
     assert api(replicas=2, max_num_batched_tokens=4096).json()["calibration"]["max_num_batched_tokens"] == 4096
+
+
+def test_the_agreement_floor_is_printed_only_where_an_observed_figure_is_under_it() -> None:
+    from inferpath.server_access import console
+    from inferpath.whatif_cli import print_whatif
+
+    def said(ttft_p50: float, queue_mean: float) -> str:
+        observed = {"requests": 40, "ttft_p50_seconds": ttft_p50, "ttft_p99_seconds": 24.0}
+        answer = {
+            "change_text": "2 replicas",
+            "max_calibration_error": 0.04,
+            "observed": {"interactive": observed | {"queue_mean_seconds": queue_mean}},
+            "replayed": {},
+            "predicted": {},
+        }
+        with console.capture() as captured:
+            print_whatif(answer)
+        return " ".join(captured.get().split())
+
+    assert "count as agreeing" not in said(24.0, 12.0)
+    assert "within 4% of what was observed" in said(24.0, 12.0)
+    assert "TTFT figures both under 50 ms" in said(0.03, 12.0)
+    assert "count as agreeing" in said(24.0, 0.2)  # a mean queue under 500 ms
