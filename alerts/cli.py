@@ -102,7 +102,8 @@ def test(
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the transitions as JSON lines."),
 ) -> None:
-    """Replay the rules over past data: which alerts would have gone pending, fired and resolved."""
+    """Replay the rules over past data: which alerts would have gone pending, fired and resolved.
+    Exit 0 when none would have fired, 1 when some would have, 2 for a bad rule file or window."""
     import json
 
     from inferpath.alerts.rules import DEFAULT_RULES_PATH
@@ -163,8 +164,11 @@ def test(
                 "" if t["value"] is None else f"{t['value']:.4g}",
                 t["reason"],
             )
-        console.print(table if transitions else "no alert would have gone pending or fired")
-        console.print(f"{len(fired)} alerts would have fired", highlight=False)
+        if not transitions:
+            console.print("no alert would have gone pending or fired")
+        else:
+            console.print(table)
+            console.print(f"{len(fired)} alert{'' if len(fired) == 1 else 's'} would have fired", highlight=False)
     raise typer.Exit(1 if fired else 0)
 
 

@@ -44,7 +44,8 @@ def test_cli_test_replays_past_data(store_url: str, tmp_path) -> None:
     # The last minutes hold only healthy traffic: nothing fires, exit 0.
     quiet = runner.invoke(app, ["test", str(rules), "--since", "4m", "--store", store_url])
     assert quiet.exit_code == 0, quiet.output
-    assert "0 alerts would have fired" in quiet.output
+    said = " ".join(quiet.output.split())
+    assert said.endswith("no alert would have gone pending or fired") and "would have fired" not in said, said
 
 
 def test_cli_test_rejects_bad_since(tmp_path) -> None:
