@@ -451,13 +451,19 @@ def _held_at_opening(rows: Sequence[Mapping[str, Any]], column: str) -> list[Map
     """The requests that reached a just-ready replica in one wall as it opened and were slower
     than its steady state (:func:`_steady_edge` of the requests after them), when
     :data:`COLD_MIN_SLOW` or more; else none. The wall: the requests whose span in the engine
-    began before the first of them had finished (the engine had not served one yet).
+    began before the first of them had finished (the engine had not served one yet), and,
+    where one of those waited in the engine's queue longer than the first took in all (for
+    a slot or KV room, not for the scheduler's next step), every request that arrived
+    before that queue was gone (each found requests of the opening still queued ahead of
+    it), when it was gone within the window.
     Requests held outside while it loaded (refused connections retried, a balancer's queue)
     arrive together when it opens: seen from the engine's own spans alone, they are the
-    requests that waited for it to be ready. Two real vLLM starts: 77 requests within 10 ms,
-    and 72 within 0.2 s (a client retrying every 0.2 s), both before the first request's
-    last token. The engine span begins at the row's start plus the trip out of the hop into
-    it (``engine_send_ns``) where a caller's span is the row's start."""
+    requests that waited for it to be ready. Real vLLM starts: 77 requests within 10 ms, and
+    72 within 0.2 s (a client retrying every 0.2 s), both before the first request's last
+    token; 194 over 1.4 s on a loaded host, while the first (33 tokens) finished in 1.3 s and
+    the 20 slots took 4 s to clear the queue. The engine span begins at the row's start plus
+    the trip out of the hop into it (``engine_send_ns``) where a caller's span is the row's
+    start."""
     doors = sorted(
         (
             (unix_ns_from_datetime(r["timestamp"]) + (r.get(ENGINE_SEND_COLUMN) or 0), r)
@@ -470,7 +476,19 @@ def _held_at_opening(rows: Sequence[Mapping[str, Any]], column: str) -> list[Map
         return []
     first_at, first = doors[0]
     first_done = first_at + first["e2e_ns"] - (first.get(ENGINE_SEND_COLUMN) or 0)
-    wall = [r for at, r in doors if at <= first_done]
+    size = sum(at <= first_done for at, _ in doors)
+    # Where the wall queued (the engine's slots or KV full before its first request ended),
+    # the opening lasts until a request finds that queue gone.
+    queued_until, formed = first_at, False
+    for index, (at, row) in enumerate(doors):
+        if formed and at > queued_until:  # every request before it had been scheduled
+            size = max(size, index)
+            break
+        queue = row.get("queue_ns") or 0
+        queued_until = max(queued_until, at + queue)
+        # One of the wall waited longer than the first request took in all: for a slot.
+        formed = formed or (index < size and queue > first_done - first_at)
+    wall = [r for _, r in doors[:size]]
     edge = _steady_edge([float(r[column]) for _, r in doors[len(wall) :]])
     held = [r for r in wall if edge is None or r[column] > edge]
     return held if len(held) >= COLD_MIN_SLOW else []
@@ -858,9 +876,12 @@ def _engine_intervals(window: RowsWindow | StoredWindow) -> dict[Any, list[tuple
     ns), where every row with an engine queue time is the engine's own (its span is the
     request's root: no caller's or gateway's span, as vLLM traced alone): its first token
     at its start plus its TTFT, scheduled its prefill before that, queued its queue time
-    before that, ended at its start plus its E2E. ``None`` when a row has a caller: its TTFT
-    and E2E are the caller's, which place the engine's steps only as late as the caller read
-    them."""
+    before that, its last token its decode time after the first (the engine's own clock, as
+    its queue and prefill times; its start plus its E2E where it has none). The span's end
+    is the API server's: on a busy host it comes up to a second after the engine freed the
+    slot and admitted the next request, and counted so, a batch pinned at 5 of 5 read 6 or 7
+    running at a third of its steps. ``None`` when a row has a caller: its TTFT and E2E are
+    the caller's, which place the engine's steps only as late as the caller read them."""
     out: dict[Any, list[tuple[int, int, int]]] = {}
     for row in window.rows_of(window.replicas()):
         queue, prefill, ttft, e2e = row.get("queue_ns"), row.get("prefill_ns"), row.get("ttft_ns"), row.get("e2e_ns")
@@ -868,9 +889,10 @@ def _engine_intervals(window: RowsWindow | StoredWindow) -> dict[Any, list[tuple
             continue
         if any(row.get(c) is not None for c in _CALLER_COLUMNS) or prefill is None or ttft is None or e2e is None:
             return None
-        start = unix_ns_from_datetime(row["timestamp"])
+        start, decode = unix_ns_from_datetime(row["timestamp"]), row.get("decode_ns")
         scheduled = start + ttft - prefill
-        out.setdefault(row.get("replica"), []).append((scheduled - queue, scheduled, start + e2e))
+        end = start + ttft + decode if decode is not None else start + e2e
+        out.setdefault(row.get("replica"), []).append((scheduled - queue, scheduled, end))
     return out
 
 

@@ -302,6 +302,17 @@ def counted_from_spans(spans: Sequence[tuple[int, int, int]], times: Sequence[in
     ]
 
 
+def sustained_peak(running: Sequence[int]) -> int:
+    """The largest running batch counted from request spans at two consecutive steps (0 for
+    none; the largest at all with a single step). A span's first and last token are placed
+    from the API server's times, which lag the engine's by up to a second on a busy host: a
+    request that ended in the engine is still counted while its successor already runs, and a
+    batch pinned at 5 of 5 read 6 at one step in 42. Such an overlap is shorter than a step;
+    a batch at its limit stays there."""
+    pairs = [min(a, b) for a, b in zip(running, running[1:])]
+    return max(pairs, default=max(running, default=0))
+
+
 def engine_state_between_scrapes(
     window: WindowSignals,
     spans: Sequence[tuple[int, int, int]],
@@ -318,11 +329,11 @@ def engine_state_between_scrapes(
     ``spans``: one ``(arrival, scheduled, end)`` per request (ns, :func:`counted_from_spans`);
     ``times``: the as-of instant (ns) of each step of ``window.steps``;
     ``scraped_waiting_steps``: the waiting steps the scrapes themselves showed (quoted in the
-    text). The slot limit is the configured one, else the spans' own running peak; the KV
-    share of a large sequence (:func:`sequence_share`) is read from the scrapes' own steps,
-    whose running batch and KV usage are of one moment. Source ``"spans and scrapes"``."""
+    text). The slot limit is the configured one, else the spans' own running peak
+    (:func:`sustained_peak`); the KV share of a large sequence (:func:`sequence_share`) is
+    read from the scrapes' own steps, whose running batch and KV usage are of one moment. Source ``"spans and scrapes"``."""
     counted = counted_from_spans(spans, times)
-    peak = max((run for _, run in counted), default=0)
+    peak = sustained_peak([run for _, run in counted])
     limit = float(configured_limit) if configured_limit else float(peak)
     share = sequence_share(window.steps)
     preempted = (window.preemptions or 0) > 0
@@ -364,7 +375,7 @@ def engine_state_from_spans(
     end)`` per request (wall clock, ns: it waits in the queue from its arrival until it is
     scheduled, then runs until its last token). Read every ``step_ns`` from the first arrival
     to the last schedule, like a scrape; each engine's slot limit is its own running peak
-    (observed max). A waiting step is slot-bound when the engine with the longest queue ran
+    (:func:`sustained_peak`, observed max). A waiting step is slot-bound when the engine with the longest queue ran
     at that peak; the others stay unclassified (``memory_bound_steps`` and ``held_steps``
     are 0): without KV usage a full KV cache cannot be told from a scheduler's hold."""
     starts = [a for spans in intervals.values() for a, _, _ in spans]
@@ -373,7 +384,7 @@ def engine_state_from_spans(
         return EngineState(0, 0, 0, 0, 0, None, "observed max", None, None, None, None, None, source="spans")
     times = range(min(starts), max(ends) + 1, step_ns)
     grids = {key: counted_from_spans(spans, times) for key, spans in intervals.items()}
-    limits = {key: max((run for _, run in grid), default=0) for key, grid in grids.items()}
+    limits = {key: sustained_peak([run for _, run in grid]) for key, grid in grids.items()}
     waiting = slots = 0
     for i in range(len(times)):
         key, (queued, run) = max(((k, g[i]) for k, g in grids.items()), key=lambda item: item[1][0])
@@ -418,6 +429,7 @@ __all__ = [
     "fresh_steps",
     "kv_full_at",
     "sampled_sparsely",
+    "sustained_peak",
     "sequence_share",
     "steps_of",
 ]

@@ -14,13 +14,19 @@ from inferpath.analysis.diagnosis import (
     DEGRADED_RATIO,
     MIN_DEGRADATION_NS,
     InsufficientDataError,
+    _held_at_opening,
     batch_grew,
     cold_start_rows,
     degradation,
     diagnose_from,
     queue_held,
 )
-from inferpath.analysis.engine_state import EngineState, engine_state, engine_state_between_scrapes
+from inferpath.analysis.engine_state import (
+    EngineState,
+    engine_state,
+    engine_state_between_scrapes,
+    sustained_peak,
+)
 from inferpath.analysis.objectives import DEFAULT_OBJECTIVES
 from inferpath.analysis.signals import SignalWindows, WindowSignals
 from inferpath.analysis.startup import ReplicaStartup
@@ -135,6 +141,12 @@ def test_a_queue_between_scrapes_is_counted_from_the_spans_with_kv_from_the_late
     )
     held = engine_state_between_scrapes(roomy, spans, times, scraped_waiting_steps=0)
     assert (held.slot_bound_steps, held.memory_bound_steps, held.held_steps) == (5, 0, 10) and held.bound == "held"
+
+
+def test_a_running_batch_counted_from_spans_peaks_where_it_stays() -> None:
+    # A batch pinned at 5 of 5 whose spans' ends lag the engine: one step reads 6, one 7.
+    assert sustained_peak([4, 5, 5, 6, 5, 5, 7, 5, 5]) == 5
+    assert sustained_peak([2, 6, 6, 3]) == 6 and sustained_peak([3]) == 3 and sustained_peak([]) == 0
 
 
 def test_several_engines_are_read_one_by_one() -> None:
@@ -299,6 +311,38 @@ def test_requests_that_arrived_before_their_replica_was_ready_are_charged_to_its
     # A replica ready long before the window, its first requests fast: nothing to charge.
     early = ReplicaStartup("t", "vllm", "", T0 - timedelta(minutes=30), T0 - timedelta(minutes=29), 60.0)
     assert cold_start_rows(_replica_rows("", [100] * 33), None, [early]) == {}
+
+
+def test_a_wall_that_queued_at_the_opening_holds_every_request_until_its_queue_is_gone() -> None:
+    # A replica of 4 slots opens to a herd arriving over 1.4 s (a loaded host accepting it);
+    # the first request ends 1.05 s after it began. From the fifth on the herd queues for a
+    # slot, the last of it until 2.9 s; two later arrivals still find it queued, then the
+    # traffic is steady and fast.
+    def row(i: int, at_s: float, queue_s: float, ttft_s: float, e2e_s: float) -> dict:
+        return {
+            "replica": "",
+            "trace_id": str(i),
+            "timestamp": T0 + timedelta(seconds=at_s),
+            "queue_ns": int(queue_s * 1e9),
+            "ttft_ns": int(ttft_s * 1e9),
+            "e2e_ns": int(e2e_s * 1e9),
+        }
+
+    herd = [row(i, 0.1 * i, 0.0, 0.05, 1.05) for i in range(4)]
+    herd += [row(i, 0.1 * i, 0.3 + 0.1 * i, 0.35 + 0.1 * i, 1.4 + 0.1 * i) for i in range(4, 15)]
+    drain = [row(15, 2.0, 0.8, 0.9, 1.9), row(16, 2.5, 0.4, 0.5, 1.5)]
+    steady = [row(17 + i, 4.0 + 0.7 * i, 0.0, 0.05 + 0.01 * (i % 3), 0.9) for i in range(24)]
+    startup = ReplicaStartup("t", "vllm", "", T0 - timedelta(seconds=30), T0 - timedelta(seconds=0.5), 29.5)
+    rows = herd + drain + steady
+    # Before the first request ended: 11 arrivals, 7 of them queued longer than it took.
+    # The queue they formed lasted until 2.9 s: the two arrivals of the drain waited behind it.
+    assert [r["trace_id"] for r in _held_at_opening(rows, "ttft_ns")] == [str(i) for i in range(4, 17)]
+    assert [r["trace_id"] for r in cold_start_rows(rows, None, [startup])[""]] == [str(i) for i in range(4, 17)]
+    # Slow first requests that never queued (slots to spare): the arrivals before the first
+    # ended are the wall (11), the four after it the warm-up that followed.
+    spare = [row(i, 0.1 * i, 0.0, 0.4 + 0.05 * i, 1.05) for i in range(15)] + steady
+    assert [r["trace_id"] for r in cold_start_rows(spare, None, [startup])[""]] == [str(i) for i in range(15)]
+    assert len(_held_at_opening(spare, "ttft_ns")) == 11
 
 
 def test_diagnose_from_rows_alone_names_the_tokenizer(scenario_rows) -> None:
