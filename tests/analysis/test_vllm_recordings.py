@@ -23,7 +23,8 @@ from inferpath.collectors.recording import choose_offset_ns, import_recording, o
 from inferpath.config import Settings
 from inferpath.server.runtime import serve_in_thread
 
-pytestmark = pytest.mark.e2e
+# One worker imports the recordings once (the module fixture is per worker under xdist).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("vllm_recordings")]
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # The what-if's real runs are diagnosed too: each has its ground truth.
