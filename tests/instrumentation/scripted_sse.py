@@ -4,7 +4,7 @@ Each connection: read one HTTP/1.1 request, answer with the status line and SSE 
 then write each ``(at_ms, bytes)`` of the script at ``at_ms`` after the request arrived
 (TCP_NODELAY, so a write is one TCP segment and splits inside JSON reach the client as two
 reads), then close. Runs its own asyncio loop in a thread, so sync and async clients can
-use it. ``written_at[i]`` is ``perf_counter()`` after write ``i`` of the latest request
+use it. ``written_at[i]`` is ``perf_counter()`` as write ``i`` of the latest request began
 (the same monotonic clock as the client, same process), ``all_written_at`` those lists of
 every request in the order they finished; ``arrived_at`` when the latest request had been
 read.
@@ -172,9 +172,9 @@ class ScriptedSSEServer:
                 delay = arrived + at_ms / 1000 - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                written_at.append(time.perf_counter())  # as the bytes go to the kernel
                 writer.write(data)
                 await writer.drain()
-                written_at.append(time.perf_counter())
             self.written_at = written_at
             self.all_written_at.append(written_at)
         except (ConnectionError, OSError, asyncio.IncompleteReadError):

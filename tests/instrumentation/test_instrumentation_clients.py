@@ -82,7 +82,7 @@ class ScriptedSSEServer:
         self.script = script
         self.status_line = status_line
         self.requests: list[bytes] = []
-        self.written_at: list[float] = []  # perf_counter() after each scripted write
+        self.written_at: list[float] = []  # perf_counter() as each scripted write began
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
 
@@ -117,9 +117,11 @@ class ScriptedSSEServer:
                 delay = arrived + at_ms / 1000 - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                # Stamped as the bytes go to the kernel: the client, on this loop, can read
+                # them before drain() returns here.
+                self.written_at.append(time.perf_counter())
                 writer.write(data)
                 await writer.drain()
-                self.written_at.append(time.perf_counter())
         except (ConnectionError, OSError):
             pass
         finally:
