@@ -851,7 +851,7 @@ def _context(
             scraped_waiting_steps=state.waiting_steps,
             configured_limit=configured_batch_limit,
         )
-        if between.waiting_steps >= 2 * state.waiting_steps and between.waiting_steps > state.waiting_steps:
+        if between.waiting_steps >= max(1, 2 * state.waiting_steps):
             state = between
     running_means = None
     if state.source != "gauges" and baseline is not None:  # the running batch read where the queue was

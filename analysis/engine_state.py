@@ -327,11 +327,12 @@ def engine_state_between_scrapes(
     and went between them (a 15 s Prometheus interval over a burst of seconds).
 
     ``spans``: one ``(arrival, scheduled, end)`` per request (ns, :func:`counted_from_spans`);
-    ``times``: the as-of instant (ns) of each step of ``window.steps``;
+    ``times``: the as-of instant (ns) of each step of ``window.steps`` (as many);
     ``scraped_waiting_steps``: the waiting steps the scrapes themselves showed (quoted in the
     text). The slot limit is the configured one, else the spans' own running peak
     (:func:`sustained_peak`); the KV share of a large sequence (:func:`sequence_share`) is
-    read from the scrapes' own steps, whose running batch and KV usage are of one moment. Source ``"spans and scrapes"``."""
+    read from the scrapes' own steps, whose running batch and KV usage are of one moment.
+    Source ``"spans and scrapes"``."""
     counted = counted_from_spans(spans, times)
     peak = sustained_peak([run for _, run in counted])
     limit = float(configured_limit) if configured_limit else float(peak)
@@ -339,18 +340,18 @@ def engine_state_between_scrapes(
     preempted = (window.preemptions or 0) > 0
     counts = {"slots": 0, "memory": 0, "held": 0}
     kv_waiting: list[float] = []
-    for (queued, run), step in zip(counted, window.steps):
+    waiting = 0
+    for (queued, run), (_, _, kv) in zip(counted, window.steps):
         if queued < WAITING_MIN:
             continue
-        kv = step[2]
+        waiting += 1
         if kv is not None:
             kv_waiting.append(kv)
         if limit > 0:
             counts[_held_by(run, kv, limit, bool(configured_limit), share, preempted)] += 1
     kv_all = [s[2] for s in window.steps if s[2] is not None]
-    waiting = sum(queued >= WAITING_MIN for queued, _ in counted[: len(window.steps)])
     return EngineState(
-        steps=min(len(counted), len(window.steps)),
+        steps=len(counted),
         waiting_steps=waiting,
         slot_bound_steps=counts["slots"],
         memory_bound_steps=counts["memory"],

@@ -435,6 +435,14 @@ def relative_error(predicted: float | None, observed: float | None, floor: float
     return (predicted - observed) / max(observed, floor, 1e-12)
 
 
+AGREEMENT_FLOORS = {
+    "ttft_p50_seconds": QUEUE_FLOOR_SECONDS,
+    "ttft_p99_seconds": QUEUE_FLOOR_SECONDS,
+    "queue_mean_seconds": 10 * QUEUE_FLOOR_SECONDS,
+}
+"""Figure → seconds under which a replayed and an observed value both count as agreeing."""
+
+
 def calibration_errors(
     replayed: Mapping[str, ClassFigures], observed: Mapping[str, ClassFigures]
 ) -> dict[str, dict[str, float]]:
@@ -445,11 +453,10 @@ def calibration_errors(
         if rep is None:
             continue
         errors = {
-            "ttft_p50": relative_error(rep.ttft_p50_seconds, obs.ttft_p50_seconds, QUEUE_FLOOR_SECONDS),
-            "ttft_p99": relative_error(rep.ttft_p99_seconds, obs.ttft_p99_seconds, QUEUE_FLOOR_SECONDS),
-            "queue_mean": relative_error(rep.queue_mean_seconds, obs.queue_mean_seconds, 10 * QUEUE_FLOOR_SECONDS),
-            "itl_p50": relative_error(rep.itl_p50_seconds, obs.itl_p50_seconds),
+            name.removesuffix("_seconds"): relative_error(getattr(rep, name), getattr(obs, name), floor)
+            for name, floor in AGREEMENT_FLOORS.items()
         }
+        errors["itl_p50"] = relative_error(rep.itl_p50_seconds, obs.itl_p50_seconds)
         out[cls] = {k: v for k, v in errors.items() if v is not None}
     return out
 

@@ -189,26 +189,23 @@ def _count(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
 
 
-_FLOORS = (("ttft_p50_seconds", 1), ("ttft_p99_seconds", 1), ("queue_mean_seconds", 10))
-"""Observed figures and the multiple of ``QUEUE_FLOOR_SECONDS`` under which the replay's
-figure counts as agreeing (``analysis.whatif.calibration_errors``)."""
-
-
 def print_whatif(answer: dict[str, Any]) -> None:
     """The answer for a person: the change, the calibration's error, one table per class."""
     from rich.table import Table
 
-    from inferpath.analysis.whatif import QUEUE_FLOOR_SECONDS
+    from inferpath.analysis.whatif import AGREEMENT_FLOORS
 
     console.print(f"[bold]what if: {answer['change_text']}[/]", highlight=False)
     worst = answer.get("max_calibration_error") or 0.0
-    seen = [(cls.get(key), floor) for cls in answer.get("observed", {}).values() for key, floor in _FLOORS]
-    floored = any(value is not None and value < floor * QUEUE_FLOOR_SECONDS for value, floor in seen)
+    seen = [
+        (cls.get(key), floor) for cls in answer.get("observed", {}).values() for key, floor in AGREEMENT_FLOORS.items()
+    ]
+    floored = any(value is not None and value < floor for value, floor in seen)
     console.print(
         f"replay of the observed configuration: within {worst * 100:.0f}% of what was observed"
         + (
-            f" (TTFT figures both under {QUEUE_FLOOR_SECONDS * 1000:.0f} ms, mean queue times both under "
-            f"{10 * QUEUE_FLOOR_SECONDS * 1000:.0f} ms, count as agreeing)"
+            f" (TTFT figures both under {AGREEMENT_FLOORS['ttft_p50_seconds'] * 1000:.0f} ms, mean queue times "
+            f"both under {AGREEMENT_FLOORS['queue_mean_seconds'] * 1000:.0f} ms, count as agreeing)"
             if floored
             else ""
         ),
